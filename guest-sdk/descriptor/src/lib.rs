@@ -1,0 +1,423 @@
+//! The subscription descriptor: one definition shared by guests and the host.
+//!
+//! A guest builds a [`RedisStream`] with the builder methods below and exports it from its
+//! component; the host reads it back, lays its own configuration over it (any field can be
+//! overridden there), and resolves the defaults with [`RedisStream::resolve`]. Keeping the type,
+//! its defaults and its validation in this small crate means the guest SDK and the host cannot
+//! drift apart.
+//!
+//! ```
+//! use std::time::Duration;
+//! use sluice_descriptor::{DelayedRetry, RedisStream};
+//!
+//! let bank_payments = RedisStream::new("bank-payments")
+//!     .group("billing")
+//!     .delayed_retry(DelayedRetry::DurableZset {
+//!         key: "bank-payments.delayed".to_owned(),
+//!         ttl: None,
+//!     });
+//! let resolved = bank_payments.resolve().unwrap();
+//! assert_eq!(resolved.group, "billing");
+//! assert_eq!(resolved.block, Duration::from_secs(1));
+//! ```
+
+use std::time::Duration;
+
+/// Entries one read asks for when the descriptor does not say.
+pub const DEFAULT_COUNT: usize = 64;
+/// How long one read blocks when the descriptor does not say.
+pub const DEFAULT_BLOCK: Duration = Duration::from_secs(1);
+/// Failed attempts tolerated before an entry is dead-lettered, when the descriptor does not say.
+pub const DEFAULT_MAX_RETRIES: u32 = 8;
+/// The entry field that carries the JSON payload when the descriptor does not say.
+pub const DEFAULT_PAYLOAD_FIELD: &str = "payload";
+/// The suffix of the dead-letter stream's default name (`<stream>.dead-letter`).
+pub const DEFAULT_DEAD_LETTER_SUFFIX: &str = ".dead-letter";
+/// The failure backoff used when the descriptor does not say.
+pub const DEFAULT_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(500),
+    max: Duration::from_secs(60),
+};
+
+/// Where a `retry_after` waits until it is due.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DelayedRetry {
+    /// Park the entry in a Redis sorted set scored by its due time (wall-clock epoch
+    /// milliseconds), so the retry survives any crash of the service and fires at its due time.
+    DurableZset {
+        /// The sorted set's key, e.g. `bank-payments.delayed`.
+        key: String,
+        /// Expire a set that no retry has refreshed for this long. It has to exceed the longest
+        /// delay, or entries are dropped before they are due.
+        ttl: Option<Duration>,
+    },
+}
+
+/// Exponential backoff after a failed attempt: `initial * 2^n`, capped at `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// The delay after the first failure.
+    pub initial: Duration,
+    /// The largest delay.
+    pub max: Duration,
+}
+
+impl Backoff {
+    /// The delay after a failure when `previous_failures` attempts had already failed.
+    pub fn delay(&self, previous_failures: u32) -> Duration {
+        let factor = 1u32
+            .checked_shl(previous_failures.min(31))
+            .unwrap_or(u32::MAX);
+        self.initial
+            .checked_mul(factor)
+            .map_or(self.max, |d| d.min(self.max))
+    }
+}
+
+/// A Redis Streams consumer-group subscription, as a guest or an operator describes it.
+///
+/// Every field but `stream` is optional; unset fields take the defaults above when the host
+/// resolves the descriptor. The fields are public so the host can lay its configuration over
+/// them; guests use the builder methods.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisStream {
+    /// The stream to read.
+    pub stream: String,
+    /// The consumer group (created with MKSTREAM if missing).
+    pub group: Option<String>,
+    /// This consumer's name inside the group; must be unique per host.
+    pub consumer: Option<String>,
+    /// Set on a claiming subscription: each read also takes entries that other consumers left
+    /// idle for at least this long (XAUTOCLAIM).
+    pub claim_min_idle: Option<Duration>,
+    /// How long one read blocks waiting for new entries.
+    pub block: Option<Duration>,
+    /// The most entries one read returns.
+    pub count: Option<usize>,
+    /// Where entries that are given up on go (default `<stream>.dead-letter`).
+    pub dead_letter: Option<String>,
+    /// Failed attempts tolerated before an entry is dead-lettered.
+    pub max_retries: Option<u32>,
+    /// Where retries wait; without it a retry stays pending in the stream.
+    pub delayed_retry: Option<DelayedRetry>,
+    /// The entry field holding the JSON payload.
+    pub payload_field: Option<String>,
+    /// The longest delay the handler will ask for; checked against a delayed set's ttl.
+    pub max_delay: Option<Duration>,
+    /// The backoff after a failed attempt (a trap or a limit hit).
+    pub failure_backoff: Option<Backoff>,
+}
+
+impl RedisStream {
+    /// A subscription that reads new entries of `stream`.
+    pub fn new(stream: impl Into<String>) -> Self {
+        Self {
+            stream: stream.into(),
+            ..Self::default()
+        }
+    }
+
+    /// A claiming subscription: each read also takes entries that other consumers of the group
+    /// left idle for at least `min_idle` (their consumer died or stalled).
+    pub fn claiming(stream: impl Into<String>, min_idle: Duration) -> Self {
+        Self {
+            claim_min_idle: Some(min_idle),
+            ..Self::new(stream)
+        }
+    }
+
+    /// Read as this consumer group.
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.group = Some(group.into());
+        self
+    }
+
+    /// Read under this consumer name (default: the host's name plus the process id).
+    pub fn consumer(mut self, consumer: impl Into<String>) -> Self {
+        self.consumer = Some(consumer.into());
+        self
+    }
+
+    /// Block each read for at most this long.
+    pub fn block(mut self, block: Duration) -> Self {
+        self.block = Some(block);
+        self
+    }
+
+    /// Read at most `count` entries at a time.
+    pub fn count(mut self, count: usize) -> Self {
+        self.count = Some(count);
+        self
+    }
+
+    /// Send entries that are given up on to this stream.
+    pub fn dead_letter(mut self, stream: impl Into<String>) -> Self {
+        self.dead_letter = Some(stream.into());
+        self
+    }
+
+    /// Dead-letter an entry after this many failed attempts.
+    pub fn max_retries(mut self, max_retries: u32) -> Self {
+        self.max_retries = Some(max_retries);
+        self
+    }
+
+    /// Keep retries in a delayed-retry set instead of leaving them pending.
+    pub fn delayed_retry(mut self, delayed_retry: DelayedRetry) -> Self {
+        self.delayed_retry = Some(delayed_retry);
+        self
+    }
+
+    /// Decode the payload from this entry field instead of `payload`.
+    pub fn payload_field(mut self, field: impl Into<String>) -> Self {
+        self.payload_field = Some(field.into());
+        self
+    }
+
+    /// Declare the longest `retry_after` the handler asks for, so a set's ttl can be checked.
+    pub fn max_delay(mut self, max_delay: Duration) -> Self {
+        self.max_delay = Some(max_delay);
+        self
+    }
+
+    /// Back off like this after a failed attempt.
+    pub fn failure_backoff(mut self, backoff: Backoff) -> Self {
+        self.failure_backoff = Some(backoff);
+        self
+    }
+
+    /// Fill in the defaults and check the result, so a bad descriptor is refused before any
+    /// task starts.
+    pub fn resolve(&self) -> Result<ResolvedStream, DescriptorError> {
+        let stream = self.stream.trim();
+        if stream.is_empty() {
+            return Err(DescriptorError::EmptyStream);
+        }
+        let group = self
+            .group
+            .clone()
+            .ok_or_else(|| DescriptorError::MissingGroup(stream.to_owned()))?;
+        if group.trim().is_empty() {
+            return Err(DescriptorError::Empty {
+                stream: stream.to_owned(),
+                field: "group",
+            });
+        }
+        let count = self.count.unwrap_or(DEFAULT_COUNT);
+        if count == 0 {
+            return Err(DescriptorError::ZeroCount(stream.to_owned()));
+        }
+        let block = self.block.unwrap_or(DEFAULT_BLOCK);
+        if block.is_zero() {
+            // BLOCK 0 means "forever" to Redis: the loop could never stop or sweep.
+            return Err(DescriptorError::ZeroBlock(stream.to_owned()));
+        }
+        let dead_letter = self
+            .dead_letter
+            .clone()
+            .unwrap_or_else(|| format!("{stream}{DEFAULT_DEAD_LETTER_SUFFIX}"));
+        if dead_letter == stream {
+            return Err(DescriptorError::DeadLetterIsStream(stream.to_owned()));
+        }
+        for (field, value) in [
+            ("consumer", self.consumer.as_deref()),
+            ("payload_field", self.payload_field.as_deref()),
+            ("dead_letter", Some(dead_letter.as_str())),
+        ] {
+            if value.is_some_and(|v| v.trim().is_empty()) {
+                return Err(DescriptorError::Empty {
+                    stream: stream.to_owned(),
+                    field,
+                });
+            }
+        }
+        if let Some(DelayedRetry::DurableZset { key, ttl }) = &self.delayed_retry {
+            if key.trim().is_empty() || key == stream || *key == dead_letter {
+                return Err(DescriptorError::BadDelayedKey {
+                    stream: stream.to_owned(),
+                    key: key.clone(),
+                });
+            }
+            if let Some(ttl) = ttl {
+                if ttl.is_zero() {
+                    return Err(DescriptorError::ZeroTtl(key.clone()));
+                }
+                if let Some(max_delay) = self.max_delay
+                    && max_delay > *ttl
+                {
+                    return Err(DescriptorError::TtlBelowMaxDelay {
+                        key: key.clone(),
+                        ttl: *ttl,
+                        max_delay,
+                    });
+                }
+            }
+        }
+        let failure_backoff = self.failure_backoff.unwrap_or(DEFAULT_BACKOFF);
+        if failure_backoff.initial > failure_backoff.max {
+            return Err(DescriptorError::BackoffInverted(stream.to_owned()));
+        }
+        Ok(ResolvedStream {
+            stream: stream.to_owned(),
+            group,
+            consumer: self.consumer.clone(),
+            claim_min_idle: self.claim_min_idle,
+            block,
+            count,
+            dead_letter,
+            max_retries: self.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
+            delayed_retry: self.delayed_retry.clone(),
+            payload_field: self
+                .payload_field
+                .clone()
+                .unwrap_or_else(|| DEFAULT_PAYLOAD_FIELD.to_owned()),
+            max_delay: self.max_delay,
+            failure_backoff,
+        })
+    }
+}
+
+/// A descriptor with every default filled in and every rule checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedStream {
+    /// The stream to read.
+    pub stream: String,
+    /// The consumer group.
+    pub group: String,
+    /// The consumer name, if one was given; the host picks one otherwise.
+    pub consumer: Option<String>,
+    /// Set on a claiming subscription.
+    pub claim_min_idle: Option<Duration>,
+    /// How long one read blocks.
+    pub block: Duration,
+    /// The most entries one read returns.
+    pub count: usize,
+    /// The dead-letter stream.
+    pub dead_letter: String,
+    /// Failed attempts tolerated before dead-lettering.
+    pub max_retries: u32,
+    /// Where retries wait, if anywhere but the stream's pending list.
+    pub delayed_retry: Option<DelayedRetry>,
+    /// The entry field holding the JSON payload.
+    pub payload_field: String,
+    /// The declared longest delay, if any.
+    pub max_delay: Option<Duration>,
+    /// The backoff after a failed attempt.
+    pub failure_backoff: Backoff,
+}
+
+/// Why a descriptor was refused. Each message names the stream or key at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DescriptorError {
+    /// The stream name is empty.
+    #[error("the subscription's stream name is empty")]
+    EmptyStream,
+    /// No consumer group was given.
+    #[error(
+        "subscription to `{0}` names no consumer group: add .group(\"...\") or `group = \"...\"`"
+    )]
+    MissingGroup(String),
+    /// A name was given but is blank.
+    #[error("subscription to `{stream}`: `{field}` is empty")]
+    Empty {
+        /// The subscription's stream.
+        stream: String,
+        /// The blank field.
+        field: &'static str,
+    },
+    /// `count` is zero.
+    #[error("subscription to `{0}`: count must be at least 1")]
+    ZeroCount(String),
+    /// `block` is zero, which Redis reads as "block forever".
+    #[error("subscription to `{0}`: block must be longer than 0 (Redis reads BLOCK 0 as forever)")]
+    ZeroBlock(String),
+    /// The dead-letter stream is the stream itself.
+    #[error("subscription to `{0}`: the dead-letter stream must differ from the stream")]
+    DeadLetterIsStream(String),
+    /// The delayed set's key is empty or collides with the stream or the dead-letter stream.
+    #[error(
+        "subscription to `{stream}`: delayed-retry key `{key}` must be non-empty and differ from the stream and the dead-letter stream"
+    )]
+    BadDelayedKey {
+        /// The subscription's stream.
+        stream: String,
+        /// The offending key.
+        key: String,
+    },
+    /// The ttl is zero.
+    #[error("delayed-retry set `{0}`: ttl must be longer than 0")]
+    ZeroTtl(String),
+    /// The declared maximum delay exceeds the set's ttl: entries would expire before they are due.
+    #[error(
+        "delayed-retry set `{key}`: ttl {} is shorter than the longest delay {}, so parked entries would expire before they are due; raise ttl above max_delay or set ttl to none",
+        humanize(*ttl),
+        humanize(*max_delay)
+    )]
+    TtlBelowMaxDelay {
+        /// The set's key.
+        key: String,
+        /// Its ttl.
+        ttl: Duration,
+        /// The declared longest delay.
+        max_delay: Duration,
+    },
+    /// The backoff starts above its own cap.
+    #[error("subscription to `{0}`: failure backoff initial delay exceeds its max")]
+    BackoffInverted(String),
+}
+
+/// Durations in error messages, as an operator would write them.
+fn humanize(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_fill_unset_fields() {
+        let r = RedisStream::new("s").group("g").resolve().unwrap();
+        assert_eq!(r.count, DEFAULT_COUNT);
+        assert_eq!(r.dead_letter, "s.dead-letter");
+        assert_eq!(r.payload_field, "payload");
+        assert_eq!(r.claim_min_idle, None);
+    }
+
+    #[test]
+    fn missing_group_is_named() {
+        let err = RedisStream::new("orders").resolve().unwrap_err();
+        assert!(err.to_string().contains("`orders`"), "{err}");
+    }
+
+    #[test]
+    fn ttl_below_max_delay_is_refused() {
+        let err = RedisStream::new("s")
+            .group("g")
+            .max_delay(Duration::from_secs(60))
+            .delayed_retry(DelayedRetry::DurableZset {
+                key: "s.delayed".into(),
+                ttl: Some(Duration::from_secs(30)),
+            })
+            .resolve()
+            .unwrap_err();
+        assert!(err.to_string().contains("s.delayed"), "{err}");
+        assert!(err.to_string().contains("30s"), "{err}");
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let b = Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_millis(700),
+        };
+        assert_eq!(b.delay(0), Duration::from_millis(100));
+        assert_eq!(b.delay(2), Duration::from_millis(400));
+        assert_eq!(b.delay(3), Duration::from_millis(700));
+        assert_eq!(b.delay(200), Duration::from_millis(700));
+    }
+}

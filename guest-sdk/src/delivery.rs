@@ -1,0 +1,121 @@
+//! One delivered entry, and how its payload becomes the handler's input type.
+
+use serde::de::DeserializeOwned;
+
+use crate::__bindings::sluice::handler::types as wit;
+
+/// The host sets this config value to the entry field that carries the payload.
+pub(crate) const PAYLOAD_FIELD_KEY: &str = "sluice.payload-field";
+const DEFAULT_PAYLOAD_FIELD: &str = sluice_descriptor::DEFAULT_PAYLOAD_FIELD;
+
+/// A Redis Streams entry as delivered to the handler: where it came from, all of its fields,
+/// and how often it was tried before.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The stream the entry was read from.
+    pub stream: String,
+    /// The consumer group that read it.
+    pub group: String,
+    /// The entry id.
+    pub id: String,
+    /// The entry's fields, in stream order.
+    pub fields: Vec<(String, Vec<u8>)>,
+    /// How many times the entry was parked and re-added: 0 on the first delivery.
+    pub retry_count: u32,
+    /// How many times Redis delivered this entry id.
+    pub delivery_count: u64,
+}
+
+impl Delivery {
+    pub(crate) fn from_wit(d: wit::Delivery) -> Self {
+        Self {
+            stream: d.stream,
+            group: d.group,
+            id: d.id,
+            fields: d.fields,
+            retry_count: d.retry_count,
+            delivery_count: d.delivery_count,
+        }
+    }
+
+    /// The raw bytes of field `name`, if the entry has it.
+    pub fn field(&self, name: &str) -> Option<&[u8]> {
+        self.fields
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// Field `name` as UTF-8 text, if present and valid.
+    pub fn field_str(&self, name: &str) -> Option<&str> {
+        self.field(name).and_then(|v| std::str::from_utf8(v).ok())
+    }
+
+    /// The number of attempts that failed before this one (retries through the delayed set
+    /// plus redeliveries of a pending entry); 0 on the first attempt.
+    pub fn previous_attempts(&self) -> u64 {
+        u64::from(self.retry_count) + self.delivery_count.saturating_sub(1)
+    }
+
+    /// Decode the payload field (JSON) into `T`.
+    pub fn decode<T: DeserializeOwned>(&self) -> Result<T, DecodeError> {
+        let field = crate::config::get(PAYLOAD_FIELD_KEY)
+            .unwrap_or_else(|| DEFAULT_PAYLOAD_FIELD.to_owned());
+        let Some(raw) = self.field(&field) else {
+            return Err(DecodeError::MissingField { field });
+        };
+        serde_json::from_slice(raw).map_err(|source| DecodeError::Invalid {
+            field,
+            type_name: std::any::type_name::<T>(),
+            source,
+        })
+    }
+}
+
+/// Why an entry's payload could not become the handler's input. The host dead-letters the
+/// entry with this message as the reason.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The entry has no payload field.
+    MissingField {
+        /// The field that was looked for.
+        field: String,
+    },
+    /// The field is there but is not JSON of the expected shape.
+    Invalid {
+        /// The payload field.
+        field: String,
+        /// The Rust type it should have decoded into.
+        type_name: &'static str,
+        /// What serde said.
+        source: serde_json::Error,
+    },
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::MissingField { field } => {
+                write!(f, "undecodable payload: the entry has no `{field}` field")
+            }
+            Self::Invalid {
+                field,
+                type_name,
+                source,
+            } => write!(
+                f,
+                "undecodable payload: field `{field}` is not a valid {type_name}: {source}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::MissingField { .. } => None,
+            Self::Invalid { source, .. } => Some(source),
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! The glue between the generated WIT exports and a [`Handle`] implementation. Called only by
+//! code that [`crate::export!`] and [`crate::subscriber`] generate.
+
+use std::any::Any;
+use std::future::Future;
+use std::sync::OnceLock;
+use std::task::{Poll, Waker};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+
+use crate::__bindings::sluice::handler::types as wit;
+use crate::config::Config;
+use crate::handler::HandlerOutput;
+use crate::outcome::{IntoHandlerResult, Kind};
+use crate::{Context, Delivery, FromConfig, Handle, HandlerOutcome, RedisStream};
+
+pub use crate::outcome::IntoHandlerResult as __IntoHandlerResult;
+
+/// Handle one WIT delivery with `handler`: decode, build state, run, convert the outcome.
+pub fn handle<H, In, Outs, Output, Meta, S>(handler: &H, delivery: wit::Delivery) -> wit::Outcome
+where
+    H: Handle<In, Outs, Output, Meta, S>,
+    In: DeserializeOwned,
+    Outs: Default,
+    Output: HandlerOutput,
+    Meta: Default,
+    S: FromConfig + Send + Sync + 'static,
+{
+    crate::log::install();
+    let delivery = Delivery::from_wit(delivery);
+    let state = state::<S>();
+    let input: In = match delivery.decode() {
+        Ok(input) => input,
+        Err(err) => return to_wit(HandlerOutcome::dead_letter(err.to_string())),
+    };
+    let outs = Outs::default();
+    let mut ctx = Context::new(&delivery, state, Meta::default());
+    let outcome = match block_on(handler.handle(&input, &outs, &mut ctx)) {
+        Ok(_) => HandlerOutcome::ack(),
+        Err(outcome) => outcome,
+    };
+    to_wit(outcome)
+}
+
+/// Turn a `#[subscriber]` function's return value into the trait's `Result`.
+pub fn into_result<R: IntoHandlerResult>(value: R) -> Result<(), HandlerOutcome> {
+    value.into_handler_result()
+}
+
+/// This instance's state, built on first use.
+fn state<S: FromConfig + Send + Sync + 'static>() -> &'static S {
+    static STATE: OnceLock<Box<dyn Any + Send + Sync>> = OnceLock::new();
+    if STATE.get().is_none() {
+        match S::from_config(&Config::new()) {
+            Ok(state) => {
+                let _ = STATE.set(Box::new(state));
+            }
+            // Trapping fails this attempt; the host logs the message and retries with backoff.
+            Err(err) => panic!(
+                "handler state {} could not be built: {err}",
+                std::any::type_name::<S>()
+            ),
+        }
+    }
+    match STATE.get().and_then(|s| s.downcast_ref::<S>()) {
+        Some(state) => state,
+        None => panic!(
+            "handler state is not a {}: export! was used twice in one component",
+            std::any::type_name::<S>()
+        ),
+    }
+}
+
+/// Drive a handler's future to completion. Guests have no reactor: WASI 0.2 calls block, so
+/// a handler's future is ready as soon as its work is done and this loop rarely polls twice.
+pub fn block_on<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(Waker::noop());
+    loop {
+        if let Poll::Ready(value) = future.as_mut().poll(&mut cx) {
+            return value;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    // Round up so a sub-millisecond delay is still a delay.
+    let ms = d.as_millis() + u128::from(d.subsec_nanos() % 1_000_000 != 0);
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+fn to_wit(outcome: HandlerOutcome) -> wit::Outcome {
+    match outcome.0 {
+        Kind::Ack => wit::Outcome::Ack,
+        Kind::RetryAfter(d) => wit::Outcome::RetryAfter(millis(d)),
+        Kind::DeadLetter(reason) => wit::Outcome::DeadLetter(reason),
+    }
+}
+
+/// The component's descriptor in its WIT form.
+pub fn subscription(d: RedisStream) -> wit::Subscription {
+    wit::Subscription {
+        stream: d.stream,
+        group: d.group,
+        consumer: d.consumer,
+        claim_min_idle_ms: d.claim_min_idle.map(millis),
+        block_ms: d.block.map(millis),
+        count: d.count.map(|c| u32::try_from(c).unwrap_or(u32::MAX)),
+        dead_letter: d.dead_letter,
+        max_retries: d.max_retries,
+        delayed_retry: d.delayed_retry.map(|r| match r {
+            crate::DelayedRetry::DurableZset { key, ttl } => {
+                wit::DelayedRetry::DurableZset(wit::DurableZset {
+                    key,
+                    ttl_ms: ttl.map(millis),
+                })
+            }
+        }),
+        payload_field: d.payload_field,
+        max_delay_ms: d.max_delay.map(millis),
+        failure_backoff: d.failure_backoff.map(|b| wit::Backoff {
+            initial_ms: millis(b.initial),
+            max_ms: millis(b.max),
+        }),
+    }
+}

@@ -1,0 +1,97 @@
+//! One delivery, start to end: run the handler inside the delivery's span, decide with
+//! [`crate::outcome::decide`], and settle the decision.
+//!
+//! Dispatch is generic over [`Handler`]: the WASM runtime is one implementation; tests and
+//! benchmarks can plug in a native one to isolate what WebAssembly costs.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::future::BoxFuture;
+use tracing::Instrument;
+
+use crate::delivery::Delivery;
+use crate::outcome::{self, Action, Failure, Outcome, Policy};
+use crate::settle::Settler;
+
+/// Something that handles deliveries: a WASM component, or native code in tests and benches.
+pub trait Handler: Send + Sync + 'static {
+    /// Which version of the handler this is (a content digest for components).
+    fn digest(&self) -> &str;
+
+    /// Handle one delivery.
+    fn handle<'a>(&'a self, delivery: &'a Delivery) -> BoxFuture<'a, Result<Outcome, Failure>>;
+}
+
+/// How a dispatch ended, for the subscription to act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settled {
+    /// Acked or dead-lettered: nothing more to do.
+    Done,
+    /// The entry stays pending and must come back after the delay.
+    RetryPending(std::time::Duration),
+}
+
+/// Runs deliveries of one subscription.
+pub struct Dispatcher {
+    handler: Arc<dyn Handler>,
+    digest: Arc<str>,
+    policy: Policy,
+    settler: Arc<Settler>,
+}
+
+impl Dispatcher {
+    /// A dispatcher running `handler` under `policy`.
+    pub fn new(handler: Arc<dyn Handler>, policy: Policy, settler: Arc<Settler>) -> Self {
+        Self {
+            digest: handler.digest().into(),
+            handler,
+            policy,
+            settler,
+        }
+    }
+
+    /// Handle and settle one delivery.
+    pub async fn dispatch(&self, delivery: Delivery) -> Settled {
+        let span = tracing::info_span!(
+            "delivery",
+            stream = %delivery.stream,
+            group = %delivery.group,
+            id = %delivery.entry.id,
+            retry_count = delivery.retry_count,
+            delivery_count = delivery.delivery_count,
+            digest = &self.digest[..self.digest.len().min(12)],
+        );
+        self.run(delivery).instrument(span).await
+    }
+
+    async fn run(&self, delivery: Delivery) -> Settled {
+        let started = Instant::now();
+        let result = self.handler.handle(&delivery).await;
+        let elapsed_us = started.elapsed().as_micros() as u64;
+        if let Err(failure) = &result {
+            tracing::warn!(%failure, elapsed_us, "attempt failed");
+        }
+        let action = outcome::decide(&result, delivery.previous_attempts(), &self.policy);
+        match action {
+            Action::Ack => {
+                tracing::debug!(elapsed_us, "ack");
+                self.settler.ack(&delivery, &self.digest);
+                Settled::Done
+            }
+            Action::DeadLetter { reason } => {
+                tracing::warn!(%reason, elapsed_us, "dead-lettering");
+                self.settler
+                    .dead_letter(&delivery, &self.digest, &reason)
+                    .await;
+                Settled::Done
+            }
+            Action::Retry { delay, cause } => {
+                tracing::info!(delay_ms = delay.as_millis() as u64, %cause, "retry scheduled");
+                self.settler
+                    .retry_pending(&delivery, &self.digest, delay, cause);
+                Settled::RetryPending(delay)
+            }
+        }
+    }
+}

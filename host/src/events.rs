@@ -1,0 +1,72 @@
+//! What happened to each delivery, broadcast to whoever listens (tests, and later metrics).
+//! An event is sent once its effect is in Redis: an ack after XACK returned, a dead letter
+//! after the script ran, a retry once it was scheduled.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+
+/// One settled delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// The stream.
+    pub stream: Arc<str>,
+    /// The group.
+    pub group: Arc<str>,
+    /// The entry id.
+    pub id: String,
+    /// Park-and-re-add count of the delivery.
+    pub retry_count: u32,
+    /// Redis's delivery counter of the delivery.
+    pub delivery_count: u64,
+    /// The digest of the handler that handled it.
+    pub digest: Arc<str>,
+    /// What was done.
+    pub kind: EventKind,
+}
+
+/// What was done with a delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventKind {
+    /// Acknowledged.
+    Acked,
+    /// Moved to the dead-letter stream.
+    DeadLettered {
+        /// The reason recorded with it.
+        reason: String,
+    },
+    /// Left pending, to be delivered again after the delay.
+    RetryPending {
+        /// The delay.
+        delay: Duration,
+        /// Why.
+        cause: String,
+    },
+}
+
+/// The broadcast channel of events.
+#[derive(Debug, Clone)]
+pub struct Events {
+    sender: broadcast::Sender<Event>,
+}
+
+impl Default for Events {
+    fn default() -> Self {
+        Self {
+            sender: broadcast::channel(65_536).0,
+        }
+    }
+}
+
+impl Events {
+    /// Listen to every event from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.sender.subscribe()
+    }
+
+    pub(crate) fn send(&self, event: Event) {
+        // No listener is fine.
+        let _ = self.sender.send(event);
+    }
+}

@@ -1,0 +1,96 @@
+//! `sluice`: run WebAssembly handlers on Redis Streams. Parses arguments, sets up logging, and
+//! hands over to the library's commands.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "Run WebAssembly handlers on Redis Streams consumer groups"
+)]
+struct Cli {
+    /// Log format: human-readable lines or JSON objects. The level comes from RUST_LOG.
+    #[arg(long, value_enum, default_value_t = LogFormat::Human, global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the subscriptions of config files and/or components until SIGTERM or ctrl-c.
+    Run {
+        /// `.toml` configs and/or `.wasm` components (a component alone runs its own descriptor).
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Redis URL for every subscription (overrides the configs; default: a private dev server).
+        #[arg(long, env = "SLUICE_REDIS_URL")]
+        redis: Option<String>,
+    },
+    /// Validate configs and components and print the resolved plan, without running anything.
+    Check {
+        /// `.toml` configs and/or `.wasm` components.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Redis URL for every subscription (overrides the configs).
+        #[arg(long, env = "SLUICE_REDIS_URL")]
+        redis: Option<String>,
+    },
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.log_format);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Run { paths, redis } => {
+                sluice_host::commands::run(&paths, redis.as_deref()).await
+            }
+            Command::Check { paths, redis } => {
+                let plan = sluice_host::commands::check(&paths, redis.as_deref()).await?;
+                print!("{plan}");
+                Ok(())
+            }
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! The decision: what happens to an entry given what its handler answered, how many attempts
+//! came before, and the subscription's policy. A pure function, so every rule is unit-tested.
+//!
+//! | handler result              | attempts left? | decision                                  |
+//! |-----------------------------|----------------|-------------------------------------------|
+//! | `ack`                       | -              | [`Action::Ack`]                           |
+//! | `dead-letter(reason)`       | -              | [`Action::DeadLetter`] with the reason    |
+//! | `retry-after(d)`            | yes            | [`Action::Retry`] after `d`               |
+//! | a failure (trap, limit)     | yes            | [`Action::Retry`] after the backoff       |
+//! | `retry-after` or a failure  | no             | [`Action::DeadLetter`], reason says why   |
+
+use std::time::Duration;
+
+use sluice_descriptor::Backoff;
+
+/// What a handler answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done.
+    Ack,
+    /// Try again after the delay.
+    RetryAfter(Duration),
+    /// Give up, for this reason.
+    DeadLetter(String),
+}
+
+/// Why an attempt failed without an answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Failure {
+    /// The guest trapped (a panic, an out-of-bounds access, an abort).
+    #[error("guest trapped: {0}")]
+    Trap(String),
+    /// The delivery ran past its time limit.
+    #[error("handler exceeded its time limit of {0:?}")]
+    Timeout(Duration),
+    /// The guest asked for more memory than its limit.
+    #[error("guest hit its memory limit of {limit} bytes (asked for {requested})")]
+    MemoryLimit {
+        /// The configured cap.
+        limit: u64,
+        /// What the guest tried to grow to.
+        requested: u64,
+    },
+    /// No instance could be created for the delivery.
+    #[error("could not instantiate the handler: {0}")]
+    Instantiate(String),
+}
+
+/// The policy `decide` applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// Failed attempts tolerated before dead-lettering.
+    pub max_retries: u32,
+    /// The delay after a failure.
+    pub failure_backoff: Backoff,
+}
+
+/// What the host does with the entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Acknowledge it.
+    Ack,
+    /// Hand it back after `delay`; `cause` says why, for the logs.
+    Retry {
+        /// How long until it comes back.
+        delay: Duration,
+        /// What caused the retry.
+        cause: String,
+    },
+    /// Move it to the dead-letter stream with the reason, and acknowledge it.
+    DeadLetter {
+        /// Recorded with the entry.
+        reason: String,
+    },
+}
+
+/// Decide what happens after an attempt, given the attempts that came before it.
+pub fn decide(
+    result: &Result<Outcome, Failure>,
+    previous_attempts: u64,
+    policy: &Policy,
+) -> Action {
+    let (delay, cause) = match result {
+        Ok(Outcome::Ack) => return Action::Ack,
+        Ok(Outcome::DeadLetter(reason)) => {
+            return Action::DeadLetter {
+                reason: reason.clone(),
+            };
+        }
+        Ok(Outcome::RetryAfter(delay)) => (
+            *delay,
+            format!("handler asked to retry after {}ms", delay.as_millis()),
+        ),
+        Err(failure) => {
+            let exponent = u32::try_from(previous_attempts).unwrap_or(u32::MAX);
+            (policy.failure_backoff.delay(exponent), failure.to_string())
+        }
+    };
+    if previous_attempts >= u64::from(policy.max_retries) {
+        return Action::DeadLetter {
+            reason: format!(
+                "max_retries ({}) exhausted after {} attempts; last attempt: {cause}",
+                policy.max_retries,
+                previous_attempts + 1
+            ),
+        };
+    }
+    Action::Retry { delay, cause }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POLICY: Policy = Policy {
+        max_retries: 2,
+        failure_backoff: Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        },
+    };
+
+    #[test]
+    fn ack_and_dead_letter_pass_through() {
+        assert_eq!(decide(&Ok(Outcome::Ack), 9, &POLICY), Action::Ack);
+        assert_eq!(
+            decide(&Ok(Outcome::DeadLetter("bad".into())), 0, &POLICY),
+            Action::DeadLetter {
+                reason: "bad".into()
+            }
+        );
+    }
+
+    #[test]
+    fn retry_keeps_the_requested_delay_until_retries_run_out() {
+        let retry = Ok(Outcome::RetryAfter(Duration::from_secs(30)));
+        assert!(matches!(
+            decide(&retry, 1, &POLICY),
+            Action::Retry { delay, .. } if delay == Duration::from_secs(30)
+        ));
+        let Action::DeadLetter { reason } = decide(&retry, 2, &POLICY) else {
+            panic!("expected a dead letter");
+        };
+        assert!(reason.contains("max_retries (2)"), "{reason}");
+        assert!(reason.contains("3 attempts"), "{reason}");
+    }
+
+    #[test]
+    fn failures_back_off_exponentially() {
+        let trap = Err(Failure::Trap("unreachable".into()));
+        assert!(matches!(
+            decide(&trap, 0, &POLICY),
+            Action::Retry { delay, .. } if delay == Duration::from_millis(100)
+        ));
+        assert!(matches!(
+            decide(&trap, 1, &POLICY),
+            Action::Retry { delay, .. } if delay == Duration::from_millis(200)
+        ));
+        let Action::DeadLetter { reason } = decide(&trap, 2, &POLICY) else {
+            panic!("expected a dead letter");
+        };
+        assert!(reason.contains("guest trapped: unreachable"), "{reason}");
+    }
+}

@@ -1,0 +1,295 @@
+//! The plan: each subscription's component loaded and checked, its descriptor read and
+//! overlaid with the operator's configuration, every default resolved. `sluice check` prints
+//! it; `sluice run` runs it. Building the plan is where a bad descriptor, a component of the
+//! wrong world or two subscriptions that would collide are refused, before anything starts.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sluice_descriptor::{DelayedRetry, DescriptorError, RedisStream, ResolvedStream};
+
+use crate::config::{Config, Isolation, Limits, Overrides};
+use crate::keys;
+use crate::runtime::{LoadedComponent, Runtime, RuntimeError};
+
+/// Why a plan could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// The component could not be loaded or does not implement the world.
+    #[error(transparent)]
+    Component(#[from] RuntimeError),
+    /// The resolved descriptor is invalid.
+    #[error("{} (component {}): {source}", origin.display(), component.display())]
+    Descriptor {
+        /// Where the subscription was configured.
+        origin: PathBuf,
+        /// The component.
+        component: PathBuf,
+        /// What is wrong.
+        source: DescriptorError,
+    },
+    /// Two subscriptions would read as the same consumer of the same group.
+    #[error(
+        "two subscriptions read stream `{stream}` as consumer `{consumer}` of group `{group}`; give one a different group or consumer"
+    )]
+    Duplicate {
+        /// The stream.
+        stream: String,
+        /// The group.
+        group: String,
+        /// The consumer.
+        consumer: String,
+    },
+}
+
+/// One subscription, ready to run.
+#[derive(Debug, Clone)]
+pub struct SubscriptionPlan {
+    /// The handler component.
+    pub component: LoadedComponent,
+    /// The resolved descriptor.
+    pub stream: ResolvedStream,
+    /// The consumer name.
+    pub consumer: String,
+    /// The Redis URL; `None` means the private dev server.
+    pub redis: Option<String>,
+    /// Limits and instance policy.
+    pub limits: Limits,
+    /// Config values passed to the guest (including the host's `sluice.*` ones).
+    pub values: Vec<(String, String)>,
+    /// Things that work but probably are not what the operator wants.
+    pub warnings: Vec<String>,
+}
+
+/// Every subscription of one invocation.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The subscriptions, in configuration order.
+    pub subscriptions: Vec<SubscriptionPlan>,
+    /// How long a shutdown waits for in-flight deliveries.
+    pub shutdown_timeout: Duration,
+}
+
+/// The default consumer name: stable across restarts of the same machine, so a restarted host
+/// finds its own pending entries.
+pub fn default_consumer() -> String {
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    format!("sluice-{host}")
+}
+
+/// Lay the operator's overrides over a component's descriptor.
+pub fn overlay(mut d: RedisStream, o: &Overrides) -> RedisStream {
+    macro_rules! set {
+        ($($field:ident),*) => { $( if let Some(v) = &o.$field { d.$field = Some(v.clone()); } )* };
+    }
+    if let Some(stream) = &o.stream {
+        d.stream = stream.clone();
+    }
+    set!(
+        group,
+        consumer,
+        claim_min_idle,
+        block,
+        count,
+        dead_letter,
+        max_retries,
+        payload_field,
+        max_delay,
+        failure_backoff
+    );
+    if let Some(delayed) = &o.delayed_retry {
+        d.delayed_retry = delayed.clone();
+    }
+    d
+}
+
+impl Plan {
+    /// Load every component and resolve every subscription. `redis_override` (from `--redis`
+    /// or `SLUICE_REDIS_URL`) replaces every configured URL.
+    pub async fn build(
+        config: &Config,
+        runtime: &Runtime,
+        redis_override: Option<&str>,
+    ) -> Result<Self, PlanError> {
+        let mut subscriptions: Vec<SubscriptionPlan> = Vec::new();
+        for sub in &config.subscriptions {
+            let component = runtime.load(&sub.component)?;
+            let descriptor = overlay(component.descriptor().await?, &sub.overrides);
+            let stream = descriptor
+                .resolve()
+                .map_err(|source| PlanError::Descriptor {
+                    origin: sub.origin.clone(),
+                    component: sub.component.clone(),
+                    source,
+                })?;
+            let consumer = stream.consumer.clone().unwrap_or_else(default_consumer);
+            if let Some(other) = subscriptions.iter().find(|p| {
+                p.stream.stream == stream.stream
+                    && p.stream.group == stream.group
+                    && p.consumer == consumer
+            }) {
+                return Err(PlanError::Duplicate {
+                    stream: other.stream.stream.clone(),
+                    group: other.stream.group.clone(),
+                    consumer,
+                });
+            }
+            let mut warnings = Vec::new();
+            if let Some(min_idle) = stream.claim_min_idle
+                && min_idle <= sub.limits.handler_timeout
+            {
+                warnings.push(format!(
+                    "claim_min_idle ({min_idle:?}) is not longer than handler_timeout ({:?}): another consumer may claim an entry that is still being handled",
+                    sub.limits.handler_timeout
+                ));
+            }
+            let mut values: Vec<(String, String)> = sub
+                .values
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            values.push((
+                keys::CONFIG_PAYLOAD_FIELD.to_owned(),
+                stream.payload_field.clone(),
+            ));
+            subscriptions.push(SubscriptionPlan {
+                component,
+                stream,
+                consumer,
+                redis: redis_override
+                    .map(str::to_owned)
+                    .or_else(|| sub.redis.clone()),
+                limits: sub.limits.clone(),
+                values,
+                warnings,
+            });
+        }
+        Ok(Self {
+            subscriptions,
+            shutdown_timeout: config.shutdown_timeout,
+        })
+    }
+
+    /// Whether some subscription has no Redis URL and needs the private dev server.
+    pub fn needs_dev_redis(&self) -> bool {
+        self.subscriptions.iter().any(|s| s.redis.is_none())
+    }
+
+    /// The plan as `sluice check` prints it.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for (i, sub) in self.subscriptions.iter().enumerate() {
+            let s = &sub.stream;
+            let _ = writeln!(
+                out,
+                "subscription {}: stream `{}`, group `{}`",
+                i + 1,
+                s.stream,
+                s.group
+            );
+            let row = |out: &mut String, name: &str, value: String| {
+                let _ = writeln!(out, "  {name:<12} {value}");
+            };
+            row(
+                &mut out,
+                "component",
+                format!(
+                    "{} (sha256 {})",
+                    sub.component.path().display(),
+                    sub.component.short_digest()
+                ),
+            );
+            row(
+                &mut out,
+                "redis",
+                sub.redis
+                    .as_deref()
+                    .map(crate::redis_conn::redact)
+                    .unwrap_or_else(|| "private dev redis-server (.sluice/dev-redis)".to_owned()),
+            );
+            row(&mut out, "consumer", sub.consumer.clone());
+            row(
+                &mut out,
+                "read",
+                format!(
+                    "own pending entries first, then XREADGROUP COUNT {} BLOCK {}",
+                    s.count,
+                    human(s.block)
+                ),
+            );
+            row(
+                &mut out,
+                "claiming",
+                match s.claim_min_idle {
+                    Some(d) => format!("XAUTOCLAIM entries idle for at least {}", human(d)),
+                    None => "no".to_owned(),
+                },
+            );
+            let retries = match &s.delayed_retry {
+                Some(DelayedRetry::DurableZset { key, ttl }) => format!(
+                    "wait in sorted set `{key}` (ttl {})",
+                    ttl.map(human).unwrap_or_else(|| "none".to_owned())
+                ),
+                None if s.claim_min_idle.is_some() => {
+                    "stay pending; XAUTOCLAIM brings them back (delay rounded up to min_idle)"
+                        .to_owned()
+                }
+                None => "stay pending; a local timer brings them back after the delay".to_owned(),
+            };
+            row(
+                &mut out,
+                "retries",
+                format!("max {}; retries {retries}", s.max_retries),
+            );
+            row(
+                &mut out,
+                "failures",
+                format!(
+                    "backoff {} doubling up to {}",
+                    human(s.failure_backoff.initial),
+                    human(s.failure_backoff.max)
+                ),
+            );
+            row(&mut out, "dead letter", format!("`{}`", s.dead_letter));
+            row(
+                &mut out,
+                "payload",
+                format!("JSON in field `{}`", s.payload_field),
+            );
+            let l = &sub.limits;
+            row(
+                &mut out,
+                "handler",
+                format!(
+                    "{}, {} in flight, {} time limit, {} MiB memory",
+                    match l.isolation {
+                        Isolation::Reuse =>
+                            format!("reuse instances (recycle after {})", l.recycle_after),
+                        Isolation::PerDelivery => "fresh instance per delivery".to_owned(),
+                    },
+                    l.max_in_flight,
+                    human(l.handler_timeout),
+                    l.memory_limit / (1024 * 1024)
+                ),
+            );
+            let config: Vec<String> = sub
+                .values
+                .iter()
+                .filter(|(k, _)| !k.starts_with("sluice."))
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            if !config.is_empty() {
+                row(&mut out, "config", config.join(", "));
+            }
+            for warning in &sub.warnings {
+                row(&mut out, "warning", warning.clone());
+            }
+        }
+        out
+    }
+}
+
+fn human(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}

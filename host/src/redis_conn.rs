@@ -1,0 +1,129 @@
+//! Connections to Redis: a managed, self-reconnecting connection for acks and scripts, and a
+//! dedicated connection per subscription for its blocking reads (a blocked XREADGROUP would
+//! otherwise hold up every other command on a shared connection).
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::{AsyncConnectionConfig, Client, RedisError};
+
+/// How long a non-blocking command may take before it counts as failed.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long connecting may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The first and the largest pause between reconnection attempts.
+pub const RECONNECT_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(50), Duration::from_secs(5));
+
+/// Why Redis could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    /// The URL does not parse.
+    #[error("invalid Redis URL {url:?}: {source}")]
+    Url {
+        /// The URL as given.
+        url: String,
+        /// What redis-rs said.
+        source: RedisError,
+    },
+    /// Connecting failed.
+    #[error("cannot connect to Redis at {url}: {source}")]
+    Connect {
+        /// The URL, without credentials.
+        url: String,
+        /// What failed.
+        source: RedisError,
+    },
+}
+
+/// A client for `url`.
+pub fn client(url: &str) -> Result<Client, ConnError> {
+    Client::open(url).map_err(|source| ConnError::Url {
+        url: redact(url),
+        source,
+    })
+}
+
+/// The URL with any password replaced, for logs and errors.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// A connection manager for acks, scripts and other short commands; it reconnects by itself.
+pub async fn manager(client: &Client) -> Result<ConnectionManager, ConnError> {
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(COMMAND_TIMEOUT))
+        .set_min_delay(RECONNECT_BACKOFF.0)
+        .set_max_delay(RECONNECT_BACKOFF.1);
+    ConnectionManager::new_with_config(client.clone(), config)
+        .await
+        .map_err(|source| ConnError::Connect {
+            url: client.get_connection_info().addr().to_string(),
+            source,
+        })
+}
+
+/// A dedicated connection for blocking reads of up to `block`.
+pub async fn blocking(
+    client: &Client,
+    block: Duration,
+) -> Result<MultiplexedConnection, ConnError> {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(block + COMMAND_TIMEOUT));
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .map_err(|source| ConnError::Connect {
+            url: client.get_connection_info().addr().to_string(),
+            source,
+        })
+}
+
+/// Capped exponential backoff between attempts to reach Redis again.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    next: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            next: RECONNECT_BACKOFF.0,
+        }
+    }
+}
+
+impl Backoff {
+    /// The pause before the next attempt; each call doubles it up to the cap.
+    pub fn next_delay(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = (self.next * 2).min(RECONNECT_BACKOFF.1);
+        delay
+    }
+
+    /// Start over after a success.
+    pub fn reset(&mut self) {
+        self.next = RECONNECT_BACKOFF.0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_hides_passwords() {
+        assert_eq!(
+            redact("redis://:secret@host:6379/0"),
+            "redis://***@host:6379/0"
+        );
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+    }
+}

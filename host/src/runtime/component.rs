@@ -1,0 +1,144 @@
+//! Loading a component: read, digest, compile (through wasmtime's on-disk cache), check it
+//! against the handler world, and read the descriptor it exports.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use sluice_descriptor::{Backoff, DelayedRetry, RedisStream};
+use wasmtime::component::Component;
+
+use super::bindings::{self, sluice::handler::types as wit};
+use super::instance::new_store;
+use super::{Runtime, RuntimeError};
+
+/// How long a component's `subscription()` export may run.
+const DESCRIPTOR_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A compiled component that implements the handler world, ready to instantiate.
+#[derive(Clone)]
+pub struct LoadedComponent {
+    path: PathBuf,
+    digest: Arc<str>,
+    pre: bindings::HandlerPre<super::guest::GuestState>,
+    runtime: Runtime,
+}
+
+impl std::fmt::Debug for LoadedComponent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedComponent")
+            .field("path", &self.path)
+            .field("digest", &self.digest)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(super) fn load(runtime: &Runtime, path: &Path) -> Result<LoadedComponent, RuntimeError> {
+    let bytes = std::fs::read(path).map_err(|source| RuntimeError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let digest = hex::encode(Sha256::digest(&bytes));
+    let started = Instant::now();
+    let component =
+        Component::new(runtime.engine(), &bytes).map_err(|e| RuntimeError::Compile {
+            path: path.to_owned(),
+            message: format!("{e:#}"),
+        })?;
+    let wrong_world = |e: wasmtime::Error| RuntimeError::WrongWorld {
+        path: path.to_owned(),
+        message: format!("{e:#}"),
+    };
+    let instance_pre = runtime
+        .linker
+        .instantiate_pre(&component)
+        .map_err(wrong_world)?;
+    let pre = bindings::HandlerPre::new(instance_pre).map_err(wrong_world)?;
+    tracing::debug!(
+        component = %path.display(),
+        digest = &digest[..12],
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "component loaded"
+    );
+    Ok(LoadedComponent {
+        path: path.to_owned(),
+        digest: digest.into(),
+        pre,
+        runtime: runtime.clone(),
+    })
+}
+
+impl LoadedComponent {
+    /// The component file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The SHA-256 of the component's bytes, in hex: which version of a handler this is.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// The first 12 hex digits of the digest, for logs.
+    pub fn short_digest(&self) -> &str {
+        &self.digest[..12]
+    }
+
+    pub(super) fn pre(&self) -> &bindings::HandlerPre<super::guest::GuestState> {
+        &self.pre
+    }
+
+    pub(super) fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    /// Instantiate once and call the component's `subscription()` export.
+    pub async fn descriptor(&self) -> Result<RedisStream, RuntimeError> {
+        let failed = |message: String| RuntimeError::Descriptor {
+            path: self.path.clone(),
+            message,
+        };
+        let mut store = new_store(self.runtime.engine(), Arc::from([]), 64 * 1024 * 1024);
+        store.data_mut().deadline = Some(Instant::now() + DESCRIPTOR_TIMEOUT);
+        let handler = self
+            .pre
+            .instantiate_async(&mut store)
+            .await
+            .map_err(|e| failed(format!("{e:#}")))?;
+        let subscription = handler
+            .call_subscription(&mut store)
+            .await
+            .map_err(|e| failed(format!("{e:#}")))?;
+        Ok(from_wit(subscription))
+    }
+}
+
+fn ms(ms: u64) -> Duration {
+    Duration::from_millis(ms)
+}
+
+fn from_wit(s: wit::Subscription) -> RedisStream {
+    RedisStream {
+        stream: s.stream,
+        group: s.group,
+        consumer: s.consumer,
+        claim_min_idle: s.claim_min_idle_ms.map(ms),
+        block: s.block_ms.map(ms),
+        count: s.count.map(|c| c as usize),
+        dead_letter: s.dead_letter,
+        max_retries: s.max_retries,
+        delayed_retry: s.delayed_retry.map(|d| match d {
+            wit::DelayedRetry::DurableZset(z) => DelayedRetry::DurableZset {
+                key: z.key,
+                ttl: z.ttl_ms.map(ms),
+            },
+        }),
+        payload_field: s.payload_field,
+        max_delay: s.max_delay_ms.map(ms),
+        failure_backoff: s.failure_backoff.map(|b| Backoff {
+            initial: ms(b.initial_ms),
+            max: ms(b.max_ms),
+        }),
+    }
+}

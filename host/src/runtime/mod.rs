@@ -1,0 +1,168 @@
+//! The WebAssembly side of a delivery: one wasmtime [`Engine`] for the process, components
+//! compiled once and cached on disk by content (wasmtime's own cache, keyed on the engine's
+//! settings and version), and handlers that run a component's `handle` export.
+//!
+//! - [`component`] loads a `.wasm` file, checks it implements the `sluice:handler/handler`
+//!   world, reads its descriptor, and builds the `InstancePre` every instance starts from.
+//! - [`instance`] is the [`crate::dispatch::Handler`] for a component: it keeps reusable
+//!   instances (or makes a fresh one per delivery), enforces the time and memory limits, and
+//!   turns traps into [`crate::outcome::Failure`]s.
+//! - [`guest`] is the per-store state and the host side of the WIT imports (logging into
+//!   `tracing`, the subscription's config values, WASI with every capability denied).
+//!
+//! Time limits use epoch interruption: a ticker thread bumps the engine's epoch every
+//! [`EPOCH_TICK`]; at each tick a running guest yields to the async executor (so a busy guest
+//! never starves other tasks) and traps once its delivery's deadline has passed.
+
+pub mod component;
+pub mod guest;
+pub mod instance;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use wasmtime::component::Linker;
+use wasmtime::{Cache, CacheConfig, Engine};
+
+pub use component::LoadedComponent;
+pub use instance::WasmHandler;
+
+/// How often the epoch advances: the granularity of time limits and of guest yields.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// Bindings generated from `wit/sluice.wit`.
+#[allow(missing_docs, clippy::all)]
+pub mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "handler",
+        exports: { default: async },
+    });
+}
+
+/// Why the runtime could not start or a component could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The engine could not be configured.
+    #[error("cannot set up the WebAssembly engine: {0}")]
+    Engine(String),
+    /// The component file could not be read.
+    #[error("cannot read component {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not a valid component.
+    #[error("{} is not a valid WebAssembly component: {message}", path.display())]
+    Compile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What wasmtime said.
+        message: String,
+    },
+    /// The component does not implement the handler world.
+    #[error(
+        "{} does not implement the sluice:handler/handler world (build it with the sluice-guest SDK): {message}",
+        path.display()
+    )]
+    WrongWorld {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is missing or mismatched.
+        message: String,
+    },
+    /// Calling the component's `subscription` export failed.
+    #[error("{}: its subscription() export failed: {message}", path.display())]
+    Descriptor {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// The process-wide WebAssembly runtime: engine, linker and epoch ticker.
+#[derive(Clone)]
+pub struct Runtime {
+    engine: Engine,
+    linker: Arc<Linker<guest::GuestState>>,
+    _ticker: Arc<Ticker>,
+}
+
+impl Runtime {
+    /// Set up the engine, with compiled components cached under `cache_dir` (`None` disables
+    /// the cache).
+    pub fn new(cache_dir: Option<&Path>) -> Result<Self, RuntimeError> {
+        let mut config = wasmtime::Config::new();
+        config.epoch_interruption(true);
+        // Sluice's world is synchronous WASI 0.2; the component-model concurrency machinery
+        // only costs time on every call.
+        config.concurrency_support(false);
+        config.max_wasm_stack(1024 * 1024);
+        if let Some(dir) = cache_dir {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                RuntimeError::Engine(format!("cache directory {}: {e}", dir.display()))
+            })?;
+            let dir = dir.canonicalize().map_err(|e| {
+                RuntimeError::Engine(format!("cache directory {}: {e}", dir.display()))
+            })?;
+            let mut cache_config = CacheConfig::new();
+            cache_config.with_directory(dir);
+            let cache =
+                Cache::new(cache_config).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+            config.cache(Some(cache));
+        }
+        let engine = Engine::new(&config).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        let linker = guest::linker(&engine).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        let ticker = Ticker::start(engine.clone());
+        Ok(Self {
+            engine,
+            linker: Arc::new(linker),
+            _ticker: Arc::new(ticker),
+        })
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Load, compile (or fetch from the cache) and check a component.
+    pub fn load(&self, path: &Path) -> Result<LoadedComponent, RuntimeError> {
+        component::load(self, path)
+    }
+}
+
+/// Advances the engine's epoch every [`EPOCH_TICK`] until dropped.
+struct Ticker {
+    stop: Arc<AtomicBool>,
+}
+
+impl Ticker {
+    fn start(engine: Engine) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let spawned = std::thread::Builder::new()
+            .name("sluice-epoch".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    engine.increment_epoch();
+                }
+            });
+        if let Err(err) = spawned {
+            tracing::error!(%err, "cannot start the epoch ticker: handler time limits are not enforced");
+        }
+        Self { stop }
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}

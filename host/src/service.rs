@@ -1,0 +1,170 @@
+//! Wiring a [`Plan`] into running subscriptions, and taking them down again in order.
+//!
+//! Shutdown, when `stop` is cancelled: every subscription stops reading; in-flight deliveries
+//! get `shutdown_timeout` to finish; then the ackers flush what they hold. If the deadline
+//! passes first, what is unfinished is abandoned: those entries stay pending in Redis and this
+//! consumer re-reads them when it starts again.
+
+use std::sync::Arc;
+
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::dispatch::{Dispatcher, Handler};
+use crate::events::Events;
+use crate::outcome::Policy;
+use crate::plan::Plan;
+use crate::redis_conn::{self, ConnError};
+use crate::runtime::WasmHandler;
+use crate::settle::Settler;
+use crate::subscription::{ReadPlan, Subscription};
+
+/// Why the service stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Redis could not be reached at start-up.
+    #[error(transparent)]
+    Redis(#[from] ConnError),
+    /// A subscription has no Redis URL and no dev server was given.
+    #[error("subscription to `{0}` has no Redis URL")]
+    NoRedis(String),
+    /// The shutdown deadline passed with deliveries still in flight.
+    #[error(
+        "shutdown timed out with {0} deliveries still in flight; they stay pending in Redis and are re-read on restart"
+    )]
+    Abandoned(usize),
+}
+
+/// The running host: every subscription of a plan.
+pub struct Service {
+    plan: Plan,
+    events: Events,
+    handlers: Vec<Arc<dyn Handler>>,
+}
+
+impl Service {
+    /// A service for `plan`, with each subscription's component as its handler.
+    pub fn new(plan: Plan) -> Self {
+        let handlers = plan
+            .subscriptions
+            .iter()
+            .map(|s| {
+                Arc::new(WasmHandler::new(
+                    s.component.clone(),
+                    s.limits.clone(),
+                    s.values.clone(),
+                )) as Arc<dyn Handler>
+            })
+            .collect();
+        Self {
+            plan,
+            events: Events::default(),
+            handlers,
+        }
+    }
+
+    /// Replace subscription `index`'s handler (a native handler in tests and benchmarks).
+    pub fn with_handler(mut self, index: usize, handler: Arc<dyn Handler>) -> Self {
+        if let Some(slot) = self.handlers.get_mut(index) {
+            *slot = handler;
+        }
+        self
+    }
+
+    /// The events of every settled delivery.
+    pub fn events(&self) -> Events {
+        self.events.clone()
+    }
+
+    /// Run until `stop` is cancelled, then shut down. `dev_redis` is the URL used by
+    /// subscriptions that have none of their own.
+    pub async fn run(
+        self,
+        dev_redis: Option<String>,
+        stop: CancellationToken,
+    ) -> Result<(), RunError> {
+        let deliveries = TaskTracker::new();
+        let abandon = CancellationToken::new();
+        let mut readers = JoinSet::new();
+        let mut ackers = JoinSet::new();
+        for (sub, handler) in self.plan.subscriptions.iter().zip(self.handlers) {
+            let url = sub
+                .redis
+                .clone()
+                .or_else(|| dev_redis.clone())
+                .ok_or_else(|| RunError::NoRedis(sub.stream.stream.clone()))?;
+            let client = redis_conn::client(&url)?;
+            let conn = redis_conn::manager(&client).await?;
+            let s = &sub.stream;
+            for warning in &sub.warnings {
+                tracing::warn!(stream = %s.stream, "{warning}");
+            }
+            let (settler, acker) = Settler::new(
+                s.stream.as_str().into(),
+                s.group.as_str().into(),
+                s.dead_letter.clone(),
+                conn.clone(),
+                self.events.clone(),
+                abandon.clone(),
+            );
+            ackers.spawn(acker);
+            let policy = Policy {
+                max_retries: s.max_retries,
+                failure_backoff: s.failure_backoff,
+            };
+            let dispatcher = Arc::new(Dispatcher::new(handler, policy, Arc::new(settler)));
+            let read_plan = ReadPlan {
+                stream: s.stream.as_str().into(),
+                group: s.group.as_str().into(),
+                consumer: sub.consumer.as_str().into(),
+                count: s.count,
+                block: s.block,
+                claim_min_idle: s.claim_min_idle,
+                max_in_flight: sub.limits.max_in_flight,
+            };
+            let subscription = Subscription::new(
+                read_plan,
+                client,
+                conn,
+                dispatcher,
+                stop.clone(),
+                deliveries.clone(),
+            );
+            readers.spawn(subscription.run());
+        }
+
+        stop.cancelled().await;
+        while readers.join_next().await.is_some() {}
+        deliveries.close();
+        let in_flight = deliveries.len();
+        let timeout = self.plan.shutdown_timeout;
+        if in_flight > 0 {
+            tracing::info!(
+                in_flight,
+                timeout_ms = timeout.as_millis() as u64,
+                "stopped reading; waiting for in-flight deliveries"
+            );
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        let drained = tokio::time::timeout_at(deadline, deliveries.wait())
+            .await
+            .is_ok();
+        if !drained {
+            abandon.cancel();
+            return Err(RunError::Abandoned(deliveries.len()));
+        }
+        // Every settler is gone with its subscription; the ackers flush and end.
+        let flushed = tokio::time::timeout_at(deadline, async {
+            while ackers.join_next().await.is_some() {}
+        })
+        .await
+        .is_ok();
+        if !flushed {
+            abandon.cancel();
+            return Err(RunError::Abandoned(0));
+        }
+        tracing::info!("all deliveries settled; stopped");
+        Ok(())
+    }
+}

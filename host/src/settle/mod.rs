@@ -1,0 +1,229 @@
+//! Carrying a decision out in Redis: acks (batched), dead letters (one atomic script), and
+//! retries that stay pending.
+//!
+//! - An ack goes to the subscription's acker task, which sends one XACK for everything that is
+//!   waiting, retries it with backoff while Redis is away, and reports each ack once it is in.
+//! - A dead letter runs `lua/dead_letter.lua`: XACK, and only if the entry was still pending,
+//!   XADD to the dead-letter stream with the entry's fields, the reason, the origin stream,
+//!   group and id, the retry count and the delivery count.
+//! - A retry without a delayed-retry set leaves the entry pending; the subscription brings it
+//!   back after the delay (or, on a claiming subscription, XAUTOCLAIM does after `min_idle`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::{Script, Value};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::delivery::Delivery;
+use crate::events::{Event, EventKind, Events};
+use crate::keys;
+use crate::redis_conn::Backoff;
+
+/// The most ids one XACK carries.
+const ACK_BATCH: usize = 1024;
+
+fn dead_letter_script() -> &'static Script {
+    static SCRIPT: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| Script::new(include_str!("lua/dead_letter.lua")))
+}
+
+/// Settles one subscription's deliveries.
+pub struct Settler {
+    stream: Arc<str>,
+    group: Arc<str>,
+    dead_letter: String,
+    conn: ConnectionManager,
+    acks: mpsc::UnboundedSender<Event>,
+    events: Events,
+    /// Cancelled when the host must give up on Redis (a forced shutdown).
+    abandon: CancellationToken,
+}
+
+impl Settler {
+    /// A settler, and the acker task that must be spawned for it. The acker ends once every
+    /// clone of the settler is dropped and the acks it holds are in Redis (or abandoned).
+    pub fn new(
+        stream: Arc<str>,
+        group: Arc<str>,
+        dead_letter: String,
+        conn: ConnectionManager,
+        events: Events,
+        abandon: CancellationToken,
+    ) -> (Self, impl std::future::Future<Output = ()> + Send + 'static) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let acker = run_acker(
+            stream.clone(),
+            group.clone(),
+            conn.clone(),
+            rx,
+            events.clone(),
+            abandon.clone(),
+        );
+        (
+            Self {
+                stream,
+                group,
+                dead_letter,
+                conn,
+                acks: tx,
+                events,
+                abandon,
+            },
+            acker,
+        )
+    }
+
+    /// The event describing `delivery` settled as `kind`.
+    pub fn event(&self, delivery: &Delivery, digest: &Arc<str>, kind: EventKind) -> Event {
+        Event {
+            stream: self.stream.clone(),
+            group: self.group.clone(),
+            id: delivery.entry.id.clone(),
+            retry_count: delivery.retry_count,
+            delivery_count: delivery.delivery_count,
+            digest: digest.clone(),
+            kind,
+        }
+    }
+
+    /// Queue an ack; the acker sends it with others and reports it once Redis has it.
+    pub fn ack(&self, delivery: &Delivery, digest: &Arc<str>) {
+        let event = self.event(delivery, digest, EventKind::Acked);
+        if self.acks.send(event).is_err() {
+            // Only after a forced shutdown: the entry stays pending and is re-read on restart.
+            tracing::warn!(id = %delivery.entry.id, "acker is gone; entry stays pending");
+        }
+    }
+
+    /// Report a retry that stays pending.
+    pub fn retry_pending(
+        &self,
+        delivery: &Delivery,
+        digest: &Arc<str>,
+        delay: Duration,
+        cause: String,
+    ) {
+        self.events
+            .send(self.event(delivery, digest, EventKind::RetryPending { delay, cause }));
+    }
+
+    /// Dead-letter the entry and ack it, retrying while Redis is away. Returns false when the
+    /// entry was no longer pending (already settled elsewhere) or the host gave up on Redis.
+    pub async fn dead_letter(&self, delivery: &Delivery, digest: &Arc<str>, reason: &str) -> bool {
+        let retry_count = delivery.retry_count.to_string();
+        let delivery_count = delivery.delivery_count.to_string();
+        let mut backoff = Backoff::default();
+        loop {
+            let mut invocation = dead_letter_script().key(&*self.stream);
+            invocation
+                .key(&self.dead_letter)
+                .arg(&*self.group)
+                .arg(&delivery.entry.id);
+            for (name, value) in delivery.entry.user_fields() {
+                invocation.arg(name).arg(value.as_slice());
+            }
+            invocation
+                .arg(keys::REASON)
+                .arg(reason)
+                .arg(keys::ORIGIN_STREAM)
+                .arg(&*self.stream)
+                .arg(keys::ORIGIN_GROUP)
+                .arg(&*self.group)
+                .arg(keys::ORIGIN_ID)
+                .arg(&delivery.entry.id)
+                .arg(keys::RETRY_COUNT)
+                .arg(&retry_count)
+                .arg(keys::DELIVERY_COUNT)
+                .arg(&delivery_count);
+            let mut conn = self.conn.clone();
+            match invocation.invoke_async::<Value>(&mut conn).await {
+                Ok(Value::Nil) | Ok(Value::Boolean(false)) => {
+                    tracing::warn!(
+                        id = %delivery.entry.id,
+                        "entry was no longer pending when dead-lettering; left as it is"
+                    );
+                    return false;
+                }
+                Ok(_) => {
+                    self.events.send(self.event(
+                        delivery,
+                        digest,
+                        EventKind::DeadLettered {
+                            reason: reason.to_owned(),
+                        },
+                    ));
+                    return true;
+                }
+                Err(err) => {
+                    let pause = backoff.next_delay();
+                    tracing::warn!(
+                        id = %delivery.entry.id,
+                        dead_letter = %self.dead_letter,
+                        %err,
+                        retry_in_ms = pause.as_millis() as u64,
+                        "dead-lettering failed; entry stays pending, retrying"
+                    );
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        () = self.abandon.cancelled() => return false,
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Send queued acks in batches until the channel closes, retrying while Redis is away.
+async fn run_acker(
+    stream: Arc<str>,
+    group: Arc<str>,
+    mut conn: ConnectionManager,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+    events: Events,
+    abandon: CancellationToken,
+) {
+    let mut batch: Vec<Event> = Vec::with_capacity(ACK_BATCH);
+    let mut backoff = Backoff::default();
+    while rx.recv_many(&mut batch, ACK_BATCH).await > 0 {
+        loop {
+            let mut cmd = redis::cmd("XACK");
+            cmd.arg(&*stream).arg(&*group);
+            for event in &batch {
+                cmd.arg(&event.id);
+            }
+            match cmd.query_async::<u64>(&mut conn).await {
+                Ok(_) => {
+                    backoff.reset();
+                    for event in batch.drain(..) {
+                        events.send(event);
+                    }
+                    break;
+                }
+                Err(err) => {
+                    let pause = backoff.next_delay();
+                    tracing::warn!(
+                        stream = %stream,
+                        pending_acks = batch.len(),
+                        %err,
+                        retry_in_ms = pause.as_millis() as u64,
+                        "XACK failed; entries stay pending, retrying"
+                    );
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        () = abandon.cancelled() => {
+                            tracing::warn!(
+                                stream = %stream,
+                                abandoned = batch.len(),
+                                "giving up on acks: these entries stay pending and are re-read on restart"
+                            );
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

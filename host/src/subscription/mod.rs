@@ -1,0 +1,407 @@
+//! One consumer-group subscription: where entries come from.
+//!
+//! The read loop, in order:
+//! 1. create the group (MKSTREAM; an existing group is fine);
+//! 2. once, at start: re-read this consumer's own pending entries (those it had read but not
+//!    settled when it last stopped or crashed), oldest first;
+//! 3. on a claiming subscription, take entries other consumers left idle for at least
+//!    `min_idle` (XAUTOCLAIM, walking the group's pending list with a cursor);
+//! 4. read new entries (XREADGROUP `>` with COUNT and BLOCK) on a connection of its own.
+//!
+//! Each entry becomes a [`Delivery`] handed to the [`Dispatcher`] on its own task, at most
+//! `max_in_flight` at a time: the loop waits for a free permit before it reads, and reads no
+//! more than there are permits. A retry that stays pending comes back through a local timer
+//! that re-claims the entry when its delay is over (XCLAIM, which also bumps Redis's delivery
+//! counter); after a crash, step 2 brings it back instead. On a claiming subscription the timer
+//! is not needed: XAUTOCLAIM takes the entry once it has been idle for `min_idle`, so the delay
+//! is rounded up to `min_idle`.
+//!
+//! When Redis goes away the loop logs it, drops its connection and reconnects with capped
+//! exponential backoff; nothing that was read is lost, since unsettled entries stay pending.
+
+pub mod read;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, MultiplexedConnection};
+use redis::{Client, RedisResult};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::delivery::{Delivery, Entry};
+use crate::dispatch::{Dispatcher, Settled};
+use crate::redis_conn::{self, Backoff};
+use read::ReadEntry;
+
+/// What a subscription needs to know about where and how to read.
+#[derive(Debug, Clone)]
+pub struct ReadPlan {
+    /// The stream.
+    pub stream: Arc<str>,
+    /// The group.
+    pub group: Arc<str>,
+    /// This consumer's name.
+    pub consumer: Arc<str>,
+    /// XREADGROUP COUNT.
+    pub count: usize,
+    /// XREADGROUP BLOCK.
+    pub block: Duration,
+    /// Set on a claiming subscription.
+    pub claim_min_idle: Option<Duration>,
+    /// Deliveries handled at once.
+    pub max_in_flight: usize,
+}
+
+/// A running subscription.
+pub struct Subscription {
+    plan: ReadPlan,
+    client: Client,
+    conn: ConnectionManager,
+    dispatcher: Arc<Dispatcher>,
+    permits: Arc<Semaphore>,
+    in_flight: Mutex<HashSet<String>>,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Subscription {
+    /// A subscription reading with `plan` and handing entries to `dispatcher`. Delivery tasks
+    /// are spawned on `tracker`; `stop` ends the read loop and pending-retry timers.
+    pub fn new(
+        plan: ReadPlan,
+        client: Client,
+        conn: ConnectionManager,
+        dispatcher: Arc<Dispatcher>,
+        stop: CancellationToken,
+        tracker: TaskTracker,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            permits: Arc::new(Semaphore::new(plan.max_in_flight)),
+            plan,
+            client,
+            conn,
+            dispatcher,
+            in_flight: Mutex::new(HashSet::new()),
+            stop,
+            tracker,
+        })
+    }
+
+    /// Create the group, then read until stopped.
+    pub async fn run(self: Arc<Self>) {
+        let plan = &self.plan;
+        tracing::info!(
+            stream = %plan.stream,
+            group = %plan.group,
+            consumer = %plan.consumer,
+            claiming = plan.claim_min_idle.is_some(),
+            "subscription starting"
+        );
+        if !self.create_group().await {
+            return;
+        }
+        let mut reader: Option<MultiplexedConnection> = None;
+        let mut own_pending: Option<String> = Some("0".to_owned());
+        let mut claim_cursor = "0-0".to_owned();
+        let mut backoff = Backoff::default();
+        loop {
+            let first = tokio::select! {
+                permit = self.permits.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => break,
+                },
+                () = self.stop.cancelled() => break,
+            };
+            let room = (self.permits.available_permits() + 1).min(plan.count);
+            let conn = match &mut reader {
+                Some(conn) => conn,
+                None => match redis_conn::blocking(&self.client, plan.block).await {
+                    Ok(conn) => {
+                        backoff.reset();
+                        reader.insert(conn)
+                    }
+                    Err(err) => {
+                        drop(first);
+                        if !self.pause_after_error(&err.to_string(), &mut backoff).await {
+                            break;
+                        }
+                        continue;
+                    }
+                },
+            };
+            let batch = tokio::select! {
+                batch = self.next_batch(conn, room, &mut own_pending, &mut claim_cursor) => batch,
+                // Entries a cut-off read had already taken stay pending and are re-read on restart.
+                () = self.stop.cancelled() => break,
+            };
+            match batch {
+                Ok(batch) => {
+                    backoff.reset();
+                    self.start_deliveries(batch, first).await;
+                }
+                Err(err) => {
+                    drop(first);
+                    reader = None;
+                    if !self
+                        .pause_after_error(&format!("read failed: {err}"), &mut backoff)
+                        .await
+                    {
+                        break;
+                    }
+                }
+            }
+        }
+        tracing::info!(stream = %plan.stream, group = %plan.group, "subscription stopped reading");
+    }
+
+    async fn create_group(&self) -> bool {
+        let mut backoff = Backoff::default();
+        loop {
+            let mut conn = self.conn.clone();
+            match read::create_group(&mut conn, &self.plan.stream, &self.plan.group).await {
+                Ok(()) => return true,
+                Err(err) => {
+                    let message = format!("cannot create consumer group: {err}");
+                    if !self.pause_after_error(&message, &mut backoff).await {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Log a Redis failure and wait before the next attempt; false if stopped meanwhile.
+    async fn pause_after_error(&self, message: &str, backoff: &mut Backoff) -> bool {
+        let pause = backoff.next_delay();
+        tracing::warn!(
+            stream = %self.plan.stream,
+            group = %self.plan.group,
+            retry_in_ms = pause.as_millis() as u64,
+            "Redis unavailable: {message}"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(pause) => true,
+            () = self.stop.cancelled() => false,
+        }
+    }
+
+    /// The next entries to handle, with Redis's delivery counter for each.
+    async fn next_batch(
+        &self,
+        conn: &mut MultiplexedConnection,
+        room: usize,
+        own_pending: &mut Option<String>,
+        claim_cursor: &mut String,
+    ) -> RedisResult<Vec<(ReadEntry, u64)>> {
+        let plan = &self.plan;
+        if let Some(cursor) = own_pending.as_deref() {
+            let entries = read::read_group(
+                conn,
+                &plan.stream,
+                &plan.group,
+                &plan.consumer,
+                room,
+                None,
+                cursor,
+            )
+            .await?;
+            match entries.last() {
+                None => *own_pending = None,
+                Some(last) => {
+                    tracing::info!(
+                        stream = %plan.stream,
+                        count = entries.len(),
+                        "re-reading this consumer's own pending entries"
+                    );
+                    *own_pending = Some(last.id.clone());
+                    return self.with_counts(conn, entries).await;
+                }
+            }
+        }
+        if let Some(min_idle) = plan.claim_min_idle {
+            let (next, entries) = read::autoclaim(
+                conn,
+                &plan.stream,
+                &plan.group,
+                &plan.consumer,
+                min_idle,
+                claim_cursor,
+                room,
+            )
+            .await?;
+            *claim_cursor = next;
+            if !entries.is_empty() {
+                tracing::info!(stream = %plan.stream, count = entries.len(), "claimed idle entries");
+                return self.with_counts(conn, entries).await;
+            }
+        }
+        let entries = read::read_group(
+            conn,
+            &plan.stream,
+            &plan.group,
+            &plan.consumer,
+            room,
+            Some(plan.block),
+            ">",
+        )
+        .await?;
+        Ok(entries.into_iter().map(|e| (e, 1)).collect())
+    }
+
+    async fn with_counts(
+        &self,
+        conn: &mut MultiplexedConnection,
+        entries: Vec<ReadEntry>,
+    ) -> RedisResult<Vec<(ReadEntry, u64)>> {
+        let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+        let counts = read::delivery_counts(
+            conn,
+            &self.plan.stream,
+            &self.plan.group,
+            &self.plan.consumer,
+            &ids,
+        )
+        .await?;
+        Ok(entries
+            .into_iter()
+            .map(|e| {
+                let count = counts.get(&e.id).copied().unwrap_or(1);
+                (e, count)
+            })
+            .collect())
+    }
+
+    async fn start_deliveries(
+        self: &Arc<Self>,
+        batch: Vec<(ReadEntry, u64)>,
+        first: OwnedSemaphorePermit,
+    ) {
+        let mut first = Some(first);
+        for (read, delivery_count) in batch {
+            let id = read.id.clone();
+            let Some(entry) = read.into_entry() else {
+                self.drop_deleted(&id).await;
+                continue;
+            };
+            let permit = match first.take() {
+                Some(permit) => permit,
+                None => match self.permits.clone().acquire_owned().await {
+                    Ok(permit) => permit,
+                    Err(_) => return,
+                },
+            };
+            self.spawn_delivery(entry, delivery_count, permit);
+        }
+    }
+
+    /// An entry that was deleted from the stream while pending has nothing left to handle:
+    /// acknowledge it so it leaves the pending list.
+    async fn drop_deleted(&self, id: &str) {
+        tracing::warn!(
+            stream = %self.plan.stream,
+            id,
+            "pending entry was deleted from the stream; acknowledging it"
+        );
+        let mut conn = self.conn.clone();
+        let acked: RedisResult<u64> = redis::cmd("XACK")
+            .arg(&*self.plan.stream)
+            .arg(&*self.plan.group)
+            .arg(id)
+            .query_async(&mut conn)
+            .await;
+        if let Err(err) = acked {
+            tracing::warn!(id, %err, "could not acknowledge deleted entry; it stays pending");
+        }
+    }
+
+    fn spawn_delivery(
+        self: &Arc<Self>,
+        entry: Entry,
+        delivery_count: u64,
+        permit: OwnedSemaphorePermit,
+    ) {
+        if let Ok(mut in_flight) = self.in_flight.lock()
+            && !in_flight.insert(entry.id.clone())
+        {
+            // XAUTOCLAIM handed back an entry this host is still handling.
+            return;
+        }
+        let delivery = Delivery::new(&self.plan.stream, &self.plan.group, entry, delivery_count);
+        let this = self.clone();
+        self.tracker.spawn(async move {
+            let id = delivery.entry.id.clone();
+            let settled = this.dispatcher.dispatch(delivery).await;
+            drop(permit);
+            if let Ok(mut in_flight) = this.in_flight.lock() {
+                in_flight.remove(&id);
+            }
+            if let Settled::RetryPending(delay) = settled {
+                this.retry_later(id, delivery_count, delay);
+            }
+        });
+    }
+
+    /// Bring a pending entry back after `delay` (not needed on a claiming subscription).
+    fn retry_later(self: &Arc<Self>, id: String, delivery_count: u64, delay: Duration) {
+        if let Some(min_idle) = self.plan.claim_min_idle {
+            tracing::debug!(
+                id,
+                min_idle_ms = min_idle.as_millis() as u64,
+                "retry stays pending until XAUTOCLAIM finds it idle"
+            );
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                // Still pending: re-read from this consumer's pending list on restart.
+                () = this.stop.cancelled() => return,
+            }
+            let mut backoff = Backoff::default();
+            let entry = loop {
+                let mut conn = this.conn.clone();
+                match read::claim_one(
+                    &mut conn,
+                    &this.plan.stream,
+                    &this.plan.group,
+                    &this.plan.consumer,
+                    &id,
+                )
+                .await
+                {
+                    Ok(entry) => break entry,
+                    Err(err) => {
+                        if !this
+                            .pause_after_error(
+                                &format!("cannot take back retry {id}: {err}"),
+                                &mut backoff,
+                            )
+                            .await
+                        {
+                            return;
+                        }
+                    }
+                }
+            };
+            let Some(entry) = entry else {
+                tracing::info!(
+                    id,
+                    "retry is no longer pending (settled elsewhere or deleted)"
+                );
+                return;
+            };
+            let permit = tokio::select! {
+                permit = this.permits.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => return,
+                },
+                () = this.stop.cancelled() => return,
+            };
+            this.spawn_delivery(entry, delivery_count + 1, permit);
+        });
+    }
+}

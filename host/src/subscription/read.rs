@@ -1,0 +1,315 @@
+//! The Redis commands a subscription reads with, and the parsing of their replies into
+//! [`Entry`]s (fields kept in stream order, as bytes).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::{RedisResult, Value};
+
+use crate::delivery::Entry;
+
+/// An entry id from a read; `None` fields mean the entry was deleted from the stream while it
+/// was pending.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadEntry {
+    /// The entry id.
+    pub id: String,
+    /// Its fields, unless it was deleted.
+    pub fields: Option<Vec<(String, Vec<u8>)>>,
+}
+
+impl ReadEntry {
+    /// The entry, if it still exists.
+    pub fn into_entry(self) -> Option<Entry> {
+        let id = self.id;
+        self.fields.map(|fields| Entry { id, fields })
+    }
+}
+
+/// XGROUP CREATE with MKSTREAM, reading new entries only; an existing group is fine.
+pub async fn create_group<C: ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+    group: &str,
+) -> RedisResult<()> {
+    let created: RedisResult<Value> = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(stream)
+        .arg(group)
+        .arg("$")
+        .arg("MKSTREAM")
+        .query_async(conn)
+        .await;
+    match created {
+        Ok(_) => Ok(()),
+        Err(err) if err.code() == Some("BUSYGROUP") => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
+/// XREADGROUP from `id` (`>` for new entries, an id to read this consumer's pending ones).
+pub async fn read_group<C: ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+    group: &str,
+    consumer: &str,
+    count: usize,
+    block: Option<Duration>,
+    id: &str,
+) -> RedisResult<Vec<ReadEntry>> {
+    let mut cmd = redis::cmd("XREADGROUP");
+    cmd.arg("GROUP")
+        .arg(group)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(count);
+    if let Some(block) = block {
+        cmd.arg("BLOCK").arg(block.as_millis().max(1) as u64);
+    }
+    cmd.arg("STREAMS").arg(stream).arg(id);
+    let reply: Value = cmd.query_async(conn).await?;
+    parse_read_reply(reply)
+}
+
+/// XAUTOCLAIM: take up to `count` entries idle for at least `min_idle` from any consumer.
+/// Returns the next cursor, the claimed entries, and the ids that were deleted meanwhile.
+pub async fn autoclaim<C: ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+    group: &str,
+    consumer: &str,
+    min_idle: Duration,
+    cursor: &str,
+    count: usize,
+) -> RedisResult<(String, Vec<ReadEntry>)> {
+    let reply: Value = redis::cmd("XAUTOCLAIM")
+        .arg(stream)
+        .arg(group)
+        .arg(consumer)
+        .arg(min_idle.as_millis() as u64)
+        .arg(cursor)
+        .arg("COUNT")
+        .arg(count)
+        .query_async(conn)
+        .await?;
+    let Value::Array(parts) = reply else {
+        return Err(unexpected("XAUTOCLAIM", &reply));
+    };
+    let mut parts = parts.into_iter();
+    let next = match parts.next() {
+        Some(v) => text(&v).ok_or_else(|| unexpected("XAUTOCLAIM cursor", &v))?,
+        None => return Err(unexpected("XAUTOCLAIM", &Value::Nil)),
+    };
+    let entries = match parts.next() {
+        Some(v) => parse_entries(v)?,
+        None => Vec::new(),
+    };
+    Ok((next, entries))
+}
+
+/// XCLAIM one entry for `consumer` regardless of idle time: how a pending retry is taken back
+/// when its delay is over. `None` when it is no longer pending or was deleted.
+pub async fn claim_one<C: ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+    group: &str,
+    consumer: &str,
+    id: &str,
+) -> RedisResult<Option<Entry>> {
+    let reply: Value = redis::cmd("XCLAIM")
+        .arg(stream)
+        .arg(group)
+        .arg(consumer)
+        .arg(0)
+        .arg(id)
+        .query_async(conn)
+        .await?;
+    Ok(parse_entries(reply)?
+        .into_iter()
+        .next()
+        .and_then(ReadEntry::into_entry))
+}
+
+/// Redis's delivery counters for `ids`, which are pending for `consumer` (XPENDING, extended
+/// form, over the ids' range).
+pub async fn delivery_counts<C: ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+    group: &str,
+    consumer: &str,
+    ids: &[&str],
+) -> RedisResult<HashMap<String, u64>> {
+    let (Some(first), Some(last)) = (
+        ids.iter().min_by(|a, b| cmp_ids(a, b)),
+        ids.iter().max_by(|a, b| cmp_ids(a, b)),
+    ) else {
+        return Ok(HashMap::new());
+    };
+    let reply: Value = redis::cmd("XPENDING")
+        .arg(stream)
+        .arg(group)
+        .arg(*first)
+        .arg(*last)
+        .arg(ids.len().max(1) * 4)
+        .arg(consumer)
+        .query_async(conn)
+        .await?;
+    let Value::Array(rows) = reply else {
+        return Err(unexpected("XPENDING", &reply));
+    };
+    let mut counts = HashMap::with_capacity(rows.len());
+    for row in rows {
+        if let Value::Array(cols) = &row
+            && let (Some(id), Some(Value::Int(count))) = (cols.first().and_then(text), cols.get(3))
+        {
+            counts.insert(id, u64::try_from(*count).unwrap_or(1));
+        }
+    }
+    Ok(counts)
+}
+
+/// Order stream ids numerically (`ms-seq`).
+pub fn cmp_ids(a: &str, b: &str) -> std::cmp::Ordering {
+    fn parts(id: &str) -> (u64, u64) {
+        let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+        (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+    }
+    parts(a).cmp(&parts(b))
+}
+
+fn unexpected(what: &str, value: &Value) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::UnexpectedReturnType,
+        "unexpected reply",
+        format!("{what}: {value:?}"),
+    ))
+}
+
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// XREADGROUP's reply: nil on timeout, else one `[stream, entries]` pair (or a map in RESP3).
+fn parse_read_reply(reply: Value) -> RedisResult<Vec<ReadEntry>> {
+    match reply {
+        Value::Nil => Ok(Vec::new()),
+        Value::Array(streams) => {
+            let mut out = Vec::new();
+            for stream in streams {
+                let Value::Array(pair) = stream else {
+                    return Err(unexpected("XREADGROUP stream", &stream));
+                };
+                if let Some(entries) = pair.into_iter().nth(1) {
+                    out.extend(parse_entries(entries)?);
+                }
+            }
+            Ok(out)
+        }
+        Value::Map(streams) => {
+            let mut out = Vec::new();
+            for (_, entries) in streams {
+                out.extend(parse_entries(entries)?);
+            }
+            Ok(out)
+        }
+        other => Err(unexpected("XREADGROUP", &other)),
+    }
+}
+
+/// A list of `[id, [field, value, ...] | nil]`.
+fn parse_entries(value: Value) -> RedisResult<Vec<ReadEntry>> {
+    let Value::Array(items) = value else {
+        return if value == Value::Nil {
+            Ok(Vec::new())
+        } else {
+            Err(unexpected("entries", &value))
+        };
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let Value::Array(pair) = item else {
+            // XAUTOCLAIM on Redis 6.2 reports deleted entries as bare nils.
+            continue;
+        };
+        let mut pair = pair.into_iter();
+        let id = match pair.next() {
+            Some(v) => text(&v).ok_or_else(|| unexpected("entry id", &v))?,
+            None => continue,
+        };
+        let fields = match pair.next() {
+            Some(Value::Array(flat)) => {
+                let mut fields = Vec::with_capacity(flat.len() / 2);
+                let mut flat = flat.into_iter();
+                while let (Some(name), Some(value)) = (flat.next(), flat.next()) {
+                    let name = text(&name).ok_or_else(|| unexpected("field name", &name))?;
+                    let value = match value {
+                        Value::BulkString(bytes) => bytes,
+                        Value::SimpleString(s) => s.into_bytes(),
+                        Value::Int(n) => n.to_string().into_bytes(),
+                        other => return Err(unexpected("field value", &other)),
+                    };
+                    fields.push((name, value));
+                }
+                Some(fields)
+            }
+            Some(Value::Map(map)) => {
+                let mut fields = Vec::with_capacity(map.len());
+                for (name, value) in map {
+                    let name = text(&name).ok_or_else(|| unexpected("field name", &name))?;
+                    let Value::BulkString(bytes) = value else {
+                        return Err(unexpected("field value", &value));
+                    };
+                    fields.push((name, bytes));
+                }
+                Some(fields)
+            }
+            _ => None,
+        };
+        out.push(ReadEntry { id, fields });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn parses_entries_in_order_and_deleted_ones() {
+        let reply = Value::Array(vec![Value::Array(vec![
+            bulk("s"),
+            Value::Array(vec![
+                Value::Array(vec![
+                    bulk("1-0"),
+                    Value::Array(vec![bulk("b"), bulk("2"), bulk("a"), bulk("1")]),
+                ]),
+                Value::Array(vec![bulk("2-0"), Value::Nil]),
+            ]),
+        ])]);
+        let entries = parse_read_reply(reply).unwrap();
+        assert_eq!(entries.len(), 2);
+        assert_eq!(
+            entries[0].fields.as_deref().unwrap(),
+            &[
+                ("b".to_owned(), b"2".to_vec()),
+                ("a".to_owned(), b"1".to_vec())
+            ]
+        );
+        assert_eq!(entries[1].fields, None);
+    }
+
+    #[test]
+    fn ids_compare_numerically() {
+        assert_eq!(cmp_ids("10-0", "9-5"), std::cmp::Ordering::Greater);
+        assert_eq!(cmp_ids("9-10", "9-9"), std::cmp::Ordering::Greater);
+    }
+}

@@ -1,0 +1,1 @@
+//! Workspace integration tests live in `all/`; this library is empty.
