@@ -26,7 +26,7 @@ pub trait Handler: Send + Sync + 'static {
 /// How a dispatch ended, for the subscription to act on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Settled {
-    /// Acked or dead-lettered: nothing more to do.
+    /// Acked, parked or dead-lettered: nothing more to do here.
     Done,
     /// The entry stays pending and must come back after the delay.
     RetryPending(std::time::Duration),
@@ -86,8 +86,15 @@ impl Dispatcher {
                     .await;
                 Settled::Done
             }
+            Action::Retry { delay, cause } if self.settler.has_delayed_set() => {
+                tracing::info!(delay_ms = delay.as_millis() as u64, %cause, "parking for a delayed retry");
+                self.settler
+                    .park(&delivery, &self.digest, delay, cause)
+                    .await;
+                Settled::Done
+            }
             Action::Retry { delay, cause } => {
-                tracing::info!(delay_ms = delay.as_millis() as u64, %cause, "retry scheduled");
+                tracing::info!(delay_ms = delay.as_millis() as u64, %cause, "retry stays pending");
                 self.settler
                     .retry_pending(&delivery, &self.digest, delay, cause);
                 Settled::RetryPending(delay)

@@ -36,6 +36,15 @@ pub enum EventKind {
         /// The reason recorded with it.
         reason: String,
     },
+    /// Parked in the delayed-retry set and acknowledged.
+    Parked {
+        /// The delay asked for.
+        delay: Duration,
+        /// Its due time, epoch milliseconds by the Redis server's clock.
+        due_ms: i64,
+        /// Why.
+        cause: String,
+    },
     /// Left pending, to be delivered again after the delay.
     RetryPending {
         /// The delay.

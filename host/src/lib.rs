@@ -21,6 +21,7 @@
 
 pub mod commands;
 pub mod config;
+pub mod delayed;
 pub mod delivery;
 pub mod devredis;
 pub mod dispatch;

@@ -11,6 +11,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::delayed::DelayedSet;
 use crate::dispatch::{Dispatcher, Handler};
 use crate::events::Events;
 use crate::outcome::Policy;
@@ -19,6 +20,7 @@ use crate::redis_conn::{self, ConnError};
 use crate::runtime::WasmHandler;
 use crate::settle::Settler;
 use crate::subscription::{ReadPlan, Subscription};
+use sluice_descriptor::DelayedRetry;
 
 /// Why the service stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -100,11 +102,24 @@ impl Service {
             for warning in &sub.warnings {
                 tracing::warn!(stream = %s.stream, "{warning}");
             }
+            let delayed = s.delayed_retry.as_ref().map(|d| match d {
+                DelayedRetry::DurableZset { key, ttl } => Arc::new(DelayedSet::new(
+                    s.stream.as_str().into(),
+                    s.group.as_str().into(),
+                    key.clone(),
+                    *ttl,
+                    conn.clone(),
+                )),
+            });
+            if let Some(set) = &delayed {
+                readers.spawn(set.clone().run_waker(stop.clone()));
+            }
             let (settler, acker) = Settler::new(
                 s.stream.as_str().into(),
                 s.group.as_str().into(),
                 s.dead_letter.clone(),
                 conn.clone(),
+                delayed.clone(),
                 self.events.clone(),
                 abandon.clone(),
             );
@@ -128,6 +143,7 @@ impl Service {
                 client,
                 conn,
                 dispatcher,
+                delayed,
                 stop.clone(),
                 deliveries.clone(),
             );

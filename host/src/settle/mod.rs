@@ -6,6 +6,7 @@
 //! - A dead letter runs `lua/dead_letter.lua`: XACK, and only if the entry was still pending,
 //!   XADD to the dead-letter stream with the entry's fields, the reason, the origin stream,
 //!   group and id, the retry count and the delivery count.
+//! - A retry with a delayed-retry set parks the entry there ([`crate::delayed`]).
 //! - A retry without a delayed-retry set leaves the entry pending; the subscription brings it
 //!   back after the delay (or, on a claiming subscription, XAUTOCLAIM does after `min_idle`).
 
@@ -17,6 +18,7 @@ use redis::{Script, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::delayed::{DelayedSet, Parked};
 use crate::delivery::Delivery;
 use crate::events::{Event, EventKind, Events};
 use crate::keys;
@@ -36,6 +38,7 @@ pub struct Settler {
     group: Arc<str>,
     dead_letter: String,
     conn: ConnectionManager,
+    delayed: Option<Arc<DelayedSet>>,
     acks: mpsc::UnboundedSender<Event>,
     events: Events,
     /// Cancelled when the host must give up on Redis (a forced shutdown).
@@ -50,6 +53,7 @@ impl Settler {
         group: Arc<str>,
         dead_letter: String,
         conn: ConnectionManager,
+        delayed: Option<Arc<DelayedSet>>,
         events: Events,
         abandon: CancellationToken,
     ) -> (Self, impl std::future::Future<Output = ()> + Send + 'static) {
@@ -68,6 +72,7 @@ impl Settler {
                 group,
                 dead_letter,
                 conn,
+                delayed,
                 acks: tx,
                 events,
                 abandon,
@@ -95,6 +100,64 @@ impl Settler {
         if self.acks.send(event).is_err() {
             // Only after a forced shutdown: the entry stays pending and is re-read on restart.
             tracing::warn!(id = %delivery.entry.id, "acker is gone; entry stays pending");
+        }
+    }
+
+    /// Whether retries go to a delayed-retry set.
+    pub fn has_delayed_set(&self) -> bool {
+        self.delayed.is_some()
+    }
+
+    /// Park the entry in the delayed-retry set (acknowledging it), retrying while Redis is
+    /// away. False when there is no set, the entry was no longer pending, or the host gave up
+    /// on Redis (the entry then stays pending).
+    pub async fn park(
+        &self,
+        delivery: &Delivery,
+        digest: &Arc<str>,
+        delay: Duration,
+        cause: String,
+    ) -> bool {
+        let Some(set) = &self.delayed else {
+            return false;
+        };
+        let mut backoff = Backoff::default();
+        loop {
+            match set.park(delivery, delay).await {
+                Ok(Parked::Due { due_ms }) => {
+                    self.events.send(self.event(
+                        delivery,
+                        digest,
+                        EventKind::Parked {
+                            delay,
+                            due_ms,
+                            cause,
+                        },
+                    ));
+                    return true;
+                }
+                Ok(Parked::NotPending) => {
+                    tracing::warn!(
+                        id = %delivery.entry.id,
+                        "entry was no longer pending when parking; left as it is"
+                    );
+                    return false;
+                }
+                Err(err) => {
+                    let pause = backoff.next_delay();
+                    tracing::warn!(
+                        id = %delivery.entry.id,
+                        key = set.key(),
+                        %err,
+                        retry_in_ms = pause.as_millis() as u64,
+                        "parking failed; entry stays pending, retrying"
+                    );
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        () = self.abandon.cancelled() => return false,
+                    }
+                }
+            }
         }
     }
 

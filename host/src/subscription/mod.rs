@@ -1,12 +1,15 @@
 //! One consumer-group subscription: where entries come from.
 //!
 //! The read loop, in order:
-//! 1. create the group (MKSTREAM; an existing group is fine);
+//! 1. create the group if it does not exist (MKSTREAM, starting at the beginning of the
+//!    stream, so entries added before any consumer ran are not skipped);
 //! 2. once, at start: re-read this consumer's own pending entries (those it had read but not
 //!    settled when it last stopped or crashed), oldest first;
 //! 3. on a claiming subscription, take entries other consumers left idle for at least
 //!    `min_idle` (XAUTOCLAIM, walking the group's pending list with a cursor);
-//! 4. read new entries (XREADGROUP `>` with COUNT and BLOCK) on a connection of its own.
+//! 4. with a delayed-retry set, sweep it first (see [`crate::delayed`]): due retries are
+//!    appended back onto the stream and read as new entries in the next step;
+//! 5. read new entries (XREADGROUP `>` with COUNT and BLOCK) on a connection of its own.
 //!
 //! Each entry becomes a [`Delivery`] handed to the [`Dispatcher`] on its own task, at most
 //! `max_in_flight` at a time: the loop waits for a free permit before it reads, and reads no
@@ -31,6 +34,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::delayed::DelayedSet;
 use crate::delivery::{Delivery, Entry};
 use crate::dispatch::{Dispatcher, Settled};
 use crate::redis_conn::{self, Backoff};
@@ -61,6 +65,7 @@ pub struct Subscription {
     client: Client,
     conn: ConnectionManager,
     dispatcher: Arc<Dispatcher>,
+    delayed: Option<Arc<DelayedSet>>,
     permits: Arc<Semaphore>,
     in_flight: Mutex<HashSet<String>>,
     stop: CancellationToken,
@@ -75,6 +80,7 @@ impl Subscription {
         client: Client,
         conn: ConnectionManager,
         dispatcher: Arc<Dispatcher>,
+        delayed: Option<Arc<DelayedSet>>,
         stop: CancellationToken,
         tracker: TaskTracker,
     ) -> Arc<Self> {
@@ -84,6 +90,7 @@ impl Subscription {
             client,
             conn,
             dispatcher,
+            delayed,
             in_flight: Mutex::new(HashSet::new()),
             stop,
             tracker,
@@ -220,6 +227,11 @@ impl Subscription {
                     return self.with_counts(conn, entries).await;
                 }
             }
+        }
+        if let Some(delayed) = &self.delayed
+            && let Err(err) = delayed.sweep().await
+        {
+            tracing::warn!(key = delayed.key(), %err, "sweep before read failed; reading anyway");
         }
         if let Some(min_idle) = plan.claim_min_idle {
             let (next, entries) = read::autoclaim(

@@ -27,7 +27,9 @@ impl ReadEntry {
     }
 }
 
-/// XGROUP CREATE with MKSTREAM, reading new entries only; an existing group is fine.
+/// XGROUP CREATE with MKSTREAM; an existing group is fine. A new group starts at the beginning
+/// of the stream (id 0), so entries that producers added before the first consumer started are
+/// handled, not skipped.
 pub async fn create_group<C: ConnectionLike>(
     conn: &mut C,
     stream: &str,
@@ -37,7 +39,7 @@ pub async fn create_group<C: ConnectionLike>(
         .arg("CREATE")
         .arg(stream)
         .arg(group)
-        .arg("$")
+        .arg("0")
         .arg("MKSTREAM")
         .query_async(conn)
         .await;

@@ -1,0 +1,109 @@
+//! Reading what waits in a delayed-retry set: the members `lua/park.lua` writes, decoded, for
+//! `sluice parked` and for tests.
+
+use redis::RedisResult;
+use redis::aio::ConnectionLike;
+
+/// One parked entry.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ParkedEntry {
+    /// The id of the entry that was parked.
+    pub origin_id: String,
+    /// The retry count it will carry when it comes back.
+    pub retry_count: u32,
+    /// Its due time, epoch milliseconds (Redis server clock).
+    pub due_ms: i64,
+    /// Its fields, as text where they are UTF-8 (lossy otherwise).
+    #[serde(serialize_with = "fields_as_text")]
+    pub fields: Vec<(String, Vec<u8>)>,
+}
+
+fn fields_as_text<S: serde::Serializer>(
+    fields: &[(String, Vec<u8>)],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = s.serialize_map(Some(fields.len()))?;
+    for (name, value) in fields {
+        map.serialize_entry(name, &String::from_utf8_lossy(value))?;
+    }
+    map.end()
+}
+
+/// Why a member could not be decoded.
+#[derive(Debug, thiserror::Error)]
+#[error("delayed-set member is not a Sluice parked entry: {0}")]
+pub struct MemberError(String);
+
+/// Decode one member: a MessagePack array `[origin id, retry count, [name, value, ...]]`.
+pub fn decode(member: &[u8], due_ms: i64) -> Result<ParkedEntry, MemberError> {
+    let value =
+        rmpv::decode::read_value(&mut &member[..]).map_err(|e| MemberError(e.to_string()))?;
+    let rmpv::Value::Array(parts) = value else {
+        return Err(MemberError("not an array".into()));
+    };
+    let bytes = |v: &rmpv::Value| -> Option<Vec<u8>> {
+        match v {
+            rmpv::Value::String(s) => Some(s.as_bytes().to_vec()),
+            rmpv::Value::Binary(b) => Some(b.clone()),
+            rmpv::Value::Integer(i) => Some(i.to_string().into_bytes()),
+            _ => None,
+        }
+    };
+    let (Some(origin), Some(count), Some(rmpv::Value::Array(flat))) =
+        (parts.first(), parts.get(1), parts.get(2))
+    else {
+        return Err(MemberError(
+            "expected [origin id, retry count, fields]".into(),
+        ));
+    };
+    let origin_id = bytes(origin)
+        .and_then(|b| String::from_utf8(b).ok())
+        .ok_or_else(|| MemberError("origin id is not text".into()))?;
+    let retry_count = count
+        .as_u64()
+        .or_else(|| count.as_f64().map(|f| f as u64))
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| MemberError("retry count is not a number".into()))?;
+    let mut fields = Vec::with_capacity(flat.len() / 2);
+    for pair in flat.chunks(2) {
+        let [name, value] = pair else {
+            return Err(MemberError("odd number of field items".into()));
+        };
+        let name = bytes(name)
+            .and_then(|b| String::from_utf8(b).ok())
+            .ok_or_else(|| MemberError("field name is not text".into()))?;
+        let value = bytes(value).ok_or_else(|| MemberError("field value is not bytes".into()))?;
+        fields.push((name, value));
+    }
+    Ok(ParkedEntry {
+        origin_id,
+        retry_count,
+        due_ms,
+        fields,
+    })
+}
+
+/// Everything in the set, earliest due first, with the server's current time (epoch ms).
+pub async fn list<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+) -> RedisResult<(Vec<ParkedEntry>, i64)> {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
+    let now_ms = secs * 1000 + micros / 1000;
+    let members: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(conn)
+        .await?;
+    let mut entries = Vec::with_capacity(members.len());
+    for (member, score) in members {
+        match decode(&member, score as i64) {
+            Ok(entry) => entries.push(entry),
+            Err(err) => tracing::warn!(key, %err, "skipping a member Sluice did not write"),
+        }
+    }
+    Ok((entries, now_ms))
+}

@@ -1,0 +1,354 @@
+//! Fixtures shared by every integration test: real `redis-server`s on free ports, the guest
+//! components compiled once per test run, the host run in-process or as the `sluice` binary,
+//! and waiting for conditions with deadlines (never sleeping and hoping).
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use sluice_host::devredis::{DevRedis, DevRedisOptions};
+use sluice_host::{Config, Event, Plan, Service};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_owned()
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+}
+
+fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
+}
+
+/// The compiled guest components, built once per test run.
+pub struct Guests {
+    pub fixture: PathBuf,
+    pub bank: PathBuf,
+    pub bank_manual: PathBuf,
+    pub other_world: PathBuf,
+}
+
+pub fn guests() -> &'static Guests {
+    static GUESTS: OnceLock<Guests> = OnceLock::new();
+    GUESTS.get_or_init(|| {
+        let status = Command::new(cargo())
+            .current_dir(root())
+            .args(["build", "--release", "--target", "wasm32-wasip2"])
+            .args([
+                "-p",
+                "sluice-fixture",
+                "-p",
+                "bank-payments",
+                "-p",
+                "bank-payments-manual",
+            ])
+            .args(["-p", "sluice-other-world"])
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "building the guest components failed");
+        let dir = target_dir().join("wasm32-wasip2/release");
+        Guests {
+            fixture: dir.join("sluice_fixture.wasm"),
+            bank: dir.join("bank_payments.wasm"),
+            bank_manual: dir.join("bank_payments_manual.wasm"),
+            other_world: dir.join("sluice_other_world.wasm"),
+        }
+    })
+}
+
+/// The `sluice` binary, built once per test run.
+pub fn sluice_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let status = Command::new(cargo())
+            .current_dir(root())
+            .args(["build", "-p", "sluice-host", "--bin", "sluice"])
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "building the sluice binary failed");
+        target_dir().join("debug/sluice")
+    })
+}
+
+/// Log what the host does when RUST_LOG asks for it.
+pub fn init_logs() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            )
+            .with_test_writer()
+            .try_init();
+    });
+}
+
+/// A real redis-server on a free loopback port, in its own temporary directory; stopped (by
+/// its PID) when dropped.
+pub struct Redis {
+    pub server: DevRedis,
+    _dir: tempfile::TempDir,
+}
+
+impl Redis {
+    pub fn start() -> Self {
+        Self::start_with(true, &[])
+    }
+
+    pub fn start_with(aof: bool, extra: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let options = DevRedisOptions {
+            aof,
+            reuse: false,
+            extra_args: extra
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        };
+        let server = DevRedis::start(dir.path(), &options).expect("redis-server starts");
+        Self { server, _dir: dir }
+    }
+
+    pub fn url(&self) -> String {
+        self.server.url()
+    }
+
+    pub async fn conn(&self) -> MultiplexedConnection {
+        let client = redis::Client::open(self.url()).expect("url");
+        client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to test redis")
+    }
+}
+
+/// Wait until `check` returns `Some`, polling every 10 ms, or panic with `what` at `timeout`.
+pub async fn wait_for<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Write `toml` (with `{fixture}`, `{bank}`, `{bank_manual}` and `{other_world}` replaced by
+/// component paths) to a file in `dir`.
+pub fn write_config(dir: &Path, name: &str, toml: &str) -> PathBuf {
+    let g = guests();
+    let text = toml
+        .replace("{fixture}", &g.fixture.display().to_string())
+        .replace("{bank_manual}", &g.bank_manual.display().to_string())
+        .replace("{bank}", &g.bank.display().to_string())
+        .replace("{other_world}", &g.other_world.display().to_string());
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+/// The host, run in-process against a test Redis.
+pub struct TestHost {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), sluice_host::RunError>>,
+    pub events: broadcast::Receiver<Event>,
+    _dir: tempfile::TempDir,
+}
+
+impl TestHost {
+    /// Start a host for the subscriptions in `toml` (see [`write_config`]).
+    pub async fn start(redis: &Redis, toml: &str) -> Self {
+        init_logs();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write_config(dir.path(), "sluice.toml", toml);
+        let config = Config::load(&[path]).expect("valid test config");
+        let runtime =
+            sluice_host::runtime::Runtime::new(Some(&target_dir().join("sluice-test-cache")))
+                .expect("runtime");
+        let plan = Plan::build(&config, &runtime, Some(&redis.url()))
+            .await
+            .expect("valid plan");
+        let service = Service::new(plan);
+        let events = service.events().subscribe();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(service.run(None, stop.clone()));
+        Self {
+            stop,
+            task,
+            events,
+            _dir: dir,
+        }
+    }
+
+    /// The next event matching `pred`, skipping others, within `timeout`.
+    pub async fn event(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&Event) -> bool,
+    ) -> Event {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, self.events.recv()).await {
+                Ok(Ok(event)) if pred(&event) => return event,
+                Ok(Ok(_)) => continue,
+                Ok(Err(err)) => panic!("event stream failed while waiting for {what}: {err}"),
+                Err(_) => panic!("timed out after {timeout:?} waiting for {what}"),
+            }
+        }
+    }
+
+    /// Stop gracefully and return how the run ended.
+    pub async fn stop(self) -> Result<(), sluice_host::RunError> {
+        self.stop.cancel();
+        self.task.await.expect("host task did not panic")
+    }
+}
+
+/// The `sluice` binary run as a child process; killed by its PID when dropped.
+pub struct HostProcess {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl HostProcess {
+    pub fn spawn(args: &[&str], dir: &Path) -> Self {
+        let log = dir.join(format!("sluice-{}.log", std::process::id()));
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(sluice_bin())
+            .args(args)
+            .current_dir(dir)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("sluice starts");
+        Self { child, log }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn terminate(&self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    }
+}
+
+impl Drop for HostProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Run `sluice` to completion; returns (success, stdout, stderr).
+pub fn run_sluice(args: &[&str], dir: &Path) -> (bool, String, String) {
+    let out = Command::new(sluice_bin())
+        .args(args)
+        .current_dir(dir)
+        .env_remove("SLUICE_REDIS_URL")
+        .output()
+        .expect("sluice runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// XADD an entry with a JSON payload; returns its id.
+pub async fn add(
+    conn: &mut MultiplexedConnection,
+    stream: &str,
+    payload: &serde_json::Value,
+) -> String {
+    redis::cmd("XADD")
+        .arg(stream)
+        .arg("*")
+        .arg("payload")
+        .arg(payload.to_string())
+        .query_async(conn)
+        .await
+        .expect("XADD")
+}
+
+/// How many entries are pending for `group` on `stream`.
+pub async fn pending(conn: &mut MultiplexedConnection, stream: &str, group: &str) -> u64 {
+    let reply: redis::Value = redis::cmd("XPENDING")
+        .arg(stream)
+        .arg(group)
+        .query_async(conn)
+        .await
+        .expect("XPENDING");
+    match reply {
+        redis::Value::Array(parts) => match parts.first() {
+            Some(redis::Value::Int(n)) => *n as u64,
+            _ => 0,
+        },
+        _ => 0,
+    }
+}
+
+/// All entries of a stream as (id, fields).
+pub async fn entries(
+    conn: &mut MultiplexedConnection,
+    stream: &str,
+) -> Vec<(String, Vec<(String, String)>)> {
+    let reply: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(stream)
+        .arg("-")
+        .arg("+")
+        .query_async(conn)
+        .await
+        .expect("XRANGE");
+    reply
+}
+
+/// The value of `field` in an entry's fields.
+pub fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    fields
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// Run one Redis command given as words.
+pub async fn cmd<T: redis::FromRedisValue>(conn: &mut MultiplexedConnection, words: &[&str]) -> T {
+    let mut c = redis::cmd(words[0]);
+    for w in &words[1..] {
+        c.arg(*w);
+    }
+    c.query_async(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{words:?} failed: {e}"))
+}
