@@ -37,6 +37,22 @@ enum Command {
         #[arg(long, env = "SLUICE_REDIS_URL")]
         redis: Option<String>,
     },
+    /// List what waits in each subscription's delayed-retry set: origin id, retry count, due
+    /// time and time left, oldest first.
+    Parked {
+        /// `.toml` configs and/or `.wasm` components.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Only the subscription to this stream.
+        #[arg(long)]
+        stream: Option<String>,
+        /// One JSON object per set, one per line.
+        #[arg(long)]
+        json: bool,
+        /// Redis URL (default: the subscription's, else the dev server of a running `sluice run`).
+        #[arg(long, env = "SLUICE_REDIS_URL")]
+        redis: Option<String>,
+    },
     /// Validate configs and components and print the resolved plan, without running anything.
     Check {
         /// `.toml` configs and/or `.wasm` components.
@@ -78,6 +94,22 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run { paths, redis } => {
                 sluice_host::commands::run(&paths, redis.as_deref()).await
+            }
+            Command::Parked {
+                paths,
+                stream,
+                json,
+                redis,
+            } => {
+                let listing = sluice_host::commands::parked(
+                    &paths,
+                    redis.as_deref(),
+                    stream.as_deref(),
+                    json,
+                )
+                .await?;
+                print!("{listing}");
+                Ok(())
             }
             Command::Check { paths, redis } => {
                 let plan = sluice_host::commands::check(&paths, redis.as_deref()).await?;

@@ -1,1 +1,206 @@
-fn main() {}
+//! The bank-payments demo's producer: puts payments on the `bank-payments` stream, then waits
+//! until the billing group has settled them and says what happened.
+//!
+//! Run with: `cargo run -p sluice-producer -- add` (then `wait --until parked|settled`)
+//!
+//! Without `--redis` it uses the private dev redis-server a running `sluice run` started in
+//! this directory (its URL is in `.sluice/dev-redis/url`).
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use redis::aio::MultiplexedConnection;
+
+#[derive(Parser)]
+#[command(about = "Put demo payments on the bank-payments stream and watch them settle")]
+struct Cli {
+    /// Redis URL (default: the dev server of a running `sluice run` in this directory).
+    #[arg(long, env = "SLUICE_REDIS_URL", global = true)]
+    redis: Option<String>,
+    /// The stream.
+    #[arg(long, default_value = "bank-payments", global = true)]
+    stream: String,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Add three payments: two small ones and one large one that the gateway times out on.
+    Add,
+    /// Wait until the payments are parked, or all settled.
+    Wait {
+        #[arg(long, value_enum)]
+        until: Until,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 120)]
+        timeout: u64,
+        /// The consumer group.
+        #[arg(long, default_value = "billing")]
+        group: String,
+        /// The delayed-retry set.
+        #[arg(long, default_value = "bank-payments.delayed")]
+        delayed: String,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Until {
+    /// Something waits in the delayed set.
+    Parked,
+    /// Nothing is pending, unread or parked.
+    Settled,
+}
+
+async fn connect(url: Option<String>) -> Result<MultiplexedConnection> {
+    let url = match url {
+        Some(url) => url,
+        None => {
+            let file = std::path::Path::new(".sluice/dev-redis/url");
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                if let Ok(url) = std::fs::read_to_string(file) {
+                    break url.trim().to_owned();
+                }
+                if Instant::now() > deadline {
+                    bail!(
+                        "no dev redis-server is running here (no {}); start `sluice run` first or pass --redis",
+                        file.display()
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let client =
+        redis::Client::open(url.as_str()).with_context(|| format!("invalid Redis URL {url}"))?;
+    client
+        .get_multiplexed_async_connection()
+        .await
+        .with_context(|| format!("cannot connect to Redis at {url}"))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+async fn add(conn: &mut MultiplexedConnection, stream: &str) -> Result<()> {
+    let batch = now_ms();
+    let payments = [
+        ("acct-7", 1_250, "coffee beans"),
+        ("acct-9", 4_000, "train ticket"),
+        ("acct-3", 250_000, "invoice 2026-118"),
+    ];
+    for (i, (account, amount_cents, memo)) in payments.into_iter().enumerate() {
+        let payment = serde_json::json!({
+            "id": format!("p-{batch}-{}", i + 1),
+            "account": account,
+            "amount_cents": amount_cents,
+            "currency": "EUR",
+            "created_at_ms": now_ms(),
+        });
+        let id: String = redis::cmd("XADD")
+            .arg(stream)
+            .arg("*")
+            .arg("payload")
+            .arg(payment.to_string())
+            .arg("memo")
+            .arg(memo)
+            .query_async(conn)
+            .await
+            .context("XADD failed")?;
+        println!("added {id}: {payment}");
+    }
+    Ok(())
+}
+
+/// (pending, lag) of the group, from XINFO GROUPS.
+async fn group_state(
+    conn: &mut MultiplexedConnection,
+    stream: &str,
+    group: &str,
+) -> Result<Option<(i64, i64)>> {
+    let groups: Vec<redis::Value> = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(stream)
+        .query_async(conn)
+        .await
+        .unwrap_or_default();
+    for g in groups {
+        let redis::Value::Array(items) = g else {
+            continue;
+        };
+        let mut name = None;
+        let (mut pending, mut lag) = (0, 0);
+        for pair in items.chunks(2) {
+            if let [redis::Value::BulkString(k), v] = pair {
+                match (k.as_slice(), v) {
+                    (b"name", redis::Value::BulkString(n)) => {
+                        name = Some(String::from_utf8_lossy(n).into_owned())
+                    }
+                    (b"pending", redis::Value::Int(n)) => pending = *n,
+                    (b"lag", redis::Value::Int(n)) => lag = *n,
+                    _ => {}
+                }
+            }
+        }
+        if name.as_deref() == Some(group) {
+            return Ok(Some((pending, lag)));
+        }
+    }
+    Ok(None)
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let mut conn = connect(cli.redis).await?;
+    match cli.command {
+        Cmd::Add => add(&mut conn, &cli.stream).await,
+        Cmd::Wait {
+            until,
+            timeout,
+            group,
+            delayed,
+        } => {
+            let deadline = Instant::now() + Duration::from_secs(timeout);
+            let mut last = String::new();
+            loop {
+                let parked: i64 = redis::cmd("ZCARD")
+                    .arg(&delayed)
+                    .query_async(&mut conn)
+                    .await?;
+                let state = group_state(&mut conn, &cli.stream, &group).await?;
+                let dead: i64 = redis::cmd("XLEN")
+                    .arg(format!("{}.dead-letter", cli.stream))
+                    .query_async(&mut conn)
+                    .await?;
+                let line = match state {
+                    Some((pending, lag)) => format!(
+                        "{pending} pending, {lag} unread, {parked} parked in {delayed}, {dead} dead-lettered"
+                    ),
+                    None => format!("group {group} does not exist yet"),
+                };
+                if line != last {
+                    println!("{line}");
+                    last = line;
+                }
+                let done = match (until, state) {
+                    (Until::Parked, _) => parked > 0,
+                    (Until::Settled, Some((0, 0))) => parked == 0,
+                    _ => false,
+                };
+                if done {
+                    return Ok(());
+                }
+                if Instant::now() > deadline {
+                    bail!("gave up after {timeout}s: {last}");
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}

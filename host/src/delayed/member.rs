@@ -5,7 +5,7 @@ use redis::RedisResult;
 use redis::aio::ConnectionLike;
 
 /// One parked entry.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParkedEntry {
     /// The id of the entry that was parked.
     pub origin_id: String,
@@ -13,21 +13,8 @@ pub struct ParkedEntry {
     pub retry_count: u32,
     /// Its due time, epoch milliseconds (Redis server clock).
     pub due_ms: i64,
-    /// Its fields, as text where they are UTF-8 (lossy otherwise).
-    #[serde(serialize_with = "fields_as_text")]
+    /// Its fields.
     pub fields: Vec<(String, Vec<u8>)>,
-}
-
-fn fields_as_text<S: serde::Serializer>(
-    fields: &[(String, Vec<u8>)],
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    use serde::ser::SerializeMap;
-    let mut map = s.serialize_map(Some(fields.len()))?;
-    for (name, value) in fields {
-        map.serialize_entry(name, &String::from_utf8_lossy(value))?;
-    }
-    map.end()
 }
 
 /// Why a member could not be decoded.
