@@ -87,7 +87,7 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
 
 fn millis(d: Duration) -> u64 {
     // Round up so a sub-millisecond delay is still a delay.
-    let ms = d.as_millis() + u128::from(d.subsec_nanos() % 1_000_000 != 0);
+    let ms = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
     u64::try_from(ms).unwrap_or(u64::MAX)
 }
 

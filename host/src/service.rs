@@ -31,6 +31,9 @@ pub enum RunError {
     /// A subscription has no Redis URL and no dev server was given.
     #[error("subscription to `{0}` has no Redis URL")]
     NoRedis(String),
+    /// The subscription's keys cannot be used together on this Redis Cluster.
+    #[error(transparent)]
+    Slots(#[from] crate::keys::SlotError),
     /// The shutdown deadline passed with deliveries still in flight.
     #[error(
         "shutdown timed out with {0} deliveries still in flight; they stay pending in Redis and are re-read on restart"
@@ -99,6 +102,11 @@ impl Service {
             let client = redis_conn::client(&url)?;
             let conn = redis_conn::manager(&client).await?;
             let s = &sub.stream;
+            let mut others = vec![s.dead_letter.as_str()];
+            if let Some(DelayedRetry::DurableZset { key, .. }) = &s.delayed_retry {
+                others.push(key);
+            }
+            crate::keys::check_same_slot(&mut conn.clone(), &s.stream, &others).await?;
             for warning in &sub.warnings {
                 tracing::warn!(stream = %s.stream, "{warning}");
             }

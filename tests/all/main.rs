@@ -2,5 +2,10 @@
 //! started on a free port and real compiled guest components. One test binary, as wasmtime's
 //! own tests are laid out.
 
+// Test code: a failed expectation should panic with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
+mod delayed;
+mod examples;
 mod foundation;

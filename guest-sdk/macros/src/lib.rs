@@ -39,7 +39,7 @@ pub fn subscriber(attr: TokenStream, item: TokenStream) -> TokenStream {
 
 /// What an extra handler argument asks for.
 enum Extra {
-    State(Type),
+    State(Box<Type>),
     Delivery,
 }
 
@@ -98,7 +98,7 @@ fn expand(descriptor: &Expr, function: &ItemFn) -> syn::Result<proc_macro2::Toke
     let mut seen_delivery = false;
     for (extra, span) in &extras {
         match extra {
-            Extra::State(ty) if state_type.is_none() => state_type = Some(ty.clone()),
+            Extra::State(ty) if state_type.is_none() => state_type = Some((**ty).clone()),
             Extra::State(_) => {
                 return Err(syn::Error::new(
                     *span,
@@ -178,7 +178,7 @@ fn classify(ty: &Type) -> syn::Result<Extra> {
                 && let syn::PathArguments::AngleBracketed(args) = &last.arguments
                 && let Some(syn::GenericArgument::Type(inner)) = args.args.first()
             {
-                return Ok(Extra::State(inner.clone()));
+                return Ok(Extra::State(Box::new(inner.clone())));
             }
         }
         Type::Reference(reference) => {

@@ -1,0 +1,679 @@
+//! `DelayedRetry::DurableZset`, one or more tests per sentence of its specification
+//! (`shared/seed/DelayedRetry.txt`).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use sluice_host::EventKind;
+use sluice_host::delayed::{DelayedSet, SWEEP_BATCH, member};
+use sluice_host::delivery::{Delivery, Entry};
+
+use crate::common::*;
+
+const T: Duration = Duration::from_secs(20);
+
+fn config(stream: &str, extra: &str) -> String {
+    format!(
+        "[[subscription]]\ncomponent = \"{{fixture}}\"\nstream = \"{stream}\"\ngroup = \"g\"\nconsumer = \"c1\"\nblock = \"5s\"\ndelayed_retry = {{ key = \"{stream}.delayed\" }}\n{extra}\n"
+    )
+}
+
+/// The server's clock, epoch ms.
+async fn server_ms(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let (s, us): (i64, i64) = cmd(conn, &["TIME"]).await;
+    s * 1000 + us / 1000
+}
+
+/// The millisecond part of a stream id: the server time at which it was added.
+fn id_ms(id: &str) -> i64 {
+    id.split('-').next().unwrap().parse().unwrap()
+}
+
+async fn add_with_memo(
+    conn: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+    payload: &serde_json::Value,
+) -> String {
+    cmd(
+        conn,
+        &[
+            "XADD",
+            stream,
+            "*",
+            "payload",
+            &payload.to_string(),
+            "memo",
+            "caf\u{e9}",
+        ],
+    )
+    .await
+}
+
+async fn manager(redis: &Redis) -> redis::aio::ConnectionManager {
+    redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_parks_with_zadd_scored_by_due_time_raises_the_count_and_acks() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = TestHost::start(&redis, &config("park", "")).await;
+    let before = server_ms(&mut conn).await;
+    let id = add_with_memo(
+        &mut conn,
+        "park",
+        &json!({"mode": "retry", "ms": 60000, "times": 1}),
+    )
+    .await;
+    let event = host.event(T, "the park", |e| e.id == id).await;
+    let after = server_ms(&mut conn).await;
+    let EventKind::Parked { delay, due_ms, .. } = event.kind else {
+        panic!("{event:?}");
+    };
+    assert_eq!(delay, Duration::from_secs(60));
+    assert!(
+        (before + 60_000..=after + 60_000).contains(&due_ms),
+        "score is server time + delay"
+    );
+    assert_eq!(
+        pending(&mut conn, "park", "g").await,
+        0,
+        "the original is acknowledged"
+    );
+    let (parked, _) = member::list(&mut conn, "park.delayed").await.unwrap();
+    assert_eq!(parked.len(), 1);
+    let p = &parked[0];
+    assert_eq!(p.origin_id, id);
+    assert_eq!(p.retry_count, 1, "raised by one");
+    assert_eq!(p.due_ms, due_ms);
+    assert_eq!(
+        p.fields,
+        vec![
+            (
+                "payload".to_owned(),
+                json!({"mode": "retry", "ms": 60000, "times": 1})
+                    .to_string()
+                    .into_bytes()
+            ),
+            ("memo".to_owned(), "caf\u{e9}".as_bytes().to_vec()),
+        ],
+        "the member keeps every field to rebuild the entry"
+    );
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn due_entries_come_back_under_new_ids_with_the_count_and_on_time() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    // BLOCK 5s: only the host's own timer can bring the retry back within milliseconds.
+    let mut host = TestHost::start(&redis, &config("back", "")).await;
+    let id = add_with_memo(
+        &mut conn,
+        "back",
+        &json!({"mode": "retry", "ms": 700, "times": 2}),
+    )
+    .await;
+    let first = host.event(T, "the first park", |e| e.id == id).await;
+    let EventKind::Parked { due_ms, .. } = first.kind else {
+        panic!("{first:?}")
+    };
+    let second = host.event(T, "the second delivery", |e| e.id != id).await;
+    assert_eq!(second.retry_count, 1, "the handler sees retry count 1");
+    assert!(
+        matches!(second.kind, EventKind::Parked { .. }),
+        "{second:?}"
+    );
+    let lateness = id_ms(&second.id) - due_ms;
+    assert!(
+        (0..100).contains(&lateness),
+        "came back {lateness} ms after its due time"
+    );
+    let third = host
+        .event(T, "the third delivery", |e| e.id != id && e.id != second.id)
+        .await;
+    assert_eq!(third.retry_count, 2);
+    assert_eq!(third.kind, EventKind::Acked);
+    let all = entries(&mut conn, "back").await;
+    let again = all
+        .iter()
+        .find(|(i, _)| *i == second.id)
+        .expect("re-added entry");
+    assert_eq!(field(&again.1, "sluice-retry-count"), Some("1"));
+    assert_eq!(field(&again.1, "sluice-origin-id"), Some(id.as_str()));
+    assert_eq!(field(&again.1, "memo"), Some("caf\u{e9}"));
+    let last = all.iter().find(|(i, _)| *i == third.id).unwrap();
+    assert_eq!(field(&last.1, "sluice-origin-id"), Some(second.id.as_str()));
+    assert_eq!(field(&last.1, "sluice-retry-count"), Some("2"));
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_payloads_parked_together_stay_two_retries() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = TestHost::start(&redis, &config("twins", "")).await;
+    let payload = json!({"mode": "retry", "ms": 60000, "times": 1});
+    let a = add(&mut conn, "twins", &payload).await;
+    let b = add(&mut conn, "twins", &payload).await;
+    host.event(T, "park a", |e| e.id == a || e.id == b).await;
+    host.event(T, "park b", |e| e.id == a || e.id == b).await;
+    let card: u64 = cmd(&mut conn, &["ZCARD", "twins.delayed"]).await;
+    assert_eq!(card, 2);
+    host.stop().await.unwrap();
+}
+
+/// Put `n` entries on `stream`, read them as `consumer` and park each with `delay`.
+async fn park_directly(redis: &Redis, stream: &str, n: usize, delay: Duration) -> DelayedSet {
+    let mut conn = redis.conn().await;
+    let set = DelayedSet::new(
+        stream.into(),
+        "g".into(),
+        format!("{stream}.delayed"),
+        None,
+        manager(redis).await,
+    );
+    let _: () = cmd(
+        &mut conn,
+        &["XGROUP", "CREATE", stream, "g", "$", "MKSTREAM"],
+    )
+    .await;
+    let mut pipe = redis::pipe();
+    for i in 0..n {
+        pipe.cmd("XADD")
+            .arg(stream)
+            .arg("*")
+            .arg("payload")
+            .arg(format!("{{\"n\":{i}}}"));
+    }
+    let ids: Vec<String> = pipe.query_async(&mut conn).await.unwrap();
+    let _: redis::Value = cmd(
+        &mut conn,
+        &[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            "c",
+            "COUNT",
+            &n.to_string(),
+            "STREAMS",
+            stream,
+            ">",
+        ],
+    )
+    .await;
+    for id in ids {
+        let entry = Entry {
+            id,
+            fields: vec![("payload".into(), b"{}".to_vec())],
+        };
+        let delivery = Delivery::new(stream, "g", entry, 1);
+        set.park(&delivery, delay).await.unwrap();
+    }
+    set
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sweep_pass_moves_at_most_128_entries() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let set = park_directly(&redis, "passes", 300, Duration::ZERO).await;
+    let mut moved = Vec::new();
+    loop {
+        let swept = set.sweep().await.unwrap();
+        if swept.moved == 0 {
+            break;
+        }
+        moved.push(swept.moved);
+        let len: usize = cmd(&mut conn, &["XLEN", "passes"]).await;
+        assert_eq!(len, 300 + moved.iter().sum::<usize>());
+    }
+    assert_eq!(SWEEP_BATCH, 128);
+    assert_eq!(moved, vec![128, 128, 44]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_sweeping_one_set_move_each_entry_exactly_once() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let n = 3000;
+    let _first = park_directly(&redis, "race", n, Duration::from_millis(300)).await;
+    // Four sweepers on their own connections, as four hosts would be, racing from the due time.
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let set = Arc::new(DelayedSet::new(
+            "race".into(),
+            "g".into(),
+            "race.delayed".into(),
+            None,
+            manager(&redis).await,
+        ));
+        tasks.push(tokio::spawn(async move {
+            let mut moved = 0;
+            let mut idle_passes = 0;
+            while idle_passes < 50 {
+                let swept = set.sweep().await.unwrap();
+                moved += swept.moved;
+                if swept.moved == 0 && swept.next_due_in.is_none() {
+                    idle_passes += 1;
+                }
+            }
+            moved
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.unwrap();
+    }
+    assert_eq!(total, n, "every entry moved once in all");
+    let all = entries(&mut conn, "race").await;
+    let origins: Vec<&str> = all
+        .iter()
+        .filter_map(|(_, f)| field(f, "sluice-origin-id"))
+        .collect();
+    let unique: HashSet<&str> = origins.iter().copied().collect();
+    assert_eq!(origins.len(), n, "no entry appended twice");
+    assert_eq!(unique.len(), n, "no entry lost");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lateness_is_bounded_by_the_block_interval_when_another_host_parked_the_entry() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let block = 400;
+    let mut host = TestHost::start(
+        &redis,
+        &config("bound", "").replace("block = \"5s\"", &format!("block = \"{block}ms\"")),
+    )
+    .await;
+    // Let the host create its group and block in a read; then "another host" (here, of another
+    // group on the same stream) parks an entry in the set. This host's timer knows nothing of
+    // it: only its sweep-per-read can bring it back.
+    let id = add(&mut conn, "bound", &json!({"mode": "ack"})).await;
+    host.event(T, "the host is reading", |e| e.id == id).await;
+    let _: () = cmd(&mut conn, &["XGROUP", "CREATE", "bound", "other", "$"]).await;
+    let id: String = cmd(
+        &mut conn,
+        &["XADD", "bound", "*", "payload", "{\"mode\":\"ack\"}"],
+    )
+    .await;
+    let _: redis::Value = cmd(
+        &mut conn,
+        &[
+            "XREADGROUP",
+            "GROUP",
+            "other",
+            "other-host",
+            "STREAMS",
+            "bound",
+            ">",
+        ],
+    )
+    .await;
+    let other = DelayedSet::new(
+        "bound".into(),
+        "other".into(),
+        "bound.delayed".into(),
+        None,
+        manager(&redis).await,
+    );
+    let entry = Entry {
+        id: id.clone(),
+        fields: vec![("payload".into(), b"{\"mode\":\"ack\"}".to_vec())],
+    };
+    let parked = other
+        .park(
+            &Delivery::new("bound", "other", entry, 1),
+            Duration::from_millis(150),
+        )
+        .await
+        .unwrap();
+    let sluice_host::delayed::Parked::Due { due_ms } = parked else {
+        panic!("{parked:?}")
+    };
+    let back = host
+        .event(T, "the swept entry", |e| e.retry_count == 1)
+        .await;
+    let lateness = id_ms(&back.id) - due_ms;
+    // Redis 7.0 ends a blocked read only on its hz tick (100 ms at hz 10).
+    assert!(
+        (0..=block + 100 + 50).contains(&lateness),
+        "came back {lateness} ms after its due time; the bound is block ({block} ms) plus one hz tick"
+    );
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_killed_right_after_parking_still_delivers_the_retry_at_its_due_time() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(dir.path(), "sluice.toml", &config("crash", ""));
+    let url = redis.url();
+    let args = ["run", path.to_str().unwrap(), "--redis", url.as_str()];
+    let mut host = HostProcess::spawn(&args, dir.path());
+    let id = add(
+        &mut conn,
+        "crash",
+        &json!({"mode": "retry", "ms": 3000, "times": 1}),
+    )
+    .await;
+    let due_ms: i64 = wait_for(T, "the park", || {
+        let mut conn = conn.clone();
+        async move {
+            let parked: Vec<(String, f64)> = cmd(
+                &mut conn,
+                &["ZRANGE", "crash.delayed", "0", "-1", "WITHSCORES"],
+            )
+            .await;
+            parked.first().map(|(_, score)| *score as i64)
+        }
+    })
+    .await;
+    host.kill();
+    assert_eq!(pending(&mut conn, "crash", "g").await, 0);
+    let mut restarted = HostProcess::spawn(&args, dir.path());
+    let back = wait_for(T, "the retry", || {
+        let mut conn = conn.clone();
+        let id = id.clone();
+        async move {
+            entries(&mut conn, "crash")
+                .await
+                .into_iter()
+                .find(|(_, f)| field(f, "sluice-origin-id") == Some(id.as_str()))
+        }
+    })
+    .await;
+    let lateness = id_ms(&back.0) - due_ms;
+    assert!(
+        (0..100).contains(&lateness),
+        "came back {lateness} ms after its due time"
+    );
+    wait_for(T, "the retry to be acked", || {
+        let mut conn = conn.clone();
+        async move { (pending(&mut conn, "crash", "g").await == 0).then_some(()) }
+    })
+    .await;
+    let card: u64 = cmd(&mut conn, &["ZCARD", "crash.delayed"]).await;
+    assert_eq!(card, 0);
+    restarted.kill();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restarted_with_aof_keeps_the_parked_entries() {
+    let mut redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = TestHost::start(&redis, &config("aof", "")).await;
+    let id = add(
+        &mut conn,
+        "aof",
+        &json!({"mode": "retry", "ms": 600000, "times": 1}),
+    )
+    .await;
+    host.event(T, "the park", |e| e.id == id).await;
+    host.stop().await.unwrap();
+    let (before, _) = member::list(&mut conn, "aof.delayed").await.unwrap();
+    redis.server.restart().unwrap();
+    let mut conn = redis.conn().await;
+    let (after, _) = member::list(&mut conn, "aof.delayed").await.unwrap();
+    assert_eq!(after, before);
+    assert_eq!(after.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_expires_an_idle_set_and_a_longer_delay_is_warned_about() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let toml = config("ttl", "").replace(
+        "key = \"ttl.delayed\"",
+        "key = \"ttl.delayed\", ttl = \"1500ms\"",
+    );
+    let path = write_config(dir.path(), "sluice.toml", &toml);
+    let url = redis.url();
+    let host = HostProcess::spawn(
+        &["run", path.to_str().unwrap(), "--redis", url.as_str()],
+        dir.path(),
+    );
+    add(
+        &mut conn,
+        "ttl",
+        &json!({"mode": "retry", "ms": 60000, "times": 1}),
+    )
+    .await;
+    let ttl: i64 = wait_for(T, "the park", || {
+        let mut conn = conn.clone();
+        async move {
+            let ttl: i64 = cmd(&mut conn, &["PTTL", "ttl.delayed"]).await;
+            (ttl > 0).then_some(ttl)
+        }
+    })
+    .await;
+    assert!(ttl <= 1500, "each park sets the ttl: {ttl}");
+    wait_for(T, "the set to expire", || {
+        let mut conn = conn.clone();
+        async move {
+            let exists: i64 = cmd(&mut conn, &["EXISTS", "ttl.delayed"]).await;
+            (exists == 0).then_some(())
+        }
+    })
+    .await;
+    let log = host.log_text();
+    assert!(
+        log.contains("longer than the delayed set's ttl")
+            && log.contains("ttl.delayed")
+            && log.contains("delay_ms=60000")
+            && log.contains("ttl_ms=1500"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claiming_subscription_honours_a_delay_shorter_than_min_idle() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = TestHost::start(&redis, &config("claimer", "claim_min_idle = \"30s\"")).await;
+    let id = add(
+        &mut conn,
+        "claimer",
+        &json!({"mode": "retry", "ms": 300, "times": 1}),
+    )
+    .await;
+    let parked = host.event(T, "the park", |e| e.id == id).await;
+    let EventKind::Parked { due_ms, .. } = parked.kind else {
+        panic!("{parked:?}")
+    };
+    let back = host.event(T, "the retry", |e| e.id != id).await;
+    assert_eq!(back.kind, EventKind::Acked);
+    let lateness = id_ms(&back.id) - due_ms;
+    assert!(
+        (0..100).contains(&lateness),
+        "came back {lateness} ms after a 300 ms delay, not after min_idle"
+    );
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traps_and_failure_backoff_use_the_set_and_max_retries_counts_parks() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = TestHost::start(
+        &redis,
+        &config(
+            "fails",
+            "max_retries = 1\nfailure_backoff = { initial = \"200ms\", max = \"1s\" }",
+        ),
+    )
+    .await;
+    let id = add(&mut conn, "fails", &json!({"mode": "trap"})).await;
+    let first = host.event(T, "the parked trap", |e| e.id == id).await;
+    let EventKind::Parked { delay, cause, .. } = &first.kind else {
+        panic!("{first:?}")
+    };
+    assert_eq!(*delay, Duration::from_millis(200));
+    assert!(cause.contains("guest trapped"), "{cause}");
+    let second = host.event(T, "the second attempt", |e| e.id != id).await;
+    assert_eq!(second.retry_count, 1);
+    let EventKind::DeadLettered { reason } = &second.kind else {
+        panic!("{second:?}")
+    };
+    assert!(
+        reason.contains("max_retries (1) exhausted after 2 attempts"),
+        "{reason}"
+    );
+    let dead = entries(&mut conn, "fails.dead-letter").await;
+    assert_eq!(field(&dead[0].1, "sluice-retry-count"), Some("1"));
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_descriptor_no_key_is_created_and_no_sweep_runs() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let toml = config("plain", "").replace("delayed_retry = { key = \"plain.delayed\" }\n", "");
+    let mut host =
+        TestHost::start(&redis, &toml.replace("block = \"5s\"", "block = \"50ms\"")).await;
+    let id = add(
+        &mut conn,
+        "plain",
+        &json!({"mode": "retry", "ms": 100, "times": 1}),
+    )
+    .await;
+    host.event(T, "the retry", |e| e.id == id).await;
+    host.event(T, "the ack", |e| e.id == id && e.kind == EventKind::Acked)
+        .await;
+    let keys: Vec<String> = cmd(&mut conn, &["KEYS", "*"]).await;
+    assert_eq!(keys, vec!["plain".to_owned()]);
+    let stats: String = cmd(&mut conn, &["INFO", "commandstats"]).await;
+    assert!(stats.contains("cmdstat_xreadgroup"), "{stats}");
+    assert!(
+        !stats.contains("cmdstat_eval"),
+        "a script ran without a delayed set:\n{stats}"
+    );
+    host.stop().await.unwrap();
+}
+
+#[test]
+fn a_skewed_host_clock_does_not_change_when_entries_come_due() {
+    let faketime = std::path::Path::new("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1");
+    assert!(
+        faketime.exists(),
+        "libfaketime is installed by scripts/setup"
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let redis = Redis::start();
+        let mut conn = redis.conn().await;
+        let dir = tempfile::tempdir().unwrap();
+        let url = redis.url();
+        // Two hosts on one set, their wall clocks two hours apart (monotonic clocks untouched).
+        let mut hosts = Vec::new();
+        for (consumer, offset) in [("ahead", "+2h"), ("behind", "-2h")] {
+            let toml = config("skew", "")
+                .replace("consumer = \"c1\"", &format!("consumer = \"{consumer}\""));
+            let path = write_config(dir.path(), &format!("{consumer}.toml"), &toml);
+            let child = std::process::Command::new(sluice_bin())
+                .args(["run", path.to_str().unwrap(), "--redis", &url])
+                .current_dir(dir.path())
+                .env("LD_PRELOAD", faketime)
+                .env("FAKETIME", offset)
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            hosts.push(HostProcessGuard(child));
+        }
+        let mut ids = Vec::new();
+        for _ in 0..4 {
+            ids.push(
+                add(
+                    &mut conn,
+                    "skew",
+                    &json!({"mode": "retry", "ms": 1000, "times": 1}),
+                )
+                .await,
+            );
+        }
+        for id in ids {
+            let back = wait_for(T, "the retry", || {
+                let mut conn = conn.clone();
+                let id = id.clone();
+                async move {
+                    entries(&mut conn, "skew")
+                        .await
+                        .into_iter()
+                        .find(|(_, f)| field(f, "sluice-origin-id") == Some(id.as_str()))
+                }
+            })
+            .await;
+            let waited = id_ms(&back.0) - id_ms(&id);
+            assert!(
+                (1000..1500).contains(&waited),
+                "came back {waited} ms after it was added, for a 1 s delay"
+            );
+        }
+    });
+}
+
+struct HostProcessGuard(std::process::Child);
+
+impl Drop for HostProcessGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_cluster_keys_in_different_slots_are_refused_and_hash_tags_work() {
+    let redis = Redis::start_with(
+        false,
+        &[
+            ("cluster-enabled", "yes"),
+            ("cluster-config-file", "nodes.conf"),
+        ],
+    );
+    let mut conn = redis.conn().await;
+    let _: () = cmd(&mut conn, &["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]).await;
+    wait_for(T, "the one-node cluster to be ready", || {
+        let mut conn = conn.clone();
+        async move {
+            let info: String = cmd(&mut conn, &["CLUSTER", "INFO"]).await;
+            info.contains("cluster_state:ok").then_some(())
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let untagged = write_config(dir.path(), "untagged.toml", &config("payments", ""));
+    let (ok, _, stderr) = run_sluice(
+        &["run", untagged.to_str().unwrap(), "--redis", &redis.url()],
+        dir.path(),
+    );
+    assert!(!ok, "keys in different slots were accepted");
+    assert!(
+        stderr.contains("CROSSSLOT") && stderr.contains("`{payments}.delayed`"),
+        "{stderr}"
+    );
+
+    let tagged = config("{payments}", "");
+    let mut host = TestHost::start(&redis, &tagged).await;
+    let id = add(
+        &mut conn,
+        "{payments}",
+        &json!({"mode": "retry", "ms": 100, "times": 1}),
+    )
+    .await;
+    host.event(T, "the park", |e| {
+        e.id == id && matches!(e.kind, EventKind::Parked { .. })
+    })
+    .await;
+    let back = host.event(T, "the retry", |e| e.id != id).await;
+    assert_eq!(back.kind, EventKind::Acked);
+    host.stop().await.unwrap();
+}

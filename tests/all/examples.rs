@@ -1,0 +1,105 @@
+//! The bank-payments example in its two forms (macro and manual) behaves the same.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::json;
+use sluice_host::EventKind;
+
+use crate::common::*;
+
+const T: Duration = Duration::from_secs(20);
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Run one form on its own stream; returns what happened to (small, large, bad) payments.
+async fn run_form(redis: &Redis, component: &str, stream: &str) -> Vec<(String, u32, String)> {
+    let mut conn = redis.conn().await;
+    let toml = format!(
+        "[[subscription]]\ncomponent = \"{{{component}}}\"\nstream = \"{stream}\"\nblock = \"100ms\"\ndelayed_retry = {{ key = \"{stream}.delayed\" }}\n[subscription.config]\ngateway_slow_above_cents = 100000\ngateway_slow_for_ms = 300\n"
+    );
+    let mut host = TestHost::start(redis, &toml).await;
+    let created = now_ms();
+    let payment = |id: &str, cents: u64| json!({"id": id, "account": "acct-1", "amount_cents": cents, "currency": "EUR", "created_at_ms": created});
+    let small = add(&mut conn, stream, &payment("small", 1_000)).await;
+    let large = add(&mut conn, stream, &payment("large", 500_000)).await;
+    let bad = add(&mut conn, stream, &json!({"id": "bad"})).await;
+    let mut seen = Vec::new();
+    let mut describe = |label: &str, e: &sluice_host::Event| {
+        let kind = match &e.kind {
+            EventKind::Acked => "acked".to_owned(),
+            EventKind::Parked { delay, .. } => format!("parked {}s", delay.as_secs()),
+            EventKind::DeadLettered { reason } => format!("dead: {reason}"),
+            EventKind::RetryPending { .. } => "pending".to_owned(),
+        };
+        seen.push((label.to_owned(), e.retry_count, kind));
+    };
+    for _ in 0..3 {
+        let e = host.event(T, "the first attempts", |_| true).await;
+        let label = if e.id == small {
+            "small"
+        } else if e.id == large {
+            "large"
+        } else if e.id == bad {
+            "bad"
+        } else {
+            "?"
+        };
+        describe(label, &e);
+    }
+    // The gateway is slow for 300 ms after creation; then bring the 30 s retry forward by
+    // moving its due time in Redis, instead of waiting 30 s.
+    wait_for(T, "the gateway's slow period to end", || async {
+        (now_ms() > created + 300).then_some(())
+    })
+    .await;
+    let members: Vec<Vec<u8>> = cmd(
+        &mut conn,
+        &["ZRANGE", &format!("{stream}.delayed"), "0", "-1"],
+    )
+    .await;
+    assert_eq!(members.len(), 1, "only the large payment is parked");
+    let _: i64 = redis::cmd("ZADD")
+        .arg(format!("{stream}.delayed"))
+        .arg("XX")
+        .arg(0)
+        .arg(&members[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let e = host.event(T, "the retry", |e| e.retry_count == 1).await;
+    describe("large", &e);
+    host.stop().await.unwrap();
+    seen.sort();
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_macro_and_manual_forms_behave_the_same() {
+    let redis = Redis::start();
+    let macro_form = run_form(&redis, "bank", "bank-macro").await;
+    let manual_form = run_form(&redis, "bank_manual", "bank-manual").await;
+    assert_eq!(macro_form, manual_form);
+    assert_eq!(macro_form.len(), 4);
+    assert!(
+        macro_form.contains(&("small".into(), 0, "acked".into())),
+        "{macro_form:?}"
+    );
+    assert!(
+        macro_form.contains(&("large".into(), 0, "parked 30s".into())),
+        "{macro_form:?}"
+    );
+    assert!(
+        macro_form.contains(&("large".into(), 1, "acked".into())),
+        "{macro_form:?}"
+    );
+    let (_, _, bad) = macro_form.iter().find(|(l, _, _)| l == "bad").unwrap();
+    assert!(
+        bad.contains("field `payload`") && bad.contains("missing field `account`"),
+        "{bad}"
+    );
+}
