@@ -367,7 +367,7 @@ async fn a_host_killed_right_after_parking_still_delivers_the_retry_at_its_due_t
     let due_ms: i64 = wait_for(T, "the park", || {
         let mut conn = conn.clone();
         async move {
-            let parked: Vec<(String, f64)> = cmd(
+            let parked: Vec<(Vec<u8>, f64)> = cmd(
                 &mut conn,
                 &["ZRANGE", "crash.delayed", "0", "-1", "WITHSCORES"],
             )
