@@ -5,6 +5,7 @@
 // Test code: a failed expectation should panic with its message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod cli;
 mod common;
 mod delayed;
 mod examples;

@@ -1,0 +1,216 @@
+//! The `sluice` binary as an operator uses it: a private dev Redis when none is configured,
+//! graceful shutdown, `sluice parked`, the compile cache, and riding out a Redis restart.
+
+use std::time::Duration;
+
+use serde_json::json;
+use sluice_host::EventKind;
+
+use crate::common::*;
+
+const T: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_without_a_url_starts_a_private_redis_and_stops_it_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(
+        dir.path(),
+        "sluice.toml",
+        "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"dev\"\ngroup = \"g\"\nblock = \"100ms\"\n",
+    );
+    let mut host = HostProcess::spawn(&["run", path.to_str().unwrap()], dir.path());
+    let url_file = dir.path().join(".sluice/dev-redis/url");
+    let url = wait_for(T, "the dev redis url", || {
+        let url_file = url_file.clone();
+        async move { std::fs::read_to_string(&url_file).ok() }
+    })
+    .await;
+    let client = redis::Client::open(url.trim()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let aof: Vec<String> = cmd(&mut conn, &["CONFIG", "GET", "appendonly"]).await;
+    assert_eq!(
+        aof,
+        vec!["appendonly", "yes"],
+        "the dev server keeps parked retries across restarts"
+    );
+    add(&mut conn, "dev", &json!({"mode": "ack"})).await;
+    wait_for(T, "the entry to be acked", || {
+        let mut conn = conn.clone();
+        async move {
+            let groups: redis::RedisResult<Vec<std::collections::HashMap<String, redis::Value>>> =
+                redis::cmd("XINFO")
+                    .arg("GROUPS")
+                    .arg("dev")
+                    .query_async(&mut conn)
+                    .await;
+            let group = groups.ok()?.into_iter().next()?;
+            let settled = group.get("pending") == Some(&redis::Value::Int(0))
+                && group.get("lag") == Some(&redis::Value::Int(0));
+            settled.then_some(())
+        }
+    })
+    .await;
+    host.terminate();
+    let status = wait_for(T, "the host to exit", || {
+        let status = host.child.try_wait().unwrap();
+        async move { status }
+    })
+    .await;
+    assert!(
+        status.success(),
+        "graceful shutdown exits 0: {}",
+        host.log_text()
+    );
+    assert!(
+        !url_file.exists(),
+        "the dev server is stopped and its url removed"
+    );
+    assert!(
+        client.get_multiplexed_async_connection().await.is_err(),
+        "the dev server is gone"
+    );
+    let log = host.log_text();
+    assert!(log.contains("started a private dev redis-server"), "{log}");
+    assert!(log.contains("all deliveries settled; stopped"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_lists_what_waits_oldest_first_in_text_and_json() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let toml = "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"waits\"\ngroup = \"g\"\nblock = \"100ms\"\ndelayed_retry = { key = \"waits.delayed\" }\n";
+    let path = write_config(dir.path(), "sluice.toml", toml);
+    let mut host = TestHost::start(&redis, toml).await;
+    let late = add(
+        &mut conn,
+        "waits",
+        &json!({"mode": "retry", "ms": 120000, "times": 1}),
+    )
+    .await;
+    host.event(T, "the first park", |e| e.id == late).await;
+    let soon = add(
+        &mut conn,
+        "waits",
+        &json!({"mode": "retry", "ms": 60000, "times": 1}),
+    )
+    .await;
+    host.event(T, "the second park", |e| e.id == soon).await;
+    host.stop().await.unwrap();
+
+    let url = redis.url();
+    let (ok, text, stderr) = run_sluice(
+        &["parked", path.to_str().unwrap(), "--redis", &url],
+        dir.path(),
+    );
+    assert!(ok, "{stderr}");
+    let soon_at = text.find(&soon).expect("soon listed");
+    let late_at = text.find(&late).expect("late listed");
+    assert!(soon_at < late_at, "oldest due first:\n{text}");
+    assert!(
+        text.contains("waits.delayed") && text.contains("total: 2"),
+        "{text}"
+    );
+
+    let (ok, json_text, stderr) = run_sluice(
+        &[
+            "parked",
+            path.to_str().unwrap(),
+            "--redis",
+            &url,
+            "--json",
+            "--stream",
+            "waits",
+        ],
+        dir.path(),
+    );
+    assert!(ok, "{stderr}");
+    let listing: serde_json::Value = serde_json::from_str(json_text.trim()).unwrap();
+    assert_eq!(listing["total"], 2);
+    assert_eq!(listing["key"], "waits.delayed");
+    let first = &listing["entries"][0];
+    assert_eq!(first["origin_id"], soon.as_str());
+    assert_eq!(first["retry_count"], 1);
+    let due_in = first["due_in_ms"].as_i64().unwrap();
+    assert!((50_000..=60_000).contains(&due_in), "{due_in}");
+    assert_eq!(
+        first["fields"]["payload"],
+        json!({"mode": "retry", "ms": 60000, "times": 1}).to_string()
+    );
+
+    let (ok, _, stderr) = run_sluice(
+        &[
+            "parked",
+            path.to_str().unwrap(),
+            "--redis",
+            &url,
+            "--stream",
+            "nope",
+        ],
+        dir.path(),
+    );
+    assert!(
+        !ok && stderr.contains("no subscription to `nope` has a delayed-retry set"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn compiled_components_are_cached_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(
+        dir.path(),
+        "sluice.toml",
+        "cache_dir = \"cache\"\n[[subscription]]\ncomponent = \"{fixture}\"\n",
+    );
+    let files = |d: &std::path::Path| walk(d).len();
+    let (ok, _, stderr) = run_sluice(&["check", path.to_str().unwrap()], dir.path());
+    assert!(ok, "{stderr}");
+    let cache = dir.path().join("cache");
+    let first = files(&cache);
+    assert!(first > 0, "the compiled component is written to the cache");
+    let (ok, _, stderr) = run_sluice(&["check", path.to_str().unwrap()], dir.path());
+    assert!(ok, "{stderr}");
+    assert_eq!(files(&cache), first, "the second run reuses it");
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                out.extend(walk(&path));
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_rides_out_a_redis_restart() {
+    let mut redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = TestHost::start(
+        &redis,
+        "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"bumpy\"\ngroup = \"g\"\nblock = \"100ms\"\n",
+    )
+    .await;
+    let before = add(&mut conn, "bumpy", &json!({"mode": "ack"})).await;
+    host.event(T, "the first ack", |e| e.id == before).await;
+    redis.server.restart().unwrap();
+    let mut conn = redis.conn().await;
+    let after = add(&mut conn, "bumpy", &json!({"mode": "ack"})).await;
+    let event = host
+        .event(T, "an ack after the restart", |e| e.id == after)
+        .await;
+    assert_eq!(event.kind, EventKind::Acked);
+    wait_for(T, "an empty pending list", || {
+        let mut conn = conn.clone();
+        async move { (pending(&mut conn, "bumpy", "g").await == 0).then_some(()) }
+    })
+    .await;
+    host.stop().await.unwrap();
+}
