@@ -13,8 +13,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use redis::Script;
 use redis::aio::ConnectionManager;
-use redis::{Script, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -121,43 +121,24 @@ impl Settler {
         let Some(set) = &self.delayed else {
             return false;
         };
-        let mut backoff = Backoff::default();
-        loop {
-            match set.park(delivery, delay).await {
-                Ok(Parked::Due { due_ms }) => {
-                    self.events.send(self.event(
-                        delivery,
-                        digest,
-                        EventKind::Parked {
-                            delay,
-                            due_ms,
-                            cause,
-                        },
-                    ));
-                    return true;
-                }
-                Ok(Parked::NotPending) => {
-                    tracing::warn!(
-                        id = %delivery.entry.id,
-                        "entry was no longer pending when parking; left as it is"
-                    );
-                    return false;
-                }
-                Err(err) => {
-                    let pause = backoff.next_delay();
-                    tracing::warn!(
-                        id = %delivery.entry.id,
-                        key = set.key(),
-                        %err,
-                        retry_in_ms = pause.as_millis() as u64,
-                        "parking failed; entry stays pending, retrying"
-                    );
-                    tokio::select! {
-                        () = tokio::time::sleep(pause) => {}
-                        () = self.abandon.cancelled() => return false,
-                    }
-                }
+        let parked = self
+            .until_done(delivery, "parking", || set.park(delivery, delay))
+            .await;
+        match parked {
+            Some(Parked::Due { due_ms }) => {
+                let kind = EventKind::Parked {
+                    delay,
+                    due_ms,
+                    cause,
+                };
+                self.events.send(self.event(delivery, digest, kind));
+                true
             }
+            Some(Parked::NotPending) => {
+                not_pending(delivery, "parking");
+                false
+            }
+            None => false,
         }
     }
 
@@ -178,65 +159,89 @@ impl Settler {
     pub async fn dead_letter(&self, delivery: &Delivery, digest: &Arc<str>, reason: &str) -> bool {
         let retry_count = delivery.retry_count.to_string();
         let delivery_count = delivery.delivery_count.to_string();
+        let mut invocation = dead_letter_script().key(&*self.stream);
+        invocation
+            .key(&self.dead_letter)
+            .arg(&*self.group)
+            .arg(&delivery.entry.id);
+        for (name, value) in delivery.entry.user_fields() {
+            invocation.arg(name).arg(value.as_slice());
+        }
+        invocation
+            .arg(keys::REASON)
+            .arg(reason)
+            .arg(keys::ORIGIN_STREAM)
+            .arg(&*self.stream)
+            .arg(keys::ORIGIN_GROUP)
+            .arg(&*self.group)
+            .arg(keys::ORIGIN_ID)
+            .arg(&delivery.entry.id)
+            .arg(keys::RETRY_COUNT)
+            .arg(&retry_count)
+            .arg(keys::DELIVERY_COUNT)
+            .arg(&delivery_count);
+        let written = self
+            .until_done(delivery, "dead-lettering", || {
+                let mut conn = self.conn.clone();
+                let invocation = &invocation;
+                async move { invocation.invoke_async::<Option<String>>(&mut conn).await }
+            })
+            .await;
+        match written {
+            Some(Some(_)) => {
+                let kind = EventKind::DeadLettered {
+                    reason: reason.to_owned(),
+                };
+                self.events.send(self.event(delivery, digest, kind));
+                true
+            }
+            Some(None) => {
+                not_pending(delivery, "dead-lettering");
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Run `attempt` until Redis answers, pausing with capped backoff between failures; the
+    /// entry stays pending meanwhile. `None` if the host gave up on Redis (forced shutdown).
+    async fn until_done<T, F, Fut>(
+        &self,
+        delivery: &Delivery,
+        what: &str,
+        mut attempt: F,
+    ) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
         let mut backoff = Backoff::default();
         loop {
-            let mut invocation = dead_letter_script().key(&*self.stream);
-            invocation
-                .key(&self.dead_letter)
-                .arg(&*self.group)
-                .arg(&delivery.entry.id);
-            for (name, value) in delivery.entry.user_fields() {
-                invocation.arg(name).arg(value.as_slice());
-            }
-            invocation
-                .arg(keys::REASON)
-                .arg(reason)
-                .arg(keys::ORIGIN_STREAM)
-                .arg(&*self.stream)
-                .arg(keys::ORIGIN_GROUP)
-                .arg(&*self.group)
-                .arg(keys::ORIGIN_ID)
-                .arg(&delivery.entry.id)
-                .arg(keys::RETRY_COUNT)
-                .arg(&retry_count)
-                .arg(keys::DELIVERY_COUNT)
-                .arg(&delivery_count);
-            let mut conn = self.conn.clone();
-            match invocation.invoke_async::<Value>(&mut conn).await {
-                Ok(Value::Nil) | Ok(Value::Boolean(false)) => {
-                    tracing::warn!(
-                        id = %delivery.entry.id,
-                        "entry was no longer pending when dead-lettering; left as it is"
-                    );
-                    return false;
-                }
-                Ok(_) => {
-                    self.events.send(self.event(
-                        delivery,
-                        digest,
-                        EventKind::DeadLettered {
-                            reason: reason.to_owned(),
-                        },
-                    ));
-                    return true;
-                }
+            match attempt().await {
+                Ok(value) => return Some(value),
                 Err(err) => {
                     let pause = backoff.next_delay();
                     tracing::warn!(
                         id = %delivery.entry.id,
-                        dead_letter = %self.dead_letter,
                         %err,
                         retry_in_ms = pause.as_millis() as u64,
-                        "dead-lettering failed; entry stays pending, retrying"
+                        "{what} failed; entry stays pending, retrying"
                     );
                     tokio::select! {
                         () = tokio::time::sleep(pause) => {}
-                        () = self.abandon.cancelled() => return false,
+                        () = self.abandon.cancelled() => return None,
                     }
                 }
             }
         }
     }
+}
+
+fn not_pending(delivery: &Delivery, what: &str) {
+    tracing::warn!(
+        id = %delivery.entry.id,
+        "entry was no longer pending when {what} (another consumer settled it); left as it is"
+    );
 }
 
 /// Send queued acks in batches until the channel closes, retrying while Redis is away.

@@ -70,18 +70,9 @@ pub fn guests() -> &'static Guests {
     })
 }
 
-/// The `sluice` binary, built once per test run.
+/// The `sluice` binary cargo built for these tests.
 pub fn sluice_bin() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let status = Command::new(cargo())
-            .current_dir(root())
-            .args(["build", "-p", "sluice-host", "--bin", "sluice"])
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "building the sluice binary failed");
-        target_dir().join("debug/sluice")
-    })
+    Path::new(env!("CARGO_BIN_EXE_sluice"))
 }
 
 /// Log what the host does when RUST_LOG asks for it.
