@@ -94,3 +94,42 @@ pub async fn list<C: ConnectionLike>(
     }
     Ok((entries, now_ms))
 }
+
+/// Encode a member the way `lua/park.lua` does, for tools that fill a set in bulk (the
+/// benchmark's drain scenario) and for tests.
+pub fn encode(origin_id: &str, retry_count: u32, fields: &[(String, Vec<u8>)]) -> Vec<u8> {
+    let flat = fields
+        .iter()
+        .flat_map(|(name, value)| {
+            [
+                rmpv::Value::from(name.as_str()),
+                rmpv::Value::Binary(value.clone()),
+            ]
+        })
+        .collect();
+    let value = rmpv::Value::Array(vec![
+        rmpv::Value::from(origin_id),
+        rmpv::Value::from(retry_count),
+        rmpv::Value::Array(flat),
+    ]);
+    let mut out = Vec::new();
+    // Writing to a Vec cannot fail.
+    let _ = rmpv::encode::write_value(&mut out, &value);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encode_and_decode_round_trip() {
+        let fields = vec![("payload".to_owned(), vec![0xff, 0x00, b'x'])];
+        let member = encode("1-0", 3, &fields);
+        let entry = decode(&member, 42).unwrap();
+        assert_eq!(entry.origin_id, "1-0");
+        assert_eq!(entry.retry_count, 3);
+        assert_eq!(entry.fields, fields);
+        assert_eq!(entry.due_ms, 42);
+    }
+}

@@ -1,0 +1,123 @@
+//! Sluice's benchmark harness: every scenario against one private `redis-server` (persistence
+//! off), in one process run, so ratios compare like with like.
+//!
+//! Run with: `scripts/guests && cargo run --release -p sluice-bench -- [SCENARIO...] [--json]`
+//!
+//! Scenarios: `ceiling` (XREADGROUP COUNT 128 + one XACK per batch, no handler), `native` (the
+//! host's full path with a native Rust handler), `wasm` (the bank-payments component, reused
+//! instances), `wasm-isolated` (a fresh instance per delivery), `retry` (retry lateness through
+//! the durable set), `drain` (entries already due in the set). See BENCHMARKS.md.
+
+mod native;
+mod scenario;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use scenario::{Bench, Report};
+
+const ALL: &[&str] = &[
+    "ceiling",
+    "native",
+    "wasm",
+    "wasm-isolated",
+    "retry",
+    "drain",
+];
+
+#[derive(Parser)]
+#[command(about = "Benchmark Sluice against this machine's Redis ceiling")]
+struct Args {
+    /// Scenarios to run (default: all): ceiling, native, wasm, wasm-isolated, retry, drain.
+    scenarios: Vec<String>,
+    /// Print one JSON object per scenario per line instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Messages per throughput scenario.
+    #[arg(long, default_value_t = 100_000)]
+    messages: usize,
+    /// Entries in the retry scenario.
+    #[arg(long, default_value_t = 5_000)]
+    retries: usize,
+    /// Entries in the drain scenario.
+    #[arg(long, default_value_t = 100_000)]
+    drain: usize,
+}
+
+fn guest(name: &str) -> Result<PathBuf> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let path = target.join("wasm32-wasip2/release").join(name);
+    if !path.is_file() {
+        bail!(
+            "{} is missing: build the guests first with scripts/guests",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let mut wanted: Vec<&str> = if args.scenarios.is_empty() {
+        ALL.to_vec()
+    } else {
+        args.scenarios.iter().map(String::as_str).collect()
+    };
+    if let Some(unknown) = wanted.iter().find(|s| !ALL.contains(s)) {
+        bail!(
+            "unknown scenario `{unknown}`; choose from {}",
+            ALL.join(", ")
+        );
+    }
+    // Every ratio is to the ceiling measured in the same run.
+    if !wanted.contains(&"ceiling")
+        && wanted
+            .iter()
+            .any(|s| ["native", "wasm", "wasm-isolated"].contains(s))
+    {
+        wanted.insert(0, "ceiling");
+    }
+    let bench = Bench::start(guest("bank_payments.wasm")?, guest("sluice_fixture.wasm")?)
+        .await
+        .context("cannot start the benchmark's redis-server")?;
+    let mut ceiling: Option<f64> = None;
+    let mut reports: Vec<Report> = Vec::new();
+    for name in wanted {
+        eprintln!("running {name}...");
+        let mut report = match name {
+            "ceiling" => bench.ceiling(args.messages).await?,
+            "native" => bench.host_path("native", args.messages).await?,
+            "wasm" => bench.host_path("wasm", args.messages).await?,
+            "wasm-isolated" => bench.host_path("wasm-isolated", args.messages).await?,
+            "retry" => bench.retry(args.retries, Duration::from_secs(1)).await?,
+            "drain" => bench.drain(args.drain).await?,
+            _ => unreachable!("checked above"),
+        };
+        if name == "ceiling" {
+            ceiling = Some(report.msgs_per_s);
+        } else if ["native", "wasm", "wasm-isolated"].contains(&name) {
+            report.ratio_to_ceiling = ceiling.map(|c| report.msgs_per_s / c);
+        }
+        if args.json {
+            println!("{}", report.json());
+        }
+        reports.push(report);
+    }
+    if !args.json {
+        print!("{}", Report::table(&reports));
+    }
+    Ok(())
+}
