@@ -116,6 +116,7 @@ impl Service {
                     s.group.as_str().into(),
                     key.clone(),
                     *ttl,
+                    s.dead_letter.clone(),
                     conn.clone(),
                 )),
             });

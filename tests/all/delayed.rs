@@ -177,6 +177,7 @@ async fn park_directly(redis: &Redis, stream: &str, n: usize, delay: Duration) -
         "g".into(),
         format!("{stream}.delayed"),
         None,
+        format!("{stream}.dead-letter"),
         manager(redis).await,
     );
     let _: () = cmd(
@@ -252,6 +253,7 @@ async fn two_hosts_sweeping_one_set_move_each_entry_exactly_once() {
             "g".into(),
             "race.delayed".into(),
             None,
+            "race.dead-letter".into(),
             manager(&redis).await,
         ));
         tasks.push(tokio::spawn(async move {
@@ -321,6 +323,7 @@ async fn lateness_is_bounded_by_the_block_interval_when_another_host_parked_the_
         "other".into(),
         "bound.delayed".into(),
         None,
+        "bound.dead-letter".into(),
         manager(&redis).await,
     );
     let entry = Entry {
@@ -675,5 +678,41 @@ async fn on_redis_cluster_keys_in_different_slots_are_refused_and_hash_tags_work
     .await;
     let back = host.event(T, "the retry", |e| e.id != id).await;
     assert_eq!(back.kind, EventKind::Acked);
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_member_is_dead_lettered_instead_of_blocking_the_set() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = TestHost::start(
+        &redis,
+        &config("junk", "").replace("block = \"5s\"", "block = \"100ms\""),
+    )
+    .await;
+    let fields = vec![("payload".to_owned(), br#"{"mode":"ack"}"#.to_vec())];
+    let good = member::encode("7-0", 2, &fields);
+    let _: i64 = redis::cmd("ZADD")
+        .arg("junk.delayed")
+        .arg(0)
+        .arg("not msgpack at all")
+        .arg(1)
+        .arg(&good)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let back = host
+        .event(T, "the good member's entry", |e| e.retry_count == 2)
+        .await;
+    assert_eq!(back.kind, EventKind::Acked);
+    let dead = entries(&mut conn, "junk.dead-letter").await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        field(&dead[0].1, "sluice-member"),
+        Some("not msgpack at all")
+    );
+    assert_eq!(field(&dead[0].1, "sluice-origin-key"), Some("junk.delayed"));
+    let card: u64 = cmd(&mut conn, &["ZCARD", "junk.delayed"]).await;
+    assert_eq!(card, 0);
     host.stop().await.unwrap();
 }

@@ -95,26 +95,24 @@ pub async fn list<C: ConnectionLike>(
     Ok((entries, now_ms))
 }
 
-/// Encode a member the way `lua/park.lua` does, for tools that fill a set in bulk (the
-/// benchmark's drain scenario) and for tests.
+/// Encode a member exactly as `lua/park.lua` does (Lua's cmsgpack writes every string, text or
+/// not, as a MessagePack str), for tools that fill a set in bulk (the benchmark's drain
+/// scenario) and for tests.
 pub fn encode(origin_id: &str, retry_count: u32, fields: &[(String, Vec<u8>)]) -> Vec<u8> {
-    let flat = fields
-        .iter()
-        .flat_map(|(name, value)| {
-            [
-                rmpv::Value::from(name.as_str()),
-                rmpv::Value::Binary(value.clone()),
-            ]
-        })
-        .collect();
-    let value = rmpv::Value::Array(vec![
-        rmpv::Value::from(origin_id),
-        rmpv::Value::from(retry_count),
-        rmpv::Value::Array(flat),
-    ]);
-    let mut out = Vec::new();
+    fn raw_str(out: &mut Vec<u8>, bytes: &[u8]) {
+        let _ = rmp::encode::write_str_len(out, bytes.len() as u32);
+        out.extend_from_slice(bytes);
+    }
     // Writing to a Vec cannot fail.
-    let _ = rmpv::encode::write_value(&mut out, &value);
+    let mut out = Vec::new();
+    let _ = rmp::encode::write_array_len(&mut out, 3);
+    raw_str(&mut out, origin_id.as_bytes());
+    let _ = rmp::encode::write_uint(&mut out, u64::from(retry_count));
+    let _ = rmp::encode::write_array_len(&mut out, (fields.len() * 2) as u32);
+    for (name, value) in fields {
+        raw_str(&mut out, name.as_bytes());
+        raw_str(&mut out, value);
+    }
     out
 }
 

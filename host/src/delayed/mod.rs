@@ -9,6 +9,8 @@
 //! - **Sweep** (`lua/sweep.lua`): appends due members back onto the stream under new ids, with
 //!   `sluice-retry-count` and `sluice-origin-id` set, and removes them, at most
 //!   [`SWEEP_BATCH`] per pass, in one script; it also answers the earliest remaining due time.
+//!   A member it cannot read (not written by the park script) is moved, raw, to the
+//!   dead-letter stream rather than left to block every later sweep.
 //! - **When sweeps run**: once before every read of the subscription, so the `block` interval
 //!   bounds how late a due entry comes back even when another host parked it; and from a
 //!   local timer set to the earliest due time this host knows of (from its own parks and from
@@ -73,6 +75,7 @@ pub struct DelayedSet {
     group: Arc<str>,
     key: String,
     ttl: Option<Duration>,
+    dead_letter: String,
     conn: ConnectionManager,
     /// The earliest local instant at which something this host knows of is due.
     next_wake: Mutex<Option<Instant>>,
@@ -80,12 +83,14 @@ pub struct DelayedSet {
 }
 
 impl DelayedSet {
-    /// The set `key` for the subscription to `stream` by `group`.
+    /// The set `key` for the subscription to `stream` by `group`; members the sweep cannot
+    /// read go to `dead_letter`.
     pub fn new(
         stream: Arc<str>,
         group: Arc<str>,
         key: String,
         ttl: Option<Duration>,
+        dead_letter: String,
         conn: ConnectionManager,
     ) -> Self {
         Self {
@@ -93,6 +98,7 @@ impl DelayedSet {
             group,
             key,
             ttl,
+            dead_letter,
             conn,
             next_wake: Mutex::new(None),
             wake_changed: Notify::new(),
@@ -142,14 +148,23 @@ impl DelayedSet {
     /// Move what is due (at most [`SWEEP_BATCH`] entries) back onto the stream.
     pub async fn sweep(&self) -> RedisResult<Swept> {
         let mut conn = self.conn.clone();
-        let (moved, next_due, now): (usize, i64, i64) = sweep_script()
+        let (moved, next_due, now, malformed): (usize, i64, i64, usize) = sweep_script()
             .key(&*self.stream)
             .key(&self.key)
+            .key(&self.dead_letter)
             .arg(SWEEP_BATCH)
             .invoke_async(&mut conn)
             .await?;
         let next_due_in =
             (next_due >= 0).then(|| Duration::from_millis((next_due - now).max(0) as u64));
+        if malformed > 0 {
+            tracing::error!(
+                key = %self.key,
+                dead_letter = %self.dead_letter,
+                malformed,
+                "delayed set held members Sluice cannot read; moved them, raw, to the dead-letter stream"
+            );
+        }
         if moved > 0 {
             tracing::debug!(key = %self.key, moved, "swept due retries back onto the stream");
         }
