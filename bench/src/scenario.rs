@@ -139,7 +139,11 @@ impl Bench {
             extra_args: Vec::new(),
         };
         let redis = DevRedis::start(dir.path(), &options)?;
-        let runtime = Runtime::new(Some(&dir.path().join("cache")))?;
+        let pool = sluice_host::runtime::PoolSizing {
+            instances: 300,
+            max_memory: 64 << 20,
+        };
+        let runtime = Runtime::new(Some(&dir.path().join("cache")), Some(pool))?;
         Ok(Self {
             redis,
             runtime,

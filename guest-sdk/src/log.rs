@@ -6,11 +6,15 @@
 use std::fmt::Write as _;
 
 use tracing::field::{Field, Visit};
-use tracing_subscriber::{Layer, layer::Context, prelude::*};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Metadata};
 
 use crate::__bindings::sluice::handler::log as wit;
 
-struct HostLayer;
+/// Forwards events to the host. Spans are the host's business (each delivery runs inside the
+/// host's span), so guest spans are accepted and ignored; this keeps the per-instance set-up to
+/// almost nothing, which matters when every delivery gets a fresh instance.
+struct HostSubscriber;
 
 #[derive(Default)]
 struct Fields {
@@ -38,8 +42,24 @@ impl Visit for Fields {
     }
 }
 
-impl<S: tracing::Subscriber> Layer<S> for HostLayer {
-    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
+impl tracing::Subscriber for HostSubscriber {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+
+    fn enter(&self, _: &Id) {}
+
+    fn exit(&self, _: &Id) {}
+
+    fn event(&self, event: &Event<'_>) {
         let mut fields = Fields::default();
         event.record(&mut fields);
         let level = match *event.metadata().level() {
@@ -57,7 +77,7 @@ impl<S: tracing::Subscriber> Layer<S> for HostLayer {
 pub(crate) fn install() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let _ = tracing_subscriber::registry().with(HostLayer).try_init();
+        let _ = tracing::subscriber::set_global_default(HostSubscriber);
         std::panic::set_hook(Box::new(|info| {
             let location = info
                 .location()

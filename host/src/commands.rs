@@ -20,8 +20,11 @@ async fn plan(paths: &[PathBuf], redis: Option<&str>) -> Result<Plan> {
         anyhow::bail!("give at least one config (.toml) or component (.wasm)");
     }
     let config = Config::load(paths).context("invalid configuration")?;
-    let runtime =
-        Runtime::new(Some(&config.cache_dir)).context("cannot start the WebAssembly runtime")?;
+    let runtime = Runtime::new(
+        Some(&config.cache_dir),
+        Some(crate::runtime::PoolSizing::for_config(&config)),
+    )
+    .context("cannot start the WebAssembly runtime")?;
     Plan::build(&config, &runtime, redis)
         .await
         .context("cannot build the plan")

@@ -85,6 +85,38 @@ pub enum RuntimeError {
     },
 }
 
+/// How big to make the pooling instance allocator: enough slots for every instance that can
+/// exist at once, each with room for the largest memory limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSizing {
+    /// Component instances alive at once (in flight plus idle, across subscriptions).
+    pub instances: u32,
+    /// The largest linear memory any instance may grow to, in bytes.
+    pub max_memory: u64,
+}
+
+impl PoolSizing {
+    /// Slots for every subscription of `config`: each can hold `max_in_flight` instances (busy
+    /// or idle), plus one to read each component's descriptor.
+    pub fn for_config(config: &crate::config::Config) -> Self {
+        let instances: usize = config
+            .subscriptions
+            .iter()
+            .map(|s| s.limits.max_in_flight + 1)
+            .sum();
+        let max_memory = config
+            .subscriptions
+            .iter()
+            .map(|s| s.limits.memory_limit)
+            .max()
+            .unwrap_or(crate::config::DEFAULT_MEMORY_LIMIT);
+        Self {
+            instances: u32::try_from(instances.max(1)).unwrap_or(u32::MAX),
+            max_memory,
+        }
+    }
+}
+
 /// The process-wide WebAssembly runtime: engine, linker and epoch ticker.
 #[derive(Clone)]
 pub struct Runtime {
@@ -95,9 +127,25 @@ pub struct Runtime {
 
 impl Runtime {
     /// Set up the engine, with compiled components cached under `cache_dir` (`None` disables
-    /// the cache).
-    pub fn new(cache_dir: Option<&Path>) -> Result<Self, RuntimeError> {
+    /// the cache) and, given a sizing, the pooling instance allocator (a fresh instance then
+    /// costs a fraction of an on-demand one: memory and tables are reused, not mapped anew).
+    pub fn new(cache_dir: Option<&Path>, pool: Option<PoolSizing>) -> Result<Self, RuntimeError> {
         let mut config = wasmtime::Config::new();
+        if let Some(pool) = pool {
+            let mut pooling = wasmtime::PoolingAllocationConfig::new();
+            pooling
+                .total_component_instances(pool.instances)
+                .total_core_instances(pool.instances.saturating_mul(4))
+                .total_memories(pool.instances.saturating_mul(2))
+                .total_tables(pool.instances.saturating_mul(4))
+                .max_memory_size(usize::try_from(pool.max_memory).unwrap_or(usize::MAX))
+                // Keep the first pages of a reused slot resident: the next instance mostly
+                // touches the same few pages, and zeroing them beats faulting them in again.
+                .linear_memory_keep_resident(1 << 20)
+                .table_keep_resident(1 << 16)
+                .pagemap_scan(wasmtime::Enabled::Auto);
+            config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pooling));
+        }
         config.epoch_interruption(true);
         // Sluice's world is synchronous WASI 0.2; the component-model concurrency machinery
         // only costs time on every call.

@@ -115,14 +115,27 @@ impl Subscription {
         let mut claim_cursor = "0-0".to_owned();
         let mut backoff = Backoff::default();
         loop {
-            let first = tokio::select! {
-                permit = self.permits.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
+            // Read in batches: wait until half a batch can start, then take what else is free.
+            // Reading as soon as one permit frees would turn a busy subscription into a stream
+            // of one-entry reads.
+            let floor = (plan.count.min(plan.max_in_flight) / 2).max(1) as u32;
+            let mut first = tokio::select! {
+                permits = self.permits.clone().acquire_many_owned(floor) => match permits {
+                    Ok(permits) => permits,
                     Err(_) => break,
                 },
                 () = self.stop.cancelled() => break,
             };
-            let room = (self.permits.available_permits() + 1).min(plan.count);
+            let more = self
+                .permits
+                .available_permits()
+                .min(plan.count.saturating_sub(first.num_permits()));
+            if more > 0
+                && let Ok(extra) = self.permits.clone().try_acquire_many_owned(more as u32)
+            {
+                first.merge(extra);
+            }
+            let room = first.num_permits();
             let conn = match &mut reader {
                 Some(conn) => conn,
                 None => match redis_conn::blocking(&self.client, plan.block).await {
@@ -286,19 +299,20 @@ impl Subscription {
             .collect())
     }
 
+    /// Start a delivery for each entry read, each with one of the `permits` the read was
+    /// sized by; permits left over (deleted entries, a short read) are released.
     async fn start_deliveries(
         self: &Arc<Self>,
         batch: Vec<(ReadEntry, u64)>,
-        first: OwnedSemaphorePermit,
+        mut permits: OwnedSemaphorePermit,
     ) {
-        let mut first = Some(first);
         for (read, delivery_count) in batch {
             let id = read.id.clone();
             let Some(entry) = read.into_entry() else {
                 self.drop_deleted(&id).await;
                 continue;
             };
-            let permit = match first.take() {
+            let permit = match permits.split(1) {
                 Some(permit) => permit,
                 None => match self.permits.clone().acquire_owned().await {
                     Ok(permit) => permit,

@@ -176,9 +176,11 @@ impl TestHost {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = write_config(dir.path(), "sluice.toml", toml);
         let config = Config::load(&[path]).expect("valid test config");
-        let runtime =
-            sluice_host::runtime::Runtime::new(Some(&target_dir().join("sluice-test-cache")))
-                .expect("runtime");
+        let runtime = sluice_host::runtime::Runtime::new(
+            Some(&target_dir().join("sluice-test-cache")),
+            Some(sluice_host::runtime::PoolSizing::for_config(&config)),
+        )
+        .expect("runtime");
         let plan = Plan::build(&config, &runtime, Some(&redis.url()))
             .await
             .expect("valid plan");
