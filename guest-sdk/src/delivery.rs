@@ -59,17 +59,27 @@ impl Delivery {
 
     /// Decode the payload field (JSON) into `T`.
     pub fn decode<T: DeserializeOwned>(&self) -> Result<T, DecodeError> {
-        let field = crate::config::get(PAYLOAD_FIELD_KEY)
-            .unwrap_or_else(|| DEFAULT_PAYLOAD_FIELD.to_owned());
-        let Some(raw) = self.field(&field) else {
-            return Err(DecodeError::MissingField { field });
+        let field = payload_field();
+        let Some(raw) = self.field(field) else {
+            return Err(DecodeError::MissingField {
+                field: field.to_owned(),
+            });
         };
         serde_json::from_slice(raw).map_err(|source| DecodeError::Invalid {
-            field,
+            field: field.to_owned(),
             type_name: std::any::type_name::<T>(),
             source,
         })
     }
+}
+
+/// The payload field the host configured; asked once per instance (it cannot change under a
+/// running instance).
+fn payload_field() -> &'static str {
+    static FIELD: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    FIELD.get_or_init(|| {
+        crate::config::get(PAYLOAD_FIELD_KEY).unwrap_or_else(|| DEFAULT_PAYLOAD_FIELD.to_owned())
+    })
 }
 
 /// Why an entry's payload could not become the handler's input. The host dead-letters the
