@@ -10,3 +10,4 @@ mod common;
 mod delayed;
 mod examples;
 mod foundation;
+mod sandbox;

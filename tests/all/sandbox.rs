@@ -1,0 +1,150 @@
+//! Faults inside a guest cost the host nothing and never cost an entry: a looping, memory-hungry
+//! or endlessly recursing guest is stopped, the attempt fails with a reason that names the limit,
+//! and the host keeps serving the same and other subscriptions. Capabilities a guest was not
+//! granted stay denied even though its WASI imports are linked.
+
+use std::time::Duration;
+
+use serde_json::json;
+use sluice_host::EventKind;
+
+use crate::common::*;
+
+const T: Duration = Duration::from_secs(30);
+
+/// Two subscriptions: `stream` (the one under test) and `bystander`, both on the fixture.
+fn two_subscriptions(stream: &str, extra: &str) -> String {
+    format!(
+        "[[subscription]]\ncomponent = \"{{fixture}}\"\nstream = \"{stream}\"\ngroup = \"g\"\nblock = \"100ms\"\nmax_retries = 0\n{extra}\n\
+         [[subscription]]\ncomponent = \"{{fixture}}\"\nstream = \"{stream}-bystander\"\ngroup = \"g\"\nblock = \"100ms\"\n"
+    )
+}
+
+/// Put a faulting entry on `stream`, and healthy ones on it and on its bystander; the healthy
+/// ones are acked while the fault runs its course; return the fault's dead-letter reason.
+async fn fault(stream: &str, extra: &str, mode: serde_json::Value) -> String {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = TestHost::start(&redis, &two_subscriptions(stream, extra)).await;
+    let bad = add(&mut conn, stream, &mode).await;
+    let same = add(&mut conn, stream, &json!({"mode": "ack"})).await;
+    let other = add(
+        &mut conn,
+        &format!("{stream}-bystander"),
+        &json!({"mode": "ack"}),
+    )
+    .await;
+    let mut acked = Vec::new();
+    let reason = loop {
+        let event = host
+            .event(T, "the fault and the healthy entries", |_| true)
+            .await;
+        match event.kind {
+            EventKind::Acked => acked.push(event.id),
+            EventKind::DeadLettered { reason } if event.id == bad => break reason,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    while acked.len() < 2 {
+        let event = host
+            .event(T, "the healthy entries", |e| e.kind == EventKind::Acked)
+            .await;
+        acked.push(event.id);
+    }
+    assert!(
+        acked.contains(&same) && acked.contains(&other),
+        "healthy entries were served"
+    );
+    let dead = entries(&mut conn, &format!("{stream}.dead-letter")).await;
+    assert_eq!(
+        dead.len(),
+        1,
+        "the faulting entry is dead-lettered, not lost"
+    );
+    assert_eq!(pending(&mut conn, stream, "g").await, 0);
+    // The host is still up and serving.
+    let after = add(&mut conn, stream, &json!({"mode": "ack"})).await;
+    host.event(T, "an entry after the fault", |e| e.id == after)
+        .await;
+    host.stop().await.unwrap();
+    reason
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_infinite_loop_is_interrupted_at_its_deadline() {
+    let reason = fault(
+        "looping",
+        "handler_timeout = \"300ms\"",
+        json!({"mode": "loop"}),
+    )
+    .await;
+    assert!(
+        reason.contains("handler exceeded its time limit of 300ms"),
+        "{reason}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocating_past_the_memory_limit_fails_the_attempt() {
+    let reason = fault(
+        "hungry",
+        "memory_limit = \"16MiB\"",
+        json!({"mode": "alloc"}),
+    )
+    .await;
+    assert!(
+        reason.contains("memory limit of 16777216 bytes"),
+        "{reason}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deep_recursion_traps_cleanly() {
+    let reason = fault("deep", "", json!({"mode": "recurse"})).await;
+    // Rust keeps its stack in linear memory: running off its end is an out-of-bounds access
+    // (a frame-less recursion would instead exhaust wasmtime's call-stack limit). Either way
+    // the guest traps and the host says so.
+    assert!(
+        reason.contains("guest trapped")
+            && (reason.contains("out of bounds memory access")
+                || reason.contains("call stack exhausted")),
+        "{reason}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_is_reported_with_its_message() {
+    let reason = fault("panics", "", json!({"mode": "trap"})).await;
+    assert!(
+        reason.contains("guest panicked at") && reason.contains("fixture trap on attempt 1"),
+        "{reason}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_environment_and_sockets_are_denied() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    // A real listener the guest would reach if sockets were allowed.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let target = listener.local_addr().unwrap().to_string();
+    let mut host = TestHost::start(
+        &redis,
+        "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"caps\"\ngroup = \"g\"\nblock = \"100ms\"\n",
+    )
+    .await;
+    let id = add(&mut conn, "caps", &json!({"mode": "probe", "key": target})).await;
+    let event = host.event(T, "the probe", |e| e.id == id).await;
+    let EventKind::DeadLettered { reason } = event.kind else {
+        panic!("{event:?}")
+    };
+    assert!(reason.contains("file=denied"), "{reason}");
+    assert!(reason.contains("env=denied"), "{reason}");
+    assert!(reason.contains("socket=denied"), "{reason}");
+    listener.set_nonblocking(true).unwrap();
+    assert!(
+        listener.accept().is_err(),
+        "nothing connected to the listener"
+    );
+    host.stop().await.unwrap();
+}
