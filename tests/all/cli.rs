@@ -222,3 +222,57 @@ async fn the_host_rides_out_a_redis_restart() {
     .await;
     host.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guest_logs_land_in_the_host_log_inside_the_delivery_span_as_json() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(
+        dir.path(),
+        "sluice.toml",
+        "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"logs\"\ngroup = \"g\"\nblock = \"100ms\"\n",
+    );
+    let url = redis.url();
+    let host = HostProcess::spawn(
+        &[
+            "--log-format",
+            "json",
+            "run",
+            path.to_str().unwrap(),
+            "--redis",
+            url.as_str(),
+        ],
+        dir.path(),
+    );
+    let id = add(
+        &mut conn,
+        "logs",
+        &json!({"mode": "log", "reason": "hello from the guest"}),
+    )
+    .await;
+    let line = wait_for(T, "the guest's log line", || {
+        let text = host.log_text();
+        async move {
+            text.lines()
+                .find(|l| l.contains("fixture log line"))
+                .map(str::to_owned)
+        }
+    })
+    .await;
+    let event: serde_json::Value = serde_json::from_str(&line).expect("a JSON log line");
+    assert_eq!(event["level"], "WARN");
+    assert_eq!(event["target"], "sluice::guest");
+    assert_eq!(event["fields"]["message"], "fixture log line");
+    assert_eq!(event["fields"]["fields"], "detail=hello from the guest");
+    let span = &event["span"];
+    assert_eq!(span["name"], "delivery");
+    assert_eq!(span["stream"], "logs");
+    assert_eq!(span["id"], id.as_str());
+    assert_eq!(span["retry_count"], 0);
+    assert_eq!(span["digest"].as_str().map(str::len), Some(12));
+    for line in host.log_text().lines() {
+        serde_json::from_str::<serde_json::Value>(line)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+    }
+}
