@@ -143,7 +143,11 @@ impl Bench {
             instances: 300,
             max_memory: 64 << 20,
         };
-        let runtime = Runtime::new(Some(&dir.path().join("cache")), Some(pool))?;
+        let options = sluice_host::runtime::RuntimeOptions {
+            pool: Some(pool),
+            fuel: false,
+        };
+        let runtime = Runtime::new(Some(&dir.path().join("cache")), options)?;
         Ok(Self {
             redis,
             runtime,

@@ -22,7 +22,7 @@ async fn plan(paths: &[PathBuf], redis: Option<&str>) -> Result<Plan> {
     let config = Config::load(paths).context("invalid configuration")?;
     let runtime = Runtime::new(
         Some(&config.cache_dir),
-        Some(crate::runtime::PoolSizing::for_config(&config)),
+        crate::runtime::RuntimeOptions::for_config(&config),
     )
     .context("cannot start the WebAssembly runtime")?;
     Plan::build(&config, &runtime, redis)

@@ -31,6 +31,7 @@
 //! | `recycle_after`          | deliveries before a reused instance is replaced             | `10000` |
 //! | `handler_timeout`        | wall-clock limit of one delivery                            | `10s` |
 //! | `memory_limit`           | linear-memory cap per instance, e.g. `"64MiB"`              | `64MiB` |
+//! | `fuel`                   | deterministic instruction budget per delivery               | unmetered |
 //! | `[subscription.config]`  | string values the guest can read                            | empty |
 
 use std::collections::BTreeMap;
@@ -133,6 +134,8 @@ pub struct Limits {
     pub handler_timeout: Duration,
     /// Linear-memory cap per instance, in bytes.
     pub memory_limit: u64,
+    /// Fuel (roughly, wasm instructions) one delivery may burn; `None` leaves it unmetered.
+    pub fuel: Option<u64>,
 }
 
 impl Default for Limits {
@@ -143,6 +146,7 @@ impl Default for Limits {
             recycle_after: DEFAULT_RECYCLE_AFTER,
             handler_timeout: DEFAULT_HANDLER_TIMEOUT,
             memory_limit: DEFAULT_MEMORY_LIMIT,
+            fuel: None,
         }
     }
 }
@@ -237,6 +241,7 @@ struct RawSubscription {
     recycle_after: Option<u64>,
     handler_timeout: Option<String>,
     memory_limit: Option<String>,
+    fuel: Option<u64>,
     #[serde(default)]
     config: BTreeMap<String, toml::Value>,
 }
@@ -429,6 +434,12 @@ fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
                 ));
             }
             limits.memory_limit = size.as_u64();
+        }
+        if let Some(fuel) = sub.fuel {
+            if fuel == 0 {
+                return Err(v.invalid(&key("fuel"), "0", "must be at least 1"));
+            }
+            limits.fuel = Some(fuel);
         }
         let mut values = BTreeMap::new();
         for (name, value) in sub.config {

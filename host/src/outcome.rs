@@ -41,6 +41,9 @@ pub enum Failure {
         /// What the guest tried to grow to.
         requested: u64,
     },
+    /// The delivery burned its whole fuel budget.
+    #[error("handler ran out of fuel (budget {0} per delivery)")]
+    FuelExhausted(u64),
     /// No instance could be created for the delivery.
     #[error("could not instantiate the handler: {0}")]
     Instantiate(String),

@@ -85,6 +85,15 @@ async fn an_infinite_loop_is_interrupted_at_its_deadline() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fuel_budget_stops_a_loop_deterministically() {
+    let reason = fault("metered", "fuel = 5000000", json!({"mode": "loop"})).await;
+    assert!(
+        reason.contains("ran out of fuel (budget 5000000 per delivery)"),
+        "{reason}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocating_past_the_memory_limit_fails_the_attempt() {
     let reason = fault(
         "hungry",

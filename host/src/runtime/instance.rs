@@ -39,6 +39,10 @@ pub(crate) fn new_store(
         }
     });
     store.set_epoch_deadline(1);
+    // With fuel metering on, a store starts empty; only deliveries are budgeted.
+    if store.get_fuel().is_ok() {
+        let _ = store.set_fuel(u64::MAX);
+    }
     store
 }
 
@@ -119,6 +123,11 @@ impl WasmHandler {
             state.limiter.denied = None;
         }
         instance.store.set_epoch_deadline(1);
+        if instance.store.get_fuel().is_ok() {
+            let _ = instance
+                .store
+                .set_fuel(self.limits.fuel.unwrap_or(u64::MAX));
+        }
         let request = to_wit(delivery);
         match instance
             .handler
@@ -141,6 +150,11 @@ impl WasmHandler {
         }
         if let Some((limit, requested)) = state.limiter.denied {
             return Failure::MemoryLimit { limit, requested };
+        }
+        if let (Some(wasmtime::Trap::OutOfFuel), Some(fuel)) =
+            (err.downcast_ref::<wasmtime::Trap>(), self.limits.fuel)
+        {
+            return Failure::FuelExhausted(fuel);
         }
         let trap = err
             .downcast_ref::<wasmtime::Trap>()

@@ -117,6 +117,25 @@ impl PoolSizing {
     }
 }
 
+/// Engine-wide settings, which every subscription of a process shares.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RuntimeOptions {
+    /// Use the pooling instance allocator, sized like this.
+    pub pool: Option<PoolSizing>,
+    /// Meter fuel (only when some subscription sets `fuel`: metering costs every call).
+    pub fuel: bool,
+}
+
+impl RuntimeOptions {
+    /// What the subscriptions of `config` need.
+    pub fn for_config(config: &crate::config::Config) -> Self {
+        Self {
+            pool: Some(PoolSizing::for_config(config)),
+            fuel: config.subscriptions.iter().any(|s| s.limits.fuel.is_some()),
+        }
+    }
+}
+
 /// The process-wide WebAssembly runtime: engine, linker and epoch ticker.
 #[derive(Clone)]
 pub struct Runtime {
@@ -127,11 +146,12 @@ pub struct Runtime {
 
 impl Runtime {
     /// Set up the engine, with compiled components cached under `cache_dir` (`None` disables
-    /// the cache) and, given a sizing, the pooling instance allocator (a fresh instance then
+    /// the cache), fuel metering if asked, and, given a sizing, the pooling instance allocator (a fresh instance then
     /// costs a fraction of an on-demand one: memory and tables are reused, not mapped anew).
-    pub fn new(cache_dir: Option<&Path>, pool: Option<PoolSizing>) -> Result<Self, RuntimeError> {
+    pub fn new(cache_dir: Option<&Path>, options: RuntimeOptions) -> Result<Self, RuntimeError> {
         let mut config = wasmtime::Config::new();
-        if let Some(pool) = pool {
+        config.consume_fuel(options.fuel);
+        if let Some(pool) = options.pool {
             let mut pooling = wasmtime::PoolingAllocationConfig::new();
             pooling
                 .total_component_instances(pool.instances)

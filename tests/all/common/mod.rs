@@ -178,7 +178,7 @@ impl TestHost {
         let config = Config::load(&[path]).expect("valid test config");
         let runtime = sluice_host::runtime::Runtime::new(
             Some(&target_dir().join("sluice-test-cache")),
-            Some(sluice_host::runtime::PoolSizing::for_config(&config)),
+            sluice_host::runtime::RuntimeOptions::for_config(&config),
         )
         .expect("runtime");
         let plan = Plan::build(&config, &runtime, Some(&redis.url()))
