@@ -285,7 +285,7 @@ impl Bench {
 
     async fn service(&self, toml: &str) -> Result<Service> {
         let path = self.dir.path().join("bench.toml");
-        std::fs::write(&path, toml)?;
+        std::fs::write(&path, format!("admin = \"off\"\n{toml}"))?;
         let config = Config::load(&[path])?;
         let plan = Plan::build(&config, &self.runtime, Some(&self.redis.url())).await?;
         Ok(Service::new(plan))

@@ -168,3 +168,189 @@ fn format_ms(ms: i64) -> String {
     let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
     humantime::format_rfc3339_millis(at).to_string()
 }
+
+/// One subscription's state, as `sluice status` reports it.
+#[derive(Debug, serde::Serialize)]
+struct SubscriptionStatus {
+    stream: String,
+    group: String,
+    handler_digest: String,
+    group_exists: bool,
+    pending: i64,
+    lag: Option<i64>,
+    last_delivered_id: Option<String>,
+    consumers: Vec<ConsumerStatus>,
+    delayed_key: Option<String>,
+    parked: Option<i64>,
+    next_due_ms: Option<i64>,
+    next_due_in_ms: Option<i64>,
+    dead_letter: String,
+    dead_letter_length: i64,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct ConsumerStatus {
+    name: String,
+    pending: i64,
+    idle_ms: i64,
+}
+
+fn info_int(map: &std::collections::HashMap<String, redis::Value>, key: &str) -> Option<i64> {
+    match map.get(key) {
+        Some(redis::Value::Int(n)) => Some(*n),
+        _ => None,
+    }
+}
+
+fn info_text(map: &std::collections::HashMap<String, redis::Value>, key: &str) -> Option<String> {
+    match map.get(key) {
+        Some(redis::Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+        Some(redis::Value::SimpleString(s)) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// `sluice status`: for each subscription, the group's consumers and pending counts, parked
+/// entries and the next due time, the dead-letter stream's length and the handler's digest.
+pub async fn status(paths: &[PathBuf], redis: Option<&str>, json: bool) -> Result<String> {
+    use std::collections::HashMap;
+    let plan = plan(paths, redis).await?;
+    let mut rows = Vec::new();
+    for sub in &plan.subscriptions {
+        let s = &sub.stream;
+        let url = redis_url_for(sub.redis.as_deref())?;
+        let client = crate::redis_conn::client(&url)?;
+        let mut conn = crate::redis_conn::manager(&client).await?;
+        let groups: Vec<HashMap<String, redis::Value>> = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(&s.stream)
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_default();
+        let group = groups
+            .into_iter()
+            .find(|g| info_text(g, "name").as_deref() == Some(s.group.as_str()));
+        let consumers: Vec<HashMap<String, redis::Value>> = if group.is_some() {
+            redis::cmd("XINFO")
+                .arg("CONSUMERS")
+                .arg(&s.stream)
+                .arg(&s.group)
+                .query_async(&mut conn)
+                .await
+                .with_context(|| format!("XINFO CONSUMERS {} {}", s.stream, s.group))?
+        } else {
+            Vec::new()
+        };
+        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await?;
+        let now_ms = secs * 1000 + micros / 1000;
+        let delayed_key = s.delayed_retry.as_ref().map(|d| d.key().to_owned());
+        let (parked, next_due_ms) = match &delayed_key {
+            Some(key) => {
+                let card: i64 = redis::cmd("ZCARD").arg(key).query_async(&mut conn).await?;
+                let first: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+                    .arg(key)
+                    .arg(0)
+                    .arg(0)
+                    .arg("WITHSCORES")
+                    .query_async(&mut conn)
+                    .await?;
+                (Some(card), first.first().map(|(_, score)| *score as i64))
+            }
+            None => (None, None),
+        };
+        let dead_letter_length: i64 = redis::cmd("XLEN")
+            .arg(&s.dead_letter)
+            .query_async(&mut conn)
+            .await?;
+        rows.push(SubscriptionStatus {
+            stream: s.stream.clone(),
+            group: s.group.clone(),
+            handler_digest: sub.component.digest().to_owned(),
+            group_exists: group.is_some(),
+            pending: group
+                .as_ref()
+                .and_then(|g| info_int(g, "pending"))
+                .unwrap_or(0),
+            lag: group.as_ref().and_then(|g| info_int(g, "lag")),
+            last_delivered_id: group
+                .as_ref()
+                .and_then(|g| info_text(g, "last-delivered-id")),
+            consumers: consumers
+                .iter()
+                .map(|c| ConsumerStatus {
+                    name: info_text(c, "name").unwrap_or_default(),
+                    pending: info_int(c, "pending").unwrap_or(0),
+                    idle_ms: info_int(c, "idle").unwrap_or(0),
+                })
+                .collect(),
+            delayed_key,
+            parked,
+            next_due_ms,
+            next_due_in_ms: next_due_ms.map(|due| due - now_ms),
+            dead_letter: s.dead_letter.clone(),
+            dead_letter_length,
+        });
+    }
+    if json {
+        let mut out = String::new();
+        for row in &rows {
+            out.push_str(&serde_json::to_string(row)?);
+            out.push('\n');
+        }
+        return Ok(out);
+    }
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for r in &rows {
+        let _ = writeln!(
+            out,
+            "stream `{}`, group `{}` (handler sha256 {})",
+            r.stream,
+            r.group,
+            &r.handler_digest[..12]
+        );
+        if !r.group_exists {
+            let _ = writeln!(
+                out,
+                "  group does not exist yet (created when a host starts)"
+            );
+        }
+        let lag = r.lag.map_or("unknown".to_owned(), |l| l.to_string());
+        let _ = writeln!(
+            out,
+            "  pending {}, unread {lag}, last delivered {}",
+            r.pending,
+            r.last_delivered_id.as_deref().unwrap_or("-")
+        );
+        for c in &r.consumers {
+            let _ = writeln!(
+                out,
+                "  consumer {:<28} pending {:>6}  idle {:.1}s",
+                c.name,
+                c.pending,
+                c.idle_ms as f64 / 1000.0
+            );
+        }
+        match (&r.delayed_key, r.parked) {
+            (Some(key), Some(parked)) => {
+                let next = r.next_due_in_ms.map_or("none".to_owned(), |ms| {
+                    if ms <= 0 {
+                        "due now".to_owned()
+                    } else {
+                        format!("in {:.1}s", ms as f64 / 1000.0)
+                    }
+                });
+                let _ = writeln!(out, "  parked {parked} in `{key}`, next due {next}");
+            }
+            _ => {
+                let _ = writeln!(out, "  no delayed-retry set");
+            }
+        }
+        let _ = writeln!(
+            out,
+            "  dead letters {} in `{}`",
+            r.dead_letter_length, r.dead_letter
+        );
+    }
+    Ok(out)
+}

@@ -12,6 +12,7 @@
 //! | `consumer`             | consumer name for every subscription of this file             | `sluice-<hostname>` |
 //! | `cache_dir`            | where compiled components are cached                          | `.sluice/cache` |
 //! | `shutdown_timeout`     | how long a shutdown waits for in-flight deliveries            | `10s` |
+//! | `admin`                | address of the admin HTTP server (metrics, health), or `"off"` | `127.0.0.1:9187` |
 //!
 //! | key (`[[subscription]]`) | meaning                                                     | default |
 //! |--------------------------|-------------------------------------------------------------|---------|
@@ -43,6 +44,8 @@ use sluice_descriptor::{Backoff, DelayedRetry};
 
 /// How long a shutdown waits for in-flight deliveries when the config does not say.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Where the admin server listens when the config does not say: loopback only.
+pub const DEFAULT_ADMIN: &str = "127.0.0.1:9187";
 /// Deliveries handled at once per subscription when the config does not say.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 16;
 /// Deliveries a reused instance handles before it is replaced.
@@ -206,6 +209,8 @@ pub struct Config {
     pub cache_dir: PathBuf,
     /// How long a shutdown waits for in-flight deliveries.
     pub shutdown_timeout: Duration,
+    /// Where the admin HTTP server listens; `None` turns it off.
+    pub admin: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -215,6 +220,7 @@ struct RawConfig {
     consumer: Option<String>,
     cache_dir: Option<PathBuf>,
     shutdown_timeout: Option<String>,
+    admin: Option<String>,
     #[serde(default, rename = "subscription")]
     subscriptions: Vec<RawSubscription>,
 }
@@ -275,9 +281,11 @@ impl Config {
             subscriptions: Vec::new(),
             cache_dir: PathBuf::from(".sluice/cache"),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            admin: DEFAULT_ADMIN.parse().ok(),
         };
         let mut cache_dir: Option<PathBuf> = None;
         let mut shutdown: Option<Duration> = None;
+        let mut admin: Option<Option<std::net::SocketAddr>> = None;
         for path in paths {
             match path.extension().and_then(|e| e.to_str()) {
                 Some("wasm") => {
@@ -305,6 +313,7 @@ impl Config {
                     let file = parse_file(path, &text)?;
                     merge_global(&mut cache_dir, file.cache_dir, "cache_dir")?;
                     merge_global(&mut shutdown, file.shutdown_timeout, "shutdown_timeout")?;
+                    merge_global(&mut admin, file.admin, "admin")?;
                     config.subscriptions.extend(file.subscriptions);
                 }
                 _ => return Err(ConfigError::UnknownKind(path.clone())),
@@ -315,6 +324,9 @@ impl Config {
         }
         if let Some(timeout) = shutdown {
             config.shutdown_timeout = timeout;
+        }
+        if let Some(admin) = admin {
+            config.admin = admin;
         }
         Ok(config)
     }
@@ -344,6 +356,7 @@ fn merge_global<T: PartialEq + std::fmt::Debug>(
 struct FileConfig {
     cache_dir: Option<PathBuf>,
     shutdown_timeout: Option<Duration>,
+    admin: Option<Option<std::net::SocketAddr>>,
     subscriptions: Vec<SubscriptionConfig>,
 }
 
@@ -362,6 +375,17 @@ fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
         .as_deref()
         .map(|s| v.duration("shutdown_timeout", s))
         .transpose()?;
+    let admin = match raw.admin.as_deref() {
+        None => None,
+        Some("off") => Some(None),
+        Some(text) => Some(Some(text.parse().map_err(|e| {
+            v.invalid(
+                "admin",
+                text,
+                &format!("{e}; write an address like \"127.0.0.1:9187\" or \"off\""),
+            )
+        })?)),
+    };
     let mut subscriptions = Vec::with_capacity(raw.subscriptions.len());
     for (i, sub) in raw.subscriptions.into_iter().enumerate() {
         let key = |name: &str| format!("subscription[{i}].{name}");
@@ -490,6 +514,7 @@ fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
     Ok(FileConfig {
         cache_dir: raw.cache_dir.map(|d| base.join(d)),
         shutdown_timeout,
+        admin,
         subscriptions,
     })
 }

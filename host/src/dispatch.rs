@@ -11,6 +11,8 @@ use futures::future::BoxFuture;
 use tracing::Instrument;
 
 use crate::delivery::Delivery;
+use crate::keys;
+use crate::metrics::{Metrics, SubLabels};
 use crate::outcome::{self, Action, Failure, Outcome, Policy};
 use crate::settle::Settler;
 
@@ -38,16 +40,34 @@ pub struct Dispatcher {
     digest: Arc<str>,
     policy: Policy,
     settler: Arc<Settler>,
+    metrics: Arc<Metrics>,
+    labels: SubLabels,
 }
 
 impl Dispatcher {
     /// A dispatcher running `handler` under `policy`.
-    pub fn new(handler: Arc<dyn Handler>, policy: Policy, settler: Arc<Settler>) -> Self {
+    pub fn new(
+        handler: Arc<dyn Handler>,
+        policy: Policy,
+        settler: Arc<Settler>,
+        metrics: Arc<Metrics>,
+        labels: SubLabels,
+    ) -> Self {
+        metrics
+            .handler_info
+            .get_or_create(&crate::metrics::HandlerLabels {
+                stream: labels.stream.clone(),
+                group: labels.group.clone(),
+                digest: handler.digest().to_owned(),
+            })
+            .set(1);
         Self {
             digest: handler.digest().into(),
             handler,
             policy,
             settler,
+            metrics,
+            labels,
         }
     }
 
@@ -65,10 +85,51 @@ impl Dispatcher {
         self.run(delivery).instrument(span).await
     }
 
+    /// A retry put back by the sweep carries its due time; its id carries when it was put back
+    /// (both by the Redis server's clock).
+    fn record_lateness(&self, delivery: &Delivery) {
+        let due = delivery
+            .entry
+            .field(keys::DUE_MS)
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|v| v.parse::<f64>().ok());
+        let back = delivery
+            .entry
+            .id
+            .split('-')
+            .next()
+            .and_then(|ms| ms.parse::<f64>().ok());
+        if let (Some(due), Some(back)) = (due, back) {
+            self.metrics
+                .retry_lateness
+                .get_or_create(&self.labels)
+                .observe(((back - due) / 1000.0).max(0.0));
+        }
+    }
+
     async fn run(&self, delivery: Delivery) -> Settled {
+        self.record_lateness(&delivery);
+        let in_flight = self.metrics.in_flight.get_or_create(&self.labels).clone();
+        in_flight.inc();
         let started = Instant::now();
         let result = self.handler.handle(&delivery).await;
-        let elapsed_us = started.elapsed().as_micros() as u64;
+        let elapsed = started.elapsed();
+        in_flight.dec();
+        self.metrics
+            .handler_duration
+            .get_or_create(&self.labels)
+            .observe(elapsed.as_secs_f64());
+        let outcome = match &result {
+            Ok(Outcome::Ack) => "ack",
+            Ok(Outcome::RetryAfter(_)) => "retry",
+            Ok(Outcome::DeadLetter(_)) => "dead_letter",
+            Err(Failure::Trap(_) | Failure::Instantiate(_)) => "trap",
+            Err(Failure::Timeout(_) | Failure::MemoryLimit { .. } | Failure::FuelExhausted(_)) => {
+                "limit"
+            }
+        };
+        self.metrics.delivery(&self.labels, outcome);
+        let elapsed_us = elapsed.as_micros() as u64;
         if let Err(failure) = &result {
             tracing::warn!(%failure, elapsed_us, "attempt failed");
         }

@@ -9,6 +9,9 @@ pub const FIELD_PREFIX: &str = "sluice-";
 pub const RETRY_COUNT: &str = "sluice-retry-count";
 /// The id of the entry this one was re-added from, or dead-lettered from.
 pub const ORIGIN_ID: &str = "sluice-origin-id";
+/// When a parked retry was due (server clock, epoch ms), set by the sweep; it measures how
+/// late the retry came back.
+pub const DUE_MS: &str = "sluice-due-ms";
 /// The stream a dead-lettered entry came from.
 pub const ORIGIN_STREAM: &str = "sluice-origin-stream";
 /// The consumer group that gave up on a dead-lettered entry.

@@ -15,10 +15,12 @@
 //! 5. [`settle`] carries the decision out in Redis: batched XACKs, atomic dead-lettering, and
 //!    retries that stay pending until their delay has passed.
 //!
-//! Around them: [`keys`] names every Redis key and bookkeeping field, [`devredis`] starts a
+//! Around them: [`metrics`] and [`admin`] (Prometheus metrics, health and readiness over HTTP),
+//! [`keys`] names every Redis key and bookkeeping field, [`devredis`] starts a
 //! private `redis-server` when no URL is configured, [`events`] reports each settled delivery
 //! to observers, and [`shutdown`] stops reading and drains in-flight deliveries on a signal.
 
+pub mod admin;
 pub mod commands;
 pub mod config;
 pub mod delayed;
@@ -27,6 +29,7 @@ pub mod devredis;
 pub mod dispatch;
 pub mod events;
 pub mod keys;
+pub mod metrics;
 pub mod outcome;
 pub mod plan;
 pub mod redis_conn;

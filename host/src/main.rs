@@ -53,6 +53,19 @@ enum Command {
         #[arg(long, env = "SLUICE_REDIS_URL")]
         redis: Option<String>,
     },
+    /// What an operator looks at first: per subscription the group's consumers, pending and
+    /// unread counts, parked entries and the next due time, dead letters and the handler digest.
+    Status {
+        /// `.toml` configs and/or `.wasm` components.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// One JSON object per subscription, one per line.
+        #[arg(long)]
+        json: bool,
+        /// Redis URL (default: the subscription's, else the dev server of a running `sluice run`).
+        #[arg(long, env = "SLUICE_REDIS_URL")]
+        redis: Option<String>,
+    },
     /// Validate configs and components and print the resolved plan, without running anything.
     Check {
         /// `.toml` configs and/or `.wasm` components.
@@ -110,6 +123,11 @@ fn main() -> ExitCode {
                 )
                 .await?;
                 print!("{listing}");
+                Ok(())
+            }
+            Command::Status { paths, json, redis } => {
+                let report = sluice_host::commands::status(&paths, redis.as_deref(), json).await?;
+                print!("{report}");
                 Ok(())
             }
             Command::Check { paths, redis } => {

@@ -69,6 +69,8 @@ pub struct Plan {
     pub subscriptions: Vec<SubscriptionPlan>,
     /// How long a shutdown waits for in-flight deliveries.
     pub shutdown_timeout: Duration,
+    /// Where the admin server listens, if anywhere.
+    pub admin: Option<std::net::SocketAddr>,
 }
 
 /// The default consumer name: stable across restarts of the same machine, so a restarted host
@@ -168,6 +170,7 @@ impl Plan {
         Ok(Self {
             subscriptions,
             shutdown_timeout: config.shutdown_timeout,
+            admin: config.admin,
         })
     }
 
@@ -281,6 +284,15 @@ impl Plan {
                 .collect();
             if !config.is_empty() {
                 row(&mut out, "config", config.join(", "));
+            }
+            if i == 0 {
+                row(
+                    &mut out,
+                    "admin",
+                    self.admin.map_or("off".to_owned(), |a| {
+                        format!("http://{a} (/metrics, /healthz, /readyz)")
+                    }),
+                );
             }
             for warning in &sub.warnings {
                 row(&mut out, "warning", warning.clone());

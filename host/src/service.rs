@@ -34,6 +34,9 @@ pub enum RunError {
     /// The subscription's keys cannot be used together on this Redis Cluster.
     #[error(transparent)]
     Slots(#[from] crate::keys::SlotError),
+    /// The admin server could not start.
+    #[error(transparent)]
+    Admin(#[from] crate::admin::AdminError),
     /// The shutdown deadline passed with deliveries still in flight.
     #[error(
         "shutdown timed out with {0} deliveries still in flight; they stay pending in Redis and are re-read on restart"
@@ -45,6 +48,8 @@ pub enum RunError {
 pub struct Service {
     plan: Plan,
     events: Events,
+    metrics: Arc<crate::metrics::Metrics>,
+    admin_addr: tokio::sync::watch::Sender<Option<std::net::SocketAddr>>,
     handlers: Vec<Arc<dyn Handler>>,
 }
 
@@ -65,6 +70,8 @@ impl Service {
         Self {
             plan,
             events: Events::default(),
+            metrics: Arc::default(),
+            admin_addr: tokio::sync::watch::Sender::new(None),
             handlers,
         }
     }
@@ -75,6 +82,16 @@ impl Service {
             *slot = handler;
         }
         self
+    }
+
+    /// The host's metrics.
+    pub fn metrics(&self) -> Arc<crate::metrics::Metrics> {
+        self.metrics.clone()
+    }
+
+    /// The address the admin server bound, once it has (`None` while starting or when off).
+    pub fn admin_addr(&self) -> tokio::sync::watch::Receiver<Option<std::net::SocketAddr>> {
+        self.admin_addr.subscribe()
     }
 
     /// The events of every settled delivery.
@@ -93,6 +110,7 @@ impl Service {
         let abandon = CancellationToken::new();
         let mut readers = JoinSet::new();
         let mut ackers = JoinSet::new();
+        let mut admin_subscriptions = Vec::new();
         for (sub, handler) in self.plan.subscriptions.iter().zip(self.handlers) {
             let url = sub
                 .redis
@@ -103,8 +121,8 @@ impl Service {
             let conn = redis_conn::manager(&client).await?;
             let s = &sub.stream;
             let mut others = vec![s.dead_letter.as_str()];
-            if let Some(DelayedRetry::DurableZset { key, .. }) = &s.delayed_retry {
-                others.push(key);
+            if let Some(delayed) = &s.delayed_retry {
+                others.push(delayed.key());
             }
             crate::keys::check_same_slot(&mut conn.clone(), &s.stream, &others).await?;
             for warning in &sub.warnings {
@@ -118,6 +136,7 @@ impl Service {
                     *ttl,
                     s.dead_letter.clone(),
                     conn.clone(),
+                    self.metrics.clone(),
                 )),
             });
             if let Some(set) = &delayed {
@@ -137,7 +156,20 @@ impl Service {
                 max_retries: s.max_retries,
                 failure_backoff: s.failure_backoff,
             };
-            let dispatcher = Arc::new(Dispatcher::new(handler, policy, Arc::new(settler)));
+            let labels = crate::metrics::Metrics::labels(&s.stream, &s.group);
+            admin_subscriptions.push(crate::admin::AdminSubscription {
+                labels: labels.clone(),
+                conn: conn.clone(),
+                delayed_key: s.delayed_retry.as_ref().map(|d| d.key().to_owned()),
+                dead_letter: s.dead_letter.clone(),
+            });
+            let dispatcher = Arc::new(Dispatcher::new(
+                handler,
+                policy,
+                Arc::new(settler),
+                self.metrics.clone(),
+                labels,
+            ));
             let read_plan = ReadPlan {
                 stream: s.stream.as_str().into(),
                 group: s.group.as_str().into(),
@@ -149,17 +181,29 @@ impl Service {
             };
             let subscription = Subscription::new(
                 read_plan,
-                client,
-                conn,
+                (client, conn),
                 dispatcher,
                 delayed,
                 stop.clone(),
                 deliveries.clone(),
+                &self.metrics,
             );
             readers.spawn(subscription.run());
         }
 
+        if let Some(addr) = self.plan.admin {
+            let bound = crate::admin::serve(
+                addr,
+                self.metrics.clone(),
+                admin_subscriptions,
+                stop.clone(),
+            )
+            .await?;
+            self.admin_addr.send_replace(Some(bound));
+        }
+
         stop.cancelled().await;
+        tracing::info!("stopping: no new reads");
         while readers.join_next().await.is_some() {}
         deliveries.close();
         let in_flight = deliveries.len();

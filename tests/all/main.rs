@@ -10,4 +10,5 @@ mod common;
 mod delayed;
 mod examples;
 mod foundation;
+mod operations;
 mod sandbox;

@@ -53,6 +53,15 @@ pub enum DelayedRetry {
     },
 }
 
+impl DelayedRetry {
+    /// The Redis key the retries wait in.
+    pub fn key(&self) -> &str {
+        match self {
+            Self::DurableZset { key, .. } => key,
+        }
+    }
+}
+
 /// Exponential backoff after a failed attempt: `initial * 2^n`, capped at `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {

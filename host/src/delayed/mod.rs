@@ -77,6 +77,8 @@ pub struct DelayedSet {
     ttl: Option<Duration>,
     dead_letter: String,
     conn: ConnectionManager,
+    metrics: Arc<crate::metrics::Metrics>,
+    labels: crate::metrics::SubLabels,
     /// The earliest local instant at which something this host knows of is due.
     next_wake: Mutex<Option<Instant>>,
     wake_changed: Notify,
@@ -92,8 +94,11 @@ impl DelayedSet {
         ttl: Option<Duration>,
         dead_letter: String,
         conn: ConnectionManager,
+        metrics: Arc<crate::metrics::Metrics>,
     ) -> Self {
         Self {
+            labels: crate::metrics::Metrics::labels(&stream, &group),
+            metrics,
             stream,
             group,
             key,
@@ -115,6 +120,10 @@ impl DelayedSet {
         if let Some(ttl) = self.ttl
             && delay > ttl
         {
+            self.metrics
+                .retry_over_ttl
+                .get_or_create(&self.labels)
+                .inc();
             tracing::warn!(
                 key = %self.key,
                 delay_ms = delay.as_millis() as u64,
@@ -147,6 +156,7 @@ impl DelayedSet {
 
     /// Move what is due (at most [`SWEEP_BATCH`] entries) back onto the stream.
     pub async fn sweep(&self) -> RedisResult<Swept> {
+        let started = std::time::Instant::now();
         let mut conn = self.conn.clone();
         let (moved, next_due, now, malformed): (usize, i64, i64, usize) = sweep_script()
             .key(&*self.stream)
@@ -155,6 +165,14 @@ impl DelayedSet {
             .arg(SWEEP_BATCH)
             .invoke_async(&mut conn)
             .await?;
+        self.metrics
+            .sweep_duration
+            .get_or_create(&self.labels)
+            .observe(started.elapsed().as_secs_f64());
+        self.metrics
+            .sweep_moved
+            .get_or_create(&self.labels)
+            .observe(moved as f64);
         let next_due_in =
             (next_due >= 0).then(|| Duration::from_millis((next_due - now).max(0) as u64));
         if malformed > 0 {

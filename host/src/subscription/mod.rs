@@ -70,21 +70,25 @@ pub struct Subscription {
     in_flight: Mutex<HashSet<String>>,
     stop: CancellationToken,
     tracker: TaskTracker,
+    reconnects: prometheus_client::metrics::counter::Counter,
 }
 
 impl Subscription {
-    /// A subscription reading with `plan` and handing entries to `dispatcher`. Delivery tasks
+    /// A subscription reading with `plan` through `client` (blocking reads get a connection of
+    /// their own) and `conn` (everything else), handing entries to `dispatcher`. Delivery tasks
     /// are spawned on `tracker`; `stop` ends the read loop and pending-retry timers.
     pub fn new(
         plan: ReadPlan,
-        client: Client,
-        conn: ConnectionManager,
+        (client, conn): (Client, ConnectionManager),
         dispatcher: Arc<Dispatcher>,
         delayed: Option<Arc<DelayedSet>>,
         stop: CancellationToken,
         tracker: TaskTracker,
+        metrics: &crate::metrics::Metrics,
     ) -> Arc<Self> {
+        let labels = crate::metrics::Metrics::labels(&plan.stream, &plan.group);
         Arc::new(Self {
+            reconnects: metrics.reconnects.get_or_create(&labels).clone(),
             permits: Arc::new(Semaphore::new(plan.max_in_flight)),
             plan,
             client,
@@ -165,6 +169,7 @@ impl Subscription {
                 Err(err) => {
                     drop(first);
                     reader = None;
+                    self.reconnects.inc();
                     if !self
                         .pause_after_error(&format!("read failed: {err}"), &mut backoff)
                         .await

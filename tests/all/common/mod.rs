@@ -151,6 +151,12 @@ where
 /// component paths) to a file in `dir`.
 pub fn write_config(dir: &Path, name: &str, toml: &str) -> PathBuf {
     let g = guests();
+    // Tests run in parallel: every host's admin server takes a free port.
+    let toml = if toml.contains("admin =") {
+        toml.to_owned()
+    } else {
+        format!("admin = \"127.0.0.1:0\"\n{toml}")
+    };
     let text = toml
         .replace("{fixture}", &g.fixture.display().to_string())
         .replace("{bank_manual}", &g.bank_manual.display().to_string())
@@ -164,6 +170,7 @@ pub fn write_config(dir: &Path, name: &str, toml: &str) -> PathBuf {
 /// The host, run in-process against a test Redis.
 pub struct TestHost {
     stop: CancellationToken,
+    admin: tokio::sync::watch::Receiver<Option<std::net::SocketAddr>>,
     task: tokio::task::JoinHandle<Result<(), sluice_host::RunError>>,
     pub events: broadcast::Receiver<Event>,
     _dir: tempfile::TempDir,
@@ -186,10 +193,12 @@ impl TestHost {
             .expect("valid plan");
         let service = Service::new(plan);
         let events = service.events().subscribe();
+        let admin = service.admin_addr();
         let stop = CancellationToken::new();
         let task = tokio::spawn(service.run(None, stop.clone()));
         Self {
             stop,
+            admin,
             task,
             events,
             _dir: dir,
@@ -212,6 +221,18 @@ impl TestHost {
                 Err(_) => panic!("timed out after {timeout:?} waiting for {what}"),
             }
         }
+    }
+
+    /// The admin server's address, once it listens.
+    pub async fn admin(&mut self) -> std::net::SocketAddr {
+        let addr = tokio::time::timeout(
+            Duration::from_secs(10),
+            self.admin.wait_for(Option::is_some),
+        )
+        .await
+        .expect("the admin server starts")
+        .expect("the host is running");
+        addr.expect("checked")
     }
 
     /// Stop gracefully and return how the run ended.
@@ -295,20 +316,21 @@ pub async fn add(
         .expect("XADD")
 }
 
-/// How many entries are pending for `group` on `stream`.
+/// How many entries are pending for `group` on `stream` (0 while the group does not exist).
 pub async fn pending(conn: &mut MultiplexedConnection, stream: &str, group: &str) -> u64 {
-    let reply: redis::Value = redis::cmd("XPENDING")
+    let reply: redis::RedisResult<redis::Value> = redis::cmd("XPENDING")
         .arg(stream)
         .arg(group)
         .query_async(conn)
-        .await
-        .expect("XPENDING");
+        .await;
     match reply {
-        redis::Value::Array(parts) => match parts.first() {
+        Ok(redis::Value::Array(parts)) => match parts.first() {
             Some(redis::Value::Int(n)) => *n as u64,
             _ => 0,
         },
-        _ => 0,
+        Ok(_) => 0,
+        Err(err) if err.code() == Some("NOGROUP") => 0,
+        Err(err) => panic!("XPENDING {stream} {group}: {err}"),
     }
 }
 
@@ -344,4 +366,27 @@ pub async fn cmd<T: redis::FromRedisValue>(conn: &mut MultiplexedConnection, wor
     c.query_async(conn)
         .await
         .unwrap_or_else(|e| panic!("{words:?} failed: {e}"))
+}
+
+/// A plain HTTP GET: (status, body).
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("admin server reachable");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
 }

@@ -1,5 +1,6 @@
 -- Move the entries that are due from the delayed-retry set back onto the stream, atomically
--- per call: each due member is appended under a new id (*) with its retry count and origin id,
+-- per call: each due member is appended under a new id (*) with its retry count, origin id and
+-- due time,
 -- and removed from the set, so two hosts sweeping one set never both move an entry.
 --
 -- KEYS[1]  the stream
@@ -29,6 +30,8 @@ for _, member in ipairs(due) do
     args[#args + 1] = tostring(parked[2])
     args[#args + 1] = 'sluice-origin-id'
     args[#args + 1] = parked[1]
+    args[#args + 1] = 'sluice-due-ms'
+    args[#args + 1] = redis.call('ZSCORE', KEYS[2], member)
     redis.call('XADD', unpack(args))
     moved = moved + 1
   else

@@ -1,0 +1,244 @@
+//! Prometheus metrics, labelled by stream and group (never by entry id).
+//!
+//! Counters and histograms are updated where things happen (dispatch, sweep, reconnect);
+//! gauges that describe Redis state (pending entries, lag, parked entries, oldest due time) are
+//! sampled when `/metrics` is scraped, so they are never stale and cost nothing in between.
+//!
+//! | metric | type | meaning |
+//! |---|---|---|
+//! | `sluice_deliveries_total{outcome}` | counter | handler results: `ack`, `retry`, `dead_letter`, `trap`, `limit` |
+//! | `sluice_handler_duration_seconds` | histogram | time in the handler per delivery |
+//! | `sluice_in_flight` | gauge | deliveries being handled now |
+//! | `sluice_pending_entries` | gauge | the group's pending-entries list (scrape time) |
+//! | `sluice_consumer_lag` | gauge | entries not yet read by the group (scrape time) |
+//! | `sluice_parked_entries` | gauge | entries waiting in the delayed-retry set (scrape time) |
+//! | `sluice_parked_oldest_due_seconds` | gauge | due time of the earliest parked entry, Unix seconds |
+//! | `sluice_sweep_moved` | histogram | entries moved back per sweep pass |
+//! | `sluice_sweep_duration_seconds` | histogram | duration of a sweep pass |
+//! | `sluice_retry_lateness_seconds` | histogram | how late a parked retry came back (server clock) |
+//! | `sluice_retry_over_ttl_total` | counter | retries asked for longer than the set's ttl |
+//! | `sluice_redis_reconnects_total` | counter | reads that had to reconnect to Redis |
+//! | `sluice_dead_letter_entries` | gauge | length of the dead-letter stream (scrape time) |
+//! | `sluice_handler_info{digest}` | gauge | 1 for the handler digest currently serving |
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// The labels every metric carries.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SubLabels {
+    /// The stream.
+    pub stream: String,
+    /// The consumer group.
+    pub group: String,
+}
+
+/// Labels of the deliveries counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// The stream.
+    pub stream: String,
+    /// The consumer group.
+    pub group: String,
+    /// `ack`, `retry`, `dead_letter`, `trap` or `limit`.
+    pub outcome: String,
+}
+
+/// Labels of the handler info metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HandlerLabels {
+    /// The stream.
+    pub stream: String,
+    /// The consumer group.
+    pub group: String,
+    /// The handler's SHA-256 digest.
+    pub digest: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Every metric family of the host.
+pub struct Metrics {
+    registry: Registry,
+    /// Handler results.
+    pub deliveries: Family<OutcomeLabels, Counter>,
+    /// Time in the handler.
+    pub handler_duration: HistogramFamily<SubLabels>,
+    /// Deliveries in flight.
+    pub in_flight: Family<SubLabels, Gauge>,
+    /// PEL size, sampled at scrape.
+    pub pending: Family<SubLabels, Gauge>,
+    /// Unread entries, sampled at scrape.
+    pub lag: Family<SubLabels, Gauge>,
+    /// Parked entries, sampled at scrape.
+    pub parked: Family<SubLabels, Gauge>,
+    /// Earliest parked due time (Unix seconds), sampled at scrape.
+    pub parked_oldest_due: Family<SubLabels, Gauge>,
+    /// Dead-letter stream length, sampled at scrape.
+    pub dead_letters: Family<SubLabels, Gauge>,
+    /// Entries moved per sweep pass.
+    pub sweep_moved: HistogramFamily<SubLabels>,
+    /// Sweep pass duration.
+    pub sweep_duration: HistogramFamily<SubLabels>,
+    /// Retry lateness.
+    pub retry_lateness: HistogramFamily<SubLabels>,
+    /// Retries longer than the set's ttl.
+    pub retry_over_ttl: Family<SubLabels, Counter>,
+    /// Reconnections of the read loop.
+    pub reconnects: Family<SubLabels, Counter>,
+    /// Which handler serves.
+    pub handler_info: Family<HandlerLabels, Gauge>,
+}
+
+fn seconds_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_01, 2.0, 22))
+}
+
+fn count_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 9))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("sluice");
+        let deliveries = Family::default();
+        registry.register(
+            "deliveries",
+            "Handler results by outcome",
+            deliveries.clone(),
+        );
+        let handler_duration: HistogramFamily<SubLabels> =
+            Family::new_with_constructor(seconds_histogram);
+        registry.register(
+            "handler_duration_seconds",
+            "Time in the handler per delivery",
+            handler_duration.clone(),
+        );
+        let in_flight = Family::default();
+        registry.register("in_flight", "Deliveries being handled", in_flight.clone());
+        let pending = Family::default();
+        registry.register(
+            "pending_entries",
+            "Entries in the group's pending list",
+            pending.clone(),
+        );
+        let lag = Family::default();
+        registry.register(
+            "consumer_lag",
+            "Entries the group has not read yet",
+            lag.clone(),
+        );
+        let parked = Family::default();
+        registry.register(
+            "parked_entries",
+            "Entries waiting in the delayed-retry set",
+            parked.clone(),
+        );
+        let parked_oldest_due = Family::default();
+        registry.register(
+            "parked_oldest_due_seconds",
+            "Due time of the earliest parked entry, Unix seconds (0 when none)",
+            parked_oldest_due.clone(),
+        );
+        let dead_letters = Family::default();
+        registry.register(
+            "dead_letter_entries",
+            "Length of the dead-letter stream",
+            dead_letters.clone(),
+        );
+        let sweep_moved: HistogramFamily<SubLabels> = Family::new_with_constructor(count_histogram);
+        registry.register(
+            "sweep_moved",
+            "Entries moved back onto the stream per sweep pass",
+            sweep_moved.clone(),
+        );
+        let sweep_duration: HistogramFamily<SubLabels> =
+            Family::new_with_constructor(seconds_histogram);
+        registry.register(
+            "sweep_duration_seconds",
+            "Duration of a sweep pass",
+            sweep_duration.clone(),
+        );
+        let retry_lateness: HistogramFamily<SubLabels> =
+            Family::new_with_constructor(seconds_histogram);
+        registry.register(
+            "retry_lateness_seconds",
+            "How late a parked retry was put back on the stream, by the Redis server's clock",
+            retry_lateness.clone(),
+        );
+        let retry_over_ttl = Family::default();
+        registry.register(
+            "retry_over_ttl",
+            "Retries asked for longer than the delayed set's ttl",
+            retry_over_ttl.clone(),
+        );
+        let reconnects = Family::default();
+        registry.register(
+            "redis_reconnects",
+            "Times the read loop reconnected to Redis",
+            reconnects.clone(),
+        );
+        let handler_info = Family::default();
+        registry.register(
+            "handler_info",
+            "The handler digest serving each subscription",
+            handler_info.clone(),
+        );
+        Self {
+            registry,
+            deliveries,
+            handler_duration,
+            in_flight,
+            pending,
+            lag,
+            parked,
+            parked_oldest_due,
+            dead_letters,
+            sweep_moved,
+            sweep_duration,
+            retry_lateness,
+            retry_over_ttl,
+            reconnects,
+            handler_info,
+        }
+    }
+}
+
+impl Metrics {
+    /// The labels of a subscription.
+    pub fn labels(stream: &str, group: &str) -> SubLabels {
+        SubLabels {
+            stream: stream.to_owned(),
+            group: group.to_owned(),
+        }
+    }
+
+    /// Count one handler result.
+    pub fn delivery(&self, labels: &SubLabels, outcome: &str) {
+        self.deliveries
+            .get_or_create(&OutcomeLabels {
+                stream: labels.stream.clone(),
+                group: labels.group.clone(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The Prometheus (OpenMetrics) text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(err) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::warn!(%err, "cannot encode metrics");
+        }
+        out
+    }
+}
+
+/// Shared handle to the metrics.
+pub type SharedMetrics = Arc<Metrics>;

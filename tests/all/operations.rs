@@ -1,0 +1,302 @@
+//! Running Sluice in production: metrics that match what happened, readiness that follows
+//! Redis, `sluice status`, and a graceful shutdown that drains in-flight deliveries.
+
+use std::time::Duration;
+
+use serde_json::json;
+use sluice_host::EventKind;
+
+use crate::common::*;
+
+const T: Duration = Duration::from_secs(30);
+
+/// The value of the sample line starting with `series` (name and labels).
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_acks_retries_dead_letters_and_traps() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = TestHost::start(
+        &redis,
+        "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"m\"\ngroup = \"g\"\nblock = \"100ms\"\nmax_retries = 1\nfailure_backoff = { initial = \"100ms\", max = \"1s\" }\ndelayed_retry = { key = \"m.delayed\" }\n",
+    )
+    .await;
+    let admin = host.admin().await;
+    for payload in [
+        json!({"mode": "ack"}),
+        json!({"mode": "ack"}),
+        json!({"mode": "retry", "ms": 100, "times": 1}),
+        json!({"mode": "dead", "reason": "no"}),
+        json!({"mode": "trap"}),
+    ] {
+        add(&mut conn, "m", &payload).await;
+    }
+    let (mut acks, mut dead) = (0, 0);
+    while acks < 3 || dead < 2 {
+        let event = host.event(T, "every outcome", |_| true).await;
+        match event.kind {
+            EventKind::Acked => acks += 1,
+            EventKind::DeadLettered { .. } => dead += 1,
+            _ => {}
+        }
+    }
+    let (status, metrics) = http_get(admin, "/metrics").await;
+    assert_eq!(status, 200);
+    let labels = r#"stream="m",group="g""#;
+    for (outcome, expected) in [
+        ("ack", 3.0),
+        ("retry", 1.0),
+        ("dead_letter", 1.0),
+        ("trap", 2.0),
+    ] {
+        let series = format!(r#"sluice_deliveries_total{{{labels},outcome="{outcome}"}}"#);
+        assert_eq!(
+            sample(&metrics, &series),
+            Some(expected),
+            "{series} in:\n{metrics}"
+        );
+    }
+    assert_eq!(
+        sample(
+            &metrics,
+            &format!("sluice_deliveries_total{{{labels},outcome=\"limit\"}}")
+        ),
+        None
+    );
+    assert_eq!(
+        sample(&metrics, &format!("sluice_dead_letter_entries{{{labels}}}")),
+        Some(2.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, &format!("sluice_pending_entries{{{labels}}}")),
+        Some(0.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, &format!("sluice_consumer_lag{{{labels}}}")),
+        Some(0.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, &format!("sluice_parked_entries{{{labels}}}")),
+        Some(0.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, &format!("sluice_in_flight{{{labels}}}")),
+        Some(0.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            &format!("sluice_handler_duration_seconds_count{{{labels}}}")
+        ),
+        Some(7.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            &format!("sluice_retry_lateness_seconds_count{{{labels}}}")
+        ),
+        Some(2.0),
+        "{metrics}"
+    );
+    assert!(
+        sample(&metrics, &format!("sluice_sweep_moved_sum{{{labels}}}")) >= Some(2.0),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!("sluice_handler_info{{{labels},digest=\"")),
+        "{metrics}"
+    );
+    assert!(metrics.trim_end().ends_with("# EOF"), "OpenMetrics text");
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_follows_redis_and_the_host_reconnects_by_itself() {
+    let mut redis = Redis::start();
+    let mut host = TestHost::start(
+        &redis,
+        "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"r\"\ngroup = \"g\"\nblock = \"100ms\"\n",
+    )
+    .await;
+    let admin = host.admin().await;
+    assert_eq!(http_get(admin, "/healthz").await.0, 200);
+    assert_eq!(
+        http_get(admin, "/readyz").await,
+        (200, "ready\n".to_owned())
+    );
+    redis.server.stop();
+    let body = wait_for(T, "readyz to turn 503", || async move {
+        let (status, body) = http_get(admin, "/readyz").await;
+        (status == 503).then_some(body)
+    })
+    .await;
+    assert!(
+        body.contains("stream `r`") && body.contains("unreachable"),
+        "{body}"
+    );
+    assert_eq!(
+        http_get(admin, "/healthz").await.0,
+        200,
+        "alive even when not ready"
+    );
+    redis.server.restart().unwrap();
+    wait_for(T, "readyz to turn 200", || async move {
+        (http_get(admin, "/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+    let mut conn = redis.conn().await;
+    let id = add(&mut conn, "r", &json!({"mode": "ack"})).await;
+    host.event(T, "an entry after Redis came back", |e| e.id == id)
+        .await;
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_reports_consumers_pending_parked_and_dead_letters() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let toml = "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"st\"\ngroup = \"g\"\nconsumer = \"c1\"\nblock = \"100ms\"\ndelayed_retry = { key = \"st.delayed\" }\n";
+    let mut host = TestHost::start(&redis, toml).await;
+    let parked = add(
+        &mut conn,
+        "st",
+        &json!({"mode": "retry", "ms": 60000, "times": 1}),
+    )
+    .await;
+    host.event(T, "the park", |e| e.id == parked).await;
+    let dead = add(&mut conn, "st", &json!({"mode": "dead", "reason": "x"})).await;
+    host.event(T, "the dead letter", |e| e.id == dead).await;
+    host.stop().await.unwrap();
+    add(&mut conn, "st", &json!({"mode": "ack"})).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(dir.path(), "sluice.toml", toml);
+    let url = redis.url();
+    let (ok, out, stderr) = run_sluice(
+        &["status", path.to_str().unwrap(), "--redis", &url, "--json"],
+        dir.path(),
+    );
+    assert!(ok, "{stderr}");
+    let status: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(status["stream"], "st");
+    assert_eq!(status["group"], "g");
+    assert_eq!(status["pending"], 0);
+    assert_eq!(status["lag"], 1, "one entry added while no host ran");
+    assert_eq!(status["parked"], 1);
+    let due_in = status["next_due_in_ms"].as_i64().unwrap();
+    assert!((30_000..=60_000).contains(&due_in), "{due_in}");
+    assert_eq!(status["dead_letter"], "st.dead-letter");
+    assert_eq!(status["dead_letter_length"], 1);
+    assert_eq!(status["consumers"][0]["name"], "c1");
+    assert_eq!(status["consumers"][0]["pending"], 0);
+    assert_eq!(status["handler_digest"].as_str().map(str::len), Some(64));
+    let (ok, text, _) = run_sluice(
+        &["status", path.to_str().unwrap(), "--redis", &url],
+        dir.path(),
+    );
+    assert!(ok);
+    assert!(
+        text.contains("parked 1 in `st.delayed`") && text.contains("dead letters 1"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_deliveries_and_exits_zero() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(
+        dir.path(),
+        "sluice.toml",
+        "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"drain\"\ngroup = \"g\"\nblock = \"100ms\"\nmax_in_flight = 4\n",
+    );
+    let url = redis.url();
+    let mut host = HostProcess::spawn(
+        &["run", path.to_str().unwrap(), "--redis", url.as_str()],
+        dir.path(),
+    );
+    for _ in 0..3 {
+        add(&mut conn, "drain", &json!({"mode": "slow", "ms": 1500})).await;
+    }
+    wait_for(T, "three deliveries in flight", || {
+        let mut conn = conn.clone();
+        async move { (pending(&mut conn, "drain", "g").await == 3).then_some(()) }
+    })
+    .await;
+    host.terminate();
+    let status = wait_for(T, "the host to exit", || {
+        let status = host.child.try_wait().unwrap();
+        async move { status }
+    })
+    .await;
+    let log = host.log_text();
+    assert!(status.success(), "exit {status:?}:\n{log}");
+    assert!(log.contains("stopping: no new reads"), "{log}");
+    assert!(
+        log.contains("waiting for in-flight deliveries") && log.contains("in_flight=3"),
+        "{log}"
+    );
+    assert!(log.contains("timeout_ms=10000"), "{log}");
+    assert_eq!(
+        pending(&mut conn, "drain", "g").await,
+        0,
+        "drained deliveries were acked"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_that_times_out_exits_non_zero_and_leaves_entries_pending() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(
+        dir.path(),
+        "sluice.toml",
+        "shutdown_timeout = \"200ms\"\n[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"cut\"\ngroup = \"g\"\nblock = \"100ms\"\n",
+    );
+    let url = redis.url();
+    let mut host = HostProcess::spawn(
+        &["run", path.to_str().unwrap(), "--redis", url.as_str()],
+        dir.path(),
+    );
+    add(&mut conn, "cut", &json!({"mode": "slow", "ms": 5000})).await;
+    wait_for(T, "a delivery in flight", || {
+        let mut conn = conn.clone();
+        async move { (pending(&mut conn, "cut", "g").await == 1).then_some(()) }
+    })
+    .await;
+    host.terminate();
+    let status = wait_for(T, "the host to exit", || {
+        let status = host.child.try_wait().unwrap();
+        async move { status }
+    })
+    .await;
+    let log = host.log_text();
+    assert!(
+        !status.success(),
+        "an abandoned delivery is not a clean exit:\n{log}"
+    );
+    assert!(
+        log.contains("shutdown timed out with 1 deliveries still in flight"),
+        "{log}"
+    );
+    assert_eq!(
+        pending(&mut conn, "cut", "g").await,
+        1,
+        "the abandoned entry stays pending for a restart"
+    );
+}
