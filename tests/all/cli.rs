@@ -268,6 +268,7 @@ async fn guest_logs_land_in_the_host_log_inside_the_delivery_span_as_json() {
     let span = &event["span"];
     assert_eq!(span["name"], "delivery");
     assert_eq!(span["stream"], "logs");
+    assert_eq!(span["group"], "g");
     assert_eq!(span["id"], id.as_str());
     assert_eq!(span["retry_count"], 0);
     assert_eq!(span["digest"].as_str().map(str::len), Some(12));

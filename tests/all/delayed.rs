@@ -470,6 +470,11 @@ async fn ttl_expires_an_idle_set_and_a_longer_delay_is_warned_about() {
         }
     })
     .await;
+    let (_, metrics) = http_get(host.admin_addr().await, "/metrics").await;
+    assert!(
+        metrics.contains(r#"sluice_retry_over_ttl_total{stream="ttl",group="g"} 1"#),
+        "{metrics}"
+    );
     let log = host.log_text();
     assert!(
         log.contains("longer than the delayed set's ttl")

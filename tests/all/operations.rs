@@ -161,6 +161,12 @@ async fn readyz_follows_redis_and_the_host_reconnects_by_itself() {
     let id = add(&mut conn, "r", &json!({"mode": "ack"})).await;
     host.event(T, "an entry after Redis came back", |e| e.id == id)
         .await;
+    let (_, metrics) = http_get(admin, "/metrics").await;
+    let reconnects = sample(
+        &metrics,
+        r#"sluice_redis_reconnects_total{stream="r",group="g"}"#,
+    );
+    assert!(reconnects >= Some(1.0), "reconnects counted: {metrics}");
     host.stop().await.unwrap();
 }
 

@@ -268,6 +268,25 @@ impl HostProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The admin server's address, from the host's log line.
+    pub async fn admin_addr(&self) -> std::net::SocketAddr {
+        wait_for(
+            Duration::from_secs(20),
+            "the admin server's log line",
+            || {
+                let text = self.log_text();
+                async move {
+                    text.lines()
+                        .find(|l| l.contains("admin server listening"))
+                        .and_then(|l| l.split("addr=").nth(1))
+                        .and_then(|rest| rest.split_whitespace().next())
+                        .and_then(|addr| addr.parse().ok())
+                }
+            },
+        )
+        .await
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
