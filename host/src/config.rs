@@ -13,6 +13,8 @@
 //! | `cache_dir`            | where compiled components are cached                          | `.sluice/cache` |
 //! | `shutdown_timeout`     | how long a shutdown waits for in-flight deliveries            | `10s` |
 //! | `admin`                | address of the admin HTTP server (metrics, health), or `"off"` | `127.0.0.1:9187` |
+//! | `admin_token_file`, `admin_token_env` | where the admin API's bearer token is; required beyond loopback | none |
+//! | `admin_max_upload`     | largest component the admin API accepts                       | `64MiB` |
 //!
 //! | key (`[[subscription]]`) | meaning                                                     | default |
 //! |--------------------------|-------------------------------------------------------------|---------|
@@ -211,6 +213,36 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// Where the admin HTTP server listens; `None` turns it off.
     pub admin: Option<std::net::SocketAddr>,
+    /// Where the admin API's bearer token comes from.
+    pub admin_token: Option<TokenSource>,
+    /// The largest upload the admin API accepts, in bytes.
+    pub admin_max_upload: u64,
+}
+
+/// Where a secret is read from, so it never sits in the config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    /// A file holding the token.
+    File(PathBuf),
+    /// An environment variable holding the token.
+    Env(String),
+}
+
+impl TokenSource {
+    /// Read the token; an error names where it was looked for.
+    pub fn read(&self) -> Result<String, String> {
+        let token = match self {
+            Self::File(path) => std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read the admin token file {}: {e}", path.display()))?,
+            Self::Env(name) => std::env::var(name)
+                .map_err(|e| format!("cannot read the admin token from ${name}: {e}"))?,
+        };
+        let token = token.trim().to_owned();
+        if token.is_empty() {
+            return Err(format!("the admin token from {self:?} is empty"));
+        }
+        Ok(token)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -221,6 +253,9 @@ struct RawConfig {
     cache_dir: Option<PathBuf>,
     shutdown_timeout: Option<String>,
     admin: Option<String>,
+    admin_token_file: Option<PathBuf>,
+    admin_token_env: Option<String>,
+    admin_max_upload: Option<String>,
     #[serde(default, rename = "subscription")]
     subscriptions: Vec<RawSubscription>,
 }
@@ -282,7 +317,11 @@ impl Config {
             cache_dir: PathBuf::from(".sluice/cache"),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             admin: DEFAULT_ADMIN.parse().ok(),
+            admin_token: None,
+            admin_max_upload: 64 * 1024 * 1024,
         };
+        let mut token: Option<TokenSource> = None;
+        let mut max_upload: Option<u64> = None;
         let mut cache_dir: Option<PathBuf> = None;
         let mut shutdown: Option<Duration> = None;
         let mut admin: Option<Option<std::net::SocketAddr>> = None;
@@ -314,6 +353,12 @@ impl Config {
                     merge_global(&mut cache_dir, file.cache_dir, "cache_dir")?;
                     merge_global(&mut shutdown, file.shutdown_timeout, "shutdown_timeout")?;
                     merge_global(&mut admin, file.admin, "admin")?;
+                    merge_global(
+                        &mut token,
+                        file.admin_token,
+                        "admin_token_file/admin_token_env",
+                    )?;
+                    merge_global(&mut max_upload, file.admin_max_upload, "admin_max_upload")?;
                     config.subscriptions.extend(file.subscriptions);
                 }
                 _ => return Err(ConfigError::UnknownKind(path.clone())),
@@ -327,6 +372,21 @@ impl Config {
         }
         if let Some(admin) = admin {
             config.admin = admin;
+        }
+        config.admin_token = token;
+        if let Some(max) = max_upload {
+            config.admin_max_upload = max;
+        }
+        if let Some(addr) = config.admin
+            && !addr.ip().is_loopback()
+            && config.admin_token.is_none()
+        {
+            return Err(ConfigError::Value {
+                path: paths.first().cloned().unwrap_or_default(),
+                key: "admin".into(),
+                value: addr.to_string(),
+                reason: "the admin server binds beyond loopback, so its API needs a bearer token: set admin_token_file or admin_token_env".into(),
+            });
         }
         Ok(config)
     }
@@ -357,6 +417,8 @@ struct FileConfig {
     cache_dir: Option<PathBuf>,
     shutdown_timeout: Option<Duration>,
     admin: Option<Option<std::net::SocketAddr>>,
+    admin_token: Option<TokenSource>,
+    admin_max_upload: Option<u64>,
     subscriptions: Vec<SubscriptionConfig>,
 }
 
@@ -385,6 +447,26 @@ fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
                 &format!("{e}; write an address like \"127.0.0.1:9187\" or \"off\""),
             )
         })?)),
+    };
+    let admin_token = match (raw.admin_token_file, raw.admin_token_env) {
+        (Some(_), Some(_)) => {
+            return Err(v.invalid(
+                "admin_token_file",
+                "",
+                "set admin_token_file or admin_token_env, not both",
+            ));
+        }
+        (Some(file), None) => Some(TokenSource::File(base.join(file))),
+        (None, Some(var)) => Some(TokenSource::Env(var)),
+        (None, None) => None,
+    };
+    let admin_max_upload = match raw.admin_max_upload.as_deref() {
+        None => None,
+        Some(text) => Some(
+            text.parse::<bytesize::ByteSize>()
+                .map_err(|e| v.invalid("admin_max_upload", text, &e))?
+                .as_u64(),
+        ),
     };
     let mut subscriptions = Vec::with_capacity(raw.subscriptions.len());
     for (i, sub) in raw.subscriptions.into_iter().enumerate() {
@@ -515,6 +597,8 @@ fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
         cache_dir: raw.cache_dir.map(|d| base.join(d)),
         shutdown_timeout,
         admin,
+        admin_token,
+        admin_max_upload,
         subscriptions,
     })
 }

@@ -49,6 +49,8 @@ pub struct Delivery {
     pub retry_count: u32,
     /// Redis's delivery counter for this entry id.
     pub delivery_count: u64,
+    /// When dispatch took its handler version (set by the dispatcher).
+    pub started: Option<std::time::SystemTime>,
 }
 
 impl Delivery {
@@ -60,6 +62,7 @@ impl Delivery {
             retry_count: entry.retry_count(),
             entry,
             delivery_count: delivery_count.max(1),
+            started: None,
         }
     }
 

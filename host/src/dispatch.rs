@@ -15,6 +15,7 @@ use crate::keys;
 use crate::metrics::{Metrics, SubLabels};
 use crate::outcome::{self, Action, Failure, Outcome, Policy};
 use crate::settle::Settler;
+use crate::swap::{HandlerSlot, Version};
 
 /// Something that handles deliveries: a WASM component, or native code in tests and benches.
 pub trait Handler: Send + Sync + 'static {
@@ -36,8 +37,7 @@ pub enum Settled {
 
 /// Runs deliveries of one subscription.
 pub struct Dispatcher {
-    handler: Arc<dyn Handler>,
-    digest: Arc<str>,
+    slot: Arc<HandlerSlot>,
     policy: Policy,
     settler: Arc<Settler>,
     metrics: Arc<Metrics>,
@@ -45,25 +45,16 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    /// A dispatcher running `handler` under `policy`.
+    /// A dispatcher running whatever handler `slot` holds, under `policy`.
     pub fn new(
-        handler: Arc<dyn Handler>,
+        slot: Arc<HandlerSlot>,
         policy: Policy,
         settler: Arc<Settler>,
         metrics: Arc<Metrics>,
         labels: SubLabels,
     ) -> Self {
-        metrics
-            .handler_info
-            .get_or_create(&crate::metrics::HandlerLabels {
-                stream: labels.stream.clone(),
-                group: labels.group.clone(),
-                digest: handler.digest().to_owned(),
-            })
-            .set(1);
         Self {
-            digest: handler.digest().into(),
-            handler,
+            slot,
             policy,
             settler,
             metrics,
@@ -72,7 +63,10 @@ impl Dispatcher {
     }
 
     /// Handle and settle one delivery.
-    pub async fn dispatch(&self, delivery: Delivery) -> Settled {
+    pub async fn dispatch(&self, mut delivery: Delivery) -> Settled {
+        // The version is taken once: a swap during this delivery does not change its handler.
+        let version = self.slot.current();
+        delivery.started = Some(std::time::SystemTime::now());
         let span = tracing::info_span!(
             "delivery",
             stream = %delivery.stream,
@@ -80,9 +74,9 @@ impl Dispatcher {
             id = %delivery.entry.id,
             retry_count = delivery.retry_count,
             delivery_count = delivery.delivery_count,
-            digest = &self.digest[..self.digest.len().min(12)],
+            digest = &version.digest[..version.digest.len().min(12)],
         );
-        self.run(delivery).instrument(span).await
+        self.run(delivery, &version).instrument(span).await
     }
 
     /// A retry put back by the sweep carries its due time; its id carries when it was put back
@@ -107,12 +101,13 @@ impl Dispatcher {
         }
     }
 
-    async fn run(&self, delivery: Delivery) -> Settled {
+    async fn run(&self, delivery: Delivery, version: &Version) -> Settled {
+        let digest = &version.digest;
         self.record_lateness(&delivery);
         let in_flight = self.metrics.in_flight.get_or_create(&self.labels).clone();
         in_flight.inc();
         let started = Instant::now();
-        let result = self.handler.handle(&delivery).await;
+        let result = version.handler.handle(&delivery).await;
         let elapsed = started.elapsed();
         in_flight.dec();
         self.metrics
@@ -137,27 +132,22 @@ impl Dispatcher {
         match action {
             Action::Ack => {
                 tracing::debug!(elapsed_us, "ack");
-                self.settler.ack(&delivery, &self.digest);
+                self.settler.ack(&delivery, digest);
                 Settled::Done
             }
             Action::DeadLetter { reason } => {
                 tracing::warn!(%reason, elapsed_us, "dead-lettering");
-                self.settler
-                    .dead_letter(&delivery, &self.digest, &reason)
-                    .await;
+                self.settler.dead_letter(&delivery, digest, &reason).await;
                 Settled::Done
             }
             Action::Retry { delay, cause } if self.settler.has_delayed_set() => {
                 tracing::info!(delay_ms = delay.as_millis() as u64, %cause, "parking for a delayed retry");
-                self.settler
-                    .park(&delivery, &self.digest, delay, cause)
-                    .await;
+                self.settler.park(&delivery, digest, delay, cause).await;
                 Settled::Done
             }
             Action::Retry { delay, cause } => {
                 tracing::info!(delay_ms = delay.as_millis() as u64, %cause, "retry stays pending");
-                self.settler
-                    .retry_pending(&delivery, &self.digest, delay, cause);
+                self.settler.retry_pending(&delivery, digest, delay, cause);
                 Settled::RetryPending(delay)
             }
         }

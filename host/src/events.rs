@@ -22,6 +22,8 @@ pub struct Event {
     pub delivery_count: u64,
     /// The digest of the handler that handled it.
     pub digest: Arc<str>,
+    /// When the delivery took that handler version.
+    pub started: Option<std::time::SystemTime>,
     /// What was done.
     pub kind: EventKind,
 }

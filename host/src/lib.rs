@@ -38,6 +38,7 @@ mod service;
 pub mod settle;
 pub mod shutdown;
 pub mod subscription;
+pub mod swap;
 
 pub use config::Config;
 pub use events::{Event, EventKind};

@@ -19,7 +19,9 @@
 //! | `sluice_retry_over_ttl_total` | counter | retries asked for longer than the set's ttl |
 //! | `sluice_redis_reconnects_total` | counter | reads that had to reconnect to Redis |
 //! | `sluice_dead_letter_entries` | gauge | length of the dead-letter stream (scrape time) |
-//! | `sluice_handler_info{digest}` | gauge | 1 for the handler digest currently serving |
+//! | `sluice_handler_info{digest}` | gauge | 1 for the handler digest currently serving, 0 for earlier ones |
+//! | `sluice_handler_swaps_total` | counter | hot swaps and rollbacks that took effect |
+//! | `sluice_handler_swap_refusals_total` | counter | swaps refused (bad component, changed descriptor) |
 
 use std::sync::Arc;
 
@@ -94,6 +96,10 @@ pub struct Metrics {
     pub reconnects: Family<SubLabels, Counter>,
     /// Which handler serves.
     pub handler_info: Family<HandlerLabels, Gauge>,
+    /// Hot swaps and rollbacks.
+    pub swaps: Family<SubLabels, Counter>,
+    /// Refused swaps.
+    pub swap_refusals: Family<SubLabels, Counter>,
 }
 
 fn seconds_histogram() -> Histogram {
@@ -190,7 +196,21 @@ impl Default for Metrics {
             "The handler digest serving each subscription",
             handler_info.clone(),
         );
+        let swaps = Family::default();
+        registry.register(
+            "handler_swaps",
+            "Hot swaps and rollbacks that took effect",
+            swaps.clone(),
+        );
+        let swap_refusals = Family::default();
+        registry.register(
+            "handler_swap_refusals",
+            "Hot swaps refused",
+            swap_refusals.clone(),
+        );
         Self {
+            swaps,
+            swap_refusals,
             registry,
             deliveries,
             handler_duration,

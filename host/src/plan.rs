@@ -58,6 +58,8 @@ pub struct SubscriptionPlan {
     pub limits: Limits,
     /// Config values passed to the guest (including the host's `sluice.*` ones).
     pub values: Vec<(String, String)>,
+    /// The operator's overrides, laid over a swapped-in component's descriptor too.
+    pub overrides: Overrides,
     /// Things that work but probably are not what the operator wants.
     pub warnings: Vec<String>,
 }
@@ -71,6 +73,10 @@ pub struct Plan {
     pub shutdown_timeout: Duration,
     /// Where the admin server listens, if anywhere.
     pub admin: Option<std::net::SocketAddr>,
+    /// Where the admin API's token comes from.
+    pub admin_token: Option<crate::config::TokenSource>,
+    /// The largest upload the admin API accepts.
+    pub admin_max_upload: u64,
 }
 
 /// The default consumer name: stable across restarts of the same machine, so a restarted host
@@ -164,6 +170,7 @@ impl Plan {
                     .or_else(|| sub.redis.clone()),
                 limits: sub.limits.clone(),
                 values,
+                overrides: sub.overrides.clone(),
                 warnings,
             });
         }
@@ -171,6 +178,8 @@ impl Plan {
             subscriptions,
             shutdown_timeout: config.shutdown_timeout,
             admin: config.admin,
+            admin_token: config.admin_token.clone(),
+            admin_max_upload: config.admin_max_upload,
         })
     }
 

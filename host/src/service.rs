@@ -34,6 +34,9 @@ pub enum RunError {
     /// The subscription's keys cannot be used together on this Redis Cluster.
     #[error(transparent)]
     Slots(#[from] crate::keys::SlotError),
+    /// The admin token could not be read.
+    #[error("{0}")]
+    Token(String),
     /// The admin server could not start.
     #[error(transparent)]
     Admin(#[from] crate::admin::AdminError),
@@ -111,6 +114,7 @@ impl Service {
         let mut readers = JoinSet::new();
         let mut ackers = JoinSet::new();
         let mut admin_subscriptions = Vec::new();
+        let mut swap_controls = Vec::new();
         for (sub, handler) in self.plan.subscriptions.iter().zip(self.handlers) {
             let url = sub
                 .redis
@@ -163,8 +167,20 @@ impl Service {
                 delayed_key: s.delayed_retry.as_ref().map(|d| d.key().to_owned()),
                 dead_letter: s.dead_letter.clone(),
             });
-            let dispatcher = Arc::new(Dispatcher::new(
+            let slot = Arc::new(crate::swap::HandlerSlot::new(
                 handler,
+                self.metrics.clone(),
+                labels.clone(),
+            ));
+            swap_controls.push(Arc::new(crate::swap::SwapControl::new(
+                slot.clone(),
+                sub.component.runtime().clone(),
+                sub.overrides.clone(),
+                sub.limits.clone(),
+                sub.values.clone(),
+            )));
+            let dispatcher = Arc::new(Dispatcher::new(
+                slot,
                 policy,
                 Arc::new(settler),
                 self.metrics.clone(),
@@ -192,10 +208,20 @@ impl Service {
         }
 
         if let Some(addr) = self.plan.admin {
+            let token = match &self.plan.admin_token {
+                Some(source) => Some(source.read().map_err(RunError::Token)?),
+                None => None,
+            };
+            let options = crate::admin::AdminOptions {
+                token,
+                max_upload: usize::try_from(self.plan.admin_max_upload).unwrap_or(usize::MAX),
+                swaps: swap_controls,
+            };
             let bound = crate::admin::serve(
                 addr,
                 self.metrics.clone(),
                 admin_subscriptions,
+                options,
                 stop.clone(),
             )
             .await?;

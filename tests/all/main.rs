@@ -12,3 +12,4 @@ mod examples;
 mod foundation;
 mod operations;
 mod sandbox;
+mod swap;

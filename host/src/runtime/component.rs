@@ -39,13 +39,21 @@ pub(super) fn load(runtime: &Runtime, path: &Path) -> Result<LoadedComponent, Ru
         path: path.to_owned(),
         source,
     })?;
-    let digest = hex::encode(Sha256::digest(&bytes));
+    load_bytes(runtime, path, &bytes)
+}
+
+/// Compile and check `bytes`; `path` names them in errors and logs.
+pub(super) fn load_bytes(
+    runtime: &Runtime,
+    path: &Path,
+    bytes: &[u8],
+) -> Result<LoadedComponent, RuntimeError> {
+    let digest = hex::encode(Sha256::digest(bytes));
     let started = Instant::now();
-    let component =
-        Component::new(runtime.engine(), &bytes).map_err(|e| RuntimeError::Compile {
-            path: path.to_owned(),
-            message: format!("{e:#}"),
-        })?;
+    let component = Component::new(runtime.engine(), bytes).map_err(|e| RuntimeError::Compile {
+        path: path.to_owned(),
+        message: format!("{e:#}"),
+    })?;
     let wrong_world = |e: wasmtime::Error| RuntimeError::WrongWorld {
         path: path.to_owned(),
         message: format!("{e:#}"),
@@ -89,7 +97,8 @@ impl LoadedComponent {
         &self.pre
     }
 
-    pub(super) fn runtime(&self) -> &Runtime {
+    /// The runtime it was compiled for.
+    pub fn runtime(&self) -> &Runtime {
         &self.runtime
     }
 

@@ -203,6 +203,12 @@ impl Runtime {
     pub fn load(&self, path: &Path) -> Result<LoadedComponent, RuntimeError> {
         component::load(self, path)
     }
+
+    /// Compile and check a component given as bytes (an upload); `origin` names it in errors.
+    /// Compilation is CPU-bound: call it off the async executor (`spawn_blocking`).
+    pub fn load_bytes(&self, origin: &Path, bytes: &[u8]) -> Result<LoadedComponent, RuntimeError> {
+        component::load_bytes(self, origin, bytes)
+    }
 }
 
 /// Advances the engine's epoch every [`EPOCH_TICK`] until dropped.

@@ -90,6 +90,7 @@ impl Settler {
             retry_count: delivery.retry_count,
             delivery_count: delivery.delivery_count,
             digest: digest.clone(),
+            started: delivery.started,
             kind,
         }
     }

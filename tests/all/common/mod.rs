@@ -37,6 +37,7 @@ fn cargo() -> String {
 /// The compiled guest components, built once per test run.
 pub struct Guests {
     pub fixture: PathBuf,
+    pub fixture_v2: PathBuf,
     pub bank: PathBuf,
     pub bank_manual: PathBuf,
     pub other_world: PathBuf,
@@ -56,13 +57,14 @@ pub fn guests() -> &'static Guests {
                 "-p",
                 "bank-payments-manual",
             ])
-            .args(["-p", "sluice-other-world"])
+            .args(["-p", "sluice-other-world", "-p", "sluice-fixture-v2"])
             .status()
             .expect("cargo runs");
         assert!(status.success(), "building the guest components failed");
         let dir = target_dir().join("wasm32-wasip2/release");
         Guests {
             fixture: dir.join("sluice_fixture.wasm"),
+            fixture_v2: dir.join("sluice_fixture_v2.wasm"),
             bank: dir.join("bank_payments.wasm"),
             bank_manual: dir.join("bank_payments_manual.wasm"),
             other_world: dir.join("sluice_other_world.wasm"),
@@ -397,6 +399,44 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await.unwrap();
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// An HTTP request: (status, body).
+pub async fn http_request(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("admin server reachable");
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    // The server may answer (413, 401) before reading the whole body.
+    let _ = stream.write_all(body).await;
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response).await;
     let text = String::from_utf8_lossy(&response).into_owned();
     let status = text
         .split_whitespace()

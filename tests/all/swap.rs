@@ -1,0 +1,308 @@
+//! Hot swap through the admin API: under load every entry is handled exactly once by exactly
+//! one version, the switch is clean in time, bad uploads are refused while the old version
+//! keeps serving, rollback is instant, and the API guards itself.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use serde_json::json;
+
+use crate::common::*;
+
+const T: Duration = Duration::from_secs(60);
+
+const CONFIG: &str = "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"sw\"\ngroup = \"g\"\nblock = \"100ms\"\n";
+
+async fn put_handler(admin: std::net::SocketAddr, bytes: &[u8], query: &str) -> (u16, String) {
+    http_request(
+        admin,
+        "PUT",
+        &format!("/v1/subscriptions/sw/g/handler{query}"),
+        &[],
+        bytes,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swapping_under_load_handles_every_entry_exactly_once_with_a_clean_switch() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = TestHost::start(&redis, CONFIG).await;
+    let admin = host.admin().await;
+    let v1 = std::fs::read(&guests().fixture).unwrap();
+    let v2 = std::fs::read(&guests().fixture_v2).unwrap();
+    let total = 3000;
+    // Record which version handled each entry and when its delivery took that version.
+    let mut events = host.events.resubscribe();
+    let collector = tokio::spawn(async move {
+        let mut handled = Vec::new();
+        while handled.len() < total {
+            match tokio::time::timeout(T, events.recv()).await {
+                Ok(Ok(event)) => {
+                    handled.push((event.id, event.digest.to_string(), event.started.unwrap()))
+                }
+                other => panic!("event stream ended: {other:?}"),
+            }
+        }
+        handled
+    });
+    let producer = {
+        let mut conn = redis.conn().await;
+        tokio::spawn(async move {
+            for i in 0..total {
+                add(&mut conn, "sw", &json!({"mode": "version"})).await;
+                if i % 50 == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+        })
+    };
+    // Swap back and forth while entries flow; note when each swap was asked for and answered.
+    let mut swaps: Vec<(SystemTime, SystemTime, String)> = Vec::new();
+    for round in 0..10 {
+        let bytes = if round % 2 == 0 { &v2 } else { &v1 };
+        let asked = SystemTime::now();
+        let (status, body) = put_handler(admin, bytes, "").await;
+        assert_eq!(status, 200, "{body}");
+        let digest = serde_json::from_str::<serde_json::Value>(&body).unwrap()["digest"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        swaps.push((asked, SystemTime::now(), digest));
+    }
+    producer.await.unwrap();
+    let handled = collector.await.unwrap();
+    let dead = wait_for(T, "every entry dead-lettered with its version", || {
+        let mut conn = conn.clone();
+        async move {
+            let dead = entries(&mut conn, "sw.dead-letter").await;
+            (dead.len() >= total).then_some(dead)
+        }
+    })
+    .await;
+    assert_eq!(dead.len(), total, "no entry handled twice");
+    let mut seen = HashMap::new();
+    for (_, fields) in &dead {
+        let origin = field(fields, "sluice-origin-id").unwrap().to_owned();
+        let version = field(fields, "sluice-reason")
+            .unwrap()
+            .split('@')
+            .next()
+            .unwrap()
+            .to_owned();
+        assert!(
+            seen.insert(origin, version).is_none(),
+            "an entry was handled twice"
+        );
+    }
+    assert_eq!(seen.len(), total);
+    assert_eq!(pending(&mut conn, "sw", "g").await, 0, "none lost");
+    assert!(
+        seen.values().any(|v| v == "v1") && seen.values().any(|v| v == "v2"),
+        "both versions ran"
+    );
+    // Clean in time: every delivery that took its version after a swap was answered (and
+    // before the next one was asked for) ran exactly that swap's digest.
+    for (i, (_, answered, digest)) in swaps.iter().enumerate() {
+        let next_asked = swaps.get(i + 1).map(|s| s.0);
+        for (id, used, started) in &handled {
+            if started > answered && next_asked.is_none_or(|next| *started < next) {
+                assert_eq!(
+                    used, digest,
+                    "entry {id} started after swap {i} but ran another version"
+                );
+            }
+        }
+    }
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_uploads_are_refused_and_the_old_version_keeps_serving() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = TestHost::start(&redis, CONFIG).await;
+    let admin = host.admin().await;
+    let (_, listing) = http_get(admin, "/v1/subscriptions").await;
+    let before: serde_json::Value = serde_json::from_str(&listing).unwrap();
+    let digest = before[0]["digest"].as_str().unwrap().to_owned();
+
+    let (status, body) = put_handler(admin, b"\0asm but not really", "").await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("not a valid WebAssembly component"), "{body}");
+    let other = std::fs::read(&guests().other_world).unwrap();
+    let (status, body) = put_handler(admin, &other, "").await;
+    assert_eq!(status, 422);
+    assert!(
+        body.contains("does not implement the sluice:handler/handler world"),
+        "{body}"
+    );
+    let v2 = std::fs::read(&guests().fixture_v2).unwrap();
+    let (status, body) = put_handler(admin, &v2[..v2.len() / 2], "").await;
+    assert_eq!(status, 422, "a truncated upload is refused: {body}");
+
+    let (_, listing) = http_get(admin, "/v1/subscriptions").await;
+    let after: serde_json::Value = serde_json::from_str(&listing).unwrap();
+    assert_eq!(
+        after[0]["digest"],
+        digest.as_str(),
+        "the old version still serves"
+    );
+    assert_eq!(after[0]["refusals"], 3);
+    assert_eq!(after[0]["swaps"], 0);
+    let id = add(&mut conn, "sw", &json!({"mode": "version"})).await;
+    let event = host
+        .event(T, "an entry after the refusals", |e| e.id == id)
+        .await;
+    assert_eq!(&*event.digest, digest.as_str());
+    let (_, metrics) = http_get(admin, "/metrics").await;
+    assert!(
+        metrics.contains(r#"sluice_handler_swap_refusals_total{stream="sw",group="g"} 3"#),
+        "{metrics}"
+    );
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_restores_the_previous_digest_at_once() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = TestHost::start(&redis, CONFIG).await;
+    let admin = host.admin().await;
+    let (status, _) =
+        http_request(admin, "POST", "/v1/subscriptions/sw/g/rollback", &[], b"").await;
+    assert_eq!(status, 409, "nothing to roll back to yet");
+    let (_, listing) = http_get(admin, "/v1/subscriptions").await;
+    let v1_digest = serde_json::from_str::<serde_json::Value>(&listing).unwrap()[0]["digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let v2 = std::fs::read(&guests().fixture_v2).unwrap();
+    let (status, body) = put_handler(admin, &v2, "").await;
+    assert_eq!(status, 200, "{body}");
+    let v2_digest = serde_json::from_str::<serde_json::Value>(&body).unwrap()["digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(v1_digest, v2_digest);
+    let id = add(&mut conn, "sw", &json!({"mode": "version"})).await;
+    let event = host.event(T, "a v2 delivery", |e| e.id == id).await;
+    assert_eq!(&*event.digest, v2_digest.as_str());
+
+    let (status, body) =
+        http_request(admin, "POST", "/v1/subscriptions/sw/g/rollback", &[], b"").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(&v1_digest), "{body}");
+    let id = add(&mut conn, "sw", &json!({"mode": "version"})).await;
+    let event = host.event(T, "a v1 delivery again", |e| e.id == id).await;
+    assert_eq!(&*event.digest, v1_digest.as_str());
+    let (_, listing) = http_get(admin, "/v1/subscriptions").await;
+    let listing: serde_json::Value = serde_json::from_str(&listing).unwrap();
+    assert_eq!(listing[0]["digest"], v1_digest.as_str());
+    assert_eq!(listing[0]["previous_digest"], v2_digest.as_str());
+    let (_, metrics) = http_get(admin, "/metrics").await;
+    assert!(
+        metrics.contains(&format!(
+            r#"sluice_handler_info{{stream="sw",group="g",digest="{v1_digest}"}} 1"#
+        )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            r#"sluice_handler_info{{stream="sw",group="g",digest="{v2_digest}"}} 0"#
+        )),
+        "{metrics}"
+    );
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_needs_a_token_beyond_loopback_and_caps_uploads() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = write_config(
+        dir.path(),
+        "open.toml",
+        &format!("admin = \"0.0.0.0:0\"\n{CONFIG}"),
+    );
+    let (ok, _, stderr) = run_sluice(&["check", open.to_str().unwrap()], dir.path());
+    assert!(!ok);
+    assert!(
+        stderr.contains("beyond loopback") && stderr.contains("admin_token_file"),
+        "{stderr}"
+    );
+
+    let redis = Redis::start();
+    std::fs::write(dir.path().join("token"), "s3cret\n").unwrap();
+    let guarded = format!(
+        "admin = \"0.0.0.0:0\"\nadmin_token_file = \"{}\"\nadmin_max_upload = \"100KiB\"\n{CONFIG}",
+        dir.path().join("token").display()
+    );
+    let mut host = TestHost::start(&redis, &guarded).await;
+    let port = host.admin().await.port();
+    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let v2 = std::fs::read(&guests().fixture_v2).unwrap();
+    assert!(v2.len() > 100 * 1024, "the fixture is bigger than the cap");
+    let path = "/v1/subscriptions/sw/g/rollback";
+    assert_eq!(http_request(admin, "POST", path, &[], b"").await.0, 401);
+    assert_eq!(
+        http_request(
+            admin,
+            "POST",
+            path,
+            &[("Authorization", "Bearer nope")],
+            b""
+        )
+        .await
+        .0,
+        401
+    );
+    let auth = [("Authorization", "Bearer s3cret")];
+    assert_eq!(
+        http_request(admin, "POST", path, &auth, b"").await.0,
+        409,
+        "authorized, nothing to roll back"
+    );
+    let (status, _) =
+        http_request(admin, "PUT", "/v1/subscriptions/sw/g/handler", &auth, &v2).await;
+    assert_eq!(status, 413, "uploads over admin_max_upload are refused");
+    assert_eq!(
+        http_get(admin, "/v1/subscriptions").await.0,
+        200,
+        "reading needs no token"
+    );
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_descriptor_is_refused_unless_forced() {
+    let redis = Redis::start();
+    // No overrides: the subscription is the fixture's own descriptor (stream `fixture`).
+    let mut host = TestHost::start(
+        &redis,
+        "[[subscription]]\ncomponent = \"{fixture}\"\nblock = \"100ms\"\n",
+    )
+    .await;
+    let admin = host.admin().await;
+    let bank = std::fs::read(&guests().bank).unwrap();
+    let path = "/v1/subscriptions/fixture/tests/handler";
+    let (status, body) = http_request(admin, "PUT", path, &[], &bank).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body.contains("stream `bank-payments` group `billing`") && body.contains("force"),
+        "{body}"
+    );
+    let (status, body) =
+        http_request(admin, "PUT", &format!("{path}?force=true"), &[], &bank).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = http_request(
+        admin,
+        "PUT",
+        "/v1/subscriptions/nope/tests/handler",
+        &[],
+        &bank,
+    )
+    .await;
+    assert_eq!(status, 404);
+    host.stop().await.unwrap();
+}
