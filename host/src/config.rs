@@ -15,6 +15,7 @@
 //! | `admin`                | address of the admin HTTP server (metrics, health), or `"off"` | `127.0.0.1:9187` |
 //! | `admin_token_file`, `admin_token_env` | where the admin API's bearer token is; required beyond loopback | none |
 //! | `admin_max_upload`     | largest component the admin API accepts                       | `64MiB` |
+//! | `watch_interval`       | how often component files are checked for a new version, or `"off"` | `1s` |
 //!
 //! | key (`[[subscription]]`) | meaning                                                     | default |
 //! |--------------------------|-------------------------------------------------------------|---------|
@@ -217,6 +218,8 @@ pub struct Config {
     pub admin_token: Option<TokenSource>,
     /// The largest upload the admin API accepts, in bytes.
     pub admin_max_upload: u64,
+    /// How often component files are checked for a new version; `None` turns watching off.
+    pub watch_interval: Option<Duration>,
 }
 
 /// Where a secret is read from, so it never sits in the config file.
@@ -256,6 +259,7 @@ struct RawConfig {
     admin_token_file: Option<PathBuf>,
     admin_token_env: Option<String>,
     admin_max_upload: Option<String>,
+    watch_interval: Option<String>,
     #[serde(default, rename = "subscription")]
     subscriptions: Vec<RawSubscription>,
 }
@@ -319,7 +323,9 @@ impl Config {
             admin: DEFAULT_ADMIN.parse().ok(),
             admin_token: None,
             admin_max_upload: 64 * 1024 * 1024,
+            watch_interval: Some(Duration::from_secs(1)),
         };
+        let mut watch: Option<Option<Duration>> = None;
         let mut token: Option<TokenSource> = None;
         let mut max_upload: Option<u64> = None;
         let mut cache_dir: Option<PathBuf> = None;
@@ -359,6 +365,7 @@ impl Config {
                         "admin_token_file/admin_token_env",
                     )?;
                     merge_global(&mut max_upload, file.admin_max_upload, "admin_max_upload")?;
+                    merge_global(&mut watch, file.watch_interval, "watch_interval")?;
                     config.subscriptions.extend(file.subscriptions);
                 }
                 _ => return Err(ConfigError::UnknownKind(path.clone())),
@@ -374,6 +381,9 @@ impl Config {
             config.admin = admin;
         }
         config.admin_token = token;
+        if let Some(watch) = watch {
+            config.watch_interval = watch;
+        }
         if let Some(max) = max_upload {
             config.admin_max_upload = max;
         }
@@ -419,6 +429,7 @@ struct FileConfig {
     admin: Option<Option<std::net::SocketAddr>>,
     admin_token: Option<TokenSource>,
     admin_max_upload: Option<u64>,
+    watch_interval: Option<Option<Duration>>,
     subscriptions: Vec<SubscriptionConfig>,
 }
 
@@ -467,6 +478,17 @@ fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
                 .map_err(|e| v.invalid("admin_max_upload", text, &e))?
                 .as_u64(),
         ),
+    };
+    let watch_interval = match raw.watch_interval.as_deref() {
+        None => None,
+        Some("off") => Some(None),
+        Some(text) => {
+            let interval = v.duration("watch_interval", text)?;
+            if interval.is_zero() {
+                return Err(v.invalid("watch_interval", text, "must be longer than 0, or \"off\""));
+            }
+            Some(Some(interval))
+        }
     };
     let mut subscriptions = Vec::with_capacity(raw.subscriptions.len());
     for (i, sub) in raw.subscriptions.into_iter().enumerate() {
@@ -599,6 +621,7 @@ fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
         admin,
         admin_token,
         admin_max_upload,
+        watch_interval,
         subscriptions,
     })
 }

@@ -66,6 +66,32 @@ enum Command {
         #[arg(long, env = "SLUICE_REDIS_URL")]
         redis: Option<String>,
     },
+    /// Replace a running host's handler for a stream (or roll it back), through its admin API.
+    Swap {
+        /// The subscription's stream.
+        stream: String,
+        /// The new component (omit with --rollback).
+        #[arg(required_unless_present = "rollback")]
+        component: Option<PathBuf>,
+        /// Put the previous handler back instead.
+        #[arg(long, conflicts_with = "component")]
+        rollback: bool,
+        /// The subscription's group (needed when the host reads the stream with several).
+        #[arg(long)]
+        group: Option<String>,
+        /// Accept a component whose descriptor names another stream or group.
+        #[arg(long)]
+        force: bool,
+        /// The host's admin API.
+        #[arg(long, env = "SLUICE_ADMIN", default_value = "http://127.0.0.1:9187")]
+        admin: String,
+        /// Bearer token for the admin API.
+        #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Read the bearer token from this file.
+        #[arg(long, conflicts_with = "token")]
+        token_file: Option<PathBuf>,
+    },
     /// Validate configs and components and print the resolved plan, without running anything.
     Check {
         /// `.toml` configs and/or `.wasm` components.
@@ -128,6 +154,36 @@ fn main() -> ExitCode {
             Command::Status { paths, json, redis } => {
                 let report = sluice_host::commands::status(&paths, redis.as_deref(), json).await?;
                 print!("{report}");
+                Ok(())
+            }
+            Command::Swap {
+                stream,
+                component,
+                rollback: _,
+                group,
+                force,
+                admin,
+                token,
+                token_file,
+            } => {
+                let token = match token_file {
+                    Some(file) => Some(
+                        sluice_host::config::TokenSource::File(file)
+                            .read()
+                            .map_err(anyhow::Error::msg)?,
+                    ),
+                    None => token,
+                };
+                let request = sluice_host::commands::SwapRequest {
+                    admin,
+                    stream,
+                    group,
+                    component,
+                    force,
+                    token,
+                };
+                let done = sluice_host::commands::swap(request).await?;
+                print!("{done}");
                 Ok(())
             }
             Command::Check { paths, redis } => {

@@ -77,6 +77,8 @@ pub struct Plan {
     pub admin_token: Option<crate::config::TokenSource>,
     /// The largest upload the admin API accepts.
     pub admin_max_upload: u64,
+    /// How often component files are checked for a new version.
+    pub watch_interval: Option<Duration>,
 }
 
 /// The default consumer name: stable across restarts of the same machine, so a restarted host
@@ -180,6 +182,7 @@ impl Plan {
             admin: config.admin,
             admin_token: config.admin_token.clone(),
             admin_max_upload: config.admin_max_upload,
+            watch_interval: config.watch_interval,
         })
     }
 

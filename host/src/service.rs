@@ -172,13 +172,22 @@ impl Service {
                 self.metrics.clone(),
                 labels.clone(),
             ));
-            swap_controls.push(Arc::new(crate::swap::SwapControl::new(
+            let control = Arc::new(crate::swap::SwapControl::new(
                 slot.clone(),
                 sub.component.runtime().clone(),
                 sub.overrides.clone(),
                 sub.limits.clone(),
                 sub.values.clone(),
-            )));
+            ));
+            if let Some(interval) = self.plan.watch_interval {
+                readers.spawn(crate::swap::watch(
+                    control.clone(),
+                    sub.component.path().to_owned(),
+                    interval,
+                    stop.clone(),
+                ));
+            }
+            swap_controls.push(control);
             let dispatcher = Arc::new(Dispatcher::new(
                 slot,
                 policy,

@@ -12,6 +12,13 @@
 //! compared with the running subscription; a different stream or group is refused unless the
 //! operator forces it. Only then is it published; the version it replaced is kept, so a
 //! rollback is instant.
+//!
+//! Three ways in share that one mechanism: the admin API (`crate::admin`), `sluice swap`
+//! (which calls the API), and [`watch`], which polls each subscription's component file and
+//! swaps when it changed and has stayed unchanged for one more interval. Polling the file's
+//! size, modification time and inode works the same on every filesystem (container volumes
+//! and network mounts included); a half-written file that happens to sit still is refused by
+//! the checks like any other bad component, and picked up once the write completes.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -258,5 +265,68 @@ impl SwapControl {
     /// Put the previous version back.
     pub fn rollback(&self) -> Result<Arc<Version>, SwapError> {
         self.slot.rollback()
+    }
+}
+
+/// What identifies one state of a file, cheaply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Fingerprint {
+    len: u64,
+    modified: Option<SystemTime>,
+    inode: u64,
+}
+
+fn fingerprint(path: &std::path::Path) -> Option<Fingerprint> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    Some(Fingerprint {
+        len: meta.len(),
+        modified: meta.modified().ok(),
+        inode: meta.ino(),
+    })
+}
+
+/// Swap `control`'s handler whenever the file at `path` changes and then stays unchanged for
+/// one more `interval` (a debounce: a file still being written keeps changing), until `stop`.
+pub async fn watch(
+    control: Arc<SwapControl>,
+    path: PathBuf,
+    interval: std::time::Duration,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    use sha2::Digest as _;
+    let mut applied = fingerprint(&path);
+    let mut candidate: Option<Fingerprint> = None;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            () = stop.cancelled() => return,
+        }
+        let now = fingerprint(&path);
+        if now == applied || now.is_none() {
+            candidate = None;
+            continue;
+        }
+        if candidate != now {
+            // Changed since the last look: wait until it holds still.
+            candidate = now;
+            continue;
+        }
+        candidate = None;
+        applied = now;
+        let bytes = match tokio::fs::read(&path).await {
+            Ok(bytes) => bytes,
+            Err(err) => {
+                tracing::warn!(path = %path.display(), %err, "component file changed but cannot be read");
+                continue;
+            }
+        };
+        let digest = hex::encode(sha2::Sha256::digest(&bytes));
+        if *control.slot().current().digest == *digest {
+            continue;
+        }
+        tracing::info!(path = %path.display(), "component file changed; swapping");
+        // A refusal is logged and counted by `swap`; the current handler keeps serving.
+        let _ = control.swap(path.clone(), bytes, false).await;
     }
 }

@@ -306,3 +306,119 @@ async fn a_changed_descriptor_is_refused_unless_forced() {
     assert_eq!(status, 404);
     host.stop().await.unwrap();
 }
+
+/// The digest the listing reports for `sw`/`g`, and its refusal count.
+async fn current(admin: std::net::SocketAddr) -> (String, u64) {
+    let (_, listing) = http_get(admin, "/v1/subscriptions").await;
+    let listing: serde_json::Value = serde_json::from_str(&listing).unwrap();
+    (
+        listing[0]["digest"].as_str().unwrap().to_owned(),
+        listing[0]["refusals"].as_u64().unwrap(),
+    )
+}
+
+/// Add a `version` entry and return the version that handled it.
+async fn version_of_next(
+    host: &mut TestHost,
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> String {
+    let id = add(conn, "sw", &json!({"mode": "version"})).await;
+    let event = host.event(T, "a version entry", |e| e.id == id).await;
+    match event.kind {
+        sluice_host::EventKind::DeadLettered { reason } => {
+            reason.split('@').next().unwrap().to_owned()
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_file_watcher_takes_rewrites_and_renames_and_ignores_partial_writes() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("handler.wasm");
+    let v1 = std::fs::read(&guests().fixture).unwrap();
+    let v2 = std::fs::read(&guests().fixture_v2).unwrap();
+    std::fs::write(&file, &v1).unwrap();
+    let toml = format!(
+        "watch_interval = \"100ms\"\n[[subscription]]\ncomponent = \"{}\"\nstream = \"sw\"\ngroup = \"g\"\nblock = \"100ms\"\n",
+        file.display()
+    );
+    let mut host = TestHost::start(&redis, &toml).await;
+    let admin = host.admin().await;
+    let (v1_digest, _) = current(admin).await;
+    assert_eq!(version_of_next(&mut host, &mut conn).await, "v1");
+
+    // An in-place rewrite.
+    std::fs::write(&file, &v2).unwrap();
+    let v2_digest = wait_for(T, "the rewrite to be swapped in", || {
+        let v1_digest = v1_digest.clone();
+        async move {
+            let (digest, _) = current(admin).await;
+            (digest != v1_digest).then_some(digest)
+        }
+    })
+    .await;
+    assert_eq!(version_of_next(&mut host, &mut conn).await, "v2");
+
+    // A partial write that stays put: checked, refused, and v2 keeps serving.
+    std::fs::write(&file, &v1[..v1.len() / 3]).unwrap();
+    wait_for(T, "the partial file to be refused", || async move {
+        (current(admin).await.1 >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(current(admin).await.0, v2_digest);
+    assert_eq!(version_of_next(&mut host, &mut conn).await, "v2");
+
+    // An atomic rename completes the write.
+    let tmp = dir.path().join("handler.wasm.tmp");
+    std::fs::write(&tmp, &v1).unwrap();
+    std::fs::rename(&tmp, &file).unwrap();
+    let v1_again = v1_digest.clone();
+    wait_for(T, "the renamed file to be swapped in", || {
+        let v1_digest = v1_again.clone();
+        async move { (current(admin).await.0 == v1_digest).then_some(()) }
+    })
+    .await;
+    assert_eq!(version_of_next(&mut host, &mut conn).await, "v1");
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluice_swap_and_rollback_from_the_command_line() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = TestHost::start(&redis, CONFIG).await;
+    let admin = format!("http://{}", host.admin().await);
+    let dir = tempfile::tempdir().unwrap();
+    let v2 = guests().fixture_v2.to_str().unwrap().to_owned();
+    let (cwd, a) = (dir.path().to_owned(), admin.clone());
+    let (ok, out, err) =
+        tokio::task::spawn_blocking(move || run_sluice(&["swap", "sw", &v2, "--admin", &a], &cwd))
+            .await
+            .unwrap();
+    assert!(ok, "{err}");
+    assert!(out.starts_with("swapped `sw`/`g` to "), "{out}");
+    assert_eq!(version_of_next(&mut host, &mut conn).await, "v2");
+    let (cwd, a) = (dir.path().to_owned(), admin.clone());
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        run_sluice(&["swap", "--rollback", "sw", "--admin", &a], &cwd)
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{err}");
+    assert!(out.starts_with("rolled `sw`/`g` back to "), "{out}");
+    assert_eq!(version_of_next(&mut host, &mut conn).await, "v1");
+    let (cwd, a) = (dir.path().to_owned(), admin.clone());
+    let (ok, _, err) = tokio::task::spawn_blocking(move || {
+        run_sluice(&["swap", "nope", "x.wasm", "--admin", &a], &cwd)
+    })
+    .await
+    .unwrap();
+    assert!(
+        !ok && err.contains("no subscription to stream `nope`"),
+        "{err}"
+    );
+    host.stop().await.unwrap();
+}
