@@ -6,7 +6,9 @@
 //! Scenarios: `ceiling` (XREADGROUP COUNT 128 + one XACK per batch, no handler), `native` (the
 //! host's full path with a native Rust handler), `wasm` (the bank-payments component, reused
 //! instances), `wasm-isolated` (a fresh instance per delivery), `retry` (retry lateness through
-//! the durable set), `drain` (entries already due in the set). See BENCHMARKS.md.
+//! the durable set), `drain` (entries already due in the set), `swap` (throughput while the
+//! handler is hot-swapped every 100 ms, and time from a swap to its first delivery). See
+//! BENCHMARKS.md.
 
 mod native;
 mod scenario;
@@ -25,6 +27,7 @@ const ALL: &[&str] = &[
     "wasm-isolated",
     "retry",
     "drain",
+    "swap",
 ];
 
 #[derive(Parser)]
@@ -90,9 +93,13 @@ async fn main() -> Result<()> {
     {
         wanted.insert(0, "ceiling");
     }
-    let bench = Bench::start(guest("bank_payments.wasm")?, guest("sluice_fixture.wasm")?)
-        .await
-        .context("cannot start the benchmark's redis-server")?;
+    let bench = Bench::start(
+        guest("bank_payments.wasm")?,
+        guest("sluice_fixture.wasm")?,
+        guest("sluice_fixture_v2.wasm")?,
+    )
+    .await
+    .context("cannot start the benchmark's redis-server")?;
     let mut ceiling: Option<f64> = None;
     let mut reports: Vec<Report> = Vec::new();
     for name in wanted {
@@ -104,6 +111,7 @@ async fn main() -> Result<()> {
             "wasm-isolated" => bench.host_path("wasm-isolated", args.messages).await?,
             "retry" => bench.retry(args.retries, Duration::from_secs(1)).await?,
             "drain" => bench.drain(args.drain).await?,
+            "swap" => bench.swap(args.messages).await?,
             _ => unreachable!("checked above"),
         };
         if name == "ceiling" {

@@ -15,7 +15,8 @@
 //! 5. [`settle`] carries the decision out in Redis: batched XACKs, atomic dead-lettering, and
 //!    retries that stay pending until their delay has passed.
 //!
-//! Around them: [`metrics`] and [`admin`] (Prometheus metrics, health and readiness over HTTP),
+//! Around them: [`swap`] replaces a subscription's handler while it runs (file watcher, admin
+//! API), [`metrics`] and [`admin`] (Prometheus metrics, health, readiness, the handler API),
 //! [`keys`] names every Redis key and bookkeeping field, [`devredis`] starts a
 //! private `redis-server` when no URL is configured, [`events`] reports each settled delivery
 //! to observers, and [`shutdown`] stops reading and drains in-flight deliveries on a signal.

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use futures::future::BoxFuture;
-use wasmtime::{Engine, Store, UpdateDeadline};
+use wasmtime::{Store, UpdateDeadline};
 
 use super::bindings::{self, sluice::handler::types as wit};
 use super::component::LoadedComponent;
@@ -21,11 +21,11 @@ use crate::outcome::{Failure, Outcome};
 
 /// A store set up with the memory limit and the epoch callback that enforces deadlines.
 pub(crate) fn new_store(
-    engine: &Engine,
+    runtime: &super::Runtime,
     values: Arc<[(String, String)]>,
     memory_limit: u64,
 ) -> Store<GuestState> {
-    let mut store = Store::new(engine, GuestState::new(values, memory_limit));
+    let mut store = Store::new(runtime.engine(), GuestState::new(values, memory_limit));
     store.limiter(|state| &mut state.limiter);
     store.epoch_deadline_callback(|mut ctx| {
         let state = ctx.data_mut();
@@ -40,7 +40,7 @@ pub(crate) fn new_store(
     });
     store.set_epoch_deadline(1);
     // With fuel metering on, a store starts empty; only deliveries are budgeted.
-    if store.get_fuel().is_ok() {
+    if runtime.fuel_enabled() {
         let _ = store.set_fuel(u64::MAX);
     }
     store
@@ -78,8 +78,8 @@ impl WasmHandler {
     }
 
     async fn instantiate(&self) -> Result<Instance, Failure> {
-        let engine = self.component.runtime().engine();
-        let mut store = new_store(engine, self.values.clone(), self.limits.memory_limit);
+        let runtime = self.component.runtime();
+        let mut store = new_store(runtime, self.values.clone(), self.limits.memory_limit);
         store.data_mut().deadline = Some(Instant::now() + self.limits.handler_timeout);
         let handler = self
             .component
@@ -123,7 +123,7 @@ impl WasmHandler {
             state.limiter.denied = None;
         }
         instance.store.set_epoch_deadline(1);
-        if instance.store.get_fuel().is_ok() {
+        if self.component.runtime().fuel_enabled() {
             let _ = instance
                 .store
                 .set_fuel(self.limits.fuel.unwrap_or(u64::MAX));

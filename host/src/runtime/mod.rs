@@ -140,6 +140,7 @@ impl RuntimeOptions {
 #[derive(Clone)]
 pub struct Runtime {
     engine: Engine,
+    fuel: bool,
     linker: Arc<Linker<guest::GuestState>>,
     _ticker: Arc<Ticker>,
 }
@@ -188,6 +189,7 @@ impl Runtime {
         let linker = guest::linker(&engine).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         let ticker = Ticker::start(engine.clone());
         Ok(Self {
+            fuel: options.fuel,
             engine,
             linker: Arc::new(linker),
             _ticker: Arc::new(ticker),
@@ -197,6 +199,12 @@ impl Runtime {
     /// The engine.
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// Whether stores meter fuel. Known here rather than asked of each store: asking a store
+    /// without fuel builds an error, and wasmtime errors capture a backtrace.
+    pub fn fuel_enabled(&self) -> bool {
+        self.fuel
     }
 
     /// Load, compile (or fetch from the cache) and check a component.
