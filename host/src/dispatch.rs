@@ -79,25 +79,23 @@ impl Dispatcher {
         self.run(delivery, &version).instrument(span).await
     }
 
-    /// A retry put back by the sweep carries its due time; its id carries when it was put back
-    /// (both by the Redis server's clock).
+    /// A retry put back by the sweep carries its due time (Redis server clock); its lateness
+    /// is the time it starts being handled (this host's clock) minus that. Hosts' clocks only
+    /// matter for this metric, never for when a retry is due.
     fn record_lateness(&self, delivery: &Delivery) {
         let due = delivery
             .entry
             .field(keys::DUE_MS)
             .and_then(|v| std::str::from_utf8(v).ok())
             .and_then(|v| v.parse::<f64>().ok());
-        let back = delivery
-            .entry
-            .id
-            .split('-')
-            .next()
-            .and_then(|ms| ms.parse::<f64>().ok());
-        if let (Some(due), Some(back)) = (due, back) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+        if let Some(due) = due {
             self.metrics
                 .retry_lateness
                 .get_or_create(&self.labels)
-                .observe(((back - due) / 1000.0).max(0.0));
+                .observe(((now - due) / 1000.0).max(0.0));
         }
     }
 

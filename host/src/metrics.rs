@@ -15,7 +15,7 @@
 //! | `sluice_parked_oldest_due_seconds` | gauge | due time of the earliest parked entry, Unix seconds |
 //! | `sluice_sweep_moved` | histogram | entries moved back per sweep pass |
 //! | `sluice_sweep_duration_seconds` | histogram | duration of a sweep pass |
-//! | `sluice_retry_lateness_seconds` | histogram | how late a parked retry came back (server clock) |
+//! | `sluice_retry_lateness_seconds` | histogram | handled time (host clock) minus due time (server clock) of a parked retry |
 //! | `sluice_retry_over_ttl_total` | counter | retries asked for longer than the set's ttl |
 //! | `sluice_redis_reconnects_total` | counter | reads that had to reconnect to Redis |
 //! | `sluice_dead_letter_entries` | gauge | length of the dead-letter stream (scrape time) |
@@ -175,7 +175,7 @@ impl Default for Metrics {
             Family::new_with_constructor(seconds_histogram);
         registry.register(
             "retry_lateness_seconds",
-            "How late a parked retry was put back on the stream, by the Redis server's clock",
+            "Handled time minus due time of a parked retry (host clock minus Redis server clock)",
             retry_lateness.clone(),
         );
         let retry_over_ttl = Family::default();
