@@ -51,11 +51,7 @@ async fn run_without_a_url_starts_a_private_redis_and_stops_it_on_sigterm() {
     })
     .await;
     host.terminate();
-    let status = wait_for(T, "the host to exit", || {
-        let status = host.child.try_wait().unwrap();
-        async move { status }
-    })
-    .await;
+    let status = host.wait_exit().await;
     assert!(
         status.success(),
         "graceful shutdown exits 0: {}",

@@ -244,11 +244,7 @@ async fn sigterm_drains_in_flight_deliveries_and_exits_zero() {
     })
     .await;
     host.terminate();
-    let status = wait_for(T, "the host to exit", || {
-        let status = host.child.try_wait().unwrap();
-        async move { status }
-    })
-    .await;
+    let status = host.wait_exit().await;
     let log = host.log_text();
     assert!(status.success(), "exit {status:?}:\n{log}");
     assert!(log.contains("stopping: no new reads"), "{log}");
@@ -286,11 +282,7 @@ async fn a_shutdown_that_times_out_exits_non_zero_and_leaves_entries_pending() {
     })
     .await;
     host.terminate();
-    let status = wait_for(T, "the host to exit", || {
-        let status = host.child.try_wait().unwrap();
-        async move { status }
-    })
-    .await;
+    let status = host.wait_exit().await;
     let log = host.log_text();
     assert!(
         !status.success(),

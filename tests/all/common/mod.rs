@@ -289,6 +289,15 @@ impl HostProcess {
         .await
     }
 
+    /// Wait for the process to exit by itself.
+    pub async fn wait_exit(&mut self) -> std::process::ExitStatus {
+        wait_for(Duration::from_secs(30), "the host to exit", || {
+            let status = self.child.try_wait().expect("try_wait");
+            async move { status }
+        })
+        .await
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -391,25 +400,7 @@ pub async fn cmd<T: redis::FromRedisValue>(conn: &mut MultiplexedConnection, wor
 
 /// A plain HTTP GET: (status, body).
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("admin server reachable");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await.unwrap();
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    http_request(addr, "GET", path, &[], b"").await
 }
 
 /// An HTTP request: (status, body).
