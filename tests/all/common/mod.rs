@@ -137,7 +137,10 @@ where
     Fut: Future<Output = Option<T>>,
 {
     let deadline = Instant::now() + timeout;
+    // Poll the condition every 10 ms until it holds or the deadline passes.
+    let mut poll = tokio::time::interval(Duration::from_millis(10));
     loop {
+        poll.tick().await;
         if let Some(value) = check().await {
             return value;
         }
@@ -145,7 +148,6 @@ where
             Instant::now() < deadline,
             "timed out after {timeout:?} waiting for {what}"
         );
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
