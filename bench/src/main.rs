@@ -7,8 +7,9 @@
 //! host's full path with a native Rust handler), `wasm` (the bank-payments component, reused
 //! instances), `wasm-isolated` (a fresh instance per delivery), `retry` (retry lateness through
 //! the durable set), `drain` (entries already due in the set), `swap` (throughput while the
-//! handler is hot-swapped every 100 ms, and time from a swap to its first delivery). See
-//! BENCHMARKS.md.
+//! handler is hot-swapped every 100 ms, and time from a swap to its first delivery), `sandbox`
+//! (per-delivery instantiation with and without the pooling allocator, and what epoch
+//! interruption costs a tight handler, without Redis). See BENCHMARKS.md.
 
 mod native;
 mod scenario;
@@ -28,6 +29,7 @@ const ALL: &[&str] = &[
     "retry",
     "drain",
     "swap",
+    "sandbox",
 ];
 
 #[derive(Parser)]
@@ -104,6 +106,15 @@ async fn main() -> Result<()> {
     let mut reports: Vec<Report> = Vec::new();
     for name in wanted {
         eprintln!("running {name}...");
+        if name == "sandbox" {
+            for report in bench.sandbox(20_000).await? {
+                if args.json {
+                    println!("{}", report.json());
+                }
+                reports.push(report);
+            }
+            continue;
+        }
         let mut report = match name {
             "ceiling" => bench.ceiling(args.messages).await?,
             "native" => bench.host_path("native", args.messages).await?,

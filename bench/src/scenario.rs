@@ -73,7 +73,7 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{:<14} {:>9} {:>8} {:>11} {:>7} {:>8} {:>9} {:>9} {:>9}  other",
+            "{:<26} {:>9} {:>8} {:>11} {:>7} {:>8} {:>9} {:>9} {:>9}  other",
             "scenario",
             "messages",
             "seconds",
@@ -90,7 +90,7 @@ impl Report {
             let extra: Vec<String> = r.extra.iter().map(|(n, v)| format!("{n}={v:.0}")).collect();
             let _ = writeln!(
                 out,
-                "{:<14} {:>9} {:>8.2} {:>11.0} {:>7} {:>8} {:>9} {:>9} {:>9}  {}",
+                "{:<26} {:>9} {:>8.2} {:>11.0} {:>7} {:>8} {:>9} {:>9} {:>9}  {}",
                 r.scenario,
                 r.messages,
                 r.seconds,
@@ -147,6 +147,7 @@ impl Bench {
         let options = sluice_host::runtime::RuntimeOptions {
             pool: Some(pool),
             fuel: false,
+            no_epoch: false,
         };
         let runtime = Runtime::new(Some(&dir.path().join("cache")), options)?;
         Ok(Self {
@@ -581,6 +582,64 @@ impl Bench {
                 .push(("swap_to_first_cached_p50_ms", percentile(&cached, 50.0)));
         }
         Ok(report)
+    }
+}
+
+impl Bench {
+    /// Per-delivery cost of the sandbox, without Redis: a tight handler (the fixture's `ack`)
+    /// called `n` times in a row on a fresh instance each time (pooling allocator or not), and
+    /// on a reused instance with and without epoch interruption.
+    pub async fn sandbox(&self, n: usize) -> Result<Vec<Report>> {
+        use sluice_host::config::{Isolation, Limits};
+        use sluice_host::delivery::{Delivery, Entry};
+        use sluice_host::dispatch::Handler;
+        use sluice_host::runtime::{PoolSizing, RuntimeOptions, WasmHandler};
+        let pool = Some(PoolSizing {
+            instances: 16,
+            max_memory: 64 << 20,
+        });
+        let cases = [
+            ("isolated-pooled", Isolation::PerDelivery, pool, false),
+            ("isolated-on-demand", Isolation::PerDelivery, None, false),
+            ("reused-epoch", Isolation::Reuse, pool, false),
+            ("reused-no-epoch", Isolation::Reuse, pool, true),
+        ];
+        let entry = Entry {
+            id: "1-0".into(),
+            fields: vec![("payload".into(), br#"{"mode":"ack"}"#.to_vec())],
+        };
+        let delivery = Delivery::new("bench", "g", entry, 1);
+        let mut reports = Vec::new();
+        for (name, isolation, pool, no_epoch) in cases {
+            let options = RuntimeOptions {
+                pool,
+                fuel: false,
+                no_epoch,
+            };
+            let runtime = Runtime::new(None, options)?;
+            let component = runtime.load(&self.fixture)?;
+            let limits = Limits {
+                isolation,
+                ..Limits::default()
+            };
+            let values = vec![("sluice.payload-field".to_owned(), "payload".to_owned())];
+            let handler = WasmHandler::new(component, limits, values);
+            // Warm up: compile caches, first instance, page faults.
+            for _ in 0..100 {
+                let _ = handler.handle(&delivery).await;
+            }
+            let started = Instant::now();
+            for _ in 0..n {
+                let outcome = handler.handle(&delivery).await;
+                if outcome.is_err() {
+                    bail!("{name}: the handler failed: {outcome:?}");
+                }
+            }
+            let mut report = Report::new(&format!("sandbox-{name}"), n, started.elapsed());
+            report.us_per_delivery = Some(report.seconds * 1e6 / n as f64);
+            reports.push(report);
+        }
+        Ok(reports)
     }
 }
 
