@@ -200,23 +200,8 @@ impl Bench {
         conn: &mut MultiplexedConnection,
         stream: &str,
     ) -> Result<Option<(i64, i64)>> {
-        let groups: redis::RedisResult<Vec<HashMap<String, Value>>> = redis::cmd("XINFO")
-            .arg("GROUPS")
-            .arg(stream)
-            .query_async(conn)
-            .await;
-        let Ok(groups) = groups else { return Ok(None) };
-        let Some(group) = groups.into_iter().next() else {
-            return Ok(None);
-        };
-        let int = |k: &str| match group.get(k) {
-            Some(Value::Int(n)) => Some(*n),
-            _ => None,
-        };
-        Ok(match (int("pending"), int("lag")) {
-            (Some(p), Some(l)) => Some((p, l)),
-            _ => None,
-        })
+        let group = sluice_host::subscription::read::group_info(conn, stream, "g").await?;
+        Ok(group.and_then(|g| g.lag.map(|lag| (g.pending, lag))))
     }
 
     /// Wait until the group has read and settled everything, printing progress to stderr.

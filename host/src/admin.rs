@@ -163,21 +163,16 @@ async fn metrics_handler(State(state): State<AdminState>) -> impl IntoResponse {
 /// Refresh the Redis-state gauges of one subscription.
 async fn sample(metrics: &Metrics, sub: &AdminSubscription) {
     let mut conn = sub.conn.clone();
-    let groups: redis::RedisResult<Vec<std::collections::HashMap<String, redis::Value>>> =
-        redis::cmd("XINFO")
-            .arg("GROUPS")
-            .arg(&sub.labels.stream)
-            .query_async(&mut conn)
-            .await;
-    if let Ok(groups) = groups {
-        let name = redis::Value::BulkString(sub.labels.group.as_bytes().to_vec());
-        if let Some(group) = groups.iter().find(|g| g.get("name") == Some(&name)) {
-            if let Some(redis::Value::Int(n)) = group.get("pending") {
-                metrics.pending.get_or_create(&sub.labels).set(*n);
-            }
-            if let Some(redis::Value::Int(n)) = group.get("lag") {
-                metrics.lag.get_or_create(&sub.labels).set(*n);
-            }
+    if let Ok(Some(group)) =
+        crate::subscription::read::group_info(&mut conn, &sub.labels.stream, &sub.labels.group)
+            .await
+    {
+        metrics
+            .pending
+            .get_or_create(&sub.labels)
+            .set(group.pending);
+        if let Some(lag) = group.lag {
+            metrics.lag.get_or_create(&sub.labels).set(lag);
         }
     }
     if let Ok(len) = redis::cmd("XLEN")
@@ -187,30 +182,15 @@ async fn sample(metrics: &Metrics, sub: &AdminSubscription) {
     {
         metrics.dead_letters.get_or_create(&sub.labels).set(len);
     }
-    if let Some(key) = &sub.delayed_key {
-        if let Ok(card) = redis::cmd("ZCARD")
-            .arg(key)
-            .query_async::<i64>(&mut conn)
-            .await
-        {
-            metrics.parked.get_or_create(&sub.labels).set(card);
-        }
-        let first: redis::RedisResult<Vec<(Vec<u8>, f64)>> = redis::cmd("ZRANGE")
-            .arg(key)
-            .arg(0)
-            .arg(0)
-            .arg("WITHSCORES")
-            .query_async(&mut conn)
-            .await;
-        if let Ok(first) = first {
-            let due = first
-                .first()
-                .map_or(0, |(_, score)| (*score / 1000.0) as i64);
-            metrics
-                .parked_oldest_due
-                .get_or_create(&sub.labels)
-                .set(due);
-        }
+    if let Some(key) = &sub.delayed_key
+        && let Ok((parked, next_due_ms)) = crate::delayed::member::summary(&mut conn, key).await
+    {
+        metrics.parked.get_or_create(&sub.labels).set(parked);
+        let due = next_due_ms.map_or(0, |ms| ms / 1000);
+        metrics
+            .parked_oldest_due
+            .get_or_create(&sub.labels)
+            .set(due);
     }
 }
 
@@ -231,19 +211,9 @@ async fn list_handler(State(state): State<AdminState>) -> impl IntoResponse {
             let current = slot.current();
             let (swaps, refusals) = slot.counts();
             let labels = slot.labels();
-            let deliveries: u64 = ["ack", "retry", "dead_letter", "trap", "limit"]
+            let deliveries: u64 = crate::metrics::OUTCOMES
                 .iter()
-                .map(|outcome| {
-                    state
-                        .metrics
-                        .deliveries
-                        .get_or_create(&crate::metrics::OutcomeLabels {
-                            stream: labels.stream.clone(),
-                            group: labels.group.clone(),
-                            outcome: (*outcome).to_owned(),
-                        })
-                        .get()
-                })
+                .map(|outcome| state.metrics.outcome_count(labels, outcome))
                 .sum();
             serde_json::json!({
                 "stream": labels.stream,

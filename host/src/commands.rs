@@ -195,24 +195,10 @@ struct ConsumerStatus {
     idle_ms: i64,
 }
 
-fn info_int(map: &std::collections::HashMap<String, redis::Value>, key: &str) -> Option<i64> {
-    match map.get(key) {
-        Some(redis::Value::Int(n)) => Some(*n),
-        _ => None,
-    }
-}
-
-fn info_text(map: &std::collections::HashMap<String, redis::Value>, key: &str) -> Option<String> {
-    match map.get(key) {
-        Some(redis::Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
-        Some(redis::Value::SimpleString(s)) => Some(s.clone()),
-        _ => None,
-    }
-}
-
 /// `sluice status`: for each subscription, the group's consumers and pending counts, parked
 /// entries and the next due time, the dead-letter stream's length and the handler's digest.
 pub async fn status(paths: &[PathBuf], redis: Option<&str>, json: bool) -> Result<String> {
+    use crate::subscription::read::{info_int, info_text};
     use std::collections::HashMap;
     let plan = plan(paths, redis).await?;
     let mut rows = Vec::new();
@@ -221,15 +207,9 @@ pub async fn status(paths: &[PathBuf], redis: Option<&str>, json: bool) -> Resul
         let url = redis_url_for(sub.redis.as_deref())?;
         let client = crate::redis_conn::client(&url)?;
         let mut conn = crate::redis_conn::manager(&client).await?;
-        let groups: Vec<HashMap<String, redis::Value>> = redis::cmd("XINFO")
-            .arg("GROUPS")
-            .arg(&s.stream)
-            .query_async(&mut conn)
+        let group = crate::subscription::read::group_info(&mut conn, &s.stream, &s.group)
             .await
-            .unwrap_or_default();
-        let group = groups
-            .into_iter()
-            .find(|g| info_text(g, "name").as_deref() == Some(s.group.as_str()));
+            .with_context(|| format!("XINFO GROUPS {}", s.stream))?;
         let consumers: Vec<HashMap<String, redis::Value>> = if group.is_some() {
             redis::cmd("XINFO")
                 .arg("CONSUMERS")
@@ -241,20 +221,12 @@ pub async fn status(paths: &[PathBuf], redis: Option<&str>, json: bool) -> Resul
         } else {
             Vec::new()
         };
-        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await?;
-        let now_ms = secs * 1000 + micros / 1000;
+        let now_ms = crate::delayed::member::server_now_ms(&mut conn).await?;
         let delayed_key = s.delayed_retry.as_ref().map(|d| d.key().to_owned());
         let (parked, next_due_ms) = match &delayed_key {
             Some(key) => {
-                let card: i64 = redis::cmd("ZCARD").arg(key).query_async(&mut conn).await?;
-                let first: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
-                    .arg(key)
-                    .arg(0)
-                    .arg(0)
-                    .arg("WITHSCORES")
-                    .query_async(&mut conn)
-                    .await?;
-                (Some(card), first.first().map(|(_, score)| *score as i64))
+                let (parked, next_due_ms) = crate::delayed::member::summary(&mut conn, key).await?;
+                (Some(parked), next_due_ms)
             }
             None => (None, None),
         };
@@ -267,14 +239,9 @@ pub async fn status(paths: &[PathBuf], redis: Option<&str>, json: bool) -> Resul
             group: s.group.clone(),
             handler_digest: sub.component.digest().to_owned(),
             group_exists: group.is_some(),
-            pending: group
-                .as_ref()
-                .and_then(|g| info_int(g, "pending"))
-                .unwrap_or(0),
-            lag: group.as_ref().and_then(|g| info_int(g, "lag")),
-            last_delivered_id: group
-                .as_ref()
-                .and_then(|g| info_text(g, "last-delivered-id")),
+            pending: group.as_ref().map_or(0, |g| g.pending),
+            lag: group.as_ref().and_then(|g| g.lag),
+            last_delivered_id: group.as_ref().and_then(|g| g.last_delivered_id.clone()),
             consumers: consumers
                 .iter()
                 .map(|c| ConsumerStatus {

@@ -12,7 +12,7 @@ use tracing::Instrument;
 
 use crate::delivery::Delivery;
 use crate::keys;
-use crate::metrics::{Metrics, SubLabels};
+use crate::metrics::{DeliveryMetrics, Metrics, SubLabels};
 use crate::outcome::{self, Action, Failure, Outcome, Policy};
 use crate::settle::Settler;
 use crate::swap::{HandlerSlot, Version};
@@ -40,8 +40,7 @@ pub struct Dispatcher {
     slot: Arc<HandlerSlot>,
     policy: Policy,
     settler: Arc<Settler>,
-    metrics: Arc<Metrics>,
-    labels: SubLabels,
+    metrics: DeliveryMetrics,
 }
 
 impl Dispatcher {
@@ -50,15 +49,14 @@ impl Dispatcher {
         slot: Arc<HandlerSlot>,
         policy: Policy,
         settler: Arc<Settler>,
-        metrics: Arc<Metrics>,
-        labels: SubLabels,
+        metrics: &Metrics,
+        labels: &SubLabels,
     ) -> Self {
         Self {
             slot,
             policy,
             settler,
-            metrics,
-            labels,
+            metrics: metrics.for_deliveries(labels),
         }
     }
 
@@ -83,45 +81,40 @@ impl Dispatcher {
     /// is the time it starts being handled (this host's clock) minus that. Hosts' clocks only
     /// matter for this metric, never for when a retry is due.
     fn record_lateness(&self, delivery: &Delivery) {
-        let due = delivery
+        let Some(due) = delivery
             .entry
             .field(keys::DUE_MS)
             .and_then(|v| std::str::from_utf8(v).ok())
-            .and_then(|v| v.parse::<f64>().ok());
+            .and_then(|v| v.parse::<f64>().ok())
+        else {
+            return;
+        };
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
-        if let Some(due) = due {
-            self.metrics
-                .retry_lateness
-                .get_or_create(&self.labels)
-                .observe(((now - due) / 1000.0).max(0.0));
-        }
+        self.metrics
+            .lateness
+            .observe(((now - due) / 1000.0).max(0.0));
     }
 
     async fn run(&self, delivery: Delivery, version: &Version) -> Settled {
         let digest = &version.digest;
         self.record_lateness(&delivery);
-        let in_flight = self.metrics.in_flight.get_or_create(&self.labels).clone();
-        in_flight.inc();
+        let m = &self.metrics;
+        m.in_flight.inc();
         let started = Instant::now();
         let result = version.handler.handle(&delivery).await;
         let elapsed = started.elapsed();
-        in_flight.dec();
-        self.metrics
-            .handler_duration
-            .get_or_create(&self.labels)
-            .observe(elapsed.as_secs_f64());
-        let outcome = match &result {
-            Ok(Outcome::Ack) => "ack",
-            Ok(Outcome::RetryAfter(_)) => "retry",
-            Ok(Outcome::DeadLetter(_)) => "dead_letter",
-            Err(Failure::Trap(_) | Failure::Instantiate(_)) => "trap",
-            Err(Failure::Timeout(_) | Failure::MemoryLimit { .. } | Failure::FuelExhausted(_)) => {
-                "limit"
-            }
-        };
-        self.metrics.delivery(&self.labels, outcome);
+        m.in_flight.dec();
+        m.duration.observe(elapsed.as_secs_f64());
+        // Indexes into `metrics::OUTCOMES`.
+        m.count(match &result {
+            Ok(Outcome::Ack) => 0,
+            Ok(Outcome::RetryAfter(_)) => 1,
+            Ok(Outcome::DeadLetter(_)) => 2,
+            Err(Failure::Trap(_) | Failure::Instantiate(_)) => 3,
+            Err(Failure::Timeout(_) | Failure::MemoryLimit { .. } | Failure::FuelExhausted(_)) => 4,
+        });
         let elapsed_us = elapsed.as_micros() as u64;
         if let Err(failure) = &result {
             tracing::warn!(%failure, elapsed_us, "attempt failed");

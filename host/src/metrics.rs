@@ -239,15 +239,29 @@ impl Metrics {
         }
     }
 
-    /// Count one handler result.
-    pub fn delivery(&self, labels: &SubLabels, outcome: &str) {
+    /// How many handler results of `outcome` one subscription has had (reading does not
+    /// create the series).
+    pub fn outcome_count(&self, labels: &SubLabels, outcome: &str) -> u64 {
         self.deliveries
-            .get_or_create(&OutcomeLabels {
+            .get(&OutcomeLabels {
                 stream: labels.stream.clone(),
                 group: labels.group.clone(),
                 outcome: outcome.to_owned(),
             })
-            .inc();
+            .map_or(0, |counter| counter.get())
+    }
+
+    /// One subscription's per-delivery metrics, looked up once: a family lookup hashes the
+    /// labels under a lock, which has no place on the path of every delivery.
+    pub fn for_deliveries(&self, labels: &SubLabels) -> DeliveryMetrics {
+        DeliveryMetrics {
+            in_flight: self.in_flight.get_or_create(labels).clone(),
+            duration: self.handler_duration.get_or_create(labels).clone(),
+            lateness: self.retry_lateness.get_or_create(labels).clone(),
+            deliveries: self.deliveries.clone(),
+            labels: labels.clone(),
+            outcomes: Default::default(),
+        }
     }
 
     /// The Prometheus (OpenMetrics) text exposition.
@@ -257,6 +271,43 @@ impl Metrics {
             tracing::warn!(%err, "cannot encode metrics");
         }
         out
+    }
+}
+
+/// The metrics a dispatcher updates on every delivery, resolved for its subscription.
+pub struct DeliveryMetrics {
+    /// Deliveries being handled.
+    pub in_flight: Gauge,
+    /// Time in the handler.
+    pub duration: Histogram,
+    /// Lateness of parked retries.
+    pub lateness: Histogram,
+    deliveries: Family<OutcomeLabels, Counter>,
+    labels: SubLabels,
+    /// One counter per outcome, created on its first use (an outcome that never happened
+    /// is not exported), then reused without a family lookup.
+    outcomes: [std::sync::OnceLock<Counter>; OUTCOMES.len()],
+}
+
+/// The outcome labels of `sluice_deliveries_total`.
+pub const OUTCOMES: [&str; 5] = ["ack", "retry", "dead_letter", "trap", "limit"];
+
+impl DeliveryMetrics {
+    /// Count one handler result; `outcome` indexes [`OUTCOMES`].
+    pub fn count(&self, outcome: usize) {
+        let Some(slot) = self.outcomes.get(outcome) else {
+            return;
+        };
+        slot.get_or_init(|| {
+            self.deliveries
+                .get_or_create(&OutcomeLabels {
+                    stream: self.labels.stream.clone(),
+                    group: self.labels.group.clone(),
+                    outcome: OUTCOMES[outcome].to_owned(),
+                })
+                .clone()
+        })
+        .inc();
     }
 }
 

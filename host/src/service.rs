@@ -140,7 +140,7 @@ impl Service {
                     *ttl,
                     s.dead_letter.clone(),
                     conn.clone(),
-                    self.metrics.clone(),
+                    &self.metrics,
                 )),
             });
             if let Some(set) = &delayed {
@@ -192,8 +192,8 @@ impl Service {
                 slot,
                 policy,
                 Arc::new(settler),
-                self.metrics.clone(),
-                labels,
+                &self.metrics,
+                &labels,
             ));
             let read_plan = ReadPlan {
                 stream: s.stream.as_str().into(),

@@ -188,12 +188,10 @@ pub struct SwapControl {
     overrides: Overrides,
     limits: Limits,
     values: Vec<(String, String)>,
-    stream: String,
-    group: String,
 }
 
 impl SwapControl {
-    /// Control over `slot`, whose subscription reads `stream` as `group`, configured with
+    /// Control over `slot` (whose labels name the running stream and group), configured with
     /// `overrides`, `limits` and `values`.
     pub fn new(
         slot: Arc<HandlerSlot>,
@@ -203,8 +201,6 @@ impl SwapControl {
         values: Vec<(String, String)>,
     ) -> Self {
         Self {
-            stream: slot.labels.stream.clone(),
-            group: slot.labels.group.clone(),
             slot,
             runtime,
             overrides,
@@ -250,10 +246,11 @@ impl SwapControl {
             .await
             .map_err(|e| SwapError::Interrupted(e.to_string()))??;
         let descriptor = overlay(component.descriptor().await?, &self.overrides).resolve()?;
-        if !force && (descriptor.stream != self.stream || descriptor.group != self.group) {
+        let running = &self.slot.labels;
+        if !force && (descriptor.stream != running.stream || descriptor.group != running.group) {
             return Err(SwapError::Changed {
-                stream: self.stream.clone(),
-                group: self.group.clone(),
+                stream: running.stream.clone(),
+                group: running.group.clone(),
                 new_stream: descriptor.stream,
                 new_group: descriptor.group,
             });

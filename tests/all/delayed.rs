@@ -184,7 +184,7 @@ async fn park_directly(redis: &Redis, stream: &str, n: usize, delay: Duration) -
         None,
         format!("{stream}.dead-letter"),
         manager(redis).await,
-        std::sync::Arc::default(),
+        &Default::default(),
     );
     let _: () = cmd(
         &mut conn,
@@ -261,7 +261,7 @@ async fn two_hosts_sweeping_one_set_move_each_entry_exactly_once() {
             None,
             "race.dead-letter".into(),
             manager(&redis).await,
-            std::sync::Arc::default(),
+            &Default::default(),
         ));
         tasks.push(tokio::spawn(async move {
             let mut moved = 0;
@@ -332,7 +332,7 @@ async fn lateness_is_bounded_by_the_block_interval_when_another_host_parked_the_
         None,
         "bound.dead-letter".into(),
         manager(&redis).await,
-        std::sync::Arc::default(),
+        &Default::default(),
     );
     let entry = Entry {
         id: id.clone(),

@@ -220,32 +220,47 @@ async fn status_reports_consumers_pending_parked_and_dead_letters() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_drains_in_flight_deliveries_and_exits_zero() {
-    let redis = Redis::start();
+/// Run `sluice` on `toml`, put `slow` entries of `ms` each on `stream`, wait until all are in
+/// flight, send SIGTERM and wait for the exit: (exit status, log).
+async fn terminate_while_busy(
+    redis: &Redis,
+    toml: &str,
+    stream: &str,
+    slow: u64,
+    ms: u64,
+) -> (std::process::ExitStatus, String) {
     let mut conn = redis.conn().await;
     let dir = tempfile::tempdir().unwrap();
-    let path = write_config(
-        dir.path(),
-        "sluice.toml",
-        "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"drain\"\ngroup = \"g\"\nblock = \"100ms\"\nmax_in_flight = 4\n",
-    );
+    let path = write_config(dir.path(), "sluice.toml", toml);
     let url = redis.url();
     let mut host = HostProcess::spawn(
         &["run", path.to_str().unwrap(), "--redis", url.as_str()],
         dir.path(),
     );
-    for _ in 0..3 {
-        add(&mut conn, "drain", &json!({"mode": "slow", "ms": 1500})).await;
+    for _ in 0..slow {
+        add(&mut conn, stream, &json!({"mode": "slow", "ms": ms})).await;
     }
-    wait_for(T, "three deliveries in flight", || {
+    wait_for(T, "the deliveries to be in flight", || {
         let mut conn = conn.clone();
-        async move { (pending(&mut conn, "drain", "g").await == 3).then_some(()) }
+        async move { (pending(&mut conn, stream, "g").await == slow).then_some(()) }
     })
     .await;
     host.terminate();
     let status = host.wait_exit().await;
-    let log = host.log_text();
+    (status, host.log_text())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_deliveries_and_exits_zero() {
+    let redis = Redis::start();
+    let (status, log) = terminate_while_busy(
+        &redis,
+        "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"drain\"\ngroup = \"g\"\nblock = \"100ms\"\nmax_in_flight = 4\n",
+        "drain",
+        3,
+        1500,
+    )
+    .await;
     assert!(status.success(), "exit {status:?}:\n{log}");
     assert!(log.contains("stopping: no new reads"), "{log}");
     assert!(
@@ -253,6 +268,7 @@ async fn sigterm_drains_in_flight_deliveries_and_exits_zero() {
         "{log}"
     );
     assert!(log.contains("timeout_ms=10000"), "{log}");
+    let mut conn = redis.conn().await;
     assert_eq!(
         pending(&mut conn, "drain", "g").await,
         0,
@@ -263,27 +279,14 @@ async fn sigterm_drains_in_flight_deliveries_and_exits_zero() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_that_times_out_exits_non_zero_and_leaves_entries_pending() {
     let redis = Redis::start();
-    let mut conn = redis.conn().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_config(
-        dir.path(),
-        "sluice.toml",
+    let (status, log) = terminate_while_busy(
+        &redis,
         "shutdown_timeout = \"200ms\"\n[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"cut\"\ngroup = \"g\"\nblock = \"100ms\"\n",
-    );
-    let url = redis.url();
-    let mut host = HostProcess::spawn(
-        &["run", path.to_str().unwrap(), "--redis", url.as_str()],
-        dir.path(),
-    );
-    add(&mut conn, "cut", &json!({"mode": "slow", "ms": 5000})).await;
-    wait_for(T, "a delivery in flight", || {
-        let mut conn = conn.clone();
-        async move { (pending(&mut conn, "cut", "g").await == 1).then_some(()) }
-    })
+        "cut",
+        1,
+        5000,
+    )
     .await;
-    host.terminate();
-    let status = host.wait_exit().await;
-    let log = host.log_text();
     assert!(
         !status.success(),
         "an abandoned delivery is not a clean exit:\n{log}"
@@ -292,6 +295,7 @@ async fn a_shutdown_that_times_out_exits_non_zero_and_leaves_entries_pending() {
         log.contains("shutdown timed out with 1 deliveries still in flight"),
         "{log}"
     );
+    let mut conn = redis.conn().await;
     assert_eq!(
         pending(&mut conn, "cut", "g").await,
         1,

@@ -27,6 +27,8 @@ pub mod member;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
 use redis::aio::ConnectionManager;
 use redis::{RedisResult, Script};
 use tokio::sync::Notify;
@@ -77,8 +79,9 @@ pub struct DelayedSet {
     ttl: Option<Duration>,
     dead_letter: String,
     conn: ConnectionManager,
-    metrics: Arc<crate::metrics::Metrics>,
-    labels: crate::metrics::SubLabels,
+    sweep_moved: Histogram,
+    sweep_duration: Histogram,
+    over_ttl: Counter,
     /// The earliest local instant at which something this host knows of is due.
     next_wake: Mutex<Option<Instant>>,
     wake_changed: Notify,
@@ -94,11 +97,13 @@ impl DelayedSet {
         ttl: Option<Duration>,
         dead_letter: String,
         conn: ConnectionManager,
-        metrics: Arc<crate::metrics::Metrics>,
+        metrics: &crate::metrics::Metrics,
     ) -> Self {
+        let labels = crate::metrics::Metrics::labels(&stream, &group);
         Self {
-            labels: crate::metrics::Metrics::labels(&stream, &group),
-            metrics,
+            sweep_moved: metrics.sweep_moved.get_or_create(&labels).clone(),
+            sweep_duration: metrics.sweep_duration.get_or_create(&labels).clone(),
+            over_ttl: metrics.retry_over_ttl.get_or_create(&labels).clone(),
             stream,
             group,
             key,
@@ -120,10 +125,7 @@ impl DelayedSet {
         if let Some(ttl) = self.ttl
             && delay > ttl
         {
-            self.metrics
-                .retry_over_ttl
-                .get_or_create(&self.labels)
-                .inc();
+            self.over_ttl.inc();
             tracing::warn!(
                 key = %self.key,
                 delay_ms = delay.as_millis() as u64,
@@ -165,14 +167,8 @@ impl DelayedSet {
             .arg(SWEEP_BATCH)
             .invoke_async(&mut conn)
             .await?;
-        self.metrics
-            .sweep_duration
-            .get_or_create(&self.labels)
-            .observe(started.elapsed().as_secs_f64());
-        self.metrics
-            .sweep_moved
-            .get_or_create(&self.labels)
-            .observe(moved as f64);
+        self.sweep_duration.observe(started.elapsed().as_secs_f64());
+        self.sweep_moved.observe(moved as f64);
         let next_due_in =
             (next_due >= 0).then(|| Duration::from_millis((next_due - now).max(0) as u64));
         if malformed > 0 {

@@ -67,7 +67,9 @@ pub struct Subscription {
     dispatcher: Arc<Dispatcher>,
     delayed: Option<Arc<DelayedSet>>,
     permits: Arc<Semaphore>,
-    in_flight: Mutex<HashSet<String>>,
+    /// Ids being handled, on a claiming subscription only: XAUTOCLAIM can hand back an entry
+    /// this host is still handling. A plain subscription never reads an entry twice.
+    in_flight: Option<Mutex<HashSet<String>>>,
     stop: CancellationToken,
     tracker: TaskTracker,
     reconnects: prometheus_client::metrics::counter::Counter,
@@ -87,6 +89,7 @@ impl Subscription {
         metrics: &crate::metrics::Metrics,
     ) -> Arc<Self> {
         let labels = crate::metrics::Metrics::labels(&plan.stream, &plan.group);
+        let claiming = plan.claim_min_idle.is_some();
         Arc::new(Self {
             reconnects: metrics.reconnects.get_or_create(&labels).clone(),
             permits: Arc::new(Semaphore::new(plan.max_in_flight)),
@@ -95,7 +98,7 @@ impl Subscription {
             conn,
             dispatcher,
             delayed,
-            in_flight: Mutex::new(HashSet::new()),
+            in_flight: claiming.then(|| Mutex::new(HashSet::new())),
             stop,
             tracker,
         })
@@ -354,7 +357,7 @@ impl Subscription {
         delivery_count: u64,
         permit: OwnedSemaphorePermit,
     ) {
-        if let Ok(mut in_flight) = self.in_flight.lock()
+        if let Some(Ok(mut in_flight)) = self.in_flight.as_ref().map(Mutex::lock)
             && !in_flight.insert(entry.id.clone())
         {
             // XAUTOCLAIM handed back an entry this host is still handling.
@@ -366,7 +369,7 @@ impl Subscription {
             let id = delivery.entry.id.clone();
             let settled = this.dispatcher.dispatch(delivery).await;
             drop(permit);
-            if let Ok(mut in_flight) = this.in_flight.lock() {
+            if let Some(Ok(mut in_flight)) = this.in_flight.as_ref().map(Mutex::lock) {
                 in_flight.remove(&id);
             }
             if let Settled::RetryPending(delay) = settled {

@@ -171,6 +171,57 @@ pub async fn delivery_counts<C: ConnectionLike>(
     Ok(counts)
 }
 
+/// A consumer group's state, from XINFO GROUPS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupInfo {
+    /// Entries in its pending list.
+    pub pending: i64,
+    /// Entries not read yet (`None` when Redis cannot tell).
+    pub lag: Option<i64>,
+    /// The last id delivered to the group.
+    pub last_delivered_id: Option<String>,
+}
+
+/// A field of an XINFO reply as an integer.
+pub fn info_int(map: &HashMap<String, Value>, key: &str) -> Option<i64> {
+    match map.get(key) {
+        Some(Value::Int(n)) => Some(*n),
+        _ => None,
+    }
+}
+
+/// A field of an XINFO reply as text.
+pub fn info_text(map: &HashMap<String, Value>, key: &str) -> Option<String> {
+    map.get(key).and_then(text)
+}
+
+/// The state of `group` on `stream`; `None` when the stream or the group does not exist.
+pub async fn group_info<C: ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+    group: &str,
+) -> RedisResult<Option<GroupInfo>> {
+    let groups: Vec<HashMap<String, Value>> = match redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(stream)
+        .query_async(conn)
+        .await
+    {
+        Ok(groups) => groups,
+        // "ERR no such key": no stream yet.
+        Err(err) if err.code() == Some("ERR") => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    Ok(groups
+        .into_iter()
+        .find(|g| info_text(g, "name").as_deref() == Some(group))
+        .map(|g| GroupInfo {
+            pending: info_int(&g, "pending").unwrap_or(0),
+            lag: info_int(&g, "lag"),
+            last_delivered_id: info_text(&g, "last-delivered-id"),
+        }))
+}
+
 /// Order stream ids numerically (`ms-seq`).
 pub fn cmp_ids(a: &str, b: &str) -> std::cmp::Ordering {
     fn parts(id: &str) -> (u64, u64) {
