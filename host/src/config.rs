@@ -36,6 +36,8 @@
 //! | `handler_timeout`        | wall-clock limit of one delivery                            | `10s` |
 //! | `memory_limit`           | linear-memory cap per instance, e.g. `"64MiB"`              | `64MiB` |
 //! | `fuel`                   | deterministic instruction budget per delivery               | unmetered |
+//! | `allowed_outbound_hosts` | hosts the guest may send HTTP requests to, e.g. `["https://*.example.com", "http://127.0.0.1:8080"]` | none |
+//! | `http_timeout`           | longest an HTTP request may wait to connect, for a response, or between body chunks | `handler_timeout` |
 //! | `[subscription.config]`  | string values the guest can read                            | empty |
 
 use std::collections::BTreeMap;
@@ -44,6 +46,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use sluice_descriptor::{Backoff, DelayedRetry};
+
+use crate::runtime::http::{AllowedHost, OutboundHttp};
 
 /// How long a shutdown waits for in-flight deliveries when the config does not say.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -142,6 +146,9 @@ pub struct Limits {
     pub memory_limit: u64,
     /// Fuel (roughly, wasm instructions) one delivery may burn; `None` leaves it unmetered.
     pub fuel: Option<u64>,
+    /// Where the guest may send HTTP requests, and how long each may take. A grant, not a
+    /// limit, but like the limits it is the operator's to set, never the component's.
+    pub outbound_http: OutboundHttp,
 }
 
 impl Default for Limits {
@@ -153,6 +160,7 @@ impl Default for Limits {
             handler_timeout: DEFAULT_HANDLER_TIMEOUT,
             memory_limit: DEFAULT_MEMORY_LIMIT,
             fuel: None,
+            outbound_http: OutboundHttp::default(),
         }
     }
 }
@@ -287,6 +295,9 @@ struct RawSubscription {
     handler_timeout: Option<String>,
     memory_limit: Option<String>,
     fuel: Option<u64>,
+    #[serde(default)]
+    allowed_outbound_hosts: Vec<String>,
+    http_timeout: Option<String>,
     #[serde(default)]
     config: BTreeMap<String, toml::Value>,
 }
@@ -568,6 +579,26 @@ fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
                 return Err(v.invalid(&key("fuel"), "0", "must be at least 1"));
             }
             limits.fuel = Some(fuel);
+        }
+        for (j, entry) in sub.allowed_outbound_hosts.iter().enumerate() {
+            let host: AllowedHost = entry.parse().map_err(|e: String| {
+                v.invalid(&key(&format!("allowed_outbound_hosts[{j}]")), entry, &e)
+            })?;
+            limits.outbound_http.allowed.push(host);
+        }
+        limits.outbound_http.timeout = limits.handler_timeout;
+        if let Some(t) = opt_duration("http_timeout", &sub.http_timeout)? {
+            if t.is_zero() || t > limits.handler_timeout {
+                return Err(v.invalid(
+                    &key("http_timeout"),
+                    sub.http_timeout.as_deref().unwrap_or_default(),
+                    &format!(
+                        "must be longer than 0 and at most handler_timeout ({}): a request cannot outlive its delivery",
+                        humantime::format_duration(limits.handler_timeout)
+                    ),
+                ));
+            }
+            limits.outbound_http.timeout = t;
         }
         let mut values = BTreeMap::new();
         for (name, value) in sub.config {

@@ -108,7 +108,12 @@ impl LoadedComponent {
             path: self.path.clone(),
             message,
         };
-        let mut store = new_store(&self.runtime, Arc::from([]), 64 * 1024 * 1024);
+        let mut store = new_store(
+            &self.runtime,
+            Arc::from([]),
+            64 * 1024 * 1024,
+            Arc::default(),
+        );
         store.data_mut().deadline = Some(Instant::now() + DESCRIPTOR_TIMEOUT);
         let handler = self
             .pre

@@ -1,9 +1,10 @@
 //! Per-store state and the host side of the WIT imports.
 //!
 //! A guest can reach exactly this: its subscription's config values, logging into the host's
-//! `tracing` (inside the delivery's span), and WASI 0.2 with no preopened directories, no
-//! environment, no arguments, no sockets and no stdin; stdout and stderr go nowhere. Wall and
-//! monotonic clocks and random numbers are WASI's own.
+//! `tracing` (inside the delivery's span), outbound HTTP to the hosts its subscription allows
+//! (see [`super::http`]), and WASI 0.2 with no preopened directories, no environment, no
+//! arguments, no sockets and no stdin; stdout and stderr go nowhere. Wall and monotonic clocks
+//! and random numbers are WASI's own.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,12 +12,16 @@ use std::time::Instant;
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{Engine, ResourceLimiter};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::{self, sluice::handler::log::Level};
+use super::http::{HttpHooks, OutboundHttp};
 
 /// The data of one store: WASI state, limits, and what the host learns during a call.
 pub struct GuestState {
     wasi: WasiCtx,
+    http: WasiHttpCtx,
+    http_hooks: HttpHooks,
     table: ResourceTable,
     pub(crate) limiter: Limiter,
     values: Arc<[(String, String)]>,
@@ -29,10 +34,16 @@ pub struct GuestState {
 }
 
 impl GuestState {
-    /// A fresh state with every capability denied.
-    pub fn new(values: Arc<[(String, String)]>, memory_limit: u64) -> Self {
+    /// A fresh state with every capability denied but outbound HTTP to what `http` grants.
+    pub fn new(
+        values: Arc<[(String, String)]>,
+        memory_limit: u64,
+        http: Arc<OutboundHttp>,
+    ) -> Self {
         Self {
             wasi: WasiCtxBuilder::new().build(),
+            http: WasiHttpCtx::new(),
+            http_hooks: HttpHooks { grant: http },
             table: ResourceTable::new(),
             limiter: Limiter {
                 memory_limit,
@@ -51,6 +62,16 @@ impl WasiView for GuestState {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for GuestState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.http_hooks,
         }
     }
 }
@@ -87,10 +108,11 @@ impl ResourceLimiter for Limiter {
     }
 }
 
-/// A linker with WASI 0.2 and the Sluice imports.
+/// A linker with WASI 0.2, `wasi:http`'s outgoing handler and the Sluice imports.
 pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
     bindings::Handler::add_to_linker::<GuestState, HasSelf<GuestState>>(&mut linker, |s| s)?;
     Ok(linker)
 }

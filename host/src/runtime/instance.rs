@@ -11,9 +11,11 @@ use std::time::Instant;
 use futures::future::BoxFuture;
 use wasmtime::{Store, UpdateDeadline};
 
+use super::EPOCH_TICK;
 use super::bindings::{self, sluice::handler::types as wit};
 use super::component::LoadedComponent;
 use super::guest::GuestState;
+use super::http::OutboundHttp;
 use crate::config::{Isolation, Limits};
 use crate::delivery::Delivery;
 use crate::dispatch::Handler;
@@ -24,8 +26,12 @@ pub(crate) fn new_store(
     runtime: &super::Runtime,
     values: Arc<[(String, String)]>,
     memory_limit: u64,
+    http: Arc<OutboundHttp>,
 ) -> Store<GuestState> {
-    let mut store = Store::new(runtime.engine(), GuestState::new(values, memory_limit));
+    let mut store = Store::new(
+        runtime.engine(),
+        GuestState::new(values, memory_limit, http),
+    );
     store.limiter(|state| &mut state.limiter);
     store.epoch_deadline_callback(|mut ctx| {
         let state = ctx.data_mut();
@@ -57,6 +63,7 @@ pub struct WasmHandler {
     component: LoadedComponent,
     limits: Limits,
     values: Arc<[(String, String)]>,
+    http: Arc<OutboundHttp>,
     idle: Mutex<Vec<Instance>>,
 }
 
@@ -66,6 +73,7 @@ impl WasmHandler {
     pub fn new(component: LoadedComponent, limits: Limits, values: Vec<(String, String)>) -> Self {
         Self {
             component,
+            http: Arc::new(limits.outbound_http.clone()),
             limits,
             values: values.into(),
             idle: Mutex::new(Vec::new()),
@@ -79,7 +87,12 @@ impl WasmHandler {
 
     async fn instantiate(&self) -> Result<Instance, Failure> {
         let runtime = self.component.runtime();
-        let mut store = new_store(runtime, self.values.clone(), self.limits.memory_limit);
+        let mut store = new_store(
+            runtime,
+            self.values.clone(),
+            self.limits.memory_limit,
+            self.http.clone(),
+        );
         store.data_mut().deadline = Some(Instant::now() + self.limits.handler_timeout);
         let handler = self
             .component
@@ -129,11 +142,15 @@ impl WasmHandler {
                 .set_fuel(self.limits.fuel.unwrap_or(u64::MAX));
         }
         let request = to_wit(delivery);
-        match instance
-            .handler
-            .call_handle(&mut instance.store, &request)
-            .await
-        {
+        // Epoch interruption stops a guest that runs past its deadline, but not one waiting in
+        // a host call (an HTTP response, a WASI sleep): the timer covers those. Dropping the
+        // call mid-way leaves the instance unusable, so it is dropped too.
+        let call = instance.handler.call_handle(&mut instance.store, &request);
+        let Ok(result) = tokio::time::timeout(self.limits.handler_timeout + EPOCH_TICK, call).await
+        else {
+            return Err(Failure::Timeout(self.limits.handler_timeout));
+        };
+        match result {
             Ok(outcome) => {
                 instance.uses += 1;
                 self.give_back(instance);

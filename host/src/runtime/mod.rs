@@ -9,6 +9,8 @@
 //!   turns traps into [`crate::outcome::Failure`]s.
 //! - [`guest`] is the per-store state and the host side of the WIT imports (logging into
 //!   `tracing`, the subscription's config values, WASI with every capability denied).
+//! - [`http`] is outbound HTTP: the subscription's `allowed_outbound_hosts` and timeouts in
+//!   front of `wasi:http`'s outgoing handler.
 //!
 //! Time limits use epoch interruption: a ticker thread bumps the engine's epoch every
 //! [`EPOCH_TICK`]; at each tick a running guest yields to the async executor (so a busy guest
@@ -16,6 +18,7 @@
 
 pub mod component;
 pub mod guest;
+pub mod http;
 pub mod instance;
 
 use std::path::Path;
