@@ -32,14 +32,16 @@
 //!   a reason naming the field and the serde error, never acked silently);
 //! - [`handler`]: the [`Handle`] trait, its [`Context`], per-instance [`State`] and [`export!`];
 //! - [`outcome`]: what the handler answers: ack, retry after a delay, or dead-letter;
-//! - [`config`] and logging: the only things a handler can reach in the host. `tracing` events
-//!   emitted by the handler go into the host's logs, inside the delivery's span.
+//! - [`config`], logging and [`http`]: the only things a handler can reach in the host.
+//!   `tracing` events emitted by the handler go into the host's logs, inside the delivery's
+//!   span; HTTP requests reach only the hosts the subscription's `allowed_outbound_hosts` grants.
 
 #![deny(missing_docs)]
 
 pub mod config;
 pub mod delivery;
 pub mod handler;
+pub mod http;
 mod log;
 pub mod outcome;
 #[doc(hidden)]

@@ -731,4 +731,49 @@ mod tests {
             .unwrap();
         assert_eq!(file.subscriptions[0].limits.memory_limit, 32 * 1024 * 1024);
     }
+
+    #[test]
+    fn outbound_hosts_and_http_timeout() {
+        let file = parse(
+            "[[subscription]]\ncomponent = \"COMPONENT\"\nhandler_timeout = \"5s\"\n\
+             allowed_outbound_hosts = [\"https://*.example.com\", \"http://127.0.0.1:*\"]\n",
+        )
+        .ok()
+        .unwrap();
+        let http = &file.subscriptions[0].limits.outbound_http;
+        assert_eq!(http.allowed.len(), 2);
+        assert_eq!(
+            http.timeout,
+            Duration::from_secs(5),
+            "defaults to handler_timeout"
+        );
+        assert!(
+            http.check(&"https://api.example.com/x".parse().unwrap())
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn bad_outbound_host_and_long_http_timeout_are_named() {
+        let err = parse(
+            "[[subscription]]\ncomponent = \"COMPONENT\"\nallowed_outbound_hosts = [\"https://a.com\", \"a.com\"]\n",
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            err.contains("subscription[0].allowed_outbound_hosts[1]") && err.contains("no scheme"),
+            "{err}"
+        );
+        let err = parse(
+            "[[subscription]]\ncomponent = \"COMPONENT\"\nhandler_timeout = \"1s\"\nhttp_timeout = \"2s\"\n",
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            err.contains("subscription[0].http_timeout") && err.contains("at most handler_timeout"),
+            "{err}"
+        );
+    }
 }

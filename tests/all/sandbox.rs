@@ -85,6 +85,21 @@ async fn an_infinite_loop_is_interrupted_at_its_deadline() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_blocked_in_a_host_call_is_stopped_at_its_deadline() {
+    // Sleeping waits in WASI's poll, outside wasm code, where epoch interruption cannot reach.
+    let reason = fault(
+        "sleeping",
+        "handler_timeout = \"300ms\"",
+        json!({"mode": "sleep", "ms": 60_000}),
+    )
+    .await;
+    assert!(
+        reason.contains("handler exceeded its time limit of 300ms"),
+        "{reason}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fuel_budget_stops_a_loop_deterministically() {
     let reason = fault("metered", "fuel = 5000000", json!({"mode": "loop"})).await;
     assert!(
@@ -156,4 +171,143 @@ async fn files_environment_and_sockets_are_denied() {
         "nothing connected to the listener"
     );
     host.stop().await.unwrap();
+}
+
+/// A local HTTP server that counts its requests: `POST /echo` answers `echo:<body>`,
+/// `POST /slow` answers only after 30 s.
+struct Upstream {
+    addr: std::net::SocketAddr,
+    hits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Upstream {
+    async fn start() -> Self {
+        use axum::routing::post;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let hits = std::sync::Arc::new(AtomicUsize::new(0));
+        let counter = hits.clone();
+        let app = axum::Router::new()
+            .route(
+                "/echo",
+                post(|body: String| async move { format!("echo:{body}") }),
+            )
+            .route(
+                "/slow",
+                post(|| async {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    "too late"
+                }),
+            )
+            .layer(axum::middleware::from_fn(
+                move |req: axum::extract::Request, next: axum::middleware::Next| {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    next.run(req)
+                },
+            ));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self { addr, hits }
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbound_http_reaches_granted_hosts_only_and_is_time_bounded() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let granted = Upstream::start().await;
+    let other = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let toml = two_subscriptions(
+        "web",
+        &format!(
+            "allowed_outbound_hosts = [\"http://{}\", \"https://*.example.com\"]\nhttp_timeout = \"500ms\"",
+            granted.addr
+        ),
+    )
+    .replace("{fixture}", guests().fixture.to_str().unwrap());
+    let path = write_config(dir.path(), "sluice.toml", &toml);
+    let url = redis.url();
+    let host = HostProcess::spawn(
+        &["run", path.to_str().unwrap(), "--redis", url.as_str()],
+        dir.path(),
+    );
+    let http = |url: String| json!({"mode": "http", "key": url, "reason": "hello"});
+    let allowed = add(
+        &mut conn,
+        "web",
+        &http(format!("http://{}/echo", granted.addr)),
+    )
+    .await;
+    let denied = add(
+        &mut conn,
+        "web",
+        &http(format!("http://{}/echo", other.addr)),
+    )
+    .await;
+    let slow = add(
+        &mut conn,
+        "web",
+        &http(format!("http://{}/slow", granted.addr)),
+    )
+    .await;
+    let same = add(&mut conn, "web", &json!({"mode": "ack"})).await;
+    let bystander = add(&mut conn, "web-bystander", &json!({"mode": "ack"})).await;
+
+    let dead = wait_for(T, "three dead letters", || {
+        let mut conn = conn.clone();
+        async move {
+            let dead = entries(&mut conn, "web.dead-letter").await;
+            (dead.len() == 3).then_some(dead)
+        }
+    })
+    .await;
+    let reason = |id: &str| {
+        dead.iter()
+            .find(|(_, f)| field(f, "sluice-origin-id") == Some(id))
+            .and_then(|(_, f)| field(f, "sluice-reason"))
+            .unwrap_or_else(|| panic!("no dead letter for {id}: {dead:?}"))
+            .to_owned()
+    };
+    assert_eq!(reason(&allowed), "status=200 body=echo:hello");
+    let denial = reason(&denied);
+    assert!(
+        denial.contains("denied by the host") && denial.contains(&other.addr.to_string()),
+        "{denial}"
+    );
+    assert!(reason(&slow).contains("timed out"), "{}", reason(&slow));
+    assert_eq!(other.hits(), 0, "the denied host was never contacted");
+    assert_eq!(granted.hits(), 2, "the granted host got /echo and /slow");
+    // The healthy entries on the same and the other subscription were served.
+    wait_for(T, "the healthy entries acked", || {
+        let mut conn = conn.clone();
+        let (same, bystander) = (same.clone(), bystander.clone());
+        async move {
+            (acked_through(&mut conn, "web", "g", &same).await
+                && acked_through(&mut conn, "web-bystander", "g", &bystander).await)
+                .then_some(())
+        }
+    })
+    .await;
+    // The host logged the denial inside the delivery's span.
+    let log = wait_for(T, "the denial in the host's log", || {
+        let text = host.log_text();
+        async move { text.contains("outbound HTTP denied").then_some(text) }
+    })
+    .await;
+    let line = log
+        .lines()
+        .find(|l| l.contains("outbound HTTP denied"))
+        .unwrap();
+    assert!(
+        line.contains(&format!("http://{}", other.addr))
+            && line.contains("allowed_outbound_hosts")
+            && line.contains("web")
+            && line.contains(&denied),
+        "{line}"
+    );
 }

@@ -259,7 +259,10 @@ impl HostProcess {
         let child = Command::new(sluice_bin())
             .args(args)
             .current_dir(dir)
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("SLUICE_TEST_LOG").unwrap_or("info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(file)
@@ -364,6 +367,39 @@ pub async fn pending(conn: &mut MultiplexedConnection, stream: &str, group: &str
         Err(err) if err.code() == Some("NOGROUP") => 0,
         Err(err) => panic!("XPENDING {stream} {group}: {err}"),
     }
+}
+
+/// Whether `group` has read entry `id` of `stream` and none of its entries is pending: with
+/// nothing parked or dead-lettered, `id` was acked.
+pub async fn acked_through(
+    conn: &mut MultiplexedConnection,
+    stream: &str,
+    group: &str,
+    id: &str,
+) -> bool {
+    let groups: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(stream)
+        .query_async(conn)
+        .await
+        .unwrap_or_default();
+    let Some(last) = groups
+        .iter()
+        .find(
+            |g| matches!(g.get("name"), Some(redis::Value::BulkString(n)) if n == group.as_bytes()),
+        )
+        .and_then(|g| match g.get("last-delivered-id") {
+            Some(redis::Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        })
+    else {
+        return false;
+    };
+    let key = |id: &str| -> (u64, u64) {
+        let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+        (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+    };
+    key(&last) >= key(id) && pending(conn, stream, group).await == 0
 }
 
 /// All entries of a stream as (id, fields).
