@@ -4,7 +4,7 @@
 //! Run with: `scripts/guests && cargo run --release -p sluice-bench -- [SCENARIO...] [--json]`
 //!
 //! Scenarios: `ceiling` (XREADGROUP COUNT 128 + one XACK per batch, no handler), `native` (the
-//! host's full path with a native Rust handler), `wasm` (the bank-payments component, reused
+//! host's full path with a native Rust handler), `wasm` (the same work in a component, reused
 //! instances), `wasm-isolated` (a fresh instance per delivery), `retry` (retry lateness through
 //! the durable set), `drain` (entries already due in the set), `swap` (throughput while the
 //! handler is hot-swapped every 100 ms, and time from a swap to its first delivery), `sandbox`
@@ -96,7 +96,6 @@ async fn main() -> Result<()> {
         wanted.insert(0, "ceiling");
     }
     let bench = Bench::start(
-        guest("bank_payments.wasm")?,
         guest("sluice_fixture.wasm")?,
         guest("sluice_fixture_v2.wasm")?,
     )

@@ -1,33 +1,39 @@
-//! The bank example's work as a native Rust handler, to isolate what WebAssembly costs: decode
-//! the payment from JSON and charge it through the same simulated gateway.
+//! The `wasm` scenario's work as a native Rust handler, to isolate what WebAssembly costs:
+//! decode the same payment-sized JSON payload the fixture component decodes, and ack.
 
-use std::time::Duration;
-
-use bank_payments_model::{Payment, PaymentGateway, RECHECK};
 use futures::future::BoxFuture;
+use serde::Deserialize;
 use sluice_host::delivery::Delivery;
 use sluice_host::dispatch::Handler;
 use sluice_host::outcome::{Failure, Outcome};
 
-/// The native bank handler.
-pub struct NativeBank {
-    gateway: PaymentGateway,
+/// The payload, as the fixture component reads it.
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct Control {
+    mode: String,
+    #[serde(default)]
+    ms: u64,
+    #[serde(default)]
+    times: u64,
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    key: String,
 }
 
-impl NativeBank {
+/// The native handler.
+pub struct NativeAck;
+
+impl NativeAck {
     pub fn new() -> Self {
-        Self {
-            gateway: PaymentGateway {
-                slow_above_cents: 100_000,
-                slow_for: Duration::from_secs(10),
-            },
-        }
+        Self
     }
 }
 
-impl Handler for NativeBank {
+impl Handler for NativeAck {
     fn digest(&self) -> &str {
-        "native-bank"
+        "native-ack"
     }
 
     fn handle<'a>(&'a self, delivery: &'a Delivery) -> BoxFuture<'a, Result<Outcome, Failure>> {
@@ -35,13 +41,10 @@ impl Handler for NativeBank {
             let Some(raw) = delivery.entry.field("payload") else {
                 return Ok(Outcome::DeadLetter("no payload field".into()));
             };
-            let payment: Payment = match serde_json::from_slice(raw) {
-                Ok(payment) => payment,
-                Err(err) => return Ok(Outcome::DeadLetter(format!("undecodable payload: {err}"))),
-            };
-            Ok(match self.gateway.charge(&payment).await {
-                Ok(()) => Outcome::Ack,
-                Err(_) => Outcome::RetryAfter(RECHECK),
+            Ok(match serde_json::from_slice::<Control>(raw) {
+                Ok(control) if control.mode == "ack" => Outcome::Ack,
+                Ok(control) => Outcome::DeadLetter(format!("unexpected mode {}", control.mode)),
+                Err(err) => Outcome::DeadLetter(format!("undecodable payload: {err}")),
             })
         })
     }

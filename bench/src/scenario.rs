@@ -14,7 +14,7 @@ use sluice_host::runtime::Runtime;
 use sluice_host::{Config, EventKind, Plan, Service};
 use tokio_util::sync::CancellationToken;
 
-use crate::native::NativeBank;
+use crate::native::NativeAck;
 
 /// One scenario's numbers.
 #[derive(Debug, Default)]
@@ -111,7 +111,6 @@ impl Report {
 pub struct Bench {
     redis: DevRedis,
     runtime: Runtime,
-    bank: PathBuf,
     fixture: PathBuf,
     fixture_v2: PathBuf,
     dir: tempfile::TempDir,
@@ -132,7 +131,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 impl Bench {
-    pub async fn start(bank: PathBuf, fixture: PathBuf, fixture_v2: PathBuf) -> Result<Self> {
+    pub async fn start(fixture: PathBuf, fixture_v2: PathBuf) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let options = DevRedisOptions {
             aof: false,
@@ -153,7 +152,6 @@ impl Bench {
         Ok(Self {
             redis,
             runtime,
-            bank,
             fixture,
             fixture_v2,
             dir,
@@ -183,14 +181,15 @@ impl Bench {
         Ok(())
     }
 
+    /// A payment-sized JSON payload the fixture decodes and acks (the bank handler itself
+    /// charges over HTTP, which would measure the gateway instead of the host).
     fn payment(i: usize) -> String {
         serde_json::json!({
-            "id": format!("p-{i:08}"),
-            "account": format!("acct-{:04}", i % 7919),
-            "amount_cents": 1_000 + (i % 50_000) as u64,
-            "currency": "EUR",
-            "created_at_ms": 1_790_000_000_000u64 + i as u64,
-            "memo": "monthly subscription, plan S, invoice 2026-11",
+            "mode": "ack",
+            "key": format!("p-{i:08} acct-{:04}", i % 7919),
+            "ms": 1_000 + (i % 50_000) as u64,
+            "times": 1_790_000_000_000u64 + i as u64,
+            "reason": "EUR, monthly subscription, plan S, invoice 2026-11",
         })
         .to_string()
     }
@@ -295,11 +294,11 @@ impl Bench {
         };
         let toml = format!(
             "[[subscription]]\ncomponent = {:?}\nstream = {stream:?}\ngroup = \"g\"\ncount = 128\nmax_in_flight = 128\nblock = \"100ms\"\nisolation = \"{isolation}\"\ndelayed_retry = \"none\"\n",
-            self.bank.display().to_string()
+            self.fixture.display().to_string()
         );
         let mut service = self.service(&toml).await?;
         if scenario == "native" {
-            service = service.with_handler(0, Arc::new(NativeBank::new()));
+            service = service.with_handler(0, Arc::new(NativeAck::new()));
         }
         let stop = CancellationToken::new();
         let started = Instant::now();

@@ -1,4 +1,7 @@
-//! The bank-payments example in its two forms (macro and manual) behaves the same.
+//! The bank-payments example in its two forms (macro and manual) behaves the same, against the
+//! demo's real payment gateway over HTTP: a small payment is charged, a large one times out at
+//! the gateway, is parked for 30 s and charged on its retry, a zero one is declined and
+//! dead-lettered, and an undecodable one is dead-lettered with the reason.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -16,17 +19,31 @@ fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
-/// Run one form on its own stream; returns what happened to (small, large, bad) payments.
+/// Run one form on its own stream, against its own demo gateway; returns what happened to the
+/// (small, large, declined, bad) payments.
 async fn run_form(redis: &Redis, component: &str, stream: &str) -> Vec<(String, u32, String)> {
     let mut conn = redis.conn().await;
+    // The demo's gateway holds large payments for 200 ms after it first sees them; the
+    // handler gives up on a charge after 300 ms.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gateway = listener.local_addr().unwrap();
+    let settings = bank_gateway::Settings {
+        slow_above_cents: 100_000,
+        slow_for: Duration::from_millis(200),
+        hold: Duration::from_secs(30),
+    };
+    tokio::spawn(bank_gateway::serve(listener, settings));
     let toml = format!(
-        "[[subscription]]\ncomponent = \"{{{component}}}\"\nstream = \"{stream}\"\nblock = \"100ms\"\ndelayed_retry = {{ key = \"{stream}.delayed\" }}\n[subscription.config]\ngateway_slow_above_cents = 100000\ngateway_slow_for_ms = 300\n"
+        "[[subscription]]\ncomponent = \"{{{component}}}\"\nstream = \"{stream}\"\nblock = \"100ms\"\n\
+         delayed_retry = {{ key = \"{stream}.delayed\" }}\nallowed_outbound_hosts = [\"http://{gateway}\"]\n\
+         [subscription.config]\ngateway_url = \"http://{gateway}\"\ngateway_timeout_ms = 300\n"
     );
     let mut host = TestHost::start(redis, &toml).await;
     let created = now_ms();
     let payment = |id: &str, cents: u64| json!({"id": id, "account": "acct-1", "amount_cents": cents, "currency": "EUR", "created_at_ms": created});
     let small = add(&mut conn, stream, &payment("small", 1_000)).await;
     let large = add(&mut conn, stream, &payment("large", 500_000)).await;
+    let declined = add(&mut conn, stream, &payment("declined", 0)).await;
     let bad = add(&mut conn, stream, &json!({"id": "bad"})).await;
     let mut seen = Vec::new();
     let mut describe = |label: &str, e: &sluice_host::Event| {
@@ -38,12 +55,14 @@ async fn run_form(redis: &Redis, component: &str, stream: &str) -> Vec<(String, 
         };
         seen.push((label.to_owned(), e.retry_count, kind));
     };
-    for _ in 0..3 {
+    for _ in 0..4 {
         let e = host.event(T, "the first attempts", |_| true).await;
         let label = if e.id == small {
             "small"
         } else if e.id == large {
             "large"
+        } else if e.id == declined {
+            "declined"
         } else if e.id == bad {
             "bad"
         } else {
@@ -51,12 +70,8 @@ async fn run_form(redis: &Redis, component: &str, stream: &str) -> Vec<(String, 
         };
         describe(label, &e);
     }
-    // The gateway is slow for 300 ms after creation; then bring the 30 s retry forward by
-    // moving its due time in Redis, instead of waiting 30 s.
-    wait_for(T, "the gateway's slow period to end", || async {
-        (now_ms() > created + 300).then_some(())
-    })
-    .await;
+    // The charge timed out after 300 ms, so the gateway's 200 ms hold is over: bring the 30 s
+    // retry forward by moving its due time in Redis, instead of waiting 30 s.
     let members: Vec<Vec<u8>> = cmd(
         &mut conn,
         &["ZRANGE", &format!("{stream}.delayed"), "0", "-1"],
@@ -84,7 +99,7 @@ async fn the_macro_and_manual_forms_behave_the_same() {
     let macro_form = run_form(&redis, "bank", "bank-macro").await;
     let manual_form = run_form(&redis, "bank_manual", "bank-manual").await;
     assert_eq!(macro_form, manual_form);
-    assert_eq!(macro_form.len(), 4);
+    assert_eq!(macro_form.len(), 5);
     assert!(
         macro_form.contains(&("small".into(), 0, "acked".into())),
         "{macro_form:?}"
@@ -96,6 +111,11 @@ async fn the_macro_and_manual_forms_behave_the_same() {
     assert!(
         macro_form.contains(&("large".into(), 1, "acked".into())),
         "{macro_form:?}"
+    );
+    let (_, _, declined) = macro_form.iter().find(|(l, _, _)| l == "declined").unwrap();
+    assert!(
+        declined.contains("declined the charge: 400") && declined.contains("must be positive"),
+        "{declined}"
     );
     let (_, _, bad) = macro_form.iter().find(|(l, _, _)| l == "bad").unwrap();
     assert!(

@@ -18,9 +18,13 @@ impl Handle<Payment, (), (), (), AppState> for ChargeBank {
         _outs: &(),
         ctx: &mut Context<'_, (), AppState>,
     ) -> Result<(), HandlerOutcome> {
-        if let Err(err) = ctx.state().gateway.charge(payment).await {
-            tracing::warn!(payment.id, %err, "charge failed, parked for later");
-            return Err(HandlerOutcome::retry_after(RECHECK));
+        match ctx.state().gateway.charge(payment).await {
+            Ok(()) => {}
+            Err(err) if err.is_retryable() => {
+                tracing::warn!(payment.id, %err, "charge failed, parked for later");
+                return Err(HandlerOutcome::retry_after(RECHECK));
+            }
+            Err(err) => return Err(HandlerOutcome::dead_letter(err.to_string())),
         }
         tracing::info!(
             payment.id,

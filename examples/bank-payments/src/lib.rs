@@ -1,5 +1,6 @@
-//! The bank-payments handler, macro form: a payment the gateway timed out on waits in the
-//! `bank-payments.delayed` sorted set for 30 seconds, then comes back and is charged again.
+//! The bank-payments handler, macro form: it charges each payment at the payment gateway over
+//! HTTP; a payment the gateway timed out on waits in the `bank-payments.delayed` sorted set for
+//! 30 seconds, then comes back and is charged again. A declined charge is dead-lettered.
 //!
 //! Build with: `cargo build --release --target wasm32-wasip2 -p bank-payments`
 //! Run with:   `scripts/demo` (or `sluice run examples/bank-payments/sluice.toml`)
@@ -27,9 +28,10 @@ async fn charge_bank(payment: &Payment, State(gateway): State<PaymentGateway>) -
             );
             HandlerOutcome::ack()
         }
-        Err(err) => {
+        Err(err) if err.is_retryable() => {
             tracing::warn!(payment.id, %err, "charge failed, parked for later");
             HandlerOutcome::retry_after(RECHECK)
         }
+        Err(err) => HandlerOutcome::dead_letter(err.to_string()),
     }
 }

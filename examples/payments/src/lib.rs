@@ -1,16 +1,23 @@
 //! The bank-payments example's domain, shared by its two guest forms (macro and manual):
-//! a [`Payment`] as the producer writes it, and a [`PaymentGateway`] that charges it.
+//! a [`Payment`] as the producer writes it, and a [`PaymentGateway`] client that charges it
+//! over HTTP.
 //!
-//! The gateway is simulated so the demo needs nothing outside this machine: it times out on
-//! large payments while they are fresh (younger than `gateway_slow_for`), the way a real
-//! gateway times out while a bank confirms a large transfer. A retry after [`RECHECK`] finds
-//! the payment old enough and the charge goes through.
+//! The demo's gateway (`bank-gateway`, in `examples/gateway`) runs on this machine. It holds
+//! large payments for a while after it first sees them, the way a real gateway times out while
+//! a bank confirms a large transfer: the charge request times out, the handler parks the
+//! payment for [`RECHECK`], and the retry finds it confirmed. Charges carry the payment id as
+//! an idempotency key, so a retry after a timeout never charges twice.
+//!
+//! The subscription must grant the gateway in `allowed_outbound_hosts`; without it every
+//! charge fails as denied (and is retried, so fixing the config and swapping nothing in is
+//! enough).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use sluice_guest::FromConfig;
 use sluice_guest::config::Config;
+use sluice_guest::http::Request;
 
 /// How long a payment the gateway timed out on waits before it is charged again.
 pub const RECHECK: Duration = Duration::from_secs(30);
@@ -33,43 +40,53 @@ pub struct Payment {
 /// Why a charge failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GatewayError {
-    /// The gateway did not confirm in time; the charge may be retried.
-    Timeout {
-        /// How long the gateway still needs, as far as we can tell.
-        retry_in: Duration,
-    },
+    /// The gateway did not answer in time; the charge may have gone through or not, and is
+    /// safe to retry (it is idempotent).
+    Timeout,
+    /// The gateway could not be reached or answered with a server error; retry later.
+    Unavailable(String),
+    /// The gateway refused the charge; retrying will not help.
+    Declined(String),
+}
+
+impl GatewayError {
+    /// Whether a later retry may succeed.
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, Self::Declined(_))
+    }
 }
 
 impl std::fmt::Display for GatewayError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Timeout { retry_in } => {
-                write!(
-                    f,
-                    "gateway timed out (busy for about {}s more)",
-                    retry_in.as_secs()
-                )
-            }
+            Self::Timeout => f.write_str("the payment gateway timed out"),
+            Self::Unavailable(why) => write!(f, "the payment gateway is unavailable: {why}"),
+            Self::Declined(why) => write!(f, "the payment gateway declined the charge: {why}"),
         }
     }
 }
 
 impl std::error::Error for GatewayError {}
 
-/// The simulated payment gateway, built once per instance from the subscription's config.
+/// The payment gateway client, built once per instance from the subscription's config
+/// (`gateway_url`, `gateway_timeout_ms`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PaymentGateway {
-    /// Payments at or above this amount take the slow path.
-    pub slow_above_cents: u64,
-    /// How long after creation a slow-path payment keeps timing out.
-    pub slow_for: Duration,
+    /// Base URL of the gateway, e.g. `http://127.0.0.1:7878`.
+    pub url: String,
+    /// How long one charge request may take.
+    pub timeout: Duration,
 }
 
 impl FromConfig for PaymentGateway {
     fn from_config(config: &Config) -> Result<Self, String> {
         Ok(Self {
-            slow_above_cents: config.parse_or("gateway_slow_above_cents", 100_000)?,
-            slow_for: Duration::from_millis(config.parse_or("gateway_slow_for_ms", 10_000)?),
+            url: config
+                .get("gateway_url")
+                .unwrap_or_else(|| "http://127.0.0.1:7878".to_owned())
+                .trim_end_matches('/')
+                .to_owned(),
+            timeout: Duration::from_millis(config.parse_or("gateway_timeout_ms", 2_000)?),
         })
     }
 }
@@ -77,22 +94,32 @@ impl FromConfig for PaymentGateway {
 impl PaymentGateway {
     /// Charge a payment.
     pub async fn charge(&self, payment: &Payment) -> Result<(), GatewayError> {
-        if payment.amount_cents < self.slow_above_cents {
-            return Ok(());
+        let response = Request::post(format!("{}/charge", self.url))
+            .header("idempotency-key", &payment.id)
+            .json(payment)
+            .timeout(self.timeout)
+            .send()
+            .map_err(|err| {
+                if err.is_timeout() {
+                    GatewayError::Timeout
+                } else {
+                    GatewayError::Unavailable(err.to_string())
+                }
+            })?;
+        match response.status() {
+            200..=299 => Ok(()),
+            504 => Err(GatewayError::Timeout),
+            status @ 400..=499 => Err(GatewayError::Declined(format!(
+                "{status} {}",
+                response.text()
+            ))),
+            status => Err(GatewayError::Unavailable(format!(
+                "{status} {}",
+                response.text()
+            ))),
         }
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let age = Duration::from_millis(now_ms.saturating_sub(payment.created_at_ms));
-        if age < self.slow_for {
-            return Err(GatewayError::Timeout {
-                retry_in: self.slow_for - age,
-            });
-        }
-        Ok(())
     }
 }
-
 /// The state of the manual example: everything its handler needs, built once per instance.
 #[derive(Debug, Clone)]
 pub struct AppState {
