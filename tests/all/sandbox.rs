@@ -20,111 +20,127 @@ fn two_subscriptions(stream: &str, extra: &str) -> String {
     )
 }
 
-/// Put a faulting entry on `stream`, and healthy ones on it and on its bystander; the healthy
-/// ones are acked while the fault runs its course; return the fault's dead-letter reason.
-async fn fault(stream: &str, extra: &str, mode: serde_json::Value) -> String {
+/// Run the `sluice` binary on `stream` and its bystander; put a faulting entry on `stream` and
+/// healthy ones on both. The healthy ones are acked while the fault runs its course, the fault is
+/// dead-lettered (`max_retries = 0`), and the host keeps serving. Returns the dead letter's
+/// reason and the host's log line for the failed attempt.
+async fn fault(stream: &str, extra: &str, mode: serde_json::Value) -> (String, String) {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let mut host = TestHost::start(&redis, &two_subscriptions(stream, extra)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(dir.path(), "sluice.toml", &two_subscriptions(stream, extra));
+    let url = redis.url();
+    let host = HostProcess::spawn(
+        &["run", path.to_str().unwrap(), "--redis", url.as_str()],
+        dir.path(),
+    );
+    let bystander = format!("{stream}-bystander");
     let bad = add(&mut conn, stream, &mode).await;
     let same = add(&mut conn, stream, &json!({"mode": "ack"})).await;
-    let other = add(
-        &mut conn,
-        &format!("{stream}-bystander"),
-        &json!({"mode": "ack"}),
-    )
-    .await;
-    let mut acked = Vec::new();
-    let reason = loop {
-        let event = host
-            .event(T, "the fault and the healthy entries", |_| true)
-            .await;
-        match event.kind {
-            EventKind::Acked => acked.push(event.id),
-            EventKind::DeadLettered { reason } if event.id == bad => break reason,
-            other => panic!("unexpected {other:?}"),
+    let other = add(&mut conn, &bystander, &json!({"mode": "ack"})).await;
+    let dead = wait_for(T, "the fault to be dead-lettered", || {
+        let mut conn = conn.clone();
+        async move {
+            let dead = entries(&mut conn, &format!("{stream}.dead-letter")).await;
+            (!dead.is_empty()).then_some(dead)
         }
-    };
-    while acked.len() < 2 {
-        let event = host
-            .event(T, "the healthy entries", |e| e.kind == EventKind::Acked)
-            .await;
-        acked.push(event.id);
-    }
-    assert!(
-        acked.contains(&same) && acked.contains(&other),
-        "healthy entries were served"
-    );
-    let dead = entries(&mut conn, &format!("{stream}.dead-letter")).await;
-    assert_eq!(
-        dead.len(),
-        1,
-        "the faulting entry is dead-lettered, not lost"
-    );
-    assert_eq!(pending(&mut conn, stream, "g").await, 0);
+    })
+    .await;
+    assert_eq!(dead.len(), 1, "only the fault is dead-lettered: {dead:?}");
+    let fields = &dead[0].1;
+    assert_eq!(field(fields, "sluice-origin-id"), Some(bad.as_str()));
+    let reason = field(fields, "sluice-reason").unwrap().to_owned();
+    wait_for(T, "the healthy entries on both subscriptions", || {
+        let mut conn = conn.clone();
+        let (same, other, bystander) = (same.clone(), other.clone(), bystander.clone());
+        async move {
+            (acked_through(&mut conn, stream, "g", &same).await
+                && acked_through(&mut conn, &bystander, "g", &other).await)
+                .then_some(())
+        }
+    })
+    .await;
     // The host is still up and serving.
     let after = add(&mut conn, stream, &json!({"mode": "ack"})).await;
-    host.event(T, "an entry after the fault", |e| e.id == after)
-        .await;
-    host.stop().await.unwrap();
-    reason
+    wait_for(T, "an entry after the fault", || {
+        let mut conn = conn.clone();
+        let after = after.clone();
+        async move {
+            acked_through(&mut conn, stream, "g", &after)
+                .await
+                .then_some(())
+        }
+    })
+    .await;
+    let line = wait_for(T, "the failed attempt in the host's log", || {
+        let text = host.log_text();
+        let bad = bad.clone();
+        async move {
+            text.lines()
+                .find(|l| l.contains("attempt failed") && l.contains(&bad))
+                .map(str::to_owned)
+        }
+    })
+    .await;
+    assert!(
+        line.contains(&format!("stream={stream}")) && line.contains("digest="),
+        "the log line names the stream, the entry and the digest: {line}"
+    );
+    (reason, line)
+}
+
+/// Both the dead letter's reason and the host's log line say `what`.
+fn both_say(fault: &(String, String), what: &str) {
+    let (reason, line) = fault;
+    assert!(reason.contains(what), "reason: {reason}");
+    assert!(line.contains(what), "log line: {line}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_infinite_loop_is_interrupted_at_its_deadline() {
-    let reason = fault(
+    let fault = fault(
         "looping",
         "handler_timeout = \"300ms\"",
         json!({"mode": "loop"}),
     )
     .await;
-    assert!(
-        reason.contains("handler exceeded its time limit of 300ms"),
-        "{reason}"
-    );
+    both_say(&fault, "handler exceeded its time limit of 300ms");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guest_blocked_in_a_host_call_is_stopped_at_its_deadline() {
     // Sleeping waits in WASI's poll, outside wasm code, where epoch interruption cannot reach.
-    let reason = fault(
+    let fault = fault(
         "sleeping",
         "handler_timeout = \"300ms\"",
         json!({"mode": "sleep", "ms": 60_000}),
     )
     .await;
-    assert!(
-        reason.contains("handler exceeded its time limit of 300ms"),
-        "{reason}"
-    );
+    both_say(&fault, "handler exceeded its time limit of 300ms");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fuel_budget_stops_a_loop_deterministically() {
-    let reason = fault("metered", "fuel = 5000000", json!({"mode": "loop"})).await;
-    assert!(
-        reason.contains("ran out of fuel (budget 5000000 per delivery)"),
-        "{reason}"
-    );
+    let fault = fault("metered", "fuel = 5000000", json!({"mode": "loop"})).await;
+    both_say(&fault, "ran out of fuel (budget 5000000 per delivery)");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocating_past_the_memory_limit_fails_the_attempt() {
-    let reason = fault(
+    let fault = fault(
         "hungry",
         "memory_limit = \"16MiB\"",
         json!({"mode": "alloc"}),
     )
     .await;
-    assert!(
-        reason.contains("memory limit of 16777216 bytes"),
-        "{reason}"
-    );
+    both_say(&fault, "memory limit of 16777216 bytes");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deep_recursion_traps_cleanly() {
-    let reason = fault("deep", "", json!({"mode": "recurse"})).await;
+    let fault = fault("deep", "", json!({"mode": "recurse"})).await;
+    both_say(&fault, "guest trapped");
+    let reason = &fault.0;
     // Rust keeps its stack in linear memory: running off its end is an out-of-bounds access
     // (a frame-less recursion would instead exhaust wasmtime's call-stack limit). Either way
     // the guest traps and the host says so.
@@ -138,11 +154,9 @@ async fn deep_recursion_traps_cleanly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_is_reported_with_its_message() {
-    let reason = fault("panics", "", json!({"mode": "trap"})).await;
-    assert!(
-        reason.contains("guest panicked at") && reason.contains("fixture trap on attempt 1"),
-        "{reason}"
-    );
+    let fault = fault("panics", "", json!({"mode": "trap"})).await;
+    both_say(&fault, "guest panicked at");
+    both_say(&fault, "fixture trap on attempt 1");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -228,8 +242,7 @@ async fn outbound_http_reaches_granted_hosts_only_and_is_time_bounded() {
             "allowed_outbound_hosts = [\"http://{}\", \"https://*.example.com\"]\nhttp_timeout = \"500ms\"",
             granted.addr
         ),
-    )
-    .replace("{fixture}", guests().fixture.to_str().unwrap());
+    );
     let path = write_config(dir.path(), "sluice.toml", &toml);
     let url = redis.url();
     let host = HostProcess::spawn(
