@@ -288,6 +288,21 @@ impl Plan {
                     l.memory_limit / (1024 * 1024)
                 ),
             );
+            let http = &l.outbound_http;
+            row(
+                &mut out,
+                "network",
+                if http.allowed.is_empty() {
+                    "none (no allowed_outbound_hosts)".to_owned()
+                } else {
+                    let hosts: Vec<String> = http.allowed.iter().map(|h| h.to_string()).collect();
+                    format!(
+                        "HTTP to {} ({} per request)",
+                        hosts.join(", "),
+                        human(http.timeout)
+                    )
+                },
+            );
             let config: Vec<String> = sub
                 .values
                 .iter()

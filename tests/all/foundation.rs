@@ -391,7 +391,7 @@ fn check_prints_the_resolved_plan() {
     let path = write_config(
         dir.path(),
         "plan.toml",
-        "redis = \"redis://:secret@127.0.0.1:1\"\n[[subscription]]\ncomponent = \"{bank}\"\ncount = 10\nclaim_min_idle = \"1m\"\n[subscription.config]\ngateway_slow_for_ms = \"500\"\n",
+        "redis = \"redis://:secret@127.0.0.1:1\"\n[[subscription]]\ncomponent = \"{bank}\"\ncount = 10\nclaim_min_idle = \"1m\"\nallowed_outbound_hosts = [\"https://*.example.com\"]\nhttp_timeout = \"3s\"\n[subscription.config]\ngateway_url = \"https://pay.example.com\"\n",
     );
     let (ok, stdout, stderr) = run_sluice(&["check", path.to_str().unwrap()], dir.path());
     assert!(ok, "{stderr}");
@@ -402,7 +402,8 @@ fn check_prints_the_resolved_plan() {
         "XAUTOCLAIM entries idle for at least 1m",
         "retries wait in sorted set `bank-payments.delayed` (ttl none)",
         "dead letter  `bank-payments.dead-letter`",
-        "gateway_slow_for_ms=500",
+        "network      HTTP to https://*.example.com (3s per request)",
+        "gateway_url=https://pay.example.com",
     ] {
         assert!(
             stdout.contains(expected),
