@@ -59,7 +59,7 @@ pub(super) fn load_bytes(
         message: format!("{e:#}"),
     };
     let instance_pre = runtime
-        .linker
+        .linker_for(&component)
         .instantiate_pre(&component)
         .map_err(wrong_world)?;
     let pre = bindings::HandlerPre::new(instance_pre).map_err(wrong_world)?;

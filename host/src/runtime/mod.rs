@@ -149,6 +149,7 @@ pub struct Runtime {
     engine: Engine,
     fuel: bool,
     linker: Arc<Linker<guest::GuestState>>,
+    http_linker: Arc<Linker<guest::GuestState>>,
     _ticker: Arc<Ticker>,
 }
 
@@ -193,14 +194,30 @@ impl Runtime {
             config.cache(Some(cache));
         }
         let engine = Engine::new(&config).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
-        let linker = guest::linker(&engine).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        let linker =
+            |http| guest::linker(&engine, http).map_err(|e| RuntimeError::Engine(format!("{e:#}")));
+        let (plain, http_linker) = (linker(false)?, linker(true)?);
         let ticker = Ticker::start(engine.clone());
         Ok(Self {
             fuel: options.fuel,
             engine,
-            linker: Arc::new(linker),
+            linker: Arc::new(plain),
+            http_linker: Arc::new(http_linker),
             _ticker: Arc::new(ticker),
         })
+    }
+
+    /// The linker for a component: with `wasi:http` only if it imports it.
+    fn linker_for(&self, component: &wasmtime::component::Component) -> &Linker<guest::GuestState> {
+        let imports_http = component
+            .component_type()
+            .imports(&self.engine)
+            .any(|(name, _)| name.starts_with("wasi:http/"));
+        if imports_http {
+            &self.http_linker
+        } else {
+            &self.linker
+        }
     }
 
     /// The engine.
