@@ -22,6 +22,7 @@
 //! | `sluice_handler_info{digest}` | gauge | 1 for the handler digest currently serving, 0 for earlier ones |
 //! | `sluice_handler_swaps_total` | counter | hot swaps and rollbacks that took effect |
 //! | `sluice_handler_swap_refusals_total` | counter | swaps refused (bad component, changed descriptor) |
+//! | `sluice_http_denied_total` | counter | outbound HTTP requests refused by `allowed_outbound_hosts` |
 
 use std::sync::Arc;
 
@@ -100,6 +101,8 @@ pub struct Metrics {
     pub swaps: Family<SubLabels, Counter>,
     /// Refused swaps.
     pub swap_refusals: Family<SubLabels, Counter>,
+    /// Outbound HTTP requests refused by `allowed_outbound_hosts`.
+    pub http_denied: Family<SubLabels, Counter>,
 }
 
 fn seconds_histogram() -> Histogram {
@@ -208,7 +211,14 @@ impl Default for Metrics {
             "Hot swaps refused",
             swap_refusals.clone(),
         );
+        let http_denied = Family::default();
+        registry.register(
+            "http_denied",
+            "Outbound HTTP requests refused: not on the subscription's allowed_outbound_hosts",
+            http_denied.clone(),
+        );
         Self {
+            http_denied,
             swaps,
             swap_refusals,
             registry,

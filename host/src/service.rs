@@ -59,21 +59,22 @@ pub struct Service {
 impl Service {
     /// A service for `plan`, with each subscription's component as its handler.
     pub fn new(plan: Plan) -> Self {
+        let metrics: Arc<crate::metrics::Metrics> = Arc::default();
         let handlers = plan
             .subscriptions
             .iter()
             .map(|s| {
-                Arc::new(WasmHandler::new(
-                    s.component.clone(),
-                    s.limits.clone(),
-                    s.values.clone(),
-                )) as Arc<dyn Handler>
+                let labels = crate::metrics::Metrics::labels(&s.stream.stream, &s.stream.group);
+                Arc::new(
+                    WasmHandler::new(s.component.clone(), s.limits.clone(), s.values.clone())
+                        .count_http_denials(metrics.http_denied.get_or_create(&labels).clone()),
+                ) as Arc<dyn Handler>
             })
             .collect();
         Self {
             plan,
             events: Events::default(),
-            metrics: Arc::default(),
+            metrics,
             admin_addr: tokio::sync::watch::Sender::new(None),
             handlers,
         }

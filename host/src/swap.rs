@@ -93,6 +93,8 @@ pub struct HandlerSlot {
     labels: SubLabels,
     swaps: Counter,
     refusals: Counter,
+    /// Where the handler versions of this subscription count denied HTTP requests.
+    http_denied: Counter,
 }
 
 impl HandlerSlot {
@@ -101,7 +103,9 @@ impl HandlerSlot {
         let version = Arc::new(Version::new(handler));
         let swaps = metrics.swaps.get_or_create(&labels).clone();
         let refusals = metrics.swap_refusals.get_or_create(&labels).clone();
+        let http_denied = metrics.http_denied.get_or_create(&labels).clone();
         let slot = Self {
+            http_denied,
             swaps,
             refusals,
             current: ArcSwap::new(version.clone()),
@@ -255,7 +259,8 @@ impl SwapControl {
                 new_group: descriptor.group,
             });
         }
-        let handler = WasmHandler::new(component, self.limits.clone(), self.values.clone());
+        let handler = WasmHandler::new(component, self.limits.clone(), self.values.clone())
+            .count_http_denials(self.slot.http_denied.clone());
         Ok(Arc::new(Version::new(Arc::new(handler))))
     }
 

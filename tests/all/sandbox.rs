@@ -321,6 +321,13 @@ async fn outbound_http_reaches_granted_hosts_only_and_is_time_bounded() {
         .lines()
         .find(|l| l.contains("outbound HTTP denied"))
         .unwrap();
+    // And counted, per subscription.
+    let (_, metrics) = http_get(host.admin_addr().await, "/metrics").await;
+    assert!(
+        metrics.contains(r#"sluice_http_denied_total{stream="web",group="g"} 1"#)
+            && metrics.contains(r#"sluice_http_denied_total{stream="web-bystander",group="g"} 0"#),
+        "{metrics}"
+    );
     assert!(
         line.contains(&format!("http://{}", other.addr))
             && line.contains("allowed_outbound_hosts")

@@ -15,7 +15,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::{self, sluice::handler::log::Level};
-use super::http::{HttpHooks, OutboundHttp};
+use super::http::{HttpGrant, HttpHooks};
 
 /// The data of one store: WASI state, limits, and what the host learns during a call.
 pub struct GuestState {
@@ -35,11 +35,7 @@ pub struct GuestState {
 
 impl GuestState {
     /// A fresh state with every capability denied but outbound HTTP to what `http` grants.
-    pub fn new(
-        values: Arc<[(String, String)]>,
-        memory_limit: u64,
-        http: Arc<OutboundHttp>,
-    ) -> Self {
+    pub fn new(values: Arc<[(String, String)]>, memory_limit: u64, http: Arc<HttpGrant>) -> Self {
         Self {
             wasi: WasiCtxBuilder::new().build(),
             http: WasiHttpCtx::new(),

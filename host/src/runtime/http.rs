@@ -212,10 +212,20 @@ impl OutboundHttp {
     }
 }
 
+/// A subscription's grant as its handler uses it: the policy, and where denials are counted
+/// (`sluice_http_denied_total`).
+#[derive(Debug, Default)]
+pub struct HttpGrant {
+    /// What may be reached, and how long a request may take.
+    pub policy: OutboundHttp,
+    /// Requests refused.
+    pub denied: prometheus_client::metrics::counter::Counter,
+}
+
 /// The `wasi:http` hooks of one store: the allow-list check and the capped timeouts in front
 /// of wasmtime-wasi-http's own client.
 pub(crate) struct HttpHooks {
-    pub(crate) grant: Arc<OutboundHttp>,
+    pub(crate) grant: Arc<HttpGrant>,
 }
 
 type ResponseFuture = Box<
@@ -237,7 +247,8 @@ impl WasiHttpHooks for HttpHooks {
         options: Option<RequestOptions>,
         _fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
     ) -> ResponseFuture {
-        if let Err(why) = self.grant.check(request.uri()) {
+        if let Err(why) = self.grant.policy.check(request.uri()) {
+            self.grant.denied.inc();
             tracing::warn!(
                 target: "sluice::http",
                 method = %request.method(),
@@ -252,7 +263,7 @@ impl WasiHttpHooks for HttpHooks {
             url = %request.uri(),
             "outbound HTTP request"
         );
-        let options = self.grant.cap(options);
+        let options = self.grant.policy.cap(options);
         Box::new(async move {
             use http_body_util::BodyExt;
             let (response, io) =

@@ -15,7 +15,7 @@ use super::EPOCH_TICK;
 use super::bindings::{self, sluice::handler::types as wit};
 use super::component::LoadedComponent;
 use super::guest::GuestState;
-use super::http::OutboundHttp;
+use super::http::HttpGrant;
 use crate::config::{Isolation, Limits};
 use crate::delivery::Delivery;
 use crate::dispatch::Handler;
@@ -26,7 +26,7 @@ pub(crate) fn new_store(
     runtime: &super::Runtime,
     values: Arc<[(String, String)]>,
     memory_limit: u64,
-    http: Arc<OutboundHttp>,
+    http: Arc<HttpGrant>,
 ) -> Store<GuestState> {
     let mut store = Store::new(
         runtime.engine(),
@@ -63,7 +63,7 @@ pub struct WasmHandler {
     component: LoadedComponent,
     limits: Limits,
     values: Arc<[(String, String)]>,
-    http: Arc<OutboundHttp>,
+    http: Arc<HttpGrant>,
     idle: Mutex<Vec<Instance>>,
 }
 
@@ -73,11 +73,27 @@ impl WasmHandler {
     pub fn new(component: LoadedComponent, limits: Limits, values: Vec<(String, String)>) -> Self {
         Self {
             component,
-            http: Arc::new(limits.outbound_http.clone()),
+            http: Arc::new(HttpGrant {
+                policy: limits.outbound_http.clone(),
+                denied: Default::default(),
+            }),
             limits,
             values: values.into(),
             idle: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Count this handler's denied HTTP requests in `denied` (a subscription's series of
+    /// `sluice_http_denied_total`). Call before the first delivery.
+    pub fn count_http_denials(
+        mut self,
+        denied: prometheus_client::metrics::counter::Counter,
+    ) -> Self {
+        self.http = Arc::new(HttpGrant {
+            policy: self.http.policy.clone(),
+            denied,
+        });
+        self
     }
 
     /// The component this handler runs.
