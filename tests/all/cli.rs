@@ -167,15 +167,39 @@ fn compiled_components_are_cached_on_disk() {
         "sluice.toml",
         "cache_dir = \"cache\"\n[[subscription]]\ncomponent = \"{fixture}\"\n",
     );
-    let files = |d: &std::path::Path| walk(d).len();
+    // Compiled artifacts with their modification times; wasmtime's cache also keeps `.stats`
+    // files and cleanup locks, written in the background whenever an entry is used.
+    let artifacts = |d: &std::path::Path| {
+        let mut found: Vec<_> = walk(d)
+            .into_iter()
+            .filter(|p| {
+                let name = p.file_name().unwrap().to_string_lossy();
+                !name.starts_with('.') && !name.ends_with(".stats")
+            })
+            .map(|p| {
+                let modified = std::fs::metadata(&p).unwrap().modified().unwrap();
+                (p, modified)
+            })
+            .collect();
+        found.sort();
+        found
+    };
     let (ok, _, stderr) = run_sluice(&["check", path.to_str().unwrap()], dir.path());
     assert!(ok, "{stderr}");
     let cache = dir.path().join("cache");
-    let first = files(&cache);
-    assert!(first > 0, "the compiled component is written to the cache");
+    let first = artifacts(&cache);
+    assert_eq!(
+        first.len(),
+        1,
+        "the compiled component is written to the cache"
+    );
     let (ok, _, stderr) = run_sluice(&["check", path.to_str().unwrap()], dir.path());
     assert!(ok, "{stderr}");
-    assert_eq!(files(&cache), first, "the second run reuses it");
+    assert_eq!(
+        artifacts(&cache),
+        first,
+        "the second run reuses it: no new or rewritten artifact"
+    );
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
