@@ -23,20 +23,20 @@ fn now_ms() -> u64 {
 /// (small, large, declined, bad) payments.
 async fn run_form(redis: &Redis, component: &str, stream: &str) -> Vec<(String, u32, String)> {
     let mut conn = redis.conn().await;
-    // The demo's gateway holds large payments for 200 ms after it first sees them; the
-    // handler gives up on a charge after 300 ms.
+    // The demo's gateway holds large payments for 500 ms after it first sees them; the
+    // handler gives up on a charge after 1 s (room for a loaded CI machine).
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let gateway = listener.local_addr().unwrap();
     let settings = bank_gateway::Settings {
         slow_above_cents: 100_000,
-        slow_for: Duration::from_millis(200),
+        slow_for: Duration::from_millis(500),
         hold: Duration::from_secs(30),
     };
     tokio::spawn(bank_gateway::serve(listener, settings));
     let toml = format!(
         "[[subscription]]\ncomponent = \"{{{component}}}\"\nstream = \"{stream}\"\nblock = \"100ms\"\n\
          delayed_retry = {{ key = \"{stream}.delayed\" }}\nallowed_outbound_hosts = [\"http://{gateway}\"]\n\
-         [subscription.config]\ngateway_url = \"http://{gateway}\"\ngateway_timeout_ms = 300\n"
+         [subscription.config]\ngateway_url = \"http://{gateway}\"\ngateway_timeout_ms = 1000\n"
     );
     let mut host = TestHost::start(redis, &toml).await;
     let created = now_ms();
@@ -70,7 +70,7 @@ async fn run_form(redis: &Redis, component: &str, stream: &str) -> Vec<(String, 
         };
         describe(label, &e);
     }
-    // The charge timed out after 300 ms, so the gateway's 200 ms hold is over: bring the 30 s
+    // The charge timed out after 1 s, so the gateway's 500 ms hold is over: bring the 30 s
     // retry forward by moving its due time in Redis, instead of waiting 30 s.
     let members: Vec<Vec<u8>> = cmd(
         &mut conn,

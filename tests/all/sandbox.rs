@@ -244,7 +244,7 @@ async fn outbound_http_reaches_granted_hosts_only_and_is_time_bounded() {
     let toml = two_subscriptions(
         "web",
         &format!(
-            "allowed_outbound_hosts = [\"http://{}\", \"https://*.example.com\"]\nhttp_timeout = \"500ms\"",
+            "allowed_outbound_hosts = [\"http://{}\", \"https://*.example.com\"]\nhttp_timeout = \"1s\"",
             granted.addr
         ),
     );
