@@ -54,27 +54,31 @@ enum Until {
 }
 
 async fn connect(url: Option<String>) -> Result<MultiplexedConnection> {
-    let url = match url {
-        Some(url) => url,
-        None => {
-            let file = std::path::Path::new(".sluice/dev-redis/url");
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                if let Ok(url) = std::fs::read_to_string(file) {
-                    break url.trim().to_owned();
-                }
-                if Instant::now() > deadline {
-                    bail!(
-                        "no dev redis-server is running here (no {}); start `sluice run` first or pass --redis",
-                        file.display()
-                    );
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+    if let Some(url) = url {
+        return open(&url).await;
+    }
+    // The dev server's URL file may be left over from an earlier run that was killed: keep
+    // reading it until the URL in it answers (a starting `sluice run` rewrites it).
+    let file = std::path::Path::new(".sluice/dev-redis/url");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let attempt = match std::fs::read_to_string(file) {
+            Ok(url) => open(url.trim()).await,
+            Err(_) => Err(anyhow::anyhow!(
+                "no dev redis-server is running here (no {}); start `sluice run` first or pass --redis",
+                file.display()
+            )),
+        };
+        match attempt {
+            Ok(conn) => return Ok(conn),
+            Err(err) if Instant::now() > deadline => return Err(err),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
-    };
-    let client =
-        redis::Client::open(url.as_str()).with_context(|| format!("invalid Redis URL {url}"))?;
+    }
+}
+
+async fn open(url: &str) -> Result<MultiplexedConnection> {
+    let client = redis::Client::open(url).with_context(|| format!("invalid Redis URL {url}"))?;
     client
         .get_multiplexed_async_connection()
         .await
