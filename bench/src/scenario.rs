@@ -607,7 +607,7 @@ impl Bench {
                 ..Limits::default()
             };
             let values = vec![("sluice.payload-field".to_owned(), "payload".to_owned())];
-            let handler = WasmHandler::new(component, limits, values);
+            let handler = WasmHandler::new(component, limits, values, Default::default());
             // Warm up: compile caches, first instance, page faults.
             for _ in 0..100 {
                 let _ = handler.handle(&delivery).await;

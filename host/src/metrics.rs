@@ -31,7 +31,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 /// The labels every metric carries.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -116,128 +116,118 @@ fn count_histogram() -> Histogram {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("sluice");
-        let deliveries = Family::default();
-        registry.register(
-            "deliveries",
-            "Handler results by outcome",
-            deliveries.clone(),
-        );
-        let handler_duration: HistogramFamily<SubLabels> =
-            Family::new_with_constructor(seconds_histogram);
-        registry.register(
-            "handler_duration_seconds",
-            "Time in the handler per delivery",
-            handler_duration.clone(),
-        );
-        let in_flight = Family::default();
-        registry.register("in_flight", "Deliveries being handled", in_flight.clone());
-        let pending = Family::default();
-        registry.register(
-            "pending_entries",
-            "Entries in the group's pending list",
-            pending.clone(),
-        );
-        let lag = Family::default();
-        registry.register(
-            "consumer_lag",
-            "Entries the group has not read yet",
-            lag.clone(),
-        );
-        let parked = Family::default();
-        registry.register(
-            "parked_entries",
-            "Entries waiting in the delayed-retry set",
-            parked.clone(),
-        );
-        let parked_oldest_due = Family::default();
-        registry.register(
-            "parked_oldest_due_seconds",
-            "Due time of the earliest parked entry, Unix seconds (0 when none)",
-            parked_oldest_due.clone(),
-        );
-        let dead_letters = Family::default();
-        registry.register(
-            "dead_letter_entries",
-            "Length of the dead-letter stream",
-            dead_letters.clone(),
-        );
-        let sweep_moved: HistogramFamily<SubLabels> = Family::new_with_constructor(count_histogram);
-        registry.register(
-            "sweep_moved",
-            "Entries moved back onto the stream per sweep pass",
-            sweep_moved.clone(),
-        );
-        let sweep_duration: HistogramFamily<SubLabels> =
-            Family::new_with_constructor(seconds_histogram);
-        registry.register(
-            "sweep_duration_seconds",
-            "Duration of a sweep pass",
-            sweep_duration.clone(),
-        );
-        let retry_lateness: HistogramFamily<SubLabels> =
-            Family::new_with_constructor(seconds_histogram);
-        registry.register(
-            "retry_lateness_seconds",
-            "Handled time minus due time of a parked retry (host clock minus Redis server clock)",
-            retry_lateness.clone(),
-        );
-        let retry_over_ttl = Family::default();
-        registry.register(
-            "retry_over_ttl",
-            "Retries asked for longer than the delayed set's ttl",
-            retry_over_ttl.clone(),
-        );
-        let reconnects = Family::default();
-        registry.register(
-            "redis_reconnects",
-            "Times the read loop reconnected to Redis",
-            reconnects.clone(),
-        );
-        let handler_info = Family::default();
-        registry.register(
-            "handler_info",
-            "The handler digest serving each subscription",
-            handler_info.clone(),
-        );
-        let swaps = Family::default();
-        registry.register(
-            "handler_swaps",
-            "Hot swaps and rollbacks that took effect",
-            swaps.clone(),
-        );
-        let swap_refusals = Family::default();
-        registry.register(
-            "handler_swap_refusals",
-            "Hot swaps refused",
-            swap_refusals.clone(),
-        );
-        let http_denied = Family::default();
-        registry.register(
-            "http_denied",
-            "Outbound HTTP requests refused: not on the subscription's allowed_outbound_hosts",
-            http_denied.clone(),
-        );
         Self {
-            http_denied,
-            swaps,
-            swap_refusals,
+            deliveries: registered(
+                &mut registry,
+                "deliveries",
+                "Handler results by outcome",
+                Family::default(),
+            ),
+            handler_duration: registered(
+                &mut registry,
+                "handler_duration_seconds",
+                "Time in the handler per delivery",
+                Family::new_with_constructor(seconds_histogram),
+            ),
+            in_flight: registered(
+                &mut registry,
+                "in_flight",
+                "Deliveries being handled",
+                Family::default(),
+            ),
+            pending: registered(
+                &mut registry,
+                "pending_entries",
+                "Entries in the group's pending list",
+                Family::default(),
+            ),
+            lag: registered(
+                &mut registry,
+                "consumer_lag",
+                "Entries the group has not read yet",
+                Family::default(),
+            ),
+            parked: registered(
+                &mut registry,
+                "parked_entries",
+                "Entries waiting in the delayed-retry set",
+                Family::default(),
+            ),
+            parked_oldest_due: registered(
+                &mut registry,
+                "parked_oldest_due_seconds",
+                "Due time of the earliest parked entry, Unix seconds (0 when none)",
+                Family::default(),
+            ),
+            dead_letters: registered(
+                &mut registry,
+                "dead_letter_entries",
+                "Length of the dead-letter stream",
+                Family::default(),
+            ),
+            sweep_moved: registered(
+                &mut registry,
+                "sweep_moved",
+                "Entries moved back onto the stream per sweep pass",
+                Family::new_with_constructor(count_histogram),
+            ),
+            sweep_duration: registered(
+                &mut registry,
+                "sweep_duration_seconds",
+                "Duration of a sweep pass",
+                Family::new_with_constructor(seconds_histogram),
+            ),
+            retry_lateness: registered(
+                &mut registry,
+                "retry_lateness_seconds",
+                "Handled time minus due time of a parked retry (host clock minus Redis server clock)",
+                Family::new_with_constructor(seconds_histogram),
+            ),
+            retry_over_ttl: registered(
+                &mut registry,
+                "retry_over_ttl",
+                "Retries asked for longer than the delayed set's ttl",
+                Family::default(),
+            ),
+            reconnects: registered(
+                &mut registry,
+                "redis_reconnects",
+                "Times the read loop reconnected to Redis",
+                Family::default(),
+            ),
+            handler_info: registered(
+                &mut registry,
+                "handler_info",
+                "The handler digest serving each subscription",
+                Family::default(),
+            ),
+            swaps: registered(
+                &mut registry,
+                "handler_swaps",
+                "Hot swaps and rollbacks that took effect",
+                Family::default(),
+            ),
+            swap_refusals: registered(
+                &mut registry,
+                "handler_swap_refusals",
+                "Hot swaps refused",
+                Family::default(),
+            ),
+            http_denied: registered(
+                &mut registry,
+                "http_denied",
+                "Outbound HTTP requests refused: not on the subscription's allowed_outbound_hosts",
+                Family::default(),
+            ),
             registry,
-            deliveries,
-            handler_duration,
-            in_flight,
-            pending,
-            lag,
-            parked,
-            parked_oldest_due,
-            dead_letters,
-            sweep_moved,
-            sweep_duration,
-            retry_lateness,
-            retry_over_ttl,
-            reconnects,
-            handler_info,
         }
     }
+}
+
+/// Register `metric` under `name` and hand it back, so each field is declared in one place.
+fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
 }
 
 impl Metrics {

@@ -65,10 +65,12 @@ impl Service {
             .iter()
             .map(|s| {
                 let labels = crate::metrics::Metrics::labels(&s.stream.stream, &s.stream.group);
-                Arc::new(
-                    WasmHandler::new(s.component.clone(), s.limits.clone(), s.values.clone())
-                        .count_http_denials(metrics.http_denied.get_or_create(&labels).clone()),
-                ) as Arc<dyn Handler>
+                Arc::new(WasmHandler::new(
+                    s.component.clone(),
+                    s.limits.clone(),
+                    s.values.clone(),
+                    metrics.http_denied.get_or_create(&labels).clone(),
+                )) as Arc<dyn Handler>
             })
             .collect();
         Self {

@@ -259,8 +259,12 @@ impl SwapControl {
                 new_group: descriptor.group,
             });
         }
-        let handler = WasmHandler::new(component, self.limits.clone(), self.values.clone())
-            .count_http_denials(self.slot.http_denied.clone());
+        let handler = WasmHandler::new(
+            component,
+            self.limits.clone(),
+            self.values.clone(),
+            self.slot.http_denied.clone(),
+        );
         Ok(Arc::new(Version::new(Arc::new(handler))))
     }
 

@@ -341,13 +341,12 @@ async fn outbound_http_reaches_granted_hosts_only_and_is_time_bounded() {
 fn only_components_that_import_wasi_http_are_linked_with_it() {
     // The fixture's v1 build sends HTTP, its v2 build does not: the host links `wasi:http` for
     // the first only (each definition costs fresh instances time), and both run (swap tests).
-    let engine = wasmtime::Engine::default();
-    let imports_http = |path: &std::path::Path| {
-        let component = wasmtime::component::Component::from_file(&engine, path).unwrap();
-        let ty = component.component_type();
-        ty.imports(&engine)
-            .any(|(name, _)| name.starts_with("wasi:http/"))
-    };
-    assert!(imports_http(&guests().fixture));
-    assert!(!imports_http(&guests().fixture_v2));
+    let runtime = sluice_host::runtime::Runtime::new(None, Default::default()).unwrap();
+    assert!(runtime.load(&guests().fixture).unwrap().imports_wasi_http());
+    assert!(
+        !runtime
+            .load(&guests().fixture_v2)
+            .unwrap()
+            .imports_wasi_http()
+    );
 }

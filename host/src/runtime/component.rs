@@ -22,6 +22,7 @@ pub struct LoadedComponent {
     path: PathBuf,
     digest: Arc<str>,
     pre: bindings::HandlerPre<super::guest::GuestState>,
+    imports_wasi_http: bool,
     runtime: Runtime,
 }
 
@@ -58,8 +59,12 @@ pub(super) fn load_bytes(
         path: path.to_owned(),
         message: format!("{e:#}"),
     };
+    let imports_wasi_http = component
+        .component_type()
+        .imports(runtime.engine())
+        .any(|(name, _)| name.starts_with("wasi:http/"));
     let instance_pre = runtime
-        .linker_for(&component)
+        .linker(imports_wasi_http)
         .instantiate_pre(&component)
         .map_err(wrong_world)?;
     let pre = bindings::HandlerPre::new(instance_pre).map_err(wrong_world)?;
@@ -73,6 +78,7 @@ pub(super) fn load_bytes(
         path: path.to_owned(),
         digest: digest.into(),
         pre,
+        imports_wasi_http,
         runtime: runtime.clone(),
     })
 }
@@ -95,6 +101,11 @@ impl LoadedComponent {
 
     pub(super) fn pre(&self) -> &bindings::HandlerPre<super::guest::GuestState> {
         &self.pre
+    }
+
+    /// Whether it imports `wasi:http` (and so was linked with it).
+    pub fn imports_wasi_http(&self) -> bool {
+        self.imports_wasi_http
     }
 
     /// The runtime it was compiled for.

@@ -104,17 +104,19 @@ impl ResourceLimiter for Limiter {
     }
 }
 
-/// A linker with WASI 0.2 and the Sluice imports, and with `wasi:http`'s outgoing handler if
-/// `http`. Components that do not import `wasi:http` get the linker without it: every
-/// definition in a linker costs each fresh instance a little (~3 µs for `wasi:http`'s).
-pub(crate) fn linker(engine: &Engine, http: bool) -> wasmtime::Result<Linker<GuestState>> {
-    let mut linker = Linker::new(engine);
-    wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
-    if http {
-        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
-    }
-    bindings::Handler::add_to_linker::<GuestState, HasSelf<GuestState>>(&mut linker, |s| s)?;
-    Ok(linker)
+/// The two linkers components are instantiated with: WASI 0.2 and the Sluice imports, and the
+/// same plus `wasi:http`'s outgoing handler for components that import it. Every definition in
+/// a linker costs each fresh instance a little (~3 µs for `wasi:http`'s), so components that do
+/// not use HTTP do not get it.
+pub(crate) fn linkers(
+    engine: &Engine,
+) -> wasmtime::Result<(Linker<GuestState>, Linker<GuestState>)> {
+    let mut plain = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut plain)?;
+    bindings::Handler::add_to_linker::<GuestState, HasSelf<GuestState>>(&mut plain, |s| s)?;
+    let mut with_http = plain.clone();
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut with_http)?;
+    Ok((plain, with_http))
 }
 
 impl bindings::sluice::handler::types::Host for GuestState {}

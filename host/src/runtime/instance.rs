@@ -69,31 +69,24 @@ pub struct WasmHandler {
 
 impl WasmHandler {
     /// A handler for `component` with these limits; `values` are the config values the guest
-    /// can read.
-    pub fn new(component: LoadedComponent, limits: Limits, values: Vec<(String, String)>) -> Self {
+    /// can read, and `http_denied` counts its requests refused by `allowed_outbound_hosts` (a
+    /// subscription's series of `sluice_http_denied_total`).
+    pub fn new(
+        component: LoadedComponent,
+        limits: Limits,
+        values: Vec<(String, String)>,
+        http_denied: prometheus_client::metrics::counter::Counter,
+    ) -> Self {
         Self {
             component,
             http: Arc::new(HttpGrant {
                 policy: limits.outbound_http.clone(),
-                denied: Default::default(),
+                denied: http_denied,
             }),
             limits,
             values: values.into(),
             idle: Mutex::new(Vec::new()),
         }
-    }
-
-    /// Count this handler's denied HTTP requests in `denied` (a subscription's series of
-    /// `sluice_http_denied_total`). Call before the first delivery.
-    pub fn count_http_denials(
-        mut self,
-        denied: prometheus_client::metrics::counter::Counter,
-    ) -> Self {
-        self.http = Arc::new(HttpGrant {
-            policy: self.http.policy.clone(),
-            denied,
-        });
-        self
     }
 
     /// The component this handler runs.

@@ -194,9 +194,8 @@ impl Runtime {
             config.cache(Some(cache));
         }
         let engine = Engine::new(&config).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
-        let linker =
-            |http| guest::linker(&engine, http).map_err(|e| RuntimeError::Engine(format!("{e:#}")));
-        let (plain, http_linker) = (linker(false)?, linker(true)?);
+        let (plain, http_linker) =
+            guest::linkers(&engine).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         let ticker = Ticker::start(engine.clone());
         Ok(Self {
             fuel: options.fuel,
@@ -208,12 +207,8 @@ impl Runtime {
     }
 
     /// The linker for a component: with `wasi:http` only if it imports it.
-    fn linker_for(&self, component: &wasmtime::component::Component) -> &Linker<guest::GuestState> {
-        let imports_http = component
-            .component_type()
-            .imports(&self.engine)
-            .any(|(name, _)| name.starts_with("wasi:http/"));
-        if imports_http {
+    fn linker(&self, imports_wasi_http: bool) -> &Linker<guest::GuestState> {
+        if imports_wasi_http {
             &self.http_linker
         } else {
             &self.linker

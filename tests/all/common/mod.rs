@@ -377,29 +377,16 @@ pub async fn acked_through(
     group: &str,
     id: &str,
 ) -> bool {
-    let groups: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
-        .arg("GROUPS")
-        .arg(stream)
-        .query_async(conn)
-        .await
-        .unwrap_or_default();
-    let Some(last) = groups
-        .iter()
-        .find(
-            |g| matches!(g.get("name"), Some(redis::Value::BulkString(n)) if n == group.as_bytes()),
-        )
-        .and_then(|g| match g.get("last-delivered-id") {
-            Some(redis::Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
-            _ => None,
-        })
-    else {
-        return false;
-    };
-    let key = |id: &str| -> (u64, u64) {
-        let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
-        (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
-    };
-    key(&last) >= key(id) && pending(conn, stream, group).await == 0
+    use sluice_host::subscription::read::{cmp_ids, group_info};
+    match group_info(conn, stream, group).await.expect("XINFO GROUPS") {
+        Some(info) => {
+            info.pending == 0
+                && info
+                    .last_delivered_id
+                    .is_some_and(|last| cmp_ids(&last, id).is_ge())
+        }
+        None => false,
+    }
 }
 
 /// All entries of a stream as (id, fields).
