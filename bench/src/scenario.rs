@@ -397,7 +397,7 @@ impl Bench {
         let stream = "bench-drain";
         let key = "bench-drain.delayed";
         let mut conn = self.conn().await?;
-        let fields = vec![("payload".to_owned(), br#"{"mode":"ack"}"#.to_vec())];
+        let fields = vec![(b"payload".to_vec(), br#"{"mode":"ack"}"#.to_vec())];
         for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
             let mut cmd = redis::cmd("ZADD");
             cmd.arg(key);
@@ -590,9 +590,9 @@ impl Bench {
         ];
         let entry = Entry {
             id: "1-0".into(),
-            fields: vec![("payload".into(), br#"{"mode":"ack"}"#.to_vec())],
+            fields: vec![(b"payload".to_vec(), br#"{"mode":"ack"}"#.to_vec())],
         };
-        let delivery = Delivery::new("bench", "g", entry, 1);
+        let delivery = Delivery::new("bench", "g", entry, 1, None);
         let mut reports = Vec::new();
         for (name, isolation, pool, no_epoch) in cases {
             let options = RuntimeOptions {

@@ -44,6 +44,8 @@ pub struct AdminSubscription {
     pub delayed_key: Option<String>,
     /// Its dead-letter stream.
     pub dead_letter: String,
+    /// How its read loop is doing.
+    pub health: Arc<crate::subscription::ReadHealth>,
 }
 
 #[derive(Clone)]
@@ -123,6 +125,15 @@ pub async fn serve(
 
 async fn ready_handler(State(state): State<AdminState>) -> impl IntoResponse {
     for sub in state.subscriptions.iter() {
+        if let Some(problem) = sub.health.problem() {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "not ready: the subscription to stream `{}` (group `{}`) cannot read: {problem}\n",
+                    sub.labels.stream, sub.labels.group
+                ),
+            );
+        }
         let mut conn = sub.conn.clone();
         let ping = tokio::time::timeout(
             PROBE_TIMEOUT,

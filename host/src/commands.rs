@@ -63,7 +63,13 @@ pub async fn run(paths: &[PathBuf], redis: Option<&str>) -> Result<()> {
     if let Some(dev) = dev.as_mut() {
         dev.stop();
     }
-    result.context("the host did not stop cleanly")
+    match result {
+        Ok(()) => Ok(()),
+        Err(err @ crate::service::RunError::Abandoned(_)) => {
+            Err(err).context("the host did not stop cleanly")
+        }
+        Err(err) => Err(err).context("the host could not start"),
+    }
 }
 
 /// The Redis URL for commands that only talk to Redis: `--redis`, else the subscription's own,
@@ -108,12 +114,13 @@ pub async fn parked(
                 .iter()
                 .map(|e| {
                     serde_json::json!({
-                        "origin_id": e.origin_id,
+                        "entry_id": e.entry_id,
                         "retry_count": e.retry_count,
                         "due_ms": e.due_ms,
                         "due": format_ms(e.due_ms),
                         "due_in_ms": e.due_ms - now_ms,
-                        "fields": e.fields.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(String::from_utf8_lossy(v).into_owned()))).collect::<serde_json::Map<String, serde_json::Value>>(),
+                        "origin_id": e.origin_id,
+                        "fields": e.fields.iter().map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), serde_json::Value::String(String::from_utf8_lossy(v).into_owned()))).collect::<serde_json::Map<String, serde_json::Value>>(),
                     })
                 })
                 .collect();

@@ -35,6 +35,8 @@
 //! | `recycle_after`          | deliveries before a reused instance is replaced             | `10000` |
 //! | `handler_timeout`        | wall-clock limit of one delivery                            | `10s` |
 //! | `memory_limit`           | linear-memory cap per instance, e.g. `"64MiB"`              | `64MiB` |
+//! | `host_memory_limit`      | what the host holds for an instance: resource handles (one per 32KiB) and HTTP header maps (32KiB each) | `8MiB` |
+//! | `log_lines`, `log_bytes` | guest log budget per delivery (past it lines are dropped and counted) | `100`, `64KiB` |
 //! | `fuel`                   | deterministic instruction budget per delivery               | unmetered |
 //! | `allowed_outbound_hosts` | hosts the guest may send HTTP requests to, e.g. `["https://*.example.com", "http://127.0.0.1:8080"]` | none |
 //! | `http_timeout`           | longest an HTTP request may wait to connect, for a response, or between body chunks | `handler_timeout` |
@@ -61,6 +63,12 @@ pub const DEFAULT_RECYCLE_AFTER: u64 = 10_000;
 pub const DEFAULT_HANDLER_TIMEOUT: Duration = Duration::from_secs(10);
 /// The linear-memory cap of one instance.
 pub const DEFAULT_MEMORY_LIMIT: u64 = 64 * 1024 * 1024;
+/// What the host may hold on one instance's behalf (resources, HTTP fields).
+pub const DEFAULT_HOST_MEMORY_LIMIT: u64 = 8 * 1024 * 1024;
+/// Guest log lines one delivery may write.
+pub const DEFAULT_LOG_LINES: u32 = 100;
+/// Guest log bytes one delivery may write.
+pub const DEFAULT_LOG_BYTES: u64 = 64 * 1024;
 
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +152,12 @@ pub struct Limits {
     pub handler_timeout: Duration,
     /// Linear-memory cap per instance, in bytes.
     pub memory_limit: u64,
+    /// What the host may hold on an instance's behalf (resource handles, HTTP fields), bytes.
+    pub host_memory_limit: u64,
+    /// Guest log lines one delivery may write.
+    pub log_lines: u32,
+    /// Guest log bytes one delivery may write.
+    pub log_bytes: u64,
     /// Fuel (roughly, wasm instructions) one delivery may burn; `None` leaves it unmetered.
     pub fuel: Option<u64>,
     /// Where the guest may send HTTP requests, and how long each may take. A grant, not a
@@ -159,6 +173,9 @@ impl Default for Limits {
             recycle_after: DEFAULT_RECYCLE_AFTER,
             handler_timeout: DEFAULT_HANDLER_TIMEOUT,
             memory_limit: DEFAULT_MEMORY_LIMIT,
+            host_memory_limit: DEFAULT_HOST_MEMORY_LIMIT,
+            log_lines: DEFAULT_LOG_LINES,
+            log_bytes: DEFAULT_LOG_BYTES,
             fuel: None,
             outbound_http: OutboundHttp::default(),
         }
@@ -294,6 +311,9 @@ struct RawSubscription {
     recycle_after: Option<u64>,
     handler_timeout: Option<String>,
     memory_limit: Option<String>,
+    host_memory_limit: Option<String>,
+    log_lines: Option<u32>,
+    log_bytes: Option<String>,
     fuel: Option<u64>,
     #[serde(default)]
     allowed_outbound_hosts: Vec<String>,
@@ -574,6 +594,23 @@ fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
             }
             limits.memory_limit = size.as_u64();
         }
+        if let Some(m) = &sub.host_memory_limit {
+            let size = v.size(&key("host_memory_limit"), m)?;
+            if size < 512 * 1024 {
+                return Err(v.invalid(
+                    &key("host_memory_limit"),
+                    m,
+                    "must be at least 512KiB (16 resources of 32KiB)",
+                ));
+            }
+            limits.host_memory_limit = size;
+        }
+        if let Some(n) = sub.log_lines {
+            limits.log_lines = n;
+        }
+        if let Some(b) = &sub.log_bytes {
+            limits.log_bytes = v.size(&key("log_bytes"), b)?;
+        }
         if let Some(fuel) = sub.fuel {
             if fuel == 0 {
                 return Err(v.invalid(&key("fuel"), "0", "must be at least 1"));
@@ -669,6 +706,13 @@ impl Validator<'_> {
             value: value.to_owned(),
             reason: reason.to_owned(),
         }
+    }
+
+    fn size(&self, key: &str, value: &str) -> Result<u64, ConfigError> {
+        value
+            .parse::<bytesize::ByteSize>()
+            .map(|s| s.as_u64())
+            .map_err(|e: String| self.invalid(key, value, &e))
     }
 
     fn duration(&self, key: &str, value: &str) -> Result<Duration, ConfigError> {

@@ -1,39 +1,84 @@
 //! A delivery: one stream entry handed to a handler, with what the host knows about its
-//! history (how often it was parked and re-added, how often Redis delivered it).
+//! history (how often it was parked and re-added, how often Redis delivered it, which entry the
+//! producer first added).
+//!
+//! Fields are bytes end to end, names included: Redis allows any bytes, so the host never
+//! assumes text. Whether a handler can take a field name that is not UTF-8 is the handler's
+//! business (the WASM runtime dead-letters such an entry with a reason).
+//!
+//! The host's own bookkeeping (`sluice-retry-count`, `sluice-origin-id`, `sluice-due-ms`) is
+//! trusted only when the sweep wrote it: the sweep appends those fields last, followed by a
+//! `sluice-mark` keyed with the stream's secret (see [`crate::keys::Secret`]). Anything else
+//! named `sluice-*` is the producer's data: it is handed to the handler and kept when the entry
+//! is parked or dead-lettered, and it never changes how the host counts attempts.
 
-use crate::keys;
+use crate::keys::{self, Secret};
 
 /// One stream entry as read from Redis: its id and all of its fields, in stream order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     /// The entry id.
     pub id: String,
-    /// Every field, including the host's `sluice-*` bookkeeping fields.
-    pub fields: Vec<(String, Vec<u8>)>,
+    /// Every field, including the host's `sluice-*` bookkeeping fields, as bytes.
+    pub fields: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Entry {
-    /// How many times this message was parked and re-added: the `sluice-retry-count` field,
-    /// 0 when absent or unreadable.
-    pub fn retry_count(&self) -> u32 {
-        self.field(keys::RETRY_COUNT)
-            .and_then(|v| std::str::from_utf8(v).ok())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+    /// An entry with text field names (tests, benchmarks).
+    pub fn new(id: impl Into<String>, fields: &[(&str, &[u8])]) -> Self {
+        Self {
+            id: id.into(),
+            fields: fields
+                .iter()
+                .map(|(n, v)| (n.as_bytes().to_vec(), v.to_vec()))
+                .collect(),
+        }
     }
 
-    /// The raw value of `name`, if present.
+    /// The raw value of the first field called `name`, if present.
     pub fn field(&self, name: &str) -> Option<&[u8]> {
         self.fields
             .iter()
-            .find(|(n, _)| n == name)
+            .find(|(n, _)| n == name.as_bytes())
             .map(|(_, v)| v.as_slice())
     }
+}
 
-    /// The fields a handler sees: everything but the bookkeeping fields.
-    pub fn user_fields(&self) -> impl Iterator<Item = &(String, Vec<u8>)> {
-        self.fields.iter().filter(|(n, _)| !keys::is_bookkeeping(n))
+/// What the sweep recorded on an entry it re-added, verified by its mark.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bookkeeping {
+    /// How many times the message was parked and re-added.
+    pub retry_count: u32,
+    /// The id of the entry the producer added.
+    pub origin_id: String,
+    /// When the retry was due, epoch ms by the Redis server's clock.
+    pub due_ms: i64,
+}
+
+/// The bookkeeping the sweep appended to `entry` (the last four fields), if its mark verifies
+/// with `secret`; also how many fields precede it.
+fn trusted_tail(stream: &str, entry: &Entry, secret: Option<&Secret>) -> Option<Bookkeeping> {
+    let secret = secret?;
+    let n = entry.fields.len();
+    let tail = entry.fields.get(n.checked_sub(4)?..)?;
+    let names = [keys::RETRY_COUNT, keys::ORIGIN_ID, keys::DUE_MS, keys::MARK];
+    if tail
+        .iter()
+        .zip(names)
+        .any(|((n, _), want)| n != want.as_bytes())
+    {
+        return None;
     }
+    let text = |i: usize| std::str::from_utf8(&tail[i].1).ok();
+    let (retry, origin, due, mark) = (text(0)?, text(1)?, text(2)?, text(3)?);
+    if !secret.verify(stream, origin, retry, due, mark) {
+        return None;
+    }
+    Some(Bookkeeping {
+        retry_count: retry.parse().ok()?,
+        origin_id: origin.to_owned(),
+        due_ms: due.parse::<f64>().ok()? as i64,
+    })
 }
 
 /// An entry on its way to a handler.
@@ -45,25 +90,63 @@ pub struct Delivery {
     pub group: String,
     /// The entry.
     pub entry: Entry,
-    /// Parked-and-re-added count (from the entry's bookkeeping field).
+    /// Parked-and-re-added count (from verified bookkeeping; 0 otherwise).
     pub retry_count: u32,
     /// Redis's delivery counter for this entry id.
     pub delivery_count: u64,
+    /// The id of the entry the producer added: this entry's own id unless the sweep re-added
+    /// it from an earlier one.
+    pub origin_id: String,
+    /// When a re-added retry was due (Redis server clock, epoch ms).
+    pub due_ms: Option<i64>,
+    /// How many leading fields are the producer's (the rest is verified bookkeeping).
+    user_len: usize,
     /// When dispatch took its handler version (set by the dispatcher).
     pub started: Option<std::time::SystemTime>,
 }
 
 impl Delivery {
-    /// Wrap an entry read from `stream` by `group`.
-    pub fn new(stream: &str, group: &str, entry: Entry, delivery_count: u64) -> Self {
+    /// Wrap an entry read from `stream` by `group`; bookkeeping fields count only if their
+    /// mark verifies with the stream's `secret`.
+    pub fn new(
+        stream: &str,
+        group: &str,
+        entry: Entry,
+        delivery_count: u64,
+        secret: Option<&Secret>,
+    ) -> Self {
+        let trusted = trusted_tail(stream, &entry, secret);
+        let user_len = entry.fields.len() - if trusted.is_some() { 4 } else { 0 };
+        if trusted.is_none()
+            && entry
+                .fields
+                .iter()
+                .any(|(n, _)| n.starts_with(keys::FIELD_PREFIX.as_bytes()))
+        {
+            tracing::debug!(
+                stream,
+                id = %entry.id,
+                "entry carries sluice-* fields the host did not write; treated as the producer's data"
+            );
+        }
         Self {
             stream: stream.to_owned(),
             group: group.to_owned(),
-            retry_count: entry.retry_count(),
+            retry_count: trusted.as_ref().map_or(0, |b| b.retry_count),
+            origin_id: trusted
+                .as_ref()
+                .map_or_else(|| entry.id.clone(), |b| b.origin_id.clone()),
+            due_ms: trusted.as_ref().map(|b| b.due_ms),
+            user_len,
             entry,
             delivery_count: delivery_count.max(1),
             started: None,
         }
+    }
+
+    /// The fields the producer wrote (everything but verified bookkeeping), in stream order.
+    pub fn user_fields(&self) -> &[(Vec<u8>, Vec<u8>)] {
+        &self.entry.fields[..self.user_len]
     }
 
     /// Attempts of this message that came before this one: each park-and-re-add and each

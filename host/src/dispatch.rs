@@ -5,7 +5,7 @@
 //! benchmarks can plug in a native one to isolate what WebAssembly costs.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use tracing::Instrument;
@@ -14,7 +14,7 @@ use crate::delivery::Delivery;
 use crate::keys;
 use crate::metrics::{DeliveryMetrics, Metrics, SubLabels};
 use crate::outcome::{self, Action, Failure, Outcome, Policy};
-use crate::settle::Settler;
+use crate::settle::{SettleError, Settler};
 use crate::swap::{HandlerSlot, Version};
 
 /// Something that handles deliveries: a WASM component, or native code in tests and benches.
@@ -24,6 +24,13 @@ pub trait Handler: Send + Sync + 'static {
 
     /// Handle one delivery.
     fn handle<'a>(&'a self, delivery: &'a Delivery) -> BoxFuture<'a, Result<Outcome, Failure>>;
+
+    /// A swap replaced this handler: release what it keeps for later deliveries (deliveries
+    /// that already started finish on it).
+    fn retire(&self) {}
+
+    /// A rollback made this handler current again.
+    fn activate(&self) {}
 }
 
 /// How a dispatch ended, for the subscription to act on.
@@ -78,23 +85,25 @@ impl Dispatcher {
     }
 
     /// A retry put back by the sweep carries its due time (Redis server clock); its lateness
-    /// is the time it starts being handled (this host's clock) minus that. Hosts' clocks only
-    /// matter for this metric, never for when a retry is due.
+    /// is the time it starts being handled minus that, both by the server's clock: this host's
+    /// clock corrected by the offset its delayed set last saw, or, without one, the time the
+    /// sweep re-added it (the entry id's milliseconds, also the server's clock). A skewed host
+    /// clock changes neither when a retry is due nor this metric.
     fn record_lateness(&self, delivery: &Delivery) {
-        let Some(due) = delivery
-            .entry
-            .field(keys::DUE_MS)
-            .and_then(|v| std::str::from_utf8(v).ok())
-            .and_then(|v| v.parse::<f64>().ok())
-        else {
+        let Some(due) = delivery.due_ms else {
             return;
         };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+        let now = self.settler.server_now_ms().unwrap_or_else(|| {
+            delivery
+                .entry
+                .id
+                .split_once('-')
+                .and_then(|(ms, _)| ms.parse().ok())
+                .unwrap_or(due)
+        });
         self.metrics
             .lateness
-            .observe(((now - due) / 1000.0).max(0.0));
+            .observe(((now - due) as f64 / 1000.0).max(0.0));
     }
 
     async fn run(&self, delivery: Delivery, version: &Version) -> Settled {
@@ -113,34 +122,88 @@ impl Dispatcher {
             Ok(Outcome::RetryAfter(_)) => 1,
             Ok(Outcome::DeadLetter(_)) => 2,
             Err(Failure::Trap(_) | Failure::Instantiate(_)) => 3,
-            Err(Failure::Timeout(_) | Failure::MemoryLimit { .. } | Failure::FuelExhausted(_)) => 4,
+            Err(
+                Failure::Timeout(_)
+                | Failure::MemoryLimit { .. }
+                | Failure::FuelExhausted(_)
+                | Failure::HostLimit(_),
+            ) => 4,
         });
         let elapsed_us = elapsed.as_micros() as u64;
         if let Err(failure) = &result {
             tracing::warn!(%failure, elapsed_us, "attempt failed");
         }
-        let action = outcome::decide(&result, delivery.previous_attempts(), &self.policy);
-        match action {
+        let previous = delivery.previous_attempts();
+        let action = outcome::decide(&result, previous, &self.policy);
+        let settled = match action {
             Action::Ack => {
                 tracing::debug!(elapsed_us, "ack");
                 self.settler.ack(&delivery, digest);
-                Settled::Done
+                Ok(Settled::Done)
             }
             Action::DeadLetter { reason } => {
                 tracing::warn!(%reason, elapsed_us, "dead-lettering");
-                self.settler.dead_letter(&delivery, digest, &reason).await;
-                Settled::Done
+                self.settler
+                    .dead_letter(&delivery, digest, &reason)
+                    .await
+                    .map(|_| Settled::Done)
             }
-            Action::Retry { delay, cause } if self.settler.has_delayed_set() => {
-                tracing::info!(delay_ms = delay.as_millis() as u64, %cause, "parking for a delayed retry");
-                self.settler.park(&delivery, digest, delay, cause).await;
-                Settled::Done
+            Action::Retry {
+                delay,
+                cause,
+                clamped_from,
+            } => {
+                if let Some(asked) = clamped_from {
+                    m.clamped.inc();
+                    tracing::warn!(
+                        asked_ms = asked.as_millis() as u64,
+                        delay_ms = delay.as_millis() as u64,
+                        "retry delay is longer than this subscription allows (max_delay); clamped"
+                    );
+                }
+                self.retry(&delivery, digest, delay, cause).await
             }
-            Action::Retry { delay, cause } => {
-                tracing::info!(delay_ms = delay.as_millis() as u64, %cause, "retry stays pending");
-                self.settler.retry_pending(&delivery, digest, delay, cause);
-                Settled::RetryPending(delay)
-            }
+        };
+        settled.unwrap_or_else(|err| {
+            // The scripts write before they acknowledge, so the entry is still pending: bring it
+            // back after the failure backoff, like a failed attempt, until Redis takes it.
+            m.settle_errors.inc();
+            let delay = self
+                .policy
+                .failure_backoff
+                .delay(u32::try_from(delivery.delivery_count).unwrap_or(u32::MAX));
+            tracing::error!(
+                %err,
+                retry_in_ms = delay.as_millis() as u64,
+                "cannot settle the entry; it stays pending and comes back after the backoff"
+            );
+            Settled::RetryPending(delay)
+        })
+    }
+
+    /// Park the entry for `delay` (with a delayed-retry set) or leave it pending.
+    async fn retry(
+        &self,
+        delivery: &Delivery,
+        digest: &Arc<str>,
+        delay: Duration,
+        cause: String,
+    ) -> Result<Settled, SettleError> {
+        let fields = delivery.user_fields().len();
+        if self.settler.has_delayed_set() && fields <= keys::SCRIPT_MAX_FIELDS {
+            tracing::info!(delay_ms = delay.as_millis() as u64, %cause, "parking for a delayed retry");
+            self.settler.park(delivery, digest, delay, cause).await?;
+            return Ok(Settled::Done);
         }
+        if self.settler.has_delayed_set() {
+            tracing::warn!(
+                fields,
+                max = keys::SCRIPT_MAX_FIELDS,
+                "entry has more fields than the sweep can put back onto the stream; its retry stays pending instead of parked"
+            );
+        }
+        tracing::info!(delay_ms = delay.as_millis() as u64, %cause, "retry stays pending");
+        self.settler.retry_pending(delivery, digest, delay, cause);
+        Ok(Settled::RetryPending(delay))
     }
 }

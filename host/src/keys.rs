@@ -1,17 +1,36 @@
 //! Every Redis key name and bookkeeping field the host writes, in one place.
 //!
-//! Bookkeeping fields start with `sluice-`; they are stripped from what a handler sees and
-//! kept on what the dead-letter stream records.
+//! Bookkeeping fields start with `sluice-`. The ones the sweep appends to a re-added retry are
+//! trusted only together with their [`MARK`], keyed with the stream's [`Secret`]; a producer's
+//! own `sluice-*` fields are its data like any other.
 
 /// The prefix of every field the host adds to an entry.
 pub const FIELD_PREFIX: &str = "sluice-";
 /// How many times the entry was parked and re-added (absent means 0).
 pub const RETRY_COUNT: &str = "sluice-retry-count";
-/// The id of the entry this one was re-added from, or dead-lettered from.
+/// The id of the entry the producer first added: kept through every park, recorded on the
+/// re-added copies and on the dead letter.
 pub const ORIGIN_ID: &str = "sluice-origin-id";
+/// The id of the entry that was dead-lettered (the origin, or the sweep's last copy of it).
+pub const ENTRY_ID: &str = "sluice-entry-id";
 /// When a parked retry was due (server clock, epoch ms), set by the sweep; it measures how
 /// late the retry came back.
 pub const DUE_MS: &str = "sluice-due-ms";
+/// The sweep's mark over the bookkeeping it appended (retry count, origin id, due time): what
+/// makes those fields trusted. See [`Secret`].
+pub const MARK: &str = "sluice-mark";
+/// Set on a dead letter whose fields were too many for one command from a script: the fields
+/// are packed into this one value (MessagePack `[name, value, ...]`).
+pub const PACKED_FIELDS: &str = "sluice-packed-fields";
+/// A raw delayed-set member that could not be moved back onto the stream (dead-lettered).
+pub const MEMBER: &str = "sluice-member";
+/// The delayed-set key a dead-lettered member came from.
+pub const ORIGIN_KEY: &str = "sluice-origin-key";
+
+/// The most fields (name/value pairs) a script can hand to one XADD: Lua's `unpack` stops at
+/// about 8,000 values. An entry with more is parked or dead-lettered differently (see
+/// [`PACKED_FIELDS`]).
+pub const SCRIPT_MAX_FIELDS: usize = 3_000;
 /// The stream a dead-lettered entry came from.
 pub const ORIGIN_STREAM: &str = "sluice-origin-stream";
 /// The consumer group that gave up on a dead-lettered entry.
@@ -24,9 +43,102 @@ pub const DELIVERY_COUNT: &str = "sluice-delivery-count";
 /// The config value through which the host tells the guest which field holds the payload.
 pub const CONFIG_PAYLOAD_FIELD: &str = "sluice.payload-field";
 
-/// Whether `field` is one of the host's bookkeeping fields.
-pub fn is_bookkeeping(field: &str) -> bool {
-    field.starts_with(FIELD_PREFIX)
+/// The part of `key` Redis Cluster hashes: the text between the first `{` and the next `}` if
+/// it is not empty, else the whole key.
+pub fn hash_tag(key: &str) -> &str {
+    if let Some(open) = key.find('{')
+        && let Some(len) = key[open + 1..].find('}')
+        && len > 0
+    {
+        return &key[open + 1..open + 1 + len];
+    }
+    key
+}
+
+/// Where a stream's [`Secret`] is kept: in the stream's hash slot, so scripts can use it with
+/// the stream on a cluster.
+pub fn secret_key(stream: &str) -> String {
+    format!("sluice-secret:{{{}}}", hash_tag(stream))
+}
+
+/// A random value shared by every host of a stream (kept in Redis under [`secret_key`]) that
+/// keys the sweep's [`MARK`]. A producer that writes `sluice-retry-count` itself cannot make a
+/// matching mark, so its fields change nothing about how attempts are counted.
+///
+/// The mark is `sha1(secret ‖ sha1(secret ‖ message))` in hex, the message being the stream
+/// (length-prefixed), origin id, retry count and due time: a keyed hash Redis's Lua can compute
+/// (`redis.sha1hex`), with the outer round against length extension.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl Secret {
+    /// The stream's secret, created (SET NX) by whichever host comes first.
+    pub async fn load_or_create<C: redis::aio::ConnectionLike>(
+        conn: &mut C,
+        stream: &str,
+    ) -> redis::RedisResult<Self> {
+        let key = secret_key(stream);
+        let mut bytes = [0u8; 20];
+        getrandom::fill(&mut bytes).map_err(|e| {
+            redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "no randomness for the stream secret",
+                e.to_string(),
+            ))
+        })?;
+        let _: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(hex::encode(bytes))
+            .arg("NX")
+            .query_async(conn)
+            .await?;
+        let secret: String = redis::cmd("GET").arg(&key).query_async(conn).await?;
+        Ok(Self(secret))
+    }
+
+    /// The stream's secret if some host with a delayed-retry set made one; a subscription
+    /// without a set never creates the key (a set, and what it costs, is opt-in).
+    pub async fn load<C: redis::aio::ConnectionLike>(
+        conn: &mut C,
+        stream: &str,
+    ) -> redis::RedisResult<Option<Self>> {
+        let secret: Option<String> = redis::cmd("GET")
+            .arg(secret_key(stream))
+            .query_async(conn)
+            .await?;
+        Ok(secret.map(Self))
+    }
+
+    /// A secret with a known value (tests).
+    pub fn from_value(value: &str) -> Self {
+        Self(value.to_owned())
+    }
+
+    /// The value, to hand to the sweep script.
+    pub fn value(&self) -> &str {
+        &self.0
+    }
+
+    /// The mark over one re-added retry's bookkeeping.
+    pub fn mark(&self, stream: &str, origin: &str, retry: &str, due: &str) -> String {
+        use sha1::Digest as _;
+        let message = format!("{}:{stream}:{origin}:{retry}:{due}", stream.len());
+        let inner = hex::encode(sha1::Sha1::digest(format!("{}{message}", self.0)));
+        hex::encode(sha1::Sha1::digest(format!("{}{inner}", self.0)))
+    }
+
+    /// Whether `mark` is this secret's mark over the bookkeeping (compared in constant time).
+    pub fn verify(&self, stream: &str, origin: &str, retry: &str, due: &str, mark: &str) -> bool {
+        use subtle::ConstantTimeEq as _;
+        let expected = self.mark(stream, origin, retry, due);
+        expected.as_bytes().ct_eq(mark.as_bytes()).into()
+    }
 }
 
 /// A subscription's keys that Redis Cluster would put on different slots.

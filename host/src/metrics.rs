@@ -15,7 +15,7 @@
 //! | `sluice_parked_oldest_due_seconds` | gauge | due time of the earliest parked entry, Unix seconds |
 //! | `sluice_sweep_moved` | histogram | entries moved back per sweep pass |
 //! | `sluice_sweep_duration_seconds` | histogram | duration of a sweep pass |
-//! | `sluice_retry_lateness_seconds` | histogram | handled time (host clock) minus due time (server clock) of a parked retry |
+//! | `sluice_retry_lateness_seconds` | histogram | handled time minus due time of a parked retry, both by the Redis server's clock |
 //! | `sluice_retry_over_ttl_total` | counter | retries asked for longer than the set's ttl |
 //! | `sluice_redis_reconnects_total` | counter | reads that had to reconnect to Redis |
 //! | `sluice_dead_letter_entries` | gauge | length of the dead-letter stream (scrape time) |
@@ -23,6 +23,9 @@
 //! | `sluice_handler_swaps_total` | counter | hot swaps and rollbacks that took effect |
 //! | `sluice_handler_swap_refusals_total` | counter | swaps refused (bad component, changed descriptor) |
 //! | `sluice_http_denied_total` | counter | outbound HTTP requests refused by `allowed_outbound_hosts` |
+//! | `sluice_retry_delay_clamped_total` | counter | retries asked for longer than `max_delay` (clamped to it) |
+//! | `sluice_settle_errors_total` | counter | parks, dead letters refused by Redis in a way retrying cannot fix (entry kept pending) |
+//! | `sluice_guest_log_dropped_total` | counter | guest log lines dropped or truncated by the per-delivery log budget |
 
 use std::sync::Arc;
 
@@ -103,6 +106,12 @@ pub struct Metrics {
     pub swap_refusals: Family<SubLabels, Counter>,
     /// Outbound HTTP requests refused by `allowed_outbound_hosts`.
     pub http_denied: Family<SubLabels, Counter>,
+    /// Retry delays clamped to `max_delay`.
+    pub retry_delay_clamped: Family<SubLabels, Counter>,
+    /// Settles Redis refused for good (the entry stays pending).
+    pub settle_errors: Family<SubLabels, Counter>,
+    /// Guest log lines dropped or truncated by the log budget.
+    pub guest_log_dropped: Family<SubLabels, Counter>,
 }
 
 fn seconds_histogram() -> Histogram {
@@ -180,7 +189,7 @@ impl Default for Metrics {
             retry_lateness: registered(
                 &mut registry,
                 "retry_lateness_seconds",
-                "Handled time minus due time of a parked retry (host clock minus Redis server clock)",
+                "Handled time minus due time of a parked retry, both by the Redis server's clock",
                 Family::new_with_constructor(seconds_histogram),
             ),
             retry_over_ttl: registered(
@@ -217,6 +226,24 @@ impl Default for Metrics {
                 &mut registry,
                 "http_denied",
                 "Outbound HTTP requests refused: not on the subscription's allowed_outbound_hosts",
+                Family::default(),
+            ),
+            retry_delay_clamped: registered(
+                &mut registry,
+                "retry_delay_clamped",
+                "Retries asked for longer than max_delay, clamped to it",
+                Family::default(),
+            ),
+            settle_errors: registered(
+                &mut registry,
+                "settle_errors",
+                "Parks and dead letters Redis refused in a way retrying cannot fix; the entry stays pending",
+                Family::default(),
+            ),
+            guest_log_dropped: registered(
+                &mut registry,
+                "guest_log_dropped",
+                "Guest log lines dropped or truncated by the per-delivery log budget",
                 Family::default(),
             ),
             registry,
@@ -258,6 +285,8 @@ impl Metrics {
             in_flight: self.in_flight.get_or_create(labels).clone(),
             duration: self.handler_duration.get_or_create(labels).clone(),
             lateness: self.retry_lateness.get_or_create(labels).clone(),
+            clamped: self.retry_delay_clamped.get_or_create(labels).clone(),
+            settle_errors: self.settle_errors.get_or_create(labels).clone(),
             deliveries: self.deliveries.clone(),
             labels: labels.clone(),
             outcomes: Default::default(),
@@ -282,6 +311,10 @@ pub struct DeliveryMetrics {
     pub duration: Histogram,
     /// Lateness of parked retries.
     pub lateness: Histogram,
+    /// Retry delays clamped to `max_delay`.
+    pub clamped: Counter,
+    /// Settles refused for good.
+    pub settle_errors: Counter,
     deliveries: Family<OutcomeLabels, Counter>,
     labels: SubLabels,
     /// One counter per outcome, created on its first use (an outcome that never happened

@@ -5,9 +5,15 @@
 //! |-----------------------------|----------------|-------------------------------------------|
 //! | `ack`                       | -              | [`Action::Ack`]                           |
 //! | `dead-letter(reason)`       | -              | [`Action::DeadLetter`] with the reason    |
-//! | `retry-after(d)`            | yes            | [`Action::Retry`] after `d`               |
+//! | `retry-after(d)`            | yes            | [`Action::Retry`] after `d`, at most `max_delay` |
 //! | a failure (trap, limit)     | yes            | [`Action::Retry`] after the backoff       |
 //! | `retry-after` or a failure  | no             | [`Action::DeadLetter`], reason says why   |
+//!
+//! A `retry-after` longer than the subscription's `max_delay` is **clamped** to `max_delay`
+//! (and reported), not dead-lettered: a handler that asks to wait too long still gets its
+//! retry, sooner than it asked. Without a `max_delay` the ceiling is
+//! [`crate::delayed::MAX_REPRESENTABLE_DELAY`] (~285 years), the longest delay whose due time a
+//! sorted-set score holds exactly.
 
 use std::time::Duration;
 
@@ -44,6 +50,10 @@ pub enum Failure {
     /// The delivery burned its whole fuel budget.
     #[error("handler ran out of fuel (budget {0} per delivery)")]
     FuelExhausted(u64),
+    /// The guest made the host hold more on its behalf than the subscription allows (resources,
+    /// HTTP fields); the message names the limit.
+    #[error("guest hit a host limit: {0}")]
+    HostLimit(String),
     /// No instance could be created for the delivery.
     #[error("could not instantiate the handler: {0}")]
     Instantiate(String),
@@ -56,6 +66,17 @@ pub struct Policy {
     pub max_retries: u32,
     /// The delay after a failure.
     pub failure_backoff: Backoff,
+    /// The longest delay a retry waits; longer requests are clamped to it.
+    pub max_delay: Option<Duration>,
+}
+
+impl Policy {
+    /// The longest delay a retry may wait under this policy.
+    pub fn delay_ceiling(&self) -> Duration {
+        self.max_delay
+            .unwrap_or(crate::delayed::MAX_REPRESENTABLE_DELAY)
+            .min(crate::delayed::MAX_REPRESENTABLE_DELAY)
+    }
 }
 
 /// What the host does with the entry.
@@ -69,6 +90,8 @@ pub enum Action {
         delay: Duration,
         /// What caused the retry.
         cause: String,
+        /// The delay the handler asked for, when it was longer than the ceiling.
+        clamped_from: Option<Duration>,
     },
     /// Move it to the dead-letter stream with the reason, and acknowledge it.
     DeadLetter {
@@ -108,7 +131,13 @@ pub fn decide(
             ),
         };
     }
-    Action::Retry { delay, cause }
+    let ceiling = policy.delay_ceiling();
+    let clamped_from = (delay > ceiling).then_some(delay);
+    Action::Retry {
+        delay: delay.min(ceiling),
+        cause,
+        clamped_from,
+    }
 }
 
 #[cfg(test)]
@@ -121,6 +150,7 @@ mod tests {
             initial: Duration::from_millis(100),
             max: Duration::from_secs(1),
         },
+        max_delay: None,
     };
 
     #[test]
@@ -146,6 +176,41 @@ mod tests {
         };
         assert!(reason.contains("max_retries (2)"), "{reason}");
         assert!(reason.contains("3 attempts"), "{reason}");
+    }
+
+    #[test]
+    fn delays_over_the_ceiling_are_clamped() {
+        let capped = Policy {
+            max_delay: Some(Duration::from_secs(60)),
+            ..POLICY
+        };
+        let huge = Ok(Outcome::RetryAfter(Duration::from_millis(u64::MAX)));
+        assert_eq!(
+            decide(&huge, 0, &capped),
+            Action::Retry {
+                delay: Duration::from_secs(60),
+                cause: format!("handler asked to retry after {}ms", u64::MAX),
+                clamped_from: Some(Duration::from_millis(u64::MAX)),
+            }
+        );
+        let Action::Retry {
+            delay,
+            clamped_from,
+            ..
+        } = decide(&huge, 0, &POLICY)
+        else {
+            panic!("expected a retry");
+        };
+        assert_eq!(delay, crate::delayed::MAX_REPRESENTABLE_DELAY);
+        assert!(clamped_from.is_some());
+        // A due time this far out is still an integer a double holds exactly.
+        let due = 1_800_000_000_000u64 + delay.as_millis() as u64;
+        assert_eq!(due as f64 as u64, due);
+        let short = Ok(Outcome::RetryAfter(Duration::from_secs(1)));
+        assert!(matches!(
+            decide(&short, 0, &capped),
+            Action::Retry { clamped_from: None, delay, .. } if delay == Duration::from_secs(1)
+        ));
     }
 
     #[test]

@@ -20,14 +20,14 @@ pub enum PlanError {
     #[error(transparent)]
     Component(#[from] RuntimeError),
     /// The resolved descriptor is invalid.
-    #[error("{} (component {}): {source}", origin.display(), component.display())]
+    #[error("{} (component {}): {problem}", origin.display(), component.display())]
     Descriptor {
         /// Where the subscription was configured.
         origin: PathBuf,
         /// The component.
         component: PathBuf,
-        /// What is wrong.
-        source: DescriptorError,
+        /// What is wrong (in the message itself, not repeated as a source).
+        problem: DescriptorError,
     },
     /// Two subscriptions would read as the same consumer of the same group.
     #[error(
@@ -128,10 +128,10 @@ impl Plan {
             let descriptor = overlay(component.descriptor().await?, &sub.overrides);
             let stream = descriptor
                 .resolve()
-                .map_err(|source| PlanError::Descriptor {
+                .map_err(|problem| PlanError::Descriptor {
                     origin: sub.origin.clone(),
                     component: sub.component.clone(),
-                    source,
+                    problem,
                 })?;
             let consumer = stream.consumer.clone().unwrap_or_else(default_consumer);
             if let Some(other) = subscriptions.iter().find(|p| {

@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::delayed::DelayedSet;
+use crate::delayed::{DelayedSet, SetKeys};
 use crate::dispatch::{Dispatcher, Handler};
 use crate::events::Events;
 use crate::outcome::Policy;
@@ -19,7 +19,7 @@ use crate::plan::Plan;
 use crate::redis_conn::{self, ConnError};
 use crate::runtime::WasmHandler;
 use crate::settle::Settler;
-use crate::subscription::{ReadPlan, Subscription};
+use crate::subscription::{ReadPlan, Subscription, SubscriptionParts};
 use sluice_descriptor::DelayedRetry;
 
 /// Why the service stopped with an error.
@@ -34,6 +34,14 @@ pub enum RunError {
     /// The subscription's keys cannot be used together on this Redis Cluster.
     #[error(transparent)]
     Slots(#[from] crate::keys::SlotError),
+    /// The stream's secret could not be read or created.
+    #[error("cannot read or create the secret of stream `{stream}` in Redis: {error}")]
+    Secret {
+        /// The stream.
+        stream: String,
+        /// What Redis said.
+        error: redis::RedisError,
+    },
     /// The admin token could not be read.
     #[error("{0}")]
     Token(String),
@@ -69,7 +77,10 @@ impl Service {
                     s.component.clone(),
                     s.limits.clone(),
                     s.values.clone(),
-                    metrics.http_denied.get_or_create(&labels).clone(),
+                    crate::runtime::HandlerCounters {
+                        http_denied: metrics.http_denied.get_or_create(&labels).clone(),
+                        log_dropped: metrics.guest_log_dropped.get_or_create(&labels).clone(),
+                    },
                 )) as Arc<dyn Handler>
             })
             .collect();
@@ -131,21 +142,42 @@ impl Service {
             if let Some(delayed) = &s.delayed_retry {
                 others.push(delayed.key());
             }
+            let secret_key = crate::keys::secret_key(&s.stream);
+            others.push(&secret_key);
             crate::keys::check_same_slot(&mut conn.clone(), &s.stream, &others).await?;
+            let secret = if s.delayed_retry.is_some() {
+                crate::keys::Secret::load_or_create(&mut conn.clone(), &s.stream)
+                    .await
+                    .map(Some)
+            } else {
+                crate::keys::Secret::load(&mut conn.clone(), &s.stream).await
+            }
+            .map_err(|error| RunError::Secret {
+                stream: s.stream.clone(),
+                error,
+            })?
+            .map(Arc::new);
             for warning in &sub.warnings {
                 tracing::warn!(stream = %s.stream, "{warning}");
             }
-            let delayed = s.delayed_retry.as_ref().map(|d| match d {
-                DelayedRetry::DurableZset { key, ttl } => Arc::new(DelayedSet::new(
-                    s.stream.as_str().into(),
-                    s.group.as_str().into(),
-                    key.clone(),
-                    *ttl,
-                    s.dead_letter.clone(),
-                    conn.clone(),
-                    &self.metrics,
-                )),
-            });
+            // A set always has a secret: it was created above.
+            let delayed = match (&s.delayed_retry, &secret) {
+                (Some(DelayedRetry::DurableZset { key, ttl }), Some(secret)) => {
+                    Some(Arc::new(DelayedSet::new(
+                        SetKeys {
+                            stream: s.stream.as_str().into(),
+                            group: s.group.as_str().into(),
+                            key: key.clone(),
+                            ttl: *ttl,
+                            dead_letter: s.dead_letter.clone(),
+                            secret: secret.clone(),
+                        },
+                        conn.clone(),
+                        &self.metrics,
+                    )))
+                }
+                _ => None,
+            };
             if let Some(set) = &delayed {
                 readers.spawn(set.clone().run_waker(stop.clone()));
             }
@@ -162,13 +194,16 @@ impl Service {
             let policy = Policy {
                 max_retries: s.max_retries,
                 failure_backoff: s.failure_backoff,
+                max_delay: s.max_delay,
             };
+            let health = Arc::new(crate::subscription::ReadHealth::new(s.block));
             let labels = crate::metrics::Metrics::labels(&s.stream, &s.group);
             admin_subscriptions.push(crate::admin::AdminSubscription {
                 labels: labels.clone(),
                 conn: conn.clone(),
                 delayed_key: s.delayed_retry.as_ref().map(|d| d.key().to_owned()),
                 dead_letter: s.dead_letter.clone(),
+                health: health.clone(),
             });
             let slot = Arc::new(crate::swap::HandlerSlot::new(
                 handler,
@@ -212,8 +247,12 @@ impl Service {
                 (client, conn),
                 dispatcher,
                 delayed,
-                stop.clone(),
-                deliveries.clone(),
+                SubscriptionParts {
+                    tracker: deliveries.clone(),
+                    stop: stop.clone(),
+                    secret,
+                    health,
+                },
                 &self.metrics,
             );
             readers.spawn(subscription.run());

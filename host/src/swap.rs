@@ -31,7 +31,7 @@ use crate::config::{Limits, Overrides};
 use crate::dispatch::Handler;
 use crate::metrics::{HandlerLabels, Metrics, SubLabels};
 use crate::plan::overlay;
-use crate::runtime::{Runtime, RuntimeError, WasmHandler};
+use crate::runtime::{HandlerCounters, Runtime, RuntimeError, WasmHandler};
 
 /// One version of a subscription's handler.
 pub struct Version {
@@ -93,8 +93,8 @@ pub struct HandlerSlot {
     labels: SubLabels,
     swaps: Counter,
     refusals: Counter,
-    /// Where the handler versions of this subscription count denied HTTP requests.
-    http_denied: Counter,
+    /// Where the handler versions of this subscription count what they refuse.
+    counters: HandlerCounters,
 }
 
 impl HandlerSlot {
@@ -103,9 +103,12 @@ impl HandlerSlot {
         let version = Arc::new(Version::new(handler));
         let swaps = metrics.swaps.get_or_create(&labels).clone();
         let refusals = metrics.swap_refusals.get_or_create(&labels).clone();
-        let http_denied = metrics.http_denied.get_or_create(&labels).clone();
+        let counters = HandlerCounters {
+            http_denied: metrics.http_denied.get_or_create(&labels).clone(),
+            log_dropped: metrics.guest_log_dropped.get_or_create(&labels).clone(),
+        };
         let slot = Self {
-            http_denied,
+            counters,
             swaps,
             refusals,
             current: ArcSwap::new(version.clone()),
@@ -150,7 +153,9 @@ impl HandlerSlot {
 
     /// Make `version` current; the one it replaces becomes the rollback target.
     pub fn publish(&self, version: Arc<Version>) -> Arc<Version> {
+        version.handler.activate();
         let old = self.current.swap(version.clone());
+        old.handler.retire();
         if let Ok(mut previous) = self.previous.lock() {
             *previous = Some(old.clone());
         }
@@ -263,7 +268,7 @@ impl SwapControl {
             component,
             self.limits.clone(),
             self.values.clone(),
-            self.slot.http_denied.clone(),
+            self.slot.counters.clone(),
         );
         Ok(Arc::new(Version::new(Arc::new(handler))))
     }

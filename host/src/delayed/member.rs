@@ -7,14 +7,16 @@ use redis::aio::ConnectionLike;
 /// One parked entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParkedEntry {
-    /// The id of the entry that was parked.
+    /// The id of the entry the producer first added (kept through every park).
     pub origin_id: String,
+    /// The id of the entry that was parked (the origin, or the sweep's last copy of it).
+    pub entry_id: String,
     /// The retry count it will carry when it comes back.
     pub retry_count: u32,
     /// Its due time, epoch milliseconds (Redis server clock).
     pub due_ms: i64,
-    /// Its fields.
-    pub fields: Vec<(String, Vec<u8>)>,
+    /// Its fields (bytes, names included).
+    pub fields: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 /// Why a member could not be decoded.
@@ -22,7 +24,8 @@ pub struct ParkedEntry {
 #[error("delayed-set member is not a Sluice parked entry: {0}")]
 pub struct MemberError(String);
 
-/// Decode one member: a MessagePack array `[origin id, retry count, [name, value, ...]]`.
+/// Decode one member: a MessagePack array `[entry id, retry count, [name, value, ...], origin
+/// id]` (members parked before origins were kept have no fourth item: the entry is the origin).
 pub fn decode(member: &[u8], due_ms: i64) -> Result<ParkedEntry, MemberError> {
     let value =
         rmpv::decode::read_value(&mut &member[..]).map_err(|e| MemberError(e.to_string()))?;
@@ -44,9 +47,16 @@ pub fn decode(member: &[u8], due_ms: i64) -> Result<ParkedEntry, MemberError> {
             "expected [origin id, retry count, fields]".into(),
         ));
     };
-    let origin_id = bytes(origin)
-        .and_then(|b| String::from_utf8(b).ok())
-        .ok_or_else(|| MemberError("origin id is not text".into()))?;
+    let text = |v: &rmpv::Value, what: &str| {
+        bytes(v)
+            .and_then(|b| String::from_utf8(b).ok())
+            .ok_or_else(|| MemberError(format!("{what} is not text")))
+    };
+    let entry_id = text(origin, "entry id")?;
+    let origin_id = match parts.get(3) {
+        Some(first) => text(first, "origin id")?,
+        None => entry_id.clone(),
+    };
     let retry_count = count
         .as_u64()
         .or_else(|| count.as_f64().map(|f| f as u64))
@@ -57,14 +67,13 @@ pub fn decode(member: &[u8], due_ms: i64) -> Result<ParkedEntry, MemberError> {
         let [name, value] = pair else {
             return Err(MemberError("odd number of field items".into()));
         };
-        let name = bytes(name)
-            .and_then(|b| String::from_utf8(b).ok())
-            .ok_or_else(|| MemberError("field name is not text".into()))?;
+        let name = bytes(name).ok_or_else(|| MemberError("field name is not bytes".into()))?;
         let value = bytes(value).ok_or_else(|| MemberError("field value is not bytes".into()))?;
         fields.push((name, value));
     }
     Ok(ParkedEntry {
         origin_id,
+        entry_id,
         retry_count,
         due_ms,
         fields,
@@ -119,7 +128,7 @@ pub async fn list<C: ConnectionLike>(
 /// Encode a member exactly as `lua/park.lua` does (Lua's cmsgpack writes every string, text or
 /// not, as a MessagePack str), for tools that fill a set in bulk (the benchmark's drain
 /// scenario) and for tests.
-pub fn encode(origin_id: &str, retry_count: u32, fields: &[(String, Vec<u8>)]) -> Vec<u8> {
+pub fn encode(entry_id: &str, retry_count: u32, fields: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
     fn raw_str(out: &mut Vec<u8>, bytes: &[u8]) {
         let _ = rmp::encode::write_str_len(out, bytes.len() as u32);
         out.extend_from_slice(bytes);
@@ -127,11 +136,11 @@ pub fn encode(origin_id: &str, retry_count: u32, fields: &[(String, Vec<u8>)]) -
     // Writing to a Vec cannot fail.
     let mut out = Vec::new();
     let _ = rmp::encode::write_array_len(&mut out, 3);
-    raw_str(&mut out, origin_id.as_bytes());
+    raw_str(&mut out, entry_id.as_bytes());
     let _ = rmp::encode::write_uint(&mut out, u64::from(retry_count));
     let _ = rmp::encode::write_array_len(&mut out, (fields.len() * 2) as u32);
     for (name, value) in fields {
-        raw_str(&mut out, name.as_bytes());
+        raw_str(&mut out, name);
         raw_str(&mut out, value);
     }
     out
@@ -143,7 +152,7 @@ mod tests {
 
     #[test]
     fn encode_and_decode_round_trip() {
-        let fields = vec![("payload".to_owned(), vec![0xff, 0x00, b'x'])];
+        let fields = vec![(vec![0xfe, b'p'], vec![0xff, 0x00, b'x'])];
         let member = encode("1-0", 3, &fields);
         let entry = decode(&member, 42).unwrap();
         assert_eq!(entry.origin_id, "1-0");

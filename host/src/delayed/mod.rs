@@ -4,13 +4,18 @@
 //! - **Park** (`lua/park.lua`): a `retry-after(d)` adds the entry to the set with ZADD, scored
 //!   by its due time (server `TIME` + `d`, in epoch milliseconds), with its retry count raised
 //!   by one, refreshes the set's ttl, and acknowledges the original with XACK, all in one
-//!   script. The member is a MessagePack array `[origin id, retry count, [name, value, ...]]`:
-//!   unique per entry, and enough to rebuild it.
+//!   script. The member is a MessagePack array `[entry id, retry count, [name, value, ...],
+//!   origin id]`: unique per entry, and enough to rebuild it; the origin id is the entry the
+//!   producer first added, kept through every park.
 //! - **Sweep** (`lua/sweep.lua`): appends due members back onto the stream under new ids, with
-//!   `sluice-retry-count` and `sluice-origin-id` set, and removes them, at most
-//!   [`SWEEP_BATCH`] per pass, in one script; it also answers the earliest remaining due time.
-//!   A member it cannot read (not written by the park script) is moved, raw, to the
-//!   dead-letter stream rather than left to block every later sweep.
+//!   their bookkeeping (retry count, origin id, due time) and a mark keyed with the stream's
+//!   secret, and removes them, at most [`SWEEP_BATCH`] per pass, in one script; it also answers
+//!   the earliest remaining due time. A member that cannot go back (not written by the park
+//!   script, too many fields for one XADD, refused by Redis) is moved, raw, to the dead-letter
+//!   stream with the reason rather than left to block every later sweep.
+//! - **ttl**: the set expires `ttl` after its latest due time, a deadline every park and every
+//!   sweep moves; so a parked retry is never dropped before it is due, and a set goes only
+//!   when no host swept it for `ttl` after its last retry was due.
 //! - **When sweeps run**: once before every read of the subscription, so the `block` interval
 //!   bounds how late a due entry comes back even when another host parked it; and from a
 //!   local timer set to the earliest due time this host knows of (from its own parks and from
@@ -24,6 +29,7 @@
 
 pub mod member;
 
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,6 +42,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::delivery::Delivery;
+use crate::keys::{self, Secret};
+
+/// This host's wall clock, epoch milliseconds.
+fn local_now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
 
 /// The most entries one sweep pass moves.
 pub const SWEEP_BATCH: usize = 128;
@@ -57,6 +71,9 @@ pub enum Parked {
     Due {
         /// Due time, server clock, epoch milliseconds.
         due_ms: i64,
+        /// False when the consumer group was gone (deleted): the entry was parked anyway, and
+        /// there was nothing to acknowledge.
+        acked: bool,
     },
     /// The entry was no longer pending: someone else settled it; nothing was written.
     NotPending,
@@ -67,9 +84,19 @@ pub enum Parked {
 pub struct Swept {
     /// Entries moved back onto the stream.
     pub moved: usize,
+    /// Members moved to the dead-letter stream instead (unreadable, too many fields, or
+    /// refused by Redis).
+    pub dead_lettered: usize,
+    /// Members that could not be moved anywhere (even the dead-letter write failed); they stay.
+    pub stuck: usize,
     /// How long until the earliest entry left is due (server clock), if any is left.
     pub next_due_in: Option<Duration>,
 }
+
+/// The longest delay a park accepts: due times must stay integers a sorted-set score (a double)
+/// holds exactly, and far enough from 2^53 that adding it to "now" cannot overflow. About 285
+/// years; the subscription's `max_delay` is normally much shorter (see [`crate::outcome`]).
+pub const MAX_REPRESENTABLE_DELAY: Duration = Duration::from_millis((1 << 53) - (1 << 52));
 
 /// One subscription's delayed-retry set.
 pub struct DelayedSet {
@@ -78,6 +105,7 @@ pub struct DelayedSet {
     key: String,
     ttl: Option<Duration>,
     dead_letter: String,
+    secret: Arc<Secret>,
     conn: ConnectionManager,
     sweep_moved: Histogram,
     sweep_duration: Histogram,
@@ -85,33 +113,47 @@ pub struct DelayedSet {
     /// The earliest local instant at which something this host knows of is due.
     next_wake: Mutex<Option<Instant>>,
     wake_changed: Notify,
+    /// The Redis server's clock minus this host's wall clock, in ms, from the last script
+    /// reply; what turns "now" on this host into the server's time for the lateness metric.
+    clock_offset_ms: AtomicI64,
+    has_offset: AtomicBool,
+}
+
+/// What a [`DelayedSet`] is built from.
+pub struct SetKeys {
+    /// The subscription's stream.
+    pub stream: Arc<str>,
+    /// Its group.
+    pub group: Arc<str>,
+    /// The sorted set.
+    pub key: String,
+    /// The set's ttl (measured from its latest due time).
+    pub ttl: Option<Duration>,
+    /// Where members that cannot go back onto the stream go.
+    pub dead_letter: String,
+    /// The stream's secret, which keys the sweep's mark.
+    pub secret: Arc<Secret>,
 }
 
 impl DelayedSet {
-    /// The set `key` for the subscription to `stream` by `group`; members the sweep cannot
-    /// read go to `dead_letter`.
-    pub fn new(
-        stream: Arc<str>,
-        group: Arc<str>,
-        key: String,
-        ttl: Option<Duration>,
-        dead_letter: String,
-        conn: ConnectionManager,
-        metrics: &crate::metrics::Metrics,
-    ) -> Self {
-        let labels = crate::metrics::Metrics::labels(&stream, &group);
+    /// The set described by `keys`, used through `conn`.
+    pub fn new(keys: SetKeys, conn: ConnectionManager, metrics: &crate::metrics::Metrics) -> Self {
+        let labels = crate::metrics::Metrics::labels(&keys.stream, &keys.group);
         Self {
             sweep_moved: metrics.sweep_moved.get_or_create(&labels).clone(),
             sweep_duration: metrics.sweep_duration.get_or_create(&labels).clone(),
             over_ttl: metrics.retry_over_ttl.get_or_create(&labels).clone(),
-            stream,
-            group,
-            key,
-            ttl,
-            dead_letter,
+            stream: keys.stream,
+            group: keys.group,
+            key: keys.key,
+            ttl: keys.ttl,
+            dead_letter: keys.dead_letter,
+            secret: keys.secret,
             conn,
             next_wake: Mutex::new(None),
             wake_changed: Notify::new(),
+            clock_offset_ms: AtomicI64::new(0),
+            has_offset: AtomicBool::new(false),
         }
     }
 
@@ -120,8 +162,25 @@ impl DelayedSet {
         &self.key
     }
 
-    /// Park `delivery` for `delay` and acknowledge the original, atomically.
+    /// The Redis server's current time as this host best knows it (epoch ms): its own wall
+    /// clock corrected by the offset seen in the last script reply. `None` before any reply.
+    pub fn server_now_ms(&self) -> Option<i64> {
+        self.has_offset
+            .load(Ordering::Relaxed)
+            .then(|| local_now_ms() + self.clock_offset_ms.load(Ordering::Relaxed))
+    }
+
+    fn saw_server_time(&self, server_now_ms: i64) {
+        self.clock_offset_ms
+            .store(server_now_ms - local_now_ms(), Ordering::Relaxed);
+        self.has_offset.store(true, Ordering::Relaxed);
+    }
+
+    /// Park `delivery` for `delay` and acknowledge the original, atomically. The caller keeps
+    /// `delay` at or below [`MAX_REPRESENTABLE_DELAY`] and the entry within
+    /// [`keys::SCRIPT_MAX_FIELDS`] fields (the sweep could not re-add more).
     pub async fn park(&self, delivery: &Delivery, delay: Duration) -> RedisResult<Parked> {
+        let delay = delay.min(MAX_REPRESENTABLE_DELAY);
         if let Some(ttl) = self.ttl
             && delay > ttl
         {
@@ -130,7 +189,7 @@ impl DelayedSet {
                 key = %self.key,
                 delay_ms = delay.as_millis() as u64,
                 ttl_ms = ttl.as_millis() as u64,
-                "retry delay is longer than the delayed set's ttl: if nothing else refreshes the set, it expires before this entry is due and the entry is lost"
+                "retry delay is longer than the delayed set's ttl; the set's expiry is kept past this entry's due time, but the ttl no longer says how long an unswept set lives"
             );
         }
         let delay_ms = delay.as_millis() as u64;
@@ -140,43 +199,75 @@ impl DelayedSet {
             .arg(&*self.group)
             .arg(&delivery.entry.id)
             .arg(delay_ms)
-            .arg(self.ttl.map_or(0, |t| t.as_millis().max(1) as u64))
-            .arg(delivery.retry_count.saturating_add(1));
-        for (name, value) in delivery.entry.user_fields() {
-            invocation.arg(name).arg(value.as_slice());
+            .arg(self.ttl_ms())
+            .arg(delivery.retry_count.saturating_add(1))
+            .arg(&delivery.origin_id);
+        for (name, value) in delivery.user_fields() {
+            invocation.arg(name.as_slice()).arg(value.as_slice());
         }
         let mut conn = self.conn.clone();
-        let reply: Option<(i64, i64)> = invocation.invoke_async(&mut conn).await?;
+        let reply: Option<(i64, i64, i64)> = invocation.invoke_async(&mut conn).await?;
         Ok(match reply {
-            Some((due_ms, now_ms)) => {
+            Some((due_ms, now_ms, acked)) => {
+                self.saw_server_time(now_ms);
                 self.wake_in(Duration::from_millis((due_ms - now_ms).max(0) as u64));
-                Parked::Due { due_ms }
+                Parked::Due {
+                    due_ms,
+                    acked: acked == 1,
+                }
             }
             None => Parked::NotPending,
         })
+    }
+
+    fn ttl_ms(&self) -> u64 {
+        self.ttl.map_or(0, |t| t.as_millis().max(1) as u64)
     }
 
     /// Move what is due (at most [`SWEEP_BATCH`] entries) back onto the stream.
     pub async fn sweep(&self) -> RedisResult<Swept> {
         let started = std::time::Instant::now();
         let mut conn = self.conn.clone();
-        let (moved, next_due, now, malformed): (usize, i64, i64, usize) = sweep_script()
-            .key(&*self.stream)
-            .key(&self.key)
-            .key(&self.dead_letter)
-            .arg(SWEEP_BATCH)
-            .invoke_async(&mut conn)
-            .await?;
+        let (moved, next_due, now, dead_lettered, stuck): (usize, i64, i64, usize, usize) =
+            sweep_script()
+                .key(&*self.stream)
+                .key(&self.key)
+                .key(&self.dead_letter)
+                .arg(SWEEP_BATCH)
+                .arg(self.secret.value())
+                .arg(self.ttl_ms())
+                .arg(keys::SCRIPT_MAX_FIELDS)
+                .arg(&[
+                    keys::RETRY_COUNT,
+                    keys::ORIGIN_ID,
+                    keys::DUE_MS,
+                    keys::MARK,
+                    keys::MEMBER,
+                    keys::REASON,
+                    keys::ORIGIN_KEY,
+                    keys::ORIGIN_STREAM,
+                ])
+                .invoke_async(&mut conn)
+                .await?;
+        self.saw_server_time(now);
         self.sweep_duration.observe(started.elapsed().as_secs_f64());
         self.sweep_moved.observe(moved as f64);
         let next_due_in =
             (next_due >= 0).then(|| Duration::from_millis((next_due - now).max(0) as u64));
-        if malformed > 0 {
+        if dead_lettered > 0 {
             tracing::error!(
                 key = %self.key,
                 dead_letter = %self.dead_letter,
-                malformed,
-                "delayed set held members Sluice cannot read; moved them, raw, to the dead-letter stream"
+                dead_lettered,
+                "delayed set held members that cannot go back onto the stream; moved them, raw, to the dead-letter stream with the reason"
+            );
+        }
+        if stuck > 0 {
+            tracing::error!(
+                key = %self.key,
+                dead_letter = %self.dead_letter,
+                stuck,
+                "delayed-set members can go neither back onto the stream nor to the dead-letter stream; they stay in the set"
             );
         }
         if moved > 0 {
@@ -184,7 +275,12 @@ impl DelayedSet {
         }
         // What this pass saw replaces what this host knew: anything earlier has been moved.
         self.set_wake(next_due_in.map(|d| Instant::now() + d));
-        Ok(Swept { moved, next_due_in })
+        Ok(Swept {
+            moved,
+            dead_lettered,
+            stuck,
+            next_due_in,
+        })
     }
 
     fn wake_in(&self, delay: Duration) {

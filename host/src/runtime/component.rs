@@ -119,12 +119,15 @@ impl LoadedComponent {
             path: self.path.clone(),
             message,
         };
-        let mut store = new_store(
-            &self.runtime,
-            Arc::from([]),
-            64 * 1024 * 1024,
-            Arc::default(),
-        );
+        let limits = Arc::new(super::guest::StoreLimits {
+            memory: 64 * 1024 * 1024,
+            host_memory: crate::config::DEFAULT_HOST_MEMORY_LIMIT,
+            log_lines: crate::config::DEFAULT_LOG_LINES,
+            log_bytes: crate::config::DEFAULT_LOG_BYTES,
+            log_dropped: Default::default(),
+        });
+        let _slot = self.runtime.instance_slot().await;
+        let mut store = new_store(&self.runtime, Arc::from([]), limits, Arc::default());
         store.data_mut().deadline = Some(Instant::now() + DESCRIPTOR_TIMEOUT);
         let handler = self
             .pre

@@ -5,6 +5,15 @@
 //! (see [`super::http`]), and WASI 0.2 with no preopened directories, no environment, no
 //! arguments, no sockets and no stdin; stdout and stderr go nowhere. Wall and monotonic clocks
 //! and random numbers are WASI's own.
+//!
+//! What the host holds on a guest's behalf is bounded per store by `host_memory_limit`: the
+//! resource table (every WASI and HTTP handle) holds at most `host_memory_limit /
+//! FIELDS_LIMIT` entries and each HTTP `fields` resource at most [`FIELDS_LIMIT`] bytes, so a
+//! guest that leaks handles or builds huge headers fails its attempt with a reason naming the
+//! limit instead of growing the host. Without an HTTP grant a header map holds nothing at all.
+//! Logging is bounded per delivery (`log_lines`,
+//! `log_bytes`): past the budget lines are dropped and counted, long lines are cut, and control
+//! characters are escaped so a guest cannot forge a host log line.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,6 +25,41 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::{self, sluice::handler::log::Level};
 use super::http::{HttpGrant, HttpHooks};
+
+/// The most bytes one HTTP `fields` resource (a header map) may hold in the host.
+pub const FIELDS_LIMIT: usize = 32 * 1024;
+
+/// The per-store limits a guest's state is built with.
+#[derive(Debug, Clone)]
+pub struct StoreLimits {
+    /// Linear memory cap, bytes.
+    pub memory: u64,
+    /// What the host may hold for the guest (resources, HTTP fields), bytes.
+    pub host_memory: u64,
+    /// Log lines one delivery may write.
+    pub log_lines: u32,
+    /// Log bytes one delivery may write.
+    pub log_bytes: u64,
+    /// Where dropped or cut log lines are counted.
+    pub log_dropped: prometheus_client::metrics::counter::Counter,
+}
+
+impl StoreLimits {
+    /// Entries the resource table may hold under `host_memory`.
+    pub fn resource_entries(&self) -> usize {
+        usize::try_from(self.host_memory / FIELDS_LIMIT as u64)
+            .unwrap_or(usize::MAX)
+            .max(16)
+    }
+}
+
+/// One delivery's log budget.
+#[derive(Debug)]
+pub(crate) struct LogBudget {
+    lines: u32,
+    bytes: u64,
+    pub(crate) dropped: u64,
+}
 
 /// The data of one store: WASI state, limits, and what the host learns during a call.
 pub struct GuestState {
@@ -31,26 +75,121 @@ pub struct GuestState {
     pub(crate) timed_out: bool,
     /// The last panic message the guest SDK reported before trapping.
     pub(crate) panic_message: Option<String>,
+    limits: Arc<StoreLimits>,
+    pub(crate) log: LogBudget,
 }
 
 impl GuestState {
     /// A fresh state with every capability denied but outbound HTTP to what `http` grants.
-    pub fn new(values: Arc<[(String, String)]>, memory_limit: u64, http: Arc<HttpGrant>) -> Self {
+    pub fn new(
+        values: Arc<[(String, String)]>,
+        limits: Arc<StoreLimits>,
+        http: Arc<HttpGrant>,
+    ) -> Self {
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(limits.resource_entries());
+        let mut http_ctx = WasiHttpCtx::new();
+        // Without a grant `wasi:http` does nothing: header maps hold nothing and every request
+        // is denied (see `super::http`).
+        http_ctx.set_field_size_limit(if http.policy.allowed.is_empty() {
+            0
+        } else {
+            FIELDS_LIMIT
+        });
         Self {
             wasi: WasiCtxBuilder::new().build(),
-            http: WasiHttpCtx::new(),
+            http: http_ctx,
             http_hooks: HttpHooks { grant: http },
-            table: ResourceTable::new(),
+            table,
             limiter: Limiter {
-                memory_limit,
+                memory_limit: limits.memory,
                 denied: None,
             },
             values,
             deadline: None,
             timed_out: false,
             panic_message: None,
+            log: LogBudget {
+                lines: limits.log_lines,
+                bytes: limits.log_bytes,
+                dropped: 0,
+            },
+            limits,
         }
     }
+
+    /// Start a delivery's log budget afresh; returns how many lines the last one dropped.
+    pub(crate) fn reset_log_budget(&mut self) -> u64 {
+        let dropped = self.log.dropped;
+        self.log = LogBudget {
+            lines: self.limits.log_lines,
+            bytes: self.limits.log_bytes,
+            dropped: 0,
+        };
+        dropped
+    }
+
+    /// Why the host refused to hold more for the guest, if `err` says the resource table is
+    /// full.
+    pub(crate) fn host_limit(&self, err: &wasmtime::Error) -> Option<String> {
+        err.chain()
+            .any(|e| e.downcast_ref::<wasmtime::component::ResourceTableError>().is_some())
+            .then(|| {
+                format!(
+                    "more than {} live resources (handles, HTTP fields and bodies) under host_memory_limit {}",
+                    self.limits.resource_entries(),
+                    bytesize::ByteSize::b(self.limits.host_memory)
+                )
+            })
+    }
+
+    /// Take `bytes` of log from the budget: `None` drops the line, `Some(n)` keeps `n` bytes.
+    fn spend_log(&mut self, bytes: usize) -> Option<usize> {
+        if self.log.lines == 0 || self.log.bytes == 0 {
+            self.log.dropped += 1;
+            self.limits.log_dropped.inc();
+            if self.log.dropped == 1 {
+                tracing::warn!(
+                    target: "sluice::guest",
+                    log_lines = self.limits.log_lines,
+                    log_bytes = self.limits.log_bytes,
+                    "guest log budget of this delivery is spent; further lines are dropped and counted"
+                );
+            }
+            return None;
+        }
+        self.log.lines -= 1;
+        let keep = (bytes as u64).min(self.log.bytes).min(MAX_LOG_LINE as u64) as usize;
+        self.log.bytes -= keep as u64;
+        if keep < bytes {
+            self.limits.log_dropped.inc();
+        }
+        Some(keep)
+    }
+}
+
+/// The longest guest log line kept whole; longer ones are cut.
+pub const MAX_LOG_LINE: usize = 4096;
+
+/// `text` cut to at most `max` bytes (on a character boundary) with control characters escaped
+/// (`\n`, `\r`, `\u{1b}`, ...), so it stays one line of the host's log.
+fn sanitize(text: &str, max: usize) -> String {
+    let mut end = max.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut out = String::with_capacity(end + 8);
+    for c in text[..end].chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    if end < text.len() {
+        out.push_str("…[cut]");
+    }
+    out
 }
 
 impl WasiView for GuestState {
@@ -127,12 +266,27 @@ impl bindings::sluice::handler::log::Host for GuestState {
             .iter()
             .any(|(k, v)| k == "sluice.panic" && v == "true")
         {
-            self.panic_message = Some(message.clone());
+            // Kept apart from the budget: it names why the attempt failed.
+            self.panic_message = Some(sanitize(&message, MAX_LOG_LINE));
         }
+        let size = message.len()
+            + fields
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 2)
+                .sum::<usize>();
+        let Some(keep) = self.spend_log(size) else {
+            return;
+        };
+        let message = sanitize(&message, keep);
+        let mut left = keep.saturating_sub(message.len());
         let fields = fields
             .iter()
             .filter(|(k, _)| !k.starts_with("sluice."))
-            .map(|(k, v)| format!("{k}={v}"))
+            .map(|(k, v)| {
+                let pair = sanitize(&format!("{k}={v}"), left);
+                left = left.saturating_sub(pair.len());
+                pair
+            })
             .collect::<Vec<_>>()
             .join(" ");
         match level {
@@ -155,5 +309,19 @@ impl bindings::sluice::handler::config::Host for GuestState {
 
     fn get_all(&mut self) -> Vec<(String, String)> {
         self.values.to_vec()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_escaped_and_long_lines_cut() {
+        assert_eq!(
+            sanitize("ok\n2026-01-01 INFO forged\r\u{1b}[31m", 100),
+            "ok\\n2026-01-01 INFO forged\\r\\u{1b}[31m"
+        );
+        assert_eq!(sanitize("ééé", 3), "é…[cut]");
     }
 }

@@ -15,6 +15,12 @@
 //! Every request is also bounded in time: connecting, waiting for the first byte of the
 //! response, and waiting between body chunks each get at most the subscription's
 //! `http_timeout`; a guest may ask for less through `request-options`, never for more.
+//!
+//! Whatever the grant, a guest never reaches the host's own admin listener: before a request
+//! is sent its host name is resolved, and if any address it resolves to is that listener
+//! (any loopback spelling, `0.0.0.0`, an IPv4-mapped IPv6 address, or, when the admin server
+//! binds every interface, any address on its port) the request is denied like any other. A URL
+//! with user information (`http://user@host/`) is refused outright.
 
 use std::fmt;
 use std::str::FromStr;
@@ -181,6 +187,11 @@ impl Default for OutboundHttp {
 impl OutboundHttp {
     /// Whether `uri` may be requested; on refusal, why (for the log line).
     pub fn check(&self, uri: &http::Uri) -> Result<(), String> {
+        if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+            return Err(format!(
+                "{uri}: user information in a URL (`user@host`) is not allowed"
+            ));
+        }
         let scheme = uri.scheme().cloned().unwrap_or(Scheme::HTTPS);
         let https = scheme == Scheme::HTTPS;
         let host = uri.host().unwrap_or_default().to_ascii_lowercase();
@@ -212,14 +223,73 @@ impl OutboundHttp {
     }
 }
 
-/// A subscription's grant as its handler uses it: the policy, and where denials are counted
-/// (`sluice_http_denied_total`).
+/// A subscription's grant as its handler uses it: the policy, where denials are counted
+/// (`sluice_http_denied_total`), and the host's own listeners no grant reaches.
 #[derive(Debug, Default)]
 pub struct HttpGrant {
     /// What may be reached, and how long a request may take.
     pub policy: OutboundHttp,
     /// Requests refused.
     pub denied: prometheus_client::metrics::counter::Counter,
+    /// The host's own listeners (the admin server).
+    pub protected: Protected,
+}
+
+/// The addresses of the host's own listeners, filled in once they are bound; shared by every
+/// handler of a runtime.
+#[derive(Debug, Clone, Default)]
+pub struct Protected(Arc<std::sync::RwLock<Vec<std::net::SocketAddr>>>);
+
+impl Protected {
+    /// Never let a guest reach `addr`.
+    pub fn add(&self, addr: std::net::SocketAddr) {
+        if let Ok(mut list) = self.0.write() {
+            list.push(addr);
+        }
+    }
+
+    /// Forget `addr` (its listener stopped).
+    pub fn remove(&self, addr: std::net::SocketAddr) {
+        if let Ok(mut list) = self.0.write() {
+            list.retain(|a| *a != addr);
+        }
+    }
+
+    /// The protected listener `target` would reach, if any.
+    pub fn hit(&self, target: std::net::SocketAddr) -> Option<std::net::SocketAddr> {
+        let ip = target.ip().to_canonical();
+        let local = ip.is_loopback() || ip.is_unspecified();
+        let list = self.0.read().ok()?;
+        list.iter().copied().find(|own| {
+            own.port() == target.port()
+                && (own.ip().is_unspecified()
+                    || ip == own.ip().to_canonical()
+                    || (local && own.ip().is_loopback()))
+        })
+    }
+}
+
+/// Resolve the request's host and refuse it when an address is one of the host's own
+/// listeners.
+async fn check_not_own(protected: &Protected, uri: &http::Uri) -> Result<(), String> {
+    let https = uri.scheme() == Some(&Scheme::HTTPS);
+    let host = uri.host().unwrap_or_default();
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let port = uri.port_u16().unwrap_or(default_port(https));
+    let addrs = tokio::net::lookup_host((host, port))
+        .await
+        .map_err(|e| format!("cannot resolve {host}: {e}"))?;
+    for addr in addrs {
+        if let Some(own) = protected.hit(addr) {
+            return Err(format!(
+                "{uri} resolves to {addr}, the host's own admin listener ({own}); no grant reaches it"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The `wasi:http` hooks of one store: the allow-list check and the capped timeouts in front
@@ -247,15 +317,19 @@ impl WasiHttpHooks for HttpHooks {
         options: Option<RequestOptions>,
         _fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
     ) -> ResponseFuture {
-        if let Err(why) = self.grant.policy.check(request.uri()) {
-            self.grant.denied.inc();
+        let grant = self.grant.clone();
+        let denied = move |request: &http::Request<WasiBody>, why: &str| {
+            grant.denied.inc();
             tracing::warn!(
                 target: "sluice::http",
                 method = %request.method(),
                 url = %request.uri(),
                 "outbound HTTP denied: {why}"
             );
-            return Box::new(async { Err(HttpError::HttpRequestDenied) });
+            Err(HttpError::HttpRequestDenied)
+        };
+        if let Err(why) = self.grant.policy.check(request.uri()) {
+            return Box::new(async move { denied(&request, &why) });
         }
         tracing::debug!(
             target: "sluice::http",
@@ -264,8 +338,12 @@ impl WasiHttpHooks for HttpHooks {
             "outbound HTTP request"
         );
         let options = self.grant.policy.cap(options);
+        let protected = self.grant.protected.clone();
         Box::new(async move {
             use http_body_util::BodyExt;
+            if let Err(why) = check_not_own(&protected, request.uri()).await {
+                return denied(&request, &why);
+            }
             let (response, io) =
                 wasmtime_wasi_http::default_send_request(request, Some(options)).await?;
             Ok((
@@ -354,6 +432,37 @@ mod tests {
             let err = entry.parse::<AllowedHost>().unwrap_err();
             assert!(err.contains(says), "{entry}: {err}");
         }
+    }
+
+    #[test]
+    fn user_information_is_refused() {
+        let err = grant(&["http://127.0.0.1:7878"])
+            .check(&"http://a@127.0.0.1:7878/".parse().unwrap())
+            .unwrap_err();
+        assert!(err.contains("user information"), "{err}");
+    }
+
+    #[test]
+    fn own_listeners_are_recognised_in_every_spelling() {
+        let protected = Protected::default();
+        protected.add("127.0.0.1:9187".parse().unwrap());
+        for target in [
+            "127.0.0.1:9187",
+            "127.0.0.2:9187",
+            "0.0.0.0:9187",
+            "[::1]:9187",
+            "[::ffff:127.0.0.1]:9187",
+            "[::]:9187",
+        ] {
+            assert!(protected.hit(target.parse().unwrap()).is_some(), "{target}");
+        }
+        assert!(protected.hit("127.0.0.1:9188".parse().unwrap()).is_none());
+        assert!(protected.hit("10.1.2.3:9187".parse().unwrap()).is_none());
+        let everywhere = Protected::default();
+        everywhere.add("0.0.0.0:9000".parse().unwrap());
+        assert!(everywhere.hit("10.1.2.3:9000".parse().unwrap()).is_some());
+        everywhere.remove("0.0.0.0:9000".parse().unwrap());
+        assert!(everywhere.hit("10.1.2.3:9000".parse().unwrap()).is_none());
     }
 
     #[test]

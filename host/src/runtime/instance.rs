@@ -4,7 +4,13 @@
 //! state is built once per instance; an instance is dropped after any trap or limit hit and
 //! replaced after `recycle_after` deliveries. With `isolation = "per-delivery"` every delivery
 //! gets a fresh store and instance.
+//!
+//! Every instance holds one of the runtime's instance slots (see [`super::Runtime`]), taken
+//! before it is created: waiting for a slot is waiting, never a failed attempt. A handler that a
+//! swap replaced is retired: its idle instances are dropped at once and its busy ones when
+//! they finish, so the outgoing version never keeps slots the new one needs.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -14,24 +20,21 @@ use wasmtime::{Store, UpdateDeadline};
 use super::EPOCH_TICK;
 use super::bindings::{self, sluice::handler::types as wit};
 use super::component::LoadedComponent;
-use super::guest::GuestState;
+use super::guest::{GuestState, StoreLimits};
 use super::http::HttpGrant;
 use crate::config::{Isolation, Limits};
 use crate::delivery::Delivery;
 use crate::dispatch::Handler;
 use crate::outcome::{Failure, Outcome};
 
-/// A store set up with the memory limit and the epoch callback that enforces deadlines.
+/// A store set up with the limits and the epoch callback that enforces deadlines.
 pub(crate) fn new_store(
     runtime: &super::Runtime,
     values: Arc<[(String, String)]>,
-    memory_limit: u64,
+    limits: Arc<StoreLimits>,
     http: Arc<HttpGrant>,
 ) -> Store<GuestState> {
-    let mut store = Store::new(
-        runtime.engine(),
-        GuestState::new(values, memory_limit, http),
-    );
+    let mut store = Store::new(runtime.engine(), GuestState::new(values, limits, http));
     store.limiter(|state| &mut state.limiter);
     store.epoch_deadline_callback(|mut ctx| {
         let state = ctx.data_mut();
@@ -56,6 +59,17 @@ struct Instance {
     store: Store<GuestState>,
     handler: bindings::Handler,
     uses: u64,
+    /// The runtime's instance slot this instance occupies, given back when it is dropped.
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// Where a subscription's handlers count what they refuse (kept across hot swaps).
+#[derive(Debug, Clone, Default)]
+pub struct HandlerCounters {
+    /// Outbound HTTP requests refused (`sluice_http_denied_total`).
+    pub http_denied: prometheus_client::metrics::counter::Counter,
+    /// Guest log lines dropped or cut (`sluice_guest_log_dropped_total`).
+    pub log_dropped: prometheus_client::metrics::counter::Counter,
 }
 
 /// A component serving one subscription's deliveries.
@@ -64,28 +78,38 @@ pub struct WasmHandler {
     limits: Limits,
     values: Arc<[(String, String)]>,
     http: Arc<HttpGrant>,
+    store_limits: Arc<StoreLimits>,
     idle: Mutex<Vec<Instance>>,
+    retired: AtomicBool,
 }
 
 impl WasmHandler {
     /// A handler for `component` with these limits; `values` are the config values the guest
-    /// can read, and `http_denied` counts its requests refused by `allowed_outbound_hosts` (a
-    /// subscription's series of `sluice_http_denied_total`).
+    /// can read, and `counters` the subscription's series of what it refuses.
     pub fn new(
         component: LoadedComponent,
         limits: Limits,
         values: Vec<(String, String)>,
-        http_denied: prometheus_client::metrics::counter::Counter,
+        counters: HandlerCounters,
     ) -> Self {
         Self {
-            component,
             http: Arc::new(HttpGrant {
                 policy: limits.outbound_http.clone(),
-                denied: http_denied,
+                denied: counters.http_denied,
+                protected: component.runtime().protected().clone(),
             }),
+            store_limits: Arc::new(StoreLimits {
+                memory: limits.memory_limit,
+                host_memory: limits.host_memory_limit,
+                log_lines: limits.log_lines,
+                log_bytes: limits.log_bytes,
+                log_dropped: counters.log_dropped,
+            }),
+            component,
             limits,
             values: values.into(),
             idle: Mutex::new(Vec::new()),
+            retired: AtomicBool::new(false),
         }
     }
 
@@ -96,10 +120,11 @@ impl WasmHandler {
 
     async fn instantiate(&self) -> Result<Instance, Failure> {
         let runtime = self.component.runtime();
+        let slot = runtime.instance_slot().await;
         let mut store = new_store(
             runtime,
             self.values.clone(),
-            self.limits.memory_limit,
+            self.store_limits.clone(),
             self.http.clone(),
         );
         store.data_mut().deadline = Some(Instant::now() + self.limits.handler_timeout);
@@ -113,6 +138,7 @@ impl WasmHandler {
             store,
             handler,
             uses: 0,
+            _slot: slot,
         })
     }
 
@@ -126,6 +152,7 @@ impl WasmHandler {
     fn give_back(&self, instance: Instance) {
         if self.limits.isolation == Isolation::Reuse
             && instance.uses < self.limits.recycle_after
+            && !self.retired.load(Ordering::Acquire)
             && let Ok(mut idle) = self.idle.lock()
         {
             idle.push(instance);
@@ -133,6 +160,11 @@ impl WasmHandler {
     }
 
     async fn call(&self, delivery: &Delivery) -> Result<Outcome, Failure> {
+        let request = match to_wit(delivery) {
+            Ok(request) => request,
+            // Nothing a retry could change: the handler can never be given this entry.
+            Err(reason) => return Ok(Outcome::DeadLetter(reason)),
+        };
         let mut instance = match self.take_idle() {
             Some(instance) => instance,
             None => self.instantiate().await?,
@@ -143,6 +175,7 @@ impl WasmHandler {
             state.timed_out = false;
             state.panic_message = None;
             state.limiter.denied = None;
+            state.reset_log_budget();
         }
         instance.store.set_epoch_deadline(1);
         if self.component.runtime().fuel_enabled() {
@@ -150,7 +183,7 @@ impl WasmHandler {
                 .store
                 .set_fuel(self.limits.fuel.unwrap_or(u64::MAX));
         }
-        let request = to_wit(delivery);
+
         // Epoch interruption stops a guest that runs past its deadline, but not one waiting in
         // a host call (an HTTP response, a WASI sleep): the timer covers those. Dropping the
         // call mid-way leaves the instance unusable, so it is dropped too.
@@ -159,6 +192,14 @@ impl WasmHandler {
         else {
             return Err(Failure::Timeout(self.limits.handler_timeout));
         };
+        let dropped = instance.store.data().log.dropped;
+        if dropped > 0 {
+            tracing::warn!(
+                target: "sluice::guest",
+                dropped,
+                "guest log lines dropped by this delivery's log budget"
+            );
+        }
         match result {
             Ok(outcome) => {
                 instance.uses += 1;
@@ -176,6 +217,9 @@ impl WasmHandler {
         }
         if let Some((limit, requested)) = state.limiter.denied {
             return Failure::MemoryLimit { limit, requested };
+        }
+        if let Some(limit) = state.host_limit(err) {
+            return Failure::HostLimit(limit);
         }
         if let (Some(wasmtime::Trap::OutOfFuel), Some(fuel)) =
             (err.downcast_ref::<wasmtime::Trap>(), self.limits.fuel)
@@ -198,20 +242,43 @@ impl Handler for WasmHandler {
         self.component.digest()
     }
 
+    fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.clear();
+        }
+    }
+
+    fn activate(&self) {
+        self.retired.store(false, Ordering::Release);
+    }
+
     fn handle<'a>(&'a self, delivery: &'a Delivery) -> BoxFuture<'a, Result<Outcome, Failure>> {
         Box::pin(self.call(delivery))
     }
 }
 
-fn to_wit(delivery: &Delivery) -> wit::Delivery {
-    wit::Delivery {
+/// The delivery as the WIT record, or why it cannot be one: the world gives field names as
+/// text, so an entry with a field name that is not UTF-8 cannot reach a WASM handler.
+fn to_wit(delivery: &Delivery) -> Result<wit::Delivery, String> {
+    let mut fields = Vec::with_capacity(delivery.user_fields().len());
+    for (name, value) in delivery.user_fields() {
+        let Ok(name) = String::from_utf8(name.clone()) else {
+            return Err(format!(
+                "field name 0x{} is not valid UTF-8; WASM handlers receive field names as text, so this entry cannot be handed to one",
+                hex::encode(&name[..name.len().min(64)])
+            ));
+        };
+        fields.push((name, value.clone()));
+    }
+    Ok(wit::Delivery {
         stream: delivery.stream.clone(),
         group: delivery.group.clone(),
         id: delivery.entry.id.clone(),
-        fields: delivery.entry.user_fields().cloned().collect(),
+        fields,
         retry_count: delivery.retry_count,
         delivery_count: delivery.delivery_count,
-    }
+    })
 }
 
 fn from_wit(outcome: wit::Outcome) -> Outcome {

@@ -30,7 +30,7 @@ use wasmtime::component::Linker;
 use wasmtime::{Cache, CacheConfig, Engine};
 
 pub use component::LoadedComponent;
-pub use instance::WasmHandler;
+pub use instance::{HandlerCounters, WasmHandler};
 
 /// How often the epoch advances: the granularity of time limits and of guest yields.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -150,6 +150,11 @@ pub struct Runtime {
     fuel: bool,
     linker: Arc<Linker<guest::GuestState>>,
     http_linker: Arc<Linker<guest::GuestState>>,
+    /// One permit per instance the pooling allocator has room for: an instance takes one
+    /// before it is created and holds it while it lives, so creating one waits for room instead
+    /// of failing with the pool's concurrency limit.
+    slots: Option<Arc<tokio::sync::Semaphore>>,
+    protected: http::Protected,
     _ticker: Arc<Ticker>,
 }
 
@@ -202,8 +207,26 @@ impl Runtime {
             engine,
             linker: Arc::new(plain),
             http_linker: Arc::new(http_linker),
+            slots: options
+                .pool
+                .map(|p| Arc::new(tokio::sync::Semaphore::new(p.instances as usize))),
+            protected: http::Protected::default(),
             _ticker: Arc::new(ticker),
         })
+    }
+
+    /// Wait for room for one more instance (with the pooling allocator); the permit is the
+    /// instance's until it is dropped.
+    pub(crate) async fn instance_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        match &self.slots {
+            Some(slots) => slots.clone().acquire_owned().await.ok(),
+            None => None,
+        }
+    }
+
+    /// The host's own listeners, which no guest's outbound HTTP may reach.
+    pub fn protected(&self) -> &http::Protected {
+        &self.protected
     }
 
     /// The linker for a component: with `wasi:http` only if it imports it.

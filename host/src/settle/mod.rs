@@ -3,9 +3,17 @@
 //!
 //! - An ack goes to the subscription's acker task, which sends one XACK for everything that is
 //!   waiting, retries it with backoff while Redis is away, and reports each ack once it is in.
-//! - A dead letter runs `lua/dead_letter.lua`: XACK, and only if the entry was still pending,
-//!   XADD to the dead-letter stream with the entry's fields, the reason, the origin stream,
-//!   group and id, the retry count and the delivery count.
+//! - A dead letter runs `lua/dead_letter.lua`: if the entry is still pending, XADD to the
+//!   dead-letter stream with the entry's fields, the reason, the origin stream, group and id
+//!   (the entry the producer added), the id dead-lettered, the retry count and the delivery
+//!   count, and only then XACK. An entry with more fields than one XADD from a script can carry
+//!   has them packed into one `sluice-packed-fields` value (MessagePack), so it is recorded
+//!   whole.
+//!
+//! Failures: while Redis is unreachable or busy, a settle is tried again with capped backoff
+//! (the entry stays pending meanwhile). A failure that trying again cannot fix (a key of the
+//! wrong type, a script error) is a [`SettleError`]: the entry stays pending, and dispatch
+//! brings it back later through the pending-retry path.
 //! - A retry with a delayed-retry set parks the entry there ([`crate::delayed`]).
 //! - A retry without a delayed-retry set leaves the entry pending; the subscription brings it
 //!   back after the delay (or, on a claiming subscription, XAUTOCLAIM does after `min_idle`).
@@ -22,7 +30,20 @@ use crate::delayed::{DelayedSet, Parked};
 use crate::delivery::Delivery;
 use crate::events::{Event, EventKind, Events};
 use crate::keys;
-use crate::redis_conn::Backoff;
+use crate::redis_conn::{Backoff, ErrorClass};
+
+/// A settle Redis refused in a way that trying the same command again cannot fix. The entry
+/// stays pending.
+#[derive(Debug, thiserror::Error)]
+#[error("{what} failed: {}: {error}", class.describe())]
+pub struct SettleError {
+    /// What was being done.
+    pub what: &'static str,
+    /// What kind of failure it was.
+    pub class: ErrorClass,
+    /// What Redis said.
+    pub error: redis::RedisError,
+}
 
 /// The most ids one XACK carries.
 const ACK_BATCH: usize = 1024;
@@ -104,42 +125,51 @@ impl Settler {
         }
     }
 
+    /// The Redis server's current time as this host best knows it, if its delayed set has
+    /// seen the server's clock (see [`DelayedSet::server_now_ms`]).
+    pub fn server_now_ms(&self) -> Option<i64> {
+        self.delayed.as_ref().and_then(|d| d.server_now_ms())
+    }
+
     /// Whether retries go to a delayed-retry set.
     pub fn has_delayed_set(&self) -> bool {
         self.delayed.is_some()
     }
 
     /// Park the entry in the delayed-retry set (acknowledging it), retrying while Redis is
-    /// away. False when there is no set, the entry was no longer pending, or the host gave up
-    /// on Redis (the entry then stays pending).
+    /// away. `Ok(false)` when there is no set, the entry was no longer pending, or the host gave
+    /// up on Redis (the entry then stays pending).
     pub async fn park(
         &self,
         delivery: &Delivery,
         digest: &Arc<str>,
         delay: Duration,
         cause: String,
-    ) -> bool {
+    ) -> Result<bool, SettleError> {
         let Some(set) = &self.delayed else {
-            return false;
+            return Ok(false);
         };
         let parked = self
             .until_done(delivery, "parking", || set.park(delivery, delay))
-            .await;
+            .await?;
         match parked {
-            Some(Parked::Due { due_ms }) => {
+            Some(Parked::Due { due_ms, acked }) => {
+                if !acked {
+                    group_gone(delivery, "parked");
+                }
                 let kind = EventKind::Parked {
                     delay,
                     due_ms,
                     cause,
                 };
                 self.events.send(self.event(delivery, digest, kind));
-                true
+                Ok(true)
             }
             Some(Parked::NotPending) => {
                 not_pending(delivery, "parking");
-                false
+                Ok(false)
             }
-            None => false,
+            None => Ok(false),
         }
     }
 
@@ -155,9 +185,14 @@ impl Settler {
             .send(self.event(delivery, digest, EventKind::RetryPending { delay, cause }));
     }
 
-    /// Dead-letter the entry and ack it, retrying while Redis is away. Returns false when the
+    /// Dead-letter the entry and ack it, retrying while Redis is away. `Ok(false)` when the
     /// entry was no longer pending (already settled elsewhere) or the host gave up on Redis.
-    pub async fn dead_letter(&self, delivery: &Delivery, digest: &Arc<str>, reason: &str) -> bool {
+    pub async fn dead_letter(
+        &self,
+        delivery: &Delivery,
+        digest: &Arc<str>,
+        reason: &str,
+    ) -> Result<bool, SettleError> {
         let retry_count = delivery.retry_count.to_string();
         let delivery_count = delivery.delivery_count.to_string();
         let mut invocation = dead_letter_script().key(&*self.stream);
@@ -165,8 +200,13 @@ impl Settler {
             .key(&self.dead_letter)
             .arg(&*self.group)
             .arg(&delivery.entry.id);
-        for (name, value) in delivery.entry.user_fields() {
-            invocation.arg(name).arg(value.as_slice());
+        let fields = delivery.user_fields();
+        if fields.len() > keys::SCRIPT_MAX_FIELDS {
+            invocation.arg(keys::PACKED_FIELDS).arg(pack_fields(fields));
+        } else {
+            for (name, value) in fields {
+                invocation.arg(name.as_slice()).arg(value.as_slice());
+            }
         }
         invocation
             .arg(keys::REASON)
@@ -176,6 +216,8 @@ impl Settler {
             .arg(keys::ORIGIN_GROUP)
             .arg(&*self.group)
             .arg(keys::ORIGIN_ID)
+            .arg(&delivery.origin_id)
+            .arg(keys::ENTRY_ID)
             .arg(&delivery.entry.id)
             .arg(keys::RETRY_COUNT)
             .arg(&retry_count)
@@ -185,33 +227,41 @@ impl Settler {
             .until_done(delivery, "dead-lettering", || {
                 let mut conn = self.conn.clone();
                 let invocation = &invocation;
-                async move { invocation.invoke_async::<Option<String>>(&mut conn).await }
+                async move {
+                    invocation
+                        .invoke_async::<Option<(String, i64)>>(&mut conn)
+                        .await
+                }
             })
-            .await;
+            .await?;
         match written {
-            Some(Some(_)) => {
+            Some(Some((_, acked))) => {
+                if acked == 0 {
+                    group_gone(delivery, "dead-lettered");
+                }
                 let kind = EventKind::DeadLettered {
                     reason: reason.to_owned(),
                 };
                 self.events.send(self.event(delivery, digest, kind));
-                true
+                Ok(true)
             }
             Some(None) => {
                 not_pending(delivery, "dead-lettering");
-                false
+                Ok(false)
             }
-            None => false,
+            None => Ok(false),
         }
     }
 
-    /// Run `attempt` until Redis answers, pausing with capped backoff between failures; the
-    /// entry stays pending meanwhile. `None` if the host gave up on Redis (forced shutdown).
+    /// Run `attempt` until Redis answers, pausing with capped backoff while it is unreachable
+    /// or busy; the entry stays pending meanwhile. `Ok(None)` if the host gave up on Redis
+    /// (forced shutdown); an error Redis will repeat is returned at once.
     async fn until_done<T, F, Fut>(
         &self,
         delivery: &Delivery,
-        what: &str,
+        what: &'static str,
         mut attempt: F,
-    ) -> Option<T>
+    ) -> Result<Option<T>, SettleError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
@@ -219,23 +269,53 @@ impl Settler {
         let mut backoff = Backoff::default();
         loop {
             match attempt().await {
-                Ok(value) => return Some(value),
+                Ok(value) => return Ok(Some(value)),
                 Err(err) => {
+                    let class = ErrorClass::of(&err);
+                    if !class.is_transient() {
+                        return Err(SettleError {
+                            what,
+                            class,
+                            error: err,
+                        });
+                    }
                     let pause = backoff.next_delay();
                     tracing::warn!(
                         id = %delivery.entry.id,
                         %err,
                         retry_in_ms = pause.as_millis() as u64,
-                        "{what} failed; entry stays pending, retrying"
+                        "{what} failed: {}; entry stays pending, retrying",
+                        class.describe()
                     );
                     tokio::select! {
                         () = tokio::time::sleep(pause) => {}
-                        () = self.abandon.cancelled() => return None,
+                        () = self.abandon.cancelled() => return Ok(None),
                     }
                 }
             }
         }
     }
+}
+
+fn group_gone(delivery: &Delivery, what: &str) {
+    tracing::warn!(
+        id = %delivery.entry.id,
+        "the consumer group no longer exists (stream or group deleted); the entry was {what} anyway and there was nothing to acknowledge"
+    );
+}
+
+/// Fields packed into one MessagePack array `[name, value, ...]` of byte strings.
+fn pack_fields(fields: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    // Writing to a Vec cannot fail.
+    let _ = rmp::encode::write_array_len(&mut out, (fields.len() * 2) as u32);
+    for (name, value) in fields {
+        for part in [name, value] {
+            let _ = rmp::encode::write_bin_len(&mut out, part.len() as u32);
+            out.extend_from_slice(part);
+        }
+    }
+    out
 }
 
 fn not_pending(delivery: &Delivery, what: &str) {
@@ -269,6 +349,20 @@ async fn run_acker(
                     for event in batch.drain(..) {
                         events.send(event);
                     }
+                    break;
+                }
+                Err(err) if !ErrorClass::of(&err).is_transient() => {
+                    // Trying again cannot help; the entries stay pending (or, with the group
+                    // gone, are pending nowhere) and are read again like any unsettled entry.
+                    tracing::error!(
+                        stream = %stream,
+                        group = %group,
+                        dropped_acks = batch.len(),
+                        %err,
+                        "XACK refused: {}; the entries stay as Redis has them",
+                        ErrorClass::of(&err).describe()
+                    );
+                    batch.clear();
                     break;
                 }
                 Err(err) => {

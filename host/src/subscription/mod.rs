@@ -19,9 +19,18 @@
 //! is not needed: XAUTOCLAIM takes the entry once it has been idle for `min_idle`, so the delay
 //! is rounded up to `min_idle`.
 //!
-//! When Redis goes away the loop logs it, drops its connection and reconnects with capped
-//! exponential backoff; nothing that was read is lost, since unsettled entries stay pending.
+//! When a read fails the loop logs what kind of failure it was (see
+//! [`crate::redis_conn::ErrorClass`]), drops its connection and tries again with capped
+//! exponential backoff that only a successful read resets; nothing that was read is lost, since
+//! unsettled entries stay pending. When the group is gone (NOGROUP: the stream or the group was
+//! deleted) it is created again, starting after the last entry this host read (from the
+//! beginning of the stream if it read none), and the log says from which id.
+//!
+//! Every read records its success or failure in a [`ReadHealth`], which `/readyz` reports: a
+//! subscription that has not read successfully for longer than its block time (plus a grace)
+//! makes the host not ready, with the reason.
 
+pub mod health;
 pub mod read;
 
 use std::collections::HashSet;
@@ -37,7 +46,9 @@ use tokio_util::task::TaskTracker;
 use crate::delayed::DelayedSet;
 use crate::delivery::{Delivery, Entry};
 use crate::dispatch::{Dispatcher, Settled};
-use crate::redis_conn::{self, Backoff};
+use crate::keys::Secret;
+use crate::redis_conn::{self, Backoff, ErrorClass};
+pub use health::ReadHealth;
 use read::ReadEntry;
 
 /// What a subscription needs to know about where and how to read.
@@ -73,19 +84,33 @@ pub struct Subscription {
     stop: CancellationToken,
     tracker: TaskTracker,
     reconnects: prometheus_client::metrics::counter::Counter,
+    secret: Option<Arc<Secret>>,
+    health: Arc<ReadHealth>,
+    /// The newest id this host read: where a group deleted under it is created again.
+    last_read: Mutex<Option<String>>,
+}
+
+/// What a subscription shares with the rest of the host.
+pub struct SubscriptionParts {
+    /// Delivery tasks are spawned here.
+    pub tracker: TaskTracker,
+    /// Ends the read loop and pending-retry timers.
+    pub stop: CancellationToken,
+    /// The stream's secret, which verifies the sweep's bookkeeping (none: nothing is trusted).
+    pub secret: Option<Arc<Secret>>,
+    /// Where the read loop reports how its reads go.
+    pub health: Arc<ReadHealth>,
 }
 
 impl Subscription {
     /// A subscription reading with `plan` through `client` (blocking reads get a connection of
-    /// their own) and `conn` (everything else), handing entries to `dispatcher`. Delivery tasks
-    /// are spawned on `tracker`; `stop` ends the read loop and pending-retry timers.
+    /// their own) and `conn` (everything else), handing entries to `dispatcher`.
     pub fn new(
         plan: ReadPlan,
         (client, conn): (Client, ConnectionManager),
         dispatcher: Arc<Dispatcher>,
         delayed: Option<Arc<DelayedSet>>,
-        stop: CancellationToken,
-        tracker: TaskTracker,
+        parts: SubscriptionParts,
         metrics: &crate::metrics::Metrics,
     ) -> Arc<Self> {
         let labels = crate::metrics::Metrics::labels(&plan.stream, &plan.group);
@@ -99,8 +124,11 @@ impl Subscription {
             dispatcher,
             delayed,
             in_flight: claiming.then(|| Mutex::new(HashSet::new())),
-            stop,
-            tracker,
+            stop: parts.stop,
+            tracker: parts.tracker,
+            secret: parts.secret,
+            health: parts.health,
+            last_read: Mutex::new(None),
         })
     }
 
@@ -145,13 +173,13 @@ impl Subscription {
             let room = first.num_permits();
             let conn = match &mut reader {
                 Some(conn) => conn,
+                // Only a successful read resets the backoff: a server that accepts connections
+                // but refuses every read must not be asked 20 times a second.
                 None => match redis_conn::blocking(&self.client, plan.block).await {
-                    Ok(conn) => {
-                        backoff.reset();
-                        reader.insert(conn)
-                    }
+                    Ok(conn) => reader.insert(conn),
                     Err(err) => {
                         drop(first);
+                        self.health.failed(&err.to_string());
                         if !self.pause_after_error(&err.to_string(), &mut backoff).await {
                             break;
                         }
@@ -167,16 +195,25 @@ impl Subscription {
             match batch {
                 Ok(batch) => {
                     backoff.reset();
+                    self.health.read_ok();
                     self.start_deliveries(batch, first).await;
                 }
                 Err(err) => {
                     drop(first);
-                    reader = None;
-                    self.reconnects.inc();
-                    if !self
-                        .pause_after_error(&format!("read failed: {err}"), &mut backoff)
-                        .await
-                    {
+                    let class = ErrorClass::of(&err);
+                    let message = format!("read failed: {}: {err}", class.describe());
+                    self.health.failed(&message);
+                    if class == ErrorClass::NoGroup {
+                        // The stream or the group was deleted: make the group again (the
+                        // connection is fine) and read on; the pause still applies, so a
+                        // group deleted over and over is not recreated in a tight loop.
+                        self.recreate_group().await;
+                        own_pending = Some("0".to_owned());
+                    } else {
+                        reader = None;
+                        self.reconnects.inc();
+                    }
+                    if !self.pause_after_error(&message, &mut backoff).await {
                         break;
                     }
                 }
@@ -192,12 +229,42 @@ impl Subscription {
             match read::create_group(&mut conn, &self.plan.stream, &self.plan.group).await {
                 Ok(()) => return true,
                 Err(err) => {
-                    let message = format!("cannot create consumer group: {err}");
+                    let message = format!(
+                        "cannot create consumer group: {}: {err}",
+                        ErrorClass::of(&err).describe()
+                    );
                     if !self.pause_after_error(&message, &mut backoff).await {
                         return false;
                     }
                 }
             }
+        }
+    }
+
+    /// Create the group again after it vanished, after the last entry this host read (or
+    /// from the start of the stream), and say so.
+    async fn recreate_group(&self) {
+        let from = self
+            .last_read
+            .lock()
+            .ok()
+            .and_then(|last| last.clone())
+            .unwrap_or_else(|| "0".to_owned());
+        let mut conn = self.conn.clone();
+        match read::create_group_at(&mut conn, &self.plan.stream, &self.plan.group, &from).await {
+            Ok(()) => tracing::warn!(
+                stream = %self.plan.stream,
+                group = %self.plan.group,
+                from = %from,
+                "consumer group was gone (the stream or the group was deleted); created it again, reading entries after id {from}"
+            ),
+            Err(err) => tracing::warn!(
+                stream = %self.plan.stream,
+                group = %self.plan.group,
+                %err,
+                "consumer group is gone and could not be created again: {}",
+                ErrorClass::of(&err).describe()
+            ),
         }
     }
 
@@ -208,7 +275,7 @@ impl Subscription {
             stream = %self.plan.stream,
             group = %self.plan.group,
             retry_in_ms = pause.as_millis() as u64,
-            "Redis unavailable: {message}"
+            "{message}"
         );
         tokio::select! {
             () = tokio::time::sleep(pause) => true,
@@ -314,6 +381,14 @@ impl Subscription {
         batch: Vec<(ReadEntry, u64)>,
         mut permits: OwnedSemaphorePermit,
     ) {
+        if let Some((last, _)) = batch.last()
+            && let Ok(mut newest) = self.last_read.lock()
+            && newest
+                .as_deref()
+                .is_none_or(|n| read::cmp_ids(&last.id, n).is_gt())
+        {
+            *newest = Some(last.id.clone());
+        }
         for (read, delivery_count) in batch {
             let id = read.id.clone();
             let Some(entry) = read.into_entry() else {
@@ -363,7 +438,13 @@ impl Subscription {
             // XAUTOCLAIM handed back an entry this host is still handling.
             return;
         }
-        let delivery = Delivery::new(&self.plan.stream, &self.plan.group, entry, delivery_count);
+        let delivery = Delivery::new(
+            &self.plan.stream,
+            &self.plan.group,
+            entry,
+            delivery_count,
+            self.secret.as_deref(),
+        );
         let this = self.clone();
         self.tracker.spawn(async move {
             let id = delivery.entry.id.clone();
@@ -408,14 +489,19 @@ impl Subscription {
                 .await
                 {
                     Ok(entry) => break entry,
+                    Err(err) if ErrorClass::of(&err) == ErrorClass::NoGroup => {
+                        tracing::warn!(
+                            id,
+                            "retry is pending nowhere: the consumer group was deleted"
+                        );
+                        return;
+                    }
                     Err(err) => {
-                        if !this
-                            .pause_after_error(
-                                &format!("cannot take back retry {id}: {err}"),
-                                &mut backoff,
-                            )
-                            .await
-                        {
+                        let message = format!(
+                            "cannot take back retry {id}: {}: {err}",
+                            ErrorClass::of(&err).describe()
+                        );
+                        if !this.pause_after_error(&message, &mut backoff).await {
                             return;
                         }
                     }

@@ -16,7 +16,7 @@ pub struct ReadEntry {
     /// The entry id.
     pub id: String,
     /// Its fields, unless it was deleted.
-    pub fields: Option<Vec<(String, Vec<u8>)>>,
+    pub fields: Option<Vec<(Vec<u8>, Vec<u8>)>>,
 }
 
 impl ReadEntry {
@@ -35,11 +35,22 @@ pub async fn create_group<C: ConnectionLike>(
     stream: &str,
     group: &str,
 ) -> RedisResult<()> {
+    create_group_at(conn, stream, group, "0").await
+}
+
+/// XGROUP CREATE with MKSTREAM, the group's last delivered id being `from`; an existing group
+/// is fine (another host made it first).
+pub async fn create_group_at<C: ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+    group: &str,
+    from: &str,
+) -> RedisResult<()> {
     let created: RedisResult<Value> = redis::cmd("XGROUP")
         .arg("CREATE")
         .arg(stream)
         .arg(group)
-        .arg("0")
+        .arg(from)
         .arg("MKSTREAM")
         .query_async(conn)
         .await;
@@ -239,6 +250,16 @@ fn unexpected(what: &str, value: &Value) -> redis::RedisError {
     ))
 }
 
+/// A field name or value: any bytes (Redis never sends anything else for a stream field).
+fn bytes(value: Value) -> RedisResult<Vec<u8>> {
+    match value {
+        Value::BulkString(bytes) => Ok(bytes),
+        Value::SimpleString(s) => Ok(s.into_bytes()),
+        Value::Int(n) => Ok(n.to_string().into_bytes()),
+        other => Err(unexpected("field name or value", &other)),
+    }
+}
+
 fn text(value: &Value) -> Option<String> {
     match value {
         Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
@@ -299,25 +320,14 @@ fn parse_entries(value: Value) -> RedisResult<Vec<ReadEntry>> {
                 let mut fields = Vec::with_capacity(flat.len() / 2);
                 let mut flat = flat.into_iter();
                 while let (Some(name), Some(value)) = (flat.next(), flat.next()) {
-                    let name = text(&name).ok_or_else(|| unexpected("field name", &name))?;
-                    let value = match value {
-                        Value::BulkString(bytes) => bytes,
-                        Value::SimpleString(s) => s.into_bytes(),
-                        Value::Int(n) => n.to_string().into_bytes(),
-                        other => return Err(unexpected("field value", &other)),
-                    };
-                    fields.push((name, value));
+                    fields.push((bytes(name)?, bytes(value)?));
                 }
                 Some(fields)
             }
             Some(Value::Map(map)) => {
                 let mut fields = Vec::with_capacity(map.len());
                 for (name, value) in map {
-                    let name = text(&name).ok_or_else(|| unexpected("field name", &name))?;
-                    let Value::BulkString(bytes) = value else {
-                        return Err(unexpected("field value", &value));
-                    };
-                    fields.push((name, bytes));
+                    fields.push((bytes(name)?, bytes(value)?));
                 }
                 Some(fields)
             }
@@ -353,11 +363,27 @@ mod tests {
         assert_eq!(
             entries[0].fields.as_deref().unwrap(),
             &[
-                ("b".to_owned(), b"2".to_vec()),
-                ("a".to_owned(), b"1".to_vec())
+                (b"b".to_vec(), b"2".to_vec()),
+                (b"a".to_vec(), b"1".to_vec())
             ]
         );
         assert_eq!(entries[1].fields, None);
+    }
+
+    #[test]
+    fn field_names_are_bytes() {
+        let reply = Value::Array(vec![Value::Array(vec![
+            Value::BulkString(b"3-0".to_vec()),
+            Value::Array(vec![
+                Value::BulkString(vec![0xff, 0xfe]),
+                Value::BulkString(vec![0x00]),
+            ]),
+        ])]);
+        let entries = parse_entries(reply).unwrap();
+        assert_eq!(
+            entries[0].fields.as_deref().unwrap(),
+            &[(vec![0xff, 0xfe], vec![0x00])]
+        );
     }
 
     #[test]

@@ -465,3 +465,8 @@ pub async fn http_request(
         .unwrap_or_default();
     (status, body)
 }
+
+/// A stream secret for sets and deliveries a test builds by hand.
+pub fn test_secret() -> std::sync::Arc<sluice_host::keys::Secret> {
+    std::sync::Arc::new(sluice_host::keys::Secret::from_value("test-secret"))
+}

@@ -5,32 +5,54 @@
 -- KEYS[2]  the delayed-retry sorted set
 -- ARGV[1]  the consumer group
 -- ARGV[2]  the entry id (kept in the member, which makes members unique per entry)
--- ARGV[3]  the delay in milliseconds
--- ARGV[4]  the set's ttl in milliseconds, 0 for none (each park refreshes it)
+-- ARGV[3]  the delay in milliseconds (the caller keeps it within what a score holds exactly)
+-- ARGV[4]  the set's ttl in milliseconds, 0 for none
 -- ARGV[5]  the retry count the entry will carry when it comes back (already raised by one)
--- ARGV[6..] the entry's fields: name, value, name, value, ...
+-- ARGV[6]  the id of the entry the producer first added (kept through every park)
+-- ARGV[7..] the entry's fields: name, value, name, value, ...
 --
 -- Scores are due times in wall-clock epoch milliseconds taken from the Redis server's clock
 -- (TIME), so hosts whose clocks drift still agree on what is due.
 --
--- Reply: {due_ms, now_ms}, or false when the entry was no longer pending for the group
--- (another consumer settled it), in which case nothing is written.
-local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
-if #pending == 0 then
+-- ttl: the set expires `ttl` after the latest due time in it (PEXPIREAT), never before
+-- something in it is due; every park and every sweep moves that deadline. So a set expires only
+-- when nothing swept it for `ttl` after its last retry was due.
+--
+-- The member is written before the XACK; if the ZADD fails the script aborts and the entry
+-- stays pending. When the group no longer exists (NOGROUP) the entry is parked anyway (its
+-- retry must not be lost) and there is nothing to acknowledge.
+--
+-- Reply: {due_ms, now_ms, 1 if acknowledged or 0 if the group was gone}, or false when the
+-- entry was no longer pending for the group (another consumer settled it), in which case
+-- nothing is written.
+local group_gone = 0
+local pending = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if type(pending) == 'table' and pending.err then
+  if string.find(pending.err, 'NOGROUP', 1, true) then
+    group_gone = 1
+  else
+    return redis.error_reply(pending.err)
+  end
+elseif #pending == 0 then
   return false
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local due = now + tonumber(ARGV[3])
 local fields = {}
-for i = 6, #ARGV do
+for i = 7, #ARGV do
   fields[#fields + 1] = ARGV[i]
 end
-local member = cmsgpack.pack({ARGV[2], tonumber(ARGV[5]), fields})
+local member = cmsgpack.pack({ARGV[2], tonumber(ARGV[5]), fields, ARGV[6]})
 redis.call('ZADD', KEYS[2], due, member)
 local ttl = tonumber(ARGV[4])
 if ttl > 0 then
-  redis.call('PEXPIRE', KEYS[2], ttl)
+  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  local latest = math.max(tonumber(last[2]), now)
+  redis.call('PEXPIREAT', KEYS[2], latest + ttl)
+end
+if group_gone == 1 then
+  return {due, now, 0}
 end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-return {due, now}
+return {due, now, 1}

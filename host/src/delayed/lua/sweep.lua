@@ -1,49 +1,103 @@
 -- Move the entries that are due from the delayed-retry set back onto the stream, atomically
--- per call: each due member is appended under a new id (*) with its retry count, origin id and
--- due time,
--- and removed from the set, so two hosts sweeping one set never both move an entry.
+-- per call: each due member is appended under a new id (*) with its bookkeeping, and removed
+-- from the set, so two hosts sweeping one set never both move an entry.
 --
 -- KEYS[1]  the stream
 -- KEYS[2]  the delayed-retry sorted set
--- KEYS[3]  the dead-letter stream: a member this script cannot read (not written by
---          park.lua) goes there, raw, instead of blocking every sweep after it
+-- KEYS[3]  the dead-letter stream: a member that cannot go back onto the stream goes there
+--          instead of blocking every sweep after it
 -- ARGV[1]  the most entries to move in this pass
+-- ARGV[2]  the stream's secret, which keys the mark over the bookkeeping
+-- ARGV[3]  the set's ttl in milliseconds, 0 for none
+-- ARGV[4]  the most fields one XADD from this script may carry
+-- ARGV[5..12] the bookkeeping field names, in order: retry count, origin id, due time, mark,
+--          member, reason, origin key, origin stream (from the host's keys module)
 --
--- "Now" is the Redis server's clock (TIME), the same clock parking used.
+-- A re-added entry carries the member's fields, then exactly four bookkeeping fields: retry
+-- count, origin id (the entry the producer first added), due time (server clock, epoch ms), and
+-- a mark, sha1(secret .. sha1(secret .. message)) in hex over the other three and the stream
+-- name. The host trusts the bookkeeping only when the mark verifies, so a producer that writes
+-- such fields itself changes nothing.
 --
--- Reply: {moved, next_due_ms or -1, now_ms, malformed}: how many entries were moved back, the
--- due time of the earliest entry left in the set (-1 if it is empty), the server's time, and
--- how many unreadable members were moved to the dead-letter stream.
+-- A member is dead-lettered, raw, with a reason, when it is not a member the park script wrote,
+-- when it has more fields than one XADD can carry, or when Redis refuses the XADD. If even the
+-- dead-letter write fails the member stays in the set and is counted as stuck.
+--
+-- "Now" is the Redis server's clock (TIME), the same clock parking used. With a ttl, the set's
+-- expiry moves to `ttl` after its latest due time (or after now), as the park script does.
+--
+-- Reply: {moved, next_due_ms or -1, now_ms, dead_lettered, stuck}.
+local F_RETRY, F_ORIGIN, F_DUE, F_MARK = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local F_MEMBER, F_REASON, F_ORIGIN_KEY, F_ORIGIN_STREAM = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
-local moved, malformed = 0, 0
-for _, member in ipairs(due) do
+local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0,
+  tonumber(ARGV[1]))
+local secret = ARGV[2]
+local max_fields = tonumber(ARGV[4])
+local moved, dead, stuck = 0, 0, 0
+
+local function dead_letter(member, reason)
+  local written = redis.pcall('XADD', KEYS[3], '*', F_MEMBER, member, F_REASON, reason,
+    F_ORIGIN_KEY, KEYS[2], F_ORIGIN_STREAM, KEYS[1])
+  if type(written) == 'table' and written.err then
+    stuck = stuck + 1
+    return false
+  end
+  dead = dead + 1
+  return true
+end
+
+for i = 1, #due, 2 do
+  local member, score = due[i], due[i + 1]
+  local done
   local ok, parked = pcall(cmsgpack.unpack, member)
-  if ok and type(parked) == 'table' and type(parked[1]) == 'string'
-      and type(parked[2]) == 'number' and type(parked[3]) == 'table' then
+  if not (ok and type(parked) == 'table' and type(parked[1]) == 'string'
+      and type(parked[2]) == 'number' and type(parked[3]) == 'table') then
+    done = dead_letter(member, 'unreadable delayed-retry set member (not written by Sluice)')
+  elseif #parked[3] / 2 > max_fields then
+    done = dead_letter(member, 'cannot re-add a retry with ' .. (#parked[3] / 2) ..
+      ' fields: one XADD from a script carries at most ' .. max_fields)
+  else
+    local origin = parked[4]
+    if type(origin) ~= 'string' then
+      origin = parked[1]
+    end
+    local retry = tostring(parked[2])
+    local message = #KEYS[1] .. ':' .. KEYS[1] .. ':' .. origin .. ':' .. retry .. ':' .. score
+    local mark = redis.sha1hex(secret .. redis.sha1hex(secret .. message))
     local args = {KEYS[1], '*'}
     for _, v in ipairs(parked[3]) do
       args[#args + 1] = v
     end
-    args[#args + 1] = 'sluice-retry-count'
-    args[#args + 1] = tostring(parked[2])
-    args[#args + 1] = 'sluice-origin-id'
-    args[#args + 1] = parked[1]
-    args[#args + 1] = 'sluice-due-ms'
-    args[#args + 1] = redis.call('ZSCORE', KEYS[2], member)
-    redis.call('XADD', unpack(args))
-    moved = moved + 1
-  else
-    redis.call('XADD', KEYS[3], '*', 'sluice-member', member,
-      'sluice-reason', 'unreadable delayed-retry set member', 'sluice-origin-key', KEYS[2])
-    malformed = malformed + 1
+    args[#args + 1] = F_RETRY
+    args[#args + 1] = retry
+    args[#args + 1] = F_ORIGIN
+    args[#args + 1] = origin
+    args[#args + 1] = F_DUE
+    args[#args + 1] = score
+    args[#args + 1] = F_MARK
+    args[#args + 1] = mark
+    local added = redis.pcall('XADD', unpack(args))
+    if type(added) == 'table' and added.err then
+      done = dead_letter(member, 'cannot re-add the retry to the stream: ' .. added.err)
+    else
+      moved = moved + 1
+      done = true
+    end
   end
-  redis.call('ZREM', KEYS[2], member)
+  if done then
+    redis.call('ZREM', KEYS[2], member)
+  end
 end
 local next_due = -1
 local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 if #first == 2 then
   next_due = tonumber(first[2])
+  local ttl = tonumber(ARGV[3])
+  if ttl > 0 then
+    local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+    redis.call('PEXPIREAT', KEYS[2], math.max(tonumber(last[2]), now) + ttl)
+  end
 end
-return {moved, next_due, now, malformed}
+return {moved, next_due, now, dead, stuck}

@@ -6,16 +6,38 @@
 -- ARGV[1]  the consumer group
 -- ARGV[2]  the entry id
 -- ARGV[3..] field, value, field, value, ... to record (the entry's fields plus the reason and
---           origin bookkeeping)
+--           origin bookkeeping; the caller packs them when there are too many for one XADD)
 --
--- Reply: the new dead-letter entry id, or false when the entry was no longer pending for the
--- group (someone else settled it first), in which case nothing is written.
-local acked = redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-if acked == 0 then
+-- Order matters: the dead letter is written first and the entry acknowledged last, so a write
+-- that fails (a key of the wrong type, anything else Redis refuses) aborts the script before
+-- the XACK and the entry stays pending. Redis does not roll a script back, so nothing may be
+-- acknowledged before the write has succeeded.
+--
+-- When the group no longer exists (NOGROUP: the stream or the group was deleted) the dead
+-- letter is still written, since it may be the only copy of the entry left, and there is
+-- nothing to acknowledge.
+--
+-- Reply: {dead-letter id, 1 if acknowledged or 0 if the group was gone}, or false when the
+-- entry was no longer pending for the group (someone else settled it first), in which case
+-- nothing is written. Any other failure is an error reply.
+local group_gone = false
+local pending = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if type(pending) == 'table' and pending.err then
+  if string.find(pending.err, 'NOGROUP', 1, true) then
+    group_gone = true
+  else
+    return redis.error_reply(pending.err)
+  end
+elseif #pending == 0 then
   return false
 end
 local fields = {}
 for i = 3, #ARGV do
   fields[#fields + 1] = ARGV[i]
 end
-return redis.call('XADD', KEYS[2], '*', unpack(fields))
+local id = redis.call('XADD', KEYS[2], '*', unpack(fields))
+if group_gone then
+  return {id, 0}
+end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+return {id, 1}

@@ -1,0 +1,67 @@
+//! How a subscription's reads are going, for readiness: when the last read succeeded and what
+//! the last failure was.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The read loop's record, shared with the admin server.
+#[derive(Debug)]
+pub struct ReadHealth {
+    /// How long reads may fail before the subscription counts as not ready: its block time
+    /// (a healthy read returns within it) plus a grace for a reconnect.
+    tolerance: Duration,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    last_ok: Instant,
+    failing_since: Option<Instant>,
+    last_error: Option<String>,
+}
+
+impl ReadHealth {
+    /// A record for a subscription whose reads block for up to `block`; it starts healthy (the
+    /// first read is being made).
+    pub fn new(block: Duration) -> Self {
+        Self {
+            tolerance: block + Duration::from_secs(1),
+            state: Mutex::new(State {
+                last_ok: Instant::now(),
+                failing_since: None,
+                last_error: None,
+            }),
+        }
+    }
+
+    /// A read succeeded.
+    pub fn read_ok(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.last_ok = Instant::now();
+            state.failing_since = None;
+            state.last_error = None;
+        }
+    }
+
+    /// A read (or the connection for it) failed with `message`.
+    pub fn failed(&self, message: &str) {
+        if let Ok(mut state) = self.state.lock() {
+            state.failing_since.get_or_insert_with(Instant::now);
+            state.last_error = Some(message.to_owned());
+        }
+    }
+
+    /// Why the subscription is not ready: reads have failed for longer than the tolerance.
+    pub fn problem(&self) -> Option<String> {
+        let state = self.state.lock().ok()?;
+        let since = state.failing_since?;
+        let failing = since.elapsed();
+        (failing > self.tolerance && state.last_ok.elapsed() > self.tolerance).then(|| {
+            format!(
+                "no successful read for {:.1}s: {}",
+                state.last_ok.elapsed().as_secs_f64(),
+                state.last_error.as_deref().unwrap_or("unknown error")
+            )
+        })
+    }
+}
