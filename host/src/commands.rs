@@ -353,7 +353,32 @@ pub async fn swap(request: SwapRequest) -> Result<String> {
         .context("the swap request was interrupted")?
 }
 
+/// Refuse to send a token in the clear beyond this machine: over plain HTTP only to loopback.
+fn token_may_travel(admin: &str) -> Result<()> {
+    let uri: axum::http::Uri = admin
+        .parse()
+        .with_context(|| format!("`{admin}` is not a URL"))?;
+    if uri.scheme_str() == Some("https") {
+        return Ok(());
+    }
+    let host = uri.host().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if loopback {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "refusing to send the admin token over plain HTTP to {host}: use https:// for a host beyond this machine (or an SSH tunnel to its loopback)"
+    )
+}
+
 fn swap_blocking(request: &SwapRequest) -> Result<String> {
+    if request.token.is_some() {
+        token_may_travel(&request.admin)?;
+    }
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .build()
@@ -362,8 +387,11 @@ fn swap_blocking(request: &SwapRequest) -> Result<String> {
     let group = match &request.group {
         Some(group) => group.clone(),
         None => {
-            let mut response = agent
-                .get(format!("{base}/v1/subscriptions"))
+            let mut get = agent.get(format!("{base}/v1/subscriptions"));
+            if let Some(token) = &request.token {
+                get = get.header("Authorization", &format!("Bearer {token}"));
+            }
+            let mut response = get
                 .call()
                 .with_context(|| format!("cannot reach the admin API at {base}"))?;
             let text = response

@@ -15,6 +15,7 @@
 //! | `admin`                | address of the admin HTTP server (metrics, health), or `"off"` | `127.0.0.1:9187` |
 //! | `admin_token_file`, `admin_token_env` | where the admin API's bearer token is; required beyond loopback | none |
 //! | `admin_max_upload`     | largest component the admin API accepts                       | `64MiB` |
+//! | `admin_open_on_loopback` | let swaps and rollbacks through without a token (loopback binds only) | `false`: they need the token |
 //! | `watch_interval`       | how often component files are checked for a new version, or `"off"` | `1s` |
 //!
 //! | key (`[[subscription]]`) | meaning                                                     | default |
@@ -243,6 +244,8 @@ pub struct Config {
     pub admin_token: Option<TokenSource>,
     /// The largest upload the admin API accepts, in bytes.
     pub admin_max_upload: u64,
+    /// Mutating admin calls need no token (loopback only).
+    pub admin_open_on_loopback: bool,
     /// How often component files are checked for a new version; `None` turns watching off.
     pub watch_interval: Option<Duration>,
 }
@@ -260,8 +263,21 @@ impl TokenSource {
     /// Read the token; an error names where it was looked for.
     pub fn read(&self) -> Result<String, String> {
         let token = match self {
-            Self::File(path) => std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read the admin token file {}: {e}", path.display()))?,
+            Self::File(path) => {
+                use std::os::unix::fs::PermissionsExt as _;
+                let meta = std::fs::metadata(path).map_err(|e| {
+                    format!("cannot read the admin token file {}: {e}", path.display())
+                })?;
+                if meta.permissions().mode() & 0o004 != 0 {
+                    return Err(format!(
+                        "the admin token file {} is readable by every user; make it private (chmod 600)",
+                        path.display()
+                    ));
+                }
+                std::fs::read_to_string(path).map_err(|e| {
+                    format!("cannot read the admin token file {}: {e}", path.display())
+                })?
+            }
             Self::Env(name) => std::env::var(name)
                 .map_err(|e| format!("cannot read the admin token from ${name}: {e}"))?,
         };
@@ -284,6 +300,7 @@ struct RawConfig {
     admin_token_file: Option<PathBuf>,
     admin_token_env: Option<String>,
     admin_max_upload: Option<String>,
+    admin_open_on_loopback: Option<bool>,
     watch_interval: Option<String>,
     #[serde(default, rename = "subscription")]
     subscriptions: Vec<RawSubscription>,
@@ -354,11 +371,13 @@ impl Config {
             admin: DEFAULT_ADMIN.parse().ok(),
             admin_token: None,
             admin_max_upload: 64 * 1024 * 1024,
+            admin_open_on_loopback: false,
             watch_interval: Some(Duration::from_secs(1)),
         };
         let mut watch: Option<Option<Duration>> = None;
         let mut token: Option<TokenSource> = None;
         let mut max_upload: Option<u64> = None;
+        let mut open_on_loopback: Option<bool> = None;
         let mut cache_dir: Option<PathBuf> = None;
         let mut shutdown: Option<Duration> = None;
         let mut admin: Option<Option<std::net::SocketAddr>> = None;
@@ -396,6 +415,11 @@ impl Config {
                         "admin_token_file/admin_token_env",
                     )?;
                     merge_global(&mut max_upload, file.admin_max_upload, "admin_max_upload")?;
+                    merge_global(
+                        &mut open_on_loopback,
+                        file.admin_open_on_loopback,
+                        "admin_open_on_loopback",
+                    )?;
                     merge_global(&mut watch, file.watch_interval, "watch_interval")?;
                     config.subscriptions.extend(file.subscriptions);
                 }
@@ -417,6 +441,20 @@ impl Config {
         }
         if let Some(max) = max_upload {
             config.admin_max_upload = max;
+        }
+        config.admin_open_on_loopback = open_on_loopback.unwrap_or(false);
+        if config.admin_open_on_loopback
+            && let Some(addr) = config.admin
+            && !addr.ip().is_loopback()
+        {
+            return Err(ConfigError::Value {
+                path: paths.first().cloned().unwrap_or_default(),
+                key: "admin_open_on_loopback".into(),
+                value: "true".into(),
+                reason: format!(
+                    "the admin server binds {addr}, beyond loopback: its mutating calls always need a token"
+                ),
+            });
         }
         if let Some(addr) = config.admin
             && !addr.ip().is_loopback()
@@ -460,6 +498,7 @@ struct FileConfig {
     admin: Option<Option<std::net::SocketAddr>>,
     admin_token: Option<TokenSource>,
     admin_max_upload: Option<u64>,
+    admin_open_on_loopback: Option<bool>,
     watch_interval: Option<Option<Duration>>,
     subscriptions: Vec<SubscriptionConfig>,
 }
@@ -689,6 +728,7 @@ fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
         admin,
         admin_token,
         admin_max_upload,
+        admin_open_on_loopback: raw.admin_open_on_loopback,
         watch_interval,
         subscriptions,
     })

@@ -77,6 +77,8 @@ pub struct Plan {
     pub admin_token: Option<crate::config::TokenSource>,
     /// The largest upload the admin API accepts.
     pub admin_max_upload: u64,
+    /// Mutating admin calls need no token (loopback only).
+    pub admin_open_on_loopback: bool,
     /// How often component files are checked for a new version.
     pub watch_interval: Option<Duration>,
 }
@@ -182,6 +184,7 @@ impl Plan {
             admin: config.admin,
             admin_token: config.admin_token.clone(),
             admin_max_upload: config.admin_max_upload,
+            admin_open_on_loopback: config.admin_open_on_loopback,
             watch_interval: config.watch_interval,
         })
     }

@@ -258,6 +258,7 @@ impl Service {
             readers.spawn(subscription.run());
         }
 
+        let mut protected = None;
         if let Some(addr) = self.plan.admin {
             let token = match &self.plan.admin_token {
                 Some(source) => Some(source.read().map_err(RunError::Token)?),
@@ -266,6 +267,7 @@ impl Service {
             let options = crate::admin::AdminOptions {
                 token,
                 max_upload: usize::try_from(self.plan.admin_max_upload).unwrap_or(usize::MAX),
+                open_on_loopback: self.plan.admin_open_on_loopback,
                 swaps: swap_controls,
             };
             let bound = crate::admin::serve(
@@ -276,10 +278,18 @@ impl Service {
                 stop.clone(),
             )
             .await?;
+            // No guest's outbound HTTP may reach the host's own admin listener.
+            if let Some(sub) = self.plan.subscriptions.first() {
+                sub.component.runtime().protected().add(bound);
+            }
+            protected = Some(bound);
             self.admin_addr.send_replace(Some(bound));
         }
 
         stop.cancelled().await;
+        if let (Some(addr), Some(sub)) = (protected, self.plan.subscriptions.first()) {
+            sub.component.runtime().protected().remove(addr);
+        }
         tracing::info!("stopping: no new reads");
         while readers.join_next().await.is_some() {}
         deliveries.close();

@@ -10,6 +10,7 @@ mod common;
 mod delayed;
 mod examples;
 mod foundation;
+mod hostile;
 mod operations;
 mod sandbox;
 mod swap;

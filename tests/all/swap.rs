@@ -223,7 +223,7 @@ async fn the_api_needs_a_token_beyond_loopback_and_caps_uploads() {
     let open = write_config(
         dir.path(),
         "open.toml",
-        &format!("admin = \"0.0.0.0:0\"\n{CONFIG}"),
+        &format!("# no admin token\nadmin = \"0.0.0.0:0\"\n{CONFIG}"),
     );
     let (ok, _, stderr) = run_sluice(&["check", open.to_str().unwrap()], dir.path());
     assert!(!ok);
@@ -233,10 +233,13 @@ async fn the_api_needs_a_token_beyond_loopback_and_caps_uploads() {
     );
 
     let redis = Redis::start();
-    std::fs::write(dir.path().join("token"), "s3cret\n").unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
     let guarded = format!(
         "admin = \"0.0.0.0:0\"\nadmin_token_file = \"{}\"\nadmin_max_upload = \"100KiB\"\n{CONFIG}",
-        dir.path().join("token").display()
+        token.display()
     );
     let mut host = TestHost::start(&redis, &guarded).await;
     let port = host.admin().await.port();
@@ -244,7 +247,10 @@ async fn the_api_needs_a_token_beyond_loopback_and_caps_uploads() {
     let v2 = std::fs::read(&guests().fixture_v2).unwrap();
     assert!(v2.len() > 100 * 1024, "the fixture is bigger than the cap");
     let path = "/v1/subscriptions/sw/g/rollback";
-    assert_eq!(http_request(admin, "POST", path, &[], b"").await.0, 401);
+    assert_eq!(
+        http_request_bare(admin, "POST", path, &[], b"").await.0,
+        401
+    );
     assert_eq!(
         http_request(
             admin,
@@ -267,9 +273,17 @@ async fn the_api_needs_a_token_beyond_loopback_and_caps_uploads() {
         http_request(admin, "PUT", "/v1/subscriptions/sw/g/handler", &auth, &v2).await;
     assert_eq!(status, 413, "uploads over admin_max_upload are refused");
     assert_eq!(
-        http_get(admin, "/v1/subscriptions").await.0,
-        200,
-        "reading needs no token"
+        http_request_bare(admin, "GET", "/v1/subscriptions", &[], b"")
+            .await
+            .0,
+        401,
+        "with a token configured, listings need it too"
+    );
+    assert_eq!(
+        http_request(admin, "GET", "/v1/subscriptions", &auth, b"")
+            .await
+            .0,
+        200
     );
     host.stop().await.unwrap();
 }
@@ -394,16 +408,31 @@ async fn sluice_swap_and_rollback_from_the_command_line() {
     let dir = tempfile::tempdir().unwrap();
     let v2 = guests().fixture_v2.to_str().unwrap().to_owned();
     let (cwd, a) = (dir.path().to_owned(), admin.clone());
-    let (ok, out, err) =
-        tokio::task::spawn_blocking(move || run_sluice(&["swap", "sw", &v2, "--admin", &a], &cwd))
-            .await
-            .unwrap();
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        run_sluice(
+            &["swap", "sw", &v2, "--admin", &a, "--token", TEST_TOKEN],
+            &cwd,
+        )
+    })
+    .await
+    .unwrap();
     assert!(ok, "{err}");
     assert!(out.starts_with("swapped `sw`/`g` to "), "{out}");
     assert_eq!(version_of_next(&mut host, &mut conn).await, "v2");
     let (cwd, a) = (dir.path().to_owned(), admin.clone());
     let (ok, out, err) = tokio::task::spawn_blocking(move || {
-        run_sluice(&["swap", "--rollback", "sw", "--admin", &a], &cwd)
+        run_sluice(
+            &[
+                "swap",
+                "--rollback",
+                "sw",
+                "--admin",
+                &a,
+                "--token",
+                TEST_TOKEN,
+            ],
+            &cwd,
+        )
     })
     .await
     .unwrap();
@@ -412,7 +441,12 @@ async fn sluice_swap_and_rollback_from_the_command_line() {
     assert_eq!(version_of_next(&mut host, &mut conn).await, "v1");
     let (cwd, a) = (dir.path().to_owned(), admin.clone());
     let (ok, _, err) = tokio::task::spawn_blocking(move || {
-        run_sluice(&["swap", "nope", "x.wasm", "--admin", &a], &cwd)
+        run_sluice(
+            &[
+                "swap", "nope", "x.wasm", "--admin", &a, "--token", TEST_TOKEN,
+            ],
+            &cwd,
+        )
     })
     .await
     .unwrap();

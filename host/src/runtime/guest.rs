@@ -65,6 +65,8 @@ pub(crate) struct LogBudget {
 pub struct GuestState {
     wasi: WasiCtx,
     http: WasiHttpCtx,
+    /// What each HTTP header map may hold (0 without a grant).
+    field_size_limit: usize,
     http_hooks: HttpHooks,
     table: ResourceTable,
     pub(crate) limiter: Limiter,
@@ -91,14 +93,16 @@ impl GuestState {
         let mut http_ctx = WasiHttpCtx::new();
         // Without a grant `wasi:http` does nothing: header maps hold nothing and every request
         // is denied (see `super::http`).
-        http_ctx.set_field_size_limit(if http.policy.allowed.is_empty() {
+        let field_size_limit = if http.policy.allowed.is_empty() {
             0
         } else {
             FIELDS_LIMIT
-        });
+        };
+        http_ctx.set_field_size_limit(field_size_limit);
         Self {
             wasi: WasiCtxBuilder::new().build(),
             http: http_ctx,
+            field_size_limit,
             http_hooks: HttpHooks { grant: http },
             table,
             limiter: Limiter {
@@ -132,15 +136,34 @@ impl GuestState {
     /// Why the host refused to hold more for the guest, if `err` says the resource table is
     /// full.
     pub(crate) fn host_limit(&self, err: &wasmtime::Error) -> Option<String> {
-        err.chain()
-            .any(|e| e.downcast_ref::<wasmtime::component::ResourceTableError>().is_some())
-            .then(|| {
+        use wasmtime_wasi_http::FieldMapError;
+        if err.chain().any(|e| {
+            e.downcast_ref::<wasmtime::component::ResourceTableError>()
+                .is_some()
+        }) {
+            return Some(format!(
+                "more than {} live resources (handles, HTTP fields and bodies) under host_memory_limit {}",
+                self.limits.resource_entries(),
+                bytesize::ByteSize::b(self.limits.host_memory)
+            ));
+        }
+        let too_big = err.chain().any(|e| {
+            matches!(
+                e.downcast_ref::<FieldMapError>(),
+                Some(FieldMapError::TotalSizeTooBig | FieldMapError::TooManyFields)
+            )
+        });
+        too_big.then(|| {
+            if self.field_size_limit == 0 {
+                "HTTP header maps hold nothing without an HTTP grant (allowed_outbound_hosts is empty; host_memory_limit)".to_owned()
+            } else {
                 format!(
-                    "more than {} live resources (handles, HTTP fields and bodies) under host_memory_limit {}",
-                    self.limits.resource_entries(),
+                    "an HTTP header map over {} (host_memory_limit {})",
+                    bytesize::ByteSize::b(FIELDS_LIMIT as u64),
                     bytesize::ByteSize::b(self.limits.host_memory)
                 )
-            })
+            }
+        })
     }
 
     /// Take `bytes` of log from the budget: `None` drops the line, `Some(n)` keeps `n` bytes.

@@ -329,7 +329,9 @@ impl WasiHttpHooks for HttpHooks {
             Err(HttpError::HttpRequestDenied)
         };
         if let Err(why) = self.grant.policy.check(request.uri()) {
-            return Box::new(async move { denied(&request, &why) });
+            // Logged now, inside the delivery's span (the future runs on another task).
+            let refused = denied(&request, &why);
+            return Box::new(async move { refused });
         }
         tracing::debug!(
             target: "sluice::http",
@@ -339,10 +341,11 @@ impl WasiHttpHooks for HttpHooks {
         );
         let options = self.grant.policy.cap(options);
         let protected = self.grant.protected.clone();
+        let span = tracing::Span::current();
         Box::new(async move {
             use http_body_util::BodyExt;
             if let Err(why) = check_not_own(&protected, request.uri()).await {
-                return denied(&request, &why);
+                return span.in_scope(|| denied(&request, &why));
             }
             let (response, io) =
                 wasmtime_wasi_http::default_send_request(request, Some(options)).await?;

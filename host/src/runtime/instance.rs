@@ -226,10 +226,12 @@ impl WasmHandler {
         {
             return Failure::FuelExhausted(fuel);
         }
+        // The root cause says what happened (a host call's own error); the outer layer is only
+        // "error while executing" with a backtrace.
         let trap = err
             .downcast_ref::<wasmtime::Trap>()
             .map(|t| t.to_string())
-            .unwrap_or_else(|| format!("{err}"));
+            .unwrap_or_else(|| err.root_cause().to_string());
         match &state.panic_message {
             Some(panic) => Failure::Trap(format!("{panic} ({trap})")),
             None => Failure::Trap(trap),

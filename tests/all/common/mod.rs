@@ -156,11 +156,23 @@ where
 pub fn write_config(dir: &Path, name: &str, toml: &str) -> PathBuf {
     let g = guests();
     // Tests run in parallel: every host's admin server takes a free port.
-    let toml = if toml.contains("admin =") {
+    let mut toml = if toml.contains("admin =") {
         toml.to_owned()
     } else {
         format!("admin = \"127.0.0.1:0\"\n{toml}")
     };
+    // Mutating admin calls need a token, on loopback too: tests use `TEST_TOKEN` (a config
+    // that says `# no admin token` gets none).
+    if !toml.contains("admin_token")
+        && !toml.contains("admin_open_on_loopback")
+        && !toml.contains("# no admin token")
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let token = dir.join("admin-token");
+        std::fs::write(&token, TEST_TOKEN).expect("write token");
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+        toml = format!("admin_token_file = \"{}\"\n{toml}", token.display());
+    }
     let text = toml
         .replace("{fixture}", &g.fixture.display().to_string())
         .replace("{bank_manual}", &g.bank_manual.display().to_string())
@@ -394,14 +406,22 @@ pub async fn entries(
     conn: &mut MultiplexedConnection,
     stream: &str,
 ) -> Vec<(String, Vec<(String, String)>)> {
-    let reply: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+    // Fields are bytes; tests compare text, so bytes that are not UTF-8 are shown lossily.
+    let reply: Vec<(String, Vec<(Vec<u8>, Vec<u8>)>)> = redis::cmd("XRANGE")
         .arg(stream)
         .arg("-")
         .arg("+")
         .query_async(conn)
         .await
         .expect("XRANGE");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     reply
+        .into_iter()
+        .map(|(id, fields)| {
+            let fields = fields.iter().map(|(n, v)| (text(n), text(v))).collect();
+            (id, fields)
+        })
+        .collect()
 }
 
 /// The value of `field` in an entry's fields.
@@ -428,8 +448,31 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     http_request(addr, "GET", path, &[], b"").await
 }
 
-/// An HTTP request: (status, body).
+/// The admin token of every test host (see [`write_config`]).
+pub const TEST_TOKEN: &str = "test-admin-token";
+
+/// An HTTP request to a test host's admin API, with [`TEST_TOKEN`] unless `headers` carry an
+/// `Authorization` of their own: (status, body).
 pub async fn http_request(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String) {
+    let auth = format!("Bearer {TEST_TOKEN}");
+    let mut all: Vec<(&str, &str)> = headers.to_vec();
+    if !headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("authorization"))
+    {
+        all.push(("Authorization", &auth));
+    }
+    http_request_bare(addr, method, path, &all, body).await
+}
+
+/// An HTTP request with exactly `headers` (and `Host`, `Content-Length`): (status, body).
+pub async fn http_request_bare(
     addr: std::net::SocketAddr,
     method: &str,
     path: &str,
@@ -441,9 +484,12 @@ pub async fn http_request(
         .await
         .expect("admin server reachable");
     let mut request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
     );
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        request.push_str(&format!("Host: {addr}\r\n"));
+    }
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }

@@ -8,9 +8,21 @@
 //!   accepts a descriptor naming another stream or group): check and swap in a new handler;
 //! - `POST /v1/subscriptions/{stream}/{group}/rollback`: put the previous handler back.
 //!
-//! It binds to loopback unless configured otherwise; beyond loopback a bearer token is required
-//! (the config refuses to start without one). Mutating calls without the right token get 401
-//! and a log line; uploads over `admin_max_upload` get 413.
+//! Who may call it:
+//! - It binds to loopback unless configured otherwise; beyond loopback a bearer token is
+//!   required (the config refuses to start without one).
+//! - Mutating calls (swap, rollback) always need the token, on loopback too: a guest with an
+//!   HTTP grant or any local process could otherwise swap a handler. Only
+//!   `admin_open_on_loopback = true` (explicit, loopback only) lets them through without one.
+//! - With a token configured, the `/v1` listings need it too. `/metrics`, `/healthz` and
+//!   `/readyz` stay open for probes and scrapers.
+//! - The token is checked (in constant time) before any body is read; a declared
+//!   `Content-Length` over `admin_max_upload` is refused at once (413); one upload at a time
+//!   (429 for the next); every request must finish within [`REQUEST_TIMEOUT`] (408); at most
+//!   [`MAX_CONNECTIONS`] connections are served at once.
+//! - Browsers: a request whose `Host` is not the bound address or a loopback name is refused
+//!   (DNS rebinding), and so is any `/v1` request a browser marks as cross-site (`Origin` of
+//!   another host, `Sec-Fetch-Site: cross-site`): CSRF.
 //!
 //! Gauges that describe Redis (pending entries, lag, parked entries, dead letters) are sampled
 //! from Redis at scrape time.
@@ -27,11 +39,17 @@ use axum::routing::get;
 use redis::aio::ConnectionManager;
 use tokio_util::sync::CancellationToken;
 
+mod guard;
+
 use crate::metrics::{Metrics, SubLabels};
 use crate::swap::{SwapControl, SwapError};
 
 /// How long a readiness or scrape probe waits for Redis.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// The longest one request (upload included) may take.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Connections served at once; more wait to be accepted.
+pub const MAX_CONNECTIONS: usize = 64;
 
 /// What the admin server knows about one subscription.
 #[derive(Clone)]
@@ -54,12 +72,19 @@ struct AdminState {
     subscriptions: Arc<Vec<AdminSubscription>>,
     swaps: Arc<Vec<Arc<SwapControl>>>,
     token: Option<Arc<str>>,
+    open_on_loopback: bool,
+    max_upload: usize,
+    bound: SocketAddr,
+    uploads: Arc<tokio::sync::Semaphore>,
 }
 
 /// The handler API's settings.
 pub struct AdminOptions {
     /// The bearer token mutating calls must carry, if any.
     pub token: Option<String>,
+    /// Let mutating calls through without a token (loopback only; the operator's explicit
+    /// choice).
+    pub open_on_loopback: bool,
     /// The largest upload accepted, in bytes.
     pub max_upload: usize,
     /// One control per subscription.
@@ -95,11 +120,12 @@ pub async fn serve(
         subscriptions: Arc::new(subscriptions),
         swaps: Arc::new(options.swaps),
         token: options.token.map(Into::into),
+        open_on_loopback: options.open_on_loopback && bound.ip().is_loopback(),
+        max_upload: options.max_upload,
+        bound,
+        uploads: Arc::new(tokio::sync::Semaphore::new(1)),
     };
-    let app = Router::new()
-        .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(ready_handler))
+    let api = Router::new()
         .route("/v1/subscriptions", get(list_handler))
         .route(
             "/v1/subscriptions/{stream}/{group}/handler",
@@ -110,7 +136,21 @@ pub async fn serve(
             "/v1/subscriptions/{stream}/{group}/rollback",
             axum::routing::post(rollback_handler),
         )
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard_api,
+        ));
+    let app = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready_handler))
+        .merge(api)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard_all,
+        ))
         .with_state(state);
+    let listener = guard::Limited::new(listener, MAX_CONNECTIONS);
     tokio::spawn(async move {
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(async move { stop.cancelled().await })
@@ -241,20 +281,84 @@ async fn list_handler(State(state): State<AdminState>) -> impl IntoResponse {
     axum::Json(rows)
 }
 
-/// Whether a mutating call may proceed; logs and answers 401 when not.
+type Refusal = (StatusCode, String);
+
+/// Every request: a `Host` this server answers to (DNS rebinding), and a deadline.
+async fn guard_all(
+    State(state): State<AdminState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if let Err(refusal) = guard::host_allowed(request.headers(), state.bound) {
+        return refusal.into_response();
+    }
+    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => (
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the request took longer than {REQUEST_TIMEOUT:?}\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// The `/v1` API: no cross-site browser requests, the token before the body, the size before
+/// the body, one upload at a time.
+async fn guard_api(
+    State(state): State<AdminState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let what = format!("{} {}", request.method(), request.uri().path());
+    let mutating = request.method() != axum::http::Method::GET;
+    let checked = guard::not_cross_site(request.headers(), state.bound)
+        .and_then(|()| authorized(&state, request.headers(), &what, mutating))
+        .and_then(|()| guard::declared_size(request.headers(), state.max_upload));
+    if let Err(refusal) = checked {
+        return refusal.into_response();
+    }
+    let _upload = if request.method() == axum::http::Method::PUT {
+        match state.uploads.clone().try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) => {
+                return (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "another upload is in progress; try again when it is done\n",
+                )
+                    .into_response();
+            }
+        }
+    } else {
+        None
+    };
+    next.run(request).await
+}
+
+/// Whether a `/v1` call may proceed; logs and answers 401/403 when not.
 fn authorized(
     state: &AdminState,
     headers: &axum::http::HeaderMap,
     what: &str,
-) -> Result<(), (StatusCode, String)> {
+    mutating: bool,
+) -> Result<(), Refusal> {
     let Some(token) = &state.token else {
-        return Ok(());
+        if !mutating || state.open_on_loopback {
+            return Ok(());
+        }
+        tracing::warn!(
+            call = what,
+            "admin call refused: no admin token is configured"
+        );
+        return Err((
+            StatusCode::FORBIDDEN,
+            "this call changes the host and needs a bearer token: set admin_token_file or admin_token_env (or admin_open_on_loopback = true to allow it without one on loopback)\n".to_owned(),
+        ));
     };
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if given == Some(&**token) {
+    if given.is_some_and(|given| guard::same_secret(given, token)) {
         return Ok(());
     }
     tracing::warn!(
@@ -294,10 +398,8 @@ async fn swap_handler(
     State(state): State<AdminState>,
     axum::extract::Path((stream, group)): axum::extract::Path<(String, String)>,
     axum::extract::Query(query): axum::extract::Query<SwapQuery>,
-    headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<axum::Json<serde_json::Value>, (StatusCode, String)> {
-    authorized(&state, &headers, "swap")?;
     let control = find(&state, &stream, &group)?;
     let origin = std::path::PathBuf::from(format!("upload for {stream}/{group}"));
     match control.swap(origin, body.to_vec(), query.force).await {
@@ -313,9 +415,7 @@ async fn swap_handler(
 async fn rollback_handler(
     State(state): State<AdminState>,
     axum::extract::Path((stream, group)): axum::extract::Path<(String, String)>,
-    headers: axum::http::HeaderMap,
 ) -> Result<axum::Json<serde_json::Value>, (StatusCode, String)> {
-    authorized(&state, &headers, "rollback")?;
     let control = find(&state, &stream, &group)?;
     match control.rollback() {
         Ok(version) => {

@@ -1,0 +1,267 @@
+//! The admin server's defences, apart from the routes they guard: which `Host` it answers to,
+//! what a browser may not send it, how large a declared body may be, token comparison, and a
+//! cap on open connections.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::http::{HeaderMap, StatusCode, header};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+type Refusal = (StatusCode, String);
+
+/// The host part of a `Host` header or an origin's authority, lower case, brackets kept for
+/// IPv6, port removed.
+fn host_part(authority: &str) -> String {
+    let authority = authority.trim().to_ascii_lowercase();
+    if authority.starts_with('[') {
+        return authority
+            .split_once(']')
+            .map_or(authority.clone(), |(h, _)| format!("{h}]"));
+    }
+    authority
+        .rsplit_once(':')
+        .map_or(authority.clone(), |(h, _)| h.to_owned())
+}
+
+/// Whether `authority` names this server: the bound address, or a loopback name when it binds
+/// loopback or every interface.
+fn names_this_server(authority: &str, bound: SocketAddr) -> bool {
+    let host = host_part(authority);
+    let bound_ip = bound.ip();
+    let ip_host = match bound_ip {
+        std::net::IpAddr::V4(ip) => ip.to_string(),
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+    };
+    if host == ip_host {
+        return true;
+    }
+    let loopback_name = matches!(host.as_str(), "localhost" | "127.0.0.1" | "[::1]");
+    if loopback_name && (bound_ip.is_loopback() || bound_ip.is_unspecified()) {
+        return true;
+    }
+    // Bound to every interface: any address literal reaches it, but no DNS name does (a
+    // name an attacker controls could point anywhere).
+    bound_ip.is_unspecified()
+        && (host.parse::<std::net::Ipv4Addr>().is_ok()
+            || host
+                .strip_prefix('[')
+                .and_then(|h| h.strip_suffix(']'))
+                .is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok()))
+}
+
+/// Refuse a request whose `Host` is not this server (a DNS-rebinding page).
+pub(super) fn host_allowed(headers: &HeaderMap, bound: SocketAddr) -> Result<(), Refusal> {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if names_this_server(host, bound) {
+        return Ok(());
+    }
+    tracing::warn!(host, "admin request refused: Host is not this server");
+    Err((
+        StatusCode::MISDIRECTED_REQUEST,
+        format!("Host `{host}` is not this admin server ({bound})\n"),
+    ))
+}
+
+/// Refuse what a browser marks as coming from another site (CSRF).
+pub(super) fn not_cross_site(headers: &HeaderMap, bound: SocketAddr) -> Result<(), Refusal> {
+    let fetch_site = headers
+        .get("sec-fetch-site")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("none");
+    let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
+    let foreign_origin = origin.is_some_and(|origin| {
+        let authority = origin
+            .split_once("://")
+            .map_or(origin, |(_, rest)| rest)
+            .trim_end_matches('/');
+        origin == "null" || !names_this_server(authority, bound)
+    });
+    if foreign_origin || matches!(fetch_site, "cross-site" | "same-site") {
+        tracing::warn!(
+            origin = origin.unwrap_or("-"),
+            fetch_site,
+            "admin request refused: cross-site browser request"
+        );
+        return Err((
+            StatusCode::FORBIDDEN,
+            "cross-site requests to the admin API are refused\n".to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuse a declared body over `max` before any of it is read.
+pub(super) fn declared_size(headers: &HeaderMap, max: usize) -> Result<(), Refusal> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(len) if len > max as u64 => Err((
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body declares {len} bytes; admin_max_upload is {max}\n"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Compare a presented token with the configured one without leaking, through timing, how
+/// much of it matched.
+pub(super) fn same_secret(given: &str, token: &str) -> bool {
+    use subtle::ConstantTimeEq as _;
+    given.as_bytes().ct_eq(token.as_bytes()).into()
+}
+
+/// A listener that serves at most `max` connections at once: each accepted connection holds a
+/// permit until it closes, and accepting waits for one.
+pub(super) struct Limited<L> {
+    inner: L,
+    permits: Arc<Semaphore>,
+}
+
+impl<L> Limited<L> {
+    pub(super) fn new(inner: L, max: usize) -> Self {
+        Self {
+            inner,
+            permits: Arc::new(Semaphore::new(max)),
+        }
+    }
+}
+
+impl axum::serve::Listener for Limited<tokio::net::TcpListener> {
+    type Io = Counted;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok(permit) = self.permits.clone().acquire_owned().await else {
+                // The semaphore is never closed; wait like an idle listener would.
+                std::future::pending::<()>().await;
+                continue;
+            };
+            let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
+            return (
+                Counted {
+                    stream,
+                    _permit: permit,
+                },
+                addr,
+            );
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
+/// A connection that holds one of the listener's permits.
+pub(super) struct Counted {
+    stream: tokio::net::TcpStream,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl AsyncRead for Counted {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Counted {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (k, v) in pairs {
+            map.insert(
+                axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn host_must_name_this_server() {
+        let bound: SocketAddr = "127.0.0.1:9187".parse().unwrap();
+        for ok in [
+            "127.0.0.1:9187",
+            "localhost:9187",
+            "[::1]:9187",
+            "LOCALHOST",
+        ] {
+            assert!(
+                host_allowed(&headers(&[("host", ok)]), bound).is_ok(),
+                "{ok}"
+            );
+        }
+        for bad in ["evil.example:9187", "attacker.com", "10.0.0.1:9187", ""] {
+            assert!(
+                host_allowed(&headers(&[("host", bad)]), bound).is_err(),
+                "{bad}"
+            );
+        }
+        let everywhere: SocketAddr = "0.0.0.0:9187".parse().unwrap();
+        assert!(host_allowed(&headers(&[("host", "10.0.0.1:9187")]), everywhere).is_ok());
+        assert!(host_allowed(&headers(&[("host", "rebind.evil:9187")]), everywhere).is_err());
+    }
+
+    #[test]
+    fn cross_site_browser_requests_are_refused() {
+        let bound: SocketAddr = "127.0.0.1:9187".parse().unwrap();
+        assert!(not_cross_site(&headers(&[]), bound).is_ok());
+        assert!(not_cross_site(&headers(&[("origin", "http://127.0.0.1:9187")]), bound).is_ok());
+        assert!(not_cross_site(&headers(&[("origin", "https://evil.example")]), bound).is_err());
+        assert!(not_cross_site(&headers(&[("origin", "null")]), bound).is_err());
+        assert!(not_cross_site(&headers(&[("sec-fetch-site", "cross-site")]), bound).is_err());
+    }
+
+    #[test]
+    fn declared_sizes_over_the_cap_are_refused() {
+        assert!(declared_size(&headers(&[("content-length", "100")]), 100).is_ok());
+        assert_eq!(
+            declared_size(&headers(&[("content-length", "62914560")]), 100)
+                .unwrap_err()
+                .0,
+            StatusCode::PAYLOAD_TOO_LARGE
+        );
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(same_secret("abc", "abc"));
+        assert!(!same_secret("ab", "abc"));
+        assert!(!same_secret("abd", "abc"));
+    }
+}
