@@ -256,7 +256,7 @@ async fn a_field_name_that_is_not_utf8_is_dead_lettered_and_nothing_wedges() {
     );
     assert_eq!(field(&dead[0].1, "sluice-origin-id"), Some(b.as_str()));
     // The raw name and value are kept, byte for byte.
-    let raw: Vec<(String, Vec<(Vec<u8>, Vec<u8>)>)> = redis::cmd("XRANGE")
+    let raw: Vec<RawEntry> = redis::cmd("XRANGE")
         .arg("bytes.dead-letter")
         .arg("-")
         .arg("+")

@@ -401,13 +401,16 @@ pub async fn acked_through(
     }
 }
 
+/// A stream entry as Redis sends it: id, then fields as bytes.
+pub type RawEntry = (String, Vec<(Vec<u8>, Vec<u8>)>);
+
 /// All entries of a stream as (id, fields).
 pub async fn entries(
     conn: &mut MultiplexedConnection,
     stream: &str,
 ) -> Vec<(String, Vec<(String, String)>)> {
     // Fields are bytes; tests compare text, so bytes that are not UTF-8 are shown lossily.
-    let reply: Vec<(String, Vec<(Vec<u8>, Vec<u8>)>)> = redis::cmd("XRANGE")
+    let reply: Vec<RawEntry> = redis::cmd("XRANGE")
         .arg(stream)
         .arg("-")
         .arg("+")
