@@ -24,17 +24,6 @@ pub struct Entry {
 }
 
 impl Entry {
-    /// An entry with text field names (tests, benchmarks).
-    pub fn new(id: impl Into<String>, fields: &[(&str, &[u8])]) -> Self {
-        Self {
-            id: id.into(),
-            fields: fields
-                .iter()
-                .map(|(n, v)| (n.as_bytes().to_vec(), v.to_vec()))
-                .collect(),
-        }
-    }
-
     /// The raw value of the first field called `name`, if present.
     pub fn field(&self, name: &str) -> Option<&[u8]> {
         self.fields
@@ -117,7 +106,9 @@ impl Delivery {
     ) -> Self {
         let trusted = trusted_tail(stream, &entry, secret);
         let user_len = entry.fields.len() - if trusted.is_some() { 4 } else { 0 };
+        // Only worth a scan of every field when someone reads debug lines.
         if trusted.is_none()
+            && tracing::enabled!(tracing::Level::DEBUG)
             && entry
                 .fields
                 .iter()

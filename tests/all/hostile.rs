@@ -27,22 +27,6 @@ async fn dead_letters(conn: &mut redis::aio::MultiplexedConnection, stream: &str
     entries(conn, &format!("{stream}.dead-letter")).await.len()
 }
 
-/// The dead letters of `stream` once there are `n`.
-async fn wait_dead(
-    conn: &redis::aio::MultiplexedConnection,
-    stream: &str,
-    n: usize,
-) -> Vec<(String, Vec<(String, String)>)> {
-    wait_for(T, &format!("{n} dead letters on {stream}"), || {
-        let mut conn = conn.clone();
-        async move {
-            let dead = entries(&mut conn, &format!("{stream}.dead-letter")).await;
-            (dead.len() >= n).then_some(dead)
-        }
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guest_never_reaches_the_admin_api_whatever_its_grant() {
     let redis = Redis::start();
@@ -68,7 +52,7 @@ async fn a_guest_never_reaches_the_admin_api_whatever_its_grant() {
         let url = format!("http://{spelling}:{port}/v1/subscriptions/nosy/g/rollback");
         add(&mut conn, "nosy", &json!({"mode": "http", "key": url})).await;
     }
-    let dead = wait_dead(&conn, "nosy", spellings.len()).await;
+    let dead = wait_dead_letters(&conn, "nosy", spellings.len()).await;
     for (_, fields) in &dead {
         let reason = field(fields, "sluice-reason").unwrap();
         assert!(reason.contains("denied"), "{reason}");
@@ -131,7 +115,7 @@ async fn leaked_http_resources_fail_the_attempt_at_the_host_memory_limit() {
     add(&mut conn, "leak", &attack).await;
     add(&mut conn, "leak-granted", &attack).await;
     for stream in ["leak", "leak-granted"] {
-        let dead = wait_dead(&conn, stream, 1).await;
+        let dead = wait_dead_letters(&conn, stream, 1).await;
         let reason = field(&dead[0].1, "sluice-reason").unwrap();
         assert!(
             reason.contains("host limit") && reason.contains("host_memory_limit"),
@@ -166,16 +150,7 @@ async fn a_log_flood_is_cut_to_the_budget_and_cannot_forge_host_lines() {
     )
     .await;
     let after = add(&mut conn, "flood", &json!({"mode": "ack"})).await;
-    wait_for(T, "the flood and the entry after it acked", || {
-        let mut conn = conn.clone();
-        let after = after.clone();
-        async move {
-            acked_through(&mut conn, "flood", "g", &after)
-                .await
-                .then_some(())
-        }
-    })
-    .await;
+    wait_acked(&conn, "flood", "g", &after).await;
     let (_, metrics) = http_get(host.admin_addr().await, "/metrics").await;
     let dropped: u64 = metrics
         .lines()
@@ -248,7 +223,7 @@ async fn a_field_name_that_is_not_utf8_is_dead_lettered_and_nothing_wedges() {
         .await
         .unwrap();
     let c = add(&mut conn, "bytes", &json!({"mode": "ack"})).await;
-    let dead = wait_dead(&conn, "bytes", 1).await;
+    let dead = wait_dead_letters(&conn, "bytes", 1).await;
     let reason = field(&dead[0].1, "sluice-reason").unwrap();
     assert!(
         reason.contains("not valid UTF-8") && reason.contains("fffe"),
@@ -264,16 +239,7 @@ async fn a_field_name_that_is_not_utf8_is_dead_lettered_and_nothing_wedges() {
         .await
         .unwrap();
     assert_eq!(raw[0].1[0], (b"\xff\xfe".to_vec(), b"\x00\x01".to_vec()));
-    wait_for(T, "A and C acked", || {
-        let mut conn = conn.clone();
-        let c = c.clone();
-        async move {
-            acked_through(&mut conn, "bytes", "g", &c)
-                .await
-                .then_some(())
-        }
-    })
-    .await;
+    wait_acked(&conn, "bytes", "g", &c).await;
     let _ = a;
     // After a restart the consumer still reads.
     host.stop().await.unwrap();
@@ -322,7 +288,7 @@ async fn a_dead_letter_that_cannot_be_written_keeps_the_entry_pending_and_huge_e
         "the entry stays pending"
     );
     let _: () = cmd(&mut conn, &["DEL", "wrong.dead-letter"]).await;
-    let dead = wait_dead(&conn, "wrong", 1).await;
+    let dead = wait_dead_letters(&conn, "wrong", 1).await;
     assert_eq!(field(&dead[0].1, "sluice-origin-id"), Some(id.as_str()));
     assert_eq!(field(&dead[0].1, "sluice-reason"), Some("poison"));
     wait_for(T, "nothing pending", || {
@@ -340,7 +306,7 @@ async fn a_dead_letter_that_cannot_be_written_keeps_the_entry_pending_and_huge_e
         xadd.arg(format!("f{i}")).arg(i);
     }
     let _: String = xadd.query_async(&mut conn).await.unwrap();
-    let dead = wait_dead(&conn, "wrong", 2).await;
+    let dead = wait_dead_letters(&conn, "wrong", 2).await;
     let packed = field(&dead[1].1, "sluice-packed-fields").expect("packed fields");
     assert!(packed.len() > 5000 * 4, "{}", packed.len());
     assert_eq!(field(&dead[1].1, "sluice-reason"), Some("big"));
@@ -373,7 +339,7 @@ async fn a_member_too_big_to_re_add_is_dead_lettered_and_the_sweep_goes_on() {
         .event(T, "the small member's retry", |e| e.retry_count == 1)
         .await;
     assert_eq!(back.kind, sluice_host::EventKind::Acked);
-    let dead = wait_dead(&conn, "bulky", 1).await;
+    let dead = wait_dead_letters(&conn, "bulky", 1).await;
     let reason = field(&dead[0].1, "sluice-reason").unwrap();
     assert!(reason.contains("5001 fields"), "{reason}");
     let left: i64 = cmd(&mut conn, &["ZCARD", "bulky.delayed"]).await;

@@ -47,14 +47,7 @@ async fn misbehave(
     let bad = add(&mut conn, stream, &mode).await;
     let same = add(&mut conn, stream, &json!({"mode": "ack"})).await;
     let other = add(&mut conn, &bystander, &json!({"mode": "ack"})).await;
-    let dead = wait_for(T, "the fault to be dead-lettered", || {
-        let mut conn = conn.clone();
-        async move {
-            let dead = entries(&mut conn, &format!("{stream}.dead-letter")).await;
-            (!dead.is_empty()).then_some(dead)
-        }
-    })
-    .await;
+    let dead = wait_dead_letters(&conn, stream, 1).await;
     assert_eq!(dead.len(), 1, "only the fault is dead-lettered: {dead:?}");
     let fields = &dead[0].1;
     assert_eq!(field(fields, "sluice-origin-id"), Some(bad.as_str()));
@@ -71,16 +64,7 @@ async fn misbehave(
     .await;
     // The host is still up and serving.
     let after = add(&mut conn, stream, &json!({"mode": "ack"})).await;
-    wait_for(T, "an entry after the fault", || {
-        let mut conn = conn.clone();
-        let after = after.clone();
-        async move {
-            acked_through(&mut conn, stream, "g", &after)
-                .await
-                .then_some(())
-        }
-    })
-    .await;
+    wait_acked(&conn, stream, "g", &after).await;
     let line = wait_for(T, "the entry's line in the host's log", || {
         let text = host.log_text();
         let bad = bad.clone();

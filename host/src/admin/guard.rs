@@ -141,21 +141,18 @@ impl axum::serve::Listener for Limited<tokio::net::TcpListener> {
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            let Ok(permit) = self.permits.clone().acquire_owned().await else {
-                // The semaphore is never closed; wait like an idle listener would.
-                std::future::pending::<()>().await;
-                continue;
-            };
-            let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
-            return (
-                Counted {
-                    stream,
-                    _permit: permit,
-                },
-                addr,
-            );
-        }
+        let Ok(permit) = self.permits.clone().acquire_owned().await else {
+            // The semaphore is never closed; wait like an idle listener would.
+            return std::future::pending().await;
+        };
+        let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
+        (
+            Counted {
+                stream,
+                _permit: permit,
+            },
+            addr,
+        )
     }
 
     fn local_addr(&self) -> io::Result<Self::Addr> {

@@ -122,15 +122,13 @@ impl GuestState {
         }
     }
 
-    /// Start a delivery's log budget afresh; returns how many lines the last one dropped.
-    pub(crate) fn reset_log_budget(&mut self) -> u64 {
-        let dropped = self.log.dropped;
+    /// Start a delivery's log budget afresh.
+    pub(crate) fn reset_log_budget(&mut self) {
         self.log = LogBudget {
             lines: self.limits.log_lines,
             bytes: self.limits.log_bytes,
             dropped: 0,
         };
-        dropped
     }
 
     /// Why the host refused to hold more for the guest, if `err` says the resource table is

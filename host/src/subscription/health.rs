@@ -54,9 +54,8 @@ impl ReadHealth {
     /// Why the subscription is not ready: reads have failed for longer than the tolerance.
     pub fn problem(&self) -> Option<String> {
         let state = self.state.lock().ok()?;
-        let since = state.failing_since?;
-        let failing = since.elapsed();
-        (failing > self.tolerance && state.last_ok.elapsed() > self.tolerance).then(|| {
+        // Failing since after the last success, so this also bounds the time since it.
+        (state.failing_since?.elapsed() > self.tolerance).then(|| {
             format!(
                 "no successful read for {:.1}s: {}",
                 state.last_ok.elapsed().as_secs_f64(),

@@ -404,6 +404,45 @@ pub async fn acked_through(
 /// A stream entry as Redis sends it: id, then fields as bytes.
 pub type RawEntry = (String, Vec<(Vec<u8>, Vec<u8>)>);
 
+/// Wait until `group` has acked `stream` through entry `id` (see [`acked_through`]).
+pub async fn wait_acked(conn: &MultiplexedConnection, stream: &str, group: &str, id: &str) {
+    wait_for(
+        Duration::from_secs(30),
+        &format!("{stream} acked through {id}"),
+        || {
+            let mut conn = conn.clone();
+            async move {
+                acked_through(&mut conn, stream, group, id)
+                    .await
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+}
+
+/// The dead letters of `stream` (in `<stream>.dead-letter`) once there are at least `n`.
+pub async fn wait_dead_letters(
+    conn: &MultiplexedConnection,
+    stream: &str,
+    n: usize,
+) -> Vec<(String, Vec<(String, String)>)> {
+    let key = format!("{stream}.dead-letter");
+    wait_for(
+        Duration::from_secs(30),
+        &format!("{n} dead letters in {key}"),
+        || {
+            let mut conn = conn.clone();
+            let key = key.clone();
+            async move {
+                let dead = entries(&mut conn, &key).await;
+                (dead.len() >= n).then_some(dead)
+            }
+        },
+    )
+    .await
+}
+
 /// All entries of a stream as (id, fields).
 pub async fn entries(
     conn: &mut MultiplexedConnection,
