@@ -103,13 +103,19 @@ enum Command {
     },
 }
 
-fn init_tracing(format: LogFormat) {
+/// Log to stderr through a writer thread, so a slow terminal or pipe never blocks the async
+/// workers (lines are dropped, not waited for, if it falls far behind). The guard flushes what
+/// is queued when `main` returns.
+fn init_tracing(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .finish(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     match format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder
@@ -118,11 +124,12 @@ fn init_tracing(format: LogFormat) {
             .with_span_list(false)
             .init(),
     }
+    guard
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(cli.log_format);
+    let _logs = init_tracing(cli.log_format);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {

@@ -499,3 +499,35 @@ fn a_world_readable_token_file_and_a_token_over_plain_http_are_refused() {
     );
     assert!(!ok && err.contains("over plain HTTP"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_names_a_subscription_that_cannot_read_and_recovers() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    // The stream's key holds a string: the group cannot be created, nothing can be read.
+    let _: () = cmd(&mut conn, &["SET", "blocked", "not a stream"]).await;
+    let mut host = TestHost::start(
+        &redis,
+        &format!("{}{}", config("blocked", ""), config("fine", "")),
+    )
+    .await;
+    let admin = host.admin().await;
+    let body = wait_for(T, "/readyz to report the subscription", || async move {
+        let (status, body) = http_get(admin, "/readyz").await;
+        (status == 503).then_some(body)
+    })
+    .await;
+    assert!(
+        body.contains("stream `blocked`") && body.contains("WRONGTYPE"),
+        "{body}"
+    );
+    let _: () = cmd(&mut conn, &["DEL", "blocked"]).await;
+    wait_for(T, "/readyz to recover", || async move {
+        (http_get(admin, "/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+    let id = add(&mut conn, "blocked", &json!({"mode": "ack"})).await;
+    host.event(T, "an entry once the key is fixed", |e| e.id == id)
+        .await;
+    host.stop().await.unwrap();
+}

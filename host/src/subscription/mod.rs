@@ -233,6 +233,7 @@ impl Subscription {
                         "cannot create consumer group: {}: {err}",
                         ErrorClass::of(&err).describe()
                     );
+                    self.health.failed(&message);
                     if !self.pause_after_error(&message, &mut backoff).await {
                         return false;
                     }
