@@ -456,3 +456,48 @@ async fn sluice_swap_and_rollback_from_the_command_line() {
     );
     host.stop().await.unwrap();
 }
+
+/// The issue's load shape: every permit held by slow deliveries on v1 when v2 arrives. Before
+/// instances waited for a pool slot, the new version's first attempts failed with the pool's
+/// concurrency limit and counted as traps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swap_under_full_load_costs_no_attempt() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    // Added before the host starts, so its first read takes all four at once.
+    for _ in 0..4 {
+        add(&mut conn, "sw", &json!({"mode": "slow", "ms": 3000})).await;
+    }
+    let mut host = TestHost::start(
+        &redis,
+        &format!("{CONFIG}max_in_flight = 4\nmax_retries = 0\n"),
+    )
+    .await;
+    let admin = host.admin().await;
+    wait_for(T, "four slow deliveries in flight", || async move {
+        let (_, metrics) = http_get(admin, "/metrics").await;
+        metrics
+            .contains(r#"sluice_in_flight{stream="sw",group="g"} 4"#)
+            .then_some(())
+    })
+    .await;
+    let v2 = std::fs::read(&guests().fixture_v2).unwrap();
+    let (status, body) = put_handler(admin, &v2, "").await;
+    assert_eq!(status, 200, "{body}");
+    let mut last = String::new();
+    for _ in 0..12 {
+        last = add(&mut conn, "sw", &json!({"mode": "ack"})).await;
+    }
+    wait_acked(&conn, "sw", "g", &last).await;
+    let (_, metrics) = http_get(admin, "/metrics").await;
+    for failed in ["trap", "limit", "dead_letter"] {
+        assert!(
+            !metrics.contains(&format!(
+                r#"sluice_deliveries_total{{stream="sw",group="g",outcome="{failed}"}}"#
+            )),
+            "{failed}: {metrics}"
+        );
+    }
+    assert_eq!(entries(&mut conn, "sw.dead-letter").await.len(), 0);
+    host.stop().await.unwrap();
+}
