@@ -200,13 +200,13 @@ struct ConsumerStatus {
     name: String,
     pending: i64,
     idle_ms: i64,
+    /// Holds pending entries and has been idle long enough that a live host takes them over.
+    gone: bool,
 }
 
 /// `sluice status`: for each subscription, the group's consumers and pending counts, parked
 /// entries and the next due time, the dead-letter stream's length and the handler's digest.
 pub async fn status(paths: &[PathBuf], redis: Option<&str>, json: bool) -> Result<String> {
-    use crate::subscription::read::{info_int, info_text};
-    use std::collections::HashMap;
     let plan = plan(paths, redis).await?;
     let mut rows = Vec::new();
     for sub in &plan.subscriptions {
@@ -217,17 +217,15 @@ pub async fn status(paths: &[PathBuf], redis: Option<&str>, json: bool) -> Resul
         let group = crate::subscription::read::group_info(&mut conn, &s.stream, &s.group)
             .await
             .with_context(|| format!("XINFO GROUPS {}", s.stream))?;
-        let consumers: Vec<HashMap<String, redis::Value>> = if group.is_some() {
-            redis::cmd("XINFO")
-                .arg("CONSUMERS")
-                .arg(&s.stream)
-                .arg(&s.group)
-                .query_async(&mut conn)
+        let consumers = if group.is_some() {
+            crate::subscription::read::consumers(&mut conn, &s.stream, &s.group)
                 .await
                 .with_context(|| format!("XINFO CONSUMERS {} {}", s.stream, s.group))?
         } else {
             Vec::new()
         };
+        // Gone: idle past the time after which a live host takes its entries over.
+        let gone_after = sub.consumer_gone_after.or(s.claim_min_idle);
         let now_ms = crate::delayed::member::server_now_ms(&mut conn).await?;
         let delayed_key = s.delayed_retry.as_ref().map(|d| d.key().to_owned());
         let (parked, next_due_ms) = match &delayed_key {
@@ -250,11 +248,13 @@ pub async fn status(paths: &[PathBuf], redis: Option<&str>, json: bool) -> Resul
             lag: group.as_ref().and_then(|g| g.lag),
             last_delivered_id: group.as_ref().and_then(|g| g.last_delivered_id.clone()),
             consumers: consumers
-                .iter()
+                .into_iter()
                 .map(|c| ConsumerStatus {
-                    name: info_text(c, "name").unwrap_or_default(),
-                    pending: info_int(c, "pending").unwrap_or(0),
-                    idle_ms: info_int(c, "idle").unwrap_or(0),
+                    gone: c.pending > 0
+                        && gone_after.is_some_and(|g| c.idle_ms as u128 >= g.as_millis()),
+                    name: c.name,
+                    pending: c.pending,
+                    idle_ms: c.idle_ms,
                 })
                 .collect(),
             delayed_key,
@@ -299,10 +299,15 @@ pub async fn status(paths: &[PathBuf], redis: Option<&str>, json: bool) -> Resul
         for c in &r.consumers {
             let _ = writeln!(
                 out,
-                "  consumer {:<28} pending {:>6}  idle {:.1}s",
+                "  consumer {:<28} pending {:>6}  idle {:.1}s{}",
                 c.name,
                 c.pending,
-                c.idle_ms as f64 / 1000.0
+                c.idle_ms as f64 / 1000.0,
+                if c.gone {
+                    "  GONE: holds pending entries; a running host takes them over"
+                } else {
+                    ""
+                }
             );
         }
         match (&r.delayed_key, r.parked) {

@@ -24,6 +24,7 @@
 //! | `redis`, `consumer`      | as above, for this subscription only                        | the file's |
 //! | `stream`, `group`        | override the descriptor's stream and group                  | the descriptor's |
 //! | `claim_min_idle`         | make it a claiming subscription (XAUTOCLAIM after this idle) | the descriptor's |
+//! | `consumer_gone_after`    | on a non-claiming subscription, take over the pending entries of another consumer idle this long (a host that came back under another name, or never came back), or `"off"` | `max(60s, 2 × handler_timeout + block)` |
 //! | `block`, `count`         | XREADGROUP BLOCK and COUNT                                  | `1s`, `64` |
 //! | `dead_letter`            | dead-letter stream                                          | `<stream>.dead-letter` |
 //! | `max_retries`            | failed attempts before dead-lettering                       | `8` |
@@ -225,6 +226,8 @@ pub struct SubscriptionConfig {
     pub limits: Limits,
     /// Values the guest can read.
     pub values: BTreeMap<String, String>,
+    /// `consumer_gone_after`: `None` for the default, `Some(None)` for "off".
+    pub consumer_gone_after: Option<Option<Duration>>,
     /// Where this subscription was defined, for error messages.
     pub origin: PathBuf,
 }
@@ -315,6 +318,7 @@ struct RawSubscription {
     group: Option<String>,
     consumer: Option<String>,
     claim_min_idle: Option<String>,
+    consumer_gone_after: Option<String>,
     block: Option<String>,
     count: Option<usize>,
     dead_letter: Option<String>,
@@ -396,6 +400,7 @@ impl Config {
                         overrides: Overrides::default(),
                         limits: Limits::default(),
                         values: BTreeMap::new(),
+                        consumer_gone_after: None,
                         origin: path.clone(),
                     });
                 }
@@ -700,7 +705,13 @@ fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
             }
             values.insert(name, text);
         }
+        let consumer_gone_after = match sub.consumer_gone_after.as_deref() {
+            None => None,
+            Some("off") => Some(None),
+            Some(text) => Some(Some(v.duration(&key("consumer_gone_after"), text)?)),
+        };
         subscriptions.push(SubscriptionConfig {
+            consumer_gone_after,
             component,
             redis: sub.redis.or_else(|| raw.redis.clone()),
             overrides: Overrides {

@@ -62,6 +62,9 @@ pub struct SubscriptionPlan {
     pub overrides: Overrides,
     /// Things that work but probably are not what the operator wants.
     pub warnings: Vec<String>,
+    /// On a non-claiming subscription: how long another consumer must have been idle, holding
+    /// pending entries, before this one takes them over (`None`: never).
+    pub consumer_gone_after: Option<Duration>,
 }
 
 /// Every subscription of one invocation.
@@ -88,6 +91,13 @@ pub struct Plan {
 pub fn default_consumer() -> String {
     let host = gethostname::gethostname().to_string_lossy().into_owned();
     format!("sluice-{host}")
+}
+
+/// How long a consumer must be idle, holding pending entries, to count as gone: longer than a
+/// live host can go without reading (all its deliveries busy for `handler_timeout`, then a
+/// blocked read), with room to spare, and at least a minute.
+pub fn default_gone_after(handler_timeout: Duration, block: Duration) -> Duration {
+    (handler_timeout * 2 + block).max(Duration::from_secs(60))
 }
 
 /// Lay the operator's overrides over a component's descriptor.
@@ -165,7 +175,13 @@ impl Plan {
                 keys::CONFIG_PAYLOAD_FIELD.to_owned(),
                 stream.payload_field.clone(),
             ));
+            let consumer_gone_after = match sub.consumer_gone_after {
+                Some(choice) => choice,
+                None => Some(default_gone_after(sub.limits.handler_timeout, stream.block)),
+            }
+            .filter(|_| stream.claim_min_idle.is_none());
             subscriptions.push(SubscriptionPlan {
+                consumer_gone_after,
                 component,
                 stream,
                 consumer,
@@ -239,9 +255,13 @@ impl Plan {
             row(
                 &mut out,
                 "claiming",
-                match s.claim_min_idle {
-                    Some(d) => format!("XAUTOCLAIM entries idle for at least {}", human(d)),
-                    None => "no".to_owned(),
+                match (s.claim_min_idle, sub.consumer_gone_after) {
+                    (Some(d), _) => format!("XAUTOCLAIM entries idle for at least {}", human(d)),
+                    (None, Some(gone)) => format!(
+                        "no; takes over the pending entries of consumers idle for {}",
+                        human(gone)
+                    ),
+                    (None, None) => "no".to_owned(),
                 },
             );
             let retries = match &s.delayed_retry {

@@ -240,6 +240,7 @@ impl Service {
                 count: s.count,
                 block: s.block,
                 claim_min_idle: s.claim_min_idle,
+                gone_after: sub.consumer_gone_after,
                 max_in_flight: sub.limits.max_in_flight,
             };
             let subscription = Subscription::new(

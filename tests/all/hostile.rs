@@ -531,3 +531,62 @@ async fn readiness_names_a_subscription_that_cannot_read_and_recovers() {
         .await;
     host.stop().await.unwrap();
 }
+
+/// A host that comes back under a new consumer name (a new pod name on every deploy) takes over
+/// what its predecessor left pending, and `sluice status` shows the predecessor as gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_entries_of_a_gone_consumer_are_taken_over() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let _: () = cmd(
+        &mut conn,
+        &["XGROUP", "CREATE", "pods", "g", "0", "MKSTREAM"],
+    )
+    .await;
+    let id = add(&mut conn, "pods", &json!({"mode": "ack"})).await;
+    // The old pod reads the entry and is never seen again.
+    let _: redis::Value = cmd(
+        &mut conn,
+        &[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            "old-pod",
+            "COUNT",
+            "1",
+            "STREAMS",
+            "pods",
+            ">",
+        ],
+    )
+    .await;
+    let toml = config("pods", "consumer_gone_after = \"1s\"").replace("c1", "new-pod");
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(dir.path(), "sluice.toml", &toml);
+    let url = redis.url();
+    let status = wait_for(T, "status to call old-pod gone", || {
+        let (path, url, cwd) = (path.clone(), url.clone(), dir.path().to_owned());
+        async move {
+            let (ok, out, err) = tokio::task::spawn_blocking(move || {
+                run_sluice(
+                    &["status", path.to_str().unwrap(), "--json", "--redis", &url],
+                    &cwd,
+                )
+            })
+            .await
+            .unwrap();
+            assert!(ok, "{err}");
+            out.contains(r#""name":"old-pod","pending":1"#)
+                .then_some(out)
+                .filter(|out| out.contains(r#""gone":true"#))
+        }
+    })
+    .await;
+    assert!(status.contains("old-pod"), "{status}");
+    let mut host = TestHost::start(&redis, &toml).await;
+    let event = host.event(T, "the stranded entry", |e| e.id == id).await;
+    assert_eq!(event.kind, sluice_host::EventKind::Acked);
+    assert_eq!(event.delivery_count, 2, "claimed from the old pod");
+    assert_eq!(pending(&mut conn, "pods", "g").await, 0);
+    host.stop().await.unwrap();
+}

@@ -11,6 +11,12 @@
 //!    appended back onto the stream and read as new entries in the next step;
 //! 5. read new entries (XREADGROUP `>` with COUNT and BLOCK) on a connection of its own.
 //!
+//! A non-claiming subscription also takes over the pending entries of consumers that are
+//! gone (idle for `consumer_gone_after`, e.g. a host that came back under a new pod name):
+//! every half of that interval it looks at the group's consumers (XINFO CONSUMERS) and XCLAIMs
+//! what such a consumer still holds, each entry only if it too has been idle that long. An entry
+//! a gone host left pending for a delayed retry is handled then, possibly before its delay.
+//!
 //! Each entry becomes a [`Delivery`] handed to the [`Dispatcher`] on its own task, at most
 //! `max_in_flight` at a time: the loop waits for a free permit before it reads, and reads no
 //! more than there are permits. A retry that stays pending comes back through a local timer
@@ -66,6 +72,9 @@ pub struct ReadPlan {
     pub block: Duration,
     /// Set on a claiming subscription.
     pub claim_min_idle: Option<Duration>,
+    /// On a non-claiming subscription: take over the pending entries of consumers idle this
+    /// long.
+    pub gone_after: Option<Duration>,
     /// Deliveries handled at once.
     pub max_in_flight: usize,
 }
@@ -88,6 +97,8 @@ pub struct Subscription {
     health: Arc<ReadHealth>,
     /// The newest id this host read: where a group deleted under it is created again.
     last_read: Mutex<Option<String>>,
+    /// When to look for gone consumers next.
+    next_rescue: Mutex<tokio::time::Instant>,
 }
 
 /// What a subscription shares with the rest of the host.
@@ -129,6 +140,7 @@ impl Subscription {
             secret: parts.secret,
             health: parts.health,
             last_read: Mutex::new(None),
+            next_rescue: Mutex::new(tokio::time::Instant::now()),
         })
     }
 
@@ -317,6 +329,28 @@ impl Subscription {
                 }
             }
         }
+        if let Some(gone_after) = plan.gone_after
+            && self.rescue_due(gone_after)
+        {
+            let entries = read::take_over_gone(
+                conn,
+                &plan.stream,
+                &plan.group,
+                &plan.consumer,
+                gone_after,
+                room,
+            )
+            .await?;
+            if !entries.is_empty() {
+                tracing::warn!(
+                    stream = %plan.stream,
+                    count = entries.len(),
+                    gone_after_ms = gone_after.as_millis() as u64,
+                    "took over pending entries of consumers that are gone"
+                );
+                return self.with_counts(conn, entries).await;
+            }
+        }
         if let Some(delayed) = &self.delayed
             && let Err(err) = delayed.sweep().await
         {
@@ -350,6 +384,19 @@ impl Subscription {
         )
         .await?;
         Ok(entries.into_iter().map(|e| (e, 1)).collect())
+    }
+
+    /// Whether it is time to look for gone consumers (every half `gone_after`).
+    fn rescue_due(&self, gone_after: Duration) -> bool {
+        let now = tokio::time::Instant::now();
+        let Ok(mut next) = self.next_rescue.lock() else {
+            return false;
+        };
+        if now < *next {
+            return false;
+        }
+        *next = now + gone_after / 2;
+        true
     }
 
     async fn with_counts(

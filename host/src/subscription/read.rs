@@ -144,6 +144,90 @@ pub async fn claim_one<C: ConnectionLike>(
         .and_then(ReadEntry::into_entry))
 }
 
+/// The group's consumers as XINFO CONSUMERS reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerInfo {
+    /// Its name.
+    pub name: String,
+    /// Entries it holds pending.
+    pub pending: i64,
+    /// Milliseconds since it last read or claimed.
+    pub idle_ms: i64,
+}
+
+/// XINFO CONSUMERS of `group` on `stream`.
+pub async fn consumers<C: ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+    group: &str,
+) -> RedisResult<Vec<ConsumerInfo>> {
+    let rows: Vec<HashMap<String, Value>> = redis::cmd("XINFO")
+        .arg("CONSUMERS")
+        .arg(stream)
+        .arg(group)
+        .query_async(conn)
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|c| ConsumerInfo {
+            name: info_text(c, "name").unwrap_or_default(),
+            pending: info_int(c, "pending").unwrap_or(0),
+            idle_ms: info_int(c, "idle").unwrap_or(0),
+        })
+        .collect())
+}
+
+/// Take over, for `consumer`, up to `count` pending entries of other consumers that have been
+/// idle for `gone_after` (each entry only if it has been idle that long too).
+pub async fn take_over_gone<C: ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+    group: &str,
+    consumer: &str,
+    gone_after: Duration,
+    count: usize,
+) -> RedisResult<Vec<ReadEntry>> {
+    let gone_ms = gone_after.as_millis() as u64;
+    let mut taken = Vec::new();
+    for gone in consumers(conn, stream, group).await? {
+        if gone.name == consumer || gone.pending == 0 || (gone.idle_ms as u64) < gone_ms {
+            continue;
+        }
+        let rows: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+            .arg(stream)
+            .arg(group)
+            .arg("IDLE")
+            .arg(gone_ms)
+            .arg("-")
+            .arg("+")
+            .arg(count - taken.len())
+            .arg(&gone.name)
+            .query_async(conn)
+            .await?;
+        if rows.is_empty() {
+            continue;
+        }
+        let mut claim = redis::cmd("XCLAIM");
+        claim.arg(stream).arg(group).arg(consumer).arg(gone_ms);
+        for (id, ..) in &rows {
+            claim.arg(id);
+        }
+        let reply: Value = claim.query_async(conn).await?;
+        tracing::warn!(
+            stream,
+            gone = %gone.name,
+            idle_ms = gone.idle_ms,
+            pending = gone.pending,
+            "consumer is gone; taking over its pending entries"
+        );
+        taken.extend(parse_entries(reply)?);
+        if taken.len() >= count {
+            break;
+        }
+    }
+    Ok(taken)
+}
+
 /// Redis's delivery counters for `ids`, which are pending for `consumer` (XPENDING, extended
 /// form, over the ids' range).
 pub async fn delivery_counts<C: ConnectionLike>(
