@@ -166,6 +166,16 @@ impl Plan {
                     sub.limits.handler_timeout
                 ));
             }
+            if let Some(DelayedRetry::DurableZset {
+                key,
+                ttl: Some(ttl),
+            }) = &stream.delayed_retry
+            {
+                warnings.push(format!(
+                    "delayed set `{key}` has a ttl of {}: if no host sweeps it for that long after its latest due retry (every host down, or none running this subscription), Redis deletes the set and every retry in it; without a ttl it never expires",
+                    human(*ttl)
+                ));
+            }
             let mut values: Vec<(String, String)> = sub
                 .values
                 .iter()

@@ -590,3 +590,27 @@ async fn pending_entries_of_a_gone_consumer_are_taken_over() {
     assert_eq!(pending(&mut conn, "pods", "g").await, 0);
     host.stop().await.unwrap();
 }
+
+#[test]
+fn check_says_what_a_ttl_means_and_wants_a_margin_over_max_delay() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let path = write_config(
+        d,
+        "ttl.toml",
+        "[[subscription]]\ncomponent = \"{fixture}\"\nmax_delay = \"1h\"\ndelayed_retry = { key = \"fixture.delayed\", ttl = \"1d\" }\n",
+    );
+    let (ok, out, err) = run_sluice(&["check", path.to_str().unwrap()], d);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("warning") && out.contains("deletes the set and every retry in it"),
+        "{out}"
+    );
+    let path = write_config(
+        d,
+        "tight.toml",
+        "[[subscription]]\ncomponent = \"{fixture}\"\nmax_delay = \"1h\"\ndelayed_retry = { key = \"fixture.delayed\", ttl = \"1h\" }\n",
+    );
+    let (ok, _, err) = run_sluice(&["check", path.to_str().unwrap()], d);
+    assert!(!ok && err.contains("plus a margin of 60s"), "{err}");
+}

@@ -33,6 +33,10 @@ pub const DEFAULT_MAX_RETRIES: u32 = 8;
 pub const DEFAULT_PAYLOAD_FIELD: &str = "payload";
 /// The suffix of the dead-letter stream's default name (`<stream>.dead-letter`).
 pub const DEFAULT_DEAD_LETTER_SUFFIX: &str = ".dead-letter";
+/// How much a delayed set's ttl must exceed the declared `max_delay`: the ttl counts from the
+/// set's latest due time, and is also how long every host may be down before the set and its
+/// retries are deleted, so it must be more than just the delay.
+pub const TTL_MARGIN: Duration = Duration::from_secs(60);
 /// The failure backoff used when the descriptor does not say.
 pub const DEFAULT_BACKOFF: Backoff = Backoff {
     initial: Duration::from_millis(500),
@@ -252,7 +256,7 @@ impl RedisStream {
                     return Err(DescriptorError::ZeroTtl(key.clone()));
                 }
                 if let Some(max_delay) = self.max_delay
-                    && max_delay > *ttl
+                    && max_delay.saturating_add(TTL_MARGIN) > *ttl
                 {
                     return Err(DescriptorError::TtlBelowMaxDelay {
                         key: key.clone(),
@@ -356,11 +360,12 @@ pub enum DescriptorError {
     /// The ttl is zero.
     #[error("delayed-retry set `{0}`: ttl must be longer than 0")]
     ZeroTtl(String),
-    /// The declared maximum delay exceeds the set's ttl: entries would expire before they are due.
+    /// The set's ttl does not exceed the declared maximum delay by [`TTL_MARGIN`].
     #[error(
-        "delayed-retry set `{key}`: ttl {} is shorter than the longest delay {}, so parked entries would expire before they are due; raise ttl above max_delay or set ttl to none",
+        "delayed-retry set `{key}`: ttl {} is shorter than the longest delay {} plus a margin of {}; the ttl is how long the set outlives its last due retry when no host sweeps it, so it must cover more than one delay; raise ttl or set ttl to none",
         humanize(*ttl),
-        humanize(*max_delay)
+        humanize(*max_delay),
+        humanize(TTL_MARGIN)
     )]
     TtlBelowMaxDelay {
         /// The set's key.
