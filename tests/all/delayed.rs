@@ -788,3 +788,55 @@ async fn an_unreadable_member_is_dead_lettered_instead_of_blocking_the_set() {
     assert_eq!(card, 0);
     host.stop().await.unwrap();
 }
+
+/// The issue's case: a host whose wall clock is an hour ahead measures retry lateness on the
+/// Redis clock, not its own (it read 3600 s before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lateness_is_measured_on_the_redis_clock_under_a_skewed_host_clock() {
+    let faketime = std::path::Path::new("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1");
+    assert!(
+        faketime.exists(),
+        "libfaketime is installed by scripts/setup"
+    );
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(
+        dir.path(),
+        "ahead.toml",
+        &config("late", "").replace("block = \"5s\"", "block = \"100ms\""),
+    );
+    let log = dir.path().join("ahead.log");
+    let child = std::process::Command::new(sluice_bin())
+        .args(["run", path.to_str().unwrap(), "--redis", &redis.url()])
+        .current_dir(dir.path())
+        .env("LD_PRELOAD", faketime)
+        .env("FAKETIME", "+1h")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .env("RUST_LOG", "info")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let host = HostProcess { child, log };
+    add(
+        &mut conn,
+        "late",
+        &json!({"mode": "retry", "ms": 500, "times": 1}),
+    )
+    .await;
+    let admin = host.admin_addr().await;
+    let metrics = wait_for(T, "the retry's lateness to be recorded", || async move {
+        let (_, metrics) = http_get(admin, "/metrics").await;
+        metrics
+            .contains(r#"sluice_retry_lateness_seconds_count{stream="late",group="g"} 1"#)
+            .then_some(metrics)
+    })
+    .await;
+    let sum: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with(r#"sluice_retry_lateness_seconds_sum{stream="late",group="g"}"#))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert!(sum < 5.0, "lateness {sum} s under a +1 h host clock");
+}
