@@ -16,6 +16,8 @@ pub struct Event {
     pub group: Arc<str>,
     /// The entry id.
     pub id: String,
+    /// The id of the entry the producer added (differs from `id` on a re-added retry).
+    pub origin_id: String,
     /// Park-and-re-add count of the delivery.
     pub retry_count: u32,
     /// Redis's delivery counter of the delivery.

@@ -109,9 +109,13 @@ pub fn decide(
     let (delay, cause) = match result {
         Ok(Outcome::Ack) => return Action::Ack,
         Ok(Outcome::DeadLetter(reason)) => {
-            return Action::DeadLetter {
-                reason: reason.clone(),
+            // A dead letter always says why, even when the handler did not.
+            let reason = if reason.trim().is_empty() {
+                "the handler dead-lettered the entry without giving a reason".to_owned()
+            } else {
+                reason.clone()
             };
+            return Action::DeadLetter { reason };
         }
         Ok(Outcome::RetryAfter(delay)) => (
             *delay,
@@ -162,6 +166,16 @@ mod tests {
                 reason: "bad".into()
             }
         );
+    }
+
+    #[test]
+    fn a_dead_letter_without_a_reason_gets_one() {
+        let Action::DeadLetter { reason } =
+            decide(&Ok(Outcome::DeadLetter(" ".into())), 0, &POLICY)
+        else {
+            panic!("expected a dead letter");
+        };
+        assert!(reason.contains("without giving a reason"), "{reason}");
     }
 
     #[test]

@@ -12,5 +12,6 @@ mod examples;
 mod foundation;
 mod hostile;
 mod operations;
+mod properties;
 mod sandbox;
 mod swap;

@@ -108,6 +108,7 @@ impl Settler {
             stream: self.stream.clone(),
             group: self.group.clone(),
             id: delivery.entry.id.clone(),
+            origin_id: delivery.origin_id.clone(),
             retry_count: delivery.retry_count,
             delivery_count: delivery.delivery_count,
             digest: digest.clone(),
