@@ -7,6 +7,7 @@
 
 mod cli;
 mod common;
+mod crash;
 mod delayed;
 mod examples;
 mod foundation;
