@@ -735,6 +735,10 @@ async fn on_redis_cluster_keys_in_different_slots_are_refused_and_hash_tags_work
         stderr.contains("CROSSSLOT") && stderr.contains("`{payments}.delayed`"),
         "{stderr}"
     );
+    assert!(
+        stderr.contains("could not start") && !stderr.contains("did not stop cleanly"),
+        "a start-up refusal says so: {stderr}"
+    );
 
     let tagged = config("{payments}", "");
     let mut host = TestHost::start(&redis, &tagged).await;

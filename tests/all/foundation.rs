@@ -379,6 +379,11 @@ fn bad_configurations_are_refused_with_errors_naming_the_problem() {
             stderr.contains(expected),
             "{name}: expected {expected:?} in:\n{stderr}"
         );
+        assert_eq!(
+            stderr.matches(expected).count(),
+            1,
+            "{name}: the reason is printed once:\n{stderr}"
+        );
     }
     let (ok, _, stderr) = run_sluice(&["check", guests().other_world.to_str().unwrap()], d);
     assert!(!ok);
