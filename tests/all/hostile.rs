@@ -614,3 +614,71 @@ fn check_says_what_a_ttl_means_and_wants_a_margin_over_max_delay() {
     let (ok, _, err) = run_sluice(&["check", path.to_str().unwrap()], d);
     assert!(!ok && err.contains("plus a margin of 60s"), "{err}");
 }
+
+/// A read that fails the same way every time (the stream key replaced by a string) is retried
+/// with growing pauses, not every 50 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_keeps_failing_backs_off() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(dir.path(), "sluice.toml", &config("spin", ""));
+    let url = redis.url();
+    let host = HostProcess::spawn(
+        &["run", path.to_str().unwrap(), "--redis", url.as_str()],
+        dir.path(),
+    );
+    let id = add(&mut conn, "spin", &json!({"mode": "ack"})).await;
+    wait_acked(&conn, "spin", "g", &id).await;
+    let _: () = cmd(&mut conn, &["DEL", "spin"]).await;
+    let _: () = cmd(&mut conn, &["SET", "spin", "not a stream"]).await;
+    let started = std::time::Instant::now();
+    let failures = |log: &str| log.matches("read failed").count();
+    // Wait until reads have failed for 3 s; a 50 ms loop would log ~60 lines by then.
+    let log = wait_for(T, "3 s of failing reads", || {
+        let text = host.log_text();
+        async move { (started.elapsed() >= Duration::from_secs(3)).then_some(text) }
+    })
+    .await;
+    let n = failures(&log);
+    assert!(
+        (1..=10).contains(&n),
+        "{n} failed reads logged in 3 s:\n{log}"
+    );
+    assert!(log.contains("WRONGTYPE"), "the failure is named: {log}");
+}
+
+/// Eight uploads that declare a large body and send part of it: one is read, the rest are
+/// refused at once, so the host never buffers more than one upload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_partial_uploads_are_refused_beyond_one() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let redis = Redis::start();
+    let mut host = TestHost::start(&redis, &config("uploads", "")).await;
+    let admin = host.admin().await;
+    let mut streams = Vec::new();
+    for _ in 0..8 {
+        let mut stream = tokio::net::TcpStream::connect(admin).await.unwrap();
+        let head = format!(
+            "PUT /v1/subscriptions/uploads/g/handler HTTP/1.1\r\nHost: {admin}\r\nAuthorization: Bearer {TEST_TOKEN}\r\nContent-Length: {}\r\n\r\n",
+            60 << 20
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        // A refused upload may be answered and closed before its body is sent.
+        let _ = stream.write_all(&vec![0u8; 1 << 20]).await;
+        streams.push(stream);
+    }
+    let mut refused = 0;
+    for stream in &mut streams {
+        let mut answer = vec![0u8; 64];
+        if let Ok(Ok(n)) =
+            tokio::time::timeout(Duration::from_millis(2000), stream.read(&mut answer)).await
+            && String::from_utf8_lossy(&answer[..n]).starts_with("HTTP/1.1 429")
+        {
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 7, "all but one partial upload refused at once");
+    drop(streams);
+    host.stop().await.unwrap();
+}
