@@ -121,10 +121,16 @@ impl Redis {
         self.server.url()
     }
 
+    /// The test's own connection. redis-rs times replies out after 500 ms by default; on a
+    /// loaded 2-core machine (guests spinning, a component compiling) the test's XADD can wait
+    /// longer than that, and the test asserts behaviour, not latency.
     pub async fn conn(&self) -> MultiplexedConnection {
         let client = redis::Client::open(self.url()).expect("url");
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(10)))
+            .set_response_timeout(Some(Duration::from_secs(30)));
         client
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&config)
             .await
             .expect("connect to test redis")
     }
