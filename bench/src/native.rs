@@ -4,7 +4,7 @@
 use futures::future::BoxFuture;
 use serde::Deserialize;
 use sluice_host::delivery::Delivery;
-use sluice_host::dispatch::Handler;
+use sluice_host::handler::Handler;
 use sluice_host::outcome::{Failure, Outcome};
 
 /// The payload, as the fixture component reads it.

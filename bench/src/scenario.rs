@@ -199,8 +199,8 @@ impl Bench {
         conn: &mut MultiplexedConnection,
         stream: &str,
     ) -> Result<Option<(i64, i64)>> {
-        let group = sluice_host::subscription::read::group_info(conn, stream, "g").await?;
-        Ok(group.and_then(|g| g.lag.map(|lag| (g.pending, lag))))
+        let group = sluice_host::inspect::group(conn, stream, "g").await?;
+        Ok(group.and_then(|g| g.lag.map(|lag| (g.pending as i64, lag as i64))))
     }
 
     /// Wait until the group has read and settled everything, printing progress to stderr.
@@ -210,7 +210,7 @@ impl Bench {
         let mut last_progress = Instant::now();
         loop {
             let parked: i64 = match extra_key {
-                Some(key) => redis::cmd("ZCARD").arg(key).query_async(&mut conn).await?,
+                Some(key) => sluice_host::inspect::delayed(&mut conn, key).await?.parked as i64,
                 None => 0,
             };
             if let Some((pending, lag)) = Self::group_state(&mut conn, stream).await?
@@ -576,7 +576,7 @@ impl Bench {
     pub async fn sandbox(&self, n: usize) -> Result<Vec<Report>> {
         use sluice_host::config::{Isolation, Limits};
         use sluice_host::delivery::{Delivery, Entry};
-        use sluice_host::dispatch::Handler;
+        use sluice_host::handler::Handler;
         use sluice_host::runtime::{PoolSizing, RuntimeOptions, WasmHandler};
         let pool = Some(PoolSizing {
             instances: 16,

@@ -146,3 +146,23 @@ impl Delivery {
         u64::from(self.retry_count) + self.delivery_count.saturating_sub(1)
     }
 }
+
+/// Order stream ids numerically (`ms-seq`).
+pub fn cmp_ids(a: &str, b: &str) -> std::cmp::Ordering {
+    fn parts(id: &str) -> (u64, u64) {
+        let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+        (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+    }
+    parts(a).cmp(&parts(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cmp_ids;
+
+    #[test]
+    fn ids_compare_numerically() {
+        assert_eq!(cmp_ids("10-0", "9-5"), std::cmp::Ordering::Greater);
+        assert_eq!(cmp_ids("9-10", "9-9"), std::cmp::Ordering::Greater);
+    }
+}

@@ -1,37 +1,21 @@
 //! One delivery, start to end: run the handler inside the delivery's span, decide with
 //! [`crate::outcome::decide`], and settle the decision.
 //!
-//! Dispatch is generic over [`Handler`]: the WASM runtime is one implementation; tests and
-//! benchmarks can plug in a native one to isolate what WebAssembly costs.
+//! Dispatch is generic over [`crate::handler::Handler`]: the WASM runtime is one
+//! implementation; tests and benchmarks can plug in a native one to isolate what WebAssembly
+//! costs.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
 use tracing::Instrument;
 
 use crate::delivery::Delivery;
+use crate::handler::{HandlerSlot, Version};
 use crate::keys;
 use crate::metrics::{DeliveryMetrics, Metrics, SubLabels};
 use crate::outcome::{self, Action, Failure, Outcome, Policy};
 use crate::settle::{SettleError, Settler};
-use crate::swap::{HandlerSlot, Version};
-
-/// Something that handles deliveries: a WASM component, or native code in tests and benches.
-pub trait Handler: Send + Sync + 'static {
-    /// Which version of the handler this is (a content digest for components).
-    fn digest(&self) -> &str;
-
-    /// Handle one delivery.
-    fn handle<'a>(&'a self, delivery: &'a Delivery) -> BoxFuture<'a, Result<Outcome, Failure>>;
-
-    /// A swap replaced this handler: release what it keeps for later deliveries (deliveries
-    /// that already started finish on it).
-    fn retire(&self) {}
-
-    /// A rollback made this handler current again.
-    fn activate(&self) {}
-}
 
 /// How a dispatch ended, for the subscription to act on.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,45 +1,64 @@
 //! The Sluice host: runs WebAssembly handler components on Redis Streams consumer groups.
 //!
+//! # The data's way
+//!
 //! An entry travels through these modules, in this order:
 //!
-//! 1. [`config`] turns the operator's TOML (or a lone `.wasm`) into a validated [`Config`];
-//!    [`plan`] loads each component, reads its descriptor, lays the config over it and checks
-//!    the result, before any task starts.
-//! 2. [`subscription`] owns one consumer-group subscription: it creates the group, re-reads this
-//!    consumer's own pending entries after a restart, claims idle entries (XAUTOCLAIM) on a
-//!    claiming subscription, and reads new entries with XREADGROUP, each as a [`delivery`].
-//! 3. [`dispatch`] takes a permit (the in-flight limit), calls the handler, and hands the result
-//!    to [`outcome`], a pure function that picks ack, retry or dead-letter.
-//! 4. [`runtime`] is the handler: the wasmtime engine, components cached by digest, instances
-//!    reused or fresh per delivery, and the host side of the WIT imports.
-//! 5. [`settle`] carries the decision out in Redis: batched XACKs, atomic dead-lettering, and
-//!    retries that stay pending until their delay has passed.
+//! 1. [`subscription`] (`subscription/`) reads: it creates the group, re-reads this consumer's
+//!    own pending entries after a restart, takes over those of a consumer that is gone, claims
+//!    idle entries on a claiming subscription, and reads new entries with XREADGROUP.
+//! 2. [`delivery`] (`delivery.rs`) is what one read entry becomes: its id, fields as bytes, and
+//!    the bookkeeping a delayed retry carries (checked against the stream's secret).
+//! 3. [`dispatch`] (`dispatch.rs`) takes the delivery, runs the subscription's current
+//!    [`handler`] inside the delivery's span, and settles what it decided.
+//! 4. [`runtime`] (`runtime/`) is the handler call for a WASM component: the wasmtime engine,
+//!    components cached by digest, instances and their limits, the host side of the WIT imports.
+//! 5. [`outcome`] (`outcome.rs`) is a pure function from the handler's result and the retry
+//!    policy to an action: ack, retry after a delay, or dead-letter.
+//! 6. [`settle`] (`settle/`) carries the action out in Redis: batched XACKs, atomic
+//!    dead-lettering (`settle/lua/dead_letter.lua`), and retries that stay pending.
+//! 7. [`delayed`] (`delayed/`) parks a retry in its durable sorted set (`lua/park.lua`) and
+//!    sweeps due retries back onto the stream (`lua/sweep.lua`), where step 1 reads them again.
 //!
-//! Around them: [`swap`] replaces a subscription's handler while it runs (file watcher, admin
-//! API), [`metrics`] and [`admin`] (Prometheus metrics, health, readiness, the handler API),
-//! [`keys`] names every Redis key and bookkeeping field, [`devredis`] starts a
-//! private `redis-server` when no URL is configured, [`events`] reports each settled delivery
-//! to observers, and [`shutdown`] stops reading and drains in-flight deliveries on a signal.
+//! # Around the way
+//!
+//! - [`config`] (`config/`) turns the operator's TOML into a validated configuration, and
+//!   [`plan`] (`plan.rs`) loads each component, lays the configuration over its descriptor and
+//!   checks the result, before any task starts.
+//! - [`service`] (`service.rs`) starts a plan's tasks and, when told to stop, drains in-flight
+//!   deliveries and flushes their acks; [`shutdown`] (`shutdown.rs`) only turns SIGINT/SIGTERM
+//!   into that stop.
+//! - [`swap`] (`swap.rs`) checks a new component and publishes it into the subscription's
+//!   [`handler`] slot (admin API, file watcher, `sluice swap`).
+//! - [`admin`] (`admin/`) serves health, readiness, [`metrics`] and the handler API;
+//!   [`inspect`] (`inspect.rs`) reads a subscription's state in Redis for them, for
+//!   `sluice status` and for the benchmark.
+//! - [`commands`] (`commands/`) are the subcommands `main` runs, one file each.
+//! - [`keys`] names every Redis key and bookkeeping field, [`redis_conn`] opens connections and
+//!   classifies Redis errors, [`devredis`] starts a private `redis-server` when none is
+//!   configured, and [`events`] reports each settled delivery to observers (tests, the bench).
 
-pub mod admin;
+mod admin;
 pub mod commands;
 pub mod config;
 pub mod delayed;
 pub mod delivery;
 pub mod devredis;
-pub mod dispatch;
-pub mod events;
+mod dispatch;
+mod events;
+pub mod handler;
+pub mod inspect;
 pub mod keys;
-pub mod metrics;
+mod metrics;
 pub mod outcome;
-pub mod plan;
-pub mod redis_conn;
+mod plan;
+mod redis_conn;
 pub mod runtime;
 mod service;
-pub mod settle;
-pub mod shutdown;
-pub mod subscription;
-pub mod swap;
+mod settle;
+mod shutdown;
+mod subscription;
+mod swap;
 
 pub use config::Config;
 pub use events::{Event, EventKind};

@@ -27,8 +27,6 @@
 //! | `sluice_settle_errors_total` | counter | parks, dead letters refused by Redis in a way retrying cannot fix (entry kept pending) |
 //! | `sluice_guest_log_dropped_total` | counter | guest log lines dropped or truncated by the per-delivery log budget |
 
-use std::sync::Arc;
-
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -343,6 +341,3 @@ impl DeliveryMetrics {
         .inc();
     }
 }
-
-/// Shared handle to the metrics.
-pub type SharedMetrics = Arc<Metrics>;

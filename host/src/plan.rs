@@ -7,9 +7,9 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use sluice_descriptor::{DelayedRetry, DescriptorError, RedisStream, ResolvedStream};
+use sluice_descriptor::{DelayedRetry, DescriptorError, ResolvedStream};
 
-use crate::config::{Config, Isolation, Limits, Overrides};
+use crate::config::{Config, Isolation, Limits};
 use crate::keys;
 use crate::runtime::{LoadedComponent, Runtime, RuntimeError};
 
@@ -59,7 +59,7 @@ pub struct SubscriptionPlan {
     /// Config values passed to the guest (including the host's `sluice.*` ones).
     pub values: Vec<(String, String)>,
     /// The operator's overrides, laid over a swapped-in component's descriptor too.
-    pub overrides: Overrides,
+    pub overrides: sluice_descriptor::Overrides,
     /// Things that work but probably are not what the operator wants.
     pub warnings: Vec<String>,
     /// On a non-claiming subscription: how long another consumer must have been idle, holding
@@ -100,32 +100,6 @@ pub fn default_gone_after(handler_timeout: Duration, block: Duration) -> Duratio
     (handler_timeout * 2 + block).max(Duration::from_secs(60))
 }
 
-/// Lay the operator's overrides over a component's descriptor.
-pub fn overlay(mut d: RedisStream, o: &Overrides) -> RedisStream {
-    macro_rules! set {
-        ($($field:ident),*) => { $( if let Some(v) = &o.$field { d.$field = Some(v.clone()); } )* };
-    }
-    if let Some(stream) = &o.stream {
-        d.stream = stream.clone();
-    }
-    set!(
-        group,
-        consumer,
-        claim_min_idle,
-        block,
-        count,
-        dead_letter,
-        max_retries,
-        payload_field,
-        max_delay,
-        failure_backoff
-    );
-    if let Some(delayed) = &o.delayed_retry {
-        d.delayed_retry = delayed.clone();
-    }
-    d
-}
-
 impl Plan {
     /// Load every component and resolve every subscription. `redis_override` (from `--redis`
     /// or `SLUICE_REDIS_URL`) replaces every configured URL.
@@ -137,7 +111,7 @@ impl Plan {
         let mut subscriptions: Vec<SubscriptionPlan> = Vec::new();
         for sub in &config.subscriptions {
             let component = runtime.load(&sub.component)?;
-            let descriptor = overlay(component.descriptor().await?, &sub.overrides);
+            let descriptor = component.descriptor().await?.overlay(&sub.overrides);
             let stream = descriptor
                 .resolve()
                 .map_err(|problem| PlanError::Descriptor {

@@ -12,8 +12,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::delayed::{DelayedSet, SetKeys};
-use crate::dispatch::{Dispatcher, Handler};
+use crate::dispatch::Dispatcher;
 use crate::events::Events;
+use crate::handler::Handler;
 use crate::outcome::Policy;
 use crate::plan::Plan;
 use crate::redis_conn::{self, ConnError};
@@ -77,7 +78,7 @@ impl Service {
                     s.component.clone(),
                     s.limits.clone(),
                     s.values.clone(),
-                    crate::runtime::HandlerCounters {
+                    crate::handler::HandlerCounters {
                         http_denied: metrics.http_denied.get_or_create(&labels).clone(),
                         log_dropped: metrics.guest_log_dropped.get_or_create(&labels).clone(),
                     },
@@ -205,7 +206,7 @@ impl Service {
                 dead_letter: s.dead_letter.clone(),
                 health: health.clone(),
             });
-            let slot = Arc::new(crate::swap::HandlerSlot::new(
+            let slot = Arc::new(crate::handler::HandlerSlot::new(
                 handler,
                 self.metrics.clone(),
                 labels.clone(),

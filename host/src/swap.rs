@@ -1,11 +1,10 @@
 //! Hot swap: replacing a subscription's handler while it runs, without losing or duplicating a
 //! delivery.
 //!
-//! Each subscription's handler lives in a [`HandlerSlot`]: an `ArcSwap` of the current
-//! [`Version`]. A delivery takes the current version once, when it starts, and keeps it to the
-//! end, so deliveries that started on the old version finish on it and every delivery that
-//! starts after a swap runs the new one. Nothing is paused and no entry is re-read: a swap
-//! changes which code handles the next entry, never which entries are handled.
+//! A swap publishes a new [`Version`] into the subscription's [`HandlerSlot`]
+//! (`crate::handler`): deliveries that started on the old version finish on it, every
+//! delivery that starts after runs the new one. Nothing is paused and no entry is re-read: a
+//! swap changes which code handles the next entry, never which entries are handled.
 //!
 //! [`SwapControl::swap`] is the one way in: the new component is compiled off the async
 //! executor, checked against the WIT world, and its descriptor (with the operator's overrides)
@@ -21,38 +20,14 @@
 //! the checks like any other bad component, and picked up once the write completes.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::SystemTime;
 
-use arc_swap::ArcSwap;
-use prometheus_client::metrics::counter::Counter;
+use sluice_descriptor::Overrides;
 
-use crate::config::{Limits, Overrides};
-use crate::dispatch::Handler;
-use crate::metrics::{HandlerLabels, Metrics, SubLabels};
-use crate::plan::overlay;
-use crate::runtime::{HandlerCounters, Runtime, RuntimeError, WasmHandler};
-
-/// One version of a subscription's handler.
-pub struct Version {
-    /// The handler.
-    pub handler: Arc<dyn Handler>,
-    /// Its digest (SHA-256 of the component).
-    pub digest: Arc<str>,
-    /// When it started serving.
-    pub since: SystemTime,
-}
-
-impl Version {
-    /// A version serving from now on.
-    pub fn new(handler: Arc<dyn Handler>) -> Self {
-        Self {
-            digest: handler.digest().into(),
-            handler,
-            since: SystemTime::now(),
-        }
-    }
-}
+use crate::config::Limits;
+use crate::handler::{HandlerSlot, NoPrevious, Version};
+use crate::runtime::{Runtime, RuntimeError, WasmHandler};
 
 /// Why a swap or rollback was refused. The old handler keeps serving.
 #[derive(Debug, thiserror::Error)]
@@ -78,116 +53,11 @@ pub enum SwapError {
         new_group: String,
     },
     /// There is nothing to roll back to.
-    #[error("no previous version to roll back to")]
-    NoPrevious,
+    #[error(transparent)]
+    NoPrevious(#[from] NoPrevious),
     /// Compiling was cut off.
-    #[error("compilation did not finish: {0}")]
-    Interrupted(String),
-}
-
-/// The current handler of one subscription, and the one before it.
-pub struct HandlerSlot {
-    current: ArcSwap<Version>,
-    previous: Mutex<Option<Arc<Version>>>,
-    metrics: Arc<Metrics>,
-    labels: SubLabels,
-    swaps: Counter,
-    refusals: Counter,
-    /// Where the handler versions of this subscription count what they refuse.
-    counters: HandlerCounters,
-}
-
-impl HandlerSlot {
-    /// A slot serving `handler`.
-    pub fn new(handler: Arc<dyn Handler>, metrics: Arc<Metrics>, labels: SubLabels) -> Self {
-        let version = Arc::new(Version::new(handler));
-        let swaps = metrics.swaps.get_or_create(&labels).clone();
-        let refusals = metrics.swap_refusals.get_or_create(&labels).clone();
-        let counters = HandlerCounters {
-            http_denied: metrics.http_denied.get_or_create(&labels).clone(),
-            log_dropped: metrics.guest_log_dropped.get_or_create(&labels).clone(),
-        };
-        let slot = Self {
-            counters,
-            swaps,
-            refusals,
-            current: ArcSwap::new(version.clone()),
-            previous: Mutex::new(None),
-            metrics,
-            labels,
-        };
-        slot.mark_serving(&version.digest, true);
-        slot
-    }
-
-    /// The version new deliveries run.
-    pub fn current(&self) -> Arc<Version> {
-        self.current.load_full()
-    }
-
-    /// The version a rollback would restore.
-    pub fn previous(&self) -> Option<Arc<Version>> {
-        self.previous.lock().ok().and_then(|p| p.clone())
-    }
-
-    /// The subscription's labels.
-    pub fn labels(&self) -> &SubLabels {
-        &self.labels
-    }
-
-    /// Swaps and refusals so far.
-    pub fn counts(&self) -> (u64, u64) {
-        (self.swaps.get(), self.refusals.get())
-    }
-
-    fn mark_serving(&self, digest: &str, serving: bool) {
-        self.metrics
-            .handler_info
-            .get_or_create(&HandlerLabels {
-                stream: self.labels.stream.clone(),
-                group: self.labels.group.clone(),
-                digest: digest.to_owned(),
-            })
-            .set(i64::from(serving));
-    }
-
-    /// Make `version` current; the one it replaces becomes the rollback target.
-    pub fn publish(&self, version: Arc<Version>) -> Arc<Version> {
-        version.handler.activate();
-        let old = self.current.swap(version.clone());
-        old.handler.retire();
-        if let Ok(mut previous) = self.previous.lock() {
-            *previous = Some(old.clone());
-        }
-        self.mark_serving(&old.digest, false);
-        self.mark_serving(&version.digest, true);
-        self.swaps.inc();
-        tracing::info!(
-            stream = %self.labels.stream,
-            group = %self.labels.group,
-            from = &old.digest[..old.digest.len().min(12)],
-            to = &version.digest[..version.digest.len().min(12)],
-            "handler swapped"
-        );
-        old
-    }
-
-    /// Put the previous version back.
-    pub fn rollback(&self) -> Result<Arc<Version>, SwapError> {
-        let previous = self.previous().ok_or(SwapError::NoPrevious)?;
-        self.publish(previous.clone());
-        Ok(previous)
-    }
-
-    fn refused(&self, err: &SwapError) {
-        self.refusals.inc();
-        tracing::warn!(
-            stream = %self.labels.stream,
-            group = %self.labels.group,
-            %err,
-            "swap refused; the current handler keeps serving"
-        );
-    }
+    #[error("compilation did not finish")]
+    Interrupted(#[source] tokio::task::JoinError),
 }
 
 /// Everything needed to check and install a new component for one subscription.
@@ -238,7 +108,13 @@ impl SwapControl {
                 Ok(version)
             }
             Err(err) => {
-                self.slot.refused(&err);
+                self.slot.count_refusal();
+                tracing::warn!(
+                    stream = %self.slot.labels().stream,
+                    group = %self.slot.labels().group,
+                    %err,
+                    "swap refused; the current handler keeps serving"
+                );
                 Err(err)
             }
         }
@@ -253,9 +129,13 @@ impl SwapControl {
         let runtime = self.runtime.clone();
         let component = tokio::task::spawn_blocking(move || runtime.load_bytes(&origin, &bytes))
             .await
-            .map_err(|e| SwapError::Interrupted(e.to_string()))??;
-        let descriptor = overlay(component.descriptor().await?, &self.overrides).resolve()?;
-        let running = &self.slot.labels;
+            .map_err(SwapError::Interrupted)??;
+        let descriptor = component
+            .descriptor()
+            .await?
+            .overlay(&self.overrides)
+            .resolve()?;
+        let running = self.slot.labels();
         if !force && (descriptor.stream != running.stream || descriptor.group != running.group) {
             return Err(SwapError::Changed {
                 stream: running.stream.clone(),
@@ -268,14 +148,14 @@ impl SwapControl {
             component,
             self.limits.clone(),
             self.values.clone(),
-            self.slot.counters.clone(),
+            self.slot.counters().clone(),
         );
         Ok(Arc::new(Version::new(Arc::new(handler))))
     }
 
     /// Put the previous version back.
     pub fn rollback(&self) -> Result<Arc<Version>, SwapError> {
-        self.slot.rollback()
+        Ok(self.slot.rollback()?)
     }
 }
 

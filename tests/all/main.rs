@@ -15,4 +15,5 @@ mod hostile;
 mod operations;
 mod properties;
 mod sandbox;
+mod structure;
 mod swap;

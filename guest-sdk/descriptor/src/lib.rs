@@ -121,6 +121,37 @@ pub struct RedisStream {
     pub failure_backoff: Option<Backoff>,
 }
 
+/// The descriptor fields an operator sets in the host's configuration; `None` keeps the
+/// component's value. Kept next to [`RedisStream`] so a new descriptor field cannot be
+/// forgotten here.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// Replaces [`RedisStream::stream`].
+    pub stream: Option<String>,
+    /// Replaces [`RedisStream::group`].
+    pub group: Option<String>,
+    /// Replaces [`RedisStream::consumer`].
+    pub consumer: Option<String>,
+    /// Replaces [`RedisStream::claim_min_idle`].
+    pub claim_min_idle: Option<Duration>,
+    /// Replaces [`RedisStream::block`].
+    pub block: Option<Duration>,
+    /// Replaces [`RedisStream::count`].
+    pub count: Option<usize>,
+    /// Replaces [`RedisStream::dead_letter`].
+    pub dead_letter: Option<String>,
+    /// Replaces [`RedisStream::max_retries`].
+    pub max_retries: Option<u32>,
+    /// Replaces [`RedisStream::payload_field`].
+    pub payload_field: Option<String>,
+    /// Replaces [`RedisStream::max_delay`].
+    pub max_delay: Option<Duration>,
+    /// Replaces [`RedisStream::failure_backoff`].
+    pub failure_backoff: Option<Backoff>,
+    /// `Some(None)` removes the descriptor's delayed-retry set, `Some(Some(..))` replaces it.
+    pub delayed_retry: Option<Option<DelayedRetry>>,
+}
+
 impl RedisStream {
     /// A subscription that reads new entries of `stream`.
     pub fn new(stream: impl Into<String>) -> Self {
@@ -196,6 +227,32 @@ impl RedisStream {
     /// Back off like this after a failed attempt.
     pub fn failure_backoff(mut self, backoff: Backoff) -> Self {
         self.failure_backoff = Some(backoff);
+        self
+    }
+
+    /// Lay an operator's overrides over this descriptor: every field the operator set wins.
+    pub fn overlay(mut self, o: &Overrides) -> Self {
+        macro_rules! set {
+            ($($field:ident),*) => { $( if let Some(v) = &o.$field { self.$field = Some(v.clone()); } )* };
+        }
+        if let Some(stream) = &o.stream {
+            self.stream = stream.clone();
+        }
+        set!(
+            group,
+            consumer,
+            claim_min_idle,
+            block,
+            count,
+            dead_letter,
+            max_retries,
+            payload_field,
+            max_delay,
+            failure_backoff
+        );
+        if let Some(delayed) = &o.delayed_retry {
+            self.delayed_retry = delayed.clone();
+        }
         self
     }
 

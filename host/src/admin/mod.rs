@@ -214,30 +214,40 @@ async fn metrics_handler(State(state): State<AdminState>) -> impl IntoResponse {
 /// Refresh the Redis-state gauges of one subscription.
 async fn sample(metrics: &Metrics, sub: &AdminSubscription) {
     let mut conn = sub.conn.clone();
-    if let Ok(Some(group)) =
-        crate::subscription::read::group_info(&mut conn, &sub.labels.stream, &sub.labels.group)
-            .await
-    {
+    let Ok(snapshot) = crate::inspect::snapshot(
+        &mut conn,
+        &sub.labels.stream,
+        &sub.labels.group,
+        &sub.dead_letter,
+        sub.delayed_key.as_deref(),
+    )
+    .await
+    else {
+        return;
+    };
+    let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    if let Some(group) = snapshot.group {
         metrics
             .pending
             .get_or_create(&sub.labels)
-            .set(group.pending);
+            .set(gauge(group.pending as u64));
         if let Some(lag) = group.lag {
-            metrics.lag.get_or_create(&sub.labels).set(lag);
+            metrics
+                .lag
+                .get_or_create(&sub.labels)
+                .set(gauge(lag as u64));
         }
     }
-    if let Ok(len) = redis::cmd("XLEN")
-        .arg(&sub.dead_letter)
-        .query_async::<i64>(&mut conn)
-        .await
-    {
-        metrics.dead_letters.get_or_create(&sub.labels).set(len);
-    }
-    if let Some(key) = &sub.delayed_key
-        && let Ok((parked, next_due_ms)) = crate::delayed::member::summary(&mut conn, key).await
-    {
-        metrics.parked.get_or_create(&sub.labels).set(parked);
-        let due = next_due_ms.map_or(0, |ms| ms / 1000);
+    metrics
+        .dead_letters
+        .get_or_create(&sub.labels)
+        .set(gauge(snapshot.dead_letters));
+    if let Some(delayed) = snapshot.delayed {
+        metrics
+            .parked
+            .get_or_create(&sub.labels)
+            .set(gauge(delayed.parked));
+        let due = delayed.next_due_ms.map_or(0, |ms| ms / 1000);
         metrics
             .parked_oldest_due
             .get_or_create(&sub.labels)

@@ -80,34 +80,12 @@ pub fn decode(member: &[u8], due_ms: i64) -> Result<ParkedEntry, MemberError> {
     })
 }
 
-/// How many entries wait in the set, and the earliest due time (epoch ms) if any.
-pub async fn summary<C: ConnectionLike>(
-    conn: &mut C,
-    key: &str,
-) -> RedisResult<(i64, Option<i64>)> {
-    let count: i64 = redis::cmd("ZCARD").arg(key).query_async(conn).await?;
-    let first: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
-        .arg(key)
-        .arg(0)
-        .arg(0)
-        .arg("WITHSCORES")
-        .query_async(conn)
-        .await?;
-    Ok((count, first.first().map(|(_, score)| *score as i64)))
-}
-
-/// The Redis server's clock, epoch milliseconds.
-pub async fn server_now_ms<C: ConnectionLike>(conn: &mut C) -> RedisResult<i64> {
-    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
-    Ok(secs * 1000 + micros / 1000)
-}
-
 /// Everything in the set, earliest due first, with the server's current time (epoch ms).
 pub async fn list<C: ConnectionLike>(
     conn: &mut C,
     key: &str,
 ) -> RedisResult<(Vec<ParkedEntry>, i64)> {
-    let now_ms = server_now_ms(conn).await?;
+    let now_ms = crate::inspect::server_now_ms(conn).await?;
     let members: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
         .arg(key)
         .arg(0)

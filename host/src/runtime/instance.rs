@@ -24,7 +24,7 @@ use super::guest::{GuestState, StoreLimits};
 use super::http::HttpGrant;
 use crate::config::{Isolation, Limits};
 use crate::delivery::Delivery;
-use crate::dispatch::Handler;
+use crate::handler::{Handler, HandlerCounters};
 use crate::outcome::{Failure, Outcome};
 
 /// A store set up with the limits and the epoch callback that enforces deadlines.
@@ -61,15 +61,6 @@ struct Instance {
     uses: u64,
     /// The runtime's instance slot this instance occupies, given back when it is dropped.
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
-}
-
-/// Where a subscription's handlers count what they refuse (kept across hot swaps).
-#[derive(Debug, Clone, Default)]
-pub struct HandlerCounters {
-    /// Outbound HTTP requests refused (`sluice_http_denied_total`).
-    pub http_denied: prometheus_client::metrics::counter::Counter,
-    /// Guest log lines dropped or cut (`sluice_guest_log_dropped_total`).
-    pub log_dropped: prometheus_client::metrics::counter::Counter,
 }
 
 /// A component serving one subscription's deliveries.

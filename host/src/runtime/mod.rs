@@ -4,7 +4,7 @@
 //!
 //! - [`component`] loads a `.wasm` file, checks it implements the `sluice:handler/handler`
 //!   world, reads its descriptor, and builds the `InstancePre` every instance starts from.
-//! - [`instance`] is the [`crate::dispatch::Handler`] for a component: it keeps reusable
+//! - [`instance`] is the [`crate::handler::Handler`] for a component: it keeps reusable
 //!   instances (or makes a fresh one per delivery), enforces the time and memory limits, and
 //!   turns traps into [`crate::outcome::Failure`]s.
 //! - [`guest`] is the per-store state and the host side of the WIT imports (logging into
@@ -30,7 +30,7 @@ use wasmtime::component::Linker;
 use wasmtime::{Cache, CacheConfig, Engine};
 
 pub use component::LoadedComponent;
-pub use instance::{HandlerCounters, WasmHandler};
+pub use instance::WasmHandler;
 
 /// How often the epoch advances: the granularity of time limits and of guest yields.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);

@@ -433,7 +433,7 @@ impl Subscription {
             && let Ok(mut newest) = self.last_read.lock()
             && newest
                 .as_deref()
-                .is_none_or(|n| read::cmp_ids(&last.id, n).is_gt())
+                .is_none_or(|n| crate::delivery::cmp_ids(&last.id, n).is_gt())
         {
             *newest = Some(last.id.clone());
         }

@@ -144,39 +144,6 @@ pub async fn claim_one<C: ConnectionLike>(
         .and_then(ReadEntry::into_entry))
 }
 
-/// The group's consumers as XINFO CONSUMERS reports them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConsumerInfo {
-    /// Its name.
-    pub name: String,
-    /// Entries it holds pending.
-    pub pending: i64,
-    /// Milliseconds since it last read or claimed.
-    pub idle_ms: i64,
-}
-
-/// XINFO CONSUMERS of `group` on `stream`.
-pub async fn consumers<C: ConnectionLike>(
-    conn: &mut C,
-    stream: &str,
-    group: &str,
-) -> RedisResult<Vec<ConsumerInfo>> {
-    let rows: Vec<HashMap<String, Value>> = redis::cmd("XINFO")
-        .arg("CONSUMERS")
-        .arg(stream)
-        .arg(group)
-        .query_async(conn)
-        .await?;
-    Ok(rows
-        .iter()
-        .map(|c| ConsumerInfo {
-            name: info_text(c, "name").unwrap_or_default(),
-            pending: info_int(c, "pending").unwrap_or(0),
-            idle_ms: info_int(c, "idle").unwrap_or(0),
-        })
-        .collect())
-}
-
 /// Take over, for `consumer`, up to `count` pending entries of other consumers that have been
 /// idle for `gone_after` (each entry only if it has been idle that long too).
 pub async fn take_over_gone<C: ConnectionLike>(
@@ -189,8 +156,8 @@ pub async fn take_over_gone<C: ConnectionLike>(
 ) -> RedisResult<Vec<ReadEntry>> {
     let gone_ms = gone_after.as_millis() as u64;
     let mut taken = Vec::new();
-    for gone in consumers(conn, stream, group).await? {
-        if gone.name == consumer || gone.pending == 0 || (gone.idle_ms as u64) < gone_ms {
+    for gone in crate::inspect::consumers(conn, stream, group).await? {
+        if gone.name == consumer || gone.pending == 0 || (gone.idle as u64) < gone_ms {
             continue;
         }
         let rows: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
@@ -216,7 +183,7 @@ pub async fn take_over_gone<C: ConnectionLike>(
         tracing::warn!(
             stream,
             gone = %gone.name,
-            idle_ms = gone.idle_ms,
+            idle_ms = gone.idle,
             pending = gone.pending,
             "consumer is gone; taking over its pending entries"
         );
@@ -238,8 +205,8 @@ pub async fn delivery_counts<C: ConnectionLike>(
     ids: &[&str],
 ) -> RedisResult<HashMap<String, u64>> {
     let (Some(first), Some(last)) = (
-        ids.iter().min_by(|a, b| cmp_ids(a, b)),
-        ids.iter().max_by(|a, b| cmp_ids(a, b)),
+        ids.iter().min_by(|a, b| crate::delivery::cmp_ids(a, b)),
+        ids.iter().max_by(|a, b| crate::delivery::cmp_ids(a, b)),
     ) else {
         return Ok(HashMap::new());
     };
@@ -264,66 +231,6 @@ pub async fn delivery_counts<C: ConnectionLike>(
         }
     }
     Ok(counts)
-}
-
-/// A consumer group's state, from XINFO GROUPS.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GroupInfo {
-    /// Entries in its pending list.
-    pub pending: i64,
-    /// Entries not read yet (`None` when Redis cannot tell).
-    pub lag: Option<i64>,
-    /// The last id delivered to the group.
-    pub last_delivered_id: Option<String>,
-}
-
-/// A field of an XINFO reply as an integer.
-pub fn info_int(map: &HashMap<String, Value>, key: &str) -> Option<i64> {
-    match map.get(key) {
-        Some(Value::Int(n)) => Some(*n),
-        _ => None,
-    }
-}
-
-/// A field of an XINFO reply as text.
-pub fn info_text(map: &HashMap<String, Value>, key: &str) -> Option<String> {
-    map.get(key).and_then(text)
-}
-
-/// The state of `group` on `stream`; `None` when the stream or the group does not exist.
-pub async fn group_info<C: ConnectionLike>(
-    conn: &mut C,
-    stream: &str,
-    group: &str,
-) -> RedisResult<Option<GroupInfo>> {
-    let groups: Vec<HashMap<String, Value>> = match redis::cmd("XINFO")
-        .arg("GROUPS")
-        .arg(stream)
-        .query_async(conn)
-        .await
-    {
-        Ok(groups) => groups,
-        // "ERR no such key": no stream yet.
-        Err(err) if err.code() == Some("ERR") => return Ok(None),
-        Err(err) => return Err(err),
-    };
-    Ok(groups
-        .into_iter()
-        .find(|g| info_text(g, "name").as_deref() == Some(group))
-        .map(|g| GroupInfo {
-            pending: info_int(&g, "pending").unwrap_or(0),
-            lag: info_int(&g, "lag"),
-            last_delivered_id: info_text(&g, "last-delivered-id"),
-        }))
-}
-
-/// Order stream ids numerically (`ms-seq`).
-pub fn cmp_ids(a: &str, b: &str) -> std::cmp::Ordering {
-    fn parts(id: &str) -> (u64, u64) {
-        let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
-        (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
-    }
-    parts(a).cmp(&parts(b))
 }
 
 fn unexpected(what: &str, value: &Value) -> redis::RedisError {
@@ -468,11 +375,5 @@ mod tests {
             entries[0].fields.as_deref().unwrap(),
             &[(vec![0xff, 0xfe], vec![0x00])]
         );
-    }
-
-    #[test]
-    fn ids_compare_numerically() {
-        assert_eq!(cmp_ids("10-0", "9-5"), std::cmp::Ordering::Greater);
-        assert_eq!(cmp_ids("9-10", "9-9"), std::cmp::Ordering::Greater);
     }
 }

@@ -395,14 +395,12 @@ pub async fn acked_through(
     group: &str,
     id: &str,
 ) -> bool {
-    use sluice_host::subscription::read::{cmp_ids, group_info};
-    match group_info(conn, stream, group).await.expect("XINFO GROUPS") {
-        Some(info) => {
-            info.pending == 0
-                && info
-                    .last_delivered_id
-                    .is_some_and(|last| cmp_ids(&last, id).is_ge())
-        }
+    use sluice_host::delivery::cmp_ids;
+    match sluice_host::inspect::group(conn, stream, group)
+        .await
+        .expect("XINFO GROUPS")
+    {
+        Some(info) => info.pending == 0 && cmp_ids(&info.last_delivered_id, id).is_ge(),
         None => false,
     }
 }

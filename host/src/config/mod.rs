@@ -49,9 +49,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
-use sluice_descriptor::{Backoff, DelayedRetry};
+use sluice_descriptor::{Backoff, DelayedRetry, Overrides};
 
-use crate::runtime::http::{AllowedHost, OutboundHttp};
+pub mod allow;
+
+use allow::{AllowedHost, OutboundHttp};
 
 /// How long a shutdown waits for in-flight deliveries when the config does not say.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -182,35 +184,6 @@ impl Default for Limits {
             outbound_http: OutboundHttp::default(),
         }
     }
-}
-
-/// Descriptor fields the operator overrides; `None` keeps the component's value.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Overrides {
-    /// Stream.
-    pub stream: Option<String>,
-    /// Consumer group.
-    pub group: Option<String>,
-    /// Consumer name.
-    pub consumer: Option<String>,
-    /// Claiming min-idle.
-    pub claim_min_idle: Option<Duration>,
-    /// XREADGROUP BLOCK.
-    pub block: Option<Duration>,
-    /// XREADGROUP COUNT.
-    pub count: Option<usize>,
-    /// Dead-letter stream.
-    pub dead_letter: Option<String>,
-    /// Failed attempts before dead-lettering.
-    pub max_retries: Option<u32>,
-    /// Payload field.
-    pub payload_field: Option<String>,
-    /// Declared longest delay.
-    pub max_delay: Option<Duration>,
-    /// Backoff after a failure.
-    pub failure_backoff: Option<Backoff>,
-    /// `Some(None)` removes the descriptor's delayed-retry set, `Some(Some(..))` replaces it.
-    pub delayed_retry: Option<Option<DelayedRetry>>,
 }
 
 /// One subscription as configured (before its component's descriptor is read).
@@ -662,8 +635,12 @@ fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
             limits.fuel = Some(fuel);
         }
         for (j, entry) in sub.allowed_outbound_hosts.iter().enumerate() {
-            let host: AllowedHost = entry.parse().map_err(|e: String| {
-                v.invalid(&key(&format!("allowed_outbound_hosts[{j}]")), entry, &e)
+            let host: AllowedHost = entry.parse().map_err(|e: allow::EntryError| {
+                v.invalid(
+                    &key(&format!("allowed_outbound_hosts[{j}]")),
+                    entry,
+                    &e.to_string(),
+                )
             })?;
             limits.outbound_http.allowed.push(host);
         }

@@ -1,0 +1,95 @@
+//! `sluice parked`: the retries waiting in each delayed set.
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
+
+use super::{format_ms, plan, redis_url_for};
+
+/// `sluice parked`: what waits in each delayed-retry set, oldest first.
+pub async fn parked(
+    paths: &[PathBuf],
+    redis: Option<&str>,
+    stream: Option<&str>,
+    json: bool,
+) -> Result<String> {
+    use sluice_descriptor::DelayedRetry;
+    let plan = plan(paths, redis).await?;
+    let mut out = String::new();
+    let mut seen = 0;
+    for sub in &plan.subscriptions {
+        let s = &sub.stream;
+        if stream.is_some_and(|name| name != s.stream) {
+            continue;
+        }
+        let Some(DelayedRetry::DurableZset { key, .. }) = &s.delayed_retry else {
+            continue;
+        };
+        seen += 1;
+        let url = redis_url_for(sub.redis.as_deref())?;
+        let client = crate::redis_conn::client(&url)?;
+        let mut conn = crate::redis_conn::manager(&client).await?;
+        let (entries, now_ms) = crate::delayed::member::list(&mut conn, key)
+            .await
+            .with_context(|| format!("cannot read the delayed set `{key}`"))?;
+        if json {
+            let rows: Vec<serde_json::Value> = entries
+                .iter()
+                .map(|e| {
+                    serde_json::json!({
+                        "entry_id": e.entry_id,
+                        "retry_count": e.retry_count,
+                        "due_ms": e.due_ms,
+                        "due": format_ms(e.due_ms),
+                        "due_in_ms": e.due_ms - now_ms,
+                        "origin_id": e.origin_id,
+                        "fields": e.fields.iter().map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), serde_json::Value::String(String::from_utf8_lossy(v).into_owned()))).collect::<serde_json::Map<String, serde_json::Value>>(),
+                    })
+                })
+                .collect();
+            let line = serde_json::json!({
+                "stream": s.stream,
+                "group": s.group,
+                "key": key,
+                "total": entries.len(),
+                "entries": rows,
+            });
+            out.push_str(&line.to_string());
+            out.push('\n');
+        } else {
+            use std::fmt::Write as _;
+            let _ = writeln!(out, "{key} (stream `{}`, group `{}`)", s.stream, s.group);
+            if !entries.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "  {:<24} {:>5}  {:<26} {:>10}",
+                    "ORIGIN ID", "RETRY", "DUE (UTC)", "DUE IN"
+                );
+            }
+            for e in &entries {
+                let left = e.due_ms - now_ms;
+                let due_in = if left <= 0 {
+                    "due now".to_owned()
+                } else {
+                    format!("{:.1}s", left as f64 / 1000.0)
+                };
+                let _ = writeln!(
+                    out,
+                    "  {:<24} {:>5}  {:<26} {:>10}",
+                    e.origin_id,
+                    e.retry_count,
+                    format_ms(e.due_ms),
+                    due_in
+                );
+            }
+            let _ = writeln!(out, "  total: {}", entries.len());
+        }
+    }
+    if seen == 0 {
+        anyhow::bail!(
+            "no subscription{} has a delayed-retry set",
+            stream.map(|s| format!(" to `{s}`")).unwrap_or_default()
+        );
+    }
+    Ok(out)
+}

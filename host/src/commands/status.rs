@@ -1,0 +1,163 @@
+//! `sluice status`: what each subscription has in Redis right now.
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
+
+use super::{plan, redis_url_for};
+use crate::inspect;
+
+/// One subscription's state, as `sluice status` reports it.
+#[derive(Debug, serde::Serialize)]
+struct SubscriptionStatus {
+    stream: String,
+    group: String,
+    handler_digest: String,
+    group_exists: bool,
+    pending: u64,
+    lag: Option<u64>,
+    last_delivered_id: Option<String>,
+    consumers: Vec<ConsumerStatus>,
+    delayed_key: Option<String>,
+    parked: Option<u64>,
+    next_due_ms: Option<i64>,
+    next_due_in_ms: Option<i64>,
+    dead_letter: String,
+    dead_letter_length: u64,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct ConsumerStatus {
+    name: String,
+    pending: u64,
+    idle_ms: u64,
+    /// Holds pending entries and has been idle long enough that a live host takes them over.
+    gone: bool,
+}
+
+/// `sluice status`: for each subscription, the group's consumers and pending counts, parked
+/// entries and the next due time, the dead-letter stream's length and the handler's digest.
+pub async fn status(paths: &[PathBuf], redis: Option<&str>, json: bool) -> Result<String> {
+    let plan = plan(paths, redis).await?;
+    let mut rows = Vec::new();
+    for sub in &plan.subscriptions {
+        let s = &sub.stream;
+        let url = redis_url_for(sub.redis.as_deref())?;
+        let client = crate::redis_conn::client(&url)?;
+        let mut conn = crate::redis_conn::manager(&client).await?;
+        let delayed_key = s.delayed_retry.as_ref().map(|d| d.key().to_owned());
+        let snapshot = inspect::snapshot(
+            &mut conn,
+            &s.stream,
+            &s.group,
+            &s.dead_letter,
+            delayed_key.as_deref(),
+        )
+        .await
+        .with_context(|| format!("cannot read the state of stream `{}`", s.stream))?;
+        let group = snapshot.group;
+        let consumers = if group.is_some() {
+            inspect::consumers(&mut conn, &s.stream, &s.group)
+                .await
+                .with_context(|| format!("XINFO CONSUMERS {} {}", s.stream, s.group))?
+        } else {
+            Vec::new()
+        };
+        // Gone: idle past the time after which a live host takes its entries over.
+        let gone_after = sub.consumer_gone_after.or(s.claim_min_idle);
+        let now_ms = inspect::server_now_ms(&mut conn).await?;
+        let next_due_ms = snapshot.delayed.and_then(|d| d.next_due_ms);
+        rows.push(SubscriptionStatus {
+            stream: s.stream.clone(),
+            group: s.group.clone(),
+            handler_digest: sub.component.digest().to_owned(),
+            group_exists: group.is_some(),
+            pending: group.as_ref().map_or(0, |g| g.pending as u64),
+            lag: group.as_ref().and_then(|g| g.lag).map(|l| l as u64),
+            last_delivered_id: group.as_ref().map(|g| g.last_delivered_id.clone()),
+            consumers: consumers
+                .into_iter()
+                .map(|c| ConsumerStatus {
+                    gone: c.pending > 0
+                        && gone_after.is_some_and(|g| c.idle as u128 >= g.as_millis()),
+                    name: c.name,
+                    pending: c.pending as u64,
+                    idle_ms: c.idle as u64,
+                })
+                .collect(),
+            delayed_key,
+            parked: snapshot.delayed.map(|d| d.parked),
+            next_due_ms,
+            next_due_in_ms: next_due_ms.map(|due| due - now_ms),
+            dead_letter: s.dead_letter.clone(),
+            dead_letter_length: snapshot.dead_letters,
+        });
+    }
+    if json {
+        let mut out = String::new();
+        for row in &rows {
+            out.push_str(&serde_json::to_string(row)?);
+            out.push('\n');
+        }
+        return Ok(out);
+    }
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for r in &rows {
+        let _ = writeln!(
+            out,
+            "stream `{}`, group `{}` (handler sha256 {})",
+            r.stream,
+            r.group,
+            &r.handler_digest[..12]
+        );
+        if !r.group_exists {
+            let _ = writeln!(
+                out,
+                "  group does not exist yet (created when a host starts)"
+            );
+        }
+        let lag = r.lag.map_or("unknown".to_owned(), |l| l.to_string());
+        let _ = writeln!(
+            out,
+            "  pending {}, unread {lag}, last delivered {}",
+            r.pending,
+            r.last_delivered_id.as_deref().unwrap_or("-")
+        );
+        for c in &r.consumers {
+            let _ = writeln!(
+                out,
+                "  consumer {:<28} pending {:>6}  idle {:.1}s{}",
+                c.name,
+                c.pending,
+                c.idle_ms as f64 / 1000.0,
+                if c.gone {
+                    "  GONE: holds pending entries; a running host takes them over"
+                } else {
+                    ""
+                }
+            );
+        }
+        match (&r.delayed_key, r.parked) {
+            (Some(key), Some(parked)) => {
+                let next = r.next_due_in_ms.map_or("none".to_owned(), |ms| {
+                    if ms <= 0 {
+                        "due now".to_owned()
+                    } else {
+                        format!("in {:.1}s", ms as f64 / 1000.0)
+                    }
+                });
+                let _ = writeln!(out, "  parked {parked} in `{key}`, next due {next}");
+            }
+            _ => {
+                let _ = writeln!(out, "  no delayed-retry set");
+            }
+        }
+        let _ = writeln!(
+            out,
+            "  dead letters {} in `{}`",
+            r.dead_letter_length, r.dead_letter
+        );
+    }
+    Ok(out)
+}

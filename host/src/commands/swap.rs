@@ -1,0 +1,145 @@
+//! `sluice swap`: a new component (or a rollback) sent to a running host's admin API.
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
+
+/// What `sluice swap` asks a host's admin API to do.
+#[derive(Debug, Clone)]
+pub struct SwapRequest {
+    /// The admin API's base URL, e.g. `http://127.0.0.1:9187`.
+    pub admin: String,
+    /// The subscription's stream.
+    pub stream: String,
+    /// Its group; found from the host's list when there is only one for the stream.
+    pub group: Option<String>,
+    /// The new component, or `None` to roll back.
+    pub component: Option<PathBuf>,
+    /// Accept a descriptor naming another stream or group.
+    pub force: bool,
+    /// The bearer token, if the host wants one.
+    pub token: Option<String>,
+}
+
+/// `sluice swap`: send a new component (or a rollback) to a running host's admin API.
+pub async fn swap(request: SwapRequest) -> Result<String> {
+    tokio::task::spawn_blocking(move || swap_blocking(&request))
+        .await
+        .context("the swap request was interrupted")?
+}
+
+/// Refuse to send a token in the clear beyond this machine: over plain HTTP only to loopback.
+fn token_may_travel(admin: &str) -> Result<()> {
+    let uri: axum::http::Uri = admin
+        .parse()
+        .with_context(|| format!("`{admin}` is not a URL"))?;
+    if uri.scheme_str() == Some("https") {
+        return Ok(());
+    }
+    let host = uri.host().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if loopback {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "refusing to send the admin token over plain HTTP to {host}: use https:// for a host beyond this machine (or an SSH tunnel to its loopback)"
+    )
+}
+
+fn swap_blocking(request: &SwapRequest) -> Result<String> {
+    if request.token.is_some() {
+        token_may_travel(&request.admin)?;
+    }
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let base = request.admin.trim_end_matches('/');
+    let group = match &request.group {
+        Some(group) => group.clone(),
+        None => {
+            let mut get = agent.get(format!("{base}/v1/subscriptions"));
+            if let Some(token) = &request.token {
+                get = get.header("Authorization", &format!("Bearer {token}"));
+            }
+            let mut response = get
+                .call()
+                .with_context(|| format!("cannot reach the admin API at {base}"))?;
+            let text = response
+                .body_mut()
+                .read_to_string()
+                .context("unexpected answer from the admin API")?;
+            let list: serde_json::Value =
+                serde_json::from_str(&text).context("unexpected answer from the admin API")?;
+            let groups: Vec<String> = list
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|s| s["stream"] == request.stream.as_str())
+                .filter_map(|s| s["group"].as_str().map(str::to_owned))
+                .collect();
+            match groups.as_slice() {
+                [group] => group.clone(),
+                [] => anyhow::bail!(
+                    "the host at {base} has no subscription to stream `{}`",
+                    request.stream
+                ),
+                _ => anyhow::bail!(
+                    "the host at {base} reads stream `{}` with several groups ({}); pass --group",
+                    request.stream,
+                    groups.join(", ")
+                ),
+            }
+        }
+    };
+    let encode = |s: &str| {
+        s.replace('%', "%25")
+            .replace('/', "%2F")
+            .replace('{', "%7B")
+            .replace('}', "%7D")
+    };
+    let path = format!(
+        "{base}/v1/subscriptions/{}/{}",
+        encode(&request.stream),
+        encode(&group)
+    );
+    let auth = request.token.as_ref().map(|t| format!("Bearer {t}"));
+    let response = match &request.component {
+        Some(component) => {
+            let bytes = std::fs::read(component)
+                .with_context(|| format!("cannot read {}", component.display()))?;
+            let mut put = agent.put(format!(
+                "{path}/handler{}",
+                if request.force { "?force=true" } else { "" }
+            ));
+            if let Some(auth) = &auth {
+                put = put.header("Authorization", auth);
+            }
+            put.send(&bytes[..])
+        }
+        None => {
+            let mut post = agent.post(format!("{path}/rollback"));
+            if let Some(auth) = &auth {
+                post = post.header("Authorization", auth);
+            }
+            post.send_empty()
+        }
+    };
+    let mut response = response.with_context(|| format!("cannot reach the admin API at {base}"))?;
+    let status = response.status();
+    let body = response.body_mut().read_to_string().unwrap_or_default();
+    if !status.is_success() {
+        anyhow::bail!("the host refused ({status}): {}", body.trim());
+    }
+    let answer: serde_json::Value =
+        serde_json::from_str(&body).context("unexpected answer from the admin API")?;
+    let digest = answer["digest"].as_str().unwrap_or("?");
+    Ok(match &request.component {
+        Some(_) => format!("swapped `{}`/`{group}` to {digest}\n", request.stream),
+        None => format!("rolled `{}`/`{group}` back to {digest}\n", request.stream),
+    })
+}

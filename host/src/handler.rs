@@ -1,0 +1,178 @@
+//! The handler a subscription runs, and the slot that lets it be replaced while it runs.
+//!
+//! [`Handler`] is what dispatch calls: the WASM runtime implements it for a component, tests
+//! and the benchmark implement it natively. Each subscription's handler lives in a
+//! [`HandlerSlot`]: an `ArcSwap` of the current [`Version`]. A delivery takes the current
+//! version once, when it starts, and keeps it to the end, so deliveries that started on the old
+//! version finish on it and every delivery that starts after a swap runs the new one. Nothing
+//! is paused and no entry is re-read.
+//!
+//! This module sits between the runtime (which implements [`Handler`]) and dispatch (which
+//! calls it), so neither depends on the other; `swap` decides what gets published here.
+
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use arc_swap::ArcSwap;
+use futures::future::BoxFuture;
+use prometheus_client::metrics::counter::Counter;
+
+use crate::delivery::Delivery;
+use crate::metrics::{HandlerLabels, Metrics, SubLabels};
+use crate::outcome::{Failure, Outcome};
+
+/// Something that handles deliveries: a WASM component, or native code in tests and benches.
+pub trait Handler: Send + Sync + 'static {
+    /// Which version of the handler this is (a content digest for components).
+    fn digest(&self) -> &str;
+
+    /// Handle one delivery.
+    fn handle<'a>(&'a self, delivery: &'a Delivery) -> BoxFuture<'a, Result<Outcome, Failure>>;
+
+    /// A swap replaced this handler: release what it keeps for later deliveries (deliveries
+    /// that already started finish on it).
+    fn retire(&self) {}
+
+    /// A rollback made this handler current again.
+    fn activate(&self) {}
+}
+
+/// Where a subscription's handlers count what they refuse (kept across hot swaps).
+#[derive(Debug, Clone, Default)]
+pub struct HandlerCounters {
+    /// Outbound HTTP requests refused (`sluice_http_denied_total`).
+    pub http_denied: prometheus_client::metrics::counter::Counter,
+    /// Guest log lines dropped or cut (`sluice_guest_log_dropped_total`).
+    pub log_dropped: prometheus_client::metrics::counter::Counter,
+}
+
+/// One version of a subscription's handler.
+pub struct Version {
+    /// The handler.
+    pub handler: Arc<dyn Handler>,
+    /// Its digest (SHA-256 of the component).
+    pub digest: Arc<str>,
+    /// When it started serving.
+    pub since: SystemTime,
+}
+
+impl Version {
+    /// A version serving from now on.
+    pub fn new(handler: Arc<dyn Handler>) -> Self {
+        Self {
+            digest: handler.digest().into(),
+            handler,
+            since: SystemTime::now(),
+        }
+    }
+}
+
+/// A rollback was asked for, but no version was replaced yet.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("no previous version to roll back to")]
+pub struct NoPrevious;
+
+/// The current handler of one subscription, and the one before it.
+pub struct HandlerSlot {
+    current: ArcSwap<Version>,
+    previous: Mutex<Option<Arc<Version>>>,
+    metrics: Arc<Metrics>,
+    labels: SubLabels,
+    swaps: Counter,
+    refusals: Counter,
+    /// Where the handler versions of this subscription count what they refuse.
+    counters: HandlerCounters,
+}
+
+impl HandlerSlot {
+    /// A slot serving `handler`.
+    pub fn new(handler: Arc<dyn Handler>, metrics: Arc<Metrics>, labels: SubLabels) -> Self {
+        let version = Arc::new(Version::new(handler));
+        let swaps = metrics.swaps.get_or_create(&labels).clone();
+        let refusals = metrics.swap_refusals.get_or_create(&labels).clone();
+        let counters = HandlerCounters {
+            http_denied: metrics.http_denied.get_or_create(&labels).clone(),
+            log_dropped: metrics.guest_log_dropped.get_or_create(&labels).clone(),
+        };
+        let slot = Self {
+            counters,
+            swaps,
+            refusals,
+            current: ArcSwap::new(version.clone()),
+            previous: Mutex::new(None),
+            metrics,
+            labels,
+        };
+        slot.mark_serving(&version.digest, true);
+        slot
+    }
+
+    /// The version new deliveries run.
+    pub fn current(&self) -> Arc<Version> {
+        self.current.load_full()
+    }
+
+    /// The version a rollback would restore.
+    pub fn previous(&self) -> Option<Arc<Version>> {
+        self.previous.lock().ok().and_then(|p| p.clone())
+    }
+
+    /// The subscription's labels.
+    pub fn labels(&self) -> &SubLabels {
+        &self.labels
+    }
+
+    /// Swaps and refusals so far.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.swaps.get(), self.refusals.get())
+    }
+
+    fn mark_serving(&self, digest: &str, serving: bool) {
+        self.metrics
+            .handler_info
+            .get_or_create(&HandlerLabels {
+                stream: self.labels.stream.clone(),
+                group: self.labels.group.clone(),
+                digest: digest.to_owned(),
+            })
+            .set(i64::from(serving));
+    }
+
+    /// Make `version` current; the one it replaces becomes the rollback target.
+    pub fn publish(&self, version: Arc<Version>) -> Arc<Version> {
+        version.handler.activate();
+        let old = self.current.swap(version.clone());
+        old.handler.retire();
+        if let Ok(mut previous) = self.previous.lock() {
+            *previous = Some(old.clone());
+        }
+        self.mark_serving(&old.digest, false);
+        self.mark_serving(&version.digest, true);
+        self.swaps.inc();
+        tracing::info!(
+            stream = %self.labels.stream,
+            group = %self.labels.group,
+            from = &old.digest[..old.digest.len().min(12)],
+            to = &version.digest[..version.digest.len().min(12)],
+            "handler swapped"
+        );
+        old
+    }
+
+    /// Put the previous version back.
+    pub fn rollback(&self) -> Result<Arc<Version>, NoPrevious> {
+        let previous = self.previous().ok_or(NoPrevious)?;
+        self.publish(previous.clone());
+        Ok(previous)
+    }
+
+    /// Count a refused swap (the caller logs why).
+    pub fn count_refusal(&self) {
+        self.refusals.inc();
+    }
+
+    /// Where the handler versions of this subscription count what they refuse.
+    pub fn counters(&self) -> &HandlerCounters {
+        &self.counters
+    }
+}

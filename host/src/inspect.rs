@@ -1,0 +1,114 @@
+//! Looking at what a subscription has in Redis without changing it: the group (pending, lag,
+//! last delivered id), its consumers, the delayed set and the dead-letter stream.
+//!
+//! `sluice status`, the `/metrics` gauges, the consumer-takeover check and the benchmark all
+//! ask these questions; they ask them here, one way, through redis-rs's typed XINFO replies.
+
+use redis::RedisResult;
+use redis::aio::ConnectionLike;
+use redis::streams::{
+    StreamInfoConsumer, StreamInfoConsumersReply, StreamInfoGroup, StreamInfoGroupsReply,
+};
+
+/// What waits in a delayed set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DelayedSummary {
+    /// Retries parked in it.
+    pub parked: u64,
+    /// The earliest due time (epoch ms), if any is parked.
+    pub next_due_ms: Option<i64>,
+}
+
+/// A subscription's state in Redis at one moment.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// The group, `None` when the stream or the group does not exist yet.
+    pub group: Option<StreamInfoGroup>,
+    /// The delayed set, for a subscription that has one.
+    pub delayed: Option<DelayedSummary>,
+    /// Entries in the dead-letter stream.
+    pub dead_letters: u64,
+}
+
+/// The state of `group` on `stream` (XINFO GROUPS); `None` when the stream or the group does
+/// not exist.
+pub async fn group<C: ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+    group: &str,
+) -> RedisResult<Option<StreamInfoGroup>> {
+    let reply: StreamInfoGroupsReply = match redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(stream)
+        .query_async(conn)
+        .await
+    {
+        Ok(reply) => reply,
+        // "ERR no such key": no stream yet.
+        Err(err) if err.code() == Some("ERR") => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    Ok(reply.groups.into_iter().find(|g| g.name == group))
+}
+
+/// The consumers of `group` on `stream` (XINFO CONSUMERS), with their pending counts and idle
+/// times.
+pub async fn consumers<C: ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+    group: &str,
+) -> RedisResult<Vec<StreamInfoConsumer>> {
+    let reply: StreamInfoConsumersReply = redis::cmd("XINFO")
+        .arg("CONSUMERS")
+        .arg(stream)
+        .arg(group)
+        .query_async(conn)
+        .await?;
+    Ok(reply.consumers)
+}
+
+/// How many retries wait in the delayed set `key`, and the earliest due time.
+pub async fn delayed<C: ConnectionLike>(conn: &mut C, key: &str) -> RedisResult<DelayedSummary> {
+    let parked: u64 = redis::cmd("ZCARD").arg(key).query_async(conn).await?;
+    let first: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(0)
+        .arg("WITHSCORES")
+        .query_async(conn)
+        .await?;
+    Ok(DelayedSummary {
+        parked,
+        next_due_ms: first.first().map(|(_, score)| *score as i64),
+    })
+}
+
+/// The subscription's group, delayed set (when `delayed_key` is set) and dead-letter length.
+pub async fn snapshot<C: ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+    group_name: &str,
+    dead_letter: &str,
+    delayed_key: Option<&str>,
+) -> RedisResult<Snapshot> {
+    let group = group(conn, stream, group_name).await?;
+    let delayed = match delayed_key {
+        Some(key) => Some(delayed(conn, key).await?),
+        None => None,
+    };
+    let dead_letters: u64 = redis::cmd("XLEN")
+        .arg(dead_letter)
+        .query_async(conn)
+        .await?;
+    Ok(Snapshot {
+        group,
+        delayed,
+        dead_letters,
+    })
+}
+
+/// The Redis server's clock, epoch milliseconds: every due time is on this clock.
+pub async fn server_now_ms<C: ConnectionLike>(conn: &mut C) -> RedisResult<i64> {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
+    Ok(secs * 1000 + micros / 1000)
+}
