@@ -1,12 +1,9 @@
 //! One delivered entry, and how its payload becomes the handler's input type.
 
 use serde::de::DeserializeOwned;
+use sluice_descriptor::{DEFAULT_PAYLOAD_FIELD, PAYLOAD_FIELD_CONFIG_KEY};
 
 use crate::__bindings::sluice::handler::types as wit;
-
-/// The host sets this config value to the entry field that carries the payload.
-pub(crate) const PAYLOAD_FIELD_KEY: &str = "sluice.payload-field";
-const DEFAULT_PAYLOAD_FIELD: &str = sluice_descriptor::DEFAULT_PAYLOAD_FIELD;
 
 /// A Redis Streams entry as delivered to the handler: where it came from, all of its fields,
 /// and how often it was tried before.
@@ -78,7 +75,8 @@ impl Delivery {
 fn payload_field() -> &'static str {
     static FIELD: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     FIELD.get_or_init(|| {
-        crate::config::get(PAYLOAD_FIELD_KEY).unwrap_or_else(|| DEFAULT_PAYLOAD_FIELD.to_owned())
+        crate::config::get(PAYLOAD_FIELD_CONFIG_KEY)
+            .unwrap_or_else(|| DEFAULT_PAYLOAD_FIELD.to_owned())
     })
 }
 

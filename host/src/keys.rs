@@ -40,9 +40,6 @@ pub const REASON: &str = "sluice-reason";
 /// How many times Redis had delivered the entry when it was dead-lettered.
 pub const DELIVERY_COUNT: &str = "sluice-delivery-count";
 
-/// The config value through which the host tells the guest which field holds the payload.
-pub const CONFIG_PAYLOAD_FIELD: &str = "sluice.payload-field";
-
 /// The part of `key` Redis Cluster hashes: the text between the first `{` and the next `}` if
 /// it is not empty, else the whole key.
 pub fn hash_tag(key: &str) -> &str {

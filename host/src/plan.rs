@@ -10,7 +10,6 @@ use std::time::Duration;
 use sluice_descriptor::{DelayedRetry, DescriptorError, ResolvedStream};
 
 use crate::config::{Config, Isolation, Limits};
-use crate::keys;
 use crate::runtime::{LoadedComponent, Runtime, RuntimeError};
 
 /// Why a plan could not be built.
@@ -156,7 +155,7 @@ impl Plan {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
             values.push((
-                keys::CONFIG_PAYLOAD_FIELD.to_owned(),
+                sluice_descriptor::PAYLOAD_FIELD_CONFIG_KEY.to_owned(),
                 stream.payload_field.clone(),
             ));
             let consumer_gone_after = match sub.consumer_gone_after {
@@ -313,7 +312,7 @@ impl Plan {
             let config: Vec<String> = sub
                 .values
                 .iter()
-                .filter(|(k, _)| !k.starts_with("sluice."))
+                .filter(|(k, _)| !k.starts_with(sluice_descriptor::RESERVED_CONFIG_PREFIX))
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect();
             if !config.is_empty() {

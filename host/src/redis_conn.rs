@@ -160,11 +160,11 @@ impl ErrorClass {
 
 /// Capped exponential backoff between attempts to reach Redis again.
 #[derive(Debug, Clone)]
-pub struct Backoff {
+pub struct ReconnectBackoff {
     next: Duration,
 }
 
-impl Default for Backoff {
+impl Default for ReconnectBackoff {
     fn default() -> Self {
         Self {
             next: RECONNECT_BACKOFF.0,
@@ -172,7 +172,7 @@ impl Default for Backoff {
     }
 }
 
-impl Backoff {
+impl ReconnectBackoff {
     /// The pause before the next attempt; each call doubles it up to the cap.
     pub fn next_delay(&mut self) -> Duration {
         let delay = self.next;

@@ -36,16 +36,17 @@ pub enum RunError {
     #[error(transparent)]
     Slots(#[from] crate::keys::SlotError),
     /// The stream's secret could not be read or created.
-    #[error("cannot read or create the secret of stream `{stream}` in Redis: {error}")]
+    #[error("cannot read or create the secret of stream `{stream}` in Redis")]
     Secret {
         /// The stream.
         stream: String,
         /// What Redis said.
+        #[source]
         error: redis::RedisError,
     },
     /// The admin token could not be read.
-    #[error("{0}")]
-    Token(String),
+    #[error(transparent)]
+    Token(#[from] crate::config::TokenError),
     /// The admin server could not start.
     #[error(transparent)]
     Admin(#[from] crate::admin::AdminError),
@@ -54,6 +55,12 @@ pub enum RunError {
         "shutdown timed out with {0} deliveries still in flight; they stay pending in Redis and are re-read on restart"
     )]
     Abandoned(usize),
+    /// Every delivery finished, but the shutdown deadline passed before all their acks
+    /// reached Redis (Redis was away or slow).
+    #[error(
+        "shutdown timed out with {0} acks not yet in Redis; those entries stay pending and are handled again on restart"
+    )]
+    Unflushed(usize),
 }
 
 /// The running host: every subscription of a plan.
@@ -320,7 +327,11 @@ impl Service {
         .is_ok();
         if !flushed {
             abandon.cancel();
-            return Err(RunError::Abandoned(0));
+            let mut unsent = 0;
+            while let Some(left) = ackers.join_next().await {
+                unsent += left.unwrap_or(0);
+            }
+            return Err(RunError::Unflushed(unsent));
         }
         tracing::info!("all deliveries settled; stopped");
         Ok(())

@@ -302,3 +302,56 @@ async fn a_shutdown_that_times_out_exits_non_zero_and_leaves_entries_pending() {
         "the abandoned entry stays pending for a restart"
     );
 }
+
+/// The deliveries finish, but Redis refuses writes (CLIENT PAUSE) so their acks cannot land
+/// before the deadline: the exit says how many acks are missing, not "0 deliveries in flight".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_whose_acks_cannot_reach_redis_names_them_and_leaves_entries_pending() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(
+        dir.path(),
+        "sluice.toml",
+        "shutdown_timeout = \"3s\"\n[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"unflushed\"\ngroup = \"g\"\nblock = \"100ms\"\n",
+    );
+    let url = redis.url();
+    let mut host = HostProcess::spawn(
+        &["run", path.to_str().unwrap(), "--redis", url.as_str()],
+        dir.path(),
+    );
+    add(&mut conn, "unflushed", &json!({"mode": "slow", "ms": 1000})).await;
+    wait_for(T, "the delivery to be in flight", || {
+        let mut conn = conn.clone();
+        async move { (pending(&mut conn, "unflushed", "g").await == 1).then_some(()) }
+    })
+    .await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(30_000)
+        .arg("WRITE")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    host.terminate();
+    let status = host.wait_exit().await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let log = host.log_text();
+    assert!(
+        !status.success(),
+        "unsent acks are not a clean exit:\n{log}"
+    );
+    assert!(
+        log.contains("shutdown timed out with 1 acks not yet in Redis"),
+        "{log}"
+    );
+    assert_eq!(
+        pending(&mut conn, "unflushed", "g").await,
+        1,
+        "the entry whose ack never landed stays pending for a restart"
+    );
+}

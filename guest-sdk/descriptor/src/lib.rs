@@ -31,6 +31,10 @@ pub const DEFAULT_BLOCK: Duration = Duration::from_secs(1);
 pub const DEFAULT_MAX_RETRIES: u32 = 8;
 /// The entry field that carries the JSON payload when the descriptor does not say.
 pub const DEFAULT_PAYLOAD_FIELD: &str = "payload";
+/// Config keys with this prefix are the host's: an operator cannot set them, a guest reads them.
+pub const RESERVED_CONFIG_PREFIX: &str = "sluice.";
+/// The config key through which the host tells the guest which field holds the payload.
+pub const PAYLOAD_FIELD_CONFIG_KEY: &str = "sluice.payload-field";
 /// The suffix of the dead-letter stream's default name (`<stream>.dead-letter`).
 pub const DEFAULT_DEAD_LETTER_SUFFIX: &str = ".dead-letter";
 /// How much a delayed set's ttl must exceed the declared `max_delay`: the ttl counts from the

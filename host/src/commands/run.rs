@@ -39,9 +39,9 @@ pub async fn run(paths: &[PathBuf], redis: Option<&str>) -> Result<()> {
     }
     match result {
         Ok(()) => Ok(()),
-        Err(err @ crate::service::RunError::Abandoned(_)) => {
-            Err(err).context("the host did not stop cleanly")
-        }
+        Err(
+            err @ (crate::service::RunError::Abandoned(_) | crate::service::RunError::Unflushed(_)),
+        ) => Err(err).context("the host did not stop cleanly"),
         Err(err) => Err(err).context("the host could not start"),
     }
 }

@@ -302,7 +302,7 @@ impl DelayedSet {
 
     /// Sweep whenever the earliest known due time arrives, until `stop`.
     pub async fn run_waker(self: Arc<Self>, stop: CancellationToken) {
-        let mut failures = crate::redis_conn::Backoff::default();
+        let mut failures = crate::redis_conn::ReconnectBackoff::default();
         loop {
             let next = self.next_wake.lock().ok().and_then(|n| *n);
             let sleep = async {

@@ -302,7 +302,7 @@ impl bindings::sluice::handler::log::Host for GuestState {
         let mut left = keep.saturating_sub(message.len());
         let fields = fields
             .iter()
-            .filter(|(k, _)| !k.starts_with("sluice."))
+            .filter(|(k, _)| !k.starts_with(sluice_descriptor::RESERVED_CONFIG_PREFIX))
             .map(|(k, v)| {
                 let pair = sanitize(&format!("{k}={v}"), left);
                 left = left.saturating_sub(pair.len());

@@ -30,7 +30,7 @@ use crate::delayed::{DelayedSet, Parked};
 use crate::delivery::Delivery;
 use crate::events::{Event, EventKind, Events};
 use crate::keys;
-use crate::redis_conn::{Backoff, ErrorClass};
+use crate::redis_conn::{ErrorClass, ReconnectBackoff};
 
 /// A settle Redis refused in a way that trying the same command again cannot fix. The entry
 /// stays pending.
@@ -68,7 +68,8 @@ pub struct Settler {
 
 impl Settler {
     /// A settler, and the acker task that must be spawned for it. The acker ends once every
-    /// clone of the settler is dropped and the acks it holds are in Redis (or abandoned).
+    /// clone of the settler is dropped and the acks it holds are in Redis, or when `abandon`
+    /// fires; it returns how many acks it had to leave unsent.
     pub fn new(
         stream: Arc<str>,
         group: Arc<str>,
@@ -77,7 +78,10 @@ impl Settler {
         delayed: Option<Arc<DelayedSet>>,
         events: Events,
         abandon: CancellationToken,
-    ) -> (Self, impl std::future::Future<Output = ()> + Send + 'static) {
+    ) -> (
+        Self,
+        impl std::future::Future<Output = usize> + Send + 'static,
+    ) {
         let (tx, rx) = mpsc::unbounded_channel();
         let acker = run_acker(
             stream.clone(),
@@ -267,7 +271,7 @@ impl Settler {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
-        let mut backoff = Backoff::default();
+        let mut backoff = ReconnectBackoff::default();
         loop {
             match attempt().await {
                 Ok(value) => return Ok(Some(value)),
@@ -326,7 +330,8 @@ fn not_pending(delivery: &Delivery, what: &str) {
     );
 }
 
-/// Send queued acks in batches until the channel closes, retrying while Redis is away.
+/// Send queued acks in batches until the channel closes, retrying while Redis is away; on
+/// `abandon`, stop at once and return how many acks were never sent.
 async fn run_acker(
     stream: Arc<str>,
     group: Arc<str>,
@@ -334,9 +339,9 @@ async fn run_acker(
     mut rx: mpsc::UnboundedReceiver<Event>,
     events: Events,
     abandon: CancellationToken,
-) {
+) -> usize {
     let mut batch: Vec<Event> = Vec::with_capacity(ACK_BATCH);
-    let mut backoff = Backoff::default();
+    let mut backoff = ReconnectBackoff::default();
     while rx.recv_many(&mut batch, ACK_BATCH).await > 0 {
         loop {
             let mut cmd = redis::cmd("XACK");
@@ -344,7 +349,11 @@ async fn run_acker(
             for event in &batch {
                 cmd.arg(&event.id);
             }
-            match cmd.query_async::<u64>(&mut conn).await {
+            let reply = tokio::select! {
+                reply = cmd.query_async::<u64>(&mut conn) => reply,
+                () = abandon.cancelled() => return gave_up(&stream, batch.len() + rx.len()),
+            };
+            match reply {
                 Ok(_) => {
                     backoff.reset();
                     for event in batch.drain(..) {
@@ -377,17 +386,21 @@ async fn run_acker(
                     );
                     tokio::select! {
                         () = tokio::time::sleep(pause) => {}
-                        () = abandon.cancelled() => {
-                            tracing::warn!(
-                                stream = %stream,
-                                abandoned = batch.len(),
-                                "giving up on acks: these entries stay pending and are re-read on restart"
-                            );
-                            return;
-                        }
+                        () = abandon.cancelled() => return gave_up(&stream, batch.len() + rx.len()),
                     }
                 }
             }
         }
     }
+    0
+}
+
+/// Log acks left unsent at a forced shutdown, and count them.
+fn gave_up(stream: &str, unsent: usize) -> usize {
+    tracing::warn!(
+        stream,
+        unsent,
+        "giving up on acks: these entries stay pending and are re-read on restart"
+    );
+    unsent
 }

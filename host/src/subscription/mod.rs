@@ -20,8 +20,8 @@
 //! Each entry becomes a [`Delivery`] handed to the [`Dispatcher`] on its own task, at most
 //! `max_in_flight` at a time: the loop waits for a free permit before it reads, and reads no
 //! more than there are permits. A retry that stays pending comes back through a local timer
-//! that re-claims the entry when its delay is over (XCLAIM, which also bumps Redis's delivery
-//! counter); after a crash, step 2 brings it back instead. On a claiming subscription the timer
+//! (`pending_retry.rs`) that re-claims the entry when its delay is over (XCLAIM, which also
+//! bumps Redis's delivery counter); after a crash, step 2 brings it back instead. On a claiming subscription the timer
 //! is not needed: XAUTOCLAIM takes the entry once it has been idle for `min_idle`, so the delay
 //! is rounded up to `min_idle`.
 //!
@@ -37,6 +37,7 @@
 //! makes the host not ready, with the reason.
 
 pub mod health;
+mod pending_retry;
 pub mod read;
 
 use std::collections::HashSet;
@@ -53,7 +54,7 @@ use crate::delayed::DelayedSet;
 use crate::delivery::{Delivery, Entry};
 use crate::dispatch::{Dispatcher, Settled};
 use crate::keys::Secret;
-use crate::redis_conn::{self, Backoff, ErrorClass};
+use crate::redis_conn::{self, ErrorClass, ReconnectBackoff};
 pub use health::ReadHealth;
 use read::ReadEntry;
 
@@ -160,7 +161,7 @@ impl Subscription {
         let mut reader: Option<MultiplexedConnection> = None;
         let mut own_pending: Option<String> = Some("0".to_owned());
         let mut claim_cursor = "0-0".to_owned();
-        let mut backoff = Backoff::default();
+        let mut backoff = ReconnectBackoff::default();
         loop {
             // Read in batches: wait until half a batch can start, then take what else is free.
             // Reading as soon as one permit frees would turn a busy subscription into a stream
@@ -235,7 +236,7 @@ impl Subscription {
     }
 
     async fn create_group(&self) -> bool {
-        let mut backoff = Backoff::default();
+        let mut backoff = ReconnectBackoff::default();
         loop {
             let mut conn = self.conn.clone();
             match read::create_group(&mut conn, &self.plan.stream, &self.plan.group).await {
@@ -282,7 +283,7 @@ impl Subscription {
     }
 
     /// Log a Redis failure and wait before the next attempt; false if stopped meanwhile.
-    async fn pause_after_error(&self, message: &str, backoff: &mut Backoff) -> bool {
+    async fn pause_after_error(&self, message: &str, backoff: &mut ReconnectBackoff) -> bool {
         let pause = backoff.next_delay();
         tracing::warn!(
             stream = %self.plan.stream,
@@ -504,72 +505,6 @@ impl Subscription {
             if let Settled::RetryPending(delay) = settled {
                 this.retry_later(id, delivery_count, delay);
             }
-        });
-    }
-
-    /// Bring a pending entry back after `delay` (not needed on a claiming subscription).
-    fn retry_later(self: &Arc<Self>, id: String, delivery_count: u64, delay: Duration) {
-        if let Some(min_idle) = self.plan.claim_min_idle {
-            tracing::debug!(
-                id,
-                min_idle_ms = min_idle.as_millis() as u64,
-                "retry stays pending until XAUTOCLAIM finds it idle"
-            );
-            return;
-        }
-        let this = self.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                () = tokio::time::sleep(delay) => {}
-                // Still pending: re-read from this consumer's pending list on restart.
-                () = this.stop.cancelled() => return,
-            }
-            let mut backoff = Backoff::default();
-            let entry = loop {
-                let mut conn = this.conn.clone();
-                match read::claim_one(
-                    &mut conn,
-                    &this.plan.stream,
-                    &this.plan.group,
-                    &this.plan.consumer,
-                    &id,
-                )
-                .await
-                {
-                    Ok(entry) => break entry,
-                    Err(err) if ErrorClass::of(&err) == ErrorClass::NoGroup => {
-                        tracing::warn!(
-                            id,
-                            "retry is pending nowhere: the consumer group was deleted"
-                        );
-                        return;
-                    }
-                    Err(err) => {
-                        let message = format!(
-                            "cannot take back retry {id}: {}: {err}",
-                            ErrorClass::of(&err).describe()
-                        );
-                        if !this.pause_after_error(&message, &mut backoff).await {
-                            return;
-                        }
-                    }
-                }
-            };
-            let Some(entry) = entry else {
-                tracing::info!(
-                    id,
-                    "retry is no longer pending (settled elsewhere or deleted)"
-                );
-                return;
-            };
-            let permit = tokio::select! {
-                permit = this.permits.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => return,
-                },
-                () = this.stop.cancelled() => return,
-            };
-            this.spawn_delivery(entry, delivery_count + 1, permit);
         });
     }
 }

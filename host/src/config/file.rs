@@ -1,0 +1,579 @@
+//! One TOML file, read: the raw shape serde parses (unknown keys refused), then each value
+//! checked and turned into its typed form, one small step per part of the file. Errors name
+//! the file, the key (`subscription[0].block`) and the value as written.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use sluice_descriptor::{Backoff, DelayedRetry, Overrides};
+
+use super::allow::{AllowedHost, EntryError};
+use super::{ConfigError, Isolation, Limits, SubscriptionConfig, TokenSource};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    redis: Option<String>,
+    consumer: Option<String>,
+    cache_dir: Option<PathBuf>,
+    shutdown_timeout: Option<String>,
+    admin: Option<String>,
+    admin_token_file: Option<PathBuf>,
+    admin_token_env: Option<String>,
+    admin_max_upload: Option<String>,
+    admin_open_on_loopback: Option<bool>,
+    watch_interval: Option<String>,
+    #[serde(default, rename = "subscription")]
+    subscriptions: Vec<RawSubscription>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSubscription {
+    component: PathBuf,
+    redis: Option<String>,
+    stream: Option<String>,
+    group: Option<String>,
+    consumer: Option<String>,
+    claim_min_idle: Option<String>,
+    consumer_gone_after: Option<String>,
+    block: Option<String>,
+    count: Option<usize>,
+    dead_letter: Option<String>,
+    max_retries: Option<u32>,
+    payload_field: Option<String>,
+    max_delay: Option<String>,
+    failure_backoff: Option<RawBackoff>,
+    delayed_retry: Option<RawDelayedRetry>,
+    max_in_flight: Option<usize>,
+    isolation: Option<Isolation>,
+    recycle_after: Option<u64>,
+    handler_timeout: Option<String>,
+    memory_limit: Option<String>,
+    host_memory_limit: Option<String>,
+    log_lines: Option<u32>,
+    log_bytes: Option<String>,
+    fuel: Option<u64>,
+    #[serde(default)]
+    allowed_outbound_hosts: Vec<String>,
+    http_timeout: Option<String>,
+    #[serde(default)]
+    config: BTreeMap<String, toml::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBackoff {
+    initial: String,
+    max: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawDelayedRetry {
+    Keyword(String),
+    Set(RawDurableZset),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDurableZset {
+    key: String,
+    ttl: Option<String>,
+}
+
+/// The settings of one file that apply to the whole host; `None` where the file is silent.
+#[derive(Debug, Default)]
+pub(super) struct Globals {
+    pub(super) cache_dir: Option<PathBuf>,
+    pub(super) shutdown_timeout: Option<Duration>,
+    pub(super) admin: Option<Option<std::net::SocketAddr>>,
+    pub(super) admin_token: Option<TokenSource>,
+    pub(super) admin_max_upload: Option<u64>,
+    pub(super) admin_open_on_loopback: Option<bool>,
+    pub(super) watch_interval: Option<Option<Duration>>,
+}
+
+impl Globals {
+    /// Take `other`'s settings; two files that both set one must agree.
+    pub(super) fn merge(&mut self, other: Globals) -> Result<(), ConfigError> {
+        merge(&mut self.cache_dir, other.cache_dir, "cache_dir")?;
+        merge(
+            &mut self.shutdown_timeout,
+            other.shutdown_timeout,
+            "shutdown_timeout",
+        )?;
+        merge(&mut self.admin, other.admin, "admin")?;
+        merge(
+            &mut self.admin_token,
+            other.admin_token,
+            "admin_token_file/admin_token_env",
+        )?;
+        merge(
+            &mut self.admin_max_upload,
+            other.admin_max_upload,
+            "admin_max_upload",
+        )?;
+        merge(
+            &mut self.admin_open_on_loopback,
+            other.admin_open_on_loopback,
+            "admin_open_on_loopback",
+        )?;
+        merge(
+            &mut self.watch_interval,
+            other.watch_interval,
+            "watch_interval",
+        )
+    }
+}
+
+fn merge<T: PartialEq + std::fmt::Debug>(
+    slot: &mut Option<T>,
+    value: Option<T>,
+    key: &'static str,
+) -> Result<(), ConfigError> {
+    match (slot.as_ref(), value) {
+        (_, None) => Ok(()),
+        (None, Some(v)) => {
+            *slot = Some(v);
+            Ok(())
+        }
+        (Some(a), Some(b)) if *a == b => Ok(()),
+        (Some(a), Some(b)) => Err(ConfigError::Conflict {
+            key,
+            first: format!("{a:?}"),
+            second: format!("{b:?}"),
+        }),
+    }
+}
+
+/// One parsed TOML file.
+#[derive(Debug)]
+pub(super) struct FileConfig {
+    pub(super) globals: Globals,
+    pub(super) subscriptions: Vec<SubscriptionConfig>,
+}
+
+/// Parse and check the TOML file at `path`, whose text is `text`.
+pub(super) fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
+    let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        path: path.to_owned(),
+        message: e.to_string().trim_end().to_owned(),
+    })?;
+    if raw.subscriptions.is_empty() {
+        return Err(ConfigError::NoSubscriptions(path.to_owned()));
+    }
+    let base = path.parent().unwrap_or(Path::new("."));
+    let v = Validator { path };
+    let globals = globals(&v, base, &raw)?;
+    let shared = Shared {
+        redis: raw.redis.as_deref(),
+        consumer: raw.consumer.as_deref(),
+    };
+    let subscriptions = raw
+        .subscriptions
+        .into_iter()
+        .enumerate()
+        .map(|(i, sub)| subscription(&v, base, i, sub, &shared))
+        .collect::<Result<_, _>>()?;
+    Ok(FileConfig {
+        globals,
+        subscriptions,
+    })
+}
+
+fn globals(v: &Validator<'_>, base: &Path, raw: &RawConfig) -> Result<Globals, ConfigError> {
+    let admin = match raw.admin.as_deref() {
+        None => None,
+        Some("off") => Some(None),
+        Some(text) => Some(Some(text.parse().map_err(|e| {
+            v.invalid(
+                "admin",
+                text,
+                &format!("{e}; write an address like \"127.0.0.1:9187\" or \"off\""),
+            )
+        })?)),
+    };
+    let admin_token = match (&raw.admin_token_file, &raw.admin_token_env) {
+        (Some(_), Some(_)) => {
+            return Err(v.invalid(
+                "admin_token_file",
+                "",
+                "set admin_token_file or admin_token_env, not both",
+            ));
+        }
+        (Some(file), None) => Some(TokenSource::File(base.join(file))),
+        (None, Some(var)) => Some(TokenSource::Env(var.clone())),
+        (None, None) => None,
+    };
+    let watch_interval = match raw.watch_interval.as_deref() {
+        None => None,
+        Some("off") => Some(None),
+        Some(text) => Some(Some(v.positive("watch_interval", text, "or \"off\"")?)),
+    };
+    Ok(Globals {
+        cache_dir: raw.cache_dir.as_ref().map(|d| base.join(d)),
+        shutdown_timeout: v.opt_duration("shutdown_timeout", &raw.shutdown_timeout)?,
+        admin,
+        admin_token,
+        admin_max_upload: raw
+            .admin_max_upload
+            .as_deref()
+            .map(|text| v.size("admin_max_upload", text))
+            .transpose()?,
+        admin_open_on_loopback: raw.admin_open_on_loopback,
+        watch_interval,
+    })
+}
+
+/// What a file's top level gives each of its subscriptions unless they say otherwise.
+struct Shared<'a> {
+    redis: Option<&'a str>,
+    consumer: Option<&'a str>,
+}
+
+fn subscription(
+    v: &Validator<'_>,
+    base: &Path,
+    i: usize,
+    sub: RawSubscription,
+    shared: &Shared<'_>,
+) -> Result<SubscriptionConfig, ConfigError> {
+    let key = |name: &str| format!("subscription[{i}].{name}");
+    let component = base.join(&sub.component);
+    if !component.is_file() {
+        return Err(ConfigError::MissingComponent {
+            origin: v.path.to_owned(),
+            component,
+        });
+    }
+    let consumer_gone_after = match sub.consumer_gone_after.as_deref() {
+        None => None,
+        Some("off") => Some(None),
+        Some(text) => Some(Some(v.duration(&key("consumer_gone_after"), text)?)),
+    };
+    Ok(SubscriptionConfig {
+        component,
+        redis: sub.redis.clone().or(shared.redis.map(str::to_owned)),
+        overrides: overrides(v, &key, &sub, shared)?,
+        limits: limits(v, &key, &sub)?,
+        values: values(v, &key, sub.config)?,
+        consumer_gone_after,
+        origin: v.path.to_owned(),
+    })
+}
+
+/// The descriptor fields this subscription overrides.
+fn overrides(
+    v: &Validator<'_>,
+    key: &dyn Fn(&str) -> String,
+    sub: &RawSubscription,
+    shared: &Shared<'_>,
+) -> Result<Overrides, ConfigError> {
+    let failure_backoff = match &sub.failure_backoff {
+        None => None,
+        Some(b) => Some(Backoff {
+            initial: v.duration(&key("failure_backoff.initial"), &b.initial)?,
+            max: v.duration(&key("failure_backoff.max"), &b.max)?,
+        }),
+    };
+    let delayed_retry = match &sub.delayed_retry {
+        None => None,
+        Some(RawDelayedRetry::Keyword(word)) if word == "none" => Some(None),
+        Some(RawDelayedRetry::Keyword(word)) => {
+            return Err(v.invalid(
+                &key("delayed_retry"),
+                word,
+                "expected \"none\" or a table { key = \"...\", ttl = \"...\" }",
+            ));
+        }
+        Some(RawDelayedRetry::Set(set)) => Some(Some(DelayedRetry::DurableZset {
+            ttl: v.opt_duration(&key("delayed_retry.ttl"), &set.ttl)?,
+            key: set.key.clone(),
+        })),
+    };
+    Ok(Overrides {
+        stream: sub.stream.clone(),
+        group: sub.group.clone(),
+        consumer: sub.consumer.clone().or(shared.consumer.map(str::to_owned)),
+        claim_min_idle: v.opt_duration(&key("claim_min_idle"), &sub.claim_min_idle)?,
+        block: v.opt_duration(&key("block"), &sub.block)?,
+        count: sub.count,
+        dead_letter: sub.dead_letter.clone(),
+        max_retries: sub.max_retries,
+        payload_field: sub.payload_field.clone(),
+        max_delay: v.opt_duration(&key("max_delay"), &sub.max_delay)?,
+        failure_backoff,
+        delayed_retry,
+    })
+}
+
+/// The subscription's limits and grants, each checked against its floor.
+fn limits(
+    v: &Validator<'_>,
+    key: &dyn Fn(&str) -> String,
+    sub: &RawSubscription,
+) -> Result<Limits, ConfigError> {
+    let at_least_one = |name: &str, n: u64| {
+        if n == 0 {
+            Err(v.invalid(&key(name), "0", "must be at least 1"))
+        } else {
+            Ok(n)
+        }
+    };
+    let mut limits = Limits::default();
+    if let Some(n) = sub.max_in_flight {
+        limits.max_in_flight = at_least_one("max_in_flight", n as u64)? as usize;
+    }
+    if let Some(isolation) = sub.isolation {
+        limits.isolation = isolation;
+    }
+    if let Some(n) = sub.recycle_after {
+        limits.recycle_after = at_least_one("recycle_after", n)?;
+    }
+    if let Some(t) = &sub.handler_timeout {
+        limits.handler_timeout = v.positive(&key("handler_timeout"), t, "")?;
+    }
+    if let Some(m) = &sub.memory_limit {
+        limits.memory_limit =
+            v.size_at_least(&key("memory_limit"), m, 64 * 1024, "one 64KiB wasm page")?;
+    }
+    if let Some(m) = &sub.host_memory_limit {
+        limits.host_memory_limit = v.size_at_least(
+            &key("host_memory_limit"),
+            m,
+            512 * 1024,
+            "512KiB (16 resources of 32KiB)",
+        )?;
+    }
+    if let Some(n) = sub.log_lines {
+        limits.log_lines = n;
+    }
+    if let Some(b) = &sub.log_bytes {
+        limits.log_bytes = v.size(&key("log_bytes"), b)?;
+    }
+    if let Some(fuel) = sub.fuel {
+        limits.fuel = Some(at_least_one("fuel", fuel)?);
+    }
+    for (j, entry) in sub.allowed_outbound_hosts.iter().enumerate() {
+        let host: AllowedHost = entry.parse().map_err(|e: EntryError| {
+            v.invalid(
+                &key(&format!("allowed_outbound_hosts[{j}]")),
+                entry,
+                &e.to_string(),
+            )
+        })?;
+        limits.outbound_http.allowed.push(host);
+    }
+    limits.outbound_http.timeout = limits.handler_timeout;
+    if let Some(t) = v.opt_duration(&key("http_timeout"), &sub.http_timeout)? {
+        if t.is_zero() || t > limits.handler_timeout {
+            return Err(v.invalid(
+                &key("http_timeout"),
+                sub.http_timeout.as_deref().unwrap_or_default(),
+                &format!(
+                    "must be longer than 0 and at most handler_timeout ({}): a request cannot outlive its delivery",
+                    humantime::format_duration(limits.handler_timeout)
+                ),
+            ));
+        }
+        limits.outbound_http.timeout = t;
+    }
+    Ok(limits)
+}
+
+/// `[subscription.config]`: string values the guest can read; `sluice.` keys are the host's.
+fn values(
+    v: &Validator<'_>,
+    key: &dyn Fn(&str) -> String,
+    config: BTreeMap<String, toml::Value>,
+) -> Result<BTreeMap<String, String>, ConfigError> {
+    let mut values = BTreeMap::new();
+    for (name, value) in config {
+        let text = match value {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(n) => n.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            other => {
+                return Err(v.invalid(
+                    &key(&format!("config.{name}")),
+                    &other.to_string(),
+                    "config values must be strings, numbers or booleans",
+                ));
+            }
+        };
+        if name.starts_with(sluice_descriptor::RESERVED_CONFIG_PREFIX) {
+            return Err(v.invalid(
+                &key(&format!("config.{name}")),
+                &text,
+                "keys starting with `sluice.` are reserved for the host",
+            ));
+        }
+        values.insert(name, text);
+    }
+    Ok(values)
+}
+
+/// Turns text values into typed ones, naming the file and key when one is wrong.
+struct Validator<'a> {
+    path: &'a Path,
+}
+
+impl Validator<'_> {
+    fn invalid(&self, key: &str, value: &str, reason: &str) -> ConfigError {
+        ConfigError::Value {
+            path: self.path.to_owned(),
+            key: key.to_owned(),
+            value: value.to_owned(),
+            reason: reason.to_owned(),
+        }
+    }
+
+    fn size(&self, key: &str, value: &str) -> Result<u64, ConfigError> {
+        value
+            .parse::<bytesize::ByteSize>()
+            .map(|s| s.as_u64())
+            .map_err(|e: String| self.invalid(key, value, &e))
+    }
+
+    fn size_at_least(
+        &self,
+        key: &str,
+        value: &str,
+        floor: u64,
+        floor_text: &str,
+    ) -> Result<u64, ConfigError> {
+        let size = self.size(key, value)?;
+        if size < floor {
+            return Err(self.invalid(key, value, &format!("must be at least {floor_text}")));
+        }
+        Ok(size)
+    }
+
+    fn duration(&self, key: &str, value: &str) -> Result<Duration, ConfigError> {
+        humantime::parse_duration(value).map_err(|e| {
+            self.invalid(
+                key,
+                value,
+                &format!("{e} (write durations like \"500ms\", \"30s\" or \"1h\")"),
+            )
+        })
+    }
+
+    fn opt_duration(
+        &self,
+        key: &str,
+        value: &Option<String>,
+    ) -> Result<Option<Duration>, ConfigError> {
+        value.as_deref().map(|s| self.duration(key, s)).transpose()
+    }
+
+    /// A duration that must be longer than zero; `alternative` names what else may be written.
+    fn positive(&self, key: &str, value: &str, alternative: &str) -> Result<Duration, ConfigError> {
+        let duration = self.duration(key, value)?;
+        if duration.is_zero() {
+            let reason = format!("must be longer than 0 {alternative}");
+            return Err(self.invalid(key, value, reason.trim_end()));
+        }
+        Ok(duration)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<FileConfig, ConfigError> {
+        let dir = std::env::temp_dir();
+        let component = dir.join("sluice-config-test.wasm");
+        std::fs::write(&component, b"\0asm").unwrap();
+        parse_file(
+            &dir.join("sluice.toml"),
+            &text.replace("COMPONENT", "sluice-config-test.wasm"),
+        )
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = parse("[[subscription]]\ncomponent = \"COMPONENT\"\nblok = \"1s\"\n")
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("blok"), "{err}");
+    }
+
+    #[test]
+    fn bad_duration_is_named() {
+        let err = parse("[[subscription]]\ncomponent = \"COMPONENT\"\nblock = \"soon\"\n")
+            .err()
+            .unwrap();
+        let text = err.to_string();
+        assert!(
+            text.contains("subscription[0].block") && text.contains("soon"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn delayed_retry_none_removes_the_set() {
+        let file = parse("[[subscription]]\ncomponent = \"COMPONENT\"\ndelayed_retry = \"none\"\n")
+            .ok()
+            .unwrap();
+        assert_eq!(file.subscriptions[0].overrides.delayed_retry, Some(None));
+    }
+
+    #[test]
+    fn memory_limit_parses_units() {
+        let file = parse("[[subscription]]\ncomponent = \"COMPONENT\"\nmemory_limit = \"32MiB\"\n")
+            .ok()
+            .unwrap();
+        assert_eq!(file.subscriptions[0].limits.memory_limit, 32 * 1024 * 1024);
+    }
+
+    #[test]
+    fn outbound_hosts_and_http_timeout() {
+        let file = parse(
+            "[[subscription]]\ncomponent = \"COMPONENT\"\nhandler_timeout = \"5s\"\n\
+             allowed_outbound_hosts = [\"https://*.example.com\", \"http://127.0.0.1:*\"]\n",
+        )
+        .ok()
+        .unwrap();
+        let http = &file.subscriptions[0].limits.outbound_http;
+        assert_eq!(http.allowed.len(), 2);
+        assert_eq!(
+            http.timeout,
+            Duration::from_secs(5),
+            "defaults to handler_timeout"
+        );
+        assert!(
+            http.check(&"https://api.example.com/x".parse().unwrap())
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn bad_outbound_host_and_long_http_timeout_are_named() {
+        let err = parse(
+            "[[subscription]]\ncomponent = \"COMPONENT\"\nallowed_outbound_hosts = [\"https://a.com\", \"a.com\"]\n",
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            err.contains("subscription[0].allowed_outbound_hosts[1]") && err.contains("no scheme"),
+            "{err}"
+        );
+        let err = parse(
+            "[[subscription]]\ncomponent = \"COMPONENT\"\nhandler_timeout = \"1s\"\nhttp_timeout = \"2s\"\n",
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            err.contains("subscription[0].http_timeout") && err.contains("at most handler_timeout"),
+            "{err}"
+        );
+    }
+}

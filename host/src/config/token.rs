@@ -1,0 +1,81 @@
+//! Where the admin API's bearer token comes from: a private file or an environment variable,
+//! never the config file itself.
+
+use std::path::PathBuf;
+
+/// Why the admin token could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// The file could not be read.
+    #[error("cannot read the admin token file {}", path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What the filesystem said.
+        source: std::io::Error,
+    },
+    /// Every user of the machine could read the token.
+    #[error(
+        "the admin token file {} is readable by every user; make it private (chmod 600)",
+        .0.display()
+    )]
+    WorldReadable(PathBuf),
+    /// The variable is unset or not UTF-8.
+    #[error("cannot read the admin token from ${name}")]
+    Env {
+        /// The variable.
+        name: String,
+        /// Why.
+        source: std::env::VarError,
+    },
+    /// The token is blank.
+    #[error("the admin token from {0} is empty")]
+    Empty(TokenSource),
+}
+
+/// Where a secret is read from, so it never sits in the config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    /// A file holding the token; it must not be readable by every user.
+    File(PathBuf),
+    /// An environment variable holding the token.
+    Env(String),
+}
+
+impl std::fmt::Display for TokenSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::File(path) => write!(f, "file {}", path.display()),
+            Self::Env(name) => write!(f, "${name}"),
+        }
+    }
+}
+
+impl TokenSource {
+    /// Read the token, trimmed.
+    pub fn read(&self) -> Result<String, TokenError> {
+        let token = match self {
+            Self::File(path) => {
+                use std::os::unix::fs::PermissionsExt as _;
+                let unreadable = |source| TokenError::File {
+                    path: path.clone(),
+                    source,
+                };
+                let meta = std::fs::metadata(path).map_err(unreadable)?;
+                if meta.permissions().mode() & 0o004 != 0 {
+                    return Err(TokenError::WorldReadable(path.clone()));
+                }
+                std::fs::read_to_string(path).map_err(unreadable)?
+            }
+            Self::Env(name) => std::env::var(name).map_err(|source| TokenError::Env {
+                name: name.clone(),
+                source,
+            })?,
+        };
+        let token = token.trim().to_owned();
+        if token.is_empty() {
+            return Err(TokenError::Empty(self.clone()));
+        }
+        Ok(token)
+    }
+}
