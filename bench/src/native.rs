@@ -4,6 +4,7 @@
 use futures::future::BoxFuture;
 use serde::Deserialize;
 use sluice_host::delivery::Delivery;
+use sluice_host::digest::Digest;
 use sluice_host::handler::Handler;
 use sluice_host::outcome::{Failure, Outcome};
 
@@ -23,17 +24,21 @@ struct Control {
 }
 
 /// The native handler.
-pub struct NativeAck;
+pub struct NativeAck {
+    digest: Digest,
+}
 
 impl NativeAck {
     pub fn new() -> Self {
-        Self
+        Self {
+            digest: Digest::named("native-ack"),
+        }
     }
 }
 
 impl Handler for NativeAck {
-    fn digest(&self) -> &str {
-        "native-ack"
+    fn digest(&self) -> &Digest {
+        &self.digest
     }
 
     fn handle<'a>(&'a self, delivery: &'a Delivery) -> BoxFuture<'a, Result<Outcome, Failure>> {

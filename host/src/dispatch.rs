@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use crate::delivery::Delivery;
+use crate::digest::Digest;
 use crate::handler::{HandlerSlot, Version};
 use crate::keys;
-use crate::metrics::{DeliveryMetrics, Metrics, SubLabels};
+use crate::metrics::{DeliveryMetrics, HandlerResult, Metrics, SubLabels};
 use crate::outcome::{self, Action, Failure, Outcome, Policy};
 use crate::settle::{SettleError, Settler};
 
@@ -63,7 +64,7 @@ impl Dispatcher {
             id = %delivery.entry.id,
             retry_count = delivery.retry_count,
             delivery_count = delivery.delivery_count,
-            digest = &version.digest[..version.digest.len().min(12)],
+            digest = version.digest.short(),
         );
         self.run(delivery, &version).instrument(span).await
     }
@@ -100,18 +101,17 @@ impl Dispatcher {
         let elapsed = started.elapsed();
         m.in_flight.dec();
         m.duration.observe(elapsed.as_secs_f64());
-        // Indexes into `metrics::OUTCOMES`.
         m.count(match &result {
-            Ok(Outcome::Ack) => 0,
-            Ok(Outcome::RetryAfter(_)) => 1,
-            Ok(Outcome::DeadLetter(_)) => 2,
-            Err(Failure::Trap(_) | Failure::Instantiate(_)) => 3,
+            Ok(Outcome::Ack) => HandlerResult::Ack,
+            Ok(Outcome::RetryAfter(_)) => HandlerResult::Retry,
+            Ok(Outcome::DeadLetter(_)) => HandlerResult::DeadLetter,
+            Err(Failure::Trap(_) | Failure::Instantiate(_)) => HandlerResult::Trap,
             Err(
                 Failure::Timeout(_)
                 | Failure::MemoryLimit { .. }
                 | Failure::FuelExhausted(_)
                 | Failure::HostLimit(_),
-            ) => 4,
+            ) => HandlerResult::Limit,
         });
         let elapsed_us = elapsed.as_micros() as u64;
         if let Err(failure) = &result {
@@ -169,7 +169,7 @@ impl Dispatcher {
     async fn retry(
         &self,
         delivery: &Delivery,
-        digest: &Arc<str>,
+        digest: &Digest,
         delay: Duration,
         cause: String,
     ) -> Result<Settled, SettleError> {

@@ -23,7 +23,7 @@ pub struct Event {
     /// Redis's delivery counter of the delivery.
     pub delivery_count: u64,
     /// The digest of the handler that handled it.
-    pub digest: Arc<str>,
+    pub digest: crate::digest::Digest,
     /// When the delivery took that handler version.
     pub started: Option<std::time::SystemTime>,
     /// What was done.

@@ -18,13 +18,14 @@ use futures::future::BoxFuture;
 use prometheus_client::metrics::counter::Counter;
 
 use crate::delivery::Delivery;
+use crate::digest::Digest;
 use crate::metrics::{HandlerLabels, Metrics, SubLabels};
 use crate::outcome::{Failure, Outcome};
 
 /// Something that handles deliveries: a WASM component, or native code in tests and benches.
 pub trait Handler: Send + Sync + 'static {
     /// Which version of the handler this is (a content digest for components).
-    fn digest(&self) -> &str;
+    fn digest(&self) -> &Digest;
 
     /// Handle one delivery.
     fn handle<'a>(&'a self, delivery: &'a Delivery) -> BoxFuture<'a, Result<Outcome, Failure>>;
@@ -51,7 +52,7 @@ pub struct Version {
     /// The handler.
     pub handler: Arc<dyn Handler>,
     /// Its digest (SHA-256 of the component).
-    pub digest: Arc<str>,
+    pub digest: Digest,
     /// When it started serving.
     pub since: SystemTime,
 }
@@ -60,7 +61,7 @@ impl Version {
     /// A version serving from now on.
     pub fn new(handler: Arc<dyn Handler>) -> Self {
         Self {
-            digest: handler.digest().into(),
+            digest: handler.digest().clone(),
             handler,
             since: SystemTime::now(),
         }
@@ -127,13 +128,13 @@ impl HandlerSlot {
         (self.swaps.get(), self.refusals.get())
     }
 
-    fn mark_serving(&self, digest: &str, serving: bool) {
+    fn mark_serving(&self, digest: &Digest, serving: bool) {
         self.metrics
             .handler_info
             .get_or_create(&HandlerLabels {
                 stream: self.labels.stream.clone(),
                 group: self.labels.group.clone(),
-                digest: digest.to_owned(),
+                digest: digest.to_string(),
             })
             .set(i64::from(serving));
     }
@@ -152,8 +153,8 @@ impl HandlerSlot {
         tracing::info!(
             stream = %self.labels.stream,
             group = %self.labels.group,
-            from = &old.digest[..old.digest.len().min(12)],
-            to = &version.digest[..version.digest.len().min(12)],
+            from = old.digest.short(),
+            to = version.digest.short(),
             "handler swapped"
         );
         old

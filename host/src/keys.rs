@@ -4,6 +4,8 @@
 //! trusted only together with their [`MARK`], keyed with the stream's [`Secret`]; a producer's
 //! own `sluice-*` fields are its data like any other.
 
+use std::sync::Arc;
+
 /// The prefix of every field the host adds to an entry.
 pub const FIELD_PREFIX: &str = "sluice-";
 /// How many times the entry was parked and re-added (absent means 0).
@@ -163,22 +165,62 @@ pub enum SlotError {
     Redis(#[from] redis::RedisError),
 }
 
-/// On a Redis Cluster, check that `stream` and the `others` keys scripts touch with it share one
-/// slot; on a plain server, do nothing.
+/// The Redis keys one subscription uses, named once and handed around as one value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionKeys {
+    /// The stream read.
+    pub stream: Arc<str>,
+    /// The consumer group.
+    pub group: Arc<str>,
+    /// Where entries given up on go.
+    pub dead_letter: Arc<str>,
+    /// The delayed-retry set, if the subscription parks retries.
+    pub delayed: Option<Arc<str>>,
+}
+
+impl SubscriptionKeys {
+    /// The keys of a subscription to `stream` as `group`.
+    pub fn new(stream: &str, group: &str, dead_letter: &str, delayed: Option<&str>) -> Self {
+        Self {
+            stream: stream.into(),
+            group: group.into(),
+            dead_letter: dead_letter.into(),
+            delayed: delayed.map(Into::into),
+        }
+    }
+
+    /// Where the stream's secret is kept.
+    pub fn secret(&self) -> String {
+        secret_key(&self.stream)
+    }
+
+    /// Every key a script touches together with the stream (which is not in the list): on a
+    /// Redis Cluster they must share its slot.
+    pub fn with_stream(&self) -> Vec<String> {
+        let mut keys = vec![self.dead_letter.to_string()];
+        keys.extend(self.delayed.as_deref().map(str::to_owned));
+        keys.push(self.secret());
+        keys
+    }
+}
+
+/// On a Redis Cluster, check that every key of the subscription shares the stream's slot; on a
+/// plain server, do nothing.
 pub async fn check_same_slot<C: redis::aio::ConnectionLike>(
     conn: &mut C,
-    stream: &str,
-    others: &[&str],
+    keys: &SubscriptionKeys,
 ) -> Result<(), SlotError> {
+    let stream = &*keys.stream;
+    let others = keys.with_stream();
     let info: String = redis::cmd("INFO").arg("cluster").query_async(conn).await?;
     if !info.lines().any(|l| l.trim() == "cluster_enabled:1") {
         return Ok(());
     }
     let mut slots = Vec::with_capacity(others.len() + 1);
-    for key in std::iter::once(&stream).chain(others) {
+    for key in std::iter::once(stream).chain(others.iter().map(String::as_str)) {
         let slot: i64 = redis::cmd("CLUSTER")
             .arg("KEYSLOT")
-            .arg(*key)
+            .arg(key)
             .query_async(conn)
             .await?;
         slots.push((key.to_string(), slot));

@@ -34,6 +34,7 @@
 //!   [`inspect`] (`inspect.rs`) reads a subscription's state in Redis for them, for
 //!   `sluice status` and for the benchmark.
 //! - [`commands`] (`commands/`) are the subcommands `main` runs, one file each.
+//! - [`digest`] names a handler version (its component's SHA-256) in logs, metrics and the API.
 //! - [`keys`] names every Redis key and bookkeeping field, [`redis_conn`] opens connections and
 //!   classifies Redis errors, [`devredis`] starts a private `redis-server` when none is
 //!   configured, and [`events`] reports each settled delivery to observers (tests, the bench).
@@ -44,6 +45,7 @@ pub mod config;
 pub mod delayed;
 pub mod delivery;
 pub mod devredis;
+pub mod digest;
 mod dispatch;
 mod events;
 pub mod handler;

@@ -50,8 +50,8 @@ pub struct OutcomeLabels {
     pub stream: String,
     /// The consumer group.
     pub group: String,
-    /// `ack`, `retry`, `dead_letter`, `trap` or `limit`.
-    pub outcome: String,
+    /// [`HandlerResult::label`].
+    pub outcome: &'static str,
 }
 
 /// Labels of the handler info metric.
@@ -264,16 +264,20 @@ impl Metrics {
         }
     }
 
-    /// How many handler results of `outcome` one subscription has had (reading does not
+    /// How many handler results, of any kind, one subscription has had (reading does not
     /// create the series).
-    pub fn outcome_count(&self, labels: &SubLabels, outcome: &str) -> u64 {
-        self.deliveries
-            .get(&OutcomeLabels {
-                stream: labels.stream.clone(),
-                group: labels.group.clone(),
-                outcome: outcome.to_owned(),
+    pub fn handler_results(&self, labels: &SubLabels) -> u64 {
+        HandlerResult::ALL
+            .iter()
+            .filter_map(|result| {
+                self.deliveries.get(&OutcomeLabels {
+                    stream: labels.stream.clone(),
+                    group: labels.group.clone(),
+                    outcome: result.label(),
+                })
             })
-            .map_or(0, |counter| counter.get())
+            .map(|counter| counter.get())
+            .sum()
     }
 
     /// One subscription's per-delivery metrics, looked up once: a family lookup hashes the
@@ -317,27 +321,58 @@ pub struct DeliveryMetrics {
     labels: SubLabels,
     /// One counter per outcome, created on its first use (an outcome that never happened
     /// is not exported), then reused without a family lookup.
-    outcomes: [std::sync::OnceLock<Counter>; OUTCOMES.len()],
+    outcomes: [std::sync::OnceLock<Counter>; HandlerResult::ALL.len()],
 }
 
-/// The outcome labels of `sluice_deliveries_total`.
-pub const OUTCOMES: [&str; 5] = ["ack", "retry", "dead_letter", "trap", "limit"];
+/// What a handler call came to, as `sluice_deliveries_total` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandlerResult {
+    /// The handler acked.
+    Ack,
+    /// The handler asked for a retry.
+    Retry,
+    /// The handler gave up on the entry.
+    DeadLetter,
+    /// The guest trapped or could not be instantiated.
+    Trap,
+    /// The guest hit a limit (time, memory, fuel, host resources).
+    Limit,
+}
+
+impl HandlerResult {
+    const ALL: [Self; 5] = [
+        Self::Ack,
+        Self::Retry,
+        Self::DeadLetter,
+        Self::Trap,
+        Self::Limit,
+    ];
+
+    /// The `outcome` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Ack => "ack",
+            Self::Retry => "retry",
+            Self::DeadLetter => "dead_letter",
+            Self::Trap => "trap",
+            Self::Limit => "limit",
+        }
+    }
+}
 
 impl DeliveryMetrics {
-    /// Count one handler result; `outcome` indexes [`OUTCOMES`].
-    pub fn count(&self, outcome: usize) {
-        let Some(slot) = self.outcomes.get(outcome) else {
-            return;
-        };
-        slot.get_or_init(|| {
-            self.deliveries
-                .get_or_create(&OutcomeLabels {
-                    stream: self.labels.stream.clone(),
-                    group: self.labels.group.clone(),
-                    outcome: OUTCOMES[outcome].to_owned(),
-                })
-                .clone()
-        })
-        .inc();
+    /// Count one handler result.
+    pub fn count(&self, result: HandlerResult) {
+        self.outcomes[result as usize]
+            .get_or_init(|| {
+                self.deliveries
+                    .get_or_create(&OutcomeLabels {
+                        stream: self.labels.stream.clone(),
+                        group: self.labels.group.clone(),
+                        outcome: result.label(),
+                    })
+                    .clone()
+            })
+            .inc();
     }
 }

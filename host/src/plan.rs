@@ -214,7 +214,7 @@ impl Plan {
                 format!(
                     "{} (sha256 {})",
                     sub.component.path().display(),
-                    sub.component.short_digest()
+                    sub.component.digest().short()
                 ),
             );
             row(

@@ -11,10 +11,11 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::delayed::{DelayedSet, SetKeys};
+use crate::delayed::DelayedSet;
 use crate::dispatch::Dispatcher;
 use crate::events::Events;
 use crate::handler::Handler;
+use crate::keys::SubscriptionKeys;
 use crate::outcome::Policy;
 use crate::plan::Plan;
 use crate::redis_conn::{self, ConnError};
@@ -146,13 +147,13 @@ impl Service {
             let client = redis_conn::client(&url)?;
             let conn = redis_conn::manager(&client).await?;
             let s = &sub.stream;
-            let mut others = vec![s.dead_letter.as_str()];
-            if let Some(delayed) = &s.delayed_retry {
-                others.push(delayed.key());
-            }
-            let secret_key = crate::keys::secret_key(&s.stream);
-            others.push(&secret_key);
-            crate::keys::check_same_slot(&mut conn.clone(), &s.stream, &others).await?;
+            let keys = SubscriptionKeys::new(
+                &s.stream,
+                &s.group,
+                &s.dead_letter,
+                s.delayed_retry.as_ref().map(DelayedRetry::key),
+            );
+            crate::keys::check_same_slot(&mut conn.clone(), &keys).await?;
             let secret = if s.delayed_retry.is_some() {
                 crate::keys::Secret::load_or_create(&mut conn.clone(), &s.stream)
                     .await
@@ -170,19 +171,9 @@ impl Service {
             }
             // A set always has a secret: it was created above.
             let delayed = match (&s.delayed_retry, &secret) {
-                (Some(DelayedRetry::DurableZset { key, ttl }), Some(secret)) => {
-                    Some(Arc::new(DelayedSet::new(
-                        SetKeys {
-                            stream: s.stream.as_str().into(),
-                            group: s.group.as_str().into(),
-                            key: key.clone(),
-                            ttl: *ttl,
-                            dead_letter: s.dead_letter.clone(),
-                            secret: secret.clone(),
-                        },
-                        conn.clone(),
-                        &self.metrics,
-                    )))
+                (Some(DelayedRetry::DurableZset { ttl, .. }), Some(secret)) => {
+                    DelayedSet::new(&keys, *ttl, secret.clone(), conn.clone(), &self.metrics)
+                        .map(Arc::new)
                 }
                 _ => None,
             };
@@ -190,9 +181,7 @@ impl Service {
                 readers.spawn(set.clone().run_waker(stop.clone()));
             }
             let (settler, acker) = Settler::new(
-                s.stream.as_str().into(),
-                s.group.as_str().into(),
-                s.dead_letter.clone(),
+                &keys,
                 conn.clone(),
                 delayed.clone(),
                 self.events.clone(),

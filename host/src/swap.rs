@@ -60,6 +60,24 @@ pub enum SwapError {
     Interrupted(#[source] tokio::task::JoinError),
 }
 
+impl SwapError {
+    /// The refusal with every cause under it, as one line for the API's answer and the log
+    /// (wasmtime's reason for refusing a component is a cause, not the headline).
+    pub fn explain(&self) -> String {
+        let mut text = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(err) = cause {
+            let line = err.to_string();
+            if !text.ends_with(&line) {
+                text.push_str(": ");
+                text.push_str(&line);
+            }
+            cause = err.source();
+        }
+        text
+    }
+}
+
 /// Everything needed to check and install a new component for one subscription.
 pub struct SwapControl {
     slot: Arc<HandlerSlot>,
@@ -112,7 +130,7 @@ impl SwapControl {
                 tracing::warn!(
                     stream = %self.slot.labels().stream,
                     group = %self.slot.labels().group,
-                    %err,
+                    err = %err.explain(),
                     "swap refused; the current handler keeps serving"
                 );
                 Err(err)
@@ -185,7 +203,6 @@ pub async fn watch(
     interval: std::time::Duration,
     stop: tokio_util::sync::CancellationToken,
 ) {
-    use sha2::Digest as _;
     let mut applied = fingerprint(&path);
     let mut candidate: Option<Fingerprint> = None;
     loop {
@@ -212,8 +229,7 @@ pub async fn watch(
                 continue;
             }
         };
-        let digest = hex::encode(sha2::Sha256::digest(&bytes));
-        if *control.slot().current().digest == *digest {
+        if control.slot().current().digest == crate::digest::Digest::of(&bytes) {
             continue;
         }
         tracing::info!(path = %path.display(), "component file changed; swapping");

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use serde_json::json;
 use sluice_host::EventKind;
-use sluice_host::delayed::{DelayedSet, SWEEP_BATCH, SetKeys, member};
+use sluice_host::delayed::{DelayedSet, SWEEP_BATCH, member};
 use sluice_host::delivery::{Delivery, Entry};
+use sluice_host::keys::SubscriptionKeys;
 
 use crate::common::*;
 
@@ -186,17 +187,18 @@ async fn identical_payloads_parked_together_stay_two_retries() {
 async fn park_directly(redis: &Redis, stream: &str, n: usize, delay: Duration) -> DelayedSet {
     let mut conn = redis.conn().await;
     let set = DelayedSet::new(
-        SetKeys {
-            stream: stream.into(),
-            group: "g".into(),
-            key: format!("{stream}.delayed"),
-            ttl: None,
-            dead_letter: format!("{stream}.dead-letter"),
-            secret: test_secret(),
-        },
+        &SubscriptionKeys::new(
+            stream,
+            "g",
+            &format!("{stream}.dead-letter"),
+            Some(&format!("{stream}.delayed")),
+        ),
+        None,
+        test_secret(),
         manager(redis).await,
         &Default::default(),
-    );
+    )
+    .unwrap();
     let _: () = cmd(
         &mut conn,
         &["XGROUP", "CREATE", stream, "g", "$", "MKSTREAM"],
@@ -265,18 +267,16 @@ async fn two_hosts_sweeping_one_set_move_each_entry_exactly_once() {
     // Four sweepers on their own connections, as four hosts would be, racing from the due time.
     let mut tasks = Vec::new();
     for _ in 0..4 {
-        let set = Arc::new(DelayedSet::new(
-            SetKeys {
-                stream: "race".into(),
-                group: "g".into(),
-                key: "race.delayed".into(),
-                ttl: None,
-                dead_letter: "race.dead-letter".into(),
-                secret: test_secret(),
-            },
-            manager(&redis).await,
-            &Default::default(),
-        ));
+        let set = Arc::new(
+            DelayedSet::new(
+                &SubscriptionKeys::new("race", "g", "race.dead-letter", Some("race.delayed")),
+                None,
+                test_secret(),
+                manager(&redis).await,
+                &Default::default(),
+            )
+            .unwrap(),
+        );
         tasks.push(tokio::spawn(async move {
             let mut moved = 0;
             let mut idle_passes = 0;
@@ -340,17 +340,13 @@ async fn lateness_is_bounded_by_the_block_interval_when_another_host_parked_the_
     )
     .await;
     let other = DelayedSet::new(
-        SetKeys {
-            stream: "bound".into(),
-            group: "other".into(),
-            key: "bound.delayed".into(),
-            ttl: None,
-            dead_letter: "bound.dead-letter".into(),
-            secret: test_secret(),
-        },
+        &SubscriptionKeys::new("bound", "other", "bound.dead-letter", Some("bound.delayed")),
+        None,
+        test_secret(),
         manager(&redis).await,
         &Default::default(),
-    );
+    )
+    .unwrap();
     let entry = Entry {
         id: id.clone(),
         fields: vec![(b"payload".to_vec(), b"{\"mode\":\"ack\"}".to_vec())],

@@ -155,7 +155,7 @@ async fn bad_uploads_are_refused_and_the_old_version_keeps_serving() {
     let event = host
         .event(T, "an entry after the refusals", |e| e.id == id)
         .await;
-    assert_eq!(&*event.digest, digest.as_str());
+    assert_eq!(event.digest.as_str(), digest.as_str());
     let (_, metrics) = http_get(admin, "/metrics").await;
     assert!(
         metrics.contains(r#"sluice_handler_swap_refusals_total{stream="sw",group="g"} 3"#),
@@ -188,7 +188,7 @@ async fn rollback_restores_the_previous_digest_at_once() {
     assert_ne!(v1_digest, v2_digest);
     let id = add(&mut conn, "sw", &json!({"mode": "version"})).await;
     let event = host.event(T, "a v2 delivery", |e| e.id == id).await;
-    assert_eq!(&*event.digest, v2_digest.as_str());
+    assert_eq!(event.digest.as_str(), v2_digest.as_str());
 
     let (status, body) =
         http_request(admin, "POST", "/v1/subscriptions/sw/g/rollback", &[], b"").await;
@@ -196,7 +196,7 @@ async fn rollback_restores_the_previous_digest_at_once() {
     assert!(body.contains(&v1_digest), "{body}");
     let id = add(&mut conn, "sw", &json!({"mode": "version"})).await;
     let event = host.event(T, "a v1 delivery again", |e| e.id == id).await;
-    assert_eq!(&*event.digest, v1_digest.as_str());
+    assert_eq!(event.digest.as_str(), v1_digest.as_str());
     let (_, listing) = http_get(admin, "/v1/subscriptions").await;
     let listing: serde_json::Value = serde_json::from_str(&listing).unwrap();
     assert_eq!(listing[0]["digest"], v1_digest.as_str());

@@ -255,10 +255,6 @@ async fn sample(metrics: &Metrics, sub: &AdminSubscription) {
     }
 }
 
-fn digest_short(digest: &str) -> &str {
-    &digest[..digest.len().min(12)]
-}
-
 fn rfc3339(at: std::time::SystemTime) -> String {
     humantime::format_rfc3339_millis(at).to_string()
 }
@@ -272,16 +268,13 @@ async fn list_handler(State(state): State<AdminState>) -> impl IntoResponse {
             let current = slot.current();
             let (swaps, refusals) = slot.counts();
             let labels = slot.labels();
-            let deliveries: u64 = crate::metrics::OUTCOMES
-                .iter()
-                .map(|outcome| state.metrics.outcome_count(labels, outcome))
-                .sum();
+            let deliveries = state.metrics.handler_results(labels);
             serde_json::json!({
                 "stream": labels.stream,
                 "group": labels.group,
-                "digest": &*current.digest,
+                "digest": current.digest,
                 "since": rfc3339(current.since),
-                "previous_digest": slot.previous().map(|p| p.digest.to_string()),
+                "previous_digest": slot.previous().map(|p| p.digest.clone()),
                 "swaps": swaps,
                 "refusals": refusals,
                 "deliveries": deliveries,
@@ -414,11 +407,16 @@ async fn swap_handler(
     let origin = std::path::PathBuf::from(format!("upload for {stream}/{group}"));
     match control.swap(origin, body.to_vec(), query.force).await {
         Ok(version) => Ok(axum::Json(serde_json::json!({
-            "digest": &*version.digest,
+            "digest": version.digest,
             "since": rfc3339(version.since),
         }))),
-        Err(err @ SwapError::Changed { .. }) => Err((StatusCode::CONFLICT, format!("{err}\n"))),
-        Err(err) => Err((StatusCode::UNPROCESSABLE_ENTITY, format!("{err}\n"))),
+        Err(err @ SwapError::Changed { .. }) => {
+            Err((StatusCode::CONFLICT, format!("{}\n", err.explain())))
+        }
+        Err(err) => Err((
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("{}\n", err.explain()),
+        )),
     }
 }
 
@@ -432,13 +430,11 @@ async fn rollback_handler(
             tracing::info!(
                 stream,
                 group,
-                digest = digest_short(&version.digest),
+                digest = version.digest.short(),
                 "rolled back"
             );
-            Ok(axum::Json(
-                serde_json::json!({ "digest": &*version.digest }),
-            ))
+            Ok(axum::Json(serde_json::json!({ "digest": version.digest })))
         }
-        Err(err) => Err((StatusCode::CONFLICT, format!("{err}\n"))),
+        Err(err) => Err((StatusCode::CONFLICT, format!("{}\n", err.explain()))),
     }
 }

@@ -12,7 +12,7 @@ use crate::inspect;
 struct SubscriptionStatus {
     stream: String,
     group: String,
-    handler_digest: String,
+    handler_digest: crate::digest::Digest,
     group_exists: bool,
     pending: u64,
     lag: Option<u64>,
@@ -70,7 +70,7 @@ pub async fn status(paths: &[PathBuf], redis: Option<&str>, json: bool) -> Resul
         rows.push(SubscriptionStatus {
             stream: s.stream.clone(),
             group: s.group.clone(),
-            handler_digest: sub.component.digest().to_owned(),
+            handler_digest: sub.component.digest().clone(),
             group_exists: group.is_some(),
             pending: group.as_ref().map_or(0, |g| g.pending as u64),
             lag: group.as_ref().and_then(|g| g.lag).map(|l| l as u64),
@@ -109,7 +109,7 @@ pub async fn status(paths: &[PathBuf], redis: Option<&str>, json: bool) -> Resul
             "stream `{}`, group `{}` (handler sha256 {})",
             r.stream,
             r.group,
-            &r.handler_digest[..12]
+            r.handler_digest.short()
         );
         if !r.group_exists {
             let _ = writeln!(

@@ -42,7 +42,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::delivery::Delivery;
-use crate::keys::{self, Secret};
+use crate::keys::{self, Secret, SubscriptionKeys};
 
 /// This host's wall clock, epoch milliseconds.
 fn local_now_ms() -> i64 {
@@ -102,9 +102,9 @@ pub const MAX_REPRESENTABLE_DELAY: Duration = Duration::from_millis((1 << 53) - 
 pub struct DelayedSet {
     stream: Arc<str>,
     group: Arc<str>,
-    key: String,
+    key: Arc<str>,
     ttl: Option<Duration>,
-    dead_letter: String,
+    dead_letter: Arc<str>,
     secret: Arc<Secret>,
     conn: ConnectionManager,
     sweep_moved: Histogram,
@@ -119,42 +119,34 @@ pub struct DelayedSet {
     has_offset: AtomicBool,
 }
 
-/// What a [`DelayedSet`] is built from.
-pub struct SetKeys {
-    /// The subscription's stream.
-    pub stream: Arc<str>,
-    /// Its group.
-    pub group: Arc<str>,
-    /// The sorted set.
-    pub key: String,
-    /// The set's ttl (measured from its latest due time).
-    pub ttl: Option<Duration>,
-    /// Where members that cannot go back onto the stream go.
-    pub dead_letter: String,
-    /// The stream's secret, which keys the sweep's mark.
-    pub secret: Arc<Secret>,
-}
-
 impl DelayedSet {
-    /// The set described by `keys`, used through `conn`.
-    pub fn new(keys: SetKeys, conn: ConnectionManager, metrics: &crate::metrics::Metrics) -> Self {
+    /// The delayed set of the subscription with `keys` (`None` if it has none), expiring
+    /// `ttl` after its latest due time, its members marked with the stream's `secret`, used
+    /// through `conn`.
+    pub fn new(
+        keys: &SubscriptionKeys,
+        ttl: Option<Duration>,
+        secret: Arc<Secret>,
+        conn: ConnectionManager,
+        metrics: &crate::metrics::Metrics,
+    ) -> Option<Self> {
         let labels = crate::metrics::Metrics::labels(&keys.stream, &keys.group);
-        Self {
+        Some(Self {
             sweep_moved: metrics.sweep_moved.get_or_create(&labels).clone(),
             sweep_duration: metrics.sweep_duration.get_or_create(&labels).clone(),
             over_ttl: metrics.retry_over_ttl.get_or_create(&labels).clone(),
-            stream: keys.stream,
-            group: keys.group,
-            key: keys.key,
-            ttl: keys.ttl,
-            dead_letter: keys.dead_letter,
-            secret: keys.secret,
+            stream: keys.stream.clone(),
+            group: keys.group.clone(),
+            key: keys.delayed.clone()?,
+            ttl,
+            dead_letter: keys.dead_letter.clone(),
+            secret,
             conn,
             next_wake: Mutex::new(None),
             wake_changed: Notify::new(),
             clock_offset_ms: AtomicI64::new(0),
             has_offset: AtomicBool::new(false),
-        }
+        })
     }
 
     /// The set's key.
@@ -195,7 +187,7 @@ impl DelayedSet {
         let delay_ms = delay.as_millis() as u64;
         let mut invocation = park_script().key(&*self.stream);
         invocation
-            .key(&self.key)
+            .key(&*self.key)
             .arg(&*self.group)
             .arg(&delivery.entry.id)
             .arg(delay_ms)
@@ -231,8 +223,8 @@ impl DelayedSet {
         let (moved, next_due, now, dead_lettered, stuck): (usize, i64, i64, usize, usize) =
             sweep_script()
                 .key(&*self.stream)
-                .key(&self.key)
-                .key(&self.dead_letter)
+                .key(&*self.key)
+                .key(&*self.dead_letter)
                 .arg(SWEEP_BATCH)
                 .arg(self.secret.value())
                 .arg(self.ttl_ms())

@@ -5,13 +5,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
 use sluice_descriptor::{Backoff, DelayedRetry, RedisStream};
 use wasmtime::component::Component;
 
 use super::bindings::{self, sluice::handler::types as wit};
 use super::instance::new_store;
 use super::{Runtime, RuntimeError};
+use crate::digest::Digest;
 
 /// How long a component's `subscription()` export may run.
 const DESCRIPTOR_TIMEOUT: Duration = Duration::from_secs(5);
@@ -20,7 +20,7 @@ const DESCRIPTOR_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Clone)]
 pub struct LoadedComponent {
     path: PathBuf,
-    digest: Arc<str>,
+    digest: Digest,
     pre: bindings::HandlerPre<super::guest::GuestState>,
     imports_wasi_http: bool,
     runtime: Runtime,
@@ -49,15 +49,15 @@ pub(super) fn load_bytes(
     path: &Path,
     bytes: &[u8],
 ) -> Result<LoadedComponent, RuntimeError> {
-    let digest = hex::encode(Sha256::digest(bytes));
+    let digest = Digest::of(bytes);
     let started = Instant::now();
     let component = Component::new(runtime.engine(), bytes).map_err(|e| RuntimeError::Compile {
         path: path.to_owned(),
-        message: format!("{e:#}"),
+        source: super::cause(e),
     })?;
     let wrong_world = |e: wasmtime::Error| RuntimeError::WrongWorld {
         path: path.to_owned(),
-        message: format!("{e:#}"),
+        source: super::cause(e),
     };
     let imports_wasi_http = component
         .component_type()
@@ -70,13 +70,13 @@ pub(super) fn load_bytes(
     let pre = bindings::HandlerPre::new(instance_pre).map_err(wrong_world)?;
     tracing::debug!(
         component = %path.display(),
-        digest = &digest[..12],
+        digest = digest.short(),
         elapsed_ms = started.elapsed().as_millis() as u64,
         "component loaded"
     );
     Ok(LoadedComponent {
         path: path.to_owned(),
-        digest: digest.into(),
+        digest,
         pre,
         imports_wasi_http,
         runtime: runtime.clone(),
@@ -90,13 +90,8 @@ impl LoadedComponent {
     }
 
     /// The SHA-256 of the component's bytes, in hex: which version of a handler this is.
-    pub fn digest(&self) -> &str {
+    pub fn digest(&self) -> &Digest {
         &self.digest
-    }
-
-    /// The first 12 hex digits of the digest, for logs.
-    pub fn short_digest(&self) -> &str {
-        &self.digest[..12]
     }
 
     pub(super) fn pre(&self) -> &bindings::HandlerPre<super::guest::GuestState> {
@@ -115,9 +110,9 @@ impl LoadedComponent {
 
     /// Instantiate once and call the component's `subscription()` export.
     pub async fn descriptor(&self) -> Result<RedisStream, RuntimeError> {
-        let failed = |message: String| RuntimeError::Descriptor {
+        let failed = |e: wasmtime::Error| RuntimeError::Descriptor {
             path: self.path.clone(),
-            message,
+            source: super::cause(e),
         };
         let limits = Arc::new(super::guest::StoreLimits {
             memory: 64 * 1024 * 1024,
@@ -133,11 +128,11 @@ impl LoadedComponent {
             .pre
             .instantiate_async(&mut store)
             .await
-            .map_err(|e| failed(format!("{e:#}")))?;
+            .map_err(failed)?;
         let subscription = handler
             .call_subscription(&mut store)
             .await
-            .map_err(|e| failed(format!("{e:#}")))?;
+            .map_err(failed)?;
         Ok(from_wit(subscription))
     }
 }

@@ -24,6 +24,7 @@ use super::guest::{GuestState, StoreLimits};
 use super::http::HttpGrant;
 use crate::config::{Isolation, Limits};
 use crate::delivery::Delivery;
+use crate::digest::Digest;
 use crate::handler::{Handler, HandlerCounters};
 use crate::outcome::{Failure, Outcome};
 
@@ -231,7 +232,7 @@ impl WasmHandler {
 }
 
 impl Handler for WasmHandler {
-    fn digest(&self) -> &str {
+    fn digest(&self) -> &Digest {
         self.component.digest()
     }
 

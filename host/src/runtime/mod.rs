@@ -45,14 +45,29 @@ pub mod bindings {
     });
 }
 
+/// What wasmtime said, with its whole chain of causes.
+pub type WasmtimeCause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+fn cause(err: wasmtime::Error) -> WasmtimeCause {
+    err.into_boxed_dyn_error()
+}
+
 /// Why the runtime could not start or a component could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     /// The engine could not be configured.
-    #[error("cannot set up the WebAssembly engine: {0}")]
-    Engine(String),
+    #[error("cannot set up the WebAssembly engine")]
+    Engine(#[source] WasmtimeCause),
+    /// The compiled-component cache directory cannot be created or resolved.
+    #[error("cannot use the compiled-component cache directory {}", path.display())]
+    CacheDir {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
     /// The component file could not be read.
-    #[error("cannot read component {}: {source}", path.display())]
+    #[error("cannot read component {}", path.display())]
     Read {
         /// The file.
         path: std::path::PathBuf,
@@ -60,31 +75,31 @@ pub enum RuntimeError {
         source: std::io::Error,
     },
     /// The file is not a valid component.
-    #[error("{} is not a valid WebAssembly component: {message}", path.display())]
+    #[error("{} is not a valid WebAssembly component", path.display())]
     Compile {
         /// The file.
         path: std::path::PathBuf,
         /// What wasmtime said.
-        message: String,
+        source: WasmtimeCause,
     },
     /// The component does not implement the handler world.
     #[error(
-        "{} does not implement the sluice:handler/handler world (build it with the sluice-guest SDK): {message}",
+        "{} does not implement the sluice:handler/handler world (build it with the sluice-guest SDK)",
         path.display()
     )]
     WrongWorld {
         /// The file.
         path: std::path::PathBuf,
         /// What is missing or mismatched.
-        message: String,
+        source: WasmtimeCause,
     },
     /// Calling the component's `subscription` export failed.
-    #[error("{}: its subscription() export failed: {message}", path.display())]
+    #[error("{}: its subscription() export failed", path.display())]
     Descriptor {
         /// The file.
         path: std::path::PathBuf,
         /// What went wrong.
-        message: String,
+        source: WasmtimeCause,
     },
 }
 
@@ -186,21 +201,20 @@ impl Runtime {
         config.concurrency_support(false);
         config.max_wasm_stack(1024 * 1024);
         if let Some(dir) = cache_dir {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                RuntimeError::Engine(format!("cache directory {}: {e}", dir.display()))
-            })?;
-            let dir = dir.canonicalize().map_err(|e| {
-                RuntimeError::Engine(format!("cache directory {}: {e}", dir.display()))
-            })?;
+            let unusable = |source| RuntimeError::CacheDir {
+                path: dir.to_owned(),
+                source,
+            };
+            std::fs::create_dir_all(dir).map_err(unusable)?;
+            let dir = dir.canonicalize().map_err(unusable)?;
             let mut cache_config = CacheConfig::new();
             cache_config.with_directory(dir);
-            let cache =
-                Cache::new(cache_config).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+            let cache = Cache::new(cache_config).map_err(|e| RuntimeError::Engine(cause(e)))?;
             config.cache(Some(cache));
         }
-        let engine = Engine::new(&config).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        let engine = Engine::new(&config).map_err(|e| RuntimeError::Engine(cause(e)))?;
         let (plain, http_linker) =
-            guest::linkers(&engine).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+            guest::linkers(&engine).map_err(|e| RuntimeError::Engine(cause(e)))?;
         let ticker = Ticker::start(engine.clone());
         Ok(Self {
             fuel: options.fuel,

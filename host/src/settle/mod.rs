@@ -28,8 +28,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::delayed::{DelayedSet, Parked};
 use crate::delivery::Delivery;
+use crate::digest::Digest;
 use crate::events::{Event, EventKind, Events};
-use crate::keys;
+use crate::keys::{self, SubscriptionKeys};
 use crate::redis_conn::{ErrorClass, ReconnectBackoff};
 
 /// A settle Redis refused in a way that trying the same command again cannot fix. The entry
@@ -57,7 +58,7 @@ fn dead_letter_script() -> &'static Script {
 pub struct Settler {
     stream: Arc<str>,
     group: Arc<str>,
-    dead_letter: String,
+    dead_letter: Arc<str>,
     conn: ConnectionManager,
     delayed: Option<Arc<DelayedSet>>,
     acks: mpsc::UnboundedSender<Event>,
@@ -71,9 +72,7 @@ impl Settler {
     /// clone of the settler is dropped and the acks it holds are in Redis, or when `abandon`
     /// fires; it returns how many acks it had to leave unsent.
     pub fn new(
-        stream: Arc<str>,
-        group: Arc<str>,
-        dead_letter: String,
+        keys: &SubscriptionKeys,
         conn: ConnectionManager,
         delayed: Option<Arc<DelayedSet>>,
         events: Events,
@@ -84,8 +83,8 @@ impl Settler {
     ) {
         let (tx, rx) = mpsc::unbounded_channel();
         let acker = run_acker(
-            stream.clone(),
-            group.clone(),
+            keys.stream.clone(),
+            keys.group.clone(),
             conn.clone(),
             rx,
             events.clone(),
@@ -93,9 +92,9 @@ impl Settler {
         );
         (
             Self {
-                stream,
-                group,
-                dead_letter,
+                stream: keys.stream.clone(),
+                group: keys.group.clone(),
+                dead_letter: keys.dead_letter.clone(),
                 conn,
                 delayed,
                 acks: tx,
@@ -107,7 +106,7 @@ impl Settler {
     }
 
     /// The event describing `delivery` settled as `kind`.
-    pub fn event(&self, delivery: &Delivery, digest: &Arc<str>, kind: EventKind) -> Event {
+    pub fn event(&self, delivery: &Delivery, digest: &Digest, kind: EventKind) -> Event {
         Event {
             stream: self.stream.clone(),
             group: self.group.clone(),
@@ -122,7 +121,7 @@ impl Settler {
     }
 
     /// Queue an ack; the acker sends it with others and reports it once Redis has it.
-    pub fn ack(&self, delivery: &Delivery, digest: &Arc<str>) {
+    pub fn ack(&self, delivery: &Delivery, digest: &Digest) {
         let event = self.event(delivery, digest, EventKind::Acked);
         if self.acks.send(event).is_err() {
             // Only after a forced shutdown: the entry stays pending and is re-read on restart.
@@ -147,7 +146,7 @@ impl Settler {
     pub async fn park(
         &self,
         delivery: &Delivery,
-        digest: &Arc<str>,
+        digest: &Digest,
         delay: Duration,
         cause: String,
     ) -> Result<bool, SettleError> {
@@ -182,7 +181,7 @@ impl Settler {
     pub fn retry_pending(
         &self,
         delivery: &Delivery,
-        digest: &Arc<str>,
+        digest: &Digest,
         delay: Duration,
         cause: String,
     ) {
@@ -195,14 +194,14 @@ impl Settler {
     pub async fn dead_letter(
         &self,
         delivery: &Delivery,
-        digest: &Arc<str>,
+        digest: &Digest,
         reason: &str,
     ) -> Result<bool, SettleError> {
         let retry_count = delivery.retry_count.to_string();
         let delivery_count = delivery.delivery_count.to_string();
         let mut invocation = dead_letter_script().key(&*self.stream);
         invocation
-            .key(&self.dead_letter)
+            .key(&*self.dead_letter)
             .arg(&*self.group)
             .arg(&delivery.entry.id);
         let fields = delivery.user_fields();
