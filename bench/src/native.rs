@@ -2,26 +2,11 @@
 //! decode the same payment-sized JSON payload the fixture component decodes, and ack.
 
 use futures::future::BoxFuture;
-use serde::Deserialize;
+use sluice_fixture_control::Control;
 use sluice_host::delivery::Delivery;
 use sluice_host::digest::Digest;
 use sluice_host::handler::Handler;
 use sluice_host::outcome::{Failure, Outcome};
-
-/// The payload, as the fixture component reads it.
-#[derive(Deserialize)]
-#[allow(dead_code)]
-struct Control {
-    mode: String,
-    #[serde(default)]
-    ms: u64,
-    #[serde(default)]
-    times: u64,
-    #[serde(default)]
-    reason: String,
-    #[serde(default)]
-    key: String,
-}
 
 /// The native handler.
 pub struct NativeAck {
@@ -47,8 +32,8 @@ impl Handler for NativeAck {
                 return Ok(Outcome::DeadLetter("no payload field".into()));
             };
             Ok(match serde_json::from_slice::<Control>(raw) {
-                Ok(control) if control.mode == "ack" => Outcome::Ack,
-                Ok(control) => Outcome::DeadLetter(format!("unexpected mode {}", control.mode)),
+                Ok(Control::Ack) => Outcome::Ack,
+                Ok(control) => Outcome::DeadLetter(format!("unexpected control {control}")),
                 Err(err) => Outcome::DeadLetter(format!("undecodable payload: {err}")),
             })
         })

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use serde_json::json;
 use sluice_host::EventKind;
 
 use crate::common::*;
@@ -33,7 +32,7 @@ async fn run_without_a_url_starts_a_private_redis_and_stops_it_on_sigterm() {
         vec!["appendonly", "yes"],
         "the dev server keeps parked retries across restarts"
     );
-    add(&mut conn, "dev", &json!({"mode": "ack"})).await;
+    add(&mut conn, "dev", &Control::Ack).await;
     wait_for(T, "the entry to be acked", || {
         let mut conn = conn.clone();
         async move {
@@ -81,14 +80,20 @@ async fn parked_lists_what_waits_oldest_first_in_text_and_json() {
     let late = add(
         &mut conn,
         "waits",
-        &json!({"mode": "retry", "ms": 120000, "times": 1}),
+        &Control::Retry {
+            ms: 120000,
+            times: 1,
+        },
     )
     .await;
     host.event(T, "the first park", |e| e.id == late).await;
     let soon = add(
         &mut conn,
         "waits",
-        &json!({"mode": "retry", "ms": 60000, "times": 1}),
+        &Control::Retry {
+            ms: 60000,
+            times: 1,
+        },
     )
     .await;
     host.event(T, "the second park", |e| e.id == soon).await;
@@ -139,7 +144,11 @@ async fn parked_lists_what_waits_oldest_first_in_text_and_json() {
     );
     assert_eq!(
         first["fields"]["payload"],
-        json!({"mode": "retry", "ms": 60000, "times": 1}).to_string()
+        Control::Retry {
+            ms: 60000,
+            times: 1
+        }
+        .to_string()
     );
 
     let (ok, _, stderr) = run_sluice(
@@ -226,11 +235,11 @@ async fn the_host_rides_out_a_redis_restart() {
         "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"bumpy\"\ngroup = \"g\"\nblock = \"100ms\"\n",
     )
     .await;
-    let before = add(&mut conn, "bumpy", &json!({"mode": "ack"})).await;
+    let before = add(&mut conn, "bumpy", &Control::Ack).await;
     host.event(T, "the first ack", |e| e.id == before).await;
     redis.server.restart().unwrap();
     let mut conn = redis.conn().await;
-    let after = add(&mut conn, "bumpy", &json!({"mode": "ack"})).await;
+    let after = add(&mut conn, "bumpy", &Control::Ack).await;
     let event = host
         .event(T, "an ack after the restart", |e| e.id == after)
         .await;
@@ -268,7 +277,9 @@ async fn guest_logs_land_in_the_host_log_inside_the_delivery_span_as_json() {
     let id = add(
         &mut conn,
         "logs",
-        &json!({"mode": "log", "reason": "hello from the guest"}),
+        &Control::Log {
+            line: "hello from the guest".into(),
+        },
     )
     .await;
     let line = wait_for(T, "the guest's log line", || {

@@ -6,8 +6,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use serde_json::json;
-
 use crate::common::*;
 
 const STREAM: &str = "crash";
@@ -60,7 +58,7 @@ async fn sigkill_under_a_retry_heavy_load_loses_nothing_and_settles_each_entry_o
             .arg(STREAM)
             .arg("*")
             .arg("payload")
-            .arg(json!({"mode": "trap"}).to_string());
+            .arg(Control::Trap.to_string());
     }
     let added: Vec<String> = pipe.query_async(&mut conn).await.unwrap();
     ids.extend(added);

@@ -5,7 +5,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::json;
 use sluice_host::EventKind;
 use sluice_host::delayed::{DelayedSet, SWEEP_BATCH, member};
 use sluice_host::delivery::{Delivery, Entry};
@@ -40,7 +39,7 @@ fn id_ms(id: &str) -> i64 {
 async fn add_with_memo(
     conn: &mut redis::aio::MultiplexedConnection,
     stream: &str,
-    payload: &serde_json::Value,
+    payload: &Control,
 ) -> String {
     cmd(
         conn,
@@ -74,7 +73,10 @@ async fn retry_after_parks_with_zadd_scored_by_due_time_raises_the_count_and_ack
     let id = add_with_memo(
         &mut conn,
         "park",
-        &json!({"mode": "retry", "ms": 60000, "times": 1}),
+        &Control::Retry {
+            ms: 60000,
+            times: 1,
+        },
     )
     .await;
     let event = host.event(T, "the park", |e| e.id == id).await;
@@ -103,9 +105,12 @@ async fn retry_after_parks_with_zadd_scored_by_due_time_raises_the_count_and_ack
         vec![
             (
                 b"payload".to_vec(),
-                json!({"mode": "retry", "ms": 60000, "times": 1})
-                    .to_string()
-                    .into_bytes()
+                Control::Retry {
+                    ms: 60000,
+                    times: 1
+                }
+                .to_string()
+                .into_bytes()
             ),
             (b"memo".to_vec(), "caf\u{e9}".as_bytes().to_vec()),
         ],
@@ -120,12 +125,7 @@ async fn due_entries_come_back_under_new_ids_with_the_count_and_on_time() {
     let mut conn = redis.conn().await;
     // BLOCK 5s: only the host's own timer can bring the retry back within milliseconds.
     let mut host = TestHost::start(&redis, &config("back", "")).await;
-    let id = add_with_memo(
-        &mut conn,
-        "back",
-        &json!({"mode": "retry", "ms": 700, "times": 2}),
-    )
-    .await;
+    let id = add_with_memo(&mut conn, "back", &Control::Retry { ms: 700, times: 2 }).await;
     let first = host.event(T, "the first park", |e| e.id == id).await;
     let EventKind::Parked { due_ms, .. } = first.kind else {
         panic!("{first:?}")
@@ -173,7 +173,10 @@ async fn identical_payloads_parked_together_stay_two_retries() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let mut host = TestHost::start(&redis, &config("twins", "")).await;
-    let payload = json!({"mode": "retry", "ms": 60000, "times": 1});
+    let payload = Control::Retry {
+        ms: 60000,
+        times: 1,
+    };
     let a = add(&mut conn, "twins", &payload).await;
     let b = add(&mut conn, "twins", &payload).await;
     host.event(T, "park a", |e| e.id == a || e.id == b).await;
@@ -318,7 +321,7 @@ async fn lateness_is_bounded_by_the_block_interval_when_another_host_parked_the_
     // Let the host create its group and block in a read; then "another host" (here, of another
     // group on the same stream) parks an entry in the set. This host's timer knows nothing of
     // it: only its sweep-per-read can bring it back.
-    let id = add(&mut conn, "bound", &json!({"mode": "ack"})).await;
+    let id = add(&mut conn, "bound", &Control::Ack).await;
     host.event(T, "the host is reading", |e| e.id == id).await;
     let _: () = cmd(&mut conn, &["XGROUP", "CREATE", "bound", "other", "$"]).await;
     let id: String = cmd(
@@ -382,12 +385,7 @@ async fn a_host_killed_right_after_parking_still_delivers_the_retry_at_its_due_t
     let url = redis.url();
     let args = ["run", path.to_str().unwrap(), "--redis", url.as_str()];
     let mut host = HostProcess::spawn(&args, dir.path());
-    let id = add(
-        &mut conn,
-        "crash",
-        &json!({"mode": "retry", "ms": 3000, "times": 1}),
-    )
-    .await;
+    let id = add(&mut conn, "crash", &Control::Retry { ms: 3000, times: 1 }).await;
     let due_ms: i64 = wait_for(T, "the park", || {
         let mut conn = conn.clone();
         async move {
@@ -437,7 +435,10 @@ async fn a_redis_restarted_with_aof_keeps_the_parked_entries() {
     let id = add(
         &mut conn,
         "aof",
-        &json!({"mode": "retry", "ms": 600000, "times": 1}),
+        &Control::Retry {
+            ms: 600000,
+            times: 1,
+        },
     )
     .await;
     host.event(T, "the park", |e| e.id == id).await;
@@ -468,7 +469,10 @@ async fn ttl_never_expires_a_set_before_its_last_retry_is_due_and_a_longer_delay
     add(
         &mut conn,
         "ttl",
-        &json!({"mode": "retry", "ms": 60000, "times": 1}),
+        &Control::Retry {
+            ms: 60000,
+            times: 1,
+        },
     )
     .await;
     let ttl: i64 = wait_for(T, "the park", || {
@@ -511,12 +515,7 @@ async fn a_parked_retry_survives_an_outage_of_every_host_longer_than_the_ttl() {
         )
         .replace("block = \"5s\"", "block = \"100ms\"");
     let mut host = TestHost::start(&redis, &toml).await;
-    let id = add(
-        &mut conn,
-        "outage",
-        &json!({"mode": "retry", "ms": 2000, "times": 1}),
-    )
-    .await;
+    let id = add(&mut conn, "outage", &Control::Retry { ms: 2000, times: 1 }).await;
     host.event(T, "the park", |e| e.id == id).await;
     host.stop().await.unwrap();
     let down = std::time::Instant::now();
@@ -542,12 +541,7 @@ async fn a_claiming_subscription_honours_a_delay_shorter_than_min_idle() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let mut host = TestHost::start(&redis, &config("claimer", "claim_min_idle = \"30s\"")).await;
-    let id = add(
-        &mut conn,
-        "claimer",
-        &json!({"mode": "retry", "ms": 300, "times": 1}),
-    )
-    .await;
+    let id = add(&mut conn, "claimer", &Control::Retry { ms: 300, times: 1 }).await;
     let parked = host.event(T, "the park", |e| e.id == id).await;
     let EventKind::Parked { due_ms, .. } = parked.kind else {
         panic!("{parked:?}")
@@ -574,7 +568,7 @@ async fn traps_and_failure_backoff_use_the_set_and_max_retries_counts_parks() {
         ),
     )
     .await;
-    let id = add(&mut conn, "fails", &json!({"mode": "trap"})).await;
+    let id = add(&mut conn, "fails", &Control::Trap).await;
     let first = host.event(T, "the parked trap", |e| e.id == id).await;
     let EventKind::Parked { delay, cause, .. } = &first.kind else {
         panic!("{first:?}")
@@ -602,12 +596,7 @@ async fn without_the_descriptor_no_key_is_created_and_no_sweep_runs() {
     let toml = config("plain", "").replace("delayed_retry = { key = \"plain.delayed\" }\n", "");
     let mut host =
         TestHost::start(&redis, &toml.replace("block = \"5s\"", "block = \"50ms\"")).await;
-    let id = add(
-        &mut conn,
-        "plain",
-        &json!({"mode": "retry", "ms": 100, "times": 1}),
-    )
-    .await;
+    let id = add(&mut conn, "plain", &Control::Retry { ms: 100, times: 1 }).await;
     host.event(T, "the retry", |e| e.id == id).await;
     host.event(T, "the ack", |e| e.id == id && e.kind == EventKind::Acked)
         .await;
@@ -654,14 +643,7 @@ fn a_skewed_host_clock_does_not_change_when_entries_come_due() {
         }
         let mut ids = Vec::new();
         for _ in 0..4 {
-            ids.push(
-                add(
-                    &mut conn,
-                    "skew",
-                    &json!({"mode": "retry", "ms": 1000, "times": 1}),
-                )
-                .await,
-            );
+            ids.push(add(&mut conn, "skew", &Control::Retry { ms: 1000, times: 1 }).await);
         }
         for id in ids {
             let back = wait_for(T, "the retry", || {
@@ -741,7 +723,7 @@ async fn on_redis_cluster_keys_in_different_slots_are_refused_and_hash_tags_work
     let id = add(
         &mut conn,
         "{payments}",
-        &json!({"mode": "retry", "ms": 100, "times": 1}),
+        &Control::Retry { ms: 100, times: 1 },
     )
     .await;
     host.event(T, "the park", |e| {
@@ -762,7 +744,7 @@ async fn an_unreadable_member_is_dead_lettered_instead_of_blocking_the_set() {
         &config("junk", "").replace("block = \"5s\"", "block = \"100ms\""),
     )
     .await;
-    let fields = vec![(b"payload".to_vec(), br#"{"mode":"ack"}"#.to_vec())];
+    let fields = vec![(b"payload".to_vec(), Control::Ack.to_string().into_bytes())];
     let good = member::encode("7-0", 2, &fields);
     let _: i64 = redis::cmd("ZADD")
         .arg("junk.delayed")
@@ -818,12 +800,7 @@ async fn lateness_is_measured_on_the_redis_clock_under_a_skewed_host_clock() {
         .spawn()
         .unwrap();
     let host = HostProcess { child, log };
-    add(
-        &mut conn,
-        "late",
-        &json!({"mode": "retry", "ms": 500, "times": 1}),
-    )
-    .await;
+    add(&mut conn, "late", &Control::Retry { ms: 500, times: 1 }).await;
     let admin = host.admin_addr().await;
     let metrics = wait_for(T, "the retry's lateness to be recorded", || async move {
         let (_, metrics) = http_get(admin, "/metrics").await;

@@ -5,7 +5,6 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde_json::json;
 use sluice_host::EventKind;
 
 use crate::common::*;
@@ -40,11 +39,11 @@ async fn run_form(redis: &Redis, component: &str, stream: &str) -> Vec<(String, 
     );
     let mut host = TestHost::start(redis, &toml).await;
     let created = now_ms();
-    let payment = |id: &str, cents: u64| json!({"id": id, "account": "acct-1", "amount_cents": cents, "currency": "EUR", "created_at_ms": created});
+    let payment = |id: &str, cents: u64| serde_json::json!({"id": id, "account": "acct-1", "amount_cents": cents, "currency": "EUR", "created_at_ms": created});
     let small = add(&mut conn, stream, &payment("small", 1_000)).await;
     let large = add(&mut conn, stream, &payment("large", 500_000)).await;
     let declined = add(&mut conn, stream, &payment("declined", 0)).await;
-    let bad = add(&mut conn, stream, &json!({"id": "bad"})).await;
+    let bad = add(&mut conn, stream, &serde_json::json!({"id": "bad"})).await;
     let mut seen = Vec::new();
     let mut describe = |label: &str, e: &sluice_host::Event| {
         let kind = match &e.kind {

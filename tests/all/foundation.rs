@@ -3,7 +3,6 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::json;
 use sluice_host::EventKind;
 
 use crate::common::*;
@@ -21,7 +20,7 @@ async fn ack_removes_the_entry_from_the_pending_list() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let mut host = TestHost::start(&redis, &fixture_config("acks", "")).await;
-    let id = add(&mut conn, "acks", &json!({"mode": "ack"})).await;
+    let id = add(&mut conn, "acks", &Control::Ack).await;
     let event = host.event(T, "the ack", |e| e.id == id).await;
     assert_eq!(event.kind, EventKind::Acked);
     assert_eq!((event.retry_count, event.delivery_count), (0, 1));
@@ -39,7 +38,10 @@ async fn own_pending_entries_are_re_read_after_a_restart() {
     let id = add(
         &mut conn,
         "restart",
-        &json!({"mode": "retry", "ms": 60000, "times": 1}),
+        &Control::Retry {
+            ms: 60000,
+            times: 1,
+        },
     )
     .await;
     let event = first.event(T, "the retry", |e| e.id == id).await;
@@ -75,7 +77,7 @@ async fn xautoclaim_takes_an_idle_entry_from_a_dead_consumer() {
         &["XGROUP", "CREATE", "claims", "g", "$", "MKSTREAM"],
     )
     .await;
-    let id = add(&mut conn, "claims", &json!({"mode": "ack"})).await;
+    let id = add(&mut conn, "claims", &Control::Ack).await;
     // A consumer reads the entry and dies without settling it.
     let _: redis::Value = cmd(
         &mut conn,
@@ -120,7 +122,7 @@ async fn retry_after_without_a_set_redelivers_after_the_delay() {
     let id = add(
         &mut conn,
         "pending-retry",
-        &json!({"mode": "retry", "ms": 400, "times": 1}),
+        &Control::Retry { ms: 400, times: 1 },
     )
     .await;
     let first = host.event(T, "the retry", |e| e.id == id).await;
@@ -164,7 +166,7 @@ async fn claiming_subscription_rounds_a_pending_retry_up_to_min_idle() {
     let id = add(
         &mut conn,
         "claim-retry",
-        &json!({"mode": "retry", "ms": 100, "times": 1}),
+        &Control::Retry { ms: 100, times: 1 },
     )
     .await;
     host.event(T, "the retry", |e| e.id == id).await;
@@ -188,7 +190,12 @@ async fn undecodable_payloads_are_dead_lettered_with_the_reason() {
         "[[subscription]]\ncomponent = \"{bank}\"\nstream = \"payments\"\ngroup = \"g\"\nblock = \"100ms\"\ndelayed_retry = \"none\"\n",
     )
     .await;
-    let bad = add(&mut conn, "payments", &json!({"id": "p1", "amount": "ten"})).await;
+    let bad = add(
+        &mut conn,
+        "payments",
+        &serde_json::json!({"id": "p1", "amount": "ten"}),
+    )
+    .await;
     let missing: String = cmd(&mut conn, &["XADD", "payments", "*", "body", "{}"]).await;
     let mut reasons = std::collections::HashMap::new();
     while reasons.len() < 2 {
@@ -240,7 +247,7 @@ async fn a_trapping_guest_is_retried_with_backoff_then_dead_lettered() {
         ),
     )
     .await;
-    let poison = add(&mut conn, "traps", &json!({"mode": "trap"})).await;
+    let poison = add(&mut conn, "traps", &Control::Trap).await;
     let first = host.event(T, "the first failure", |e| e.id == poison).await;
     let failed_at = Instant::now();
     let EventKind::RetryPending { delay, cause } = &first.kind else {
@@ -249,7 +256,7 @@ async fn a_trapping_guest_is_retried_with_backoff_then_dead_lettered() {
     assert_eq!(*delay, Duration::from_millis(200));
     assert!(cause.contains("fixture trap on attempt 1"), "{cause}");
     // The host keeps serving other entries while the poison entry waits.
-    let healthy = add(&mut conn, "traps", &json!({"mode": "ack"})).await;
+    let healthy = add(&mut conn, "traps", &Control::Ack).await;
     host.event(T, "the healthy entry", |e| {
         e.id == healthy && e.kind == EventKind::Acked
     })
@@ -289,12 +296,7 @@ async fn max_retries_sends_a_retrying_entry_to_the_dead_letter_stream() {
         &fixture_config("max", "max_retries = 1\ndead_letter = \"max.failed\""),
     )
     .await;
-    let id = add(
-        &mut conn,
-        "max",
-        &json!({"mode": "retry", "ms": 50, "times": 99}),
-    )
-    .await;
+    let id = add(&mut conn, "max", &Control::Retry { ms: 50, times: 99 }).await;
     let event = host
         .event(T, "the dead letter", |e| {
             e.id == id && matches!(e.kind, EventKind::DeadLettered { .. })
@@ -321,7 +323,9 @@ async fn the_guest_sees_its_config_values_and_the_delivery() {
     let id = add(
         &mut conn,
         "report",
-        &json!({"mode": "report", "key": "region"}),
+        &Control::Report {
+            key: "region".into(),
+        },
     )
     .await;
     let event = host.event(T, "the report", |e| e.id == id).await;

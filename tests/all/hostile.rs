@@ -5,8 +5,6 @@
 
 use std::time::Duration;
 
-use serde_json::json;
-
 use crate::common::*;
 
 const T: Duration = Duration::from_secs(30);
@@ -50,7 +48,16 @@ async fn a_guest_never_reaches_the_admin_api_whatever_its_grant() {
     ];
     for spelling in spellings {
         let url = format!("http://{spelling}:{port}/v1/subscriptions/nosy/g/rollback");
-        add(&mut conn, "nosy", &json!({"mode": "http", "key": url})).await;
+        add(
+            &mut conn,
+            "nosy",
+            &Control::Http {
+                url: url.to_string(),
+                body: String::new(),
+                timeout_ms: 0,
+            },
+        )
+        .await;
     }
     let dead = wait_dead_letters(&conn, "nosy", spellings.len()).await;
     for (_, fields) in &dead {
@@ -111,7 +118,10 @@ async fn leaked_http_resources_fail_the_attempt_at_the_host_memory_limit() {
     .await;
     let before = rss();
     // The issue's attack: 10,000 header maps of 100 kB each, leaked, with and without a grant.
-    let attack = json!({"mode": "leak-fields", "times": 10000, "ms": 100000});
+    let attack = Control::LeakFields {
+        maps: 10000,
+        bytes: 100000,
+    };
     add(&mut conn, "leak", &attack).await;
     add(&mut conn, "leak-granted", &attack).await;
     for stream in ["leak", "leak-granted"] {
@@ -125,7 +135,7 @@ async fn leaked_http_resources_fail_the_attempt_at_the_host_memory_limit() {
     let grown = rss().saturating_sub(before);
     assert!(grown < 128 << 20, "the host grew by {} MiB", grown >> 20);
     // The host still serves.
-    let id = add(&mut conn, "leak", &json!({"mode": "ack"})).await;
+    let id = add(&mut conn, "leak", &Control::Ack).await;
     host.event(T, "an ack after the attack", |e| e.id == id)
         .await;
     host.stop().await.unwrap();
@@ -146,10 +156,14 @@ async fn a_log_flood_is_cut_to_the_budget_and_cannot_forge_host_lines() {
     add(
         &mut conn,
         "flood",
-        &json!({"mode": "log-flood", "times": 1000, "ms": 100000, "reason": forged}),
+        &Control::LogFlood {
+            lines: 1000,
+            bytes: 100000,
+            prefix: forged.to_string(),
+        },
     )
     .await;
-    let after = add(&mut conn, "flood", &json!({"mode": "ack"})).await;
+    let after = add(&mut conn, "flood", &Control::Ack).await;
     wait_acked(&conn, "flood", "g", &after).await;
     let (_, metrics) = http_get(host.admin_addr().await, "/metrics").await;
     let dropped: u64 = metrics
@@ -188,7 +202,10 @@ async fn a_retry_delay_over_max_delay_is_clamped() {
     let id = add(
         &mut conn,
         "forever",
-        &json!({"mode": "retry", "ms": u64::MAX, "times": 1}),
+        &Control::Retry {
+            ms: u64::MAX,
+            times: 1,
+        },
     )
     .await;
     let event = host.event(T, "the park", |e| e.id == id).await;
@@ -213,7 +230,7 @@ async fn a_field_name_that_is_not_utf8_is_dead_lettered_and_nothing_wedges() {
     let mut conn = redis.conn().await;
     let toml = config("bytes", "");
     let host = TestHost::start(&redis, &toml).await;
-    let a = add(&mut conn, "bytes", &json!({"mode": "ack"})).await;
+    let a = add(&mut conn, "bytes", &Control::Ack).await;
     let b: String = redis::cmd("XADD")
         .arg("bytes")
         .arg("*")
@@ -222,7 +239,7 @@ async fn a_field_name_that_is_not_utf8_is_dead_lettered_and_nothing_wedges() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let c = add(&mut conn, "bytes", &json!({"mode": "ack"})).await;
+    let c = add(&mut conn, "bytes", &Control::Ack).await;
     let dead = wait_dead_letters(&conn, "bytes", 1).await;
     let reason = field(&dead[0].1, "sluice-reason").unwrap();
     assert!(
@@ -244,7 +261,7 @@ async fn a_field_name_that_is_not_utf8_is_dead_lettered_and_nothing_wedges() {
     // After a restart the consumer still reads.
     host.stop().await.unwrap();
     let mut host = TestHost::start(&redis, &toml).await;
-    let d = add(&mut conn, "bytes", &json!({"mode": "ack"})).await;
+    let d = add(&mut conn, "bytes", &Control::Ack).await;
     host.event(T, "an entry after the restart", |e| e.id == d)
         .await;
     host.stop().await.unwrap();
@@ -268,7 +285,9 @@ async fn a_dead_letter_that_cannot_be_written_keeps_the_entry_pending_and_huge_e
     let id = add(
         &mut conn,
         "wrong",
-        &json!({"mode": "dead", "reason": "poison"}),
+        &Control::Dead {
+            reason: "poison".into(),
+        },
     )
     .await;
     let admin = host.admin().await;
@@ -298,10 +317,12 @@ async fn a_dead_letter_that_cannot_be_written_keeps_the_entry_pending_and_huge_e
     .await;
     // 5,000 fields: more than a script can hand to one XADD; recorded whole, packed.
     let mut xadd = redis::cmd("XADD");
-    xadd.arg("wrong")
-        .arg("*")
-        .arg("payload")
-        .arg(json!({"mode": "dead", "reason": "big"}).to_string());
+    xadd.arg("wrong").arg("*").arg("payload").arg(
+        Control::Dead {
+            reason: "big".into(),
+        }
+        .to_string(),
+    );
     for i in 0..5000 {
         xadd.arg(format!("f{i}")).arg(i);
     }
@@ -323,9 +344,9 @@ async fn a_member_too_big_to_re_add_is_dead_lettered_and_the_sweep_goes_on() {
         &config("bulky", "delayed_retry = { key = \"bulky.delayed\" }"),
     )
     .await;
-    let mut big = vec![(b"payload".to_vec(), br#"{"mode":"ack"}"#.to_vec())];
+    let mut big = vec![(b"payload".to_vec(), Control::Ack.to_string().into_bytes())];
     big.extend((0..5000).map(|i| (format!("f{i}").into_bytes(), b"v".to_vec())));
-    let small = vec![(b"payload".to_vec(), br#"{"mode":"ack"}"#.to_vec())];
+    let small = vec![(b"payload".to_vec(), Control::Ack.to_string().into_bytes())];
     let _: i64 = redis::cmd("ZADD")
         .arg("bulky.delayed")
         .arg(0)
@@ -352,10 +373,10 @@ async fn a_deleted_stream_and_group_are_created_again() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let mut host = TestHost::start(&redis, &config("gone", "")).await;
-    let first = add(&mut conn, "gone", &json!({"mode": "ack"})).await;
+    let first = add(&mut conn, "gone", &Control::Ack).await;
     host.event(T, "the first ack", |e| e.id == first).await;
     let _: () = cmd(&mut conn, &["DEL", "gone"]).await;
-    let second = add(&mut conn, "gone", &json!({"mode": "ack"})).await;
+    let second = add(&mut conn, "gone", &Control::Ack).await;
     host.event(T, "an entry on the new stream", |e| e.id == second)
         .await;
     host.stop().await.unwrap();
@@ -377,7 +398,7 @@ async fn spoofed_bookkeeping_fields_change_nothing() {
         .arg("spoof")
         .arg("*")
         .arg("payload")
-        .arg(json!({"mode": "trap-then-ack", "times": 1}).to_string())
+        .arg(Control::TrapThenAck { times: 1 }.to_string())
         .arg("sluice-retry-count")
         .arg("4294967295")
         .arg("sluice-origin-id")
@@ -526,7 +547,7 @@ async fn readiness_names_a_subscription_that_cannot_read_and_recovers() {
         (http_get(admin, "/readyz").await.0 == 200).then_some(())
     })
     .await;
-    let id = add(&mut conn, "blocked", &json!({"mode": "ack"})).await;
+    let id = add(&mut conn, "blocked", &Control::Ack).await;
     host.event(T, "an entry once the key is fixed", |e| e.id == id)
         .await;
     host.stop().await.unwrap();
@@ -543,7 +564,7 @@ async fn pending_entries_of_a_gone_consumer_are_taken_over() {
         &["XGROUP", "CREATE", "pods", "g", "0", "MKSTREAM"],
     )
     .await;
-    let id = add(&mut conn, "pods", &json!({"mode": "ack"})).await;
+    let id = add(&mut conn, "pods", &Control::Ack).await;
     // The old pod reads the entry and is never seen again.
     let _: redis::Value = cmd(
         &mut conn,
@@ -628,7 +649,7 @@ async fn a_read_that_keeps_failing_backs_off() {
         &["run", path.to_str().unwrap(), "--redis", url.as_str()],
         dir.path(),
     );
-    let id = add(&mut conn, "spin", &json!({"mode": "ack"})).await;
+    let id = add(&mut conn, "spin", &Control::Ack).await;
     wait_acked(&conn, "spin", "g", &id).await;
     let _: () = cmd(&mut conn, &["DEL", "spin"]).await;
     let _: () = cmd(&mut conn, &["SET", "spin", "not a stream"]).await;

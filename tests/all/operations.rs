@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use serde_json::json;
 use sluice_host::EventKind;
 
 use crate::common::*;
@@ -30,11 +29,13 @@ async fn metrics_count_acks_retries_dead_letters_and_traps() {
     .await;
     let admin = host.admin().await;
     for payload in [
-        json!({"mode": "ack"}),
-        json!({"mode": "ack"}),
-        json!({"mode": "retry", "ms": 100, "times": 1}),
-        json!({"mode": "dead", "reason": "no"}),
-        json!({"mode": "trap"}),
+        Control::Ack,
+        Control::Ack,
+        Control::Retry { ms: 100, times: 1 },
+        Control::Dead {
+            reason: "no".into(),
+        },
+        Control::Trap,
     ] {
         add(&mut conn, "m", &payload).await;
     }
@@ -158,7 +159,7 @@ async fn readyz_follows_redis_and_the_host_reconnects_by_itself() {
     })
     .await;
     let mut conn = redis.conn().await;
-    let id = add(&mut conn, "r", &json!({"mode": "ack"})).await;
+    let id = add(&mut conn, "r", &Control::Ack).await;
     host.event(T, "an entry after Redis came back", |e| e.id == id)
         .await;
     let (_, metrics) = http_get(admin, "/metrics").await;
@@ -179,14 +180,17 @@ async fn status_reports_consumers_pending_parked_and_dead_letters() {
     let parked = add(
         &mut conn,
         "st",
-        &json!({"mode": "retry", "ms": 60000, "times": 1}),
+        &Control::Retry {
+            ms: 60000,
+            times: 1,
+        },
     )
     .await;
     host.event(T, "the park", |e| e.id == parked).await;
-    let dead = add(&mut conn, "st", &json!({"mode": "dead", "reason": "x"})).await;
+    let dead = add(&mut conn, "st", &Control::Dead { reason: "x".into() }).await;
     host.event(T, "the dead letter", |e| e.id == dead).await;
     host.stop().await.unwrap();
-    add(&mut conn, "st", &json!({"mode": "ack"})).await;
+    add(&mut conn, "st", &Control::Ack).await;
 
     let dir = tempfile::tempdir().unwrap();
     let path = write_config(dir.path(), "sluice.toml", toml);
@@ -238,7 +242,7 @@ async fn terminate_while_busy(
         dir.path(),
     );
     for _ in 0..slow {
-        add(&mut conn, stream, &json!({"mode": "slow", "ms": ms})).await;
+        add(&mut conn, stream, &Control::Slow { ms }).await;
     }
     wait_for(T, "the deliveries to be in flight", || {
         let mut conn = conn.clone();
@@ -320,7 +324,7 @@ async fn a_shutdown_whose_acks_cannot_reach_redis_names_them_and_leaves_entries_
         &["run", path.to_str().unwrap(), "--redis", url.as_str()],
         dir.path(),
     );
-    add(&mut conn, "unflushed", &json!({"mode": "slow", "ms": 1000})).await;
+    add(&mut conn, "unflushed", &Control::Slow { ms: 1000 }).await;
     wait_for(T, "the delivery to be in flight", || {
         let mut conn = conn.clone();
         async move { (pending(&mut conn, "unflushed", "g").await == 1).then_some(()) }

@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use serde_json::json;
 use sluice_host::EventKind;
 
 use crate::common::*;
@@ -35,14 +34,15 @@ struct Produced {
     big: Option<usize>,
 }
 
-fn control() -> impl Strategy<Value = serde_json::Value> {
+fn control() -> impl Strategy<Value = Control> {
     prop_oneof![
-        Just(json!({"mode": "ack"})),
-        "[a-z ]{0,20}".prop_map(|r| json!({"mode": "dead", "reason": r})),
-        (10u64..200, 1u64..3)
-            .prop_map(|(ms, times)| json!({"mode": "retry", "ms": ms, "times": times})),
-        (1u64..3).prop_map(|times| json!({"mode": "trap-then-ack", "times": times})),
-        Just(json!({"mode": "trap"})),
+        Just(Control::Ack),
+        "[a-z ]{0,20}".prop_map(|r| Control::Dead {
+            reason: r.to_string()
+        }),
+        (10u64..200, 1u64..3).prop_map(|(ms, times)| Control::Retry { ms, times }),
+        (1u64..3).prop_map(|times| Control::TrapThenAck { times }),
+        Just(Control::Trap),
     ]
 }
 
@@ -252,7 +252,7 @@ fn every_entry_ends_acked_or_dead_lettered_exactly_once() {
                     }
                 }
                 // A healthy entry added last is handled.
-                let last = add(&mut conn, STREAM, &json!({"mode": "ack"})).await;
+                let last = add(&mut conn, STREAM, &Control::Ack).await;
                 wait_acked(&conn, STREAM, "g", &last).await;
                 (acks, deads)
             });

@@ -5,8 +5,6 @@
 
 use std::time::Duration;
 
-use serde_json::json;
-
 use crate::common::*;
 
 const T: Duration = Duration::from_secs(30);
@@ -23,17 +21,12 @@ fn two_subscriptions(stream: &str, extra: &str) -> String {
 /// healthy ones on both. The healthy ones are acked while the fault runs its course, the fault is
 /// dead-lettered (`max_retries = 0`), and the host keeps serving. Returns the dead letter's
 /// reason and the host's log line for the failed attempt.
-async fn fault(stream: &str, extra: &str, mode: serde_json::Value) -> (String, String) {
+async fn fault(stream: &str, extra: &str, mode: Control) -> (String, String) {
     misbehave(stream, extra, mode, "attempt failed").await
 }
 
 /// [`fault`] for any entry that ends dead-lettered; `marker` picks its log line.
-async fn misbehave(
-    stream: &str,
-    extra: &str,
-    mode: serde_json::Value,
-    marker: &str,
-) -> (String, String) {
+async fn misbehave(stream: &str, extra: &str, mode: Control, marker: &str) -> (String, String) {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let dir = tempfile::tempdir().unwrap();
@@ -45,8 +38,8 @@ async fn misbehave(
     );
     let bystander = format!("{stream}-bystander");
     let bad = add(&mut conn, stream, &mode).await;
-    let same = add(&mut conn, stream, &json!({"mode": "ack"})).await;
-    let other = add(&mut conn, &bystander, &json!({"mode": "ack"})).await;
+    let same = add(&mut conn, stream, &Control::Ack).await;
+    let other = add(&mut conn, &bystander, &Control::Ack).await;
     let dead = wait_dead_letters(&conn, stream, 1).await;
     assert_eq!(dead.len(), 1, "only the fault is dead-lettered: {dead:?}");
     let fields = &dead[0].1;
@@ -63,7 +56,7 @@ async fn misbehave(
     })
     .await;
     // The host is still up and serving.
-    let after = add(&mut conn, stream, &json!({"mode": "ack"})).await;
+    let after = add(&mut conn, stream, &Control::Ack).await;
     wait_acked(&conn, stream, "g", &after).await;
     let line = wait_for(T, "the entry's line in the host's log", || {
         let text = host.log_text();
@@ -91,12 +84,7 @@ fn both_say(fault: &(String, String), what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_infinite_loop_is_interrupted_at_its_deadline() {
-    let fault = fault(
-        "looping",
-        "handler_timeout = \"300ms\"",
-        json!({"mode": "loop"}),
-    )
-    .await;
+    let fault = fault("looping", "handler_timeout = \"300ms\"", Control::Loop).await;
     both_say(&fault, "handler exceeded its time limit of 300ms");
 }
 
@@ -106,7 +94,7 @@ async fn a_guest_blocked_in_a_host_call_is_stopped_at_its_deadline() {
     let fault = fault(
         "sleeping",
         "handler_timeout = \"300ms\"",
-        json!({"mode": "sleep", "ms": 60_000}),
+        Control::Sleep { ms: 60_000 },
     )
     .await;
     both_say(&fault, "handler exceeded its time limit of 300ms");
@@ -114,24 +102,19 @@ async fn a_guest_blocked_in_a_host_call_is_stopped_at_its_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fuel_budget_stops_a_loop_deterministically() {
-    let fault = fault("metered", "fuel = 5000000", json!({"mode": "loop"})).await;
+    let fault = fault("metered", "fuel = 5000000", Control::Loop).await;
     both_say(&fault, "ran out of fuel (budget 5000000 per delivery)");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocating_past_the_memory_limit_fails_the_attempt() {
-    let fault = fault(
-        "hungry",
-        "memory_limit = \"16MiB\"",
-        json!({"mode": "alloc"}),
-    )
-    .await;
+    let fault = fault("hungry", "memory_limit = \"16MiB\"", Control::Alloc).await;
     both_say(&fault, "memory limit of 16777216 bytes");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deep_recursion_traps_cleanly() {
-    let fault = fault("deep", "", json!({"mode": "recurse"})).await;
+    let fault = fault("deep", "", Control::Recurse).await;
     both_say(&fault, "guest trapped");
     let reason = &fault.0;
     // Rust keeps its stack in linear memory: running off its end is an out-of-bounds access
@@ -147,7 +130,7 @@ async fn deep_recursion_traps_cleanly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_is_reported_with_its_message() {
-    let fault = fault("panics", "", json!({"mode": "trap"})).await;
+    let fault = fault("panics", "", Control::Trap).await;
     both_say(&fault, "guest panicked at");
     both_say(&fault, "fixture trap on attempt 1");
 }
@@ -162,7 +145,9 @@ async fn files_environment_and_sockets_are_denied() {
     let probe = misbehave(
         "caps",
         "",
-        json!({"mode": "probe", "key": target}),
+        Control::Probe {
+            target: target.to_string(),
+        },
         "dead-lettering",
     )
     .await;
@@ -238,7 +223,11 @@ async fn outbound_http_reaches_granted_hosts_only_and_is_time_bounded() {
         &["run", path.to_str().unwrap(), "--redis", url.as_str()],
         dir.path(),
     );
-    let http = |url: String| json!({"mode": "http", "key": url, "reason": "hello"});
+    let http = |url: String| Control::Http {
+        url: url.to_string(),
+        body: "hello".into(),
+        timeout_ms: 0,
+    };
     let allowed = add(
         &mut conn,
         "web",
@@ -257,8 +246,8 @@ async fn outbound_http_reaches_granted_hosts_only_and_is_time_bounded() {
         &http(format!("http://{}/slow", granted.addr)),
     )
     .await;
-    let same = add(&mut conn, "web", &json!({"mode": "ack"})).await;
-    let bystander = add(&mut conn, "web-bystander", &json!({"mode": "ack"})).await;
+    let same = add(&mut conn, "web", &Control::Ack).await;
+    let bystander = add(&mut conn, "web-bystander", &Control::Ack).await;
 
     let dead = wait_for(T, "three dead letters", || {
         let mut conn = conn.clone();

@@ -5,8 +5,6 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use serde_json::json;
-
 use crate::common::*;
 
 const T: Duration = Duration::from_secs(60);
@@ -51,7 +49,7 @@ async fn swapping_under_load_handles_every_entry_exactly_once_with_a_clean_switc
         let mut conn = redis.conn().await;
         tokio::spawn(async move {
             for i in 0..total {
-                add(&mut conn, "sw", &json!({"mode": "version"})).await;
+                add(&mut conn, "sw", &Control::Version).await;
                 if i % 50 == 0 {
                     tokio::task::yield_now().await;
                 }
@@ -151,7 +149,7 @@ async fn bad_uploads_are_refused_and_the_old_version_keeps_serving() {
     );
     assert_eq!(after[0]["refusals"], 3);
     assert_eq!(after[0]["swaps"], 0);
-    let id = add(&mut conn, "sw", &json!({"mode": "version"})).await;
+    let id = add(&mut conn, "sw", &Control::Version).await;
     let event = host
         .event(T, "an entry after the refusals", |e| e.id == id)
         .await;
@@ -186,7 +184,7 @@ async fn rollback_restores_the_previous_digest_at_once() {
         .unwrap()
         .to_owned();
     assert_ne!(v1_digest, v2_digest);
-    let id = add(&mut conn, "sw", &json!({"mode": "version"})).await;
+    let id = add(&mut conn, "sw", &Control::Version).await;
     let event = host.event(T, "a v2 delivery", |e| e.id == id).await;
     assert_eq!(event.digest.as_str(), v2_digest.as_str());
 
@@ -194,7 +192,7 @@ async fn rollback_restores_the_previous_digest_at_once() {
         http_request(admin, "POST", "/v1/subscriptions/sw/g/rollback", &[], b"").await;
     assert_eq!(status, 200, "{body}");
     assert!(body.contains(&v1_digest), "{body}");
-    let id = add(&mut conn, "sw", &json!({"mode": "version"})).await;
+    let id = add(&mut conn, "sw", &Control::Version).await;
     let event = host.event(T, "a v1 delivery again", |e| e.id == id).await;
     assert_eq!(event.digest.as_str(), v1_digest.as_str());
     let (_, listing) = http_get(admin, "/v1/subscriptions").await;
@@ -336,7 +334,7 @@ async fn version_of_next(
     host: &mut TestHost,
     conn: &mut redis::aio::MultiplexedConnection,
 ) -> String {
-    let id = add(conn, "sw", &json!({"mode": "version"})).await;
+    let id = add(conn, "sw", &Control::Version).await;
     let event = host.event(T, "a version entry", |e| e.id == id).await;
     match event.kind {
         sluice_host::EventKind::DeadLettered { reason } => {
@@ -466,7 +464,7 @@ async fn a_swap_under_full_load_costs_no_attempt() {
     let mut conn = redis.conn().await;
     // Added before the host starts, so its first read takes all four at once.
     for _ in 0..4 {
-        add(&mut conn, "sw", &json!({"mode": "slow", "ms": 3000})).await;
+        add(&mut conn, "sw", &Control::Slow { ms: 3000 }).await;
     }
     let mut host = TestHost::start(
         &redis,
@@ -486,7 +484,7 @@ async fn a_swap_under_full_load_costs_no_attempt() {
     assert_eq!(status, 200, "{body}");
     let mut last = String::new();
     for _ in 0..12 {
-        last = add(&mut conn, "sw", &json!({"mode": "ack"})).await;
+        last = add(&mut conn, "sw", &Control::Ack).await;
     }
     wait_acked(&conn, "sw", "g", &last).await;
     let (_, metrics) = http_get(admin, "/metrics").await;

@@ -11,6 +11,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
+pub use sluice_fixture_control::Control;
 use sluice_host::devredis::{DevRedis, DevRedisOptions};
 use sluice_host::{Config, Event, Plan, Service};
 use tokio::sync::broadcast;
@@ -353,17 +354,18 @@ pub fn run_sluice(args: &[&str], dir: &Path) -> (bool, String, String) {
     )
 }
 
-/// XADD an entry with a JSON payload; returns its id.
+/// XADD an entry whose `payload` field is `payload` as JSON (a [`Control`] for the fixture);
+/// returns its id.
 pub async fn add(
     conn: &mut MultiplexedConnection,
     stream: &str,
-    payload: &serde_json::Value,
+    payload: &impl serde::Serialize,
 ) -> String {
     redis::cmd("XADD")
         .arg(stream)
         .arg("*")
         .arg("payload")
-        .arg(payload.to_string())
+        .arg(serde_json::to_string(payload).expect("a payload serialises"))
         .query_async(conn)
         .await
         .expect("XADD")

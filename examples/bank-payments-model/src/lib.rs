@@ -2,7 +2,7 @@
 //! a [`Payment`] as the producer writes it, and a [`PaymentGateway`] client that charges it
 //! over HTTP.
 //!
-//! The demo's gateway (`bank-gateway`, in `examples/gateway`) runs on this machine. It holds
+//! The demo's gateway (`bank-gateway`, in `examples/bank-gateway`) runs on this machine. It holds
 //! large payments for a while after it first sees them, the way a real gateway times out while
 //! a bank confirms a large transfer: the charge request times out, the handler parks the
 //! payment for [`RECHECK`], and the retry finds it confirmed. Charges carry the payment id as

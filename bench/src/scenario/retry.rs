@@ -1,0 +1,147 @@
+//! Retries through the durable delayed set: how late a parked retry fires (`retry`) and how
+//! fast a backlog of due retries drains back onto the stream (`drain`).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use sluice_host::EventKind;
+use tokio_util::sync::CancellationToken;
+
+use super::{Bench, Report, now_ms, percentile};
+
+impl Bench {
+    /// Entries whose first attempt asks for `delay` and whose second acks: how late each retry
+    /// is handled (handled time minus due time, both on this machine's clock, which is also the
+    /// Redis server's).
+    pub async fn retry(&self, n: usize, delay: Duration) -> Result<Report> {
+        let stream = "bench-retry";
+        let key = "bench-retry.delayed";
+        let payload = sluice_fixture_control::Control::Retry {
+            ms: delay.as_millis() as u64,
+            times: 1,
+        }
+        .to_string();
+        self.fill(stream, n, |_| payload.clone()).await?;
+        let toml = format!(
+            "[[subscription]]\ncomponent = {:?}\nstream = {stream:?}\ngroup = \"g\"\ncount = 128\nmax_in_flight = 128\nblock = \"1s\"\ndelayed_retry = {{ key = {key:?} }}\n",
+            self.fixture.display().to_string()
+        );
+        let service = self.service(&toml).await?;
+        let mut events = service.events().subscribe();
+        let stop = CancellationToken::new();
+        let started = Instant::now();
+        let task = tokio::spawn(service.run(None, stop.clone()));
+        let mut due: HashMap<String, f64> = HashMap::with_capacity(n);
+        let mut handled: HashMap<String, f64> = HashMap::with_capacity(n);
+        let (mut first_park, mut last_park) = (f64::MAX, 0.0f64);
+        while handled.len() < n {
+            let event = match tokio::time::timeout(Duration::from_secs(60), events.recv()).await {
+                Ok(Ok(event)) => event,
+                Ok(Err(err)) => bail!("lost events: {err}"),
+                Err(_) => bail!(
+                    "retry scenario stalled with {} of {n} handled",
+                    handled.len()
+                ),
+            };
+            let at = now_ms();
+            match event.kind {
+                EventKind::Parked { due_ms, .. } => {
+                    first_park = first_park.min(at);
+                    last_park = last_park.max(at);
+                    due.insert(event.id, due_ms as f64);
+                }
+                EventKind::Acked if event.retry_count == 1 => {
+                    handled.insert(event.id, at);
+                }
+                other => bail!("unexpected outcome in the retry scenario: {other:?}"),
+            }
+        }
+        let elapsed = started.elapsed();
+        stop.cancel();
+        task.await?.context("the host failed")?;
+        // Map each re-added entry back to the entry it was parked from.
+        let mut conn = self.conn().await?;
+        let all: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut conn)
+            .await?;
+        let mut lateness: Vec<f64> = Vec::with_capacity(n);
+        for (id, fields) in all {
+            if let (Some(origin), Some(at)) = (fields.get("sluice-origin-id"), handled.get(&id))
+                && let Some(due_ms) = due.get(origin)
+            {
+                lateness.push(at - due_ms);
+            }
+        }
+        if lateness.len() != n {
+            bail!("matched {} of {n} retries to their parks", lateness.len());
+        }
+        lateness.sort_by(f64::total_cmp);
+        let mut report = Report::new("retry", n, elapsed);
+        report.lateness_p50_ms = Some(percentile(&lateness, 50.0));
+        report.lateness_p99_ms = Some(percentile(&lateness, 99.0));
+        report.lateness_max_ms = lateness.last().copied();
+        if last_park > first_park {
+            report.extra.push((
+                "parks_per_s",
+                n as f64 / ((last_park - first_park) / 1000.0),
+            ));
+        }
+        Ok(report)
+    }
+
+    /// `n` entries already due in the set: time until all are back on the stream and handled.
+    pub async fn drain(&self, n: usize) -> Result<Report> {
+        let stream = "bench-drain";
+        let key = "bench-drain.delayed";
+        let mut conn = self.conn().await?;
+        let fields = vec![(
+            b"payload".to_vec(),
+            sluice_fixture_control::Control::Ack
+                .to_string()
+                .into_bytes(),
+        )];
+        for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+            let mut cmd = redis::cmd("ZADD");
+            cmd.arg(key);
+            for &i in chunk {
+                let member = sluice_host::delayed::member::encode(&format!("{i}-0"), 1, &fields);
+                cmd.arg(0).arg(member);
+            }
+            cmd.query_async::<i64>(&mut conn).await?;
+        }
+        let toml = format!(
+            "[[subscription]]\ncomponent = {:?}\nstream = {stream:?}\ngroup = \"g\"\ncount = 128\nmax_in_flight = 128\nblock = \"1s\"\ndelayed_retry = {{ key = {key:?} }}\n",
+            self.fixture.display().to_string()
+        );
+        let service = self.service(&toml).await?;
+        let stop = CancellationToken::new();
+        let started = Instant::now();
+        let task = tokio::spawn(service.run(None, stop.clone()));
+        // Moved back: the set is empty.
+        let mut moved_at = None;
+        loop {
+            let left: i64 = redis::cmd("ZCARD").arg(key).query_async(&mut conn).await?;
+            if left == 0 {
+                moved_at = moved_at.or(Some(started.elapsed()));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        self.settled(stream, n, Some(key)).await?;
+        let elapsed = started.elapsed();
+        stop.cancel();
+        task.await?.context("the host failed")?;
+        let mut report = Report::new("drain", n, elapsed);
+        if let Some(moved) = moved_at {
+            report
+                .extra
+                .push(("swept_per_s", n as f64 / moved.as_secs_f64()));
+        }
+        report.us_per_delivery = Some(report.seconds * 1e6 / n as f64);
+        Ok(report)
+    }
+}

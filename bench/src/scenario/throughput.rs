@@ -1,0 +1,100 @@
+//! How fast entries go through: Redis alone (`ceiling`), the host with a native handler, and
+//! with the WASM fixture reused or fresh per delivery.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use redis::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::{Bench, Report};
+use crate::native::NativeAck;
+
+impl Bench {
+    /// XREADGROUP COUNT 128 + one XACK per batch, nothing else.
+    pub async fn ceiling(&self, n: usize) -> Result<Report> {
+        let stream = "bench-ceiling";
+        self.fill(stream, n, Self::payment).await?;
+        let mut conn = self.conn().await?;
+        redis::cmd("XGROUP")
+            .arg(["CREATE", stream, "g", "0"].as_slice())
+            .query_async::<()>(&mut conn)
+            .await?;
+        let started = Instant::now();
+        let mut handled = 0;
+        loop {
+            let reply: Value = redis::cmd("XREADGROUP")
+                .arg(["GROUP", "g", "c", "COUNT", "128", "STREAMS", stream, ">"].as_slice())
+                .query_async(&mut conn)
+                .await?;
+            let ids = entry_ids(&reply);
+            if ids.is_empty() {
+                break;
+            }
+            handled += ids.len();
+            redis::cmd("XACK")
+                .arg(stream)
+                .arg("g")
+                .arg(&ids)
+                .query_async::<i64>(&mut conn)
+                .await?;
+        }
+        if handled != n {
+            bail!("ceiling handled {handled} of {n}");
+        }
+        let mut report = Report::new("ceiling", n, started.elapsed());
+        report.us_per_delivery = Some(report.seconds * 1e6 / n as f64);
+        Ok(report)
+    }
+
+    /// The host's full path: `native`, `wasm` or `wasm-isolated`.
+    pub async fn host_path(&self, scenario: &str, n: usize) -> Result<Report> {
+        let stream = format!("bench-{scenario}");
+        self.fill(&stream, n, Self::payment).await?;
+        let isolation = if scenario == "wasm-isolated" {
+            "per-delivery"
+        } else {
+            "reuse"
+        };
+        let toml = format!(
+            "[[subscription]]\ncomponent = {:?}\nstream = {stream:?}\ngroup = \"g\"\ncount = 128\nmax_in_flight = 128\nblock = \"100ms\"\nisolation = \"{isolation}\"\ndelayed_retry = \"none\"\n",
+            self.fixture.display().to_string()
+        );
+        let mut service = self.service(&toml).await?;
+        if scenario == "native" {
+            service = service.with_handler(0, Arc::new(NativeAck::new()));
+        }
+        let stop = CancellationToken::new();
+        let started = Instant::now();
+        let task = tokio::spawn(service.run(None, stop.clone()));
+        self.settled(&stream, n, None).await?;
+        let elapsed = started.elapsed();
+        stop.cancel();
+        task.await?.context("the host failed")?;
+        let mut report = Report::new(scenario, n, elapsed);
+        report.us_per_delivery = Some(report.seconds * 1e6 / n as f64);
+        Ok(report)
+    }
+}
+
+/// The entry ids of an XREADGROUP reply.
+fn entry_ids(reply: &Value) -> Vec<Vec<u8>> {
+    let mut ids = Vec::new();
+    if let Value::Array(streams) = reply {
+        for stream in streams {
+            if let Value::Array(pair) = stream
+                && let Some(Value::Array(entries)) = pair.get(1)
+            {
+                for entry in entries {
+                    if let Value::Array(parts) = entry
+                        && let Some(Value::BulkString(id)) = parts.first()
+                    {
+                        ids.push(id.clone());
+                    }
+                }
+            }
+        }
+    }
+    ids
+}

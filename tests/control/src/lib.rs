@@ -1,0 +1,132 @@
+//! What a test entry tells the fixture guest (`tests/guests/fixture`) to do.
+//!
+//! The fixture is one component that can walk every path of the host; each entry's payload
+//! picks the path. The tests and the benchmark write payloads with this type and the fixture
+//! reads them with it, so the three cannot drift apart. On the wire it is JSON tagged by
+//! `mode`, e.g. `{"mode":"retry","ms":500,"times":1}`; fields it does not know are ignored,
+//! so a payment-shaped payload with `"mode":"ack"` decodes as [`Control::Ack`].
+
+use serde::{Deserialize, Serialize};
+
+/// One entry's instruction to the fixture.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "mode", rename_all = "kebab-case")]
+pub enum Control {
+    /// Ack.
+    Ack,
+    /// Ask to retry after `ms` while fewer than `times` attempts came before, then ack.
+    Retry {
+        /// The delay asked for.
+        ms: u64,
+        /// How many attempts retry before one acks.
+        times: u64,
+    },
+    /// Dead-letter with `reason`.
+    Dead {
+        /// The handler's reason.
+        reason: String,
+    },
+    /// Panic on every attempt.
+    Trap,
+    /// Panic while fewer than `times` attempts came before, then ack.
+    TrapThenAck {
+        /// How many attempts panic.
+        times: u64,
+    },
+    /// Dead-letter with a reason describing the delivery (stream, group, counts, the config
+    /// value `key`, the field names).
+    Report {
+        /// The config value to report.
+        key: String,
+    },
+    /// Log `line` at warn level, then ack.
+    Log {
+        /// What to log.
+        line: String,
+    },
+    /// Never return.
+    Loop,
+    /// Dead-letter with `<version>@<wall-clock ms>` (`v1`, or `v2` in the v2 build).
+    Version,
+    /// Work (spin) for `ms` milliseconds, then ack.
+    Slow {
+        /// How long.
+        ms: u64,
+    },
+    /// Sleep `ms` milliseconds waiting in WASI's poll, then ack.
+    Sleep {
+        /// How long.
+        ms: u64,
+    },
+    /// Allocate 1 MiB blocks until allocation fails.
+    Alloc,
+    /// Recurse without end.
+    Recurse,
+    /// Try to read a file, an environment variable and open a socket to `target`
+    /// (`host:port`), and dead-letter with what happened.
+    Probe {
+        /// Where to connect.
+        target: String,
+    },
+    /// POST `body` to `url` (with a timeout if `timeout_ms` is set) and dead-letter with
+    /// `status=.. body=..` or the error. Not in the v2 build, which imports no `wasi:http`.
+    Http {
+        /// Where to send it.
+        url: String,
+        /// What to send.
+        #[serde(default)]
+        body: String,
+        /// The request's own timeout; 0 leaves it to the host.
+        #[serde(default)]
+        timeout_ms: u64,
+    },
+    /// Create `maps` `wasi:http` header maps with a `bytes`-byte value each and leak them, then
+    /// ack.
+    LeakFields {
+        /// How many maps.
+        maps: u64,
+        /// The size of each map's value.
+        bytes: u64,
+    },
+    /// Log `lines` lines of `bytes` bytes, each starting with `prefix`, then ack.
+    LogFlood {
+        /// How many lines.
+        lines: u64,
+        /// The filler after the prefix.
+        bytes: u64,
+        /// What each line starts with.
+        prefix: String,
+    },
+}
+
+/// The payload as it goes into the entry's `payload` field: its JSON.
+impl std::fmt::Display for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let json = serde_json::to_string(self).map_err(|_| std::fmt::Error)?;
+        f.write_str(&json)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wire_form_is_tagged_by_mode_and_ignores_unknown_fields() {
+        let retry = Control::Retry { ms: 500, times: 1 };
+        assert_eq!(retry.to_string(), r#"{"mode":"retry","ms":500,"times":1}"#);
+        let back: Control = serde_json::from_str(&retry.to_string()).unwrap();
+        assert_eq!(back, retry);
+        let payment: Control =
+            serde_json::from_str(r#"{"mode":"ack","amount":1200,"currency":"EUR"}"#).unwrap();
+        assert_eq!(payment, Control::Ack);
+        let huge = Control::Retry {
+            ms: u64::MAX,
+            times: 1,
+        };
+        assert_eq!(
+            serde_json::from_str::<Control>(&huge.to_string()).unwrap(),
+            huge
+        );
+    }
+}
