@@ -1,5 +1,6 @@
 //! The `sluice` binary as an operator uses it: a private dev Redis when none is configured,
-//! graceful shutdown, `sluice parked`, the compile cache, and riding out a Redis restart.
+//! graceful shutdown, `sluice parked`, the compile cache, riding out a Redis restart, and
+//! `sluice check` refusing bad configurations with errors that name the problem.
 
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ async fn run_without_a_url_starts_a_private_redis_and_stops_it_on_sigterm() {
     let path = write_config(
         dir.path(),
         "sluice.toml",
-        "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"dev\"\ngroup = \"g\"\nblock = \"100ms\"\n",
+        &TestConfig::of(Sub::fixture("dev")).to_string(),
     );
     let mut host = HostProcess::spawn(&["run", path.to_str().unwrap()], dir.path());
     let url_file = dir.path().join(".sluice/dev-redis/url");
@@ -74,7 +75,7 @@ async fn parked_lists_what_waits_oldest_first_in_text_and_json() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let dir = tempfile::tempdir().unwrap();
-    let toml = "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"waits\"\ngroup = \"g\"\nblock = \"100ms\"\ndelayed_retry = { key = \"waits.delayed\" }\n";
+    let toml = &TestConfig::of(Sub::fixture("waits").delayed("waits.delayed")).to_string();
     let path = write_config(dir.path(), "sluice.toml", toml);
     let mut host = TestHost::start(&redis, toml).await;
     let late = add(
@@ -174,7 +175,9 @@ fn compiled_components_are_cached_on_disk() {
     let path = write_config(
         dir.path(),
         "sluice.toml",
-        "cache_dir = \"cache\"\n[[subscription]]\ncomponent = \"{fixture}\"\n",
+        &TestConfig::of(Sub::as_built("{fixture}"))
+            .set("cache_dir", "cache")
+            .to_string(),
     );
     // Compiled artifacts with their modification times; wasmtime's cache also keeps `.stats`
     // files and cleanup locks, written in the background whenever an entry is used.
@@ -230,11 +233,7 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 async fn the_host_rides_out_a_redis_restart() {
     let mut redis = Redis::start();
     let mut conn = redis.conn().await;
-    let mut host = TestHost::start(
-        &redis,
-        "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"bumpy\"\ngroup = \"g\"\nblock = \"100ms\"\n",
-    )
-    .await;
+    let mut host = start_fixture(&redis, TestConfig::of(Sub::fixture("bumpy"))).await;
     let before = add(&mut conn, "bumpy", &Control::Ack).await;
     host.event(T, "the first ack", |e| e.id == before).await;
     redis.server.restart().unwrap();
@@ -260,7 +259,7 @@ async fn guest_logs_land_in_the_host_log_inside_the_delivery_span_as_json() {
     let path = write_config(
         dir.path(),
         "sluice.toml",
-        "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"logs\"\ngroup = \"g\"\nblock = \"100ms\"\n",
+        &TestConfig::of(Sub::fixture("logs")).to_string(),
     );
     let url = redis.url();
     let host = HostProcess::spawn(
@@ -307,4 +306,134 @@ async fn guest_logs_land_in_the_host_log_inside_the_delivery_span_as_json() {
         serde_json::from_str::<serde_json::Value>(line)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
     }
+}
+
+#[test]
+fn bad_configurations_are_refused_with_errors_naming_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cases = [
+        (
+            "unknown.toml",
+            &TestConfig::of(Sub::as_built("{fixture}").set("blok", "1s")).to_string(),
+            "unknown field `blok`",
+        ),
+        (
+            "duration.toml",
+            &TestConfig::of(Sub::as_built("{fixture}").set("block", "soonish")).to_string(),
+            "subscription[0].block",
+        ),
+        (
+            "missing.toml",
+            &TestConfig::of(Sub::as_built("nope.wasm")).to_string(),
+            "nope.wasm does not exist",
+        ),
+        (
+            "world.toml",
+            &TestConfig::of(Sub::as_built("{other_world}")).to_string(),
+            "does not implement the sluice:handler/handler world",
+        ),
+        (
+            "group.toml",
+            &TestConfig::of(Sub::as_built("{fixture}").set("group", "")).to_string(),
+            "`group` is empty",
+        ),
+        (
+            "ttl.toml",
+            &TestConfig::of(Sub::as_built("{fixture}").set("max_delay", "2h").set(
+                "delayed_retry",
+                Raw(r#"{ key = "fixture.delayed", ttl = "1h" }"#),
+            ))
+            .to_string(),
+            "ttl 3600s is shorter than the longest delay 7200s",
+        ),
+    ];
+    for (name, toml, expected) in cases {
+        let path = write_config(d, name, toml);
+        let (ok, _, stderr) = run_sluice(&["check", path.to_str().unwrap()], d);
+        assert!(!ok, "{name} was accepted");
+        assert!(
+            stderr.contains(expected),
+            "{name}: expected {expected:?} in:\n{stderr}"
+        );
+        assert_eq!(
+            stderr.matches(expected).count(),
+            1,
+            "{name}: the reason is printed once:\n{stderr}"
+        );
+    }
+    let (ok, _, stderr) = run_sluice(&["check", guests().other_world.to_str().unwrap()], d);
+    assert!(!ok);
+    assert!(stderr.contains("no export `handle`"), "{stderr}");
+}
+
+#[test]
+fn check_prints_the_resolved_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(
+        dir.path(),
+        "plan.toml",
+        &TestConfig::of(
+            Sub::as_built("{bank}")
+                .set("count", 10)
+                .set("claim_min_idle", "1m")
+                .set(
+                    "allowed_outbound_hosts",
+                    Raw(r#"["https://*.example.com"]"#),
+                )
+                .set("http_timeout", "3s")
+                .value("gateway_url", "https://pay.example.com"),
+        )
+        .set("redis", "redis://:secret@127.0.0.1:1")
+        .to_string(),
+    );
+    let (ok, stdout, stderr) = run_sluice(&["check", path.to_str().unwrap()], dir.path());
+    assert!(ok, "{stderr}");
+    for expected in [
+        "subscription 1: stream `bank-payments`, group `billing`",
+        "redis://***@127.0.0.1:1",
+        "XREADGROUP COUNT 10 BLOCK 1s",
+        "XAUTOCLAIM entries idle for at least 1m",
+        "retries wait in sorted set `bank-payments.delayed` (ttl none)",
+        "dead letter  `bank-payments.dead-letter`",
+        "network      HTTP to https://*.example.com (3s per request)",
+        "gateway_url=https://pay.example.com",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn check_says_what_a_ttl_means_and_wants_a_margin_over_max_delay() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let path = write_config(
+        d,
+        "ttl.toml",
+        &TestConfig::of(Sub::as_built("{fixture}").set("max_delay", "1h").set(
+            "delayed_retry",
+            Raw(r#"{ key = "fixture.delayed", ttl = "1d" }"#),
+        ))
+        .to_string(),
+    );
+    let (ok, out, err) = run_sluice(&["check", path.to_str().unwrap()], d);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("warning") && out.contains("deletes the set and every retry in it"),
+        "{out}"
+    );
+    let path = write_config(
+        d,
+        "tight.toml",
+        &TestConfig::of(Sub::as_built("{fixture}").set("max_delay", "1h").set(
+            "delayed_retry",
+            Raw(r#"{ key = "fixture.delayed", ttl = "1h" }"#),
+        ))
+        .to_string(),
+    );
+    let (ok, _, err) = run_sluice(&["check", path.to_str().unwrap()], d);
+    assert!(!ok && err.contains("plus a margin of 60s"), "{err}");
 }

@@ -45,9 +45,17 @@ async fn sigkill_under_a_retry_heavy_load_loses_nothing_and_settles_each_entry_o
     let path = write_config(
         dir.path(),
         "sluice.toml",
-        &format!(
-            "shutdown_timeout = \"1s\"\n[[subscription]]\ncomponent = \"{{fixture}}\"\nstream = \"{STREAM}\"\ngroup = \"g\"\nconsumer = \"c1\"\nblock = \"100ms\"\nmax_retries = 2\nfailure_backoff = {{ initial = \"200ms\", max = \"400ms\" }}\ndelayed_retry = {{ key = \"{STREAM}.delayed\" }}\n"
-        ),
+        &TestConfig::of(
+            Sub::fixture(STREAM)
+                .set("max_retries", 2)
+                .set(
+                    "failure_backoff",
+                    Raw(r#"{ initial = "200ms", max = "400ms" }"#),
+                )
+                .delayed(&format!("{STREAM}.delayed")),
+        )
+        .set("shutdown_timeout", "1s")
+        .to_string(),
     );
     let url = redis.url();
     let args = ["run", path.to_str().unwrap(), "--redis", url.as_str()];
@@ -86,12 +94,12 @@ async fn sigkill_under_a_retry_heavy_load_loses_nothing_and_settles_each_entry_o
                 if len < ENTRIES {
                     return None;
                 }
-                let parked: usize = cmd(&mut conn, &["ZCARD", &format!("{STREAM}.delayed")]).await;
+                let parked = parked(&mut conn, &format!("{STREAM}.delayed")).await;
                 let idle = pending(&mut conn, STREAM, "g").await == 0 && parked == 0;
                 if !idle {
                     return None;
                 }
-                Some(entries(&mut conn, &format!("{STREAM}.dead-letter")).await)
+                Some(dead_lettered(&mut conn, STREAM).await)
             }
         },
     )

@@ -1,5 +1,6 @@
 //! `DelayedRetry::DurableZset`, one or more tests per sentence of its specification
-//! (`shared/seed/DelayedRetry.txt`).
+//! (`shared/seed/DelayedRetry.txt`), and what a hostile handler or a corrupted set can do to
+//! it (a delay past `max_delay`, a member too big to put back).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -18,12 +19,6 @@ const T: Duration = Duration::from_secs(20);
 /// milliseconds; the slack absorbs a loaded CI machine. The tests that use it read with
 /// BLOCK 5 s, so anything under it proves the timer, not a read, brought the retry back.
 const TIMER_SLACK_MS: i64 = 400;
-
-fn config(stream: &str, extra: &str) -> String {
-    format!(
-        "[[subscription]]\ncomponent = \"{{fixture}}\"\nstream = \"{stream}\"\ngroup = \"g\"\nconsumer = \"c1\"\nblock = \"5s\"\ndelayed_retry = {{ key = \"{stream}.delayed\" }}\n{extra}\n"
-    )
-}
 
 /// The server's clock, epoch ms.
 async fn server_ms(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
@@ -68,7 +63,13 @@ async fn manager(redis: &Redis) -> redis::aio::ConnectionManager {
 async fn retry_after_parks_with_zadd_scored_by_due_time_raises_the_count_and_acks() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let mut host = TestHost::start(&redis, &config("park", "")).await;
+    let mut host = start_fixture(
+        &redis,
+        Sub::fixture("park")
+            .set("block", "5s")
+            .delayed("park.delayed"),
+    )
+    .await;
     let before = server_ms(&mut conn).await;
     let id = add_with_memo(
         &mut conn,
@@ -124,7 +125,13 @@ async fn due_entries_come_back_under_new_ids_with_the_count_and_on_time() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     // BLOCK 5s: only the host's own timer can bring the retry back within milliseconds.
-    let mut host = TestHost::start(&redis, &config("back", "")).await;
+    let mut host = start_fixture(
+        &redis,
+        Sub::fixture("back")
+            .set("block", "5s")
+            .delayed("back.delayed"),
+    )
+    .await;
     let id = add_with_memo(&mut conn, "back", &Control::Retry { ms: 700, times: 2 }).await;
     let first = host.event(T, "the first park", |e| e.id == id).await;
     let EventKind::Parked { due_ms, .. } = first.kind else {
@@ -172,7 +179,13 @@ async fn due_entries_come_back_under_new_ids_with_the_count_and_on_time() {
 async fn identical_payloads_parked_together_stay_two_retries() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let mut host = TestHost::start(&redis, &config("twins", "")).await;
+    let mut host = start_fixture(
+        &redis,
+        Sub::fixture("twins")
+            .set("block", "5s")
+            .delayed("twins.delayed"),
+    )
+    .await;
     let payload = Control::Retry {
         ms: 60000,
         times: 1,
@@ -181,7 +194,7 @@ async fn identical_payloads_parked_together_stay_two_retries() {
     let b = add(&mut conn, "twins", &payload).await;
     host.event(T, "park a", |e| e.id == a || e.id == b).await;
     host.event(T, "park b", |e| e.id == a || e.id == b).await;
-    let card: u64 = cmd(&mut conn, &["ZCARD", "twins.delayed"]).await;
+    let card = parked(&mut conn, "twins.delayed").await;
     assert_eq!(card, 2);
     host.stop().await.unwrap();
 }
@@ -313,9 +326,11 @@ async fn lateness_is_bounded_by_the_block_interval_when_another_host_parked_the_
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let block = 1500;
-    let mut host = TestHost::start(
+    let mut host = start_fixture(
         &redis,
-        &config("bound", "").replace("block = \"5s\"", &format!("block = \"{block}ms\"")),
+        Sub::fixture("bound")
+            .set("block", format!("{block}ms"))
+            .delayed("bound.delayed"),
     )
     .await;
     // Let the host create its group and block in a read; then "another host" (here, of another
@@ -381,7 +396,16 @@ async fn a_host_killed_right_after_parking_still_delivers_the_retry_at_its_due_t
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let dir = tempfile::tempdir().unwrap();
-    let path = write_config(dir.path(), "sluice.toml", &config("crash", ""));
+    let path = write_config(
+        dir.path(),
+        "sluice.toml",
+        &TestConfig::of(
+            Sub::fixture("crash")
+                .set("block", "5s")
+                .delayed("crash.delayed"),
+        )
+        .to_string(),
+    );
     let url = redis.url();
     let args = ["run", path.to_str().unwrap(), "--redis", url.as_str()];
     let mut host = HostProcess::spawn(&args, dir.path());
@@ -422,7 +446,7 @@ async fn a_host_killed_right_after_parking_still_delivers_the_retry_at_its_due_t
         async move { (pending(&mut conn, "crash", "g").await == 0).then_some(()) }
     })
     .await;
-    let card: u64 = cmd(&mut conn, &["ZCARD", "crash.delayed"]).await;
+    let card = parked(&mut conn, "crash.delayed").await;
     assert_eq!(card, 0);
     restarted.kill();
 }
@@ -431,7 +455,13 @@ async fn a_host_killed_right_after_parking_still_delivers_the_retry_at_its_due_t
 async fn a_redis_restarted_with_aof_keeps_the_parked_entries() {
     let mut redis = Redis::start();
     let mut conn = redis.conn().await;
-    let mut host = TestHost::start(&redis, &config("aof", "")).await;
+    let mut host = start_fixture(
+        &redis,
+        Sub::fixture("aof")
+            .set("block", "5s")
+            .delayed("aof.delayed"),
+    )
+    .await;
     let id = add(
         &mut conn,
         "aof",
@@ -456,10 +486,11 @@ async fn ttl_never_expires_a_set_before_its_last_retry_is_due_and_a_longer_delay
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let dir = tempfile::tempdir().unwrap();
-    let toml = config("ttl", "").replace(
-        "key = \"ttl.delayed\"",
-        "key = \"ttl.delayed\", ttl = \"1500ms\"",
-    );
+    let toml = TestConfig::of(Sub::fixture("ttl").set("block", "5s").set(
+        "delayed_retry",
+        Raw(r#"{ key = "ttl.delayed", ttl = "1500ms" }"#),
+    ))
+    .to_string();
     let path = write_config(dir.path(), "sluice.toml", &toml);
     let url = redis.url();
     let host = HostProcess::spawn(
@@ -508,13 +539,11 @@ async fn ttl_never_expires_a_set_before_its_last_retry_is_due_and_a_longer_delay
 async fn a_parked_retry_survives_an_outage_of_every_host_longer_than_the_ttl() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let toml = config("outage", "")
-        .replace(
-            "key = \"outage.delayed\"",
-            "key = \"outage.delayed\", ttl = \"3s\"",
-        )
-        .replace("block = \"5s\"", "block = \"100ms\"");
-    let mut host = TestHost::start(&redis, &toml).await;
+    let config = Sub::fixture("outage").set(
+        "delayed_retry",
+        Raw(r#"{ key = "outage.delayed", ttl = "3s" }"#),
+    );
+    let mut host = start_fixture(&redis, config.clone()).await;
     let id = add(&mut conn, "outage", &Control::Retry { ms: 2000, times: 1 }).await;
     host.event(T, "the park", |e| e.id == id).await;
     host.stop().await.unwrap();
@@ -524,9 +553,9 @@ async fn a_parked_retry_survives_an_outage_of_every_host_longer_than_the_ttl() {
         (down.elapsed() >= Duration::from_secs(4)).then_some(())
     })
     .await;
-    let left: i64 = cmd(&mut conn, &["ZCARD", "outage.delayed"]).await;
+    let left = parked(&mut conn, "outage.delayed").await;
     assert_eq!(left, 1, "the parked retry is still in the set");
-    let mut host = TestHost::start(&redis, &toml).await;
+    let mut host = start_fixture(&redis, config).await;
     let back = host
         .event(T, "the retry after the outage", |e| {
             e.retry_count == 1 && e.kind == EventKind::Acked
@@ -540,7 +569,14 @@ async fn a_parked_retry_survives_an_outage_of_every_host_longer_than_the_ttl() {
 async fn a_claiming_subscription_honours_a_delay_shorter_than_min_idle() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let mut host = TestHost::start(&redis, &config("claimer", "claim_min_idle = \"30s\"")).await;
+    let mut host = start_fixture(
+        &redis,
+        Sub::fixture("claimer")
+            .set("block", "5s")
+            .delayed("claimer.delayed")
+            .set("claim_min_idle", "30s"),
+    )
+    .await;
     let id = add(&mut conn, "claimer", &Control::Retry { ms: 300, times: 1 }).await;
     let parked = host.event(T, "the park", |e| e.id == id).await;
     let EventKind::Parked { due_ms, .. } = parked.kind else {
@@ -560,12 +596,16 @@ async fn a_claiming_subscription_honours_a_delay_shorter_than_min_idle() {
 async fn traps_and_failure_backoff_use_the_set_and_max_retries_counts_parks() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let mut host = TestHost::start(
+    let mut host = start_fixture(
         &redis,
-        &config(
-            "fails",
-            "max_retries = 1\nfailure_backoff = { initial = \"200ms\", max = \"1s\" }",
-        ),
+        Sub::fixture("fails")
+            .set("block", "5s")
+            .delayed("fails.delayed")
+            .set("max_retries", 1)
+            .set(
+                "failure_backoff",
+                Raw(r#"{ initial = "200ms", max = "1s" }"#),
+            ),
     )
     .await;
     let id = add(&mut conn, "fails", &Control::Trap).await;
@@ -584,7 +624,7 @@ async fn traps_and_failure_backoff_use_the_set_and_max_retries_counts_parks() {
         reason.contains("max_retries (1) exhausted after 2 attempts"),
         "{reason}"
     );
-    let dead = entries(&mut conn, "fails.dead-letter").await;
+    let dead = dead_lettered(&mut conn, "fails").await;
     assert_eq!(field(&dead[0].1, "sluice-retry-count"), Some("1"));
     host.stop().await.unwrap();
 }
@@ -593,9 +633,7 @@ async fn traps_and_failure_backoff_use_the_set_and_max_retries_counts_parks() {
 async fn without_the_descriptor_no_key_is_created_and_no_sweep_runs() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let toml = config("plain", "").replace("delayed_retry = { key = \"plain.delayed\" }\n", "");
-    let mut host =
-        TestHost::start(&redis, &toml.replace("block = \"5s\"", "block = \"50ms\"")).await;
+    let mut host = start_fixture(&redis, Sub::fixture("plain").set("block", "50ms")).await;
     let id = add(&mut conn, "plain", &Control::Retry { ms: 100, times: 1 }).await;
     host.event(T, "the retry", |e| e.id == id).await;
     host.event(T, "the ack", |e| e.id == id && e.kind == EventKind::Acked)
@@ -627,8 +665,13 @@ fn a_skewed_host_clock_does_not_change_when_entries_come_due() {
         // Two hosts on one set, their wall clocks two hours apart (monotonic clocks untouched).
         let mut hosts = Vec::new();
         for (consumer, offset) in [("ahead", "+2h"), ("behind", "-2h")] {
-            let toml = config("skew", "")
-                .replace("consumer = \"c1\"", &format!("consumer = \"{consumer}\""));
+            let toml = TestConfig::of(
+                Sub::fixture("skew")
+                    .set("consumer", consumer)
+                    .set("block", "5s")
+                    .delayed("skew.delayed"),
+            )
+            .to_string();
             let path = write_config(dir.path(), &format!("{consumer}.toml"), &toml);
             let child = std::process::Command::new(sluice_bin())
                 .args(["run", path.to_str().unwrap(), "--redis", &url])
@@ -703,7 +746,16 @@ async fn on_redis_cluster_keys_in_different_slots_are_refused_and_hash_tags_work
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let untagged = write_config(dir.path(), "untagged.toml", &config("payments", ""));
+    let untagged = write_config(
+        dir.path(),
+        "untagged.toml",
+        &TestConfig::of(
+            Sub::fixture("payments")
+                .set("block", "5s")
+                .delayed("payments.delayed"),
+        )
+        .to_string(),
+    );
     let (ok, _, stderr) = run_sluice(
         &["run", untagged.to_str().unwrap(), "--redis", &redis.url()],
         dir.path(),
@@ -718,7 +770,12 @@ async fn on_redis_cluster_keys_in_different_slots_are_refused_and_hash_tags_work
         "a start-up refusal says so: {stderr}"
     );
 
-    let tagged = config("{payments}", "");
+    let tagged = TestConfig::of(
+        Sub::fixture("{payments}")
+            .set("block", "5s")
+            .delayed("{payments}.delayed"),
+    )
+    .to_string();
     let mut host = TestHost::start(&redis, &tagged).await;
     let id = add(
         &mut conn,
@@ -739,11 +796,7 @@ async fn on_redis_cluster_keys_in_different_slots_are_refused_and_hash_tags_work
 async fn an_unreadable_member_is_dead_lettered_instead_of_blocking_the_set() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let mut host = TestHost::start(
-        &redis,
-        &config("junk", "").replace("block = \"5s\"", "block = \"100ms\""),
-    )
-    .await;
+    let mut host = start_fixture(&redis, Sub::fixture("junk").delayed("junk.delayed")).await;
     let fields = vec![(b"payload".to_vec(), Control::Ack.to_string().into_bytes())];
     let good = member::encode("7-0", 2, &fields);
     let _: i64 = redis::cmd("ZADD")
@@ -759,14 +812,14 @@ async fn an_unreadable_member_is_dead_lettered_instead_of_blocking_the_set() {
         .event(T, "the good member's entry", |e| e.retry_count == 2)
         .await;
     assert_eq!(back.kind, EventKind::Acked);
-    let dead = entries(&mut conn, "junk.dead-letter").await;
+    let dead = dead_lettered(&mut conn, "junk").await;
     assert_eq!(dead.len(), 1);
     assert_eq!(
         field(&dead[0].1, "sluice-member"),
         Some("not msgpack at all")
     );
     assert_eq!(field(&dead[0].1, "sluice-origin-key"), Some("junk.delayed"));
-    let card: u64 = cmd(&mut conn, &["ZCARD", "junk.delayed"]).await;
+    let card = parked(&mut conn, "junk.delayed").await;
     assert_eq!(card, 0);
     host.stop().await.unwrap();
 }
@@ -786,7 +839,7 @@ async fn lateness_is_measured_on_the_redis_clock_under_a_skewed_host_clock() {
     let path = write_config(
         dir.path(),
         "ahead.toml",
-        &config("late", "").replace("block = \"5s\"", "block = \"100ms\""),
+        &TestConfig::of(Sub::fixture("late").delayed("late.delayed")).to_string(),
     );
     let log = dir.path().join("ahead.log");
     let child = std::process::Command::new(sluice_bin())
@@ -816,4 +869,77 @@ async fn lateness_is_measured_on_the_redis_clock_under_a_skewed_host_clock() {
         .and_then(|v| v.parse().ok())
         .unwrap();
     assert!(sum < 5.0, "lateness {sum} s under a +1 h host clock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_delay_over_max_delay_is_clamped() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(
+        &redis,
+        Sub::fixture("forever")
+            .set("max_retries", 0)
+            .set("max_retries", 3)
+            .set("max_delay", "1m")
+            .delayed("forever.delayed"),
+    )
+    .await;
+    let id = add(
+        &mut conn,
+        "forever",
+        &Control::Retry {
+            ms: u64::MAX,
+            times: 1,
+        },
+    )
+    .await;
+    let event = host.event(T, "the park", |e| e.id == id).await;
+    let sluice_host::EventKind::Parked { delay, due_ms, .. } = event.kind else {
+        panic!("{event:?}");
+    };
+    assert_eq!(delay, Duration::from_secs(60));
+    let (s, us): (i64, i64) = cmd(&mut conn, &["TIME"]).await;
+    let left = due_ms - (s * 1000 + us / 1000);
+    assert!((0..=60_000).contains(&left), "due in {left} ms");
+    let (_, metrics) = http_get(host.admin().await, "/metrics").await;
+    assert!(
+        metrics.contains(r#"sluice_retry_delay_clamped_total{stream="forever",group="g"} 1"#),
+        "{metrics}"
+    );
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_too_big_to_re_add_is_dead_lettered_and_the_sweep_goes_on() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(
+        &redis,
+        Sub::fixture("bulky")
+            .set("max_retries", 0)
+            .delayed("bulky.delayed"),
+    )
+    .await;
+    let mut big = vec![(b"payload".to_vec(), Control::Ack.to_string().into_bytes())];
+    big.extend((0..5000).map(|i| (format!("f{i}").into_bytes(), b"v".to_vec())));
+    let small = vec![(b"payload".to_vec(), Control::Ack.to_string().into_bytes())];
+    let _: i64 = redis::cmd("ZADD")
+        .arg("bulky.delayed")
+        .arg(0)
+        .arg(sluice_host::delayed::member::encode("1-1", 1, &big))
+        .arg(1)
+        .arg(sluice_host::delayed::member::encode("1-2", 1, &small))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let back = host
+        .event(T, "the small member's retry", |e| e.retry_count == 1)
+        .await;
+    assert_eq!(back.kind, sluice_host::EventKind::Acked);
+    let dead = wait_dead_letters(&conn, "bulky", 1).await;
+    let reason = field(&dead[0].1, "sluice-reason").unwrap();
+    assert!(reason.contains("5001 fields"), "{reason}");
+    let left = parked(&mut conn, "bulky.delayed").await;
+    assert_eq!(left, 0);
+    host.stop().await.unwrap();
 }

@@ -32,12 +32,17 @@ async fn run_form(redis: &Redis, component: &str, stream: &str) -> Vec<(String, 
         hold: Duration::from_secs(30),
     };
     tokio::spawn(bank_gateway::serve(listener, settings));
-    let toml = format!(
-        "[[subscription]]\ncomponent = \"{{{component}}}\"\nstream = \"{stream}\"\nblock = \"100ms\"\n\
-         delayed_retry = {{ key = \"{stream}.delayed\" }}\nallowed_outbound_hosts = [\"http://{gateway}\"]\n\
-         [subscription.config]\ngateway_url = \"http://{gateway}\"\ngateway_timeout_ms = 1000\n"
-    );
-    let mut host = TestHost::start(redis, &toml).await;
+    let config = Sub::new(&format!("{{{component}}}"), stream)
+        .unset("group")
+        .unset("consumer")
+        .delayed(&format!("{stream}.delayed"))
+        .set(
+            "allowed_outbound_hosts",
+            Raw(&format!(r#"["http://{gateway}"]"#)),
+        )
+        .value("gateway_url", &format!("http://{gateway}"))
+        .value("gateway_timeout_ms", "1000");
+    let mut host = start_fixture(redis, config).await;
     let created = now_ms();
     let payment = |id: &str, cents: u64| serde_json::json!({"id": id, "account": "acct-1", "amount_cents": cents, "currency": "EUR", "created_at_ms": created});
     let small = add(&mut conn, stream, &payment("small", 1_000)).await;

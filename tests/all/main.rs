@@ -5,13 +5,14 @@
 // Test code: a failed expectation should panic with its message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod admin;
 mod cli;
 mod common;
+mod consuming;
 mod crash;
 mod delayed;
+mod entries;
 mod examples;
-mod foundation;
-mod hostile;
 mod operations;
 mod properties;
 mod sandbox;

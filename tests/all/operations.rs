@@ -1,5 +1,6 @@
 //! Running Sluice in production: metrics that match what happened, readiness that follows
-//! Redis, `sluice status`, and a graceful shutdown that drains in-flight deliveries.
+//! Redis and names the subscription that cannot read, `sluice status`, and a graceful shutdown
+//! that drains in-flight deliveries and says what it could not finish.
 
 use std::time::Duration;
 
@@ -22,9 +23,17 @@ fn sample(metrics: &str, series: &str) -> Option<f64> {
 async fn metrics_count_acks_retries_dead_letters_and_traps() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let mut host = TestHost::start(
+    let mut host = start_fixture(
         &redis,
-        "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"m\"\ngroup = \"g\"\nblock = \"100ms\"\nmax_retries = 1\nfailure_backoff = { initial = \"100ms\", max = \"1s\" }\ndelayed_retry = { key = \"m.delayed\" }\n",
+        TestConfig::of(
+            Sub::fixture("m")
+                .set("max_retries", 1)
+                .set(
+                    "failure_backoff",
+                    Raw(r#"{ initial = "100ms", max = "1s" }"#),
+                )
+                .delayed("m.delayed"),
+        ),
     )
     .await;
     let admin = host.admin().await;
@@ -127,11 +136,7 @@ async fn metrics_count_acks_retries_dead_letters_and_traps() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_follows_redis_and_the_host_reconnects_by_itself() {
     let mut redis = Redis::start();
-    let mut host = TestHost::start(
-        &redis,
-        "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"r\"\ngroup = \"g\"\nblock = \"100ms\"\n",
-    )
-    .await;
+    let mut host = start_fixture(&redis, TestConfig::of(Sub::fixture("r"))).await;
     let admin = host.admin().await;
     assert_eq!(http_get(admin, "/healthz").await.0, 200);
     assert_eq!(
@@ -175,7 +180,7 @@ async fn readyz_follows_redis_and_the_host_reconnects_by_itself() {
 async fn status_reports_consumers_pending_parked_and_dead_letters() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let toml = "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"st\"\ngroup = \"g\"\nconsumer = \"c1\"\nblock = \"100ms\"\ndelayed_retry = { key = \"st.delayed\" }\n";
+    let toml = &TestConfig::of(Sub::fixture("st").delayed("st.delayed")).to_string();
     let mut host = TestHost::start(&redis, toml).await;
     let parked = add(
         &mut conn,
@@ -259,7 +264,7 @@ async fn sigterm_drains_in_flight_deliveries_and_exits_zero() {
     let redis = Redis::start();
     let (status, log) = terminate_while_busy(
         &redis,
-        "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"drain\"\ngroup = \"g\"\nblock = \"100ms\"\nmax_in_flight = 4\n",
+        &TestConfig::of(Sub::fixture("drain").set("max_in_flight", 4)).to_string(),
         "drain",
         3,
         1500,
@@ -285,7 +290,9 @@ async fn a_shutdown_that_times_out_exits_non_zero_and_leaves_entries_pending() {
     let redis = Redis::start();
     let (status, log) = terminate_while_busy(
         &redis,
-        "shutdown_timeout = \"200ms\"\n[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"cut\"\ngroup = \"g\"\nblock = \"100ms\"\n",
+        &TestConfig::of(Sub::fixture("cut"))
+            .set("shutdown_timeout", "200ms")
+            .to_string(),
         "cut",
         1,
         5000,
@@ -317,7 +324,9 @@ async fn a_shutdown_whose_acks_cannot_reach_redis_names_them_and_leaves_entries_
     let path = write_config(
         dir.path(),
         "sluice.toml",
-        "shutdown_timeout = \"3s\"\n[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"unflushed\"\ngroup = \"g\"\nblock = \"100ms\"\n",
+        &TestConfig::of(Sub::fixture("unflushed"))
+            .set("shutdown_timeout", "3s")
+            .to_string(),
     );
     let url = redis.url();
     let mut host = HostProcess::spawn(
@@ -358,4 +367,37 @@ async fn a_shutdown_whose_acks_cannot_reach_redis_names_them_and_leaves_entries_
         1,
         "the entry whose ack never landed stays pending for a restart"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_names_a_subscription_that_cannot_read_and_recovers() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    // The stream's key holds a string: the group cannot be created, nothing can be read.
+    let _: () = cmd(&mut conn, &["SET", "blocked", "not a stream"]).await;
+    let mut host = start_fixture(
+        &redis,
+        TestConfig::of(Sub::fixture("blocked").set("max_retries", 0))
+            .and(Sub::fixture("fine").set("max_retries", 0)),
+    )
+    .await;
+    let admin = host.admin().await;
+    let body = wait_for(T, "/readyz to report the subscription", || async move {
+        let (status, body) = http_get(admin, "/readyz").await;
+        (status == 503).then_some(body)
+    })
+    .await;
+    assert!(
+        body.contains("stream `blocked`") && body.contains("WRONGTYPE"),
+        "{body}"
+    );
+    let _: () = cmd(&mut conn, &["DEL", "blocked"]).await;
+    wait_for(T, "/readyz to recover", || async move {
+        (http_get(admin, "/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+    let id = add(&mut conn, "blocked", &Control::Ack).await;
+    host.event(T, "an entry once the key is fixed", |e| e.id == id)
+        .await;
+    host.stop().await.unwrap();
 }

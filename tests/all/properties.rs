@@ -159,10 +159,14 @@ fn every_entry_ends_acked_or_dead_lettered_exactly_once() {
         .unwrap_or(12);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let redis = Redis::start();
-    let toml = format!(
-        "[[subscription]]\ncomponent = \"{{fixture}}\"\nstream = \"{STREAM}\"\ngroup = \"g\"\nblock = \"100ms\"\nmax_retries = 2\nfailure_backoff = {{ initial = \"10ms\", max = \"50ms\" }}\ndelayed_retry = {{ key = \"{STREAM}.delayed\" }}\n"
-    );
-    let host = rt.block_on(TestHost::start(&redis, &toml));
+    let config = Sub::fixture(STREAM)
+        .set("max_retries", 2)
+        .set(
+            "failure_backoff",
+            Raw(r#"{ initial = "10ms", max = "50ms" }"#),
+        )
+        .delayed(&format!("{STREAM}.delayed"));
+    let host = rt.block_on(start_fixture(&redis, config));
     let outcomes: Outcomes = Arc::default();
     let mut events = host.events.resubscribe();
     let sink = outcomes.clone();
@@ -220,8 +224,7 @@ fn every_entry_ends_acked_or_dead_lettered_exactly_once() {
                         if !ids.iter().all(|id| outcomes.contains_key(id)) {
                             return None;
                         }
-                        let parked: u64 =
-                            cmd(&mut conn, &["ZCARD", &format!("{STREAM}.delayed")]).await;
+                        let parked = parked(&mut conn, &format!("{STREAM}.delayed")).await;
                         (pending(&mut conn, STREAM, "g").await == 0 && parked == 0)
                             .then_some(outcomes)
                     }

@@ -1,7 +1,9 @@
 //! Faults inside a guest cost the host nothing and never cost an entry: a looping, memory-hungry
 //! or endlessly recursing guest is stopped, the attempt fails with a reason that names the limit,
 //! and the host keeps serving the same and other subscriptions. Capabilities a guest was not
-//! granted stay denied even though its WASI imports are linked.
+//! granted stay denied even though its WASI imports are linked; whatever its grant, a guest
+//! never reaches the host's admin API, and what it holds on the host (resources, log lines) is
+//! bounded.
 
 use std::time::Duration;
 
@@ -9,28 +11,32 @@ use crate::common::*;
 
 const T: Duration = Duration::from_secs(30);
 
-/// Two subscriptions: `stream` (the one under test) and `bystander`, both on the fixture.
-fn two_subscriptions(stream: &str, extra: &str) -> String {
-    format!(
-        "[[subscription]]\ncomponent = \"{{fixture}}\"\nstream = \"{stream}\"\ngroup = \"g\"\nblock = \"100ms\"\nmax_retries = 0\n{extra}\n\
-         [[subscription]]\ncomponent = \"{{fixture}}\"\nstream = \"{stream}-bystander\"\ngroup = \"g\"\nblock = \"100ms\"\n"
-    )
+/// Two subscriptions on the fixture: `stream` (the one under test, `max_retries = 0`, with
+/// `extra` keys) and its bystander.
+fn two_subscriptions(stream: Sub) -> TestConfig {
+    let bystander = format!("{}-bystander", stream.stream());
+    TestConfig::of(stream.set("max_retries", 0)).and(Sub::fixture(&bystander))
 }
 
 /// Run the `sluice` binary on `stream` and its bystander; put a faulting entry on `stream` and
 /// healthy ones on both. The healthy ones are acked while the fault runs its course, the fault is
 /// dead-lettered (`max_retries = 0`), and the host keeps serving. Returns the dead letter's
 /// reason and the host's log line for the failed attempt.
-async fn fault(stream: &str, extra: &str, mode: Control) -> (String, String) {
-    misbehave(stream, extra, mode, "attempt failed").await
+async fn fault(sub: Sub, mode: Control) -> (String, String) {
+    misbehave(sub, mode, "attempt failed").await
 }
 
 /// [`fault`] for any entry that ends dead-lettered; `marker` picks its log line.
-async fn misbehave(stream: &str, extra: &str, mode: Control, marker: &str) -> (String, String) {
+async fn misbehave(sub: Sub, mode: Control, marker: &str) -> (String, String) {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let dir = tempfile::tempdir().unwrap();
-    let path = write_config(dir.path(), "sluice.toml", &two_subscriptions(stream, extra));
+    let stream = &sub.stream().to_owned();
+    let path = write_config(
+        dir.path(),
+        "sluice.toml",
+        &two_subscriptions(sub).to_string(),
+    );
     let url = redis.url();
     let host = HostProcess::spawn(
         &["run", path.to_str().unwrap(), "--redis", url.as_str()],
@@ -84,7 +90,11 @@ fn both_say(fault: &(String, String), what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_infinite_loop_is_interrupted_at_its_deadline() {
-    let fault = fault("looping", "handler_timeout = \"300ms\"", Control::Loop).await;
+    let fault = fault(
+        Sub::fixture("looping").set("handler_timeout", "300ms"),
+        Control::Loop,
+    )
+    .await;
     both_say(&fault, "handler exceeded its time limit of 300ms");
 }
 
@@ -92,8 +102,7 @@ async fn an_infinite_loop_is_interrupted_at_its_deadline() {
 async fn a_guest_blocked_in_a_host_call_is_stopped_at_its_deadline() {
     // Sleeping waits in WASI's poll, outside wasm code, where epoch interruption cannot reach.
     let fault = fault(
-        "sleeping",
-        "handler_timeout = \"300ms\"",
+        Sub::fixture("sleeping").set("handler_timeout", "300ms"),
         Control::Sleep { ms: 60_000 },
     )
     .await;
@@ -102,19 +111,23 @@ async fn a_guest_blocked_in_a_host_call_is_stopped_at_its_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fuel_budget_stops_a_loop_deterministically() {
-    let fault = fault("metered", "fuel = 5000000", Control::Loop).await;
+    let fault = fault(Sub::fixture("metered").set("fuel", 5000000), Control::Loop).await;
     both_say(&fault, "ran out of fuel (budget 5000000 per delivery)");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocating_past_the_memory_limit_fails_the_attempt() {
-    let fault = fault("hungry", "memory_limit = \"16MiB\"", Control::Alloc).await;
+    let fault = fault(
+        Sub::fixture("hungry").set("memory_limit", "16MiB"),
+        Control::Alloc,
+    )
+    .await;
     both_say(&fault, "memory limit of 16777216 bytes");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deep_recursion_traps_cleanly() {
-    let fault = fault("deep", "", Control::Recurse).await;
+    let fault = fault(Sub::fixture("deep"), Control::Recurse).await;
     both_say(&fault, "guest trapped");
     let reason = &fault.0;
     // Rust keeps its stack in linear memory: running off its end is an out-of-bounds access
@@ -130,7 +143,7 @@ async fn deep_recursion_traps_cleanly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_is_reported_with_its_message() {
-    let fault = fault("panics", "", Control::Trap).await;
+    let fault = fault(Sub::fixture("panics"), Control::Trap).await;
     both_say(&fault, "guest panicked at");
     both_say(&fault, "fixture trap on attempt 1");
 }
@@ -143,8 +156,7 @@ async fn files_environment_and_sockets_are_denied() {
     // The guest was built with std's WASI imports for all three; it dead-letters with what
     // each attempt got.
     let probe = misbehave(
-        "caps",
-        "",
+        Sub::fixture("caps"),
         Control::Probe {
             target: target.to_string(),
         },
@@ -210,14 +222,13 @@ async fn outbound_http_reaches_granted_hosts_only_and_is_time_bounded() {
     let granted = Upstream::start().await;
     let other = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
+    let grant = format!(r#"["http://{}", "https://*.example.com"]"#, granted.addr);
     let toml = two_subscriptions(
-        "web",
-        &format!(
-            "allowed_outbound_hosts = [\"http://{}\", \"https://*.example.com\"]\nhttp_timeout = \"1s\"",
-            granted.addr
-        ),
+        Sub::fixture("web")
+            .set("allowed_outbound_hosts", Raw(&grant))
+            .set("http_timeout", "1s"),
     );
-    let path = write_config(dir.path(), "sluice.toml", &toml);
+    let path = write_config(dir.path(), "sluice.toml", &toml.to_string());
     let url = redis.url();
     let host = HostProcess::spawn(
         &["run", path.to_str().unwrap(), "--redis", url.as_str()],
@@ -252,7 +263,7 @@ async fn outbound_http_reaches_granted_hosts_only_and_is_time_bounded() {
     let dead = wait_for(T, "three dead letters", || {
         let mut conn = conn.clone();
         async move {
-            let dead = entries(&mut conn, "web.dead-letter").await;
+            let dead = dead_lettered(&mut conn, "web").await;
             (dead.len() == 3).then_some(dead)
         }
     })
@@ -322,4 +333,152 @@ fn only_components_that_import_wasi_http_are_linked_with_it() {
             .unwrap()
             .imports_wasi_http()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_never_reaches_the_admin_api_whatever_its_grant() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(
+        &redis,
+        Sub::fixture("nosy").set("max_retries", 0).set(
+            "allowed_outbound_hosts",
+            Raw(r#"["http://*:*", "http://127.0.0.1:*"]"#),
+        ),
+    )
+    .await;
+    let port = host.admin().await.port();
+    let spellings = [
+        "127.0.0.1",
+        "localhost",
+        "[::1]",
+        "127.0.0.2",
+        "0.0.0.0",
+        "[::ffff:127.0.0.1]",
+    ];
+    for spelling in spellings {
+        let url = format!("http://{spelling}:{port}/v1/subscriptions/nosy/g/rollback");
+        add(
+            &mut conn,
+            "nosy",
+            &Control::Http {
+                url: url.to_string(),
+                body: String::new(),
+                timeout_ms: 0,
+            },
+        )
+        .await;
+    }
+    let dead = wait_dead_letters(&conn, "nosy", spellings.len()).await;
+    for (_, fields) in &dead {
+        let reason = field(fields, "sluice-reason").unwrap();
+        assert!(reason.contains("denied"), "{reason}");
+    }
+    let (_, listing) = http_get(host.admin().await, "/v1/subscriptions").await;
+    assert!(listing.contains("\"swaps\":0"), "{listing}");
+    host.stop().await.unwrap();
+}
+
+/// RSS of this process, bytes.
+fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap()
+        * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaked_http_resources_fail_the_attempt_at_the_host_memory_limit() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(
+        &redis,
+        TestConfig::of(
+            Sub::fixture("leak")
+                .set("max_retries", 0)
+                .set("memory_limit", "8MiB"),
+        )
+        .and(
+            Sub::fixture("leak-granted")
+                .set("max_retries", 0)
+                .set("allowed_outbound_hosts", Raw(r#"["https://example.com"]"#)),
+        ),
+    )
+    .await;
+    let before = rss();
+    // The issue's attack: 10,000 header maps of 100 kB each, leaked, with and without a grant.
+    let attack = Control::LeakFields {
+        maps: 10000,
+        bytes: 100000,
+    };
+    add(&mut conn, "leak", &attack).await;
+    add(&mut conn, "leak-granted", &attack).await;
+    for stream in ["leak", "leak-granted"] {
+        let dead = wait_dead_letters(&conn, stream, 1).await;
+        let reason = field(&dead[0].1, "sluice-reason").unwrap();
+        assert!(
+            reason.contains("host limit") && reason.contains("host_memory_limit"),
+            "{stream}: {reason}"
+        );
+    }
+    let grown = rss().saturating_sub(before);
+    assert!(grown < 128 << 20, "the host grew by {} MiB", grown >> 20);
+    // The host still serves.
+    let id = add(&mut conn, "leak", &Control::Ack).await;
+    host.event(T, "an ack after the attack", |e| e.id == id)
+        .await;
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_flood_is_cut_to_the_budget_and_cannot_forge_host_lines() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(
+        dir.path(),
+        "sluice.toml",
+        &TestConfig::of(Sub::fixture("flood").set("max_retries", 0)).to_string(),
+    );
+    let url = redis.url();
+    let host = HostProcess::spawn(
+        &["run", path.to_str().unwrap(), "--redis", url.as_str()],
+        dir.path(),
+    );
+    let forged = "x\n2026-01-01T00:00:00.000000Z  INFO sluice_host: forged line\r\n";
+    add(
+        &mut conn,
+        "flood",
+        &Control::LogFlood {
+            lines: 1000,
+            bytes: 100000,
+            prefix: forged.to_string(),
+        },
+    )
+    .await;
+    let after = add(&mut conn, "flood", &Control::Ack).await;
+    wait_acked(&conn, "flood", "g", &after).await;
+    let (_, metrics) = http_get(host.admin_addr().await, "/metrics").await;
+    let dropped: u64 = metrics
+        .lines()
+        .find(|l| l.starts_with("sluice_guest_log_dropped_total{stream=\"flood\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(dropped >= 900, "dropped {dropped}: {metrics}");
+    let log = host.log_text();
+    assert!(
+        log.len() < 2 << 20,
+        "the host log grew by {} bytes",
+        log.len()
+    );
+    assert!(log.contains("guest log budget"), "{log}");
+    assert!(
+        !log.lines().any(|l| l.starts_with("2026-01-01T00:00:00")),
+        "a guest forged a host log line"
+    );
+    assert!(log.contains("\\n2026-01-01"), "the newline is escaped");
 }

@@ -9,7 +9,10 @@ use crate::common::*;
 
 const T: Duration = Duration::from_secs(60);
 
-const CONFIG: &str = "[[subscription]]\ncomponent = \"{fixture}\"\nstream = \"sw\"\ngroup = \"g\"\nblock = \"100ms\"\n";
+/// The fixture on stream `sw`, the subscription every swap test replaces the handler of.
+fn sw() -> Sub {
+    Sub::fixture("sw")
+}
 
 async fn put_handler(admin: std::net::SocketAddr, bytes: &[u8], query: &str) -> (u16, String) {
     http_request(
@@ -26,7 +29,7 @@ async fn put_handler(admin: std::net::SocketAddr, bytes: &[u8], query: &str) -> 
 async fn swapping_under_load_handles_every_entry_exactly_once_with_a_clean_switch() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let mut host = TestHost::start(&redis, CONFIG).await;
+    let mut host = start_fixture(&redis, sw()).await;
     let admin = host.admin().await;
     let v1 = std::fs::read(&guests().fixture).unwrap();
     let v2 = std::fs::read(&guests().fixture_v2).unwrap();
@@ -74,7 +77,7 @@ async fn swapping_under_load_handles_every_entry_exactly_once_with_a_clean_switc
     let dead = wait_for(T, "every entry dead-lettered with its version", || {
         let mut conn = conn.clone();
         async move {
-            let dead = entries(&mut conn, "sw.dead-letter").await;
+            let dead = dead_lettered(&mut conn, "sw").await;
             (dead.len() >= total).then_some(dead)
         }
     })
@@ -120,7 +123,7 @@ async fn swapping_under_load_handles_every_entry_exactly_once_with_a_clean_switc
 async fn bad_uploads_are_refused_and_the_old_version_keeps_serving() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let mut host = TestHost::start(&redis, CONFIG).await;
+    let mut host = start_fixture(&redis, sw()).await;
     let admin = host.admin().await;
     let (_, listing) = http_get(admin, "/v1/subscriptions").await;
     let before: serde_json::Value = serde_json::from_str(&listing).unwrap();
@@ -166,7 +169,7 @@ async fn bad_uploads_are_refused_and_the_old_version_keeps_serving() {
 async fn rollback_restores_the_previous_digest_at_once() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let mut host = TestHost::start(&redis, CONFIG).await;
+    let mut host = start_fixture(&redis, sw()).await;
     let admin = host.admin().await;
     let (status, _) =
         http_request(admin, "POST", "/v1/subscriptions/sw/g/rollback", &[], b"").await;
@@ -221,7 +224,10 @@ async fn the_api_needs_a_token_beyond_loopback_and_caps_uploads() {
     let open = write_config(
         dir.path(),
         "open.toml",
-        &format!("# no admin token\nadmin = \"0.0.0.0:0\"\n{CONFIG}"),
+        &TestConfig::of(sw())
+            .set("admin", "0.0.0.0:0")
+            .no_admin_token()
+            .to_string(),
     );
     let (ok, _, stderr) = run_sluice(&["check", open.to_str().unwrap()], dir.path());
     assert!(!ok);
@@ -235,11 +241,11 @@ async fn the_api_needs_a_token_beyond_loopback_and_caps_uploads() {
     let token = dir.path().join("token");
     std::fs::write(&token, "s3cret\n").unwrap();
     std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let guarded = format!(
-        "admin = \"0.0.0.0:0\"\nadmin_token_file = \"{}\"\nadmin_max_upload = \"100KiB\"\n{CONFIG}",
-        token.display()
-    );
-    let mut host = TestHost::start(&redis, &guarded).await;
+    let guarded = TestConfig::of(sw())
+        .set("admin", "0.0.0.0:0")
+        .set("admin_token_file", token.display().to_string())
+        .set("admin_max_upload", "100KiB");
+    let mut host = start_fixture(&redis, guarded).await;
     let port = host.admin().await.port();
     let admin = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let v2 = std::fs::read(&guests().fixture_v2).unwrap();
@@ -290,11 +296,7 @@ async fn the_api_needs_a_token_beyond_loopback_and_caps_uploads() {
 async fn a_changed_descriptor_is_refused_unless_forced() {
     let redis = Redis::start();
     // No overrides: the subscription is the fixture's own descriptor (stream `fixture`).
-    let mut host = TestHost::start(
-        &redis,
-        "[[subscription]]\ncomponent = \"{fixture}\"\nblock = \"100ms\"\n",
-    )
-    .await;
+    let mut host = start_fixture(&redis, Sub::as_built("{fixture}")).await;
     let admin = host.admin().await;
     let bank = std::fs::read(&guests().bank).unwrap();
     let path = "/v1/subscriptions/fixture/tests/handler";
@@ -353,11 +355,11 @@ async fn the_file_watcher_takes_rewrites_and_renames_and_ignores_partial_writes(
     let v1 = std::fs::read(&guests().fixture).unwrap();
     let v2 = std::fs::read(&guests().fixture_v2).unwrap();
     std::fs::write(&file, &v1).unwrap();
-    let toml = format!(
-        "watch_interval = \"100ms\"\n[[subscription]]\ncomponent = \"{}\"\nstream = \"sw\"\ngroup = \"g\"\nblock = \"100ms\"\n",
-        file.display()
-    );
-    let mut host = TestHost::start(&redis, &toml).await;
+    let mut host = start_fixture(
+        &redis,
+        TestConfig::of(Sub::new(&file.display().to_string(), "sw")).set("watch_interval", "100ms"),
+    )
+    .await;
     let admin = host.admin().await;
     let (v1_digest, _) = current(admin).await;
     assert_eq!(version_of_next(&mut host, &mut conn).await, "v1");
@@ -401,7 +403,7 @@ async fn the_file_watcher_takes_rewrites_and_renames_and_ignores_partial_writes(
 async fn sluice_swap_and_rollback_from_the_command_line() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let mut host = TestHost::start(&redis, CONFIG).await;
+    let mut host = start_fixture(&redis, sw()).await;
     let admin = format!("http://{}", host.admin().await);
     let dir = tempfile::tempdir().unwrap();
     let v2 = guests().fixture_v2.to_str().unwrap().to_owned();
@@ -466,11 +468,7 @@ async fn a_swap_under_full_load_costs_no_attempt() {
     for _ in 0..4 {
         add(&mut conn, "sw", &Control::Slow { ms: 3000 }).await;
     }
-    let mut host = TestHost::start(
-        &redis,
-        &format!("{CONFIG}max_in_flight = 4\nmax_retries = 0\n"),
-    )
-    .await;
+    let mut host = start_fixture(&redis, sw().set("max_in_flight", 4).set("max_retries", 0)).await;
     let admin = host.admin().await;
     wait_for(T, "four slow deliveries in flight", || async move {
         let (_, metrics) = http_get(admin, "/metrics").await;
@@ -496,6 +494,6 @@ async fn a_swap_under_full_load_costs_no_attempt() {
             "{failed}: {metrics}"
         );
     }
-    assert_eq!(entries(&mut conn, "sw.dead-letter").await.len(), 0);
+    assert_eq!(dead_lettered(&mut conn, "sw").await.len(), 0);
     host.stop().await.unwrap();
 }

@@ -11,6 +11,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
+mod config;
+
+pub use config::{Raw, Sub, TestConfig};
 pub use sluice_fixture_control::Control;
 use sluice_host::devredis::{DevRedis, DevRedisOptions};
 use sluice_host::{Config, Event, Plan, Service};
@@ -188,6 +191,11 @@ pub fn write_config(dir: &Path, name: &str, toml: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, text).expect("write config");
     path
+}
+
+/// Start an in-process host with `config` (a [`Sub`] or a [`TestConfig`]).
+pub async fn start_fixture(redis: &Redis, config: impl Into<TestConfig>) -> TestHost {
+    TestHost::start(redis, &config.into().to_string()).await
 }
 
 /// The host, run in-process against a test Redis.
@@ -470,6 +478,19 @@ pub async fn entries(
             (id, fields)
         })
         .collect()
+}
+
+/// The entries of `stream`'s default dead-letter stream (`<stream>.dead-letter`).
+pub async fn dead_lettered(
+    conn: &mut MultiplexedConnection,
+    stream: &str,
+) -> Vec<(String, Vec<(String, String)>)> {
+    entries(conn, &format!("{stream}.dead-letter")).await
+}
+
+/// How many retries wait in the delayed set `key`.
+pub async fn parked(conn: &mut MultiplexedConnection, key: &str) -> u64 {
+    cmd(conn, &["ZCARD", key]).await
 }
 
 /// The value of `field` in an entry's fields.

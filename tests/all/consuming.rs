@@ -1,5 +1,7 @@
-//! The foundation: reading, acking, pending re-reads, claiming, retries without a delayed set,
-//! dead letters, traps, configuration errors and the two example forms.
+//! Consuming a stream as a consumer group: acks, a restarted host re-reading its own pending
+//! entries, claiming idle entries, a retry that stays pending (no delayed set), failure backoff
+//! and dead letters, a group or stream deleted underneath, a consumer that is gone, and a read
+//! that keeps failing.
 
 use std::time::{Duration, Instant};
 
@@ -7,19 +9,13 @@ use sluice_host::EventKind;
 
 use crate::common::*;
 
-const T: Duration = Duration::from_secs(20);
-
-fn fixture_config(stream: &str, extra: &str) -> String {
-    format!(
-        "[[subscription]]\ncomponent = \"{{fixture}}\"\nstream = \"{stream}\"\ngroup = \"g\"\nconsumer = \"c1\"\nblock = \"100ms\"\n{extra}\n"
-    )
-}
+const T: Duration = Duration::from_secs(30);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ack_removes_the_entry_from_the_pending_list() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let mut host = TestHost::start(&redis, &fixture_config("acks", "")).await;
+    let mut host = start_fixture(&redis, Sub::fixture("acks")).await;
     let id = add(&mut conn, "acks", &Control::Ack).await;
     let event = host.event(T, "the ack", |e| e.id == id).await;
     assert_eq!(event.kind, EventKind::Acked);
@@ -32,7 +28,7 @@ async fn ack_removes_the_entry_from_the_pending_list() {
 async fn own_pending_entries_are_re_read_after_a_restart() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let config = fixture_config("restart", "");
+    let config = TestConfig::of(Sub::fixture("restart")).to_string();
     let mut first = TestHost::start(&redis, &config).await;
     // Retries after a minute: still pending when the host stops.
     let id = add(
@@ -95,12 +91,11 @@ async fn xautoclaim_takes_an_idle_entry_from_a_dead_consumer() {
     )
     .await;
     let started = Instant::now();
-    let mut host = TestHost::start(
+    let mut host = start_fixture(
         &redis,
-        &fixture_config(
-            "claims",
-            "claim_min_idle = \"300ms\"\nhandler_timeout = \"200ms\"",
-        ),
+        Sub::fixture("claims")
+            .set("claim_min_idle", "300ms")
+            .set("handler_timeout", "200ms"),
     )
     .await;
     let event = host.event(T, "the claimed entry", |e| e.id == id).await;
@@ -118,7 +113,7 @@ async fn xautoclaim_takes_an_idle_entry_from_a_dead_consumer() {
 async fn retry_after_without_a_set_redelivers_after_the_delay() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let mut host = TestHost::start(&redis, &fixture_config("pending-retry", "")).await;
+    let mut host = start_fixture(&redis, Sub::fixture("pending-retry")).await;
     let id = add(
         &mut conn,
         "pending-retry",
@@ -155,12 +150,11 @@ async fn retry_after_without_a_set_redelivers_after_the_delay() {
 async fn claiming_subscription_rounds_a_pending_retry_up_to_min_idle() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let mut host = TestHost::start(
+    let mut host = start_fixture(
         &redis,
-        &fixture_config(
-            "claim-retry",
-            "claim_min_idle = \"1500ms\"\nhandler_timeout = \"1s\"",
-        ),
+        Sub::fixture("claim-retry")
+            .set("claim_min_idle", "1500ms")
+            .set("handler_timeout", "1s"),
     )
     .await;
     let id = add(
@@ -182,68 +176,14 @@ async fn claiming_subscription_rounds_a_pending_retry_up_to_min_idle() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn undecodable_payloads_are_dead_lettered_with_the_reason() {
-    let redis = Redis::start();
-    let mut conn = redis.conn().await;
-    let mut host = TestHost::start(
-        &redis,
-        "[[subscription]]\ncomponent = \"{bank}\"\nstream = \"payments\"\ngroup = \"g\"\nblock = \"100ms\"\ndelayed_retry = \"none\"\n",
-    )
-    .await;
-    let bad = add(
-        &mut conn,
-        "payments",
-        &serde_json::json!({"id": "p1", "amount": "ten"}),
-    )
-    .await;
-    let missing: String = cmd(&mut conn, &["XADD", "payments", "*", "body", "{}"]).await;
-    let mut reasons = std::collections::HashMap::new();
-    while reasons.len() < 2 {
-        let event = host
-            .event(T, "two dead letters", |e| {
-                matches!(e.kind, EventKind::DeadLettered { .. })
-            })
-            .await;
-        if let EventKind::DeadLettered { reason } = event.kind {
-            reasons.insert(event.id, reason);
-        }
-    }
-    let reason = &reasons[&bad];
-    assert!(reason.contains("field `payload`"), "{reason}");
-    assert!(reason.contains("missing field `account`"), "{reason}");
-    let reason = &reasons[&missing];
-    assert!(
-        reason.contains("the entry has no `payload` field"),
-        "{reason}"
-    );
-    let dead = entries(&mut conn, "payments.dead-letter").await;
-    assert_eq!(dead.len(), 2);
-    let bad_dead = dead
-        .iter()
-        .find(|(_, f)| field(f, "sluice-origin-id") == Some(bad.as_str()))
-        .expect("the bad payload's dead letter");
-    assert_eq!(field(&bad_dead.1, "sluice-origin-stream"), Some("payments"));
-    assert!(
-        field(&bad_dead.1, "payload").is_some(),
-        "original fields are kept"
-    );
-    assert_eq!(
-        pending(&mut conn, "payments", "g").await,
-        0,
-        "dead letters are acked"
-    );
-    host.stop().await.expect("clean stop");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trapping_guest_is_retried_with_backoff_then_dead_lettered() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let mut host = TestHost::start(
+    let mut host = start_fixture(
         &redis,
-        &fixture_config(
-            "traps",
-            "max_retries = 2\nfailure_backoff = { initial = \"200ms\", max = \"1s\" }",
+        Sub::fixture("traps").set("max_retries", 2).set(
+            "failure_backoff",
+            Raw(r#"{ initial = "200ms", max = "1s" }"#),
         ),
     )
     .await;
@@ -281,7 +221,7 @@ async fn a_trapping_guest_is_retried_with_backoff_then_dead_lettered() {
         "{reason}"
     );
     assert!(reason.contains("fixture trap on attempt 3"), "{reason}");
-    let dead = entries(&mut conn, "traps.dead-letter").await;
+    let dead = dead_lettered(&mut conn, "traps").await;
     assert_eq!(dead.len(), 1);
     assert_eq!(field(&dead[0].1, "sluice-delivery-count"), Some("3"));
     host.stop().await.expect("clean stop");
@@ -291,9 +231,11 @@ async fn a_trapping_guest_is_retried_with_backoff_then_dead_lettered() {
 async fn max_retries_sends_a_retrying_entry_to_the_dead_letter_stream() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let mut host = TestHost::start(
+    let mut host = start_fixture(
         &redis,
-        &fixture_config("max", "max_retries = 1\ndead_letter = \"max.failed\""),
+        Sub::fixture("max")
+            .set("max_retries", 1)
+            .set("dead_letter", "max.failed"),
     )
     .await;
     let id = add(&mut conn, "max", &Control::Retry { ms: 50, times: 99 }).await;
@@ -315,11 +257,7 @@ async fn max_retries_sends_a_retrying_entry_to_the_dead_letter_stream() {
 async fn the_guest_sees_its_config_values_and_the_delivery() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let mut host = TestHost::start(
-        &redis,
-        &fixture_config("report", "[subscription.config]\nregion = \"eu-west\""),
-    )
-    .await;
+    let mut host = start_fixture(&redis, Sub::fixture("report").value("region", "eu-west")).await;
     let id = add(
         &mut conn,
         "report",
@@ -339,84 +277,118 @@ async fn the_guest_sees_its_config_values_and_the_delivery() {
     host.stop().await.expect("clean stop");
 }
 
-#[test]
-fn bad_configurations_are_refused_with_errors_naming_the_problem() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let cases = [
-        (
-            "unknown.toml",
-            "[[subscription]]\ncomponent = \"{fixture}\"\nblok = \"1s\"\n",
-            "unknown field `blok`",
-        ),
-        (
-            "duration.toml",
-            "[[subscription]]\ncomponent = \"{fixture}\"\nblock = \"soonish\"\n",
-            "subscription[0].block",
-        ),
-        (
-            "missing.toml",
-            "[[subscription]]\ncomponent = \"nope.wasm\"\n",
-            "nope.wasm does not exist",
-        ),
-        (
-            "world.toml",
-            "[[subscription]]\ncomponent = \"{other_world}\"\n",
-            "does not implement the sluice:handler/handler world",
-        ),
-        (
-            "group.toml",
-            "[[subscription]]\ncomponent = \"{fixture}\"\ngroup = \"\"\n",
-            "`group` is empty",
-        ),
-        (
-            "ttl.toml",
-            "[[subscription]]\ncomponent = \"{fixture}\"\nmax_delay = \"2h\"\ndelayed_retry = { key = \"fixture.delayed\", ttl = \"1h\" }\n",
-            "ttl 3600s is shorter than the longest delay 7200s",
-        ),
-    ];
-    for (name, toml, expected) in cases {
-        let path = write_config(d, name, toml);
-        let (ok, _, stderr) = run_sluice(&["check", path.to_str().unwrap()], d);
-        assert!(!ok, "{name} was accepted");
-        assert!(
-            stderr.contains(expected),
-            "{name}: expected {expected:?} in:\n{stderr}"
-        );
-        assert_eq!(
-            stderr.matches(expected).count(),
-            1,
-            "{name}: the reason is printed once:\n{stderr}"
-        );
-    }
-    let (ok, _, stderr) = run_sluice(&["check", guests().other_world.to_str().unwrap()], d);
-    assert!(!ok);
-    assert!(stderr.contains("no export `handle`"), "{stderr}");
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_stream_and_group_are_created_again() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(&redis, Sub::fixture("gone").set("max_retries", 0)).await;
+    let first = add(&mut conn, "gone", &Control::Ack).await;
+    host.event(T, "the first ack", |e| e.id == first).await;
+    let _: () = cmd(&mut conn, &["DEL", "gone"]).await;
+    let second = add(&mut conn, "gone", &Control::Ack).await;
+    host.event(T, "an entry on the new stream", |e| e.id == second)
+        .await;
+    host.stop().await.unwrap();
 }
 
-#[test]
-fn check_prints_the_resolved_plan() {
+/// A host that comes back under a new consumer name (a new pod name on every deploy) takes over
+/// what its predecessor left pending, and `sluice status` shows the predecessor as gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_entries_of_a_gone_consumer_are_taken_over() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let _: () = cmd(
+        &mut conn,
+        &["XGROUP", "CREATE", "pods", "g", "0", "MKSTREAM"],
+    )
+    .await;
+    let id = add(&mut conn, "pods", &Control::Ack).await;
+    // The old pod reads the entry and is never seen again.
+    let _: redis::Value = cmd(
+        &mut conn,
+        &[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            "old-pod",
+            "COUNT",
+            "1",
+            "STREAMS",
+            "pods",
+            ">",
+        ],
+    )
+    .await;
+    let toml = TestConfig::of(
+        Sub::fixture("pods")
+            .set("max_retries", 0)
+            .set("consumer", "new-pod")
+            .set("consumer_gone_after", "1s"),
+    )
+    .to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(dir.path(), "sluice.toml", &toml);
+    let url = redis.url();
+    let status = wait_for(T, "status to call old-pod gone", || {
+        let (path, url, cwd) = (path.clone(), url.clone(), dir.path().to_owned());
+        async move {
+            let (ok, out, err) = tokio::task::spawn_blocking(move || {
+                run_sluice(
+                    &["status", path.to_str().unwrap(), "--json", "--redis", &url],
+                    &cwd,
+                )
+            })
+            .await
+            .unwrap();
+            assert!(ok, "{err}");
+            out.contains(r#""name":"old-pod","pending":1"#)
+                .then_some(out)
+                .filter(|out| out.contains(r#""gone":true"#))
+        }
+    })
+    .await;
+    assert!(status.contains("old-pod"), "{status}");
+    let mut host = TestHost::start(&redis, &toml).await;
+    let event = host.event(T, "the stranded entry", |e| e.id == id).await;
+    assert_eq!(event.kind, sluice_host::EventKind::Acked);
+    assert_eq!(event.delivery_count, 2, "claimed from the old pod");
+    assert_eq!(pending(&mut conn, "pods", "g").await, 0);
+    host.stop().await.unwrap();
+}
+
+/// A read that fails the same way every time (the stream key replaced by a string) is retried
+/// with growing pauses, not every 50 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_keeps_failing_backs_off() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
     let dir = tempfile::tempdir().unwrap();
     let path = write_config(
         dir.path(),
-        "plan.toml",
-        "redis = \"redis://:secret@127.0.0.1:1\"\n[[subscription]]\ncomponent = \"{bank}\"\ncount = 10\nclaim_min_idle = \"1m\"\nallowed_outbound_hosts = [\"https://*.example.com\"]\nhttp_timeout = \"3s\"\n[subscription.config]\ngateway_url = \"https://pay.example.com\"\n",
+        "sluice.toml",
+        &TestConfig::of(Sub::fixture("spin").set("max_retries", 0)).to_string(),
     );
-    let (ok, stdout, stderr) = run_sluice(&["check", path.to_str().unwrap()], dir.path());
-    assert!(ok, "{stderr}");
-    for expected in [
-        "subscription 1: stream `bank-payments`, group `billing`",
-        "redis://***@127.0.0.1:1",
-        "XREADGROUP COUNT 10 BLOCK 1s",
-        "XAUTOCLAIM entries idle for at least 1m",
-        "retries wait in sorted set `bank-payments.delayed` (ttl none)",
-        "dead letter  `bank-payments.dead-letter`",
-        "network      HTTP to https://*.example.com (3s per request)",
-        "gateway_url=https://pay.example.com",
-    ] {
-        assert!(
-            stdout.contains(expected),
-            "missing {expected:?} in:\n{stdout}"
-        );
-    }
+    let url = redis.url();
+    let host = HostProcess::spawn(
+        &["run", path.to_str().unwrap(), "--redis", url.as_str()],
+        dir.path(),
+    );
+    let id = add(&mut conn, "spin", &Control::Ack).await;
+    wait_acked(&conn, "spin", "g", &id).await;
+    let _: () = cmd(&mut conn, &["DEL", "spin"]).await;
+    let _: () = cmd(&mut conn, &["SET", "spin", "not a stream"]).await;
+    let started = std::time::Instant::now();
+    let failures = |log: &str| log.matches("read failed").count();
+    // Wait until reads have failed for 3 s; a 50 ms loop would log ~60 lines by then.
+    let log = wait_for(T, "3 s of failing reads", || {
+        let text = host.log_text();
+        async move { (started.elapsed() >= Duration::from_secs(3)).then_some(text) }
+    })
+    .await;
+    let n = failures(&log);
+    assert!(
+        (1..=10).contains(&n),
+        "{n} failed reads logged in 3 s:\n{log}"
+    );
+    assert!(log.contains("WRONGTYPE"), "the failure is named: {log}");
 }

@@ -1,0 +1,147 @@
+//! The admin API as an attacker on the operator's machine sees it: mutations need the token on
+//! loopback too, DNS rebinding and cross-site requests are refused, oversized and concurrent
+//! uploads are cut off before they are read, and the token itself is guarded.
+
+use std::time::Duration;
+
+use crate::common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutating_admin_calls_need_a_token_even_on_loopback() {
+    let redis = Redis::start();
+    let mut host = start_fixture(
+        &redis,
+        TestConfig::of(Sub::fixture("open").set("max_retries", 0)).no_admin_token(),
+    )
+    .await;
+    let admin = host.admin().await;
+    let (status, body) =
+        http_request_bare(admin, "POST", "/v1/subscriptions/open/g/rollback", &[], b"").await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("admin_token_file"), "{body}");
+    assert_eq!(
+        http_request_bare(admin, "GET", "/v1/subscriptions", &[], b"")
+            .await
+            .0,
+        200,
+        "without a token the listing stays readable on loopback"
+    );
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_refuses_rebinding_csrf_and_oversized_bodies_before_reading_them() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let redis = Redis::start();
+    let mut host = start_fixture(&redis, Sub::fixture("guarded").set("max_retries", 0)).await;
+    let admin = host.admin().await;
+    let rollback = "/v1/subscriptions/guarded/g/rollback";
+    // DNS rebinding: a page on evil.example whose name now points at 127.0.0.1.
+    let (status, _) = http_request(admin, "POST", rollback, &[("Host", "evil.example")], b"").await;
+    assert_eq!(status, 421);
+    // CSRF: a simple cross-origin form post, even with the right token.
+    let (status, _) = http_request(
+        admin,
+        "POST",
+        rollback,
+        &[
+            ("Origin", "https://evil.example"),
+            ("Content-Type", "text/plain"),
+        ],
+        b"x",
+    )
+    .await;
+    assert_eq!(status, 403);
+    // A wrong token with a 60 MiB body declared but never sent, and the right token with a
+    // body over admin_max_upload (64 MiB): both answered at once, before any body is read.
+    let right = format!("Bearer {TEST_TOKEN}");
+    for (auth, length, expected) in [
+        ("Bearer nope", 60 << 20, "401"),
+        (right.as_str(), 100 << 20, "413"),
+    ] {
+        let mut stream = tokio::net::TcpStream::connect(admin).await.unwrap();
+        let head = format!(
+            "PUT /v1/subscriptions/guarded/g/handler HTTP/1.1\r\nHost: {admin}\r\nAuthorization: {auth}\r\nContent-Length: {length}\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = vec![0u8; 256];
+        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut answer))
+            .await
+            .unwrap_or_else(|_| panic!("{expected}: not answered before the body"))
+            .unwrap();
+        let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {expected}")),
+            "{answer}"
+        );
+    }
+    host.stop().await.unwrap();
+}
+
+#[test]
+fn a_world_readable_token_file_and_a_token_over_plain_http_are_refused() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret").unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (ok, _, err) = run_sluice(
+        &[
+            "swap",
+            "s",
+            "--rollback",
+            "--token-file",
+            token.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert!(!ok && err.contains("readable by every user"), "{err}");
+    let (ok, _, err) = run_sluice(
+        &[
+            "swap",
+            "s",
+            "--rollback",
+            "--token",
+            "s3cret",
+            "--admin",
+            "http://192.0.2.1:9187",
+        ],
+        dir.path(),
+    );
+    assert!(!ok && err.contains("over plain HTTP"), "{err}");
+}
+
+/// Eight uploads that declare a large body and send part of it: one is read, the rest are
+/// refused at once, so the host never buffers more than one upload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_partial_uploads_are_refused_beyond_one() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let redis = Redis::start();
+    let mut host = start_fixture(&redis, Sub::fixture("uploads").set("max_retries", 0)).await;
+    let admin = host.admin().await;
+    let mut streams = Vec::new();
+    for _ in 0..8 {
+        let mut stream = tokio::net::TcpStream::connect(admin).await.unwrap();
+        let head = format!(
+            "PUT /v1/subscriptions/uploads/g/handler HTTP/1.1\r\nHost: {admin}\r\nAuthorization: Bearer {TEST_TOKEN}\r\nContent-Length: {}\r\n\r\n",
+            60 << 20
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        // A refused upload may be answered and closed before its body is sent.
+        let _ = stream.write_all(&vec![0u8; 1 << 20]).await;
+        streams.push(stream);
+    }
+    let mut refused = 0;
+    for stream in &mut streams {
+        let mut answer = vec![0u8; 64];
+        if let Ok(Ok(n)) =
+            tokio::time::timeout(Duration::from_millis(2000), stream.read(&mut answer)).await
+            && String::from_utf8_lossy(&answer[..n]).starts_with("HTTP/1.1 429")
+        {
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 7, "all but one partial upload refused at once");
+    drop(streams);
+    host.stop().await.unwrap();
+}
