@@ -95,6 +95,13 @@ impl FromConfig for () {
     }
 }
 
-/// The success value of a handler; only `()` (an ack) is supported today.
-pub trait HandlerOutput {}
+/// The success value of a handler; only `()` (an ack) is supported today. Sealed: the host's
+/// world has no other success value, so no other type can stand here.
+pub trait HandlerOutput: sealed::Sealed {}
 impl HandlerOutput for () {}
+
+mod sealed {
+    /// Keeps [`super::HandlerOutput`] to the types this crate lists.
+    pub trait Sealed {}
+    impl Sealed for () {}
+}

@@ -1,4 +1,4 @@
-//! Write [Sluice](https://github.com/) handlers: functions that handle Redis Streams entries,
+//! Write Sluice handlers: functions that handle Redis Streams entries,
 //! compiled to WebAssembly components (`wasm32-wasip2`) and run by the Sluice host.
 //!
 //! A handler is either a function under the [`subscriber`] attribute, which names the

@@ -15,8 +15,6 @@ use crate::handler::HandlerOutput;
 use crate::outcome::{IntoHandlerResult, Kind};
 use crate::{Context, Delivery, FromConfig, Handle, HandlerOutcome, RedisStream};
 
-pub use crate::outcome::IntoHandlerResult as __IntoHandlerResult;
-
 /// Handle one WIT delivery with `handler`: decode, build state, run, convert the outcome.
 pub fn handle<H, In, Outs, Output, Meta, S>(handler: &H, delivery: wit::Delivery) -> wit::Outcome
 where

@@ -102,7 +102,8 @@ pub struct RedisStream {
     pub stream: String,
     /// The consumer group (created with MKSTREAM if missing).
     pub group: Option<String>,
-    /// This consumer's name inside the group; must be unique per host.
+    /// This consumer's name inside the group (default `sluice-<hostname>`); must be unique per
+    /// host.
     pub consumer: Option<String>,
     /// Set on a claiming subscription: each read also takes entries that other consumers left
     /// idle for at least this long (XAUTOCLAIM).
@@ -180,7 +181,9 @@ impl RedisStream {
         self
     }
 
-    /// Read under this consumer name (default: the host's name plus the process id).
+    /// Read under this consumer name (default: `sluice-<hostname>`, which stays the same
+    /// across restarts so a restarted host re-reads its own pending entries). Two hosts must
+    /// not share one.
     pub fn consumer(mut self, consumer: impl Into<String>) -> Self {
         self.consumer = Some(consumer.into());
         self
