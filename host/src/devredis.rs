@@ -26,7 +26,7 @@ pub enum DevRedisError {
     )]
     NotInstalled(std::io::Error),
     /// Its data directory could not be created.
-    #[error("cannot create the dev Redis directory {}: {source}", dir.display())]
+    #[error("cannot create the dev Redis directory {}", dir.display())]
     Dir {
         /// The directory.
         dir: PathBuf,

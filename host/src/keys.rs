@@ -161,7 +161,7 @@ pub enum SlotError {
     #[error(transparent)]
     CrossSlot(#[from] CrossSlot),
     /// Redis could not be asked.
-    #[error("cannot check whether Redis is a cluster: {0}")]
+    #[error("cannot check whether Redis is a cluster")]
     Redis(#[from] redis::RedisError),
 }
 

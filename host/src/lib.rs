@@ -35,11 +35,13 @@
 //!   `sluice status` and for the benchmark.
 //! - [`commands`] (`commands/`) are the subcommands `main` runs, one file each.
 //! - [`digest`] names a handler version (its component's SHA-256) in logs, metrics and the API.
+//! - [`chain`] renders an error and its causes as one line (logs, `/readyz`, API answers).
 //! - [`keys`] names every Redis key and bookkeeping field, [`redis_conn`] opens connections and
 //!   classifies Redis errors, [`devredis`] starts a private `redis-server` when none is
 //!   configured, and [`events`] reports each settled delivery to observers (tests, the bench).
 
 mod admin;
+mod chain;
 pub mod commands;
 pub mod config;
 pub mod delayed;

@@ -19,7 +19,7 @@ pub const RECONNECT_BACKOFF: (Duration, Duration) =
 #[derive(Debug, thiserror::Error)]
 pub enum ConnError {
     /// The URL does not parse.
-    #[error("invalid Redis URL {url:?}: {source}")]
+    #[error("invalid Redis URL {url:?}")]
     Url {
         /// The URL as given.
         url: String,
@@ -27,7 +27,7 @@ pub enum ConnError {
         source: RedisError,
     },
     /// Connecting failed.
-    #[error("cannot connect to Redis at {url}: {source}")]
+    #[error("cannot connect to Redis at {url}")]
     Connect {
         /// The URL, without credentials.
         url: String,

@@ -64,17 +64,7 @@ impl SwapError {
     /// The refusal with every cause under it, as one line for the API's answer and the log
     /// (wasmtime's reason for refusing a component is a cause, not the headline).
     pub fn explain(&self) -> String {
-        let mut text = self.to_string();
-        let mut cause = std::error::Error::source(self);
-        while let Some(err) = cause {
-            let line = err.to_string();
-            if !text.ends_with(&line) {
-                text.push_str(": ");
-                text.push_str(&line);
-            }
-            cause = err.source();
-        }
-        text
+        crate::chain::chain(self)
     }
 }
 

@@ -365,6 +365,11 @@ fn bad_configurations_are_refused_with_errors_naming_the_problem() {
     let (ok, _, stderr) = run_sluice(&["check", guests().other_world.to_str().unwrap()], d);
     assert!(!ok);
     assert!(stderr.contains("no export `handle`"), "{stderr}");
+    // A cause is printed once, after the error it caused (not pasted into it as well).
+    let (ok, _, stderr) = run_sluice(&["check", "absent.toml"], d);
+    assert!(!ok);
+    assert!(stderr.contains("cannot read absent.toml: "), "{stderr}");
+    assert_eq!(stderr.matches("os error 2").count(), 1, "{stderr}");
 }
 
 #[test]

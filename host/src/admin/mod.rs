@@ -94,7 +94,7 @@ pub struct AdminOptions {
 /// Why the admin server could not start.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "cannot start the admin server on {addr}: {source} (set `admin` in the config to another address, or \"off\")"
+    "cannot start the admin server on {addr} (set `admin` in the config to another address, or \"off\")"
 )]
 pub struct AdminError {
     addr: SocketAddr,

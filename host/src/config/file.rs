@@ -158,9 +158,9 @@ pub(super) struct FileConfig {
 
 /// Parse and check the TOML file at `path`, whose text is `text`.
 pub(super) fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
-    let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+    let raw: RawConfig = toml::from_str(text).map_err(|source| ConfigError::Parse {
         path: path.to_owned(),
-        message: e.to_string().trim_end().to_owned(),
+        source,
     })?;
     if raw.subscriptions.is_empty() {
         return Err(ConfigError::NoSubscriptions(path.to_owned()));
@@ -501,7 +501,8 @@ mod tests {
         let err = parse("[[subscription]]\ncomponent = \"COMPONENT\"\nblok = \"1s\"\n")
             .err()
             .unwrap();
-        assert!(err.to_string().contains("blok"), "{err}");
+        let text = crate::chain::chain(&err);
+        assert!(text.contains("blok"), "{text}");
     }
 
     #[test]

@@ -89,20 +89,20 @@ pub const DEFAULT_LOG_BYTES: u64 = 64 * 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// A file could not be read.
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}", path.display())]
     Read {
         /// The file.
         path: PathBuf,
         /// The I/O error.
         source: std::io::Error,
     },
-    /// The TOML did not parse or has unknown keys; toml's message names the key and line.
-    #[error("{}: {message}", path.display())]
+    /// The TOML did not parse or has unknown keys; toml's error names the key and line.
+    #[error("{} is not a valid sluice config", path.display())]
     Parse {
         /// The file.
         path: PathBuf,
         /// What toml said.
-        message: String,
+        source: toml::de::Error,
     },
     /// A value is malformed.
     #[error("{}: `{key}` = {value:?} is not valid: {reason}", path.display())]

@@ -192,8 +192,9 @@ impl Subscription {
                     Ok(conn) => reader.insert(conn),
                     Err(err) => {
                         drop(first);
-                        self.health.failed(&err.to_string());
-                        if !self.pause_after_error(&err.to_string(), &mut backoff).await {
+                        let reason = crate::chain::chain(&err);
+                        self.health.failed(&reason);
+                        if !self.pause_after_error(&reason, &mut backoff).await {
                             break;
                         }
                         continue;
