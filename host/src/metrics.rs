@@ -37,18 +37,14 @@ use prometheus_client::registry::{Metric, Registry};
 /// The labels every metric carries.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SubLabels {
-    /// The stream.
     pub stream: String,
-    /// The consumer group.
     pub group: String,
 }
 
 /// Labels of the deliveries counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
-    /// The stream.
     pub stream: String,
-    /// The consumer group.
     pub group: String,
     /// [`HandlerResult::label`].
     pub outcome: &'static str,
@@ -57,9 +53,7 @@ pub struct OutcomeLabels {
 /// Labels of the handler info metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HandlerLabels {
-    /// The stream.
     pub stream: String,
-    /// The consumer group.
     pub group: String,
     /// The handler's SHA-256 digest.
     pub digest: String,
@@ -74,7 +68,6 @@ pub struct Metrics {
     pub deliveries: Family<OutcomeLabels, Counter>,
     /// Time in the handler.
     pub handler_duration: HistogramFamily<SubLabels>,
-    /// Deliveries in flight.
     pub in_flight: Family<SubLabels, Gauge>,
     /// PEL size, sampled at scrape.
     pub pending: Family<SubLabels, Gauge>,
@@ -90,7 +83,6 @@ pub struct Metrics {
     pub sweep_moved: HistogramFamily<SubLabels>,
     /// Sweep pass duration.
     pub sweep_duration: HistogramFamily<SubLabels>,
-    /// Retry lateness.
     pub retry_lateness: HistogramFamily<SubLabels>,
     /// Retries longer than the set's ttl.
     pub retry_over_ttl: Family<SubLabels, Counter>,

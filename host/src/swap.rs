@@ -96,7 +96,6 @@ impl SwapControl {
         }
     }
 
-    /// The slot.
     pub fn slot(&self) -> &Arc<HandlerSlot> {
         &self.slot
     }

@@ -61,15 +61,13 @@ use read::ReadEntry;
 /// What a subscription needs to know about where and how to read.
 #[derive(Debug, Clone)]
 pub struct ReadPlan {
-    /// The stream.
     pub stream: Arc<str>,
-    /// The group.
     pub group: Arc<str>,
     /// This consumer's name.
     pub consumer: Arc<str>,
-    /// XREADGROUP COUNT.
+    /// XREADGROUP COUNT: the most entries one read asks for.
     pub count: usize,
-    /// XREADGROUP BLOCK.
+    /// XREADGROUP BLOCK: how long one read waits for new entries.
     pub block: Duration,
     /// Set on a claiming subscription.
     pub claim_min_idle: Option<Duration>,

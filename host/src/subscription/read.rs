@@ -13,7 +13,6 @@ use crate::delivery::Entry;
 /// was pending.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadEntry {
-    /// The entry id.
     pub id: String,
     /// Its fields, unless it was deleted.
     pub fields: Option<Vec<(Vec<u8>, Vec<u8>)>>,
