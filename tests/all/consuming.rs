@@ -362,16 +362,9 @@ async fn pending_entries_of_a_gone_consumer_are_taken_over() {
 async fn a_read_that_keeps_failing_backs_off() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_config(
-        dir.path(),
-        "sluice.toml",
-        &TestConfig::of(Sub::fixture("spin").set("max_retries", 0)).to_string(),
-    );
-    let url = redis.url();
-    let host = HostProcess::spawn(
-        &["run", path.to_str().unwrap(), "--redis", url.as_str()],
-        dir.path(),
+    let host = HostProcess::run(
+        &redis,
+        TestConfig::of(Sub::fixture("spin").set("max_retries", 0)),
     );
     let id = add(&mut conn, "spin", &Control::Ack).await;
     wait_acked(&conn, "spin", "g", &id).await;

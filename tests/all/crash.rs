@@ -39,13 +39,11 @@ async fn sigkill_under_a_retry_heavy_load_loses_nothing_and_settles_each_entry_o
     let mut rng = Lcg(seed);
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let dir = tempfile::tempdir().unwrap();
     // Every attempt traps: two retries wait in the delayed set, the third attempt dead-letters.
     // The consumer name stays the same across restarts, as a deployment should keep it.
-    let path = write_config(
-        dir.path(),
-        "sluice.toml",
-        &TestConfig::of(
+    let run = RunDir::new(
+        &redis,
+        TestConfig::of(
             Sub::fixture(STREAM)
                 .set("max_retries", 2)
                 .set(
@@ -54,11 +52,8 @@ async fn sigkill_under_a_retry_heavy_load_loses_nothing_and_settles_each_entry_o
                 )
                 .delayed(&format!("{STREAM}.delayed")),
         )
-        .set("shutdown_timeout", "1s")
-        .to_string(),
+        .set("shutdown_timeout", "1s"),
     );
-    let url = redis.url();
-    let args = ["run", path.to_str().unwrap(), "--redis", url.as_str()];
     let mut ids = Vec::with_capacity(ENTRIES);
     let mut pipe = redis::pipe();
     for _ in 0..ENTRIES {
@@ -71,7 +66,7 @@ async fn sigkill_under_a_retry_heavy_load_loses_nothing_and_settles_each_entry_o
     let added: Vec<String> = pipe.query_async(&mut conn).await.unwrap();
     ids.extend(added);
     for kill in 0..KILLS {
-        let mut host = HostProcess::spawn(&args, dir.path());
+        let mut host = run.spawn();
         let after = Duration::from_millis(150 + rng.next(600));
         let started = std::time::Instant::now();
         // The kill lands at a random moment of the run: the wait is the behaviour under test.
@@ -82,7 +77,7 @@ async fn sigkill_under_a_retry_heavy_load_loses_nothing_and_settles_each_entry_o
         host.kill();
         println!("crash: kill {} after {} ms", kill + 1, after.as_millis());
     }
-    let _last = HostProcess::spawn(&args, dir.path());
+    let _last = run.spawn();
     // Let the last host finish everything.
     let dead = wait_for(
         Duration::from_secs(120),

@@ -395,20 +395,13 @@ async fn lateness_is_bounded_by_the_block_interval_when_another_host_parked_the_
 async fn a_host_killed_right_after_parking_still_delivers_the_retry_at_its_due_time() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_config(
-        dir.path(),
-        "sluice.toml",
-        &TestConfig::of(
-            Sub::fixture("crash")
-                .set("block", "5s")
-                .delayed("crash.delayed"),
-        )
-        .to_string(),
+    let run = RunDir::new(
+        &redis,
+        Sub::fixture("crash")
+            .set("block", "5s")
+            .delayed("crash.delayed"),
     );
-    let url = redis.url();
-    let args = ["run", path.to_str().unwrap(), "--redis", url.as_str()];
-    let mut host = HostProcess::spawn(&args, dir.path());
+    let mut host = run.spawn();
     let id = add(&mut conn, "crash", &Control::Retry { ms: 3000, times: 1 }).await;
     let due_ms: i64 = wait_for(T, "the park", || {
         let mut conn = conn.clone();
@@ -424,7 +417,7 @@ async fn a_host_killed_right_after_parking_still_delivers_the_retry_at_its_due_t
     .await;
     host.kill();
     assert_eq!(pending(&mut conn, "crash", "g").await, 0);
-    let mut restarted = HostProcess::spawn(&args, dir.path());
+    let mut restarted = run.spawn();
     let back = wait_for(T, "the retry", || {
         let mut conn = conn.clone();
         let id = id.clone();
@@ -485,17 +478,12 @@ async fn a_redis_restarted_with_aof_keeps_the_parked_entries() {
 async fn ttl_never_expires_a_set_before_its_last_retry_is_due_and_a_longer_delay_is_warned_about() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let dir = tempfile::tempdir().unwrap();
-    let toml = TestConfig::of(Sub::fixture("ttl").set("block", "5s").set(
-        "delayed_retry",
-        Raw(r#"{ key = "ttl.delayed", ttl = "1500ms" }"#),
-    ))
-    .to_string();
-    let path = write_config(dir.path(), "sluice.toml", &toml);
-    let url = redis.url();
-    let host = HostProcess::spawn(
-        &["run", path.to_str().unwrap(), "--redis", url.as_str()],
-        dir.path(),
+    let host = HostProcess::run(
+        &redis,
+        Sub::fixture("ttl").set("block", "5s").set(
+            "delayed_retry",
+            Raw(r#"{ key = "ttl.delayed", ttl = "1500ms" }"#),
+        ),
     );
     add(
         &mut conn,
@@ -651,11 +639,7 @@ async fn without_the_descriptor_no_key_is_created_and_no_sweep_runs() {
 
 #[test]
 fn a_skewed_host_clock_does_not_change_when_entries_come_due() {
-    let faketime = std::path::Path::new("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1");
-    assert!(
-        faketime.exists(),
-        "libfaketime is installed by scripts/setup"
-    );
+    let faketime = faketime();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let redis = Redis::start();
@@ -673,16 +657,15 @@ fn a_skewed_host_clock_does_not_change_when_entries_come_due() {
             )
             .to_string();
             let path = write_config(dir.path(), &format!("{consumer}.toml"), &toml);
-            let child = std::process::Command::new(sluice_bin())
-                .args(["run", path.to_str().unwrap(), "--redis", &url])
-                .current_dir(dir.path())
-                .env("LD_PRELOAD", faketime)
-                .env("FAKETIME", offset)
-                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .unwrap();
-            hosts.push(HostProcessGuard(child));
+            hosts.push(HostProcess::spawn_with(
+                &["run", path.to_str().unwrap(), "--redis", &url],
+                dir.path(),
+                &[
+                    ("LD_PRELOAD", faketime),
+                    ("FAKETIME", offset),
+                    ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+                ],
+            ));
         }
         let mut ids = Vec::new();
         for _ in 0..4 {
@@ -715,15 +698,6 @@ fn a_skewed_host_clock_does_not_change_when_entries_come_due() {
             );
         }
     });
-}
-
-struct HostProcessGuard(std::process::Child);
-
-impl Drop for HostProcessGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -828,11 +802,7 @@ async fn an_unreadable_member_is_dead_lettered_instead_of_blocking_the_set() {
 /// Redis clock, not its own (it read 3600 s before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lateness_is_measured_on_the_redis_clock_under_a_skewed_host_clock() {
-    let faketime = std::path::Path::new("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1");
-    assert!(
-        faketime.exists(),
-        "libfaketime is installed by scripts/setup"
-    );
+    let faketime = faketime();
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let dir = tempfile::tempdir().unwrap();
@@ -841,18 +811,15 @@ async fn lateness_is_measured_on_the_redis_clock_under_a_skewed_host_clock() {
         "ahead.toml",
         &TestConfig::of(Sub::fixture("late").delayed("late.delayed")).to_string(),
     );
-    let log = dir.path().join("ahead.log");
-    let child = std::process::Command::new(sluice_bin())
-        .args(["run", path.to_str().unwrap(), "--redis", &redis.url()])
-        .current_dir(dir.path())
-        .env("LD_PRELOAD", faketime)
-        .env("FAKETIME", "+1h")
-        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
-        .env("RUST_LOG", "info")
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let host = HostProcess { child, log };
+    let host = HostProcess::spawn_with(
+        &["run", path.to_str().unwrap(), "--redis", &redis.url()],
+        dir.path(),
+        &[
+            ("LD_PRELOAD", faketime),
+            ("FAKETIME", "+1h"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ],
+    );
     add(&mut conn, "late", &Control::Retry { ms: 500, times: 1 }).await;
     let admin = host.admin_addr().await;
     let metrics = wait_for(T, "the retry's lateness to be recorded", || async move {

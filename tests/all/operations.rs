@@ -229,23 +229,17 @@ async fn status_reports_consumers_pending_parked_and_dead_letters() {
     );
 }
 
-/// Run `sluice` on `toml`, put `slow` entries of `ms` each on `stream`, wait until all are in
-/// flight, send SIGTERM and wait for the exit: (exit status, log).
+/// Run `sluice` on `config`, put `slow` entries of `ms` each on its stream, wait until all are
+/// in flight, send SIGTERM and wait for the exit: (exit status, log).
 async fn terminate_while_busy(
     redis: &Redis,
-    toml: &str,
+    config: TestConfig,
     stream: &str,
     slow: u64,
     ms: u64,
 ) -> (std::process::ExitStatus, String) {
     let mut conn = redis.conn().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_config(dir.path(), "sluice.toml", toml);
-    let url = redis.url();
-    let mut host = HostProcess::spawn(
-        &["run", path.to_str().unwrap(), "--redis", url.as_str()],
-        dir.path(),
-    );
+    let mut host = HostProcess::run(redis, config);
     for _ in 0..slow {
         add(&mut conn, stream, &Control::Slow { ms }).await;
     }
@@ -264,7 +258,7 @@ async fn sigterm_drains_in_flight_deliveries_and_exits_zero() {
     let redis = Redis::start();
     let (status, log) = terminate_while_busy(
         &redis,
-        &TestConfig::of(Sub::fixture("drain").set("max_in_flight", 4)).to_string(),
+        TestConfig::of(Sub::fixture("drain").set("max_in_flight", 4)),
         "drain",
         3,
         1500,
@@ -290,9 +284,7 @@ async fn a_shutdown_that_times_out_exits_non_zero_and_leaves_entries_pending() {
     let redis = Redis::start();
     let (status, log) = terminate_while_busy(
         &redis,
-        &TestConfig::of(Sub::fixture("cut"))
-            .set("shutdown_timeout", "200ms")
-            .to_string(),
+        TestConfig::of(Sub::fixture("cut")).set("shutdown_timeout", "200ms"),
         "cut",
         1,
         5000,
@@ -320,18 +312,9 @@ async fn a_shutdown_that_times_out_exits_non_zero_and_leaves_entries_pending() {
 async fn a_shutdown_whose_acks_cannot_reach_redis_names_them_and_leaves_entries_pending() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_config(
-        dir.path(),
-        "sluice.toml",
-        &TestConfig::of(Sub::fixture("unflushed"))
-            .set("shutdown_timeout", "3s")
-            .to_string(),
-    );
-    let url = redis.url();
-    let mut host = HostProcess::spawn(
-        &["run", path.to_str().unwrap(), "--redis", url.as_str()],
-        dir.path(),
+    let mut host = HostProcess::run(
+        &redis,
+        TestConfig::of(Sub::fixture("unflushed")).set("shutdown_timeout", "3s"),
     );
     add(&mut conn, "unflushed", &Control::Slow { ms: 1000 }).await;
     wait_for(T, "the delivery to be in flight", || {

@@ -30,18 +30,8 @@ async fn fault(sub: Sub, mode: Control) -> (String, String) {
 async fn misbehave(sub: Sub, mode: Control, marker: &str) -> (String, String) {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let dir = tempfile::tempdir().unwrap();
     let stream = &sub.stream().to_owned();
-    let path = write_config(
-        dir.path(),
-        "sluice.toml",
-        &two_subscriptions(sub).to_string(),
-    );
-    let url = redis.url();
-    let host = HostProcess::spawn(
-        &["run", path.to_str().unwrap(), "--redis", url.as_str()],
-        dir.path(),
-    );
+    let host = HostProcess::run(&redis, two_subscriptions(sub));
     let bystander = format!("{stream}-bystander");
     let bad = add(&mut conn, stream, &mode).await;
     let same = add(&mut conn, stream, &Control::Ack).await;
@@ -221,18 +211,14 @@ async fn outbound_http_reaches_granted_hosts_only_and_is_time_bounded() {
     let mut conn = redis.conn().await;
     let granted = Upstream::start().await;
     let other = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
     let grant = format!(r#"["http://{}", "https://*.example.com"]"#, granted.addr);
-    let toml = two_subscriptions(
-        Sub::fixture("web")
-            .set("allowed_outbound_hosts", Raw(&grant))
-            .set("http_timeout", "1s"),
-    );
-    let path = write_config(dir.path(), "sluice.toml", &toml.to_string());
-    let url = redis.url();
-    let host = HostProcess::spawn(
-        &["run", path.to_str().unwrap(), "--redis", url.as_str()],
-        dir.path(),
+    let host = HostProcess::run(
+        &redis,
+        two_subscriptions(
+            Sub::fixture("web")
+                .set("allowed_outbound_hosts", Raw(&grant))
+                .set("http_timeout", "1s"),
+        ),
     );
     let http = |url: String| Control::Http {
         url: url.to_string(),
@@ -437,16 +423,9 @@ async fn leaked_http_resources_fail_the_attempt_at_the_host_memory_limit() {
 async fn a_log_flood_is_cut_to_the_budget_and_cannot_forge_host_lines() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_config(
-        dir.path(),
-        "sluice.toml",
-        &TestConfig::of(Sub::fixture("flood").set("max_retries", 0)).to_string(),
-    );
-    let url = redis.url();
-    let host = HostProcess::spawn(
-        &["run", path.to_str().unwrap(), "--redis", url.as_str()],
-        dir.path(),
+    let host = HostProcess::run(
+        &redis,
+        TestConfig::of(Sub::fixture("flood").set("max_retries", 0)),
     );
     let forged = "x\n2026-01-01T00:00:00.000000Z  INFO sluice_host: forged line\r\n";
     add(

@@ -157,6 +157,19 @@ pub struct Overrides {
     pub delayed_retry: Option<Option<DelayedRetry>>,
 }
 
+/// Builder methods that set one optional field each: `name(value)` sets `self.name`.
+macro_rules! setters {
+    ($($(#[doc = $doc:expr])* $name:ident: $ty:ty,)*) => {
+        $(
+            $(#[doc = $doc])*
+            pub fn $name(mut self, $name: impl Into<$ty>) -> Self {
+                self.$name = Some($name.into());
+                self
+            }
+        )*
+    };
+}
+
 impl RedisStream {
     /// A subscription that reads new entries of `stream`.
     pub fn new(stream: impl Into<String>) -> Self {
@@ -175,66 +188,29 @@ impl RedisStream {
         }
     }
 
-    /// Read as this consumer group.
-    pub fn group(mut self, group: impl Into<String>) -> Self {
-        self.group = Some(group.into());
-        self
-    }
-
-    /// Read under this consumer name (default: `sluice-<hostname>`, which stays the same
-    /// across restarts so a restarted host re-reads its own pending entries). Two hosts must
-    /// not share one.
-    pub fn consumer(mut self, consumer: impl Into<String>) -> Self {
-        self.consumer = Some(consumer.into());
-        self
-    }
-
-    /// Block each read for at most this long.
-    pub fn block(mut self, block: Duration) -> Self {
-        self.block = Some(block);
-        self
-    }
-
-    /// Read at most `count` entries at a time.
-    pub fn count(mut self, count: usize) -> Self {
-        self.count = Some(count);
-        self
-    }
-
-    /// Send entries that are given up on to this stream.
-    pub fn dead_letter(mut self, stream: impl Into<String>) -> Self {
-        self.dead_letter = Some(stream.into());
-        self
-    }
-
-    /// Dead-letter an entry after this many failed attempts.
-    pub fn max_retries(mut self, max_retries: u32) -> Self {
-        self.max_retries = Some(max_retries);
-        self
-    }
-
-    /// Keep retries in a delayed-retry set instead of leaving them pending.
-    pub fn delayed_retry(mut self, delayed_retry: DelayedRetry) -> Self {
-        self.delayed_retry = Some(delayed_retry);
-        self
-    }
-
-    /// Decode the payload from this entry field instead of `payload`.
-    pub fn payload_field(mut self, field: impl Into<String>) -> Self {
-        self.payload_field = Some(field.into());
-        self
-    }
-
-    /// Declare the longest `retry_after` the handler asks for, so a set's ttl can be checked.
-    pub fn max_delay(mut self, max_delay: Duration) -> Self {
-        self.max_delay = Some(max_delay);
-        self
-    }
-
-    /// Back off like this after a failed attempt.
-    pub fn failure_backoff(mut self, backoff: Backoff) -> Self {
-        self.failure_backoff = Some(backoff);
-        self
+    setters! {
+        /// Read as this consumer group.
+        group: String,
+        /// Read under this consumer name (default: `sluice-<hostname>`, which stays the same
+        /// across restarts so a restarted host re-reads its own pending entries). Two hosts
+        /// must not share one.
+        consumer: String,
+        /// Block each read for at most this long.
+        block: Duration,
+        /// Read at most `count` entries at a time.
+        count: usize,
+        /// Send entries that are given up on to this stream.
+        dead_letter: String,
+        /// Dead-letter an entry after this many failed attempts.
+        max_retries: u32,
+        /// Keep retries in a delayed-retry set instead of leaving them pending.
+        delayed_retry: DelayedRetry,
+        /// Decode the payload from this entry field instead of `payload`.
+        payload_field: String,
+        /// Declare the longest `retry_after` the handler asks for, so a set's ttl can be checked.
+        max_delay: Duration,
+        /// Back off like this after a failed attempt.
+        failure_backoff: Backoff,
     }
 
     /// Lay an operator's overrides over this descriptor: every field the operator set wins.

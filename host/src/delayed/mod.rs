@@ -30,7 +30,7 @@
 pub mod member;
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -54,15 +54,15 @@ fn local_now_ms() -> i64 {
 /// The most entries one sweep pass moves.
 pub const SWEEP_BATCH: usize = 128;
 
-fn park_script() -> &'static Script {
-    static SCRIPT: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
-    SCRIPT.get_or_init(|| Script::new(include_str!("lua/park.lua")))
-}
+/// `lua/park.lua`, behind the pending check it shares with the dead-letter script.
+static PARK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../settle/lua/pending.lua"),
+        include_str!("lua/park.lua")
+    ))
+});
 
-fn sweep_script() -> &'static Script {
-    static SCRIPT: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
-    SCRIPT.get_or_init(|| Script::new(include_str!("lua/sweep.lua")))
-}
+static SWEEP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/sweep.lua")));
 
 /// Where a park left the entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,7 +185,7 @@ impl DelayedSet {
             );
         }
         let delay_ms = delay.as_millis() as u64;
-        let mut invocation = park_script().key(&*self.stream);
+        let mut invocation = PARK.key(&*self.stream);
         invocation
             .key(&*self.key)
             .arg(&*self.group)
@@ -220,27 +220,26 @@ impl DelayedSet {
     pub async fn sweep(&self) -> RedisResult<Swept> {
         let started = std::time::Instant::now();
         let mut conn = self.conn.clone();
-        let (moved, next_due, now, dead_lettered, stuck): (usize, i64, i64, usize, usize) =
-            sweep_script()
-                .key(&*self.stream)
-                .key(&*self.key)
-                .key(&*self.dead_letter)
-                .arg(SWEEP_BATCH)
-                .arg(self.secret.value())
-                .arg(self.ttl_ms())
-                .arg(keys::SCRIPT_MAX_FIELDS)
-                .arg(&[
-                    keys::RETRY_COUNT,
-                    keys::ORIGIN_ID,
-                    keys::DUE_MS,
-                    keys::MARK,
-                    keys::MEMBER,
-                    keys::REASON,
-                    keys::ORIGIN_KEY,
-                    keys::ORIGIN_STREAM,
-                ])
-                .invoke_async(&mut conn)
-                .await?;
+        let (moved, next_due, now, dead_lettered, stuck): (usize, i64, i64, usize, usize) = SWEEP
+            .key(&*self.stream)
+            .key(&*self.key)
+            .key(&*self.dead_letter)
+            .arg(SWEEP_BATCH)
+            .arg(self.secret.value())
+            .arg(self.ttl_ms())
+            .arg(keys::SCRIPT_MAX_FIELDS)
+            .arg(&[
+                keys::RETRY_COUNT,
+                keys::ORIGIN_ID,
+                keys::DUE_MS,
+                keys::MARK,
+                keys::MEMBER,
+                keys::REASON,
+                keys::ORIGIN_KEY,
+                keys::ORIGIN_STREAM,
+            ])
+            .invoke_async(&mut conn)
+            .await?;
         self.saw_server_time(now);
         self.sweep_duration.observe(started.elapsed().as_secs_f64());
         self.sweep_moved.observe(moved as f64);

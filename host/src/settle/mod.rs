@@ -18,7 +18,7 @@
 //! - A retry without a delayed-retry set leaves the entry pending; the subscription brings it
 //!   back after the delay (or, on a claiming subscription, XAUTOCLAIM does after `min_idle`).
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use redis::Script;
@@ -49,10 +49,13 @@ pub struct SettleError {
 /// The most ids one XACK carries.
 const ACK_BATCH: usize = 1024;
 
-fn dead_letter_script() -> &'static Script {
-    static SCRIPT: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
-    SCRIPT.get_or_init(|| Script::new(include_str!("lua/dead_letter.lua")))
-}
+/// `lua/dead_letter.lua`, behind the pending check it shares with the park script.
+static DEAD_LETTER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("lua/pending.lua"),
+        include_str!("lua/dead_letter.lua")
+    ))
+});
 
 /// Settles one subscription's deliveries.
 pub struct Settler {
@@ -199,7 +202,7 @@ impl Settler {
     ) -> Result<bool, SettleError> {
         let retry_count = delivery.retry_count.to_string();
         let delivery_count = delivery.delivery_count.to_string();
-        let mut invocation = dead_letter_script().key(&*self.stream);
+        let mut invocation = DEAD_LETTER.key(&*self.stream);
         invocation
             .key(&*self.dead_letter)
             .arg(&*self.group)

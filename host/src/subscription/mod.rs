@@ -306,16 +306,7 @@ impl Subscription {
     ) -> RedisResult<Vec<(ReadEntry, u64)>> {
         let plan = &self.plan;
         if let Some(cursor) = own_pending.as_deref() {
-            let entries = read::read_group(
-                conn,
-                &plan.stream,
-                &plan.group,
-                &plan.consumer,
-                room,
-                None,
-                cursor,
-            )
-            .await?;
+            let entries = read::read_group(conn, plan, room, None, cursor).await?;
             match entries.last() {
                 None => *own_pending = None,
                 Some(last) => {
@@ -332,15 +323,7 @@ impl Subscription {
         if let Some(gone_after) = plan.gone_after
             && self.rescue_due(gone_after)
         {
-            let entries = read::take_over_gone(
-                conn,
-                &plan.stream,
-                &plan.group,
-                &plan.consumer,
-                gone_after,
-                room,
-            )
-            .await?;
+            let entries = read::take_over_gone(conn, plan, gone_after, room).await?;
             if !entries.is_empty() {
                 tracing::warn!(
                     stream = %plan.stream,
@@ -357,32 +340,14 @@ impl Subscription {
             tracing::warn!(key = delayed.key(), %err, "sweep before read failed; reading anyway");
         }
         if let Some(min_idle) = plan.claim_min_idle {
-            let (next, entries) = read::autoclaim(
-                conn,
-                &plan.stream,
-                &plan.group,
-                &plan.consumer,
-                min_idle,
-                claim_cursor,
-                room,
-            )
-            .await?;
+            let (next, entries) = read::autoclaim(conn, plan, min_idle, claim_cursor, room).await?;
             *claim_cursor = next;
             if !entries.is_empty() {
                 tracing::info!(stream = %plan.stream, count = entries.len(), "claimed idle entries");
                 return self.with_counts(conn, entries).await;
             }
         }
-        let entries = read::read_group(
-            conn,
-            &plan.stream,
-            &plan.group,
-            &plan.consumer,
-            room,
-            Some(plan.block),
-            ">",
-        )
-        .await?;
+        let entries = read::read_group(conn, plan, room, Some(plan.block), ">").await?;
         Ok(entries.into_iter().map(|e| (e, 1)).collect())
     }
 
@@ -405,14 +370,7 @@ impl Subscription {
         entries: Vec<ReadEntry>,
     ) -> RedisResult<Vec<(ReadEntry, u64)>> {
         let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
-        let counts = read::delivery_counts(
-            conn,
-            &self.plan.stream,
-            &self.plan.group,
-            &self.plan.consumer,
-            &ids,
-        )
-        .await?;
+        let counts = read::delivery_counts(conn, &self.plan, &ids).await?;
         Ok(entries
             .into_iter()
             .map(|e| {

@@ -35,15 +35,7 @@ impl Subscription {
             let mut backoff = ReconnectBackoff::default();
             let entry = loop {
                 let mut conn = this.conn.clone();
-                match read::claim_one(
-                    &mut conn,
-                    &this.plan.stream,
-                    &this.plan.group,
-                    &this.plan.consumer,
-                    &id,
-                )
-                .await
-                {
+                match read::claim_one(&mut conn, &this.plan, &id).await {
                     Ok(entry) => break entry,
                     Err(err) if ErrorClass::of(&err) == ErrorClass::NoGroup => {
                         tracing::warn!(

@@ -7,6 +7,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{RedisResult, Value};
 
+use super::ReadPlan;
 use crate::delivery::Entry;
 
 /// An entry id from a read; `None` fields mean the entry was deleted from the stream while it
@@ -63,13 +64,12 @@ pub async fn create_group_at<C: ConnectionLike>(
 /// XREADGROUP from `id` (`>` for new entries, an id to read this consumer's pending ones).
 pub async fn read_group<C: ConnectionLike>(
     conn: &mut C,
-    stream: &str,
-    group: &str,
-    consumer: &str,
+    who: &ReadPlan,
     count: usize,
     block: Option<Duration>,
     id: &str,
 ) -> RedisResult<Vec<ReadEntry>> {
+    let (stream, group, consumer) = (&*who.stream, &*who.group, &*who.consumer);
     let mut cmd = redis::cmd("XREADGROUP");
     cmd.arg("GROUP")
         .arg(group)
@@ -88,13 +88,12 @@ pub async fn read_group<C: ConnectionLike>(
 /// Returns the next cursor, the claimed entries, and the ids that were deleted meanwhile.
 pub async fn autoclaim<C: ConnectionLike>(
     conn: &mut C,
-    stream: &str,
-    group: &str,
-    consumer: &str,
+    who: &ReadPlan,
     min_idle: Duration,
     cursor: &str,
     count: usize,
 ) -> RedisResult<(String, Vec<ReadEntry>)> {
+    let (stream, group, consumer) = (&*who.stream, &*who.group, &*who.consumer);
     let reply: Value = redis::cmd("XAUTOCLAIM")
         .arg(stream)
         .arg(group)
@@ -124,11 +123,10 @@ pub async fn autoclaim<C: ConnectionLike>(
 /// when its delay is over. `None` when it is no longer pending or was deleted.
 pub async fn claim_one<C: ConnectionLike>(
     conn: &mut C,
-    stream: &str,
-    group: &str,
-    consumer: &str,
+    who: &ReadPlan,
     id: &str,
 ) -> RedisResult<Option<Entry>> {
+    let (stream, group, consumer) = (&*who.stream, &*who.group, &*who.consumer);
     let reply: Value = redis::cmd("XCLAIM")
         .arg(stream)
         .arg(group)
@@ -147,12 +145,11 @@ pub async fn claim_one<C: ConnectionLike>(
 /// idle for `gone_after` (each entry only if it has been idle that long too).
 pub async fn take_over_gone<C: ConnectionLike>(
     conn: &mut C,
-    stream: &str,
-    group: &str,
-    consumer: &str,
+    who: &ReadPlan,
     gone_after: Duration,
     count: usize,
 ) -> RedisResult<Vec<ReadEntry>> {
+    let (stream, group, consumer) = (&*who.stream, &*who.group, &*who.consumer);
     let gone_ms = gone_after.as_millis() as u64;
     let mut taken = Vec::new();
     for gone in crate::inspect::consumers(conn, stream, group).await? {
@@ -198,11 +195,10 @@ pub async fn take_over_gone<C: ConnectionLike>(
 /// form, over the ids' range).
 pub async fn delivery_counts<C: ConnectionLike>(
     conn: &mut C,
-    stream: &str,
-    group: &str,
-    consumer: &str,
+    who: &ReadPlan,
     ids: &[&str],
 ) -> RedisResult<HashMap<String, u64>> {
+    let (stream, group, consumer) = (&*who.stream, &*who.group, &*who.consumer);
     let (Some(first), Some(last)) = (
         ids.iter().min_by(|a, b| crate::delivery::cmp_ids(a, b)),
         ids.iter().max_by(|a, b| crate::delivery::cmp_ids(a, b)),

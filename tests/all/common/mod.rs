@@ -273,19 +273,78 @@ impl TestHost {
     }
 }
 
+/// libfaketime, which `scripts/setup` installs: `LD_PRELOAD` it to move a process's wall clock.
+pub fn faketime() -> &'static str {
+    let path = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    assert!(
+        Path::new(path).exists(),
+        "libfaketime is installed by scripts/setup"
+    );
+    path
+}
+
+/// A config written to a directory of its own, for `sluice run` to be started on it (again
+/// and again, when a test kills it).
+pub struct RunDir {
+    dir: tempfile::TempDir,
+    args: Vec<String>,
+}
+
+impl RunDir {
+    /// `config` against `redis`, written to a fresh directory.
+    pub fn new(redis: &Redis, config: impl Into<TestConfig>) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write_config(dir.path(), "sluice.toml", &config.into().to_string());
+        let args = vec![
+            "run".to_owned(),
+            path.display().to_string(),
+            "--redis".to_owned(),
+            redis.url(),
+        ];
+        Self { dir, args }
+    }
+
+    /// Start `sluice run` here.
+    pub fn spawn(&self) -> HostProcess {
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        HostProcess::spawn(&args, self.dir.path())
+    }
+}
+
 /// The `sluice` binary run as a child process; killed by its PID when dropped.
 pub struct HostProcess {
     pub child: Child,
     pub log: PathBuf,
+    /// The directory it runs in, when the process owns it (see [`HostProcess::run`]).
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl HostProcess {
+    /// `sluice run` on `config` against `redis`, in a directory of its own.
+    pub fn run(redis: &Redis, config: impl Into<TestConfig>) -> Self {
+        let RunDir { dir, args } = RunDir::new(redis, config);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut host = Self::spawn(&args, dir.path());
+        host._dir = Some(dir);
+        host
+    }
+
+    /// `sluice` with `args`, in `dir`.
     pub fn spawn(args: &[&str], dir: &Path) -> Self {
-        let log = dir.join(format!("sluice-{}.log", std::process::id()));
+        Self::spawn_with(args, dir, &[])
+    }
+
+    /// `sluice` with `args`, in `dir`, with `env` added (e.g. a faked wall clock). Each
+    /// process logs to a file of its own in `dir`.
+    pub fn spawn_with(args: &[&str], dir: &Path, env: &[(&str, &str)]) -> Self {
+        static SPAWNED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = SPAWNED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log = dir.join(format!("sluice-{}-{n}.log", std::process::id()));
         let file = std::fs::File::create(&log).expect("log file");
         let child = Command::new(sluice_bin())
             .args(args)
             .current_dir(dir)
+            .envs(env.iter().copied())
             .env(
                 "RUST_LOG",
                 std::env::var("SLUICE_TEST_LOG").unwrap_or("info".into()),
@@ -295,7 +354,11 @@ impl HostProcess {
             .stderr(file)
             .spawn()
             .expect("sluice starts");
-        Self { child, log }
+        Self {
+            child,
+            log,
+            _dir: None,
+        }
     }
 
     pub fn log_text(&self) -> String {

@@ -25,15 +25,10 @@
 -- Reply: {due_ms, now_ms, 1 if acknowledged or 0 if the group was gone}, or false when the
 -- entry was no longer pending for the group (another consumer settled it), in which case
 -- nothing is written.
-local group_gone = 0
-local pending = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
-if type(pending) == 'table' and pending.err then
-  if string.find(pending.err, 'NOGROUP', 1, true) then
-    group_gone = 1
-  else
-    return redis.error_reply(pending.err)
-  end
-elseif #pending == 0 then
+local state, err = pending_state(KEYS[1], ARGV[1], ARGV[2])
+if state == 'error' then
+  return redis.error_reply(err)
+elseif state == 'settled' then
   return false
 end
 local time = redis.call('TIME')
@@ -51,7 +46,7 @@ if ttl > 0 then
   local latest = math.max(tonumber(last[2]), now)
   redis.call('PEXPIREAT', KEYS[2], latest + ttl)
 end
-if group_gone == 1 then
+if state == 'group-gone' then
   return {due, now, 0}
 end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])

@@ -20,15 +20,10 @@
 -- Reply: {dead-letter id, 1 if acknowledged or 0 if the group was gone}, or false when the
 -- entry was no longer pending for the group (someone else settled it first), in which case
 -- nothing is written. Any other failure is an error reply.
-local group_gone = false
-local pending = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
-if type(pending) == 'table' and pending.err then
-  if string.find(pending.err, 'NOGROUP', 1, true) then
-    group_gone = true
-  else
-    return redis.error_reply(pending.err)
-  end
-elseif #pending == 0 then
+local state, err = pending_state(KEYS[1], ARGV[1], ARGV[2])
+if state == 'error' then
+  return redis.error_reply(err)
+elseif state == 'settled' then
   return false
 end
 local fields = {}
@@ -36,7 +31,7 @@ for i = 3, #ARGV do
   fields[#fields + 1] = ARGV[i]
 end
 local id = redis.call('XADD', KEYS[2], '*', unpack(fields))
-if group_gone then
+if state == 'group-gone' then
   return {id, 0}
 end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
