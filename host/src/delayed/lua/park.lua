@@ -25,11 +25,9 @@
 -- Reply: {due_ms, now_ms, 1 if acknowledged or 0 if the group was gone}, or false when the
 -- entry was no longer pending for the group (another consumer settled it), in which case
 -- nothing is written.
-local state, err = pending_state(KEYS[1], ARGV[1], ARGV[2])
-if state == 'error' then
-  return redis.error_reply(err)
-elseif state == 'settled' then
-  return false
+local state, stop = pending_state(KEYS[1], ARGV[1], ARGV[2])
+if not state then
+  return stop
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)

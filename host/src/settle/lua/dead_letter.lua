@@ -20,11 +20,9 @@
 -- Reply: {dead-letter id, 1 if acknowledged or 0 if the group was gone}, or false when the
 -- entry was no longer pending for the group (someone else settled it first), in which case
 -- nothing is written. Any other failure is an error reply.
-local state, err = pending_state(KEYS[1], ARGV[1], ARGV[2])
-if state == 'error' then
-  return redis.error_reply(err)
-elseif state == 'settled' then
-  return false
+local state, stop = pending_state(KEYS[1], ARGV[1], ARGV[2])
+if not state then
+  return stop
 end
 local fields = {}
 for i = 3, #ARGV do

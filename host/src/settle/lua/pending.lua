@@ -2,19 +2,20 @@
 -- delayed/lua/park.lua), which are loaded with this text in front of them.
 --
 -- Whether entry `id` is still pending for `group` on `stream`, asked before anything is
--- written: 'pending'; 'settled' when it is not (another consumer acknowledged it);
--- 'group-gone' on NOGROUP (the stream or the group was deleted); or 'error' and Redis's
--- message for any other failure.
+-- written. Returns 'pending', or 'group-gone' on NOGROUP (the stream or the group was
+-- deleted); or, as a second value, the script's reply when it must stop here: false when the
+-- entry is no longer pending (another consumer acknowledged it), Redis's error for any other
+-- failure.
 local function pending_state(stream, group, id)
   local pending = redis.pcall('XPENDING', stream, group, id, id, 1)
   if type(pending) == 'table' and pending.err then
     if string.find(pending.err, 'NOGROUP', 1, true) then
       return 'group-gone'
     end
-    return 'error', pending.err
+    return nil, pending
   end
   if #pending == 0 then
-    return 'settled'
+    return nil, false
   end
   return 'pending'
 end
