@@ -8,17 +8,27 @@
 use std::error::Error;
 
 /// `err`, then each of its causes, joined by `: ` (a cause whose text the line already ends
-/// with is not repeated).
-pub fn chain(err: &(dyn Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut cause = err.source();
-    while let Some(err) = cause {
+/// with is not repeated: some libraries' errors print their source in their own message).
+pub fn chain<'a>(err: &'a (dyn Error + 'static)) -> String {
+    join(std::iter::successors(
+        Some(err),
+        |e: &&'a (dyn Error + 'static)| (*e).source(),
+    ))
+}
+
+/// An error and its causes, outermost first (as `anyhow::Error::chain` yields them), as one
+/// line; see [`chain`].
+pub fn join<'a>(errors: impl IntoIterator<Item = &'a (dyn Error + 'static)>) -> String {
+    let mut text = String::new();
+    for err in errors {
         let line = err.to_string();
-        if !text.ends_with(&line) {
-            text.push_str(": ");
-            text.push_str(&line);
+        if text.ends_with(&line) {
+            continue;
         }
-        cause = err.source();
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&line);
     }
     text
 }

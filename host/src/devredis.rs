@@ -226,7 +226,8 @@ fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// Whether a Redis server answers PING on the port.
+/// Whether a Redis server answers PING on the port (with PONG, or NOAUTH when it wants a
+/// password).
 fn ping(port: u16) -> bool {
     use std::io::{Read, Write};
     let Ok(mut stream) = std::net::TcpStream::connect_timeout(
@@ -239,6 +240,7 @@ fn ping(port: u16) -> bool {
     if stream.write_all(b"PING\r\n").is_err() {
         return false;
     }
+    // A server with a password answers -NOAUTH: it is up all the same.
     let mut buf = [0u8; 7];
-    matches!(stream.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
+    matches!(stream.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG") || buf[..n].starts_with(b"-NOAUTH"))
 }

@@ -41,7 +41,7 @@
 //!   configured, and [`events`] reports each settled delivery to observers (tests, the bench).
 
 mod admin;
-mod chain;
+pub mod chain;
 pub mod commands;
 pub mod config;
 pub mod delayed;

@@ -203,7 +203,8 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            // Each cause once, even where a library prints its source in its own message.
+            eprintln!("error: {}", sluice_host::chain::join(err.chain()));
             ExitCode::FAILURE
         }
     }

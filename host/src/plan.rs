@@ -53,6 +53,8 @@ pub struct SubscriptionPlan {
     pub consumer: String,
     /// The Redis URL; `None` means the private dev server.
     pub redis: Option<String>,
+    /// Credentials and TLS files for it.
+    pub redis_access: crate::config::RedisAccess,
     /// Limits and instance policy.
     pub limits: Limits,
     /// Config values passed to the guest (including the host's `sluice.*` ones).
@@ -97,6 +99,25 @@ pub fn default_consumer() -> String {
 /// blocked read), with room to spare, and at least a minute.
 pub fn default_gone_after(handler_timeout: Duration, block: Duration) -> Duration {
     (handler_timeout * 2 + block).max(Duration::from_secs(60))
+}
+
+/// What `sluice check` says of the credentials and TLS files (file names only, never a
+/// secret); `None` when there are none.
+fn render_access(access: &crate::config::RedisAccess) -> Option<String> {
+    let mut parts = Vec::new();
+    if let Some(user) = &access.username {
+        parts.push(format!("user {user}"));
+    }
+    if let Some(path) = &access.password_file {
+        parts.push(format!("password from {}", path.display()));
+    }
+    if let Some(path) = &access.ca_file {
+        parts.push(format!("TLS trusting {}", path.display()));
+    }
+    if let Some((cert, _)) = &access.client_cert {
+        parts.push(format!("client certificate {}", cert.display()));
+    }
+    (!parts.is_empty()).then(|| parts.join(", "))
 }
 
 impl Plan {
@@ -171,6 +192,7 @@ impl Plan {
                 redis: redis_override
                     .map(str::to_owned)
                     .or_else(|| sub.redis.clone()),
+                redis_access: sub.redis_access.clone(),
                 limits: sub.limits.clone(),
                 values,
                 overrides: sub.overrides.clone(),
@@ -225,6 +247,9 @@ impl Plan {
                     .map(crate::redis_conn::redact)
                     .unwrap_or_else(|| "private dev redis-server (.sluice/dev-redis)".to_owned()),
             );
+            if let Some(access) = render_access(&sub.redis_access) {
+                row(&mut out, "redis login", access);
+            }
             row(&mut out, "consumer", sub.consumer.clone());
             row(
                 &mut out,

@@ -2,10 +2,16 @@
 //! dedicated connection per subscription for its blocking reads (a blocked XREADGROUP would
 //! otherwise hold up every other command on a shared connection).
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, Client, RedisError};
+use redis::{
+    AsyncConnectionConfig, Client, ClientTlsConfig, ConnectionAddr, IntoConnectionInfo, RedisError,
+    TlsCertificates,
+};
+
+use crate::config::RedisAccess;
 
 /// How long a non-blocking command may take before it counts as failed.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
@@ -26,7 +32,7 @@ pub enum ConnError {
         /// What redis-rs said.
         source: RedisError,
     },
-    /// Connecting failed.
+    /// Connecting failed (refused, timed out, TLS verification, authentication).
     #[error("cannot connect to Redis at {url}")]
     Connect {
         /// The URL, without credentials.
@@ -34,14 +40,94 @@ pub enum ConnError {
         /// What failed.
         source: RedisError,
     },
+    /// A credentials or TLS file could not be read.
+    #[error("cannot read {what} {}", path.display())]
+    File {
+        /// Which setting named it.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What the filesystem said.
+        source: std::io::Error,
+    },
+    /// The password file could be read by every user of the machine.
+    #[error(
+        "the Redis password file {} is readable by every user; make it private (chmod 600)",
+        .0.display()
+    )]
+    PasswordFileOpen(PathBuf),
+    /// TLS files were given for a URL that does not use TLS.
+    #[error(
+        "redis_ca_file / redis_cert_file are set, but {0} does not use TLS: write rediss:// to connect with TLS"
+    )]
+    TlsWithoutRediss(String),
 }
 
-/// A client for `url`.
-pub fn client(url: &str) -> Result<Client, ConnError> {
-    Client::open(url).map_err(|source| ConnError::Url {
+/// A client for `url`, logging in and verifying TLS as `access` says.
+pub fn client(url: &str, access: &RedisAccess) -> Result<Client, ConnError> {
+    let invalid = |source| ConnError::Url {
         url: redact(url),
         source,
-    })
+    };
+    let mut info = url.into_connection_info().map_err(invalid)?;
+    if access.username.is_some() || access.password_file.is_some() {
+        let mut settings = info.redis_settings().clone();
+        if let Some(username) = &access.username {
+            settings = settings.set_username(username);
+        }
+        if let Some(path) = &access.password_file {
+            settings = settings.set_password(read_password(path)?);
+        }
+        info = info.set_redis_settings(settings);
+    }
+    if !access.has_tls_files() {
+        return Client::open(info).map_err(invalid);
+    }
+    if !matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
+        return Err(ConnError::TlsWithoutRediss(redact(url)));
+    }
+    let read = |what: &'static str, path: &Path| {
+        std::fs::read(path).map_err(|source| ConnError::File {
+            what,
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let root_cert = match &access.ca_file {
+        Some(path) => Some(read("the Redis CA file", path)?),
+        None => None,
+    };
+    let client_tls = match &access.client_cert {
+        Some((cert, key)) => Some(ClientTlsConfig {
+            client_cert: read("the Redis client certificate", cert)?,
+            client_key: read("the Redis client key", key)?,
+        }),
+        None => None,
+    };
+    Client::build_with_tls(
+        info,
+        TlsCertificates {
+            client_tls,
+            root_cert,
+        },
+    )
+    .map_err(invalid)
+}
+
+/// The password in `path`, trimmed; refused when every user of the machine could read it.
+fn read_password(path: &Path) -> Result<String, ConnError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let unreadable = |source| ConnError::File {
+        what: "the Redis password file",
+        path: path.to_owned(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(unreadable)?;
+    if meta.permissions().mode() & 0o004 != 0 {
+        return Err(ConnError::PasswordFileOpen(path.to_owned()));
+    }
+    let text = std::fs::read_to_string(path).map_err(unreadable)?;
+    Ok(text.trim().to_owned())
 }
 
 /// The URL with any password replaced, for logs and errors.

@@ -144,7 +144,7 @@ impl Service {
                 .clone()
                 .or_else(|| dev_redis.clone())
                 .ok_or_else(|| RunError::NoRedis(sub.stream.stream.clone()))?;
-            let client = redis_conn::client(&url)?;
+            let client = redis_conn::client(&url, &sub.redis_access)?;
             let conn = redis_conn::manager(&client).await?;
             let s = &sub.stream;
             let keys = SubscriptionKeys::new(

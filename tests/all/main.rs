@@ -15,6 +15,7 @@ mod entries;
 mod examples;
 mod operations;
 mod properties;
+mod redis_access;
 mod sandbox;
 mod structure;
 mod swap;

@@ -27,7 +27,7 @@ pub async fn parked(
         };
         seen += 1;
         let url = redis_url_for(sub.redis.as_deref())?;
-        let client = crate::redis_conn::client(&url)?;
+        let client = crate::redis_conn::client(&url, &sub.redis_access)?;
         let mut conn = crate::redis_conn::manager(&client).await?;
         let (entries, now_ms) = crate::delayed::member::list(&mut conn, key)
             .await

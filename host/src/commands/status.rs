@@ -43,7 +43,7 @@ pub async fn status(paths: &[PathBuf], redis: Option<&str>, json: bool) -> Resul
     for sub in &plan.subscriptions {
         let s = &sub.stream;
         let url = redis_url_for(sub.redis.as_deref())?;
-        let client = crate::redis_conn::client(&url)?;
+        let client = crate::redis_conn::client(&url, &sub.redis_access)?;
         let mut conn = crate::redis_conn::manager(&client).await?;
         let delayed_key = s.delayed_retry.as_ref().map(|d| d.key().to_owned());
         let snapshot = inspect::snapshot(

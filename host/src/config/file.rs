@@ -10,12 +10,17 @@ use serde::Deserialize;
 use sluice_descriptor::{Backoff, DelayedRetry, Overrides};
 
 use super::allow::{AllowedHost, EntryError};
-use super::{ConfigError, Isolation, Limits, SubscriptionConfig, TokenSource};
+use super::{ConfigError, Isolation, Limits, RedisAccess, SubscriptionConfig, TokenSource};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     redis: Option<String>,
+    redis_username: Option<String>,
+    redis_password_file: Option<PathBuf>,
+    redis_ca_file: Option<PathBuf>,
+    redis_cert_file: Option<PathBuf>,
+    redis_key_file: Option<PathBuf>,
     consumer: Option<String>,
     cache_dir: Option<PathBuf>,
     shutdown_timeout: Option<String>,
@@ -34,6 +39,11 @@ struct RawConfig {
 struct RawSubscription {
     component: PathBuf,
     redis: Option<String>,
+    redis_username: Option<String>,
+    redis_password_file: Option<PathBuf>,
+    redis_ca_file: Option<PathBuf>,
+    redis_cert_file: Option<PathBuf>,
+    redis_key_file: Option<PathBuf>,
     stream: Option<String>,
     group: Option<String>,
     consumer: Option<String>,
@@ -170,6 +180,19 @@ pub(super) fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigEr
     let globals = globals(&v, base, &raw)?;
     let shared = Shared {
         redis: raw.redis.as_deref(),
+        redis_access: redis_access(
+            &v,
+            base,
+            "",
+            RawAccess {
+                username: &raw.redis_username,
+                password_file: &raw.redis_password_file,
+                ca_file: &raw.redis_ca_file,
+                cert_file: &raw.redis_cert_file,
+                key_file: &raw.redis_key_file,
+            },
+            &RedisAccess::default(),
+        )?,
         consumer: raw.consumer.as_deref(),
     };
     let subscriptions = raw
@@ -231,6 +254,7 @@ fn globals(v: &Validator<'_>, base: &Path, raw: &RawConfig) -> Result<Globals, C
 /// What a file's top level gives each of its subscriptions unless they say otherwise.
 struct Shared<'a> {
     redis: Option<&'a str>,
+    redis_access: RedisAccess,
     consumer: Option<&'a str>,
 }
 
@@ -257,11 +281,80 @@ fn subscription(
     Ok(SubscriptionConfig {
         component,
         redis: sub.redis.clone().or(shared.redis.map(str::to_owned)),
+        redis_access: redis_access(
+            v,
+            base,
+            &key(""),
+            RawAccess {
+                username: &sub.redis_username,
+                password_file: &sub.redis_password_file,
+                ca_file: &sub.redis_ca_file,
+                cert_file: &sub.redis_cert_file,
+                key_file: &sub.redis_key_file,
+            },
+            &shared.redis_access,
+        )?,
         overrides: overrides(v, &key, &sub, shared)?,
         limits: limits(v, &key, &sub)?,
         values: values(v, &key, sub.config)?,
         consumer_gone_after,
         origin: v.path.to_owned(),
+    })
+}
+
+/// The `redis_*` keys of one table, as written.
+struct RawAccess<'a> {
+    username: &'a Option<String>,
+    password_file: &'a Option<PathBuf>,
+    ca_file: &'a Option<PathBuf>,
+    cert_file: &'a Option<PathBuf>,
+    key_file: &'a Option<PathBuf>,
+}
+
+/// The `redis_*` keys over `inherited` (a subscription's over its file's): files resolved
+/// against the config's folder and required to exist, a certificate only with its key.
+/// `prefix` is `subscription[i].` for a subscription's keys, empty at the top level.
+fn redis_access(
+    v: &Validator<'_>,
+    base: &Path,
+    prefix: &str,
+    raw: RawAccess<'_>,
+    inherited: &RedisAccess,
+) -> Result<RedisAccess, ConfigError> {
+    let file = |name: &str, path: &Option<PathBuf>| -> Result<Option<PathBuf>, ConfigError> {
+        let Some(path) = path else {
+            return Ok(None);
+        };
+        let path = base.join(path);
+        if !path.is_file() {
+            return Err(v.invalid(
+                &format!("{prefix}{name}"),
+                &path.display().to_string(),
+                "no such file",
+            ));
+        }
+        Ok(Some(path))
+    };
+    let client_cert = match (
+        file("redis_cert_file", raw.cert_file)?,
+        file("redis_key_file", raw.key_file)?,
+    ) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => inherited.client_cert.clone(),
+        (Some(cert), None) | (None, Some(cert)) => {
+            return Err(v.invalid(
+                &format!("{prefix}redis_cert_file"),
+                &cert.display().to_string(),
+                "a client certificate needs both redis_cert_file and redis_key_file",
+            ));
+        }
+    };
+    Ok(RedisAccess {
+        username: raw.username.clone().or_else(|| inherited.username.clone()),
+        password_file: file("redis_password_file", raw.password_file)?
+            .or_else(|| inherited.password_file.clone()),
+        ca_file: file("redis_ca_file", raw.ca_file)?.or_else(|| inherited.ca_file.clone()),
+        client_cert,
     })
 }
 

@@ -12,7 +12,10 @@
 //!
 //! | key (top level)        | meaning                                                       | default |
 //! |------------------------|---------------------------------------------------------------|---------|
-//! | `redis`                | Redis URL for every subscription of this file                 | a private dev `redis-server` |
+//! | `redis`                | Redis URL for every subscription of this file (`rediss://` for TLS); a password in it is redacted everywhere | a private dev `redis-server` |
+//! | `redis_username`, `redis_password_file` | the ACL user and a file holding its password (not readable by every user) | the URL's |
+//! | `redis_ca_file`        | PEM certificates to trust for `rediss://` instead of the system roots | system roots |
+//! | `redis_cert_file`, `redis_key_file` | this host's client certificate and key (PEM), for servers that require them | none |
 //! | `consumer`             | consumer name for every subscription of this file             | `sluice-<hostname>` |
 //! | `cache_dir`            | where compiled components are cached                          | `.sluice/cache` |
 //! | `shutdown_timeout`     | how long a shutdown waits for in-flight deliveries            | `10s` |
@@ -25,7 +28,7 @@
 //! | key (`[[subscription]]`) | meaning                                                     | default |
 //! |--------------------------|-------------------------------------------------------------|---------|
 //! | `component`              | path of the `.wasm` component (relative to the TOML file)   | required |
-//! | `redis`, `consumer`      | as above, for this subscription only                        | the file's |
+//! | `redis`, `redis_*`, `consumer` | as above, for this subscription only                  | the file's |
 //! | `stream`, `group`        | override the descriptor's stream and group                  | the descriptor's |
 //! | `claim_min_idle`         | make it a claiming subscription (XAUTOCLAIM after this idle) | the descriptor's |
 //! | `consumer_gone_after`    | on a non-claiming subscription, take over the pending entries of another consumer idle this long (a host that came back under another name, or never came back), or `"off"` | `max(60s, 2 × handler_timeout + block)` |
@@ -197,6 +200,29 @@ impl Default for Limits {
     }
 }
 
+/// How to reach Redis beyond its URL: who to log in as and the TLS material, each secret in a
+/// file of its own, so none sits in the config file or in a URL that could be logged.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisAccess {
+    /// `redis_username`: the ACL user (the URL's, if it names one, otherwise `default`).
+    pub username: Option<String>,
+    /// `redis_password_file`: a file holding the password; it must not be readable by every
+    /// user of the machine.
+    pub password_file: Option<PathBuf>,
+    /// `redis_ca_file`: PEM certificates to trust instead of the system's roots (`rediss://`).
+    pub ca_file: Option<PathBuf>,
+    /// `redis_cert_file` and `redis_key_file`: this host's certificate and key (PEM) for
+    /// servers that require client certificates (mTLS).
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+impl RedisAccess {
+    /// Whether any TLS material is configured (which needs a `rediss://` URL).
+    pub fn has_tls_files(&self) -> bool {
+        self.ca_file.is_some() || self.client_cert.is_some()
+    }
+}
+
 /// One subscription as configured (before its component's descriptor is read).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubscriptionConfig {
@@ -204,6 +230,8 @@ pub struct SubscriptionConfig {
     pub component: PathBuf,
     /// The Redis URL, if configured.
     pub redis: Option<String>,
+    /// Credentials and TLS files for that Redis.
+    pub redis_access: RedisAccess,
     /// Descriptor overrides.
     pub overrides: Overrides,
     /// Limits and instance policy.
@@ -255,6 +283,7 @@ impl Config {
                     subscriptions.push(SubscriptionConfig {
                         component: path.clone(),
                         redis: None,
+                        redis_access: RedisAccess::default(),
                         overrides: Overrides::default(),
                         limits: Limits::default(),
                         values: BTreeMap::new(),

@@ -1,0 +1,279 @@
+//! Reaching the Redis production teams run: TLS (`rediss://`) verified against a private CA,
+//! client certificates (mTLS), and a password kept in a file of its own, never in a URL and
+//! never in a log line. Certificates are made by the test (rcgen); the servers are real
+//! `redis-server`s on loopback, stopped by PID.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, IsCa, KeyPair,
+};
+
+use crate::common::*;
+
+const T: Duration = Duration::from_secs(30);
+
+/// A private CA and what it signed, written as PEM files.
+struct Pki {
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: String| std::fs::write(dir.path().join(name), text).unwrap();
+        let ca = ca("Sluice test CA");
+        write("ca.pem", ca.pem());
+        for (who, sans) in [
+            (
+                "server",
+                vec!["localhost".to_owned(), "127.0.0.1".to_owned()],
+            ),
+            ("client", vec!["sluice-host".to_owned()]),
+        ] {
+            let key = KeyPair::generate().unwrap();
+            let mut params = CertificateParams::new(sans).unwrap();
+            // Every certificate gets a name of its own: one whose subject equals its issuer's
+            // reads as self-signed to OpenSSL.
+            params.distinguished_name = name(&format!("sluice test {who}"));
+            let cert = params.signed_by(&key, &ca).unwrap();
+            write(&format!("{who}.pem"), cert.pem());
+            write(&format!("{who}.key"), key.serialize_pem());
+        }
+        // A CA that signed nothing here: trusting it must fail verification.
+        write("other-ca.pem", self::ca("Some other CA").pem());
+        Self { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn read(&self, name: &str) -> Vec<u8> {
+        std::fs::read(self.path(name)).unwrap()
+    }
+}
+
+fn name(common_name: &str) -> DistinguishedName {
+    let mut name = DistinguishedName::new();
+    name.push(DnType::CommonName, common_name);
+    name
+}
+
+fn ca(common_name: &str) -> CertifiedIssuer<'static, KeyPair> {
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.distinguished_name = name(common_name);
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
+}
+
+/// A `redis-server` that speaks only TLS, with `pki`'s server certificate; it asks clients for
+/// a certificate when `mtls`.
+struct TlsRedis {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl TlsRedis {
+    async fn start(pki: &Pki, mtls: bool) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let log = dir.path().join("redis.log");
+        let path = |name: &str| pki.path(name).display().to_string();
+        let child = Command::new("redis-server")
+            .args(["--port", "0", "--bind", "127.0.0.1", "--save", ""])
+            .args(["--appendonly", "no", "--tls-port", &port.to_string()])
+            .args(["--tls-cert-file", &path("server.pem")])
+            .args(["--tls-key-file", &path("server.key")])
+            .args(["--tls-ca-cert-file", &path("ca.pem")])
+            .args(["--tls-auth-clients", if mtls { "yes" } else { "no" }])
+            .arg("--dir")
+            .arg(dir.path())
+            .arg("--logfile")
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server starts");
+        let server = Self {
+            child,
+            port,
+            _dir: dir,
+        };
+        wait_for(T, "the TLS redis-server to accept connections", || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            async move { text.contains("Ready to accept connections").then_some(()) }
+        })
+        .await;
+        server
+    }
+
+    fn url(&self) -> String {
+        format!("rediss://127.0.0.1:{}", self.port)
+    }
+
+    /// The test's own connection, trusting the private CA and showing the client certificate.
+    async fn conn(&self, pki: &Pki) -> redis::aio::MultiplexedConnection {
+        let client = redis::Client::build_with_tls(
+            self.url(),
+            redis::TlsCertificates {
+                client_tls: Some(redis::ClientTlsConfig {
+                    client_cert: pki.read("client.pem"),
+                    client_key: pki.read("client.key"),
+                }),
+                root_cert: Some(pki.read("ca.pem")),
+            },
+        )
+        .unwrap();
+        client.get_multiplexed_async_connection().await.unwrap()
+    }
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `sluice run` on `config`, whose `redis` key says where Redis is (no `--redis`).
+fn run_on(config: TestConfig, dir: &Path) -> HostProcess {
+    let path = write_config(dir, "sluice.toml", &config.to_string());
+    HostProcess::spawn(&["run", path.to_str().unwrap()], dir)
+}
+
+/// Add one acking entry and wait until the group has settled it.
+async fn one_entry_is_acked(conn: &mut redis::aio::MultiplexedConnection, stream: &str) {
+    let id = add(conn, stream, &Control::Ack).await;
+    wait_acked(conn, stream, "g", &id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_private_ca_serves_and_a_wrong_ca_is_refused_naming_the_verification() {
+    let pki = Pki::new();
+    let redis = TlsRedis::start(&pki, false).await;
+    let mut conn = redis.conn(&pki).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = |ca: &str| {
+        TestConfig::of(Sub::fixture("tls"))
+            .set("redis", redis.url())
+            .set("redis_ca_file", pki.path(ca).display().to_string())
+    };
+
+    let mut host = run_on(config("ca.pem"), dir.path());
+    one_entry_is_acked(&mut conn, "tls").await;
+    host.terminate();
+    assert!(host.wait_exit().await.success(), "{}", host.log_text());
+
+    let mut refused = run_on(config("other-ca.pem"), dir.path());
+    let status = refused.wait_exit().await;
+    let log = refused.log_text();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("could not start") && log.contains("UnknownIssuer"),
+        "the error names the verification failure: {log}"
+    );
+
+    // TLS files with a plain redis:// URL are a mistake worth naming.
+    let plain = config("ca.pem").set("redis", format!("redis://127.0.0.1:{}", redis.port));
+    let mut wrong = run_on(plain, dir.path());
+    assert!(!wrong.wait_exit().await.success());
+    assert!(
+        wrong.log_text().contains("write rediss://"),
+        "{}",
+        wrong.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_requires_client_certificates_takes_the_hosts() {
+    let pki = Pki::new();
+    let redis = TlsRedis::start(&pki, true).await;
+    let mut conn = redis.conn(&pki).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = TestConfig::of(Sub::fixture("mtls"))
+        .set("redis", redis.url())
+        .set("redis_ca_file", pki.path("ca.pem").display().to_string());
+
+    let mut without = run_on(config.clone(), dir.path());
+    assert!(
+        !without.wait_exit().await.success(),
+        "no client certificate, no connection: {}",
+        without.log_text()
+    );
+    assert!(without.log_text().contains("could not start"));
+
+    let with = config
+        .set(
+            "redis_cert_file",
+            pki.path("client.pem").display().to_string(),
+        )
+        .set(
+            "redis_key_file",
+            pki.path("client.key").display().to_string(),
+        );
+    let mut host = run_on(with, dir.path());
+    one_entry_is_acked(&mut conn, "mtls").await;
+    host.terminate();
+    assert!(host.wait_exit().await.success(), "{}", host.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_from_a_private_file_logs_in_and_is_never_printed() {
+    let secret = "s3cret-Passw0rd-never-logged";
+    let redis = Redis::start_with(false, &[("requirepass", secret)]);
+    let url = redis.url();
+    let client =
+        redis::Client::open(url.replace("redis://", &format!("redis://:{secret}@"))).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("redis-password");
+    std::fs::write(&password, format!("{secret}\n")).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&password, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let config = TestConfig::of(Sub::fixture("auth"))
+        .set("redis", url.clone())
+        .set("redis_password_file", password.display().to_string());
+
+    let path = write_config(dir.path(), "sluice.toml", &config.to_string());
+    let (ok, stdout, stderr) = run_sluice(&["check", path.to_str().unwrap()], dir.path());
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("password from"), "{stdout}");
+    assert!(!stdout.contains(secret) && !stderr.contains(secret));
+
+    let mut host = run_on(config.clone(), dir.path());
+    one_entry_is_acked(&mut conn, "auth").await;
+    host.terminate();
+    assert!(host.wait_exit().await.success(), "{}", host.log_text());
+    assert!(!host.log_text().contains(secret), "{}", host.log_text());
+
+    // Without the password the host cannot start, and says why.
+    let mut refused = run_on(
+        TestConfig::of(Sub::fixture("auth")).set("redis", url.clone()),
+        dir.path(),
+    );
+    assert!(!refused.wait_exit().await.success());
+    assert!(
+        refused.log_text().contains("NOAUTH") || refused.log_text().contains("Authentication"),
+        "{}",
+        refused.log_text()
+    );
+
+    // A password file every user could read is refused.
+    std::fs::set_permissions(&password, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut open = run_on(config, dir.path());
+    assert!(!open.wait_exit().await.success());
+    assert!(
+        open.log_text().contains("readable by every user"),
+        "{}",
+        open.log_text()
+    );
+}
