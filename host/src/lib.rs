@@ -56,7 +56,7 @@ pub mod keys;
 mod metrics;
 pub mod outcome;
 mod plan;
-mod redis_conn;
+pub mod redis_conn;
 pub mod runtime;
 mod service;
 mod settle;

@@ -3,9 +3,16 @@
 //! otherwise hold up every other command on a shared connection).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use arc_swap::ArcSwap;
+use redis::RedisFuture;
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, Client, ClientTlsConfig, ConnectionAddr, IntoConnectionInfo, RedisError,
     TlsCertificates,
@@ -138,6 +145,201 @@ pub fn redact(url: &str) -> String {
         }
         _ => url.to_owned(),
     }
+}
+
+/// Where the sentinels are and which master they watch, from a
+/// `redis+sentinel://host:port[,host:port...]/master-name` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentinelUrl {
+    /// The sentinels' addresses.
+    pub sentinels: Vec<String>,
+    /// The name the sentinels know the master by.
+    pub master: String,
+}
+
+impl SentinelUrl {
+    /// The URL's parts, or `None` when it is not a `redis+sentinel://` URL.
+    pub fn parse(url: &str) -> Option<Self> {
+        let rest = url.strip_prefix("redis+sentinel://")?;
+        let (hosts, master) = rest.split_once('/')?;
+        let sentinels: Vec<String> = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(|h| format!("redis://{h}"))
+            .collect();
+        let master = master.trim_end_matches('/').to_owned();
+        (!sentinels.is_empty() && !master.is_empty()).then_some(Self { sentinels, master })
+    }
+}
+
+/// The host's way to one Redis deployment. Commands go to its current master: for a plain URL
+/// that never changes; behind Sentinel, a reply that says the node is no longer the master
+/// (READONLY) or a lost connection makes the handle ask the sentinels again and connect to the
+/// master they name, while the command that failed is retried by its caller like any other
+/// transient failure.
+#[derive(Clone)]
+pub struct RedisHandle {
+    inner: Arc<HandleInner>,
+}
+
+struct HandleInner {
+    current: ArcSwap<(Client, ConnectionManager)>,
+    sentinel: Option<tokio::sync::Mutex<SentinelClient>>,
+    /// Set while a re-resolution runs, so a burst of failures asks the sentinels once.
+    refreshing: AtomicBool,
+    /// The URL, without credentials, for logs.
+    name: String,
+}
+
+impl RedisHandle {
+    /// Connect to `url` (a Redis URL or a `redis+sentinel://` one) as `access` says.
+    pub async fn connect(url: &str, access: &RedisAccess) -> Result<Self, ConnError> {
+        let name = redact(url);
+        let (sentinel, client) = match SentinelUrl::parse(url) {
+            Some(target) => {
+                let mut sentinel = sentinel_client(&target, access, &name)?;
+                let client =
+                    sentinel
+                        .async_get_client()
+                        .await
+                        .map_err(|source| ConnError::Connect {
+                            url: name.clone(),
+                            source,
+                        })?;
+                (Some(tokio::sync::Mutex::new(sentinel)), client)
+            }
+            None => (None, client(url, access)?),
+        };
+        let manager = manager(&client).await?;
+        Ok(Self {
+            inner: Arc::new(HandleInner {
+                current: ArcSwap::from_pointee((client, manager)),
+                sentinel,
+                refreshing: AtomicBool::new(false),
+                name,
+            }),
+        })
+    }
+
+    /// The current master's client, for a connection of its own (the blocking read).
+    pub fn client(&self) -> Client {
+        self.inner.current.load().0.clone()
+    }
+
+    /// A connection to the current master for short commands (it reconnects by itself).
+    pub fn conn(&self) -> ConnectionManager {
+        self.inner.current.load().1.clone()
+    }
+
+    /// Tell the handle a command failed with `err`; behind Sentinel, a failure that may mean
+    /// the master moved starts a re-resolution in the background.
+    pub fn saw_error(&self, err: &RedisError) {
+        let moved = err.code() == Some("READONLY") || ErrorClass::of(err) == ErrorClass::Connection;
+        if !moved || self.inner.sentinel.is_none() {
+            return;
+        }
+        if self.inner.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            this.refresh().await;
+            this.inner.refreshing.store(false, Ordering::Release);
+        });
+    }
+
+    async fn refresh(&self) {
+        let Some(sentinel) = &self.inner.sentinel else {
+            return;
+        };
+        let client = match sentinel.lock().await.async_get_client().await {
+            Ok(client) => client,
+            Err(err) => {
+                tracing::warn!(redis = %self.inner.name, %err, "the sentinels name no master; retrying");
+                return;
+            }
+        };
+        let addr = client.get_connection_info().addr().to_string();
+        if self
+            .inner
+            .current
+            .load()
+            .0
+            .get_connection_info()
+            .addr()
+            .to_string()
+            == addr
+        {
+            return;
+        }
+        match manager(&client).await {
+            Ok(manager) => {
+                tracing::warn!(redis = %self.inner.name, master = %addr, "the master moved (failover); following it");
+                self.inner.current.store(Arc::new((client, manager)));
+            }
+            Err(err) => {
+                tracing::warn!(redis = %self.inner.name, master = %addr, %err, "cannot reach the new master yet")
+            }
+        }
+    }
+}
+
+impl ConnectionLike for RedisHandle {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, redis::Value> {
+        let mut conn = self.conn();
+        Box::pin(async move {
+            let reply = conn.req_packed_command(cmd).await;
+            if let Err(err) = &reply {
+                self.saw_error(err);
+            }
+            reply
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<redis::Value>> {
+        let mut conn = self.conn();
+        Box::pin(async move {
+            let reply = conn.req_packed_commands(cmd, offset, count).await;
+            if let Err(err) = &reply {
+                self.saw_error(err);
+            }
+            reply
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.current.load().1.get_db()
+    }
+}
+
+fn sentinel_client(
+    target: &SentinelUrl,
+    access: &RedisAccess,
+    name: &str,
+) -> Result<SentinelClient, ConnError> {
+    let mut settings = redis::RedisConnectionInfo::default();
+    if let Some(username) = &access.username {
+        settings = settings.set_username(username);
+    }
+    if let Some(path) = &access.password_file {
+        settings = settings.set_password(read_password(path)?);
+    }
+    let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(settings);
+    SentinelClient::build(
+        target.sentinels.clone(),
+        target.master.clone(),
+        Some(node),
+        SentinelServerType::Master,
+    )
+    .map_err(|source| ConnError::Url {
+        url: name.to_owned(),
+        source,
+    })
 }
 
 /// A connection manager for acks, scripts and other short commands; it reconnects by itself.
@@ -284,6 +486,19 @@ mod tests {
         let reply = RedisError::from((redis::ErrorKind::UnexpectedReturnType, "x"));
         assert_eq!(ErrorClass::of(&reply), ErrorClass::Reply);
         assert!(!ErrorClass::of(&reply).is_transient());
+    }
+
+    #[test]
+    fn sentinel_urls_name_the_sentinels_and_the_master() {
+        let url =
+            SentinelUrl::parse("redis+sentinel://10.0.0.1:26379,10.0.0.2:26380/mymaster").unwrap();
+        assert_eq!(
+            url.sentinels,
+            ["redis://10.0.0.1:26379", "redis://10.0.0.2:26380"]
+        );
+        assert_eq!(url.master, "mymaster");
+        assert_eq!(SentinelUrl::parse("redis://10.0.0.1:6379"), None);
+        assert_eq!(SentinelUrl::parse("redis+sentinel://10.0.0.1:26379/"), None);
     }
 
     #[test]

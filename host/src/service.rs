@@ -144,8 +144,7 @@ impl Service {
                 .clone()
                 .or_else(|| dev_redis.clone())
                 .ok_or_else(|| RunError::NoRedis(sub.stream.stream.clone()))?;
-            let client = redis_conn::client(&url, &sub.redis_access)?;
-            let conn = redis_conn::manager(&client).await?;
+            let conn = redis_conn::RedisHandle::connect(&url, &sub.redis_access).await?;
             let s = &sub.stream;
             let keys = SubscriptionKeys::new(
                 &s.stream,
@@ -242,7 +241,7 @@ impl Service {
             };
             let subscription = Subscription::new(
                 read_plan,
-                (client, conn),
+                conn,
                 dispatcher,
                 delayed,
                 SubscriptionParts {

@@ -51,10 +51,8 @@ async fn add_with_memo(
     .await
 }
 
-async fn manager(redis: &Redis) -> redis::aio::ConnectionManager {
-    redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection_manager()
+async fn manager(redis: &Redis) -> sluice_host::redis_conn::RedisHandle {
+    sluice_host::redis_conn::RedisHandle::connect(&redis.url(), &Default::default())
         .await
         .unwrap()
 }

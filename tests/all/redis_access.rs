@@ -277,3 +277,206 @@ async fn a_password_from_a_private_file_logs_in_and_is_never_printed() {
         open.log_text()
     );
 }
+
+/// A master, its replica and three sentinels watching it as `mymaster`, all on loopback.
+struct SentinelSet {
+    master: Redis,
+    replica: Redis,
+    sentinels: Vec<(Child, u16)>,
+    _dir: tempfile::TempDir,
+}
+
+impl SentinelSet {
+    async fn start() -> Self {
+        let master = Redis::start_with(false, &[]);
+        let replica = Redis::start_with(false, &[]);
+        let master_port = port_of(&master.url());
+        let mut conn = replica.conn().await;
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(master_port)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut sentinels = Vec::new();
+        for i in 0..3 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let conf = dir.path().join(format!("sentinel-{i}.conf"));
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\n\
+                     logfile {dir}/sentinel-{i}.log\n\
+                     sentinel monitor mymaster 127.0.0.1 {master_port} 2\n\
+                     sentinel down-after-milliseconds mymaster 1000\n\
+                     sentinel failover-timeout mymaster 4000\n",
+                    dir = dir.path().display()
+                ),
+            )
+            .unwrap();
+            let child = Command::new("redis-server")
+                .arg(&conf)
+                .arg("--sentinel")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server --sentinel starts");
+            sentinels.push((child, port));
+        }
+        let set = Self {
+            master,
+            replica,
+            sentinels,
+            _dir: dir,
+        };
+        // A failover needs the sentinels to know the replica and each other.
+        wait_for(
+            Duration::from_secs(60),
+            "the sentinels to see the replica and each other",
+            || {
+                let port = set.sentinels[0].1;
+                async move {
+                    let mut conn = sentinel_conn(port).await?;
+                    let replicas: Vec<redis::Value> = redis::cmd("SENTINEL")
+                        .arg("REPLICAS")
+                        .arg("mymaster")
+                        .query_async(&mut conn)
+                        .await
+                        .ok()?;
+                    let peers: Vec<redis::Value> = redis::cmd("SENTINEL")
+                        .arg("SENTINELS")
+                        .arg("mymaster")
+                        .query_async(&mut conn)
+                        .await
+                        .ok()?;
+                    (replicas.len() == 1 && peers.len() == 2).then_some(())
+                }
+            },
+        )
+        .await;
+        set
+    }
+
+    fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|(_, port)| format!("127.0.0.1:{port}"))
+            .collect();
+        format!("redis+sentinel://{}/mymaster", hosts.join(","))
+    }
+
+    /// The port of the master the sentinels name now.
+    async fn master_port(&self) -> Option<u16> {
+        let mut conn = sentinel_conn(self.sentinels[0].1).await?;
+        let (_, port): (String, u16) = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg("mymaster")
+            .query_async(&mut conn)
+            .await
+            .ok()?;
+        Some(port)
+    }
+}
+
+impl Drop for SentinelSet {
+    fn drop(&mut self) {
+        for (child, _) in &mut self.sentinels {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+async fn sentinel_conn(port: u16) -> Option<redis::aio::MultiplexedConnection> {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .ok()?
+        .get_multiplexed_async_connection()
+        .await
+        .ok()
+}
+
+fn port_of(url: &str) -> u16 {
+    url.rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .parse()
+        .unwrap()
+}
+
+/// Entries acked before a Sentinel failover, retries parked across it, entries added after
+/// it: the host follows the sentinels to the new master and every entry ends acked there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_follows_a_sentinel_failover_and_nothing_is_lost() {
+    let set = SentinelSet::start().await;
+    let mut old = set.master.conn().await;
+    let host = HostProcess::spawn_in(
+        TestConfig::of(Sub::fixture("ha").delayed("ha.delayed")).set("redis", set.url()),
+    );
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(add(&mut old, "ha", &Control::Ack).await);
+    }
+    wait_acked(&old, "ha", "g", ids.last().unwrap()).await;
+    // Retries due after the failover wait in the set on the old master.
+    for _ in 0..5 {
+        ids.push(add(&mut old, "ha", &Control::Retry { ms: 3000, times: 1 }).await);
+    }
+    wait_for(T, "the retries to be parked", || {
+        let mut conn = old.clone();
+        async move { (parked(&mut conn, "ha.delayed").await == 5).then_some(()) }
+    })
+    .await;
+    let _: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(5000)
+        .query_async(&mut old)
+        .await
+        .unwrap();
+    let replica_port = port_of(&set.replica.url());
+    let mut sentinel = sentinel_conn(set.sentinels[0].1).await.unwrap();
+    let _: () = redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg("mymaster")
+        .query_async(&mut sentinel)
+        .await
+        .unwrap();
+    wait_for(
+        Duration::from_secs(60),
+        "the sentinels to name the replica master",
+        || {
+            let set = &set;
+            async move { (set.master_port().await == Some(replica_port)).then_some(()) }
+        },
+    )
+    .await;
+    let mut new = set.replica.conn().await;
+    for _ in 0..5 {
+        ids.push(add(&mut new, "ha", &Control::Ack).await);
+    }
+    wait_for(
+        Duration::from_secs(60),
+        "every entry acked on the new master",
+        || {
+            let mut conn = new.clone();
+            let last = ids.last().unwrap().clone();
+            async move {
+                (acked_through(&mut conn, "ha", "g", &last).await
+                    && parked(&mut conn, "ha.delayed").await == 0
+                    && pending(&mut conn, "ha", "g").await == 0)
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    assert!(dead_lettered(&mut new, "ha").await.is_empty());
+    let log = host.log_text();
+    assert!(log.contains("the master moved"), "{log}");
+}

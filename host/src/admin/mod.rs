@@ -36,7 +36,6 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use redis::aio::ConnectionManager;
 use tokio_util::sync::CancellationToken;
 
 mod guard;
@@ -57,7 +56,7 @@ pub struct AdminSubscription {
     /// Labels (stream, group).
     pub labels: SubLabels,
     /// A connection to its Redis.
-    pub conn: ConnectionManager,
+    pub conn: crate::redis_conn::RedisHandle,
     /// Its delayed-retry set, if any.
     pub delayed_key: Option<String>,
     /// Its dead-letter stream.

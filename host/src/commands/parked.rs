@@ -27,8 +27,7 @@ pub async fn parked(
         };
         seen += 1;
         let url = redis_url_for(sub.redis.as_deref())?;
-        let client = crate::redis_conn::client(&url, &sub.redis_access)?;
-        let mut conn = crate::redis_conn::manager(&client).await?;
+        let mut conn = crate::redis_conn::RedisHandle::connect(&url, &sub.redis_access).await?;
         let (entries, now_ms) = crate::delayed::member::list(&mut conn, key)
             .await
             .with_context(|| format!("cannot read the delayed set `{key}`"))?;

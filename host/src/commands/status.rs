@@ -43,8 +43,7 @@ pub async fn status(paths: &[PathBuf], redis: Option<&str>, json: bool) -> Resul
     for sub in &plan.subscriptions {
         let s = &sub.stream;
         let url = redis_url_for(sub.redis.as_deref())?;
-        let client = crate::redis_conn::client(&url, &sub.redis_access)?;
-        let mut conn = crate::redis_conn::manager(&client).await?;
+        let mut conn = crate::redis_conn::RedisHandle::connect(&url, &sub.redis_access).await?;
         let delayed_key = s.delayed_retry.as_ref().map(|d| d.key().to_owned());
         let snapshot = inspect::snapshot(
             &mut conn,

@@ -12,7 +12,7 @@
 //!
 //! | key (top level)        | meaning                                                       | default |
 //! |------------------------|---------------------------------------------------------------|---------|
-//! | `redis`                | Redis URL for every subscription of this file (`rediss://` for TLS); a password in it is redacted everywhere | a private dev `redis-server` |
+//! | `redis`                | Redis URL for every subscription of this file (`rediss://` for TLS, `redis+sentinel://h:p,h:p/master` behind Sentinel); a password in it is redacted everywhere | a private dev `redis-server` |
 //! | `redis_username`, `redis_password_file` | the ACL user and a file holding its password (not readable by every user) | the URL's |
 //! | `redis_ca_file`        | PEM certificates to trust for `rediss://` instead of the system roots | system roots |
 //! | `redis_cert_file`, `redis_key_file` | this host's client certificate and key (PEM), for servers that require them | none |

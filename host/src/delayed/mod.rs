@@ -35,7 +35,6 @@ use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
-use redis::aio::ConnectionManager;
 use redis::{RedisResult, Script};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -106,7 +105,7 @@ pub struct DelayedSet {
     ttl: Option<Duration>,
     dead_letter: Arc<str>,
     secret: Arc<Secret>,
-    conn: ConnectionManager,
+    conn: crate::redis_conn::RedisHandle,
     sweep_moved: Histogram,
     sweep_duration: Histogram,
     over_ttl: Counter,
@@ -127,7 +126,7 @@ impl DelayedSet {
         keys: &SubscriptionKeys,
         ttl: Option<Duration>,
         secret: Arc<Secret>,
-        conn: ConnectionManager,
+        conn: crate::redis_conn::RedisHandle,
         metrics: &crate::metrics::Metrics,
     ) -> Option<Self> {
         let labels = crate::metrics::Metrics::labels(&keys.stream, &keys.group);

@@ -22,7 +22,6 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use redis::Script;
-use redis::aio::ConnectionManager;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -31,7 +30,7 @@ use crate::delivery::Delivery;
 use crate::digest::Digest;
 use crate::events::{Event, EventKind, Events};
 use crate::keys::{self, SubscriptionKeys};
-use crate::redis_conn::{ErrorClass, ReconnectBackoff};
+use crate::redis_conn::{ErrorClass, ReconnectBackoff, RedisHandle};
 
 /// A settle Redis refused in a way that trying the same command again cannot fix. The entry
 /// stays pending.
@@ -62,7 +61,7 @@ pub struct Settler {
     stream: Arc<str>,
     group: Arc<str>,
     dead_letter: Arc<str>,
-    conn: ConnectionManager,
+    conn: RedisHandle,
     delayed: Option<Arc<DelayedSet>>,
     acks: mpsc::UnboundedSender<Event>,
     events: Events,
@@ -76,7 +75,7 @@ impl Settler {
     /// fires; it returns how many acks it had to leave unsent.
     pub fn new(
         keys: &SubscriptionKeys,
-        conn: ConnectionManager,
+        conn: RedisHandle,
         delayed: Option<Arc<DelayedSet>>,
         events: Events,
         abandon: CancellationToken,
@@ -337,7 +336,7 @@ fn not_pending(delivery: &Delivery, what: &str) {
 async fn run_acker(
     stream: Arc<str>,
     group: Arc<str>,
-    mut conn: ConnectionManager,
+    mut conn: RedisHandle,
     mut rx: mpsc::UnboundedReceiver<Event>,
     events: Events,
     abandon: CancellationToken,

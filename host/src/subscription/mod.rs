@@ -44,8 +44,8 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, MultiplexedConnection};
-use redis::{Client, RedisResult};
+use redis::RedisResult;
+use redis::aio::MultiplexedConnection;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -54,7 +54,7 @@ use crate::delayed::DelayedSet;
 use crate::delivery::{Delivery, Entry};
 use crate::dispatch::{Dispatcher, Settled};
 use crate::keys::Secret;
-use crate::redis_conn::{self, ErrorClass, ReconnectBackoff};
+use crate::redis_conn::{self, ErrorClass, ReconnectBackoff, RedisHandle};
 pub use health::ReadHealth;
 use read::ReadEntry;
 
@@ -81,8 +81,7 @@ pub struct ReadPlan {
 /// A running subscription.
 pub struct Subscription {
     plan: ReadPlan,
-    client: Client,
-    conn: ConnectionManager,
+    conn: RedisHandle,
     dispatcher: Arc<Dispatcher>,
     delayed: Option<Arc<DelayedSet>>,
     permits: Arc<Semaphore>,
@@ -117,7 +116,7 @@ impl Subscription {
     /// their own) and `conn` (everything else), handing entries to `dispatcher`.
     pub fn new(
         plan: ReadPlan,
-        (client, conn): (Client, ConnectionManager),
+        conn: RedisHandle,
         dispatcher: Arc<Dispatcher>,
         delayed: Option<Arc<DelayedSet>>,
         parts: SubscriptionParts,
@@ -129,7 +128,6 @@ impl Subscription {
             reconnects: metrics.reconnects.get_or_create(&labels).clone(),
             permits: Arc::new(Semaphore::new(plan.max_in_flight)),
             plan,
-            client,
             conn,
             dispatcher,
             delayed,
@@ -186,7 +184,7 @@ impl Subscription {
                 Some(conn) => conn,
                 // Only a successful read resets the backoff: a server that accepts connections
                 // but refuses every read must not be asked 20 times a second.
-                None => match redis_conn::blocking(&self.client, plan.block).await {
+                None => match redis_conn::blocking(&self.conn.client(), plan.block).await {
                     Ok(conn) => reader.insert(conn),
                     Err(err) => {
                         drop(first);
@@ -212,6 +210,9 @@ impl Subscription {
                 }
                 Err(err) => {
                     drop(first);
+                    // The read's connection is its own: tell the handle, so a failover
+                    // (READONLY, a lost master) is followed before the next reconnect.
+                    self.conn.saw_error(&err);
                     let class = ErrorClass::of(&err);
                     let message = format!("read failed: {}: {err}", class.describe());
                     self.health.failed(&message);

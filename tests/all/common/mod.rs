@@ -329,6 +329,16 @@ impl HostProcess {
         host
     }
 
+    /// `sluice run` on `config` alone (its `redis` key says where Redis is), in a directory
+    /// of its own.
+    pub fn spawn_in(config: TestConfig) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write_config(dir.path(), "sluice.toml", &config.to_string());
+        let mut host = Self::spawn(&["run", path.to_str().expect("utf-8 path")], dir.path());
+        host._dir = Some(dir);
+        host
+    }
+
     /// `sluice` with `args`, in `dir`.
     pub fn spawn(args: &[&str], dir: &Path) -> Self {
         Self::spawn_with(args, dir, &[])
