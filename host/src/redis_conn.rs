@@ -18,7 +18,7 @@ use redis::{
     TlsCertificates,
 };
 
-use crate::config::RedisAccess;
+use crate::config::{PrivateFileError, RedisAccess, read_private};
 
 /// How long a non-blocking command may take before it counts as failed.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
@@ -78,13 +78,7 @@ pub fn client(url: &str, access: &RedisAccess) -> Result<Client, ConnError> {
     };
     let mut info = url.into_connection_info().map_err(invalid)?;
     if access.username.is_some() || access.password_file.is_some() {
-        let mut settings = info.redis_settings().clone();
-        if let Some(username) = &access.username {
-            settings = settings.set_username(username);
-        }
-        if let Some(path) = &access.password_file {
-            settings = settings.set_password(read_password(path)?);
-        }
+        let settings = log_in(info.redis_settings().clone(), access)?;
         info = info.set_redis_settings(settings);
     }
     if !access.has_tls_files() {
@@ -121,20 +115,26 @@ pub fn client(url: &str, access: &RedisAccess) -> Result<Client, ConnError> {
     .map_err(invalid)
 }
 
-/// The password in `path`, trimmed; refused when every user of the machine could read it.
-fn read_password(path: &Path) -> Result<String, ConnError> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let unreadable = |source| ConnError::File {
-        what: "the Redis password file",
-        path: path.to_owned(),
-        source,
-    };
-    let meta = std::fs::metadata(path).map_err(unreadable)?;
-    if meta.permissions().mode() & 0o004 != 0 {
-        return Err(ConnError::PasswordFileOpen(path.to_owned()));
+/// `settings` with `access`'s user and the password from its file.
+fn log_in(
+    mut settings: redis::RedisConnectionInfo,
+    access: &RedisAccess,
+) -> Result<redis::RedisConnectionInfo, ConnError> {
+    if let Some(username) = &access.username {
+        settings = settings.set_username(username);
     }
-    let text = std::fs::read_to_string(path).map_err(unreadable)?;
-    Ok(text.trim().to_owned())
+    if let Some(path) = &access.password_file {
+        let password = read_private(path).map_err(|err| match err {
+            PrivateFileError::Io(source) => ConnError::File {
+                what: "the Redis password file",
+                path: path.to_owned(),
+                source,
+            },
+            PrivateFileError::WorldReadable => ConnError::PasswordFileOpen(path.to_owned()),
+        })?;
+        settings = settings.set_password(password);
+    }
+    Ok(settings)
 }
 
 /// The URL with any password replaced, for logs and errors.
@@ -322,13 +322,7 @@ fn sentinel_client(
     access: &RedisAccess,
     name: &str,
 ) -> Result<SentinelClient, ConnError> {
-    let mut settings = redis::RedisConnectionInfo::default();
-    if let Some(username) = &access.username {
-        settings = settings.set_username(username);
-    }
-    if let Some(path) = &access.password_file {
-        settings = settings.set_password(read_password(path)?);
-    }
+    let settings = log_in(redis::RedisConnectionInfo::default(), access)?;
     let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(settings);
     SentinelClient::build(
         target.sentinels.clone(),

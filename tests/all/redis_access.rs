@@ -3,7 +3,7 @@
 //! never in a log line. Certificates are made by the test (rcgen); the servers are real
 //! `redis-server`s on loopback, stopped by PID.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -144,12 +144,6 @@ impl Drop for TlsRedis {
     }
 }
 
-/// `sluice run` on `config`, whose `redis` key says where Redis is (no `--redis`).
-fn run_on(config: TestConfig, dir: &Path) -> HostProcess {
-    let path = write_config(dir, "sluice.toml", &config.to_string());
-    HostProcess::spawn(&["run", path.to_str().unwrap()], dir)
-}
-
 /// Add one acking entry and wait until the group has settled it.
 async fn one_entry_is_acked(conn: &mut redis::aio::MultiplexedConnection, stream: &str) {
     let id = add(conn, stream, &Control::Ack).await;
@@ -161,19 +155,18 @@ async fn tls_with_a_private_ca_serves_and_a_wrong_ca_is_refused_naming_the_verif
     let pki = Pki::new();
     let redis = TlsRedis::start(&pki, false).await;
     let mut conn = redis.conn(&pki).await;
-    let dir = tempfile::tempdir().unwrap();
     let config = |ca: &str| {
         TestConfig::of(Sub::fixture("tls"))
             .set("redis", redis.url())
             .set("redis_ca_file", pki.path(ca).display().to_string())
     };
 
-    let mut host = run_on(config("ca.pem"), dir.path());
+    let mut host = HostProcess::spawn_in(config("ca.pem"));
     one_entry_is_acked(&mut conn, "tls").await;
     host.terminate();
     assert!(host.wait_exit().await.success(), "{}", host.log_text());
 
-    let mut refused = run_on(config("other-ca.pem"), dir.path());
+    let mut refused = HostProcess::spawn_in(config("other-ca.pem"));
     let status = refused.wait_exit().await;
     let log = refused.log_text();
     assert!(!status.success(), "{log}");
@@ -184,7 +177,7 @@ async fn tls_with_a_private_ca_serves_and_a_wrong_ca_is_refused_naming_the_verif
 
     // TLS files with a plain redis:// URL are a mistake worth naming.
     let plain = config("ca.pem").set("redis", format!("redis://127.0.0.1:{}", redis.port));
-    let mut wrong = run_on(plain, dir.path());
+    let mut wrong = HostProcess::spawn_in(plain);
     assert!(!wrong.wait_exit().await.success());
     assert!(
         wrong.log_text().contains("write rediss://"),
@@ -198,12 +191,11 @@ async fn a_server_that_requires_client_certificates_takes_the_hosts() {
     let pki = Pki::new();
     let redis = TlsRedis::start(&pki, true).await;
     let mut conn = redis.conn(&pki).await;
-    let dir = tempfile::tempdir().unwrap();
     let config = TestConfig::of(Sub::fixture("mtls"))
         .set("redis", redis.url())
         .set("redis_ca_file", pki.path("ca.pem").display().to_string());
 
-    let mut without = run_on(config.clone(), dir.path());
+    let mut without = HostProcess::spawn_in(config.clone());
     assert!(
         !without.wait_exit().await.success(),
         "no client certificate, no connection: {}",
@@ -220,7 +212,7 @@ async fn a_server_that_requires_client_certificates_takes_the_hosts() {
             "redis_key_file",
             pki.path("client.key").display().to_string(),
         );
-    let mut host = run_on(with, dir.path());
+    let mut host = HostProcess::spawn_in(with);
     one_entry_is_acked(&mut conn, "mtls").await;
     host.terminate();
     assert!(host.wait_exit().await.success(), "{}", host.log_text());
@@ -249,17 +241,15 @@ async fn a_password_from_a_private_file_logs_in_and_is_never_printed() {
     assert!(stdout.contains("password from"), "{stdout}");
     assert!(!stdout.contains(secret) && !stderr.contains(secret));
 
-    let mut host = run_on(config.clone(), dir.path());
+    let mut host = HostProcess::spawn_in(config.clone());
     one_entry_is_acked(&mut conn, "auth").await;
     host.terminate();
     assert!(host.wait_exit().await.success(), "{}", host.log_text());
     assert!(!host.log_text().contains(secret), "{}", host.log_text());
 
     // Without the password the host cannot start, and says why.
-    let mut refused = run_on(
-        TestConfig::of(Sub::fixture("auth")).set("redis", url.clone()),
-        dir.path(),
-    );
+    let mut refused =
+        HostProcess::spawn_in(TestConfig::of(Sub::fixture("auth")).set("redis", url.clone()));
     assert!(!refused.wait_exit().await.success());
     assert!(
         refused.log_text().contains("NOAUTH") || refused.log_text().contains("Authentication"),
@@ -269,7 +259,7 @@ async fn a_password_from_a_private_file_logs_in_and_is_never_printed() {
 
     // A password file every user could read is refused.
     std::fs::set_permissions(&password, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let mut open = run_on(config, dir.path());
+    let mut open = HostProcess::spawn_in(config);
     assert!(!open.wait_exit().await.success());
     assert!(
         open.log_text().contains("readable by every user"),

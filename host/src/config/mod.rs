@@ -63,7 +63,7 @@ use serde::Deserialize;
 use sluice_descriptor::Overrides;
 
 use allow::OutboundHttp;
-pub use token::{TokenError, TokenSource};
+pub use token::{PrivateFileError, TokenError, TokenSource, read_private};
 
 /// The largest component the admin API accepts when the config does not say.
 pub const DEFAULT_ADMIN_MAX_UPLOAD: u64 = 64 * 1024 * 1024;

@@ -1,7 +1,28 @@
 //! Where the admin API's bearer token comes from: a private file or an environment variable,
-//! never the config file itself.
+//! never the config file itself. [`read_private`] reads any such secret file (the Redis
+//! password too).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// Why a secret file could not be used.
+#[derive(Debug)]
+pub enum PrivateFileError {
+    /// It could not be read.
+    Io(std::io::Error),
+    /// Every user of the machine could read it.
+    WorldReadable,
+}
+
+/// The secret in `path`, trimmed; refused when every user of the machine could read it.
+pub fn read_private(path: &Path) -> Result<String, PrivateFileError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let meta = std::fs::metadata(path).map_err(PrivateFileError::Io)?;
+    if meta.permissions().mode() & 0o004 != 0 {
+        return Err(PrivateFileError::WorldReadable);
+    }
+    let text = std::fs::read_to_string(path).map_err(PrivateFileError::Io)?;
+    Ok(text.trim().to_owned())
+}
 
 /// Why the admin token could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -55,18 +76,13 @@ impl TokenSource {
     /// Read the token, trimmed.
     pub fn read(&self) -> Result<String, TokenError> {
         let token = match self {
-            Self::File(path) => {
-                use std::os::unix::fs::PermissionsExt as _;
-                let unreadable = |source| TokenError::File {
+            Self::File(path) => read_private(path).map_err(|err| match err {
+                PrivateFileError::Io(source) => TokenError::File {
                     path: path.clone(),
                     source,
-                };
-                let meta = std::fs::metadata(path).map_err(unreadable)?;
-                if meta.permissions().mode() & 0o004 != 0 {
-                    return Err(TokenError::WorldReadable(path.clone()));
-                }
-                std::fs::read_to_string(path).map_err(unreadable)?
-            }
+                },
+                PrivateFileError::WorldReadable => TokenError::WorldReadable(path.clone()),
+            })?,
             Self::Env(name) => std::env::var(name).map_err(|source| TokenError::Env {
                 name: name.clone(),
                 source,

@@ -293,14 +293,17 @@ pub struct RunDir {
 impl RunDir {
     /// `config` against `redis`, written to a fresh directory.
     pub fn new(redis: &Redis, config: impl Into<TestConfig>) -> Self {
+        Self::with(config.into(), Some(redis))
+    }
+
+    /// `config`, run with `--redis` when `redis` is given (else its `redis` key decides).
+    fn with(config: TestConfig, redis: Option<&Redis>) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = write_config(dir.path(), "sluice.toml", &config.into().to_string());
-        let args = vec![
-            "run".to_owned(),
-            path.display().to_string(),
-            "--redis".to_owned(),
-            redis.url(),
-        ];
+        let path = write_config(dir.path(), "sluice.toml", &config.to_string());
+        let mut args = vec!["run".to_owned(), path.display().to_string()];
+        if let Some(redis) = redis {
+            args.extend(["--redis".to_owned(), redis.url()]);
+        }
         Self { dir, args }
     }
 
@@ -308,6 +311,13 @@ impl RunDir {
     pub fn spawn(&self) -> HostProcess {
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
         HostProcess::spawn(&args, self.dir.path())
+    }
+
+    /// Start `sluice run` once; the process keeps the directory.
+    fn into_host(self) -> HostProcess {
+        let mut host = self.spawn();
+        host._dir = Some(self.dir);
+        host
     }
 }
 
@@ -322,21 +332,13 @@ pub struct HostProcess {
 impl HostProcess {
     /// `sluice run` on `config` against `redis`, in a directory of its own.
     pub fn run(redis: &Redis, config: impl Into<TestConfig>) -> Self {
-        let RunDir { dir, args } = RunDir::new(redis, config);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut host = Self::spawn(&args, dir.path());
-        host._dir = Some(dir);
-        host
+        RunDir::new(redis, config).into_host()
     }
 
     /// `sluice run` on `config` alone (its `redis` key says where Redis is), in a directory
     /// of its own.
     pub fn spawn_in(config: TestConfig) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = write_config(dir.path(), "sluice.toml", &config.to_string());
-        let mut host = Self::spawn(&["run", path.to_str().expect("utf-8 path")], dir.path());
-        host._dir = Some(dir);
-        host
+        RunDir::with(config, None).into_host()
     }
 
     /// `sluice` with `args`, in `dir`.
