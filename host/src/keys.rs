@@ -206,14 +206,13 @@ impl SubscriptionKeys {
 
 /// On a Redis Cluster, check that every key of the subscription shares the stream's slot; on a
 /// plain server, do nothing.
-pub async fn check_same_slot<C: redis::aio::ConnectionLike>(
-    conn: &mut C,
+pub async fn check_same_slot(
+    conn: &mut crate::redis_conn::RedisHandle,
     keys: &SubscriptionKeys,
 ) -> Result<(), SlotError> {
     let stream = &*keys.stream;
     let others = keys.with_stream();
-    let info: String = redis::cmd("INFO").arg("cluster").query_async(conn).await?;
-    if !info.lines().any(|l| l.trim() == "cluster_enabled:1") {
+    if !conn.is_cluster() {
         return Ok(());
     }
     let mut slots = Vec::with_capacity(others.len() + 1);

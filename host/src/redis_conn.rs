@@ -1,6 +1,7 @@
-//! Connections to Redis: a managed, self-reconnecting connection for acks and scripts, and a
-//! dedicated connection per subscription for its blocking reads (a blocked XREADGROUP would
-//! otherwise hold up every other command on a shared connection).
+//! Connections to Redis (one node, a master behind Sentinel, or a cluster): a managed,
+//! self-reconnecting connection for acks and scripts, and a dedicated connection per
+//! subscription for its blocking reads (a blocked XREADGROUP would otherwise hold up every
+//! other command on a shared connection).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,10 +13,12 @@ use redis::RedisFuture;
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, Client, ClientTlsConfig, ConnectionAddr, IntoConnectionInfo, RedisError,
-    TlsCertificates,
+    AsyncConnectionConfig, Client, ClientTlsConfig, ConnectionAddr, ConnectionInfo,
+    IntoConnectionInfo, RedisError, TlsCertificates,
 };
 
 use crate::config::{PrivateFileError, RedisAccess, read_private};
@@ -72,17 +75,35 @@ pub enum ConnError {
 
 /// A client for `url`, logging in and verifying TLS as `access` says.
 pub fn client(url: &str, access: &RedisAccess) -> Result<Client, ConnError> {
-    let invalid = |source| ConnError::Url {
+    let (info, tls) = node_info(url, access)?;
+    match tls {
+        None => Client::open(info),
+        Some(certs) => Client::build_with_tls(info, certs),
+    }
+    .map_err(|source| ConnError::Url {
         url: redact(url),
         source,
-    };
-    let mut info = url.into_connection_info().map_err(invalid)?;
+    })
+}
+
+/// `url` parsed, with `access`'s login applied and its TLS files read (`None`: no TLS files,
+/// so a `rediss://` URL trusts the system roots).
+fn node_info(
+    url: &str,
+    access: &RedisAccess,
+) -> Result<(ConnectionInfo, Option<TlsCertificates>), ConnError> {
+    let mut info = url
+        .into_connection_info()
+        .map_err(|source| ConnError::Url {
+            url: redact(url),
+            source,
+        })?;
     if access.username.is_some() || access.password_file.is_some() {
         let settings = log_in(info.redis_settings().clone(), access)?;
         info = info.set_redis_settings(settings);
     }
     if !access.has_tls_files() {
-        return Client::open(info).map_err(invalid);
+        return Ok((info, None));
     }
     if !matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
         return Err(ConnError::TlsWithoutRediss(redact(url)));
@@ -105,14 +126,13 @@ pub fn client(url: &str, access: &RedisAccess) -> Result<Client, ConnError> {
         }),
         None => None,
     };
-    Client::build_with_tls(
+    Ok((
         info,
-        TlsCertificates {
+        Some(TlsCertificates {
             client_tls,
             root_cert,
-        },
-    )
-    .map_err(invalid)
+        }),
+    ))
 }
 
 /// `settings` with `access`'s user and the password from its file.
@@ -137,13 +157,44 @@ fn log_in(
     Ok(settings)
 }
 
-/// The URL with any password replaced, for logs and errors.
+/// The URL (or each of a cluster's seed URLs) with any password replaced, for logs and errors.
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let one = |url: &str| match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             format!("{}://***@{}", &url[..scheme], &url[at + 1..])
         }
         _ => url.to_owned(),
+    };
+    let urls: Vec<String> = url.split_whitespace().map(one).collect();
+    if urls.len() > 1 {
+        urls.join(" ")
+    } else {
+        one(url)
+    }
+}
+
+/// Which Redis deployment the configured value names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// One server, which may turn out to be a cluster node when asked.
+    Node(String),
+    /// A master watched by sentinels.
+    Sentinel(SentinelUrl),
+    /// A cluster, by some of its nodes (any of them will do to find the rest).
+    Cluster(Vec<String>),
+}
+
+impl Target {
+    /// What `configured` names: URLs separated by whitespace (how the configuration carries a
+    /// `redis = [..]` list) are a cluster's seed nodes.
+    pub fn parse(configured: &str) -> Self {
+        let urls: Vec<&str> = configured.split_whitespace().collect();
+        match urls.as_slice() {
+            [one] => SentinelUrl::parse(one)
+                .map_or_else(|| Self::Node((*one).to_owned()), Self::Sentinel),
+            [] => Self::Node(configured.to_owned()),
+            many => Self::Cluster(many.iter().map(|u| (*u).to_owned()).collect()),
+        }
     }
 }
 
@@ -172,84 +223,191 @@ impl SentinelUrl {
     }
 }
 
-/// The host's way to one Redis deployment. Commands go to its current master: for a plain URL
-/// that never changes; behind Sentinel, a reply that says the node is no longer the master
-/// (READONLY) or a lost connection makes the handle ask the sentinels again and connect to the
-/// master they name, while the command that failed is retried by its caller like any other
-/// transient failure.
+/// The host's way to one Redis deployment.
+///
+/// - One node: commands go to it; nothing ever moves.
+/// - Behind Sentinel: commands go to the current master. A reply that says the node is no
+///   longer the master (READONLY) or a lost connection makes the handle ask the sentinels again
+///   and connect to the master they name, while the command that failed is retried by its
+///   caller like any other transient failure.
+/// - A cluster: redis-rs's cluster client routes each command and script by its key's slot,
+///   follows MOVED and ASK, and reloads the slot map when the cluster changes (a slot
+///   migrated, a replica promoted). Blocking reads get a cluster connection of their own.
 #[derive(Clone)]
 pub struct RedisHandle {
     inner: Arc<HandleInner>,
 }
 
 struct HandleInner {
-    current: ArcSwap<(Client, ConnectionManager)>,
-    sentinel: Option<tokio::sync::Mutex<SentinelClient>>,
-    /// Set while a re-resolution runs, so a burst of failures asks the sentinels once.
-    refreshing: AtomicBool,
+    route: Route,
     /// The URL, without credentials, for logs.
     name: String,
 }
 
+enum Route {
+    Node {
+        current: ArcSwap<(Client, ConnectionManager)>,
+        sentinel: Option<Box<tokio::sync::Mutex<SentinelClient>>>,
+        /// Set while a re-resolution runs, so a burst of failures asks the sentinels once.
+        refreshing: AtomicBool,
+    },
+    Cluster {
+        conn: ClusterConnection,
+        seeds: ClusterSeeds,
+    },
+}
+
+/// What it takes to open another connection to a cluster.
+struct ClusterSeeds {
+    nodes: Vec<ConnectionInfo>,
+    tls: Option<TlsCertificates>,
+}
+
+impl ClusterSeeds {
+    fn new(urls: &[String], access: &RedisAccess) -> Result<Self, ConnError> {
+        let mut nodes = Vec::with_capacity(urls.len());
+        let mut tls = None;
+        for url in urls {
+            let (info, certs) = node_info(url, access)?;
+            nodes.push(info);
+            tls = tls.or(certs);
+        }
+        Ok(Self { nodes, tls })
+    }
+
+    /// A cluster connection whose commands may take up to `response_timeout`.
+    async fn connect(
+        &self,
+        response_timeout: Duration,
+        name: &str,
+    ) -> Result<ClusterConnection, ConnError> {
+        let mut builder = ClusterClientBuilder::new(self.nodes.clone())
+            .connection_timeout(CONNECT_TIMEOUT)
+            .response_timeout(response_timeout);
+        if let Some(certs) = &self.tls {
+            builder = builder.certs(certs.clone());
+        }
+        let client = builder.build().map_err(|source| ConnError::Url {
+            url: name.to_owned(),
+            source,
+        })?;
+        client
+            .get_async_connection()
+            .await
+            .map_err(|source| ConnError::Connect {
+                url: name.to_owned(),
+                source,
+            })
+    }
+}
+
 impl RedisHandle {
-    /// Connect to `url` (a Redis URL or a `redis+sentinel://` one) as `access` says.
-    pub async fn connect(url: &str, access: &RedisAccess) -> Result<Self, ConnError> {
-        let name = redact(url);
-        let (sentinel, client) = match SentinelUrl::parse(url) {
-            Some(target) => {
-                let mut sentinel = sentinel_client(&target, access, &name)?;
-                let client =
-                    sentinel
-                        .async_get_client()
-                        .await
-                        .map_err(|source| ConnError::Connect {
-                            url: name.clone(),
-                            source,
-                        })?;
-                (Some(tokio::sync::Mutex::new(sentinel)), client)
-            }
-            None => (None, client(url, access)?),
+    /// Connect to what `configured` names (see [`Target`]) as `access` says. A single URL whose
+    /// server is a cluster node is used as the cluster's seed.
+    pub async fn connect(configured: &str, access: &RedisAccess) -> Result<Self, ConnError> {
+        let name = redact(configured);
+        let connect_err = |source| ConnError::Connect {
+            url: name.clone(),
+            source,
         };
-        let manager = manager(&client).await?;
+        let route = match Target::parse(configured) {
+            Target::Cluster(urls) => Self::cluster_route(&urls, access, &name).await?,
+            Target::Sentinel(target) => {
+                let mut sentinel = sentinel_client(&target, access, &name)?;
+                let client = sentinel.async_get_client().await.map_err(connect_err)?;
+                let manager = manager(&client).await?;
+                Route::Node {
+                    current: ArcSwap::from_pointee((client, manager)),
+                    sentinel: Some(Box::new(tokio::sync::Mutex::new(sentinel))),
+                    refreshing: AtomicBool::new(false),
+                }
+            }
+            Target::Node(url) => {
+                let client = client(&url, access)?;
+                let mut manager = manager(&client).await?;
+                let info: String = redis::cmd("INFO")
+                    .arg("cluster")
+                    .query_async(&mut manager)
+                    .await
+                    .map_err(connect_err)?;
+                if info.lines().any(|l| l.trim() == "cluster_enabled:1") {
+                    tracing::info!(redis = %name, "the server is a cluster node; using it to find the cluster");
+                    Self::cluster_route(&[url], access, &name).await?
+                } else {
+                    Route::Node {
+                        current: ArcSwap::from_pointee((client, manager)),
+                        sentinel: None,
+                        refreshing: AtomicBool::new(false),
+                    }
+                }
+            }
+        };
         Ok(Self {
-            inner: Arc::new(HandleInner {
-                current: ArcSwap::from_pointee((client, manager)),
-                sentinel,
-                refreshing: AtomicBool::new(false),
-                name,
-            }),
+            inner: Arc::new(HandleInner { route, name }),
         })
     }
 
-    /// The current master's client, for a connection of its own (the blocking read).
-    pub fn client(&self) -> Client {
-        self.inner.current.load().0.clone()
+    async fn cluster_route(
+        urls: &[String],
+        access: &RedisAccess,
+        name: &str,
+    ) -> Result<Route, ConnError> {
+        let seeds = ClusterSeeds::new(urls, access)?;
+        let conn = seeds.connect(COMMAND_TIMEOUT, name).await?;
+        Ok(Route::Cluster { conn, seeds })
     }
 
-    /// A connection to the current master for short commands (it reconnects by itself).
-    pub fn conn(&self) -> ConnectionManager {
-        self.inner.current.load().1.clone()
+    /// Whether commands go to a cluster (so every script's keys must share one slot).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.inner.route, Route::Cluster { .. })
+    }
+
+    /// A connection of its own for blocking reads of up to `block`: a blocked XREADGROUP
+    /// would hold up every other command on a shared connection.
+    pub async fn reader(&self, block: Duration) -> Result<Reader, ConnError> {
+        match &self.inner.route {
+            Route::Node { current, .. } => {
+                let client = current.load().0.clone();
+                blocking(&client, block).await.map(Reader::Node)
+            }
+            Route::Cluster { seeds, .. } => seeds
+                .connect(block + COMMAND_TIMEOUT, &self.inner.name)
+                .await
+                .map(Reader::Cluster),
+        }
     }
 
     /// Tell the handle a command failed with `err`; behind Sentinel, a failure that may mean
     /// the master moved starts a re-resolution in the background.
     pub fn saw_error(&self, err: &RedisError) {
-        let moved = err.code() == Some("READONLY") || ErrorClass::of(err) == ErrorClass::Connection;
-        if !moved || self.inner.sentinel.is_none() {
+        let Route::Node {
+            sentinel: Some(_),
+            refreshing,
+            ..
+        } = &self.inner.route
+        else {
             return;
-        }
-        if self.inner.refreshing.swap(true, Ordering::AcqRel) {
+        };
+        let moved = err.code() == Some("READONLY") || ErrorClass::of(err) == ErrorClass::Connection;
+        if !moved || refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
         let this = self.clone();
         tokio::spawn(async move {
             this.refresh().await;
-            this.inner.refreshing.store(false, Ordering::Release);
+            if let Route::Node { refreshing, .. } = &this.inner.route {
+                refreshing.store(false, Ordering::Release);
+            }
         });
     }
 
     async fn refresh(&self) {
-        let Some(sentinel) = &self.inner.sentinel else {
+        let Route::Node {
+            current,
+            sentinel: Some(sentinel),
+            ..
+        } = &self.inner.route
+        else {
             return;
         };
         let client = match sentinel.lock().await.async_get_client().await {
@@ -260,35 +418,43 @@ impl RedisHandle {
             }
         };
         let addr = client.get_connection_info().addr().to_string();
-        if self
-            .inner
-            .current
-            .load()
-            .0
-            .get_connection_info()
-            .addr()
-            .to_string()
-            == addr
-        {
+        if current.load().0.get_connection_info().addr().to_string() == addr {
             return;
         }
         match manager(&client).await {
             Ok(manager) => {
                 tracing::warn!(redis = %self.inner.name, master = %addr, "the master moved (failover); following it");
-                self.inner.current.store(Arc::new((client, manager)));
+                current.store(Arc::new((client, manager)));
             }
             Err(err) => {
                 tracing::warn!(redis = %self.inner.name, master = %addr, %err, "cannot reach the new master yet")
             }
         }
     }
+
+    /// A connection for short commands (it reconnects, and on a cluster routes, by itself).
+    fn shared(&self) -> Shared {
+        match &self.inner.route {
+            Route::Node { current, .. } => Shared::Node(current.load().1.clone()),
+            Route::Cluster { conn, .. } => Shared::Cluster(conn.clone()),
+        }
+    }
+}
+
+/// The connection a [`RedisHandle`] hands out for one command.
+enum Shared {
+    Node(ConnectionManager),
+    Cluster(ClusterConnection),
 }
 
 impl ConnectionLike for RedisHandle {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, redis::Value> {
-        let mut conn = self.conn();
+        let conn = self.shared();
         Box::pin(async move {
-            let reply = conn.req_packed_command(cmd).await;
+            let reply = match conn {
+                Shared::Node(mut c) => c.req_packed_command(cmd).await,
+                Shared::Cluster(mut c) => c.req_packed_command(cmd).await,
+            };
             if let Err(err) = &reply {
                 self.saw_error(err);
             }
@@ -302,9 +468,12 @@ impl ConnectionLike for RedisHandle {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<redis::Value>> {
-        let mut conn = self.conn();
+        let conn = self.shared();
         Box::pin(async move {
-            let reply = conn.req_packed_commands(cmd, offset, count).await;
+            let reply = match conn {
+                Shared::Node(mut c) => c.req_packed_commands(cmd, offset, count).await,
+                Shared::Cluster(mut c) => c.req_packed_commands(cmd, offset, count).await,
+            };
             if let Err(err) = &reply {
                 self.saw_error(err);
             }
@@ -313,7 +482,46 @@ impl ConnectionLike for RedisHandle {
     }
 
     fn get_db(&self) -> i64 {
-        self.inner.current.load().1.get_db()
+        match &self.inner.route {
+            Route::Node { current, .. } => current.load().1.get_db(),
+            Route::Cluster { .. } => 0,
+        }
+    }
+}
+
+/// A connection that only one subscription's read loop uses, for its blocking reads.
+pub enum Reader {
+    /// To the one node (or the current master behind Sentinel).
+    Node(MultiplexedConnection),
+    /// To the cluster, routed by the stream's slot.
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Reader {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, redis::Value> {
+        match self {
+            Self::Node(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Self::Node(c) => c.req_packed_commands(cmd, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Node(c) => c.get_db(),
+            Self::Cluster(_) => 0,
+        }
     }
 }
 
@@ -352,10 +560,7 @@ pub async fn manager(client: &Client) -> Result<ConnectionManager, ConnError> {
 }
 
 /// A dedicated connection for blocking reads of up to `block`.
-pub async fn blocking(
-    client: &Client,
-    block: Duration,
-) -> Result<MultiplexedConnection, ConnError> {
+async fn blocking(client: &Client, block: Duration) -> Result<MultiplexedConnection, ConnError> {
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(CONNECT_TIMEOUT))
         .set_response_timeout(Some(block + COMMAND_TIMEOUT));
@@ -375,7 +580,8 @@ pub enum ErrorClass {
     /// The connection failed, was refused, dropped or timed out.
     Connection,
     /// Redis answered that it cannot serve now (LOADING, BUSY, TRYAGAIN, MASTERDOWN,
-    /// CLUSTERDOWN, READONLY).
+    /// CLUSTERDOWN, READONLY, or UNBLOCKED: a blocked read cut off because its node turned
+    /// replica).
     Busy,
     /// A cluster redirect (MOVED/ASK): the key lives on another node.
     Redirect,
@@ -404,7 +610,10 @@ impl ErrorClass {
             Some("MOVED" | "ASK") => return Self::Redirect,
             Some("NOGROUP") => return Self::NoGroup,
             Some("WRONGTYPE") => return Self::WrongType,
-            Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" | "READONLY") => {
+            Some(
+                "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" | "READONLY"
+                | "UNBLOCKED",
+            ) => {
                 return Self::Busy;
             }
             _ => {}
@@ -430,7 +639,7 @@ impl ErrorClass {
             Self::Connection => "Redis unreachable (connection failed, dropped or timed out)",
             Self::Busy => "Redis cannot serve now",
             Self::Redirect => {
-                "Redis redirected the command to another cluster node (MOVED/ASK); this host talks to one node only"
+                "Redis redirected the command to another cluster node (MOVED/ASK) and the redirect was not followed"
             }
             Self::NoGroup => "the stream or consumer group does not exist (NOGROUP)",
             Self::WrongType => "a key holds the wrong type of value (WRONGTYPE)",

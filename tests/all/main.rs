@@ -7,6 +7,7 @@
 
 mod admin;
 mod cli;
+mod cluster;
 mod common;
 mod consuming;
 mod crash;

@@ -15,7 +15,7 @@ use super::{ConfigError, Isolation, Limits, RedisAccess, SubscriptionConfig, Tok
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
-    redis: Option<String>,
+    redis: Option<RawRedis>,
     redis_username: Option<String>,
     redis_password_file: Option<PathBuf>,
     redis_ca_file: Option<PathBuf>,
@@ -34,11 +34,52 @@ struct RawConfig {
     subscriptions: Vec<RawSubscription>,
 }
 
+/// `redis = "url"`, or `redis = ["url", ...]`: a cluster's seed nodes.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawRedis {
+    One(String),
+    Seeds(Vec<String>),
+}
+
+impl RawRedis {
+    /// The value as the rest of the host carries it: seed URLs separated by a space (a URL
+    /// cannot hold one unescaped), which `redis_conn::Target::parse` splits again.
+    fn resolve(&self, v: &Validator<'_>, key: &str) -> Result<String, ConfigError> {
+        let urls = match self {
+            Self::One(url) => return Ok(url.clone()),
+            Self::Seeds(urls) => urls,
+        };
+        let shown = || format!("[{} URLs]", urls.len());
+        if urls.is_empty() {
+            return Err(v.invalid(key, "[]", "name at least one cluster node"));
+        }
+        if urls
+            .iter()
+            .any(|u| u.trim().is_empty() || u.contains(char::is_whitespace))
+        {
+            return Err(v.invalid(
+                key,
+                &shown(),
+                "each cluster node is one URL, without spaces (e.g. \"redis://10.0.0.1:7000\")",
+            ));
+        }
+        if urls.iter().any(|u| u.starts_with("redis+sentinel://")) {
+            return Err(v.invalid(
+                key,
+                &shown(),
+                "a list names cluster nodes; give a Sentinel URL as one string",
+            ));
+        }
+        Ok(urls.join(" "))
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawSubscription {
     component: PathBuf,
-    redis: Option<String>,
+    redis: Option<RawRedis>,
     redis_username: Option<String>,
     redis_password_file: Option<PathBuf>,
     redis_ca_file: Option<PathBuf>,
@@ -179,7 +220,11 @@ pub(super) fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigEr
     let v = Validator { path };
     let globals = globals(&v, base, &raw)?;
     let shared = Shared {
-        redis: raw.redis.as_deref(),
+        redis: raw
+            .redis
+            .as_ref()
+            .map(|r| r.resolve(&v, "redis"))
+            .transpose()?,
         redis_access: redis_access(
             &v,
             base,
@@ -253,7 +298,7 @@ fn globals(v: &Validator<'_>, base: &Path, raw: &RawConfig) -> Result<Globals, C
 
 /// What a file's top level gives each of its subscriptions unless they say otherwise.
 struct Shared<'a> {
-    redis: Option<&'a str>,
+    redis: Option<String>,
     redis_access: RedisAccess,
     consumer: Option<&'a str>,
 }
@@ -280,7 +325,10 @@ fn subscription(
     };
     Ok(SubscriptionConfig {
         component,
-        redis: sub.redis.clone().or(shared.redis.map(str::to_owned)),
+        redis: match &sub.redis {
+            Some(redis) => Some(redis.resolve(v, &key("redis"))?),
+            None => shared.redis.clone(),
+        },
         redis_access: redis_access(
             v,
             base,

@@ -45,7 +45,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::RedisResult;
-use redis::aio::MultiplexedConnection;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -54,7 +53,7 @@ use crate::delayed::DelayedSet;
 use crate::delivery::{Delivery, Entry};
 use crate::dispatch::{Dispatcher, Settled};
 use crate::keys::Secret;
-use crate::redis_conn::{self, ErrorClass, ReconnectBackoff, RedisHandle};
+use crate::redis_conn::{ErrorClass, Reader, ReconnectBackoff, RedisHandle};
 pub use health::ReadHealth;
 use read::ReadEntry;
 
@@ -154,7 +153,7 @@ impl Subscription {
         if !self.create_group().await {
             return;
         }
-        let mut reader: Option<MultiplexedConnection> = None;
+        let mut reader: Option<Reader> = None;
         let mut own_pending: Option<String> = Some("0".to_owned());
         let mut claim_cursor = "0-0".to_owned();
         let mut backoff = ReconnectBackoff::default();
@@ -184,7 +183,7 @@ impl Subscription {
                 Some(conn) => conn,
                 // Only a successful read resets the backoff: a server that accepts connections
                 // but refuses every read must not be asked 20 times a second.
-                None => match redis_conn::blocking(&self.conn.client(), plan.block).await {
+                None => match self.conn.reader(plan.block).await {
                     Ok(conn) => reader.insert(conn),
                     Err(err) => {
                         drop(first);
@@ -300,7 +299,7 @@ impl Subscription {
     /// The next entries to handle, with Redis's delivery counter for each.
     async fn next_batch(
         &self,
-        conn: &mut MultiplexedConnection,
+        conn: &mut Reader,
         room: usize,
         own_pending: &mut Option<String>,
         claim_cursor: &mut String,
@@ -367,7 +366,7 @@ impl Subscription {
 
     async fn with_counts(
         &self,
-        conn: &mut MultiplexedConnection,
+        conn: &mut Reader,
         entries: Vec<ReadEntry>,
     ) -> RedisResult<Vec<(ReadEntry, u64)>> {
         let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();

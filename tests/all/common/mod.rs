@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 mod config;
 
 pub use config::{Raw, Sub, TestConfig};
@@ -210,6 +210,12 @@ pub struct TestHost {
 impl TestHost {
     /// Start a host for the subscriptions in `toml` (see [`write_config`]).
     pub async fn start(redis: &Redis, toml: &str) -> Self {
+        Self::start_at(&redis.url(), toml).await
+    }
+
+    /// Start a host for the subscriptions in `toml` against the Redis `url` names (a cluster's
+    /// seed URLs separated by spaces, as the configuration carries them).
+    pub async fn start_at(url: &str, toml: &str) -> Self {
         init_logs();
         let dir = tempfile::tempdir().expect("tempdir");
         let path = write_config(dir.path(), "sluice.toml", toml);
@@ -219,7 +225,7 @@ impl TestHost {
             sluice_host::runtime::RuntimeOptions::for_config(&config),
         )
         .expect("runtime");
-        let plan = Plan::build(&config, &runtime, Some(&redis.url()))
+        let plan = Plan::build(&config, &runtime, Some(url))
             .await
             .expect("valid plan");
         let service = Service::new(plan);
@@ -440,7 +446,7 @@ pub fn run_sluice(args: &[&str], dir: &Path) -> (bool, String, String) {
 /// XADD an entry whose `payload` field is `payload` as JSON (a [`Control`] for the fixture);
 /// returns its id.
 pub async fn add(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl ConnectionLike,
     stream: &str,
     payload: &impl serde::Serialize,
 ) -> String {
@@ -455,7 +461,7 @@ pub async fn add(
 }
 
 /// How many entries are pending for `group` on `stream` (0 while the group does not exist).
-pub async fn pending(conn: &mut MultiplexedConnection, stream: &str, group: &str) -> u64 {
+pub async fn pending(conn: &mut impl ConnectionLike, stream: &str, group: &str) -> u64 {
     let reply: redis::RedisResult<redis::Value> = redis::cmd("XPENDING")
         .arg(stream)
         .arg(group)
@@ -475,7 +481,7 @@ pub async fn pending(conn: &mut MultiplexedConnection, stream: &str, group: &str
 /// Whether `group` has read entry `id` of `stream` and none of its entries is pending: with
 /// nothing parked or dead-lettered, `id` was acked.
 pub async fn acked_through(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl ConnectionLike,
     stream: &str,
     group: &str,
     id: &str,
@@ -494,7 +500,7 @@ pub async fn acked_through(
 pub type RawEntry = (String, Vec<(Vec<u8>, Vec<u8>)>);
 
 /// Wait until `group` has acked `stream` through entry `id` (see [`acked_through`]).
-pub async fn wait_acked(conn: &MultiplexedConnection, stream: &str, group: &str, id: &str) {
+pub async fn wait_acked(conn: &(impl ConnectionLike + Clone), stream: &str, group: &str, id: &str) {
     wait_for(
         Duration::from_secs(30),
         &format!("{stream} acked through {id}"),
@@ -512,7 +518,7 @@ pub async fn wait_acked(conn: &MultiplexedConnection, stream: &str, group: &str,
 
 /// The dead letters of `stream` (in `<stream>.dead-letter`) once there are at least `n`.
 pub async fn wait_dead_letters(
-    conn: &MultiplexedConnection,
+    conn: &(impl ConnectionLike + Clone),
     stream: &str,
     n: usize,
 ) -> Vec<(String, Vec<(String, String)>)> {
@@ -534,7 +540,7 @@ pub async fn wait_dead_letters(
 
 /// All entries of a stream as (id, fields).
 pub async fn entries(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl ConnectionLike,
     stream: &str,
 ) -> Vec<(String, Vec<(String, String)>)> {
     // Fields are bytes; tests compare text, so bytes that are not UTF-8 are shown lossily.
@@ -557,14 +563,14 @@ pub async fn entries(
 
 /// The entries of `stream`'s default dead-letter stream (`<stream>.dead-letter`).
 pub async fn dead_lettered(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl ConnectionLike,
     stream: &str,
 ) -> Vec<(String, Vec<(String, String)>)> {
     entries(conn, &format!("{stream}.dead-letter")).await
 }
 
 /// How many retries wait in the delayed set `key`.
-pub async fn parked(conn: &mut MultiplexedConnection, key: &str) -> u64 {
+pub async fn parked(conn: &mut impl ConnectionLike, key: &str) -> u64 {
     cmd(conn, &["ZCARD", key]).await
 }
 
@@ -577,7 +583,7 @@ pub fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> 
 }
 
 /// Run one Redis command given as words.
-pub async fn cmd<T: redis::FromRedisValue>(conn: &mut MultiplexedConnection, words: &[&str]) -> T {
+pub async fn cmd<T: redis::FromRedisValue>(conn: &mut impl ConnectionLike, words: &[&str]) -> T {
     let mut c = redis::cmd(words[0]);
     for w in &words[1..] {
         c.arg(*w);

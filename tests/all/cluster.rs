@@ -1,0 +1,517 @@
+//! The host on a real Redis Cluster: three masters and three replicas on loopback, built once
+//! and shared by the scenarios below, which run one after another (a slot migration or a
+//! failover in one must not land in the middle of another).
+//!
+//! Each scenario uses a hash tag of its own, chosen for which master owns it, and checks the
+//! invariants that matter: every entry reaches its final outcome (acked or dead-lettered),
+//! nothing is lost, parked retries come back; duplicates are counted and reported.
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use redis::cluster_async::ClusterConnection;
+use sluice_host::EventKind;
+
+use crate::common::*;
+
+/// How long a scenario may take to settle everything.
+const SETTLE: Duration = Duration::from_secs(90);
+
+/// Six `redis-server --cluster-enabled yes`, joined by `redis-cli --cluster create` into three
+/// masters with one replica each. Stopped (by PID) when dropped.
+pub struct Cluster {
+    nodes: Vec<Redis>,
+}
+
+/// One line of CLUSTER NODES.
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub id: String,
+    pub port: u16,
+    pub master: bool,
+    /// A replica's master.
+    pub master_id: Option<String>,
+    pub slots: Vec<(u16, u16)>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn port_of(url: &str) -> u16 {
+    url.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+impl Cluster {
+    pub async fn start() -> Self {
+        let nodes: Vec<Redis> = (0..6)
+            .map(|_| {
+                // The bus port is given: port + 10000 may be past 65535 for a free port.
+                let bus = free_port().to_string();
+                Redis::start_with(
+                    false,
+                    &[
+                        ("cluster-enabled", "yes"),
+                        ("cluster-port", &bus),
+                        ("cluster-node-timeout", "2000"),
+                    ],
+                )
+            })
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", port_of(&n.url())))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("redis-cli runs");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cluster = Self { nodes };
+        cluster.wait_agreed().await;
+        cluster
+    }
+
+    /// Wait until every node says the cluster is ok and sees three masters with replicas.
+    async fn wait_agreed(&self) {
+        let nodes = &self.nodes;
+        wait_for(
+            SETTLE,
+            "every node to see a healthy cluster",
+            || async move {
+                for node in nodes {
+                    let mut conn = node.conn().await;
+                    let info: String = cmd(&mut conn, &["CLUSTER", "INFO"]).await;
+                    if !info.contains("cluster_state:ok") {
+                        return None;
+                    }
+                    let view = nodes_of(&mut conn).await;
+                    let masters = view.iter().filter(|n| n.master && !n.slots.is_empty());
+                    if masters.count() != 3 || view.iter().filter(|n| !n.master).count() != 3 {
+                        return None;
+                    }
+                }
+                Some(())
+            },
+        )
+        .await;
+    }
+
+    /// The seed URLs as the host's configuration carries a `redis = [..]` list.
+    pub fn seeds(&self) -> String {
+        format!("{} {}", self.nodes[0].url(), self.nodes[1].url())
+    }
+
+    /// A cluster connection for the test itself (it follows MOVED like the host's).
+    pub async fn conn(&self) -> ClusterConnection {
+        redis::cluster::ClusterClientBuilder::new(vec![self.nodes[0].url(), self.nodes[1].url()])
+            .connection_timeout(Duration::from_secs(10))
+            .response_timeout(Duration::from_secs(30))
+            .build()
+            .unwrap()
+            .get_async_connection()
+            .await
+            .expect("connect to the test cluster")
+    }
+
+    /// The node on `port`.
+    pub fn node(&self, port: u16) -> &Redis {
+        self.nodes
+            .iter()
+            .find(|n| port_of(&n.url()) == port)
+            .expect("a node of this cluster")
+    }
+
+    /// The cluster as node 0 sees it now.
+    pub async fn view(&self) -> Vec<Node> {
+        nodes_of(&mut self.nodes[0].conn().await).await
+    }
+
+    /// The master that serves `key`'s slot now.
+    pub async fn owner(&self, key: &str) -> Node {
+        let slot: u16 = cmd(
+            &mut self.nodes[0].conn().await,
+            &["CLUSTER", "KEYSLOT", key],
+        )
+        .await;
+        self.view()
+            .await
+            .into_iter()
+            .find(|n| n.master && n.slots.iter().any(|(a, b)| (*a..=*b).contains(&slot)))
+            .expect("every slot is served")
+    }
+
+    /// A hash tag starting with `prefix` whose slot a master other than node 0 (the first
+    /// seed) serves.
+    pub async fn tag_away_from_seed(&self, prefix: &str) -> String {
+        let seed = port_of(&self.nodes[0].url());
+        for i in 0.. {
+            let tag = format!("{prefix}{i}");
+            if self.owner(&format!("{{{tag}}}")).await.port != seed {
+                return tag;
+            }
+        }
+        unreachable!()
+    }
+}
+
+/// CLUSTER NODES, parsed.
+pub async fn nodes_of(conn: &mut redis::aio::MultiplexedConnection) -> Vec<Node> {
+    let text: String = cmd(conn, &["CLUSTER", "NODES"]).await;
+    text.lines()
+        .filter_map(|line| {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            if parts.len() < 8 || parts[2].contains("fail") {
+                return None;
+            }
+            let port = parts[1]
+                .split('@')
+                .next()?
+                .rsplit(':')
+                .next()?
+                .parse()
+                .ok()?;
+            let slots = parts[8..]
+                .iter()
+                .filter(|s| !s.starts_with('['))
+                .filter_map(|s| match s.split_once('-') {
+                    Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
+                    None => s.parse().ok().map(|one| (one, one)),
+                })
+                .collect();
+            Some(Node {
+                id: parts[0].to_owned(),
+                port,
+                master: parts[2].contains("master"),
+                master_id: (parts[3] != "-").then(|| parts[3].to_owned()),
+                slots,
+            })
+        })
+        .collect()
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Each `Redis` stops its own server by PID.
+        self.nodes.clear();
+    }
+}
+
+/// Every origin id's final outcomes (acked or dead-lettered) as the hosts' events report them.
+#[derive(Default)]
+struct Finals {
+    by_origin: HashMap<String, Vec<(String, EventKind)>>,
+}
+
+impl Finals {
+    fn take(&mut self, host: &mut TestHost) {
+        while let Ok(event) = host.events.try_recv() {
+            if matches!(
+                event.kind,
+                EventKind::Acked | EventKind::DeadLettered { .. }
+            ) {
+                self.by_origin
+                    .entry(event.origin_id.clone())
+                    .or_default()
+                    .push((event.stream.to_string(), event.kind.clone()));
+            }
+        }
+    }
+
+    fn settled(&self, ids: &[String]) -> usize {
+        ids.iter()
+            .filter(|id| self.by_origin.contains_key(*id))
+            .count()
+    }
+
+    /// Final outcomes beyond the first, over all entries.
+    fn duplicates(&self) -> usize {
+        self.by_origin.values().map(|v| v.len() - 1).sum()
+    }
+}
+
+/// Wait until every id in `ids` has a final outcome in the events of `hosts`.
+async fn wait_settled(hosts: &mut [&mut TestHost], ids: &[String], what: &str) -> Finals {
+    let mut finals = Finals::default();
+    let deadline = Instant::now() + SETTLE;
+    let mut poll = tokio::time::interval(Duration::from_millis(20));
+    loop {
+        poll.tick().await;
+        for host in hosts.iter_mut() {
+            finals.take(host);
+        }
+        if finals.settled(ids) == ids.len() {
+            return finals;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: only {} of {} entries reached a final outcome within {SETTLE:?}",
+            finals.settled(ids),
+            ids.len()
+        );
+    }
+}
+
+/// The stream's slot on a master other than the seed URL's; the host is given that one URL and
+/// finds the cluster from it: entries acked, retries parked and swept back on time, dead
+/// letters written, all in the stream's slot on the other node.
+async fn a_stream_on_another_node(cluster: &Cluster) {
+    let tag = cluster.tag_away_from_seed("away").await;
+    let stream = format!("{{{tag}}}");
+    let delayed = format!("{stream}.delayed");
+    let seed_url = cluster.nodes[0].url();
+    let mut host = TestHost::start_at(
+        &seed_url,
+        &TestConfig::of(Sub::fixture(&stream).delayed(&delayed)).to_string(),
+    )
+    .await;
+    let mut conn = cluster.conn().await;
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(add(&mut conn, &stream, &Control::Ack).await);
+    }
+    let started = Instant::now();
+    let mut retried = Vec::new();
+    for _ in 0..5 {
+        retried.push(add(&mut conn, &stream, &Control::Retry { ms: 800, times: 1 }).await);
+    }
+    let dead = add(
+        &mut conn,
+        &stream,
+        &Control::Dead {
+            reason: "refused".into(),
+        },
+    )
+    .await;
+    wait_for(SETTLE, "the retries to be parked", || {
+        let mut conn = conn.clone();
+        let delayed = delayed.clone();
+        async move { (parked(&mut conn, &delayed).await == 5).then_some(()) }
+    })
+    .await;
+    ids.extend(retried.iter().cloned());
+    ids.push(dead.clone());
+    let finals = wait_settled(&mut [&mut host], &ids, "a stream on another node").await;
+    // Not before the delay; "on time" with room for a loaded 2-core machine.
+    let elapsed = started.elapsed();
+    assert!(elapsed >= Duration::from_millis(800), "{elapsed:?}");
+    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+    for id in &retried {
+        assert_eq!(finals.by_origin[id][0].1, EventKind::Acked, "retry {id}");
+    }
+    let letters = dead_lettered(&mut conn, &stream).await;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(
+        field(&letters[0].1, "sluice-origin-id"),
+        Some(dead.as_str())
+    );
+    assert_eq!(parked(&mut conn, &delayed).await, 0);
+    assert_eq!(pending(&mut conn, &stream, "g").await, 0);
+    assert_eq!(finals.duplicates(), 0);
+    assert_ne!(
+        cluster.owner(&stream).await.port,
+        port_of(&seed_url),
+        "the stream lives on another node than the seed"
+    );
+    host.stop().await.unwrap();
+}
+
+/// A load of `total` entries on `stream`, one every few milliseconds: mostly acks, every third
+/// a retry parked for a moment, every twentieth a dead letter. `added` counts what is in.
+fn load(
+    mut conn: ClusterConnection,
+    stream: String,
+    total: usize,
+    added: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> tokio::task::JoinHandle<Vec<String>> {
+    tokio::spawn(async move {
+        let mut ids = Vec::with_capacity(total);
+        for i in 0..total {
+            let control = match i % 20 {
+                19 => Control::Dead {
+                    reason: "refused".into(),
+                },
+                n if n % 3 == 0 => Control::Retry {
+                    ms: 300 + (i as u64 % 5) * 100,
+                    times: 1,
+                },
+                _ => Control::Ack,
+            };
+            ids.push(add(&mut conn, &stream, &control).await);
+            added.store(i + 1, std::sync::atomic::Ordering::Release);
+            tokio::time::sleep(Duration::from_millis(4)).await;
+        }
+        ids
+    })
+}
+
+/// Wait until the load has added `n` entries.
+async fn wait_added(added: &std::sync::atomic::AtomicUsize, n: usize) {
+    wait_for(SETTLE, &format!("{n} entries added"), || async move {
+        (added.load(std::sync::atomic::Ordering::Acquire) >= n).then_some(())
+    })
+    .await;
+}
+
+/// Run `change` on the cluster while a retry-heavy load runs on a stream whose master is
+/// `master` (a fresh tag), then check that every entry reached its final outcome and nothing
+/// was left parked or pending; returns how many final outcomes were duplicates.
+async fn under_load<F, Fut>(cluster: &Cluster, prefix: &str, what: &str, change: F) -> usize
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let tag = cluster.tag_away_from_seed(prefix).await;
+    let stream = format!("{{{tag}}}");
+    let delayed = format!("{stream}.delayed");
+    let mut host = TestHost::start_at(
+        &cluster.seeds(),
+        &TestConfig::of(Sub::fixture(&stream).delayed(&delayed)).to_string(),
+    )
+    .await;
+    let added = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let total = 300;
+    let conn = cluster.conn().await;
+    let producer = load(conn.clone(), stream.clone(), total, added.clone());
+    wait_added(&added, total / 3).await;
+    // Some retries wait in the set across the change.
+    wait_for(SETTLE, "retries parked before the change", || {
+        let mut conn = conn.clone();
+        let delayed = delayed.clone();
+        async move { (parked(&mut conn, &delayed).await > 0).then_some(()) }
+    })
+    .await;
+    change(stream.clone()).await;
+    let ids = producer.await.expect("the load ran");
+    let finals = wait_settled(&mut [&mut host], &ids, what).await;
+    let mut conn = conn;
+    wait_for(SETTLE, "nothing left parked or pending", || {
+        let mut conn = conn.clone();
+        let (stream, delayed) = (stream.clone(), delayed.clone());
+        async move {
+            (parked(&mut conn, &delayed).await == 0 && pending(&mut conn, &stream, "g").await == 0)
+                .then_some(())
+        }
+    })
+    .await;
+    let dead = dead_lettered(&mut conn, &stream).await;
+    let expected_dead = (0..total).filter(|i| i % 20 == 19).count();
+    assert!(dead.len() >= expected_dead, "{} dead letters", dead.len());
+    for (i, id) in ids.iter().enumerate() {
+        let first = &finals.by_origin[id][0].1;
+        if i % 20 == 19 {
+            assert!(
+                matches!(first, EventKind::DeadLettered { .. }),
+                "{id}: {first:?}"
+            );
+        } else {
+            assert_eq!(first, &EventKind::Acked, "{id}");
+        }
+    }
+    let duplicates = finals.duplicates();
+    eprintln!("{what}: {total} entries, all settled, {duplicates} duplicate final outcomes");
+    host.stop().await.unwrap();
+    duplicates
+}
+
+/// Move `key`'s slot to the master `to` the way `redis-cli --cluster reshard` does: mark it
+/// importing and migrating, MIGRATE its keys in batches, then give the slot to `to` everywhere.
+async fn migrate_slot(cluster: &Cluster, key: &str, to: &Node) {
+    let from = cluster.owner(key).await;
+    let slot: u16 = cmd(
+        &mut cluster.nodes[0].conn().await,
+        &["CLUSTER", "KEYSLOT", key],
+    )
+    .await;
+    let slot = slot.to_string();
+    let mut src = cluster.node(from.port).conn().await;
+    let mut dst = cluster.node(to.port).conn().await;
+    let _: () = cmd(
+        &mut dst,
+        &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from.id],
+    )
+    .await;
+    let _: () = cmd(
+        &mut src,
+        &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to.id],
+    )
+    .await;
+    loop {
+        let keys: Vec<String> = cmd(&mut src, &["CLUSTER", "GETKEYSINSLOT", &slot, "100"]).await;
+        if keys.is_empty() {
+            break;
+        }
+        let port = to.port.to_string();
+        let mut words = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+        words.extend(keys.iter().map(String::as_str));
+        let _: () = cmd(&mut src, &words).await;
+    }
+    let _: () = cmd(&mut dst, &["CLUSTER", "SETSLOT", &slot, "NODE", &to.id]).await;
+    let _: () = cmd(&mut src, &["CLUSTER", "SETSLOT", &slot, "NODE", &to.id]).await;
+    for node in cluster.view().await.iter().filter(|n| n.master) {
+        let mut conn = cluster.node(node.port).conn().await;
+        let _: () = cmd(&mut conn, &["CLUSTER", "SETSLOT", &slot, "NODE", &to.id]).await;
+    }
+}
+
+/// A slot migration of the stream's hash tag while the load runs.
+async fn a_slot_migration_under_load(cluster: &Cluster) {
+    under_load(cluster, "moving", "slot migration", |stream| async move {
+        let from = cluster.owner(&stream).await;
+        let view = cluster.view().await;
+        let to = view
+            .iter()
+            .find(|n| n.master && n.id != from.id)
+            .expect("another master")
+            .clone();
+        migrate_slot(cluster, &stream, &to).await;
+        assert_eq!(cluster.owner(&stream).await.port, to.port);
+    })
+    .await;
+}
+
+/// `CLUSTER FAILOVER` on the replica of the stream's master while the load runs.
+async fn a_failover_under_load(cluster: &Cluster) {
+    under_load(cluster, "failing", "failover", |stream| async move {
+        let old = cluster.owner(&stream).await;
+        let view = cluster.view().await;
+        let replica = view
+            .iter()
+            .find(|n| n.master_id.as_deref() == Some(old.id.as_str()))
+            .expect("the master has a replica")
+            .clone();
+        let _: () = cmd(
+            &mut cluster.node(replica.port).conn().await,
+            &["CLUSTER", "FAILOVER"],
+        )
+        .await;
+        wait_for(
+            SETTLE,
+            "the replica to take over the stream's slot",
+            || async { (cluster.owner(&stream).await.port == replica.port).then_some(()) },
+        )
+        .await;
+    })
+    .await;
+}
+
+/// One cluster for every scenario, run in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_runs_on_a_redis_cluster() {
+    let cluster = Cluster::start().await;
+    a_stream_on_another_node(&cluster).await;
+    a_slot_migration_under_load(&cluster).await;
+    a_failover_under_load(&cluster).await;
+}
