@@ -122,5 +122,6 @@ pub fn subscription(d: RedisStream) -> wit::Subscription {
             initial_ms: millis(b.initial),
             max_ms: millis(b.max),
         }),
+        partitions: d.partitions,
     }
 }

@@ -298,6 +298,21 @@ impl Plan {
                 ),
             );
             row(&mut out, "dead letter", format!("`{}`", s.dead_letter));
+            if s.partitions > 1 {
+                let parts = s.partitioned();
+                row(
+                    &mut out,
+                    "partitions",
+                    format!(
+                        "{}: streams `{}` .. `{}` (keys `<name>:{{{}:<n>}}`); producers pick one with crc32(key) % {}",
+                        s.partitions,
+                        parts[0].stream,
+                        parts[parts.len() - 1].stream,
+                        s.stream,
+                        s.partitions
+                    ),
+                );
+            }
             row(
                 &mut out,
                 "payload",

@@ -705,6 +705,26 @@ mod tests {
     }
 
     #[test]
+    fn targets_are_a_node_a_sentinel_set_or_cluster_seeds() {
+        assert_eq!(
+            Target::parse("redis://h:1"),
+            Target::Node("redis://h:1".into())
+        );
+        assert!(matches!(
+            Target::parse("redis+sentinel://h:1/m"),
+            Target::Sentinel(_)
+        ));
+        assert_eq!(
+            Target::parse("redis://a:1 redis://b:2"),
+            Target::Cluster(vec!["redis://a:1".into(), "redis://b:2".into()])
+        );
+        assert_eq!(
+            redact("redis://:pw@a:1 redis://:pw@b:2"),
+            "redis://***@a:1 redis://***@b:2"
+        );
+    }
+
+    #[test]
     fn redact_hides_passwords() {
         assert_eq!(
             redact("redis://:secret@host:6379/0"),

@@ -22,7 +22,7 @@ use crate::redis_conn::{self, ConnError};
 use crate::runtime::WasmHandler;
 use crate::settle::Settler;
 use crate::subscription::{ReadPlan, Subscription, SubscriptionParts};
-use sluice_descriptor::DelayedRetry;
+use sluice_descriptor::{DelayedRetry, ResolvedStream};
 
 /// Why the service stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +62,15 @@ pub enum RunError {
         "shutdown timed out with {0} acks not yet in Redis; those entries stay pending and are handled again on restart"
     )]
     Unflushed(usize),
+}
+
+/// One partition, set up and ready to run.
+struct StartedPartition {
+    subscription: Arc<Subscription>,
+    /// Sends the partition's acks; ends with how many it could not send.
+    acker: std::pin::Pin<Box<dyn std::future::Future<Output = usize> + Send>>,
+    delayed: Option<Arc<DelayedSet>>,
+    admin: crate::admin::AdminSubscription,
 }
 
 /// The running host: every subscription of a plan.
@@ -125,6 +134,105 @@ impl Service {
         self.events.clone()
     }
 
+    /// Set up one partition of `sub` (the subscription itself when it has one): its keys,
+    /// secret, delayed set, settler and read loop, sharing the subscription's handler `slot`.
+    #[allow(clippy::too_many_arguments)]
+    async fn start_partition(
+        &self,
+        sub: &crate::plan::SubscriptionPlan,
+        s: &ResolvedStream,
+        conn: &redis_conn::RedisHandle,
+        slot: &Arc<crate::handler::HandlerSlot>,
+        deliveries: &TaskTracker,
+        stop: &CancellationToken,
+        abandon: &CancellationToken,
+    ) -> Result<StartedPartition, RunError> {
+        let keys = SubscriptionKeys::new(
+            &s.stream,
+            &s.group,
+            &s.dead_letter,
+            s.delayed_retry.as_ref().map(DelayedRetry::key),
+        );
+        crate::keys::check_same_slot(&mut conn.clone(), &keys).await?;
+        let secret = if s.delayed_retry.is_some() {
+            crate::keys::Secret::load_or_create(&mut conn.clone(), &s.stream)
+                .await
+                .map(Some)
+        } else {
+            crate::keys::Secret::load(&mut conn.clone(), &s.stream).await
+        }
+        .map_err(|error| RunError::Secret {
+            stream: s.stream.clone(),
+            error,
+        })?
+        .map(Arc::new);
+        // A set always has a secret: it was created above.
+        let delayed = match (&s.delayed_retry, &secret) {
+            (Some(DelayedRetry::DurableZset { ttl, .. }), Some(secret)) => {
+                DelayedSet::new(&keys, *ttl, secret.clone(), conn.clone(), &self.metrics)
+                    .map(Arc::new)
+            }
+            _ => None,
+        };
+        let (settler, acker) = Settler::new(
+            &keys,
+            conn.clone(),
+            delayed.clone(),
+            self.events.clone(),
+            abandon.clone(),
+        );
+        let policy = Policy {
+            max_retries: s.max_retries,
+            failure_backoff: s.failure_backoff,
+            max_delay: s.max_delay,
+        };
+        let health = Arc::new(crate::subscription::ReadHealth::new(s.block));
+        let labels = crate::metrics::Metrics::labels(&s.stream, &s.group);
+        let admin = crate::admin::AdminSubscription {
+            labels: labels.clone(),
+            conn: conn.clone(),
+            delayed_key: s.delayed_retry.as_ref().map(|d| d.key().to_owned()),
+            dead_letter: s.dead_letter.clone(),
+            health: health.clone(),
+        };
+        let dispatcher = Arc::new(Dispatcher::new(
+            slot.clone(),
+            policy,
+            Arc::new(settler),
+            &self.metrics,
+            &labels,
+        ));
+        let read_plan = ReadPlan {
+            stream: s.stream.as_str().into(),
+            group: s.group.as_str().into(),
+            consumer: sub.consumer.as_str().into(),
+            count: s.count,
+            block: s.block,
+            claim_min_idle: s.claim_min_idle,
+            gone_after: sub.consumer_gone_after,
+            max_in_flight: sub.limits.max_in_flight,
+        };
+        let subscription = Subscription::new(
+            read_plan,
+            conn.clone(),
+            dispatcher,
+            delayed.clone(),
+            SubscriptionParts {
+                tracker: deliveries.clone(),
+                stop: stop.clone(),
+                secret,
+                health,
+            },
+            &self.metrics,
+        );
+        Ok(StartedPartition {
+            subscription,
+            acker: Box::pin(acker),
+            delayed,
+            admin,
+        })
+    }
+
     /// Run until `stop` is cancelled, then shut down. `dev_redis` is the URL used by
     /// subscriptions that have none of their own.
     pub async fn run(
@@ -138,81 +246,33 @@ impl Service {
         let mut ackers = JoinSet::new();
         let mut admin_subscriptions = Vec::new();
         let mut swap_controls = Vec::new();
-        for (sub, handler) in self.plan.subscriptions.iter().zip(self.handlers) {
+        for (sub, handler) in self.plan.subscriptions.iter().zip(self.handlers.clone()) {
             let url = sub
                 .redis
                 .clone()
                 .or_else(|| dev_redis.clone())
                 .ok_or_else(|| RunError::NoRedis(sub.stream.stream.clone()))?;
             let conn = redis_conn::RedisHandle::connect(&url, &sub.redis_access).await?;
-            let s = &sub.stream;
-            let keys = SubscriptionKeys::new(
-                &s.stream,
-                &s.group,
-                &s.dead_letter,
-                s.delayed_retry.as_ref().map(DelayedRetry::key),
-            );
-            crate::keys::check_same_slot(&mut conn.clone(), &keys).await?;
-            let secret = if s.delayed_retry.is_some() {
-                crate::keys::Secret::load_or_create(&mut conn.clone(), &s.stream)
-                    .await
-                    .map(Some)
-            } else {
-                crate::keys::Secret::load(&mut conn.clone(), &s.stream).await
-            }
-            .map_err(|error| RunError::Secret {
-                stream: s.stream.clone(),
-                error,
-            })?
-            .map(Arc::new);
             for warning in &sub.warnings {
-                tracing::warn!(stream = %s.stream, "{warning}");
+                tracing::warn!(stream = %sub.stream.stream, "{warning}");
             }
-            // A set always has a secret: it was created above.
-            let delayed = match (&s.delayed_retry, &secret) {
-                (Some(DelayedRetry::DurableZset { ttl, .. }), Some(secret)) => {
-                    DelayedSet::new(&keys, *ttl, secret.clone(), conn.clone(), &self.metrics)
-                        .map(Arc::new)
-                }
-                _ => None,
-            };
-            if let Some(set) = &delayed {
-                readers.spawn(set.clone().run_waker(stop.clone()));
-            }
-            let (settler, acker) = Settler::new(
-                &keys,
-                conn.clone(),
-                delayed.clone(),
-                self.events.clone(),
-                abandon.clone(),
-            );
-            ackers.spawn(acker);
-            let policy = Policy {
-                max_retries: s.max_retries,
-                failure_backoff: s.failure_backoff,
-                max_delay: s.max_delay,
-            };
-            let health = Arc::new(crate::subscription::ReadHealth::new(s.block));
-            let labels = crate::metrics::Metrics::labels(&s.stream, &s.group);
-            admin_subscriptions.push(crate::admin::AdminSubscription {
-                labels: labels.clone(),
-                conn: conn.clone(),
-                delayed_key: s.delayed_retry.as_ref().map(|d| d.key().to_owned()),
-                dead_letter: s.dead_letter.clone(),
-                health: health.clone(),
-            });
+            // One handler (and one swap) for every partition of the subscription.
+            let labels = crate::metrics::Metrics::labels(&sub.stream.stream, &sub.stream.group);
             let slot = Arc::new(crate::handler::HandlerSlot::new(
                 handler,
                 self.metrics.clone(),
-                labels.clone(),
+                labels,
             ));
-            let control = Arc::new(crate::swap::SwapControl::new(
-                slot.clone(),
-                sub.component.runtime().clone(),
-                sub.overrides.clone(),
-                sub.limits.clone(),
-                sub.values.clone(),
-            ));
+            let control = Arc::new(
+                crate::swap::SwapControl::new(
+                    slot.clone(),
+                    sub.component.runtime().clone(),
+                    sub.overrides.clone(),
+                    sub.limits.clone(),
+                    sub.values.clone(),
+                )
+                .with_partitions(sub.stream.partitions),
+            );
             if let Some(interval) = self.plan.watch_interval {
                 readers.spawn(crate::swap::watch(
                     control.clone(),
@@ -222,37 +282,17 @@ impl Service {
                 ));
             }
             swap_controls.push(control);
-            let dispatcher = Arc::new(Dispatcher::new(
-                slot,
-                policy,
-                Arc::new(settler),
-                &self.metrics,
-                &labels,
-            ));
-            let read_plan = ReadPlan {
-                stream: s.stream.as_str().into(),
-                group: s.group.as_str().into(),
-                consumer: sub.consumer.as_str().into(),
-                count: s.count,
-                block: s.block,
-                claim_min_idle: s.claim_min_idle,
-                gone_after: sub.consumer_gone_after,
-                max_in_flight: sub.limits.max_in_flight,
-            };
-            let subscription = Subscription::new(
-                read_plan,
-                conn,
-                dispatcher,
-                delayed,
-                SubscriptionParts {
-                    tracker: deliveries.clone(),
-                    stop: stop.clone(),
-                    secret,
-                    health,
-                },
-                &self.metrics,
-            );
-            readers.spawn(subscription.run());
+            for part in sub.stream.partitioned() {
+                let started = self
+                    .start_partition(sub, &part, &conn, &slot, &deliveries, &stop, &abandon)
+                    .await?;
+                admin_subscriptions.push(started.admin);
+                ackers.spawn(started.acker);
+                if let Some(set) = started.delayed {
+                    readers.spawn(set.run_waker(stop.clone()));
+                }
+                readers.spawn(started.subscription.run());
+            }
         }
 
         let mut protected = None;

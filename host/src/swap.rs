@@ -52,6 +52,16 @@ pub enum SwapError {
         /// The new descriptor's group.
         new_group: String,
     },
+    /// Its descriptor asks for another number of partitions.
+    #[error(
+        "the new component asks for {new} partition(s), but this subscription reads {running}; the partitions a host reads change only when it restarts (every host of the group with the same count); swap with force to keep reading {running}"
+    )]
+    Repartitioned {
+        /// The partitions read now.
+        running: u32,
+        /// The new descriptor's count.
+        new: u32,
+    },
     /// There is nothing to roll back to.
     #[error(transparent)]
     NoPrevious(#[from] NoPrevious),
@@ -75,6 +85,7 @@ pub struct SwapControl {
     overrides: Overrides,
     limits: Limits,
     values: Vec<(String, String)>,
+    partitions: u32,
 }
 
 impl SwapControl {
@@ -93,7 +104,15 @@ impl SwapControl {
             overrides,
             limits,
             values,
+            partitions: 1,
         }
+    }
+
+    /// The running subscription reads this many partitions (a new component must ask for as
+    /// many).
+    pub fn with_partitions(mut self, partitions: u32) -> Self {
+        self.partitions = partitions;
+        self
     }
 
     pub fn slot(&self) -> &Arc<HandlerSlot> {
@@ -149,6 +168,12 @@ impl SwapControl {
                 group: running.group.clone(),
                 new_stream: descriptor.stream,
                 new_group: descriptor.group,
+            });
+        }
+        if !force && descriptor.partitions != self.partitions {
+            return Err(SwapError::Repartitioned {
+                running: self.partitions,
+                new: descriptor.partitions,
             });
         }
         let handler = WasmHandler::new(

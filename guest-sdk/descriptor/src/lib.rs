@@ -47,6 +47,38 @@ pub const DEFAULT_BACKOFF: Backoff = Backoff {
     max: Duration::from_secs(60),
 };
 
+/// The most partitions one subscription may have.
+pub const MAX_PARTITIONS: u32 = 1024;
+
+/// The Redis key of `name` (the stream, its delayed set or its dead-letter stream) in partition
+/// `partition` of a subscription to `stream`: `<name>:{<stream>:<partition>}`.
+///
+/// The braces are a Redis Cluster hash tag: every key of one partition shares the tag, so the
+/// park, sweep and dead-letter scripts touch one slot, while different partitions (and the
+/// partitions of different streams) hash to different slots and spread over the cluster's
+/// masters. Partition 3 of `payments` reads `payments:{payments:3}`, parks in
+/// `payments.delayed:{payments:3}` and dead-letters to `payments.dead-letter:{payments:3}`.
+pub fn partition_key(name: &str, stream: &str, partition: u32) -> String {
+    format!("{name}:{{{stream}:{partition}}}")
+}
+
+/// The partition a producer writes an entry with this `key` (an account id, an order id:
+/// whatever must stay in order) to: CRC-32 (IEEE, as zlib's `crc32`) of the key's bytes,
+/// modulo `partitions`. Entries with one key always land in one partition, so one consumer at a
+/// time handles them in the order they were added; any language can compute the same number.
+pub fn partition_for(key: &[u8], partitions: u32) -> u32 {
+    crc32fast::hash(key) % partitions.max(1)
+}
+
+/// The stream a producer adds an entry with `key` to, for a subscription to `stream` with
+/// `partitions` partitions (just `stream` when there is one).
+pub fn partition_stream(stream: &str, partitions: u32, key: &[u8]) -> String {
+    if partitions <= 1 {
+        return stream.to_owned();
+    }
+    partition_key(stream, stream, partition_for(key, partitions))
+}
+
 /// Where a `retry_after` waits until it is due.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DelayedRetry {
@@ -124,6 +156,9 @@ pub struct RedisStream {
     pub max_delay: Option<Duration>,
     /// The backoff after a failed attempt (a trap or a limit hit).
     pub failure_backoff: Option<Backoff>,
+    /// Split the stream into this many partitions (default 1: the stream itself); see
+    /// [`partition_key`].
+    pub partitions: Option<u32>,
 }
 
 /// The descriptor fields an operator sets in the host's configuration; `None` keeps the
@@ -153,6 +188,8 @@ pub struct Overrides {
     pub max_delay: Option<Duration>,
     /// Replaces [`RedisStream::failure_backoff`].
     pub failure_backoff: Option<Backoff>,
+    /// Replaces [`RedisStream::partitions`].
+    pub partitions: Option<u32>,
     /// `Some(None)` removes the descriptor's delayed-retry set, `Some(Some(..))` replaces it.
     pub delayed_retry: Option<Option<DelayedRetry>>,
 }
@@ -211,6 +248,10 @@ impl RedisStream {
         max_delay: Duration,
         /// Back off like this after a failed attempt.
         failure_backoff: Backoff,
+        /// Read `partitions` streams, each with its own hash tag, delayed set and dead-letter
+        /// stream, so one logical stream can spread over a Redis Cluster (see
+        /// [`partition_key`]).
+        partitions: u32,
     }
 
     /// Lay an operator's overrides over this descriptor: every field the operator set wins.
@@ -231,7 +272,8 @@ impl RedisStream {
             max_retries,
             payload_field,
             max_delay,
-            failure_backoff
+            failure_backoff,
+            partitions
         );
         if let Some(delayed) = &o.delayed_retry {
             self.delayed_retry = delayed.clone();
@@ -310,6 +352,23 @@ impl RedisStream {
         if failure_backoff.initial > failure_backoff.max {
             return Err(DescriptorError::BackoffInverted(stream.to_owned()));
         }
+        let partitions = self.partitions.unwrap_or(1);
+        if !(1..=MAX_PARTITIONS).contains(&partitions) {
+            return Err(DescriptorError::Partitions {
+                stream: stream.to_owned(),
+                partitions,
+            });
+        }
+        if partitions > 1 {
+            let delayed = self.delayed_retry.as_ref().map(DelayedRetry::key);
+            let names = [Some(stream), Some(dead_letter.as_str()), delayed];
+            if let Some(name) = names.into_iter().flatten().find(|n| n.contains(['{', '}'])) {
+                return Err(DescriptorError::BracesInPartitionedKey {
+                    stream: stream.to_owned(),
+                    key: name.to_owned(),
+                });
+            }
+        }
         Ok(ResolvedStream {
             stream: stream.to_owned(),
             group,
@@ -326,6 +385,7 @@ impl RedisStream {
                 .unwrap_or_else(|| DEFAULT_PAYLOAD_FIELD.to_owned()),
             max_delay: self.max_delay,
             failure_backoff,
+            partitions,
         })
     }
 }
@@ -357,6 +417,36 @@ pub struct ResolvedStream {
     pub max_delay: Option<Duration>,
     /// The backoff after a failed attempt.
     pub failure_backoff: Backoff,
+    /// How many partitions the stream has (1: the stream itself).
+    pub partitions: u32,
+}
+
+impl ResolvedStream {
+    /// Each partition's subscription, partition 0 first: the same settings over that
+    /// partition's stream, delayed set and dead-letter stream (see [`partition_key`]). With
+    /// one partition, the subscription itself.
+    pub fn partitioned(&self) -> Vec<ResolvedStream> {
+        if self.partitions <= 1 {
+            return vec![self.clone()];
+        }
+        (0..self.partitions)
+            .map(|p| {
+                let key = |name: &str| partition_key(name, &self.stream, p);
+                ResolvedStream {
+                    stream: key(&self.stream),
+                    dead_letter: key(&self.dead_letter),
+                    delayed_retry: self.delayed_retry.as_ref().map(|d| match d {
+                        DelayedRetry::DurableZset { key: set, ttl } => DelayedRetry::DurableZset {
+                            key: key(set),
+                            ttl: *ttl,
+                        },
+                    }),
+                    partitions: 1,
+                    ..self.clone()
+                }
+            })
+            .collect()
+    }
 }
 
 /// Why a descriptor was refused. Each message names the stream or key at fault.
@@ -418,6 +508,26 @@ pub enum DescriptorError {
     /// The backoff starts above its own cap.
     #[error("subscription to `{0}`: failure backoff initial delay exceeds its max")]
     BackoffInverted(String),
+    /// The partition count is 0 or too large.
+    #[error(
+        "subscription to `{stream}`: partitions must be between 1 and {MAX_PARTITIONS}, not {partitions}"
+    )]
+    Partitions {
+        /// The stream.
+        stream: String,
+        /// The count given.
+        partitions: u32,
+    },
+    /// A partitioned subscription's key has a hash tag of its own.
+    #[error(
+        "subscription to `{stream}`: key `{key}` has braces, but a partitioned subscription gives each partition its own hash tag (`<key>:{{<stream>:<n>}}`); remove the braces"
+    )]
+    BracesInPartitionedKey {
+        /// The stream.
+        stream: String,
+        /// The key with braces.
+        key: String,
+    },
 }
 
 /// Durations in error messages, as an operator would write them.
@@ -440,6 +550,58 @@ mod tests {
         assert_eq!(r.dead_letter, "s.dead-letter");
         assert_eq!(r.payload_field, "payload");
         assert_eq!(r.claim_min_idle, None);
+    }
+
+    #[test]
+    fn partitions_name_their_keys_with_one_hash_tag_each() {
+        let r = RedisStream::new("payments")
+            .group("g")
+            .partitions(8u32)
+            .delayed_retry(DelayedRetry::DurableZset {
+                key: "payments.delayed".into(),
+                ttl: None,
+            })
+            .resolve()
+            .unwrap();
+        let parts = r.partitioned();
+        assert_eq!(parts.len(), 8);
+        assert_eq!(parts[3].stream, "payments:{payments:3}");
+        assert_eq!(parts[3].dead_letter, "payments.dead-letter:{payments:3}");
+        assert_eq!(
+            parts[3].delayed_retry.as_ref().map(DelayedRetry::key),
+            Some("payments.delayed:{payments:3}")
+        );
+        assert!(parts.iter().all(|p| p.partitions == 1 && p.group == "g"));
+        // One partition: the stream itself, keys unchanged.
+        let one = RedisStream::new("payments").group("g").resolve().unwrap();
+        assert_eq!(one.partitioned(), vec![one.clone()]);
+    }
+
+    #[test]
+    fn partition_counts_and_braces_are_checked() {
+        let zero = RedisStream::new("s").group("g").partitions(0u32).resolve();
+        assert!(zero.unwrap_err().to_string().contains("between 1 and"));
+        let braces = RedisStream::new("{s}")
+            .group("g")
+            .partitions(2u32)
+            .resolve();
+        assert!(braces.unwrap_err().to_string().contains("`{s}` has braces"));
+        let too_many = RedisStream::new("s")
+            .group("g")
+            .partitions(MAX_PARTITIONS + 1)
+            .resolve();
+        assert!(too_many.is_err());
+    }
+
+    #[test]
+    fn producers_choose_partitions_like_zlib_crc32() {
+        // Python: zlib.crc32(b"acct-42") == 1198172233; 1198172233 % 8 == 1.
+        assert_eq!(partition_for(b"acct-42", 8), 1);
+        assert_eq!(
+            partition_stream("payments", 8, b"acct-42"),
+            "payments:{payments:1}"
+        );
+        assert_eq!(partition_stream("payments", 1, b"acct-42"), "payments");
     }
 
     #[test]

@@ -18,21 +18,30 @@ pub async fn parked(
     let mut out = String::new();
     let mut seen = 0;
     for sub in &plan.subscriptions {
-        let s = &sub.stream;
-        if stream.is_some_and(|name| name != s.stream) {
+        let parts = sub.stream.partitioned();
+        // `--stream` names the subscription's stream or one partition's.
+        let parts: Vec<_> = parts
+            .iter()
+            .filter(|p| {
+                stream.is_none_or(|name| name == p.stream || name == sub.stream.stream)
+                    && p.delayed_retry.is_some()
+            })
+            .collect();
+        if parts.is_empty() {
             continue;
         }
-        let Some(DelayedRetry::DurableZset { key, .. }) = &s.delayed_retry else {
-            continue;
-        };
-        seen += 1;
         let url = redis_url_for(sub.redis.as_deref())?;
         let mut conn = crate::redis_conn::RedisHandle::connect(&url, &sub.redis_access).await?;
-        let (entries, now_ms) = crate::delayed::member::list(&mut conn, key)
-            .await
-            .with_context(|| format!("cannot read the delayed set `{key}`"))?;
-        if json {
-            let rows: Vec<serde_json::Value> = entries
+        for s in parts {
+            let Some(DelayedRetry::DurableZset { key, .. }) = &s.delayed_retry else {
+                continue;
+            };
+            seen += 1;
+            let (entries, now_ms) = crate::delayed::member::list(&mut conn, key)
+                .await
+                .with_context(|| format!("cannot read the delayed set `{key}`"))?;
+            if json {
+                let rows: Vec<serde_json::Value> = entries
                 .iter()
                 .map(|e| {
                     serde_json::json!({
@@ -46,42 +55,43 @@ pub async fn parked(
                     })
                 })
                 .collect();
-            let line = serde_json::json!({
-                "stream": s.stream,
-                "group": s.group,
-                "key": key,
-                "total": entries.len(),
-                "entries": rows,
-            });
-            out.push_str(&line.to_string());
-            out.push('\n');
-        } else {
-            use std::fmt::Write as _;
-            let _ = writeln!(out, "{key} (stream `{}`, group `{}`)", s.stream, s.group);
-            if !entries.is_empty() {
-                let _ = writeln!(
-                    out,
-                    "  {:<24} {:>5}  {:<26} {:>10}",
-                    "ORIGIN ID", "RETRY", "DUE (UTC)", "DUE IN"
-                );
+                let line = serde_json::json!({
+                    "stream": s.stream,
+                    "group": s.group,
+                    "key": key,
+                    "total": entries.len(),
+                    "entries": rows,
+                });
+                out.push_str(&line.to_string());
+                out.push('\n');
+            } else {
+                use std::fmt::Write as _;
+                let _ = writeln!(out, "{key} (stream `{}`, group `{}`)", s.stream, s.group);
+                if !entries.is_empty() {
+                    let _ = writeln!(
+                        out,
+                        "  {:<24} {:>5}  {:<26} {:>10}",
+                        "ORIGIN ID", "RETRY", "DUE (UTC)", "DUE IN"
+                    );
+                }
+                for e in &entries {
+                    let left = e.due_ms - now_ms;
+                    let due_in = if left <= 0 {
+                        "due now".to_owned()
+                    } else {
+                        format!("{:.1}s", left as f64 / 1000.0)
+                    };
+                    let _ = writeln!(
+                        out,
+                        "  {:<24} {:>5}  {:<26} {:>10}",
+                        e.origin_id,
+                        e.retry_count,
+                        format_ms(e.due_ms),
+                        due_in
+                    );
+                }
+                let _ = writeln!(out, "  total: {}", entries.len());
             }
-            for e in &entries {
-                let left = e.due_ms - now_ms;
-                let due_in = if left <= 0 {
-                    "due now".to_owned()
-                } else {
-                    format!("{:.1}s", left as f64 / 1000.0)
-                };
-                let _ = writeln!(
-                    out,
-                    "  {:<24} {:>5}  {:<26} {:>10}",
-                    e.origin_id,
-                    e.retry_count,
-                    format_ms(e.due_ms),
-                    due_in
-                );
-            }
-            let _ = writeln!(out, "  total: {}", entries.len());
         }
     }
     if seen == 0 {

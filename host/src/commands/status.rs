@@ -11,6 +11,8 @@ use crate::inspect;
 #[derive(Debug, serde::Serialize)]
 struct SubscriptionStatus {
     stream: String,
+    /// Set on a partitioned subscription: which partition of which stream this row is.
+    partition: Option<Partition>,
     group: String,
     handler_digest: crate::digest::Digest,
     group_exists: bool,
@@ -24,6 +26,13 @@ struct SubscriptionStatus {
     next_due_in_ms: Option<i64>,
     dead_letter: String,
     dead_letter_length: u64,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Partition {
+    of: String,
+    index: u32,
+    count: u32,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -41,60 +50,81 @@ pub async fn status(paths: &[PathBuf], redis: Option<&str>, json: bool) -> Resul
     let plan = plan(paths, redis).await?;
     let mut rows = Vec::new();
     for sub in &plan.subscriptions {
-        let s = &sub.stream;
         let url = redis_url_for(sub.redis.as_deref())?;
         let mut conn = crate::redis_conn::RedisHandle::connect(&url, &sub.redis_access).await?;
-        let delayed_key = s.delayed_retry.as_ref().map(|d| d.key().to_owned());
-        let snapshot = inspect::snapshot(
-            &mut conn,
-            &s.stream,
-            &s.group,
-            &s.dead_letter,
-            delayed_key.as_deref(),
-        )
-        .await
-        .with_context(|| format!("cannot read the state of stream `{}`", s.stream))?;
-        let group = snapshot.group;
-        let consumers = if group.is_some() {
-            inspect::consumers(&mut conn, &s.stream, &s.group)
-                .await
-                .with_context(|| format!("XINFO CONSUMERS {} {}", s.stream, s.group))?
-        } else {
-            Vec::new()
-        };
-        // Gone: idle past the time after which a live host takes its entries over.
-        let gone_after = sub.consumer_gone_after.or(s.claim_min_idle);
-        let now_ms = inspect::server_now_ms(&mut conn).await?;
-        let next_due_ms = snapshot.delayed.and_then(|d| d.next_due_ms);
-        rows.push(SubscriptionStatus {
-            stream: s.stream.clone(),
-            group: s.group.clone(),
-            handler_digest: sub.component.digest().clone(),
-            group_exists: group.is_some(),
-            pending: group.as_ref().map_or(0, |g| g.pending as u64),
-            lag: group.as_ref().and_then(|g| g.lag).map(|l| l as u64),
-            last_delivered_id: group.as_ref().map(|g| g.last_delivered_id.clone()),
-            consumers: consumers
-                .into_iter()
-                .map(|c| ConsumerStatus {
-                    gone: c.pending > 0
-                        && gone_after.is_some_and(|g| c.idle as u128 >= g.as_millis()),
-                    name: c.name,
-                    pending: c.pending as u64,
-                    idle_ms: c.idle as u64,
-                })
-                .collect(),
-            delayed_key,
-            parked: snapshot.delayed.map(|d| d.parked),
-            next_due_ms,
-            next_due_in_ms: next_due_ms.map(|due| due - now_ms),
-            dead_letter: s.dead_letter.clone(),
-            dead_letter_length: snapshot.dead_letters,
-        });
+        for (index, part) in sub.stream.partitioned().iter().enumerate() {
+            let partition = (sub.stream.partitions > 1).then(|| Partition {
+                of: sub.stream.stream.clone(),
+                index: index as u32,
+                count: sub.stream.partitions,
+            });
+            rows.push(partition_status(&mut conn, sub, part, partition).await?);
+        }
     }
+    render(&rows, json)
+}
+
+/// One partition's row (the subscription's, when it has one partition).
+async fn partition_status(
+    conn: &mut crate::redis_conn::RedisHandle,
+    sub: &crate::plan::SubscriptionPlan,
+    s: &sluice_descriptor::ResolvedStream,
+    partition: Option<Partition>,
+) -> Result<SubscriptionStatus> {
+    let delayed_key = s.delayed_retry.as_ref().map(|d| d.key().to_owned());
+    let snapshot = inspect::snapshot(
+        conn,
+        &s.stream,
+        &s.group,
+        &s.dead_letter,
+        delayed_key.as_deref(),
+    )
+    .await
+    .with_context(|| format!("cannot read the state of stream `{}`", s.stream))?;
+    let group = snapshot.group;
+    let consumers = if group.is_some() {
+        inspect::consumers(conn, &s.stream, &s.group)
+            .await
+            .with_context(|| format!("XINFO CONSUMERS {} {}", s.stream, s.group))?
+    } else {
+        Vec::new()
+    };
+    // Gone: idle past the time after which a live host takes its entries over.
+    let gone_after = sub.consumer_gone_after.or(s.claim_min_idle);
+    let now_ms = inspect::server_now_ms(conn).await?;
+    let next_due_ms = snapshot.delayed.and_then(|d| d.next_due_ms);
+    Ok(SubscriptionStatus {
+        stream: s.stream.clone(),
+        partition,
+        group: s.group.clone(),
+        handler_digest: sub.component.digest().clone(),
+        group_exists: group.is_some(),
+        pending: group.as_ref().map_or(0, |g| g.pending as u64),
+        lag: group.as_ref().and_then(|g| g.lag).map(|l| l as u64),
+        last_delivered_id: group.as_ref().map(|g| g.last_delivered_id.clone()),
+        consumers: consumers
+            .into_iter()
+            .map(|c| ConsumerStatus {
+                gone: c.pending > 0 && gone_after.is_some_and(|g| c.idle as u128 >= g.as_millis()),
+                name: c.name,
+                pending: c.pending as u64,
+                idle_ms: c.idle as u64,
+            })
+            .collect(),
+        delayed_key,
+        parked: snapshot.delayed.map(|d| d.parked),
+        next_due_ms,
+        next_due_in_ms: next_due_ms.map(|due| due - now_ms),
+        dead_letter: s.dead_letter.clone(),
+        dead_letter_length: snapshot.dead_letters,
+    })
+}
+
+/// The rows as `sluice status` prints them: one JSON object per line, or text.
+fn render(rows: &[SubscriptionStatus], json: bool) -> Result<String> {
     if json {
         let mut out = String::new();
-        for row in &rows {
+        for row in rows {
             out.push_str(&serde_json::to_string(row)?);
             out.push('\n');
         }
@@ -102,10 +132,13 @@ pub async fn status(paths: &[PathBuf], redis: Option<&str>, json: bool) -> Resul
     }
     use std::fmt::Write as _;
     let mut out = String::new();
-    for r in &rows {
+    for r in rows {
+        let part = r.partition.as_ref().map_or(String::new(), |p| {
+            format!(" (partition {} of {} of `{}`)", p.index, p.count, p.of)
+        });
         let _ = writeln!(
             out,
-            "stream `{}`, group `{}` (handler sha256 {})",
+            "stream `{}`{part}, group `{}` (handler sha256 {})",
             r.stream,
             r.group,
             r.handler_digest.short()

@@ -97,6 +97,7 @@ struct RawSubscription {
     payload_field: Option<String>,
     max_delay: Option<String>,
     failure_backoff: Option<RawBackoff>,
+    partitions: Option<u32>,
     delayed_retry: Option<RawDelayedRetry>,
     max_in_flight: Option<usize>,
     isolation: Option<Isolation>,
@@ -448,6 +449,7 @@ fn overrides(
         max_delay: v.opt_duration(&key("max_delay"), &sub.max_delay)?,
         failure_backoff,
         delayed_retry,
+        partitions: sub.partitions,
     })
 }
 
@@ -635,6 +637,28 @@ mod tests {
             &dir.join("sluice.toml"),
             &text.replace("COMPONENT", "sluice-config-test.wasm"),
         )
+    }
+
+    #[test]
+    fn a_list_of_redis_urls_names_a_cluster() {
+        let file = parse(
+            "redis = [\"redis://a:7000\", \"redis://b:7001\"]\n[[subscription]]\ncomponent = \"COMPONENT\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            file.subscriptions[0].redis.as_deref(),
+            Some("redis://a:7000 redis://b:7001")
+        );
+        for (value, expected) in [
+            ("[]", "at least one cluster node"),
+            ("[\"redis://a:1 redis://b:2\"]", "without spaces"),
+            ("[\"redis+sentinel://a:1/m\"]", "Sentinel URL as one string"),
+        ] {
+            let text = format!("[[subscription]]\ncomponent = \"COMPONENT\"\nredis = {value}\n");
+            let err = crate::chain::chain(&parse(&text).err().unwrap());
+            assert!(err.contains("subscription[0].redis"), "{err}");
+            assert!(err.contains(expected), "{err}");
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //!
 //! | key (top level)        | meaning                                                       | default |
 //! |------------------------|---------------------------------------------------------------|---------|
-//! | `redis`                | Redis URL for every subscription of this file (`rediss://` for TLS, `redis+sentinel://h:p,h:p/master` behind Sentinel); a password in it is redacted everywhere | a private dev `redis-server` |
+//! | `redis`                | Redis URL for every subscription of this file (`rediss://` for TLS, `redis+sentinel://h:p,h:p/master` behind Sentinel), or a list of a cluster's nodes (`["redis://a:7000", "redis://b:7001"]`); a password in it is redacted everywhere | a private dev `redis-server` |
 //! | `redis_username`, `redis_password_file` | the ACL user and a file holding its password (not readable by every user) | the URL's |
 //! | `redis_ca_file`        | PEM certificates to trust for `rediss://` instead of the system roots | system roots |
 //! | `redis_cert_file`, `redis_key_file` | this host's client certificate and key (PEM), for servers that require them | none |
@@ -39,6 +39,7 @@
 //! | `max_delay`              | longest delay the handler asks for (checked against ttl)    | unset |
 //! | `failure_backoff`        | `{ initial = "500ms", max = "1m" }` after a trap            | as shown |
 //! | `delayed_retry`          | `{ key = "...", ttl = "1h" }`, or `"none"` to drop the descriptor's | the descriptor's |
+//! | `partitions`             | read this many partitions of the stream, each with its own hash tag (`<key>:{<stream>:<n>}`) | the descriptor's, else `1` |
 //! | `max_in_flight`          | deliveries handled at once                                  | `16` |
 //! | `isolation`              | `"reuse"` instances, or a fresh one `"per-delivery"`        | `reuse` |
 //! | `recycle_after`          | deliveries before a reused instance is replaced             | `10000` |

@@ -163,5 +163,6 @@ fn from_wit(s: wit::Subscription) -> RedisStream {
             initial: ms(b.initial_ms),
             max: ms(b.max_ms),
         }),
+        partitions: s.partitions,
     }
 }
