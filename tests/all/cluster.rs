@@ -618,6 +618,14 @@ async fn partitions_over_the_cluster_with_two_hosts(cluster: &Cluster) {
         let set = sluice_descriptor::partition_key(&delayed, &stream, p);
         assert_eq!(parked(&mut conn, &set).await, 0);
     }
+    // Metrics name each partition's stream.
+    let (code, metrics) = http_get(a.admin().await, "/metrics").await;
+    assert_eq!(code, 200);
+    for p in 0..PARTITIONS {
+        let key = sluice_descriptor::partition_key(&stream, &stream, p);
+        let line = format!("sluice_parked_entries{{stream=\"{key}\",group=\"g\"}} 0");
+        assert!(metrics.contains(&line), "{line} in\n{metrics}");
+    }
     // `sluice status` over the cluster, from a config whose `redis` is the seed list.
     let dir = tempfile::tempdir().unwrap();
     let seeds: Vec<String> = cluster

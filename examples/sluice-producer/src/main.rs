@@ -21,6 +21,10 @@ struct Cli {
     /// The stream.
     #[arg(long, default_value = "bank-payments", global = true)]
     stream: String,
+    /// How many partitions the subscription reads (its `partitions`): each payment goes to
+    /// partition crc32(account) % N, so one account's payments stay in order.
+    #[arg(long, default_value_t = 1, global = true)]
+    partitions: u32,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -91,7 +95,7 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-async fn add(conn: &mut MultiplexedConnection, stream: &str) -> Result<()> {
+async fn add(conn: &mut MultiplexedConnection, stream: &str, partitions: u32) -> Result<()> {
     let batch = now_ms();
     let payments = [
         ("acct-7", 1_250, "coffee beans"),
@@ -106,8 +110,10 @@ async fn add(conn: &mut MultiplexedConnection, stream: &str) -> Result<()> {
             "currency": "EUR",
             "created_at_ms": now_ms(),
         });
+        // The documented rule, from the crate the host uses too.
+        let target = sluice_descriptor::partition_stream(stream, partitions, account.as_bytes());
         let id: String = redis::cmd("XADD")
-            .arg(stream)
+            .arg(&target)
             .arg("*")
             .arg("payload")
             .arg(payment.to_string())
@@ -116,7 +122,7 @@ async fn add(conn: &mut MultiplexedConnection, stream: &str) -> Result<()> {
             .query_async(conn)
             .await
             .context("XADD failed")?;
-        println!("added {id}: {payment}");
+        println!("added {id} to {target}: {payment}");
     }
     Ok(())
 }
@@ -163,7 +169,7 @@ async fn main() -> Result<()> {
     let cli = Cli::parse();
     let mut conn = connect(cli.redis).await?;
     match cli.command {
-        Cmd::Add => add(&mut conn, &cli.stream).await,
+        Cmd::Add => add(&mut conn, &cli.stream, cli.partitions).await,
         Cmd::Wait {
             until,
             timeout,
@@ -172,16 +178,36 @@ async fn main() -> Result<()> {
         } => {
             let deadline = Instant::now() + Duration::from_secs(timeout);
             let mut last = String::new();
+            let dead_letter = format!("{}.dead-letter", cli.stream);
+            // Each partition's keys (the subscription's own when there is one).
+            let key = |name: &str, p: u32| {
+                if cli.partitions > 1 {
+                    sluice_descriptor::partition_key(name, &cli.stream, p)
+                } else {
+                    name.to_owned()
+                }
+            };
             loop {
-                let parked: i64 = redis::cmd("ZCARD")
-                    .arg(&delayed)
-                    .query_async(&mut conn)
-                    .await?;
-                let state = group_state(&mut conn, &cli.stream, &group).await?;
-                let dead: i64 = redis::cmd("XLEN")
-                    .arg(format!("{}.dead-letter", cli.stream))
-                    .query_async(&mut conn)
-                    .await?;
+                let (mut parked, mut dead) = (0i64, 0i64);
+                let mut state: Option<(i64, i64)> = None;
+                for p in 0..cli.partitions.max(1) {
+                    let n: i64 = redis::cmd("ZCARD")
+                        .arg(key(&delayed, p))
+                        .query_async(&mut conn)
+                        .await?;
+                    parked += n;
+                    let n: i64 = redis::cmd("XLEN")
+                        .arg(key(&dead_letter, p))
+                        .query_async(&mut conn)
+                        .await?;
+                    dead += n;
+                    if let Some((pending, lag)) =
+                        group_state(&mut conn, &key(&cli.stream, p), &group).await?
+                    {
+                        let (p0, l0) = state.unwrap_or((0, 0));
+                        state = Some((p0 + pending, l0 + lag));
+                    }
+                }
                 let line = match state {
                     Some((pending, lag)) => format!(
                         "{pending} pending, {lag} unread, {parked} parked in {delayed}, {dead} dead-lettered"
