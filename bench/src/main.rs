@@ -9,7 +9,9 @@
 //! the durable set), `drain` (entries already due in the set), `swap` (throughput while the
 //! handler is hot-swapped every 100 ms, and time from a swap to its first delivery), `sandbox`
 //! (per-delivery instantiation with and without the pooling allocator, and what epoch
-//! interruption costs a tight handler, without Redis). See BENCHMARKS.md.
+//! interruption costs a tight handler, without Redis), `cluster` (the wasm workload on one
+//! partition vs 8 over a 3-master Redis Cluster, with each node's commands/s). See
+//! BENCHMARKS.md.
 
 mod native;
 mod scenario;
@@ -30,12 +32,14 @@ const ALL: &[&str] = &[
     "drain",
     "swap",
     "sandbox",
+    "cluster",
 ];
 
 #[derive(Parser)]
 #[command(about = "Benchmark Sluice against this machine's Redis ceiling")]
 struct Args {
-    /// Scenarios to run (default: all): ceiling, native, wasm, wasm-isolated, retry, drain.
+    /// Scenarios to run (default: all): ceiling, native, wasm, wasm-isolated, retry, drain,
+    /// swap, sandbox, cluster.
     scenarios: Vec<String>,
     /// Print one JSON object per scenario per line instead of a table.
     #[arg(long)]
@@ -105,8 +109,13 @@ async fn main() -> Result<()> {
     let mut reports: Vec<Report> = Vec::new();
     for name in wanted {
         eprintln!("running {name}...");
-        if name == "sandbox" {
-            for report in bench.sandbox(20_000).await? {
+        if name == "sandbox" || name == "cluster" {
+            let reports_of = if name == "sandbox" {
+                bench.sandbox(20_000).await?
+            } else {
+                bench.cluster(args.messages).await?
+            };
+            for report in reports_of {
                 if args.json {
                     println!("{}", report.json());
                 }

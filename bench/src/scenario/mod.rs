@@ -1,7 +1,8 @@
 //! The scenarios, the private Redis they share, and their reports: one file per scenario
 //! family (`throughput`: ceiling, native, wasm, wasm-isolated; `retry`: retry and drain;
-//! `swap`; `sandbox`), the shared harness here.
+//! `swap`; `sandbox`; `cluster`), the shared harness here.
 
+mod cluster;
 mod retry;
 mod sandbox;
 mod swap;
