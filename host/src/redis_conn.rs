@@ -325,11 +325,20 @@ impl RedisHandle {
             Target::Node(url) => {
                 let client = client(&url, access)?;
                 let mut manager = manager(&client).await?;
-                let info: String = redis::cmd("INFO")
+                let info: String = match redis::cmd("INFO")
                     .arg("cluster")
                     .query_async(&mut manager)
                     .await
-                    .map_err(connect_err)?;
+                {
+                    Ok(info) => info,
+                    // A user whose ACL denies INFO: a cluster would answer with MOVED to the
+                    // first command on another node's slot, which the log would then name.
+                    Err(err) if err.code() == Some("NOPERM") => {
+                        tracing::info!(redis = %name, "INFO is not allowed for this user; assuming a single node (list the nodes to use a cluster)");
+                        String::new()
+                    }
+                    Err(err) => return Err(connect_err(err)),
+                };
                 if info.lines().any(|l| l.trim() == "cluster_enabled:1") {
                     tracing::info!(redis = %name, "the server is a cluster node; using it to find the cluster");
                     Self::cluster_route(&[url], access, &name).await?

@@ -268,6 +268,47 @@ async fn a_password_from_a_private_file_logs_in_and_is_never_printed() {
     );
 }
 
+/// An ACL user that may not run INFO (the host asks it whether the server is a cluster node)
+/// still serves: the host assumes one node and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_info_is_taken_for_a_single_node() {
+    let redis = Redis::start_with(false, &[]);
+    let mut conn = redis.conn().await;
+    let _: () = cmd(
+        &mut conn,
+        &[
+            "ACL",
+            "SETUSER",
+            "narrow",
+            "on",
+            ">narrow-pw",
+            "~*",
+            "+@all",
+            "-info",
+        ],
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("pw");
+    std::fs::write(&password, "narrow-pw").unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&password, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let config = TestConfig::of(Sub::fixture("narrow"))
+        .set("redis", redis.url())
+        .set("redis_username", "narrow")
+        .set("redis_password_file", password.display().to_string());
+    let mut host = HostProcess::spawn_in(config);
+    one_entry_is_acked(&mut conn, "narrow").await;
+    host.terminate();
+    assert!(host.wait_exit().await.success(), "{}", host.log_text());
+    assert!(
+        host.log_text()
+            .contains("INFO is not allowed for this user"),
+        "{}",
+        host.log_text()
+    );
+}
+
 /// A master, its replica and three sentinels watching it as `mymaster`, all on loopback.
 struct SentinelSet {
     master: Redis,
