@@ -26,6 +26,8 @@ pub const MARK: &str = "sluice-mark";
 pub const PACKED_FIELDS: &str = "sluice-packed-fields";
 /// A raw delayed-set member that could not be moved back onto the stream (dead-lettered).
 pub const MEMBER: &str = "sluice-member";
+/// On an entry an operator requeued from the dead-letter stream: the dead letter's id.
+pub const REQUEUED_FROM: &str = "sluice-requeued-from";
 /// The delayed-set key a dead-lettered member came from.
 pub const ORIGIN_KEY: &str = "sluice-origin-key";
 

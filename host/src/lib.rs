@@ -33,6 +33,8 @@
 //! - [`admin`] (`admin/`) serves health, readiness, [`metrics`] and the handler API;
 //!   [`inspect`] (`inspect.rs`) reads a subscription's state in Redis for them, for
 //!   `sluice status` and for the benchmark.
+//! - [`operate`] (`operate/`) acts on what waits: lists dead letters and parked retries, and
+//!   requeues, retries now, deletes or dead-letters them (CLI, admin API and web page).
 //! - [`commands`] (`commands/`) are the subcommands `main` runs, one file each.
 //! - [`digest`] names a handler version (its component's SHA-256) in logs, metrics and the API.
 //! - [`chain`] renders an error and its causes as one line (logs, `/readyz`, API answers).
@@ -54,6 +56,7 @@ pub mod handler;
 pub mod inspect;
 pub mod keys;
 mod metrics;
+pub mod operate;
 pub mod outcome;
 mod plan;
 pub mod redis_conn;

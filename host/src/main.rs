@@ -92,6 +92,99 @@ enum Command {
         #[arg(long, conflicts_with = "token")]
         token_file: Option<PathBuf>,
     },
+    /// List dead letters, newest first: id, time, origin id, retries, reason and fields.
+    DeadLetters {
+        /// `.toml` configs and/or `.wasm` components.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Only the subscription to this stream (or this one partition).
+        #[arg(long)]
+        stream: Option<String>,
+        /// Only dead letters whose reason contains this text (case-insensitive).
+        #[arg(long)]
+        reason: Option<String>,
+        /// At most this many per dead-letter stream.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        /// One JSON object per dead letter, one per line.
+        #[arg(long)]
+        json: bool,
+        /// Redis URL (default: the subscription's, else the dev server of a running `sluice run`).
+        #[arg(long, env = "SLUICE_REDIS_URL")]
+        redis: Option<String>,
+    },
+    /// Put dead letters back onto their stream (attempts reset; the entry records where it came
+    /// from); each one moves in one atomic step.
+    Requeue {
+        /// The `.toml` config or `.wasm` component of the subscription.
+        path: PathBuf,
+        /// Dead-letter ids to requeue.
+        #[arg(
+            value_name = "DEAD_LETTER_ID",
+            required_unless_present = "all",
+            conflicts_with = "all"
+        )]
+        ids: Vec<String>,
+        /// Requeue every dead letter (of `--stream`, whose reason contains `--reason`).
+        #[arg(long)]
+        all: bool,
+        /// With --all: only those whose reason contains this text (case-insensitive).
+        #[arg(long, requires = "all")]
+        reason: Option<String>,
+        /// Say what would be requeued; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Only the subscription to this stream (or this one partition).
+        #[arg(long)]
+        stream: Option<String>,
+        /// Redis URL (default: the subscription's, else the dev server of a running `sluice run`).
+        #[arg(long, env = "SLUICE_REDIS_URL")]
+        redis: Option<String>,
+    },
+    /// Make parked retries due now; the next sweep of a running host moves them back.
+    RetryNow {
+        /// The `.toml` config or `.wasm` component of the subscription.
+        path: PathBuf,
+        /// Origin ids of the parked retries.
+        #[arg(
+            value_name = "ORIGIN_ID",
+            required_unless_present = "all",
+            conflicts_with = "all"
+        )]
+        ids: Vec<String>,
+        /// Every parked retry that is not yet due.
+        #[arg(long)]
+        all: bool,
+        /// Only the subscription to this stream (or this one partition).
+        #[arg(long)]
+        stream: Option<String>,
+        /// Redis URL (default: the subscription's, else the dev server of a running `sluice run`).
+        #[arg(long, env = "SLUICE_REDIS_URL")]
+        redis: Option<String>,
+    },
+    /// Delete dead letters or parked retries for good (poison entries).
+    Delete {
+        /// `.toml` configs and/or `.wasm` components.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Dead-letter ids to delete.
+        #[arg(
+            long = "dead-letter",
+            value_name = "DEAD_LETTER_ID",
+            required_unless_present = "parked",
+            conflicts_with = "parked"
+        )]
+        dead_letter: Vec<String>,
+        /// Origin ids of parked retries to delete.
+        #[arg(long, value_name = "ORIGIN_ID", num_args = 1..)]
+        parked: Vec<String>,
+        /// Only the subscription to this stream (or this one partition).
+        #[arg(long)]
+        stream: Option<String>,
+        /// Redis URL (default: the subscription's, else the dev server of a running `sluice run`).
+        #[arg(long, env = "SLUICE_REDIS_URL")]
+        redis: Option<String>,
+    },
     /// Validate configs and components and print the resolved plan, without running anything.
     Check {
         /// `.toml` configs and/or `.wasm` components.
@@ -190,6 +283,89 @@ fn main() -> ExitCode {
                     token,
                 };
                 let done = sluice_host::commands::swap(request).await?;
+                print!("{done}");
+                Ok(())
+            }
+            Command::DeadLetters {
+                paths,
+                stream,
+                reason,
+                limit,
+                json,
+                redis,
+            } => {
+                let listing =
+                    sluice_host::commands::dead_letters(sluice_host::commands::DeadLetterQuery {
+                        paths,
+                        redis,
+                        stream,
+                        reason,
+                        limit,
+                        json,
+                    })
+                    .await?;
+                print!("{listing}");
+                Ok(())
+            }
+            Command::Requeue {
+                path,
+                ids,
+                all,
+                reason,
+                dry_run,
+                stream,
+                redis,
+            } => {
+                let done = sluice_host::commands::requeue(sluice_host::commands::RequeueRequest {
+                    paths: vec![path],
+                    redis,
+                    stream,
+                    ids,
+                    all,
+                    reason,
+                    dry_run,
+                })
+                .await?;
+                print!("{done}");
+                Ok(())
+            }
+            Command::RetryNow {
+                path,
+                ids,
+                all,
+                stream,
+                redis,
+            } => {
+                let done = sluice_host::commands::retry_now(
+                    &[path],
+                    redis.as_deref(),
+                    stream.as_deref(),
+                    &ids,
+                    all,
+                )
+                .await?;
+                print!("{done}");
+                Ok(())
+            }
+            Command::Delete {
+                paths,
+                dead_letter,
+                parked,
+                stream,
+                redis,
+            } => {
+                let what = if parked.is_empty() {
+                    sluice_host::commands::Deletion::DeadLetters(dead_letter)
+                } else {
+                    sluice_host::commands::Deletion::Parked(parked)
+                };
+                let done = sluice_host::commands::delete(
+                    &paths,
+                    redis.as_deref(),
+                    stream.as_deref(),
+                    what,
+                )
+                .await?;
                 print!("{done}");
                 Ok(())
             }

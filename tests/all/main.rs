@@ -14,6 +14,7 @@ mod crash;
 mod delayed;
 mod entries;
 mod examples;
+mod operate;
 mod operations;
 mod properties;
 mod redis_access;

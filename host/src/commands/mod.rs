@@ -3,7 +3,11 @@
 //! dispatches them; what several share (building the plan, finding Redis) is here.
 
 mod check;
+mod dead_letters;
+mod delete;
 mod parked;
+mod requeue;
+mod retry_now;
 mod run;
 mod status;
 mod swap;
@@ -13,7 +17,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result};
 
 pub use check::check;
+pub use dead_letters::{DeadLetterQuery, dead_letters};
+pub use delete::{Deletion, delete};
 pub use parked::parked;
+pub use requeue::{RequeueRequest, requeue};
+pub use retry_now::retry_now;
 pub use run::run;
 pub use status::status;
 pub use swap::{SwapRequest, swap};
@@ -56,4 +64,85 @@ pub(crate) fn redis_url_for(configured: Option<&str>) -> Result<String> {
 pub(crate) fn format_ms(ms: i64) -> String {
     let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
     humantime::format_rfc3339_millis(at).to_string()
+}
+
+/// One subscription partition an operation acts on, with a connection to its Redis.
+pub(crate) struct Target {
+    /// Its keys.
+    pub keys: crate::keys::SubscriptionKeys,
+    /// Its Redis.
+    pub conn: crate::redis_conn::RedisHandle,
+}
+
+/// The partitions of every subscription in `plan` (only those of stream `stream`, given as
+/// the subscription's stream or one partition's), each with a connection.
+pub(crate) async fn targets(plan: &Plan, stream: Option<&str>) -> Result<Vec<Target>> {
+    let mut targets = Vec::new();
+    for sub in &plan.subscriptions {
+        let parts: Vec<_> = sub
+            .stream
+            .partitioned()
+            .into_iter()
+            .filter(|p| stream.is_none_or(|name| name == p.stream || name == sub.stream.stream))
+            .collect();
+        if parts.is_empty() {
+            continue;
+        }
+        let url = redis_url_for(sub.redis.as_deref())?;
+        let conn = crate::redis_conn::RedisHandle::connect(&url, &sub.redis_access).await?;
+        for p in parts {
+            targets.push(Target {
+                keys: crate::keys::SubscriptionKeys::new(
+                    &p.stream,
+                    &p.group,
+                    &p.dead_letter,
+                    p.delayed_retry
+                        .as_ref()
+                        .map(sluice_descriptor::DelayedRetry::key),
+                ),
+                conn: conn.clone(),
+            });
+        }
+    }
+    if targets.is_empty() {
+        anyhow::bail!(
+            "no subscription{}",
+            stream
+                .map(|s| format!(" reads stream `{s}`"))
+                .unwrap_or_default()
+        );
+    }
+    Ok(targets)
+}
+
+/// Set when the user pressed ctrl-c: a long batch operation stops after the entry it is on
+/// (each entry moves in one atomic script, so nothing is left half done).
+pub(crate) fn interrupted() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let set = flag.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            set.store(true, std::sync::atomic::Ordering::Release);
+        }
+    });
+    flag
+}
+
+/// A progress bar on stderr for `what` (hidden when stderr is not a terminal).
+pub(crate) fn progress(what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new_spinner();
+    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    bar.set_message(what.to_owned());
+    bar
+}
+
+/// Bytes as text for a terminal or a page: UTF-8 as it is (control characters escaped),
+/// anything else as `0x` hex.
+pub fn printable(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.escape_debug().to_string(),
+        Err(_) => format!("0x{}", hex::encode(bytes)),
+    }
 }

@@ -26,6 +26,12 @@ pub enum Control {
         /// The handler's reason.
         reason: String,
     },
+    /// Dead-letter with `reason` unless an operator requeued the entry (it carries
+    /// `sluice-requeued-from`), then ack: a failure an operator fixed.
+    DeadUntilRequeued {
+        /// The handler's reason.
+        reason: String,
+    },
     /// Panic on every attempt.
     Trap,
     /// Panic while fewer than `times` attempts came before, then ack.

@@ -1,0 +1,107 @@
+//! `sluice dead-letters`: what was given up on, newest first, with why.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
+
+use super::{format_ms, plan, printable, targets};
+use crate::operate::dead_letters::{self, DeadLetter};
+
+/// What to list.
+pub struct DeadLetterQuery {
+    /// Configs and/or components.
+    pub paths: Vec<PathBuf>,
+    /// `--redis`.
+    pub redis: Option<String>,
+    /// Only this stream (the subscription's or one partition's).
+    pub stream: Option<String>,
+    /// Only dead letters whose reason contains this (case-insensitive).
+    pub reason: Option<String>,
+    /// At most this many per dead-letter stream.
+    pub limit: usize,
+    /// One JSON object per dead letter.
+    pub json: bool,
+}
+
+/// The dead letter as one JSON object.
+pub(crate) fn json(stream: &str, letter: &DeadLetter) -> serde_json::Value {
+    let fields: Vec<serde_json::Value> = letter
+        .fields
+        .iter()
+        .map(|(n, v)| serde_json::json!([printable(n), printable(v)]))
+        .collect();
+    serde_json::json!({
+        "stream": stream,
+        "id": letter.id,
+        "written": letter.written_ms().map(format_ms),
+        "shape": letter.shape,
+        "reason": letter.reason,
+        "origin_id": letter.origin_id,
+        "entry_id": letter.entry_id,
+        "retry_count": letter.retry_count,
+        "delivery_count": letter.delivery_count,
+        "requeueable": letter.not_requeueable.is_none(),
+        "not_requeueable": letter.not_requeueable,
+        "fields": fields,
+    })
+}
+
+/// `sluice dead-letters`.
+pub async fn dead_letters(query: DeadLetterQuery) -> Result<String> {
+    let plan = plan(&query.paths, query.redis.as_deref()).await?;
+    let mut out = String::new();
+    for mut target in targets(&plan, query.stream.as_deref()).await? {
+        let keys = &target.keys;
+        // A filtered listing may read through the whole stream for `limit` matches.
+        let page = dead_letters::list(
+            &mut target.conn,
+            keys,
+            None,
+            query.limit,
+            query.reason.as_deref(),
+            usize::MAX,
+        )
+        .await
+        .with_context(|| format!("cannot read the dead-letter stream `{}`", keys.dead_letter))?;
+        if query.json {
+            for letter in &page.items {
+                let _ = writeln!(out, "{}", json(&keys.stream, letter));
+            }
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "{} (stream `{}`, group `{}`)",
+            keys.dead_letter, keys.stream, keys.group
+        );
+        for letter in &page.items {
+            let _ = writeln!(
+                out,
+                "  {}  {}  origin {}  retries {}  reason: {}",
+                letter.id,
+                letter.written_ms().map(format_ms).unwrap_or_default(),
+                letter.origin_id.as_deref().unwrap_or("-"),
+                letter.retry_count.map_or("-".to_owned(), |n| n.to_string()),
+                letter
+                    .reason
+                    .as_deref()
+                    .unwrap_or("(not written by Sluice)")
+            );
+            for (name, value) in &letter.fields {
+                let mut value = printable(value);
+                if value.chars().count() > 120 {
+                    value = value.chars().take(117).collect::<String>() + "...";
+                }
+                let _ = writeln!(out, "      {} = {value}", printable(name));
+            }
+        }
+        let more = if page.next.is_some() {
+            " (more: raise --limit)"
+        } else {
+            ""
+        };
+        let _ = writeln!(out, "  shown: {}{more}", page.items.len());
+    }
+    Ok(out)
+}

@@ -1,0 +1,52 @@
+//! Acting on what waits: the dead letters and parked retries an operator looks at after a bad
+//! night, and the operations on them (requeue, retry now, delete, dead-letter now).
+//!
+//! One implementation behind three ways in: the CLI (`sluice dead-letters`, `requeue`,
+//! `retry-now`, `delete`), the admin API (`/v1/subscriptions/{stream}/{group}/dead-letters` and
+//! `/parked`) and the admin web page all call these functions.
+//!
+//! Every operation that moves an entry is one Lua script per entry (or per batch of at most
+//! [`BATCH`]), so a crash of the caller, a concurrent host sweeping, or a second operator
+//! doing the same never loses or doubles an entry: each script first checks the entry is still
+//! where the operator saw it, then writes its new place, then removes the old one. Listings
+//! page with id and score cursors (XREVRANGE from an id, ZRANGE from a score): nothing reads
+//! a whole large key at once.
+//!
+//! - [`dead_letters`]: list (newest first), show one, requeue (back onto the stream with the
+//!   attempt count reset and a `sluice-requeued-from` field), delete.
+//! - [`parked`]: list (due order), retry now (due immediately; the next sweep moves it),
+//!   delete, dead-letter now (with the operator's reason).
+
+pub mod dead_letters;
+pub mod parked;
+
+/// The most entries one listing page or one script call handles.
+pub const BATCH: usize = 128;
+
+/// Why an operation could not be carried out.
+#[derive(Debug, thiserror::Error)]
+pub enum OperateError {
+    /// Redis refused or could not be reached.
+    #[error("Redis: {}", crate::redis_conn::ErrorClass::of(.0).describe())]
+    Redis(#[from] redis::RedisError),
+    /// The dead letter cannot go back onto the stream as it is.
+    #[error("dead letter {id} cannot be requeued: {why}")]
+    NotRequeueable {
+        /// The dead letter's id.
+        id: String,
+        /// Why.
+        why: String,
+    },
+    /// A cursor the caller passed is not one this module handed out.
+    #[error("invalid cursor {0:?}")]
+    Cursor(String),
+}
+
+/// One page of a listing, and where the next page starts (`None`: this was the last).
+#[derive(Debug, Clone)]
+pub struct Page<T> {
+    /// The items, in listing order.
+    pub items: Vec<T>,
+    /// Pass back to get the next page.
+    pub next: Option<String>,
+}

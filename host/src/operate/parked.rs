@@ -1,0 +1,244 @@
+//! The delayed-retry set: listing it in due order, finding a retry by its origin id, and making
+//! retries due now (`lua/retry_now.lua`), deleting them, or dead-lettering them with the
+//! operator's reason (`lua/dead_letter_now.lua`).
+//!
+//! A parked retry is identified to the operator by its origin id (the entry the producer first
+//! added). Finding it is a ZSCAN over the set, filtered by Redis; when the caller also knows its
+//! due time (the API and the web page do, from the listing) it is one ZRANGE at that score.
+
+use std::sync::LazyLock;
+
+use redis::aio::ConnectionLike;
+use redis::{RedisResult, Script};
+
+use super::{BATCH, OperateError, Page};
+use crate::delayed::member::{ParkedEntry, decode};
+use crate::keys::{self, SubscriptionKeys};
+
+static RETRY_NOW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/retry_now.lua")));
+static DEAD_LETTER_NOW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/dead_letter_now.lua")));
+
+/// One parked retry with the set member it is stored as (what the operations act on).
+#[derive(Debug, Clone)]
+pub struct Parked {
+    /// The member, as stored.
+    pub member: Vec<u8>,
+    /// The member, decoded.
+    pub entry: ParkedEntry,
+}
+
+/// Parked retries in due order, starting at `cursor` (from an earlier page), up to `limit`
+/// (at most [`BATCH`]). Members Sluice did not write are skipped.
+///
+/// The cursor is `<score>:<skip>`: the due time to start at and how many members with exactly
+/// that due time the earlier pages already showed.
+pub async fn list<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    cursor: Option<&str>,
+    limit: usize,
+) -> Result<Page<Parked>, OperateError> {
+    let (from, skip) = match cursor {
+        None => (None, 0),
+        Some(c) => {
+            let parsed = c
+                .split_once(':')
+                .and_then(|(s, k)| Some((s.parse::<i64>().ok()?, k.parse::<usize>().ok()?)));
+            let (score, skip) = parsed.ok_or_else(|| OperateError::Cursor(c.to_owned()))?;
+            (Some(score), skip)
+        }
+    };
+    let limit = limit.clamp(1, BATCH);
+    let members: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGEBYSCORE")
+        .arg(key)
+        .arg(from.map_or("-inf".to_owned(), |s| s.to_string()))
+        .arg("+inf")
+        .arg("WITHSCORES")
+        .arg("LIMIT")
+        .arg(skip)
+        .arg(limit)
+        .query_async(conn)
+        .await?;
+    let next = (members.len() == limit)
+        .then(|| {
+            let last = members.last()?.1 as i64;
+            let same = members.iter().filter(|(_, s)| *s as i64 == last).count();
+            let skip = if Some(last) == from {
+                skip + same
+            } else {
+                same
+            };
+            Some(format!("{last}:{skip}"))
+        })
+        .flatten();
+    let items = members
+        .into_iter()
+        .filter_map(|(member, score)| {
+            let entry = decode(&member, score as i64).ok()?;
+            Some(Parked { member, entry })
+        })
+        .collect();
+    Ok(Page { items, next })
+}
+
+/// The parked retries whose origin id is one of `origins`. With `due_ms` (from a listing) only
+/// the members due then are read; otherwise the whole set is scanned, [`BATCH`] at a time on
+/// the server, for members containing the id.
+pub async fn find<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    origins: &[String],
+    due_ms: Option<i64>,
+) -> RedisResult<Vec<Parked>> {
+    let mut found = Vec::new();
+    let wanted = |entry: &ParkedEntry| origins.contains(&entry.origin_id);
+    if let Some(due) = due_ms {
+        let members: Vec<Vec<u8>> = redis::cmd("ZRANGEBYSCORE")
+            .arg(key)
+            .arg(due)
+            .arg(due)
+            .query_async(conn)
+            .await?;
+        for member in members {
+            if let Ok(entry) = decode(&member, due)
+                && wanted(&entry)
+            {
+                found.push(Parked { member, entry });
+            }
+        }
+        return Ok(found);
+    }
+    for origin in origins {
+        let pattern = format!("*{}*", glob_escape(origin));
+        let mut cursor = 0u64;
+        loop {
+            let (next, page): (u64, Vec<(Vec<u8>, f64)>) = redis::cmd("ZSCAN")
+                .arg(key)
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(conn)
+                .await?;
+            for (member, score) in page {
+                if let Ok(entry) = decode(&member, score as i64)
+                    && entry.origin_id == *origin
+                {
+                    found.push(Parked { member, entry });
+                }
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    Ok(found)
+}
+
+/// `text` with Redis glob's special characters escaped.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Make `members` due now; returns how many were still parked.
+pub async fn retry_now<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    members: &[Vec<u8>],
+) -> RedisResult<usize> {
+    let mut moved = 0;
+    for chunk in members.chunks(BATCH) {
+        let mut invocation = RETRY_NOW.key(key);
+        invocation.arg(0);
+        for member in chunk {
+            invocation.arg(member.as_slice());
+        }
+        let n: usize = invocation.invoke_async(conn).await?;
+        moved += n;
+    }
+    Ok(moved)
+}
+
+/// Make up to [`BATCH`] retries that are not yet due, due now; returns how many (0: none left).
+/// Call until it returns 0 to make every retry due: each call is one atomic batch.
+pub async fn retry_batch_now<C: ConnectionLike>(conn: &mut C, key: &str) -> RedisResult<usize> {
+    RETRY_NOW.key(key).arg(BATCH).invoke_async(conn).await
+}
+
+/// Delete `members` from the set; returns how many were there.
+pub async fn delete<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    members: &[Vec<u8>],
+) -> RedisResult<usize> {
+    let mut deleted = 0;
+    for chunk in members.chunks(BATCH) {
+        let n: usize = redis::cmd("ZREM")
+            .arg(key)
+            .arg(chunk)
+            .query_async(conn)
+            .await?;
+        deleted += n;
+    }
+    Ok(deleted)
+}
+
+/// Move `members` to the subscription's dead-letter stream with `reason`; returns how many
+/// were still parked.
+pub async fn dead_letter_now<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &SubscriptionKeys,
+    members: &[Vec<u8>],
+    reason: &str,
+) -> Result<usize, OperateError> {
+    let Some(set) = keys.delayed.as_deref() else {
+        return Ok(0);
+    };
+    let mut moved = 0;
+    for chunk in members.chunks(BATCH) {
+        let mut invocation = DEAD_LETTER_NOW.key(set);
+        invocation
+            .key(&*keys.dead_letter)
+            .arg(reason)
+            .arg(&*keys.stream)
+            .arg(&*keys.group)
+            .arg(keys::SCRIPT_MAX_FIELDS)
+            .arg(keys::REASON)
+            .arg(keys::ORIGIN_STREAM)
+            .arg(keys::ORIGIN_GROUP)
+            .arg(keys::ORIGIN_ID)
+            .arg(keys::ENTRY_ID)
+            .arg(keys::RETRY_COUNT)
+            .arg(keys::DELIVERY_COUNT)
+            .arg(keys::MEMBER)
+            .arg(keys::ORIGIN_KEY);
+        for member in chunk {
+            invocation.arg(member.as_slice());
+        }
+        let n: usize = invocation.invoke_async(conn).await?;
+        moved += n;
+    }
+    Ok(moved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_characters_in_an_origin_id_match_literally() {
+        assert_eq!(glob_escape("1-0"), "1-0");
+        assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+    }
+}
