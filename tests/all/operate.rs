@@ -453,3 +453,180 @@ async fn a_killed_requeue_all_loses_and_doubles_nothing() {
     assert_eq!((requeued, left), (total, 0));
     eprintln!("killed requeue --all: the second run requeued the rest");
 }
+
+/// The same operations through the admin API: token required, JSON in and out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_lists_and_acts_on_what_waits() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(&redis, sub("api")).await;
+    let admin = host.admin().await;
+    let json = |body: &str| -> serde_json::Value { serde_json::from_str(body).unwrap() };
+    let base = "/v1/subscriptions/api/g";
+    let fixed = add(
+        &mut conn,
+        "api",
+        &Control::DeadUntilRequeued {
+            reason: "down".into(),
+        },
+    )
+    .await;
+    let poison = add(
+        &mut conn,
+        "api",
+        &Control::Dead {
+            reason: "poison".into(),
+        },
+    )
+    .await;
+    let later = add(
+        &mut conn,
+        "api",
+        &Control::Retry {
+            ms: 600_000,
+            times: 1,
+        },
+    )
+    .await;
+    let doomed = add(
+        &mut conn,
+        "api",
+        &Control::Retry {
+            ms: 600_000,
+            times: 1,
+        },
+    )
+    .await;
+    wait_dead_letters(&conn, "api", 2).await;
+    wait_for(T, "2 parked", || {
+        let mut conn = conn.clone();
+        async move { (parked(&mut conn, "api.delayed").await == 2).then_some(()) }
+    })
+    .await;
+
+    // Without the token: refused, for reads too when a token is configured.
+    let (code, _) = http_request(
+        admin,
+        "GET",
+        &format!("{base}/dead-letters"),
+        &[("Authorization", "Bearer wrong")],
+        b"",
+    )
+    .await;
+    assert_eq!(code, 401);
+
+    let (code, body) = http_get_token(admin, &format!("{base}/dead-letters?limit=1")).await;
+    assert_eq!(code, 200, "{body}");
+    let page = json(&body);
+    assert_eq!(page["items"].as_array().unwrap().len(), 1);
+    let next = page["next"].as_str().unwrap().to_owned();
+    let (_, body) = http_get_token(
+        admin,
+        &format!("{base}/dead-letters?limit=10&cursor={next}"),
+    )
+    .await;
+    assert_eq!(json(&body)["items"].as_array().unwrap().len(), 1);
+    let (_, body) = http_get_token(admin, &format!("{base}/dead-letters?reason=down")).await;
+    let items = json(&body)["items"].as_array().unwrap().clone();
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0]["origin_id"], fixed.as_str());
+    let fixed_dl = items[0]["id"].as_str().unwrap().to_owned();
+
+    let (code, body) = http_request(
+        admin,
+        "POST",
+        &format!("{base}/dead-letters/requeue"),
+        &[("Content-Type", "application/json")],
+        format!("{{\"ids\":[\"{fixed_dl}\",\"1-1\"]}}").as_bytes(),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let answer = json(&body);
+    assert_eq!(answer["requeued"].as_array().unwrap().len(), 1);
+    assert_eq!(answer["missing"][0], "1-1");
+    wait_acked_origin(&mut host, &fixed).await;
+
+    let (_, body) = http_get_token(admin, &format!("{base}/dead-letters")).await;
+    let poison_dl = json(&body)["items"][0]["id"].as_str().unwrap().to_owned();
+    let (code, _) = http_request(
+        admin,
+        "DELETE",
+        &format!("{base}/dead-letters/{poison_dl}"),
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert!(dead_lettered(&mut conn, "api").await.is_empty());
+    let _ = poison;
+
+    // Parked: listed with due times; retry one now by origin id and due time; dead-letter the
+    // other with a reason.
+    let (code, body) = http_get_token(admin, &format!("{base}/parked")).await;
+    assert_eq!(code, 200, "{body}");
+    let listing = json(&body);
+    let items = listing["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2);
+    assert!(items[0]["due_in_ms"].as_i64().unwrap() > 500_000);
+    let row = items
+        .iter()
+        .find(|i| i["origin_id"] == later.as_str())
+        .unwrap();
+    let due = row["due_ms"].as_i64().unwrap();
+    let (code, body) = http_request(
+        admin,
+        "POST",
+        &format!("{base}/parked/retry-now"),
+        &[("Content-Type", "application/json")],
+        format!("{{\"origin_ids\":[\"{later}\"],\"due_ms\":{due}}}").as_bytes(),
+    )
+    .await;
+    assert_eq!(
+        (code, json(&body)["due_now"].as_i64()),
+        (200, Some(1)),
+        "{body}"
+    );
+    wait_acked_origin(&mut host, &later).await;
+    let (code, body) = http_request(
+        admin,
+        "POST",
+        &format!("{base}/parked/dead-letter"),
+        &[("Content-Type", "application/json")],
+        format!("{{\"origin_ids\":[\"{doomed}\"]}}").as_bytes(),
+    )
+    .await;
+    assert_eq!(code, 400, "a reason is required: {body}");
+    let (code, body) = http_request(
+        admin,
+        "POST",
+        &format!("{base}/parked/dead-letter"),
+        &[("Content-Type", "application/json")],
+        format!("{{\"origin_ids\":[\"{doomed}\"],\"reason\":\"operator: bad card\"}}").as_bytes(),
+    )
+    .await;
+    assert_eq!(
+        (code, json(&body)["dead_lettered"].as_i64()),
+        (200, Some(1)),
+        "{body}"
+    );
+    let letters = dead_lettered(&mut conn, "api").await;
+    assert_eq!(
+        field(&letters[0].1, "sluice-reason"),
+        Some("operator: bad card")
+    );
+    assert_eq!(parked(&mut conn, "api.delayed").await, 0);
+    let (code, _) = http_request(
+        admin,
+        "DELETE",
+        &format!("{base}/parked/{doomed}"),
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(code, 404, "nothing parked any more");
+    host.stop().await.unwrap();
+}
+
+async fn http_get_token(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    http_request(addr, "GET", path, &[], b"").await
+}

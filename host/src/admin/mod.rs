@@ -6,7 +6,8 @@
 //!   the previous digest, and swap counts;
 //! - `PUT /v1/subscriptions/{stream}/{group}/handler` (body: the component; `?force=true`
 //!   accepts a descriptor naming another stream or group): check and swap in a new handler;
-//! - `POST /v1/subscriptions/{stream}/{group}/rollback`: put the previous handler back.
+//! - `POST /v1/subscriptions/{stream}/{group}/rollback`: put the previous handler back;
+//! - `.../dead-letters` and `.../parked`: list and act on what waits (see `waiting.rs`).
 //!
 //! Who may call it:
 //! - It binds to loopback unless configured otherwise; beyond loopback a bearer token is
@@ -39,6 +40,7 @@ use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
 mod guard;
+mod waiting;
 
 use crate::metrics::{Metrics, SubLabels};
 use crate::swap::{SwapControl, SwapError};
@@ -50,7 +52,7 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// Connections served at once; more wait to be accepted.
 pub const MAX_CONNECTIONS: usize = 64;
 
-/// What the admin server knows about one subscription.
+/// What the admin server knows about one subscription (one partition of a partitioned one).
 #[derive(Clone)]
 pub struct AdminSubscription {
     /// Labels (stream, group).
@@ -63,6 +65,18 @@ pub struct AdminSubscription {
     pub dead_letter: String,
     /// How its read loop is doing.
     pub health: Arc<crate::subscription::ReadHealth>,
+}
+
+impl AdminSubscription {
+    /// Its Redis keys.
+    pub fn keys(&self) -> crate::keys::SubscriptionKeys {
+        crate::keys::SubscriptionKeys::new(
+            &self.labels.stream,
+            &self.labels.group,
+            &self.dead_letter,
+            self.delayed_key.as_deref(),
+        )
+    }
 }
 
 #[derive(Clone)]
@@ -135,6 +149,7 @@ pub async fn serve(
             "/v1/subscriptions/{stream}/{group}/rollback",
             axum::routing::post(rollback_handler),
         )
+        .merge(waiting::routes())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             guard_api,

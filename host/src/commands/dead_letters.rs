@@ -5,8 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 
-use super::{format_ms, plan, printable, targets};
-use crate::operate::dead_letters::{self, DeadLetter};
+use super::{format_ms, plan, targets};
+use crate::operate::dead_letters;
+use crate::operate::printable;
 
 /// What to list.
 pub struct DeadLetterQuery {
@@ -22,29 +23,6 @@ pub struct DeadLetterQuery {
     pub limit: usize,
     /// One JSON object per dead letter.
     pub json: bool,
-}
-
-/// The dead letter as one JSON object.
-pub(crate) fn json(stream: &str, letter: &DeadLetter) -> serde_json::Value {
-    let fields: Vec<serde_json::Value> = letter
-        .fields
-        .iter()
-        .map(|(n, v)| serde_json::json!([printable(n), printable(v)]))
-        .collect();
-    serde_json::json!({
-        "stream": stream,
-        "id": letter.id,
-        "written": letter.written_ms().map(format_ms),
-        "shape": letter.shape,
-        "reason": letter.reason,
-        "origin_id": letter.origin_id,
-        "entry_id": letter.entry_id,
-        "retry_count": letter.retry_count,
-        "delivery_count": letter.delivery_count,
-        "requeueable": letter.not_requeueable.is_none(),
-        "not_requeueable": letter.not_requeueable,
-        "fields": fields,
-    })
 }
 
 /// `sluice dead-letters`.
@@ -66,7 +44,7 @@ pub async fn dead_letters(query: DeadLetterQuery) -> Result<String> {
         .with_context(|| format!("cannot read the dead-letter stream `{}`", keys.dead_letter))?;
         if query.json {
             for letter in &page.items {
-                let _ = writeln!(out, "{}", json(&keys.stream, letter));
+                let _ = writeln!(out, "{}", letter.to_json(&keys.stream));
             }
             continue;
         }

@@ -60,11 +60,7 @@ pub(crate) fn redis_url_for(configured: Option<&str>) -> Result<String> {
     )
 }
 
-/// An epoch-milliseconds time as RFC 3339 (UTC).
-pub(crate) fn format_ms(ms: i64) -> String {
-    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
-    humantime::format_rfc3339_millis(at).to_string()
-}
+pub(crate) use crate::operate::format_ms;
 
 /// One subscription partition an operation acts on, with a connection to its Redis.
 pub(crate) struct Target {
@@ -136,13 +132,4 @@ pub(crate) fn progress(what: &str) -> indicatif::ProgressBar {
     }
     bar.set_message(what.to_owned());
     bar
-}
-
-/// Bytes as text for a terminal or a page: UTF-8 as it is (control characters escaped),
-/// anything else as `0x` hex.
-pub fn printable(bytes: &[u8]) -> String {
-    match std::str::from_utf8(bytes) {
-        Ok(text) => text.escape_debug().to_string(),
-        Err(_) => format!("0x{}", hex::encode(bytes)),
-    }
 }

@@ -172,6 +172,25 @@ impl DeadLetter {
         self.id.split('-').next()?.parse().ok()
     }
 
+    /// The dead letter as one JSON object (CLI `--json`, admin API), naming the `stream` it
+    /// belongs to.
+    pub fn to_json(&self, stream: &str) -> serde_json::Value {
+        serde_json::json!({
+            "stream": stream,
+            "id": self.id,
+            "written": self.written_ms().map(super::format_ms),
+            "shape": self.shape,
+            "reason": self.reason,
+            "origin_id": self.origin_id,
+            "entry_id": self.entry_id,
+            "retry_count": self.retry_count,
+            "delivery_count": self.delivery_count,
+            "requeueable": self.not_requeueable.is_none(),
+            "not_requeueable": self.not_requeueable,
+            "fields": super::fields_json(&self.fields),
+        })
+    }
+
     /// Whether its reason contains `text` (case-insensitive).
     pub fn reason_contains(&self, text: &str) -> bool {
         self.reason

@@ -50,3 +50,26 @@ pub struct Page<T> {
     /// Pass back to get the next page.
     pub next: Option<String>,
 }
+
+/// Bytes as text for a terminal, a JSON answer or a page: UTF-8 as it is (control characters
+/// escaped), anything else as `0x` hex. Entries are untrusted: a page must still HTML-escape it.
+pub fn printable(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.escape_debug().to_string(),
+        Err(_) => format!("0x{}", hex::encode(bytes)),
+    }
+}
+
+/// An epoch-milliseconds time as RFC 3339 (UTC).
+pub fn format_ms(ms: i64) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+/// Fields as `[[name, value], ...]` of printable text.
+fn fields_json(fields: &[(Vec<u8>, Vec<u8>)]) -> serde_json::Value {
+    fields
+        .iter()
+        .map(|(n, v)| serde_json::json!([printable(n), printable(v)]))
+        .collect()
+}

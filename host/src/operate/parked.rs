@@ -29,6 +29,23 @@ pub struct Parked {
     pub entry: ParkedEntry,
 }
 
+impl Parked {
+    /// The retry as one JSON object (admin API), with how long until it is due from `now_ms`
+    /// (server clock).
+    pub fn to_json(&self, now_ms: i64) -> serde_json::Value {
+        let e = &self.entry;
+        serde_json::json!({
+            "origin_id": e.origin_id,
+            "entry_id": e.entry_id,
+            "retry_count": e.retry_count,
+            "due_ms": e.due_ms,
+            "due": super::format_ms(e.due_ms),
+            "due_in_ms": e.due_ms - now_ms,
+            "fields": super::fields_json(&e.fields),
+        })
+    }
+}
+
 /// Parked retries in due order, starting at `cursor` (from an earlier page), up to `limit`
 /// (at most [`BATCH`]). Members Sluice did not write are skipped.
 ///
