@@ -75,6 +75,8 @@ pub struct NoPrevious;
 
 /// The current handler of one subscription, and the one before it.
 pub struct HandlerSlot {
+    /// The latest versions made current, newest last (at most [`HISTORY`]).
+    history: Mutex<std::collections::VecDeque<Served>>,
     current: ArcSwap<Version>,
     previous: Mutex<Option<Arc<Version>>>,
     metrics: Arc<Metrics>,
@@ -83,6 +85,20 @@ pub struct HandlerSlot {
     refusals: Counter,
     /// Where the handler versions of this subscription count what they refuse.
     counters: HandlerCounters,
+}
+
+/// How many version changes a slot remembers for the admin page.
+pub const HISTORY: usize = 20;
+
+/// One change of the version a subscription serves.
+#[derive(Debug, Clone)]
+pub struct Served {
+    /// When.
+    pub at: std::time::SystemTime,
+    /// The version made current.
+    pub digest: Digest,
+    /// How: "started", "swapped in" or "rolled back to".
+    pub how: &'static str,
 }
 
 impl HandlerSlot {
@@ -96,6 +112,11 @@ impl HandlerSlot {
             log_dropped: metrics.guest_log_dropped.get_or_create(&labels).clone(),
         };
         let slot = Self {
+            history: Mutex::new(std::collections::VecDeque::from([Served {
+                at: std::time::SystemTime::now(),
+                digest: version.digest.clone(),
+                how: "started",
+            }])),
             counters,
             swaps,
             refusals,
@@ -139,8 +160,34 @@ impl HandlerSlot {
             .set(i64::from(serving));
     }
 
+    /// The latest version changes, oldest first.
+    pub fn history(&self) -> Vec<Served> {
+        self.history
+            .lock()
+            .map(|h| h.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn remember(&self, digest: &Digest, how: &'static str) {
+        if let Ok(mut history) = self.history.lock() {
+            if history.len() == HISTORY {
+                history.pop_front();
+            }
+            history.push_back(Served {
+                at: std::time::SystemTime::now(),
+                digest: digest.clone(),
+                how,
+            });
+        }
+    }
+
     /// Make `version` current; the one it replaces becomes the rollback target.
     pub fn publish(&self, version: Arc<Version>) -> Arc<Version> {
+        self.publish_as(version, "swapped in")
+    }
+
+    fn publish_as(&self, version: Arc<Version>, how: &'static str) -> Arc<Version> {
+        self.remember(&version.digest, how);
         version.handler.activate();
         let old = self.current.swap(version.clone());
         old.handler.retire();
@@ -163,7 +210,7 @@ impl HandlerSlot {
     /// Put the previous version back.
     pub fn rollback(&self) -> Result<Arc<Version>, NoPrevious> {
         let previous = self.previous().ok_or(NoPrevious)?;
-        self.publish(previous.clone());
+        self.publish_as(previous.clone(), "rolled back to");
         Ok(previous)
     }
 

@@ -256,6 +256,24 @@ impl Metrics {
         }
     }
 
+    /// One subscription's deliveries so far, per handler result (`ack`, `retry`, ...).
+    pub fn outcomes(&self, labels: &SubLabels) -> Vec<(&'static str, u64)> {
+        HandlerResult::ALL
+            .iter()
+            .map(|result| {
+                let count = self
+                    .deliveries
+                    .get(&OutcomeLabels {
+                        stream: labels.stream.clone(),
+                        group: labels.group.clone(),
+                        outcome: result.label(),
+                    })
+                    .map_or(0, |c| c.get());
+                (result.label(), count)
+            })
+            .collect()
+    }
+
     /// How many handler results, of any kind, one subscription has had (reading does not
     /// create the series).
     pub fn handler_results(&self, labels: &SubLabels) -> u64 {

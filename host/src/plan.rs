@@ -83,6 +83,8 @@ pub struct Plan {
     pub admin_max_upload: u64,
     /// Mutating admin calls need no token (loopback only).
     pub admin_open_on_loopback: bool,
+    /// Every mutating admin call is refused.
+    pub admin_read_only: bool,
     /// How often component files are checked for a new version.
     pub watch_interval: Option<Duration>,
 }
@@ -206,6 +208,7 @@ impl Plan {
             admin_token: config.admin_token.clone(),
             admin_max_upload: config.admin_max_upload,
             admin_open_on_loopback: config.admin_open_on_loopback,
+            admin_read_only: config.admin_read_only,
             watch_interval: config.watch_interval,
         })
     }

@@ -190,6 +190,7 @@ impl Service {
         let labels = crate::metrics::Metrics::labels(&s.stream, &s.group);
         let admin = crate::admin::AdminSubscription {
             labels: labels.clone(),
+            of: slot.labels().clone(),
             conn: conn.clone(),
             delayed_key: s.delayed_retry.as_ref().map(|d| d.key().to_owned()),
             dead_letter: s.dead_letter.clone(),
@@ -305,6 +306,7 @@ impl Service {
                 token,
                 max_upload: usize::try_from(self.plan.admin_max_upload).unwrap_or(usize::MAX),
                 open_on_loopback: self.plan.admin_open_on_loopback,
+                read_only: self.plan.admin_read_only,
                 swaps: swap_controls,
             };
             let bound = crate::admin::serve(

@@ -21,3 +21,4 @@ mod redis_access;
 mod sandbox;
 mod structure;
 mod swap;
+mod ui;

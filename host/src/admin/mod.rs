@@ -40,6 +40,7 @@ use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
 mod guard;
+mod ui;
 mod waiting;
 
 use crate::metrics::{Metrics, SubLabels};
@@ -57,6 +58,8 @@ pub const MAX_CONNECTIONS: usize = 64;
 pub struct AdminSubscription {
     /// Labels (stream, group).
     pub labels: SubLabels,
+    /// The subscription's labels (differ from `labels` on a partition).
+    pub of: SubLabels,
     /// A connection to its Redis.
     pub conn: crate::redis_conn::RedisHandle,
     /// Its delayed-retry set, if any.
@@ -79,13 +82,28 @@ impl AdminSubscription {
     }
 }
 
+/// Deliveries counted so far at one moment, for the page's chart: acked, retried, failed
+/// (dead-lettered by the handler, trapped or over a limit).
+#[derive(Debug, Clone)]
+pub(crate) struct Sample {
+    at_ms: i64,
+    counts: [u64; 3],
+}
+
+/// How often the chart's counts are sampled, and how many samples are kept (10 minutes).
+const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+const SAMPLES: usize = 121;
+
 #[derive(Clone)]
 struct AdminState {
+    sessions: Arc<ui::Sessions>,
+    samples: Arc<std::sync::Mutex<std::collections::VecDeque<Sample>>>,
     metrics: Arc<Metrics>,
     subscriptions: Arc<Vec<AdminSubscription>>,
     swaps: Arc<Vec<Arc<SwapControl>>>,
     token: Option<Arc<str>>,
     open_on_loopback: bool,
+    read_only: bool,
     max_upload: usize,
     bound: SocketAddr,
     uploads: Arc<tokio::sync::Semaphore>,
@@ -100,6 +118,8 @@ pub struct AdminOptions {
     pub open_on_loopback: bool,
     /// The largest upload accepted, in bytes.
     pub max_upload: usize,
+    /// Refuse (and hide) every action: the API and the page only show.
+    pub read_only: bool,
     /// One control per subscription.
     pub swaps: Vec<Arc<SwapControl>>,
 }
@@ -129,11 +149,14 @@ pub async fn serve(
         .local_addr()
         .map_err(|source| AdminError { addr, source })?;
     let state = AdminState {
+        sessions: Arc::default(),
+        samples: Arc::default(),
         metrics,
         subscriptions: Arc::new(subscriptions),
         swaps: Arc::new(options.swaps),
         token: options.token.map(Into::into),
         open_on_loopback: options.open_on_loopback && bound.ip().is_loopback(),
+        read_only: options.read_only,
         max_upload: options.max_upload,
         bound,
         uploads: Arc::new(tokio::sync::Semaphore::new(1)),
@@ -154,11 +177,17 @@ pub async fn serve(
             state.clone(),
             guard_api,
         ));
+    let page = ui::routes().layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        ui::guard_ui,
+    ));
+    tokio::spawn(sample_outcomes(state.clone(), stop.clone()));
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready_handler))
         .merge(api)
+        .merge(page)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             guard_all,
@@ -173,7 +202,7 @@ pub async fn serve(
             tracing::error!(%err, "admin server failed");
         }
     });
-    tracing::info!(addr = %bound, "admin server listening (/metrics, /healthz, /readyz)");
+    tracing::info!(addr = %bound, "admin server listening (/ui/, /metrics, /healthz, /readyz)");
     Ok(bound)
 }
 
@@ -269,7 +298,38 @@ async fn sample(metrics: &Metrics, sub: &AdminSubscription) {
     }
 }
 
-fn rfc3339(at: std::time::SystemTime) -> String {
+/// Every [`SAMPLE_EVERY`], the host's delivery counts, for the page's chart.
+async fn sample_outcomes(state: AdminState, stop: CancellationToken) {
+    let mut every = tokio::time::interval(SAMPLE_EVERY);
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            () = stop.cancelled() => return,
+        }
+        let mut counts = [0u64; 3];
+        for sub in state.subscriptions.iter() {
+            for (label, n) in state.metrics.outcomes(&sub.labels) {
+                let i = match label {
+                    "ack" => 0,
+                    "retry" => 1,
+                    _ => 2,
+                };
+                counts[i] += n;
+            }
+        }
+        let at_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        if let Ok(mut samples) = state.samples.lock() {
+            if samples.len() == SAMPLES {
+                samples.pop_front();
+            }
+            samples.push_back(Sample { at_ms, counts });
+        }
+    }
+}
+
+pub(crate) fn rfc3339(at: std::time::SystemTime) -> String {
     humantime::format_rfc3339_millis(at).to_string()
 }
 
@@ -358,6 +418,16 @@ fn authorized(
     what: &str,
     mutating: bool,
 ) -> Result<(), Refusal> {
+    if mutating && state.read_only {
+        tracing::warn!(
+            call = what,
+            "admin call refused: the admin server is read-only"
+        );
+        return Err((
+            StatusCode::FORBIDDEN,
+            "the admin server is read-only (admin_read_only = true)\n".to_owned(),
+        ));
+    }
     let Some(token) = &state.token else {
         if !mutating || state.open_on_loopback {
             return Ok(());

@@ -69,7 +69,9 @@ pub(super) fn subscription<'a>(
 
 fn failed(err: impl Into<OperateError>) -> (StatusCode, String) {
     match err.into() {
-        err @ OperateError::Cursor(_) => (StatusCode::BAD_REQUEST, format!("{err}\n")),
+        err @ (OperateError::Cursor(_) | OperateError::Invalid(_)) => {
+            (StatusCode::BAD_REQUEST, format!("{err}\n"))
+        }
         err @ OperateError::NotRequeueable { .. } => {
             (StatusCode::UNPROCESSABLE_ENTITY, format!("{err}\n"))
         }

@@ -29,6 +29,7 @@ struct RawConfig {
     admin_token_env: Option<String>,
     admin_max_upload: Option<String>,
     admin_open_on_loopback: Option<bool>,
+    admin_read_only: Option<bool>,
     watch_interval: Option<String>,
     #[serde(default, rename = "subscription")]
     subscriptions: Vec<RawSubscription>,
@@ -145,6 +146,7 @@ pub(super) struct Globals {
     pub(super) admin_token: Option<TokenSource>,
     pub(super) admin_max_upload: Option<u64>,
     pub(super) admin_open_on_loopback: Option<bool>,
+    pub(super) admin_read_only: Option<bool>,
     pub(super) watch_interval: Option<Option<Duration>>,
 }
 
@@ -172,6 +174,11 @@ impl Globals {
             &mut self.admin_open_on_loopback,
             other.admin_open_on_loopback,
             "admin_open_on_loopback",
+        )?;
+        merge(
+            &mut self.admin_read_only,
+            other.admin_read_only,
+            "admin_read_only",
         )?;
         merge(
             &mut self.watch_interval,
@@ -293,6 +300,7 @@ fn globals(v: &Validator<'_>, base: &Path, raw: &RawConfig) -> Result<Globals, C
             .map(|text| v.size("admin_max_upload", text))
             .transpose()?,
         admin_open_on_loopback: raw.admin_open_on_loopback,
+        admin_read_only: raw.admin_read_only,
         watch_interval,
     })
 }

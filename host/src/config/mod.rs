@@ -22,6 +22,7 @@
 //! | `admin`                | address of the admin HTTP server (metrics, health), or `"off"` | `127.0.0.1:9187` |
 //! | `admin_token_file`, `admin_token_env` | where the admin API's bearer token is; required beyond loopback | none |
 //! | `admin_max_upload`     | largest component the admin API accepts                       | `64MiB` |
+//! | `admin_read_only`      | the admin API and web page only show: swaps, requeues, deletes and the other actions are refused and hidden | `false` |
 //! | `admin_open_on_loopback` | let swaps and rollbacks through without a token (loopback binds only) | `false`: they need the token |
 //! | `watch_interval`       | how often component files are checked for a new version, or `"off"` | `1s` |
 //!
@@ -262,6 +263,8 @@ pub struct Config {
     pub admin_max_upload: u64,
     /// Mutating admin calls need no token (loopback only).
     pub admin_open_on_loopback: bool,
+    /// The admin API and page only show: every action is refused and hidden.
+    pub admin_read_only: bool,
     /// How often component files are checked for a new version; `None` turns watching off.
     pub watch_interval: Option<Duration>,
 }
@@ -315,6 +318,7 @@ impl Config {
             admin_token: globals.admin_token,
             admin_max_upload: globals.admin_max_upload.unwrap_or(DEFAULT_ADMIN_MAX_UPLOAD),
             admin_open_on_loopback: globals.admin_open_on_loopback.unwrap_or(false),
+            admin_read_only: globals.admin_read_only.unwrap_or(false),
             watch_interval: globals
                 .watch_interval
                 .unwrap_or(Some(DEFAULT_WATCH_INTERVAL)),

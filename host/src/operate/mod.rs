@@ -37,6 +37,9 @@ pub enum OperateError {
         /// Why.
         why: String,
     },
+    /// The request names no operation this module knows.
+    #[error("invalid request: {0}")]
+    Invalid(String),
     /// A cursor the caller passed is not one this module handed out.
     #[error("invalid cursor {0:?}")]
     Cursor(String),

@@ -629,6 +629,18 @@ pub async fn http_request_bare(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> (u16, String) {
+    let (status, _, body) = http_exchange(addr, method, path, headers, body).await;
+    (status, body)
+}
+
+/// One HTTP/1.1 exchange as it went over the wire: (status, response head, body).
+pub async fn http_exchange(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr)
         .await
@@ -655,11 +667,11 @@ pub async fn http_request_bare(
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let body = text
+    let (head, body) = text
         .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
+        .map(|(h, b)| (h.to_owned(), b.to_owned()))
         .unwrap_or_default();
-    (status, body)
+    (status, head, body)
 }
 
 /// A stream secret for sets and deliveries a test builds by hand.

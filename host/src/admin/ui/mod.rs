@@ -1,0 +1,526 @@
+//! The admin web page, served at `/` and `/ui/...` by the admin server: an overview of every
+//! subscription, its parked retries and its dead letters, with the actions of
+//! [`crate::operate`] (the same code as the CLI and the API).
+//!
+//! Server-rendered HTML (maud, which escapes every value: entries are untrusted input, a
+//! payload with `<script>` renders as text), one small stylesheet and one small script, both
+//! compiled into the binary: no build step, no CDN, it works on an air-gapped host.
+//!
+//! Who may do what:
+//! - With an admin token, every page needs a session: the login form takes the token and sets
+//!   an HttpOnly, SameSite=Strict cookie naming a random session (the token itself is never in
+//!   the cookie). Without a token, a visitor gets a session at once; actions are allowed only
+//!   with `admin_open_on_loopback`, as for the API.
+//! - `admin_read_only` hides every action and refuses it.
+//! - Every action is a POST carrying the session's CSRF token, and the admin server's
+//!   cross-site and DNS-rebinding checks apply to it as to the API.
+
+mod pages;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+
+use super::{AdminState, guard};
+use crate::operate::{OperateError, dead_letters, parked};
+
+/// How long a session lasts.
+const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
+/// Sessions kept at once; the oldest go first.
+const MAX_SESSIONS: usize = 1024;
+/// The session cookie's name.
+const COOKIE: &str = "sluice_session";
+/// Rows per page.
+const PAGE: usize = 50;
+
+/// The live sessions of the page.
+#[derive(Default)]
+pub(super) struct Sessions {
+    inner: Mutex<HashMap<String, Session>>,
+}
+
+#[derive(Clone)]
+struct Session {
+    csrf: String,
+    created: Instant,
+    can_act: bool,
+}
+
+/// Who is looking at a page: their CSRF token and whether actions are shown.
+#[derive(Clone)]
+pub(super) struct Viewer {
+    csrf: String,
+    can_act: bool,
+    /// Whether they logged in with the token (show "log out").
+    logged_in: bool,
+}
+
+fn random_hex() -> String {
+    let mut bytes = [0u8; 32];
+    // Without randomness there are no sessions worth having: fail closed with an empty id,
+    // which `Sessions::get` never matches.
+    if getrandom::fill(&mut bytes).is_err() {
+        return String::new();
+    }
+    hex::encode(bytes)
+}
+
+impl Sessions {
+    fn create(&self, can_act: bool) -> (String, Session) {
+        let id = random_hex();
+        let session = Session {
+            csrf: random_hex(),
+            created: Instant::now(),
+            can_act,
+        };
+        if let Ok(mut all) = self.inner.lock() {
+            all.retain(|_, s| s.created.elapsed() < SESSION_TTL);
+            if all.len() >= MAX_SESSIONS
+                && let Some(oldest) = all
+                    .iter()
+                    .min_by_key(|(_, s)| s.created)
+                    .map(|(k, _)| k.clone())
+            {
+                all.remove(&oldest);
+            }
+            if !id.is_empty() {
+                all.insert(id.clone(), session.clone());
+            }
+        }
+        (id, session)
+    }
+
+    fn get(&self, id: &str) -> Option<Session> {
+        let all = self.inner.lock().ok()?;
+        let session = all.get(id)?;
+        (session.created.elapsed() < SESSION_TTL).then(|| session.clone())
+    }
+
+    fn remove(&self, id: &str) {
+        if let Ok(mut all) = self.inner.lock() {
+            all.remove(id);
+        }
+    }
+}
+
+fn session_cookie(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE)
+        .map(|(_, value)| value.to_owned())
+}
+
+fn set_cookie(id: &str) -> String {
+    format!(
+        "{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}",
+        SESSION_TTL.as_secs()
+    )
+}
+
+pub(super) fn routes() -> Router<AdminState> {
+    let sub = "/ui/s/{stream}/{group}";
+    Router::new()
+        .route("/", get(|| async { Redirect::to("/ui/") }))
+        .route("/ui", get(|| async { Redirect::to("/ui/") }))
+        .route("/ui/login", get(login_page).post(log_in))
+        .route("/ui/logout", post(log_out))
+        .route("/ui/style.css", get(style))
+        .route("/ui/script.js", get(script))
+        .route("/ui/", get(overview))
+        .route(&format!("{sub}/parked"), get(parked_page))
+        .route(&format!("{sub}/dead-letters"), get(dead_letters_page))
+        .route(&format!("{sub}/act"), post(act))
+}
+
+/// Every `/ui` request: find or make the viewer's session; send strangers to the login form.
+pub(super) async fn guard_ui(
+    State(state): State<AdminState>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let path = request.uri().path().to_owned();
+    if !path.starts_with("/ui") {
+        return next.run(request).await;
+    }
+    if request.method() != axum::http::Method::GET
+        && let Err(refusal) = guard::not_cross_site(request.headers(), state.bound)
+    {
+        return refusal.into_response();
+    }
+    if matches!(
+        path.as_str(),
+        "/ui/login" | "/ui/style.css" | "/ui/script.js"
+    ) {
+        return next.run(request).await;
+    }
+    let existing =
+        session_cookie(request.headers()).and_then(|id| state.sessions.get(&id).map(|s| (id, s)));
+    let (session, new_cookie, logged_in) = match existing {
+        Some((_, session)) => (session, None, state.token.is_some()),
+        None if state.token.is_some() => return Redirect::to("/ui/login").into_response(),
+        None => {
+            let (id, session) = state
+                .sessions
+                .create(state.open_on_loopback && !state.read_only);
+            (session, Some(id), false)
+        }
+    };
+    request.extensions_mut().insert(Viewer {
+        csrf: session.csrf,
+        can_act: session.can_act && !state.read_only,
+        logged_in,
+    });
+    let mut response = next.run(request).await;
+    if let Some(id) = new_cookie
+        && let Ok(value) = set_cookie(&id).parse()
+    {
+        response.headers_mut().append(header::SET_COOKIE, value);
+    }
+    response
+}
+
+async fn style() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        include_str!("style.css"),
+    )
+}
+
+async fn script() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("script.js"),
+    )
+}
+
+async fn login_page(State(state): State<AdminState>) -> Response {
+    if state.token.is_none() {
+        return Redirect::to("/ui/").into_response();
+    }
+    Html(pages::login(None).into_string()).into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct LoginForm {
+    token: String,
+}
+
+async fn log_in(
+    State(state): State<AdminState>,
+    axum::Form(form): axum::Form<LoginForm>,
+) -> Response {
+    let Some(token) = &state.token else {
+        return Redirect::to("/ui/").into_response();
+    };
+    if !guard::same_secret(form.token.trim(), token) {
+        tracing::warn!("admin page login refused: wrong token");
+        return (
+            StatusCode::UNAUTHORIZED,
+            Html(pages::login(Some("That is not the admin token.")).into_string()),
+        )
+            .into_response();
+    }
+    let (id, _) = state.sessions.create(!state.read_only);
+    tracing::info!("admin page login");
+    let mut response = Redirect::to("/ui/").into_response();
+    if let Ok(value) = set_cookie(&id).parse() {
+        response.headers_mut().append(header::SET_COOKIE, value);
+    }
+    response
+}
+
+#[derive(serde::Deserialize)]
+struct CsrfForm {
+    csrf: String,
+}
+
+async fn log_out(
+    State(state): State<AdminState>,
+    axum::Extension(viewer): axum::Extension<Viewer>,
+    headers: HeaderMap,
+    axum::Form(form): axum::Form<CsrfForm>,
+) -> Response {
+    if !guard::same_secret(&form.csrf, &viewer.csrf) {
+        return forbidden("the form is stale or came from another site: reload the page");
+    }
+    if let Some(id) = session_cookie(&headers) {
+        state.sessions.remove(&id);
+    }
+    let mut response = Redirect::to("/ui/login").into_response();
+    if let Ok(value) = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0").parse() {
+        response.headers_mut().append(header::SET_COOKIE, value);
+    }
+    response
+}
+
+fn forbidden(why: &str) -> Response {
+    (
+        StatusCode::FORBIDDEN,
+        Html(pages::message(why).into_string()),
+    )
+        .into_response()
+}
+
+fn unavailable(err: impl Into<OperateError>) -> Response {
+    let err = err.into();
+    let status = match err {
+        OperateError::Cursor(_) | OperateError::Invalid(_) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    (
+        status,
+        Html(pages::message(&crate::chain::chain(&err)).into_string()),
+    )
+        .into_response()
+}
+
+async fn overview(
+    State(state): State<AdminState>,
+    axum::Extension(viewer): axum::Extension<Viewer>,
+) -> Response {
+    Html(pages::overview(&state, &viewer).await.into_string()).into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct PageQuery {
+    cursor: Option<String>,
+    reason: Option<String>,
+    done: Option<String>,
+}
+
+async fn parked_page(
+    State(state): State<AdminState>,
+    axum::Extension(viewer): axum::Extension<Viewer>,
+    Path((stream, group)): Path<(String, String)>,
+    Query(q): Query<PageQuery>,
+) -> Response {
+    let (sub, keys) = match super::waiting::subscription(&state, &stream, &group) {
+        Ok(found) => found,
+        Err((code, why)) => {
+            return (code, Html(pages::message(&why).into_string())).into_response();
+        }
+    };
+    let Some(set) = keys.delayed.clone() else {
+        return Html(pages::message("This subscription has no delayed-retry set: its retries stay pending in the stream.").into_string()).into_response();
+    };
+    let mut conn = sub.conn.clone();
+    let listing = async {
+        let now_ms = crate::inspect::server_now_ms(&mut conn).await?;
+        let total: u64 = redis::cmd("ZCARD")
+            .arg(&*set)
+            .query_async(&mut conn)
+            .await?;
+        let page = parked::list(&mut conn, &set, q.cursor.as_deref(), PAGE).await?;
+        Ok::<_, OperateError>((now_ms, total, page))
+    }
+    .await;
+    match listing {
+        Ok((now_ms, total, page)) => Html(
+            pages::parked(
+                &viewer,
+                &keys,
+                &set,
+                now_ms,
+                total,
+                &page,
+                q.done.as_deref(),
+            )
+            .into_string(),
+        )
+        .into_response(),
+        Err(err) => unavailable(err),
+    }
+}
+
+async fn dead_letters_page(
+    State(state): State<AdminState>,
+    axum::Extension(viewer): axum::Extension<Viewer>,
+    Path((stream, group)): Path<(String, String)>,
+    Query(q): Query<PageQuery>,
+) -> Response {
+    let (sub, keys) = match super::waiting::subscription(&state, &stream, &group) {
+        Ok(found) => found,
+        Err((code, why)) => {
+            return (code, Html(pages::message(&why).into_string())).into_response();
+        }
+    };
+    let mut conn = sub.conn.clone();
+    let reason = q.reason.as_deref().map(str::trim).filter(|r| !r.is_empty());
+    let listing = async {
+        let total: u64 = redis::cmd("XLEN")
+            .arg(&*keys.dead_letter)
+            .query_async(&mut conn)
+            .await?;
+        let page =
+            dead_letters::list(&mut conn, &keys, q.cursor.as_deref(), PAGE, reason, 20).await?;
+        Ok::<_, OperateError>((total, page))
+    }
+    .await;
+    match listing {
+        Ok((total, page)) => Html(
+            pages::dead_letters(&viewer, &keys, total, &page, reason, q.done.as_deref())
+                .into_string(),
+        )
+        .into_response(),
+        Err(err) => unavailable(err),
+    }
+}
+
+/// One action form: which, on what.
+#[derive(serde::Deserialize)]
+struct ActForm {
+    csrf: String,
+    action: String,
+    id: Option<String>,
+    origin: Option<String>,
+    due_ms: Option<i64>,
+    reason: Option<String>,
+}
+
+async fn act(
+    State(state): State<AdminState>,
+    axum::Extension(viewer): axum::Extension<Viewer>,
+    Path((stream, group)): Path<(String, String)>,
+    axum::Form(form): axum::Form<ActForm>,
+) -> Response {
+    if !guard::same_secret(&form.csrf, &viewer.csrf) {
+        tracing::warn!(stream, group, "admin page action refused: bad CSRF token");
+        return forbidden("the form is stale or came from another site: reload the page");
+    }
+    if !viewer.can_act {
+        return forbidden(if state.read_only {
+            "the admin server is read-only (admin_read_only = true)"
+        } else {
+            "actions need the admin token: log in (or set admin_open_on_loopback = true)"
+        });
+    }
+    let (sub, keys) = match super::waiting::subscription(&state, &stream, &group) {
+        Ok(found) => found,
+        Err((code, why)) => {
+            return (code, Html(pages::message(&why).into_string())).into_response();
+        }
+    };
+    let mut conn = sub.conn.clone();
+    let back = |page: &str, done: &str| {
+        let to = format!(
+            "/ui/s/{}/{}/{page}?done={}",
+            pages::segment(&stream),
+            pages::segment(&group),
+            pages::segment(done)
+        );
+        Redirect::to(&to).into_response()
+    };
+    let set = keys.delayed.clone().unwrap_or_default();
+    let origins: Vec<String> = form.origin.iter().cloned().collect();
+    let outcome: Result<(&str, String), OperateError> = async {
+        match form.action.as_str() {
+            "requeue" => {
+                let id = form.id.clone().unwrap_or_default();
+                let Some(letter) = dead_letters::get(&mut conn, &keys, &id).await? else {
+                    return Ok(("dead-letters", format!("{id} was already gone")));
+                };
+                Ok(
+                    match dead_letters::requeue(&mut conn, &keys, &letter).await? {
+                        dead_letters::Requeued::To(new) => (
+                            "dead-letters",
+                            format!("requeued {id} onto the stream as {new}"),
+                        ),
+                        dead_letters::Requeued::Gone => {
+                            ("dead-letters", format!("{id} was already gone"))
+                        }
+                    },
+                )
+            }
+            "requeue-all" => {
+                let reason = form
+                    .reason
+                    .as_deref()
+                    .map(str::trim)
+                    .filter(|r| !r.is_empty());
+                let (mut moved, mut cursor, mut more) = (0usize, None::<String>, false);
+                while moved < super::waiting::ALL_PER_CALL {
+                    let page = dead_letters::list(
+                        &mut conn,
+                        &keys,
+                        cursor.as_deref(),
+                        crate::operate::BATCH,
+                        reason,
+                        1,
+                    )
+                    .await?;
+                    for letter in page.items.iter().filter(|l| l.not_requeueable.is_none()) {
+                        if let dead_letters::Requeued::To(_) =
+                            dead_letters::requeue(&mut conn, &keys, letter).await?
+                        {
+                            moved += 1;
+                        }
+                    }
+                    cursor = page.next;
+                    more = cursor.is_some();
+                    if !more {
+                        break;
+                    }
+                }
+                let rest = if more {
+                    "; more remain: requeue all again"
+                } else {
+                    ""
+                };
+                Ok((
+                    "dead-letters",
+                    format!("requeued {moved} dead letters{rest}"),
+                ))
+            }
+            "delete-dead" => {
+                let id = form.id.clone().unwrap_or_default();
+                let n = dead_letters::delete(&mut conn, &keys, std::slice::from_ref(&id)).await?;
+                Ok(("dead-letters", format!("deleted {n} dead letter ({id})")))
+            }
+            "retry-now" | "delete-parked" | "dead-letter" => {
+                let found = parked::find(&mut conn, &set, &origins, form.due_ms).await?;
+                let members: Vec<Vec<u8>> = found.into_iter().map(|p| p.member).collect();
+                let origin = origins.first().cloned().unwrap_or_default();
+                let done = match form.action.as_str() {
+                    "retry-now" => {
+                        let n = parked::retry_now(&mut conn, &set, &members).await?;
+                        format!("{origin}: {n} made due now; a sweep moves it back within a second")
+                    }
+                    "delete-parked" => {
+                        let n = parked::delete(&mut conn, &set, &members).await?;
+                        format!("{origin}: {n} deleted")
+                    }
+                    _ => {
+                        let reason = form
+                            .reason
+                            .as_deref()
+                            .map(str::trim)
+                            .filter(|r| !r.is_empty())
+                            .unwrap_or("dead-lettered by an operator");
+                        let n = parked::dead_letter_now(&mut conn, &keys, &members, reason).await?;
+                        format!("{origin}: {n} dead-lettered")
+                    }
+                };
+                Ok(("parked", done))
+            }
+            other => Err(OperateError::Invalid(format!("unknown action {other:?}"))),
+        }
+    }
+    .await;
+    match outcome {
+        Ok((page, done)) => {
+            tracing::info!(stream, group, action = form.action, "{done} (admin page)");
+            back(page, &done)
+        }
+        Err(err) => unavailable(err),
+    }
+}

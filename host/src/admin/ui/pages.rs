@@ -1,0 +1,432 @@
+//! The page's HTML. maud escapes every interpolated value; nothing here writes raw HTML but
+//! the static layout.
+
+use maud::{DOCTYPE, Markup, html};
+
+use super::{AdminState, Viewer};
+use crate::admin::Sample;
+use crate::keys::SubscriptionKeys;
+use crate::operate::dead_letters::DeadLetter;
+use crate::operate::parked::Parked;
+use crate::operate::{Page, format_ms, printable};
+
+/// `text` as one URL path segment or query value.
+pub(super) fn segment(text: &str) -> String {
+    percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+fn layout(title: &str, viewer: Option<&Viewer>, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · Sluice" }
+                link rel="stylesheet" href="/ui/style.css";
+            }
+            body {
+                header {
+                    a.brand href="/ui/" { "Sluice" }
+                    a href="/ui/" { "Overview" }
+                    @if let Some(viewer) = viewer {
+                        @if !viewer.can_act { span.muted { "read-only" } }
+                        @if viewer.logged_in {
+                            form method="post" action="/ui/logout" {
+                                input type="hidden" name="csrf" value=(viewer.csrf);
+                                button type="submit" { "Log out" }
+                            }
+                        }
+                    }
+                }
+                main { (body) }
+                script src="/ui/script.js" {}
+            }
+        }
+    }
+}
+
+/// The login form, with an error after a wrong token.
+pub(super) fn login(error: Option<&str>) -> Markup {
+    layout(
+        "Log in",
+        None,
+        html! {
+            div.card.login {
+                h1 { "Sluice admin" }
+                p.muted { "Paste the admin token (the contents of admin_token_file)." }
+                @if let Some(error) = error { p.bad { (error) } }
+                form method="post" action="/ui/login" {
+                    p { input type="password" name="token" autofocus placeholder="admin token" style="width:100%"; }
+                    button.primary type="submit" { "Log in" }
+                }
+            }
+        },
+    )
+}
+
+/// A page that only says something (an error, a refusal).
+pub(super) fn message(text: &str) -> Markup {
+    layout(
+        "Sluice",
+        None,
+        html! { div.card { p { (text) } p { a href="/ui/" { "Back to the overview" } } } },
+    )
+}
+
+fn flash(done: Option<&str>) -> Markup {
+    html! { @if let Some(done) = done { div.flash { (done) } } }
+}
+
+fn sub_link(keys: &SubscriptionKeys, page: &str) -> String {
+    format!(
+        "/ui/s/{}/{}/{page}",
+        segment(&keys.stream),
+        segment(&keys.group)
+    )
+}
+
+fn ago(at: std::time::SystemTime) -> String {
+    let secs = at.elapsed().map_or(0, |d| d.as_secs());
+    match secs {
+        0..60 => format!("{secs}s ago"),
+        60..3600 => format!("{}m ago", secs / 60),
+        3600..86400 => format!("{}h ago", secs / 3600),
+        _ => format!("{}d ago", secs / 86400),
+    }
+}
+
+/// Every subscription: handler version and history, outcomes, and per partition what waits.
+pub(super) async fn overview(state: &AdminState, viewer: &Viewer) -> Markup {
+    let mut cards = Vec::new();
+    for control in state.swaps.iter() {
+        let slot = control.slot();
+        let labels = slot.labels();
+        let parts: Vec<_> = state
+            .subscriptions
+            .iter()
+            .filter(|s| s.of.stream == labels.stream && s.of.group == labels.group)
+            .collect();
+        let mut outcomes = [0u64; 5];
+        let mut rows = Vec::new();
+        for part in &parts {
+            for (i, (_, n)) in state.metrics.outcomes(&part.labels).iter().enumerate() {
+                outcomes[i] += n;
+            }
+            let mut conn = part.conn.clone();
+            let snapshot = tokio::time::timeout(
+                super::super::PROBE_TIMEOUT,
+                crate::inspect::snapshot(
+                    &mut conn,
+                    &part.labels.stream,
+                    &part.labels.group,
+                    &part.dead_letter,
+                    part.delayed_key.as_deref(),
+                ),
+            )
+            .await;
+            let now_ms = crate::inspect::server_now_ms(&mut conn).await.unwrap_or(0);
+            rows.push((part, snapshot, part.health.problem(), now_ms));
+        }
+        let current = slot.current();
+        let (swaps, refusals) = slot.counts();
+        cards.push(html! {
+            div.card {
+                h2 { "Stream " code { (labels.stream) } ", group " code { (labels.group) } }
+                div.grid {
+                    div.stat { b { (outcomes[0]) } span { "acked" } }
+                    div.stat { b { (outcomes[1]) } span { "retried" } }
+                    div.stat { b { (outcomes[2]) } span { "dead-lettered by the handler" } }
+                    div.stat { b { (outcomes[3] + outcomes[4]) } span { "failed (trap or limit)" } }
+                    div.stat { b { code { (current.digest.short()) } } span { "handler, since " (ago(current.since)) } }
+                    div.stat { b { (swaps) " / " (refusals) } span { "swaps / refused" } }
+                }
+                table {
+                    tr { th { "stream" } th { "state" } th { "pending" } th { "unread" } th { "parked" } th { "next due" } th { "dead letters" } }
+                    @for (part, snapshot, problem, now_ms) in &rows {
+                        @let keys = part.keys();
+                        tr {
+                            td { code { (part.labels.stream) } }
+                            td {
+                                @match problem {
+                                    None => span.badge.ok { "reading" },
+                                    Some(p) => span.badge.bad title=(p) { "not ready" },
+                                }
+                            }
+                            @match snapshot {
+                                Ok(Ok(s)) => {
+                                    td { (s.group.as_ref().map_or(0, |g| g.pending)) }
+                                    td { (s.group.as_ref().and_then(|g| g.lag).map_or("?".to_owned(), |l| l.to_string())) }
+                                    td {
+                                        @match &s.delayed {
+                                            Some(d) => a href=(sub_link(&keys, "parked")) { (d.parked) },
+                                            None => span.muted { "no set" },
+                                        }
+                                    }
+                                    td {
+                                        @match s.delayed.as_ref().and_then(|d| d.next_due_ms) {
+                                            Some(due) => span data-due=(due) data-now=(now_ms) { (format_ms(due)) },
+                                            None => span.muted { "-" },
+                                        }
+                                    }
+                                    td { a href=(sub_link(&keys, "dead-letters")) { (s.dead_letters) } }
+                                }
+                                Ok(Err(err)) => td colspan="5" .bad { "Redis: " (err.to_string()) },
+                                Err(_) => td colspan="5" .bad { "Redis did not answer within a second" },
+                            }
+                        }
+                    }
+                }
+                details {
+                    summary.muted { "Handler versions" }
+                    table {
+                        tr { th { "when" } th { "what" } th { "sha256" } }
+                        @for served in slot.history().iter().rev() {
+                            tr {
+                                td { (crate::admin::rfc3339(served.at)) }
+                                td { (served.how) }
+                                td { code { (served.digest.to_string()) } }
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    }
+    let samples = state
+        .samples
+        .lock()
+        .map(|s| s.iter().cloned().collect::<Vec<_>>())
+        .unwrap_or_default();
+    layout(
+        "Overview",
+        Some(viewer),
+        html! {
+            h1 { "Overview" }
+            div.card {
+                h2 { "Deliveries per second, last 10 minutes" }
+                (chart(&samples))
+            }
+            @for card in cards { (card) }
+        },
+    )
+}
+
+/// Rates between consecutive samples as an inline SVG line chart: acked, retried, failed.
+fn chart(samples: &[Sample]) -> Markup {
+    const W: f64 = 1100.0;
+    const H: f64 = 140.0;
+    if samples.len() < 2 {
+        return html! { p.muted { "Collecting: the chart fills in after a few seconds." } };
+    }
+    let rates: Vec<[f64; 3]> = samples
+        .windows(2)
+        .map(|w| {
+            let secs = ((w[1].at_ms - w[0].at_ms) as f64 / 1000.0).max(0.001);
+            let rate = |i: usize| w[1].counts[i].saturating_sub(w[0].counts[i]) as f64 / secs;
+            [rate(0), rate(1), rate(2)]
+        })
+        .collect();
+    let top = rates
+        .iter()
+        .flat_map(|r| r.iter().copied())
+        .fold(1.0f64, f64::max);
+    let span_ms = (samples[samples.len() - 1].at_ms - samples[0].at_ms).max(1) as f64;
+    let line = |series: usize| -> String {
+        rates
+            .iter()
+            .zip(samples.iter().skip(1))
+            .map(|(r, s)| {
+                let x = 40.0 + (s.at_ms - samples[0].at_ms) as f64 / span_ms * (W - 50.0);
+                let y = 10.0 + (1.0 - r[series] / top) * (H - 30.0);
+                format!("{x:.1},{y:.1}")
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let colors = ["#12805c", "#b54708", "#c01048"];
+    html! {
+        svg viewBox=(format!("0 0 {W} {H}")) width="100%" height=(H) role="img" aria-label="deliveries per second" {
+            line x1="40" y1=(H - 20.0) x2=(W - 10.0) y2=(H - 20.0) stroke="#e4e7ec" {}
+            text x="0" y="16" { (format!("{top:.0}/s")) }
+            text x="0" y=(H - 20.0) { "0" }
+            @for (i, color) in colors.iter().enumerate() {
+                polyline points=(line(i)) fill="none" stroke=(color) stroke-width="2" {}
+            }
+        }
+        div.legend {
+            span { i style="background:#12805c" {} "acked" }
+            span { i style="background:#b54708" {} "retried" }
+            span { i style="background:#c01048" {} "dead-lettered or failed" }
+        }
+    }
+}
+
+/// A field's value for a page: pretty JSON when it is JSON, text when it is UTF-8, hex bytes
+/// otherwise. The caller's template escapes it.
+fn shown(value: &[u8]) -> String {
+    if let Ok(json) = serde_json::from_slice::<serde_json::Value>(value)
+        && (json.is_object() || json.is_array())
+        && let Ok(pretty) = serde_json::to_string_pretty(&json)
+    {
+        return pretty;
+    }
+    printable(value)
+}
+
+fn fields(fields: &[(Vec<u8>, Vec<u8>)]) -> Markup {
+    html! {
+        @for (name, value) in fields {
+            div { code { (printable(name)) } pre { (shown(value)) } }
+        }
+    }
+}
+
+fn action(
+    viewer: &Viewer,
+    keys: &SubscriptionKeys,
+    name: &str,
+    hidden: &[(&str, String)],
+    label: &str,
+    class: &str,
+    confirm: Option<&str>,
+) -> Markup {
+    html! {
+        form.inline method="post" action=(sub_link(keys, "act")) data-confirm=[confirm] {
+            input type="hidden" name="csrf" value=(viewer.csrf);
+            input type="hidden" name="action" value=(name);
+            @for (k, v) in hidden { input type="hidden" name=(k) value=(v); }
+            button class=(class) type="submit" { (label) }
+        }
+    }
+}
+
+/// The parked retries of one subscription, due order.
+pub(super) fn parked(
+    viewer: &Viewer,
+    keys: &SubscriptionKeys,
+    set: &str,
+    now_ms: i64,
+    total: u64,
+    page: &Page<Parked>,
+    done: Option<&str>,
+) -> Markup {
+    layout(
+        "Parked retries",
+        Some(viewer),
+        html! {
+            h1 { "Parked retries of " code { (keys.stream) } }
+            (flash(done))
+            div.card {
+                p.muted { (total) " waiting in " code { (set) } ", earliest due first. "
+                    a href=(sub_link(keys, "dead-letters")) { "Dead letters" } }
+                table {
+                    tr { th { "origin id" } th { "due" } th { "retry" } th { "fields" } @if viewer.can_act { th { "actions" } } }
+                    @for p in &page.items {
+                        @let e = &p.entry;
+                        @let hidden = [("origin", e.origin_id.clone()), ("due_ms", e.due_ms.to_string())];
+                        tr {
+                            td { code { (e.origin_id) } }
+                            td { span data-due=(e.due_ms) data-now=(now_ms) { } br; span.muted { (format_ms(e.due_ms)) } }
+                            td { (e.retry_count) }
+                            td { (fields(&e.fields)) }
+                            @if viewer.can_act {
+                                td.actions {
+                                    (action(viewer, keys, "retry-now", &hidden, "Retry now", "primary", None))
+                                    " "
+                                    (action(viewer, keys, "delete-parked", &hidden, "Delete", "danger", Some("Delete this retry for good?")))
+                                    form method="post" action=(sub_link(keys, "act")) {
+                                        input type="hidden" name="csrf" value=(viewer.csrf);
+                                        input type="hidden" name="action" value="dead-letter";
+                                        @for (k, v) in &hidden { input type="hidden" name=(k) value=(v); }
+                                        input type="text" name="reason" placeholder="reason" size="12";
+                                        " " button.danger type="submit" { "Dead-letter" }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                @if page.items.is_empty() { p.muted { "Nothing parked." } }
+                @if let Some(next) = &page.next {
+                    p { a.button href=(format!("{}?cursor={}", sub_link(keys, "parked"), segment(next))) { "Next page" } }
+                }
+            }
+        },
+    )
+}
+
+/// The dead letters of one subscription, newest first.
+pub(super) fn dead_letters(
+    viewer: &Viewer,
+    keys: &SubscriptionKeys,
+    total: u64,
+    page: &Page<DeadLetter>,
+    reason: Option<&str>,
+    done: Option<&str>,
+) -> Markup {
+    let next_link = page.next.as_ref().map(|next| {
+        let mut link = format!(
+            "{}?cursor={}",
+            sub_link(keys, "dead-letters"),
+            segment(next)
+        );
+        if let Some(r) = reason {
+            link.push_str(&format!("&reason={}", segment(r)));
+        }
+        link
+    });
+    layout(
+        "Dead letters",
+        Some(viewer),
+        html! {
+            h1 { "Dead letters of " code { (keys.stream) } }
+            (flash(done))
+            div.card {
+                p.muted { (total) " in " code { (keys.dead_letter) } ", newest first. "
+                    a href=(sub_link(keys, "parked")) { "Parked retries" } }
+                form method="get" action=(sub_link(keys, "dead-letters")) {
+                    input type="text" name="reason" value=[reason] placeholder="reason contains";
+                    " " button type="submit" { "Filter" }
+                }
+                @if viewer.can_act {
+                    p {
+                        form.inline method="post" action=(sub_link(keys, "act")) data-confirm="Requeue every dead letter shown by this filter?" {
+                            input type="hidden" name="csrf" value=(viewer.csrf);
+                            input type="hidden" name="action" value="requeue-all";
+                            input type="hidden" name="reason" value=[reason];
+                            button.primary type="submit" {
+                                @if let Some(r) = reason { "Requeue all whose reason contains “" (r) "”" } @else { "Requeue all" }
+                            }
+                        }
+                    }
+                }
+                table {
+                    tr { th { "written" } th { "reason" } th { "origin id" } th { "retries" } th { "fields" } @if viewer.can_act { th { "actions" } } }
+                    @for l in &page.items {
+                        @let hidden = [("id", l.id.clone())];
+                        tr {
+                            td { (l.written_ms().map(format_ms).unwrap_or_default()) br; span.muted { code { (l.id) } } }
+                            td { span.badge { (l.reason.as_deref().unwrap_or("(not written by Sluice)")) } }
+                            td { code { (l.origin_id.as_deref().unwrap_or("-")) } }
+                            td { (l.retry_count.map_or("-".to_owned(), |n| n.to_string())) }
+                            td { (fields(&l.fields)) }
+                            @if viewer.can_act {
+                                td.actions {
+                                    @match &l.not_requeueable {
+                                        None => (action(viewer, keys, "requeue", &hidden, "Requeue", "primary", None)),
+                                        Some(why) => span.muted title=(why) { "cannot requeue" },
+                                    }
+                                    " "
+                                    (action(viewer, keys, "delete-dead", &hidden, "Delete", "danger", Some("Delete this dead letter for good?")))
+                                }
+                            }
+                        }
+                    }
+                }
+                @if page.items.is_empty() { p.muted { "No dead letters" @if reason.is_some() { " match" } "." } }
+                @if let Some(link) = next_link { p { a.button href=(link) { "Next page" } } }
+            }
+        },
+    )
+}

@@ -1,0 +1,203 @@
+//! The admin web page over HTTP: login and session cookie, every value escaped, CSRF and
+//! cross-site refusals, read-only mode, and an action carried out from a form.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use sluice_host::EventKind;
+
+use crate::common::*;
+
+const T: Duration = Duration::from_secs(60);
+
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|line| {
+        let (n, v) = line.split_once(':')?;
+        n.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// Log in with the test token; returns the `Cookie` header value.
+async fn log_in(admin: SocketAddr) -> String {
+    let (code, head, _) = http_exchange(
+        admin,
+        "POST",
+        "/ui/login",
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        format!("token={TEST_TOKEN}").as_bytes(),
+    )
+    .await;
+    assert_eq!(code, 303, "{head}");
+    let cookie = header(&head, "set-cookie").expect("a session cookie");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    assert!(
+        !cookie.contains(TEST_TOKEN),
+        "the token is never the cookie"
+    );
+    cookie.split(';').next().unwrap().to_owned()
+}
+
+/// POST an action form to the `web` subscription: (status, response head).
+async fn post_form(
+    admin: SocketAddr,
+    cookie: Option<&str>,
+    origin: Option<&str>,
+    body: &str,
+) -> (u16, String) {
+    let mut headers = vec![("Content-Type", "application/x-www-form-urlencoded")];
+    headers.extend(cookie.map(|c| ("Cookie", c)));
+    headers.extend(origin.map(|o| ("Origin", o)));
+    let (code, head, _) =
+        http_exchange(admin, "POST", "/ui/s/web/g/act", &headers, body.as_bytes()).await;
+    (code, head)
+}
+
+async fn page(admin: SocketAddr, path: &str, cookie: &str) -> (u16, String) {
+    http_request_bare(admin, "GET", path, &[("Cookie", cookie)], b"").await
+}
+
+/// The CSRF token in a page's forms.
+fn csrf(page: &str) -> String {
+    let at = page
+        .find("name=\"csrf\" value=\"")
+        .expect("a form with a CSRF token")
+        + 19;
+    page[at..at + 64].to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_needs_a_login_escapes_entries_and_refuses_forged_forms() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(&redis, Sub::fixture("web").delayed("web.delayed")).await;
+    let admin = host.admin().await;
+    let evil = "<script>alert('owned')</script>";
+    let fixed = add(
+        &mut conn,
+        "web",
+        &Control::DeadUntilRequeued {
+            reason: format!("gateway down {evil}"),
+        },
+    )
+    .await;
+    wait_dead_letters(&conn, "web", 1).await;
+
+    // Strangers go to the login form; a wrong token is refused.
+    let (code, head, _) = http_exchange(admin, "GET", "/ui/", &[], b"").await;
+    assert_eq!(code, 303);
+    assert_eq!(header(&head, "location"), Some("/ui/login"));
+    let (code, _) = http_request_bare(
+        admin,
+        "POST",
+        "/ui/login",
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        b"token=wrong",
+    )
+    .await;
+    assert_eq!(code, 401);
+    let cookie = log_in(admin).await;
+
+    let (code, overview) = page(admin, "/ui/", &cookie).await;
+    assert_eq!(code, 200, "{overview}");
+    assert!(overview.contains("Stream <code>web</code>"), "{overview}");
+    assert!(overview.contains("/ui/s/web/g/dead-letters"), "{overview}");
+
+    let (code, letters) = page(admin, "/ui/s/web/g/dead-letters", &cookie).await;
+    assert_eq!(code, 200);
+    assert!(
+        !letters.contains(evil),
+        "an entry's text is never HTML: {letters}"
+    );
+    assert!(letters.contains("&lt;script&gt;alert"), "{letters}");
+    assert!(letters.contains(&fixed));
+    let token = csrf(&letters);
+    let id: String = {
+        let dead = dead_lettered(&mut conn, "web").await;
+        dead[0].0.clone()
+    };
+    let form = |csrf: &str| format!("csrf={csrf}&action=requeue&id={id}");
+
+    // A forged form (no or wrong CSRF token), or one posted from another site, does nothing.
+    let forged = "0".repeat(64);
+    let (code, _) = post_form(admin, Some(&cookie), None, &form(&forged)).await;
+    assert_eq!(code, 403);
+    let cross = Some("http://evil.example");
+    let (code, _) = post_form(admin, Some(&cookie), cross, &form(&token)).await;
+    assert_eq!(code, 403);
+    let (code, _) = post_form(admin, None, None, &form(&token)).await;
+    assert_eq!(code, 303, "no session: back to the login form");
+    assert_eq!(dead_lettered(&mut conn, "web").await.len(), 1);
+
+    // The real form requeues it; the handler runs it and acks.
+    let (code, head) = post_form(admin, Some(&cookie), None, &form(&token)).await;
+    assert_eq!(code, 303, "{head}");
+    let location = header(&head, "location").unwrap().to_owned();
+    assert!(
+        location.starts_with("/ui/s/web/g/dead-letters?done="),
+        "{location}"
+    );
+    host.event(T, "the requeued entry acked", |e| {
+        e.kind == EventKind::Acked && e.origin_id == fixed
+    })
+    .await;
+    let (_, after) = page(admin, &location, &cookie).await;
+    assert!(after.contains("requeued"), "{after}");
+    assert!(dead_lettered(&mut conn, "web").await.is_empty());
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_hides_and_refuses_every_action() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let config =
+        TestConfig::of(Sub::fixture("ro").delayed("ro.delayed")).set("admin_read_only", true);
+    let mut host = start_fixture(&redis, config).await;
+    let admin = host.admin().await;
+    add(
+        &mut conn,
+        "ro",
+        &Control::Dead {
+            reason: "kept".into(),
+        },
+    )
+    .await;
+    wait_dead_letters(&conn, "ro", 1).await;
+    let cookie = log_in(admin).await;
+    let (code, letters) = page(admin, "/ui/s/ro/g/dead-letters", &cookie).await;
+    assert_eq!(code, 200);
+    assert!(letters.contains("kept"));
+    assert!(
+        !letters.contains(">Requeue<"),
+        "no actions shown: {letters}"
+    );
+    assert!(letters.contains("read-only"));
+    let token = csrf(&letters);
+    let id = dead_lettered(&mut conn, "ro").await[0].0.clone();
+    let (code, _) = http_request_bare(
+        admin,
+        "POST",
+        "/ui/s/ro/g/act",
+        &[
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("Cookie", &cookie),
+        ],
+        format!("csrf={token}&action=delete-dead&id={id}").as_bytes(),
+    )
+    .await;
+    assert_eq!(code, 403);
+    let (code, body) = http_request(
+        admin,
+        "DELETE",
+        &format!("/v1/subscriptions/ro/g/dead-letters/{id}"),
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(code, 403, "{body}");
+    assert_eq!(dead_lettered(&mut conn, "ro").await.len(), 1);
+    host.stop().await.unwrap();
+}
