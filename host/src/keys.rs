@@ -178,6 +178,9 @@ pub struct SubscriptionKeys {
     pub dead_letter: Arc<str>,
     /// The delayed-retry set, if the subscription parks retries.
     pub delayed: Option<Arc<str>>,
+    /// Trim the dead-letter stream to about this many entries on every write (`None`: never;
+    /// trimming drops the oldest dead letters for good).
+    pub dead_letter_maxlen: Option<u64>,
 }
 
 impl SubscriptionKeys {
@@ -188,7 +191,19 @@ impl SubscriptionKeys {
             group: group.into(),
             dead_letter: dead_letter.into(),
             delayed: delayed.map(Into::into),
+            dead_letter_maxlen: None,
         }
+    }
+
+    /// The same keys, with the dead-letter stream trimmed to about `maxlen` entries.
+    pub fn with_dead_letter_maxlen(mut self, maxlen: Option<u64>) -> Self {
+        self.dead_letter_maxlen = maxlen;
+        self
+    }
+
+    /// The trim argument the scripts take: the length, or 0 for none.
+    pub fn maxlen_arg(&self) -> u64 {
+        self.dead_letter_maxlen.unwrap_or(0)
     }
 
     /// Where the stream's secret is kept.

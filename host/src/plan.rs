@@ -66,6 +66,8 @@ pub struct SubscriptionPlan {
     /// On a non-claiming subscription: how long another consumer must have been idle, holding
     /// pending entries, before this one takes them over (`None`: never).
     pub consumer_gone_after: Option<Duration>,
+    /// Trim the dead-letter stream to about this many entries (`None`: never).
+    pub dead_letter_maxlen: Option<u64>,
 }
 
 /// Every subscription of one invocation.
@@ -172,6 +174,12 @@ impl Plan {
                     human(*ttl)
                 ));
             }
+            if let Some(maxlen) = sub.dead_letter_maxlen {
+                warnings.push(format!(
+                    "dead_letter_maxlen = {maxlen} trims `{}` on every write: once it holds about {maxlen} entries, the oldest dead letters are deleted for good, unseen",
+                    stream.dead_letter
+                ));
+            }
             let mut values: Vec<(String, String)> = sub
                 .values
                 .iter()
@@ -188,6 +196,7 @@ impl Plan {
             .filter(|_| stream.claim_min_idle.is_none());
             subscriptions.push(SubscriptionPlan {
                 consumer_gone_after,
+                dead_letter_maxlen: sub.dead_letter_maxlen,
                 component,
                 stream,
                 consumer,

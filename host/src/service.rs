@@ -152,7 +152,8 @@ impl Service {
             &s.group,
             &s.dead_letter,
             s.delayed_retry.as_ref().map(DelayedRetry::key),
-        );
+        )
+        .with_dead_letter_maxlen(sub.dead_letter_maxlen);
         crate::keys::check_same_slot(&mut conn.clone(), &keys).await?;
         let secret = if s.delayed_retry.is_some() {
             crate::keys::Secret::load_or_create(&mut conn.clone(), &s.stream)
@@ -191,6 +192,7 @@ impl Service {
         let admin = crate::admin::AdminSubscription {
             labels: labels.clone(),
             of: slot.labels().clone(),
+            dead_letter_maxlen: sub.dead_letter_maxlen,
             conn: conn.clone(),
             delayed_key: s.delayed_retry.as_ref().map(|d| d.key().to_owned()),
             dead_letter: s.dead_letter.clone(),

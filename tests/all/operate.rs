@@ -49,11 +49,22 @@ fn config_file(dir: &Path, sub: Sub) -> PathBuf {
     write_config(dir, "sluice.toml", &TestConfig::of(sub).to_string())
 }
 
+/// Wait until every one of `origins` was acked, in any order (events of other entries are
+/// skipped).
+async fn wait_acked_origins(host: &mut TestHost, origins: &[String]) {
+    let mut left: HashSet<&str> = origins.iter().map(String::as_str).collect();
+    while !left.is_empty() {
+        let event = host
+            .event(T, &format!("{left:?} acked"), |e| {
+                e.kind == EventKind::Acked && left.contains(e.origin_id.as_str())
+            })
+            .await;
+        left.remove(event.origin_id.as_str());
+    }
+}
+
 async fn wait_acked_origin(host: &mut TestHost, origin: &str) {
-    host.event(T, &format!("{origin} acked"), |e| {
-        e.kind == EventKind::Acked && e.origin_id == origin
-    })
-    .await;
+    wait_acked_origins(host, &[origin.to_owned()]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -139,9 +150,7 @@ async fn dead_letters_are_listed_requeued_and_deleted_from_the_cli() {
     )
     .await;
     assert!(out.contains("requeued 2"), "{out}");
-    for origin in &origins[1..] {
-        wait_acked_origin(&mut host, origin).await;
-    }
+    wait_acked_origins(&mut host, &origins[1..]).await;
     let left = dead_lettered(&mut conn, "ops").await;
     assert_eq!(left.len(), 1);
     assert_eq!(field(&left[0].1, "sluice-origin-id"), Some(poison.as_str()));
@@ -217,9 +226,7 @@ async fn parked_retries_are_made_due_deleted_and_dead_lettered() {
 
     let out = sluice(&["retry-now", "--all"], &config, &redis).await;
     assert!(out.contains("2 retries due now"), "{out}");
-    for origin in &origins[3..] {
-        wait_acked_origin(&mut host, origin).await;
-    }
+    wait_acked_origins(&mut host, &origins[3..]).await;
     assert_eq!(parked(&mut conn, "wait.delayed").await, 0);
     let out = sluice(&["retry-now", "no-such-id"], &config, &redis).await;
     assert!(out.contains("no-such-id: not parked"), "{out}");
@@ -629,4 +636,46 @@ async fn the_admin_api_lists_and_acts_on_what_waits() {
 
 async fn http_get_token(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     http_request(addr, "GET", path, &[], b"").await
+}
+
+/// `dead_letter_maxlen` trims the dead-letter stream (approximately, as Redis's MAXLEN ~ does:
+/// whole nodes of 100 entries), and `sluice check` warns that trimming drops data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letter_maxlen_trims_and_check_warns() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let config = sub("trim").set("dead_letter_maxlen", 10);
+    let dir = tempfile::tempdir().unwrap();
+    let path = config_file(dir.path(), config.clone());
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        run_sluice(&["check", path.to_str().unwrap()], Path::new("."))
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("dead_letter_maxlen = 10 trims `trim.dead-letter`"),
+        "{out}"
+    );
+    let host = start_fixture(&redis, config).await;
+    let dead = Control::Dead { reason: "x".into() };
+    let mut last = String::new();
+    for _ in 0..500 {
+        last = add(&mut conn, "trim", &dead).await;
+    }
+    wait_for(T, "the last entry dead-lettered", || {
+        let mut conn = conn.clone();
+        let last = last.clone();
+        async move {
+            let letters = entries(&mut conn, "trim.dead-letter").await;
+            letters
+                .iter()
+                .any(|(_, f)| field(f, "sluice-origin-id") == Some(last.as_str()))
+                .then_some(())
+        }
+    })
+    .await;
+    let len: usize = cmd(&mut conn, &["XLEN", "trim.dead-letter"]).await;
+    assert!(len < 250, "trimmed to about 10 (+ one node of 100): {len}");
+    host.stop().await.unwrap();
 }

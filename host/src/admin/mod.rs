@@ -66,6 +66,8 @@ pub struct AdminSubscription {
     pub delayed_key: Option<String>,
     /// Its dead-letter stream.
     pub dead_letter: String,
+    /// Trim it to about this many entries.
+    pub dead_letter_maxlen: Option<u64>,
     /// How its read loop is doing.
     pub health: Arc<crate::subscription::ReadHealth>,
 }
@@ -79,6 +81,7 @@ impl AdminSubscription {
             &self.dead_letter,
             self.delayed_key.as_deref(),
         )
+        .with_dead_letter_maxlen(self.dead_letter_maxlen)
     }
 }
 

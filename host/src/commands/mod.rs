@@ -95,7 +95,8 @@ pub(crate) async fn targets(plan: &Plan, stream: Option<&str>) -> Result<Vec<Tar
                     p.delayed_retry
                         .as_ref()
                         .map(sluice_descriptor::DelayedRetry::key),
-                ),
+                )
+                .with_dead_letter_maxlen(sub.dead_letter_maxlen),
                 conn: conn.clone(),
             });
         }

@@ -91,6 +91,7 @@ struct RawSubscription {
     consumer: Option<String>,
     claim_min_idle: Option<String>,
     consumer_gone_after: Option<String>,
+    dead_letter_maxlen: Option<u64>,
     block: Option<String>,
     count: Option<usize>,
     dead_letter: Option<String>,
@@ -355,6 +356,16 @@ fn subscription(
         limits: limits(v, &key, &sub)?,
         values: values(v, &key, sub.config)?,
         consumer_gone_after,
+        dead_letter_maxlen: match sub.dead_letter_maxlen {
+            Some(0) => {
+                return Err(v.invalid(
+                    &key("dead_letter_maxlen"),
+                    "0",
+                    "must be at least 1 (leave it out to never trim)",
+                ));
+            }
+            other => other,
+        },
         origin: v.path.to_owned(),
     })
 }

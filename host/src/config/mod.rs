@@ -41,6 +41,7 @@
 //! | `failure_backoff`        | `{ initial = "500ms", max = "1m" }` after a trap            | as shown |
 //! | `delayed_retry`          | `{ key = "...", ttl = "1h" }`, or `"none"` to drop the descriptor's | the descriptor's |
 //! | `partitions`             | read this many partitions of the stream, each with its own hash tag (`<key>:{<stream>:<n>}`) | the descriptor's, else `1` |
+//! | `dead_letter_maxlen`     | trim the dead-letter stream to about this many entries (XADD MAXLEN ~): the oldest dead letters are dropped for good | never trimmed |
 //! | `max_in_flight`          | deliveries handled at once                                  | `16` |
 //! | `isolation`              | `"reuse"` instances, or a fresh one `"per-delivery"`        | `reuse` |
 //! | `recycle_after`          | deliveries before a reused instance is replaced             | `10000` |
@@ -242,6 +243,8 @@ pub struct SubscriptionConfig {
     pub values: BTreeMap<String, String>,
     /// `consumer_gone_after`: `None` for the default, `Some(None)` for "off".
     pub consumer_gone_after: Option<Option<Duration>>,
+    /// `dead_letter_maxlen`: trim the dead-letter stream to about this many entries.
+    pub dead_letter_maxlen: Option<u64>,
     /// Where this subscription was defined, for error messages.
     pub origin: PathBuf,
 }
@@ -292,6 +295,7 @@ impl Config {
                         limits: Limits::default(),
                         values: BTreeMap::new(),
                         consumer_gone_after: None,
+                        dead_letter_maxlen: None,
                         origin: path.clone(),
                     });
                 }

@@ -104,6 +104,7 @@ pub struct DelayedSet {
     key: Arc<str>,
     ttl: Option<Duration>,
     dead_letter: Arc<str>,
+    dead_letter_maxlen: u64,
     secret: Arc<Secret>,
     conn: crate::redis_conn::RedisHandle,
     sweep_moved: Histogram,
@@ -139,6 +140,7 @@ impl DelayedSet {
             key: keys.delayed.clone()?,
             ttl,
             dead_letter: keys.dead_letter.clone(),
+            dead_letter_maxlen: keys.maxlen_arg(),
             secret,
             conn,
             next_wake: Mutex::new(None),
@@ -237,6 +239,7 @@ impl DelayedSet {
                 keys::ORIGIN_KEY,
                 keys::ORIGIN_STREAM,
             ])
+            .arg(self.dead_letter_maxlen)
             .invoke_async(&mut conn)
             .await?;
         self.saw_server_time(now);

@@ -239,7 +239,8 @@ pub async fn dead_letter_now<C: ConnectionLike>(
             .arg(keys::RETRY_COUNT)
             .arg(keys::DELIVERY_COUNT)
             .arg(keys::MEMBER)
-            .arg(keys::ORIGIN_KEY);
+            .arg(keys::ORIGIN_KEY)
+            .arg(keys.maxlen_arg());
         for member in chunk {
             invocation.arg(member.as_slice());
         }

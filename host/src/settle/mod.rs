@@ -61,6 +61,7 @@ pub struct Settler {
     stream: Arc<str>,
     group: Arc<str>,
     dead_letter: Arc<str>,
+    dead_letter_maxlen: u64,
     conn: RedisHandle,
     delayed: Option<Arc<DelayedSet>>,
     acks: mpsc::UnboundedSender<Event>,
@@ -97,6 +98,7 @@ impl Settler {
                 stream: keys.stream.clone(),
                 group: keys.group.clone(),
                 dead_letter: keys.dead_letter.clone(),
+                dead_letter_maxlen: keys.maxlen_arg(),
                 conn,
                 delayed,
                 acks: tx,
@@ -205,7 +207,8 @@ impl Settler {
         invocation
             .key(&*self.dead_letter)
             .arg(&*self.group)
-            .arg(&delivery.entry.id);
+            .arg(&delivery.entry.id)
+            .arg(self.dead_letter_maxlen);
         let fields = delivery.user_fields();
         if fields.len() > keys::SCRIPT_MAX_FIELDS {
             invocation.arg(keys::PACKED_FIELDS).arg(pack_fields(fields));

@@ -12,6 +12,7 @@
 -- ARGV[4]  the most fields one XADD from this script may carry
 -- ARGV[5..12] the bookkeeping field names, in order: retry count, origin id, due time, mark,
 --          member, reason, origin key, origin stream (from the host's keys module)
+-- ARGV[13] trim the dead-letter stream to about this many entries (MAXLEN ~), 0 for never
 --
 -- A re-added entry carries the member's fields, then exactly four bookkeeping fields: retry
 -- count, origin id (the entry the producer first added), due time (server clock, epoch ms), and
@@ -38,8 +39,15 @@ local max_fields = tonumber(ARGV[4])
 local moved, dead, stuck = 0, 0, 0
 
 local function dead_letter(member, reason)
-  local written = redis.pcall('XADD', KEYS[3], '*', F_MEMBER, member, F_REASON, reason,
-    F_ORIGIN_KEY, KEYS[2], F_ORIGIN_STREAM, KEYS[1])
+  local args = {KEYS[3]}
+  if tonumber(ARGV[13]) > 0 then
+    args = {KEYS[3], 'MAXLEN', '~', ARGV[13]}
+  end
+  for _, v in ipairs({'*', F_MEMBER, member, F_REASON, reason, F_ORIGIN_KEY, KEYS[2],
+      F_ORIGIN_STREAM, KEYS[1]}) do
+    args[#args + 1] = v
+  end
+  local written = redis.pcall('XADD', unpack(args))
   if type(written) == 'table' and written.err then
     stuck = stuck + 1
     return false

@@ -5,7 +5,8 @@
 -- KEYS[2]  the dead-letter stream
 -- ARGV[1]  the consumer group
 -- ARGV[2]  the entry id
--- ARGV[3..] field, value, field, value, ... to record (the entry's fields plus the reason and
+-- ARGV[3]  trim the dead-letter stream to about this many entries (MAXLEN ~), 0 for never
+-- ARGV[4..] field, value, field, value, ... to record (the entry's fields plus the reason and
 --           origin bookkeeping; the caller packs them when there are too many for one XADD)
 --
 -- Order matters: the dead letter is written first and the entry acknowledged last, so a write
@@ -24,11 +25,15 @@ local state, stop = pending_state(KEYS[1], ARGV[1], ARGV[2])
 if not state then
   return stop
 end
-local fields = {}
-for i = 3, #ARGV do
-  fields[#fields + 1] = ARGV[i]
+local args = {KEYS[2]}
+if tonumber(ARGV[3]) > 0 then
+  args = {KEYS[2], 'MAXLEN', '~', ARGV[3]}
 end
-local id = redis.call('XADD', KEYS[2], '*', unpack(fields))
+args[#args + 1] = '*'
+for i = 4, #ARGV do
+  args[#args + 1] = ARGV[i]
+end
+local id = redis.call('XADD', unpack(args))
 if state == 'group-gone' then
   return {id, 0}
 end
