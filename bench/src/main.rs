@@ -10,8 +10,8 @@
 //! handler is hot-swapped every 100 ms, and time from a swap to its first delivery), `sandbox`
 //! (per-delivery instantiation with and without the pooling allocator, and what epoch
 //! interruption costs a tight handler, without Redis), `cluster` (the wasm workload on one
-//! partition vs 8 over a 3-master Redis Cluster, with each node's commands/s). See
-//! BENCHMARKS.md.
+//! partition vs 8 over a 3-master Redis Cluster, with each node's commands/s), `ui` (each admin
+//! page's time with 1,000,000 parked retries and 100,000 dead letters). See BENCHMARKS.md.
 
 mod native;
 mod scenario;
@@ -33,13 +33,14 @@ const ALL: &[&str] = &[
     "swap",
     "sandbox",
     "cluster",
+    "ui",
 ];
 
 #[derive(Parser)]
 #[command(about = "Benchmark Sluice against this machine's Redis ceiling")]
 struct Args {
     /// Scenarios to run (default: all): ceiling, native, wasm, wasm-isolated, retry, drain,
-    /// swap, sandbox, cluster.
+    /// swap, sandbox, cluster, ui.
     scenarios: Vec<String>,
     /// Print one JSON object per scenario per line instead of a table.
     #[arg(long)]
@@ -53,6 +54,12 @@ struct Args {
     /// Entries in the drain scenario.
     #[arg(long, default_value_t = 100_000)]
     drain: usize,
+    /// Parked retries behind the admin page in the ui scenario.
+    #[arg(long, default_value_t = 1_000_000)]
+    ui_parked: usize,
+    /// Dead letters behind the admin page in the ui scenario.
+    #[arg(long, default_value_t = 100_000)]
+    ui_dead: usize,
 }
 
 fn guest(name: &str) -> Result<PathBuf> {
@@ -131,6 +138,7 @@ async fn main() -> Result<()> {
             "retry" => bench.retry(args.retries, Duration::from_secs(1)).await?,
             "drain" => bench.drain(args.drain).await?,
             "swap" => bench.swap(args.messages).await?,
+            "ui" => bench.ui(args.ui_parked, args.ui_dead).await?,
             _ => unreachable!("checked above"),
         };
         if name == "ceiling" {

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod admin;
+mod browser;
 mod cli;
 mod cluster;
 mod common;

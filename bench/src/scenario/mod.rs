@@ -1,12 +1,13 @@
 //! The scenarios, the private Redis they share, and their reports: one file per scenario
 //! family (`throughput`: ceiling, native, wasm, wasm-isolated; `retry`: retry and drain;
-//! `swap`; `sandbox`; `cluster`), the shared harness here.
+//! `swap`; `sandbox`; `cluster`; `ui`), the shared harness here.
 
 mod cluster;
 mod retry;
 mod sandbox;
 mod swap;
 mod throughput;
+mod ui;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -89,7 +90,17 @@ impl Report {
         let opt =
             |v: Option<f64>, digits: usize| v.map_or("-".to_owned(), |v| format!("{v:.digits$}"));
         for r in reports {
-            let extra: Vec<String> = r.extra.iter().map(|(n, v)| format!("{n}={v:.0}")).collect();
+            let extra: Vec<String> = r
+                .extra
+                .iter()
+                .map(|(n, v)| {
+                    if v.abs() < 100.0 {
+                        format!("{n}={v:.1}")
+                    } else {
+                        format!("{n}={v:.0}")
+                    }
+                })
+                .collect();
             let _ = writeln!(
                 out,
                 "{:<26} {:>9} {:>8.2} {:>11.0} {:>7} {:>8} {:>9} {:>9} {:>9}  {}",

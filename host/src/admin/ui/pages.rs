@@ -232,15 +232,21 @@ fn chart(samples: &[Sample]) -> Markup {
         .flat_map(|r| r.iter().copied())
         .fold(1.0f64, f64::max);
     let span_ms = (samples[samples.len() - 1].at_ms - samples[0].at_ms).max(1) as f64;
-    let line = |series: usize| -> String {
+    let points = |series: usize| -> Vec<(f64, f64)> {
         rates
             .iter()
             .zip(samples.iter().skip(1))
             .map(|(r, s)| {
                 let x = 40.0 + (s.at_ms - samples[0].at_ms) as f64 / span_ms * (W - 50.0);
                 let y = 10.0 + (1.0 - r[series] / top) * (H - 30.0);
-                format!("{x:.1},{y:.1}")
+                (x, y)
             })
+            .collect()
+    };
+    let line = |series: usize| -> String {
+        points(series)
+            .iter()
+            .map(|(x, y)| format!("{x:.1},{y:.1}"))
             .collect::<Vec<_>>()
             .join(" ")
     };
@@ -252,6 +258,9 @@ fn chart(samples: &[Sample]) -> Markup {
             text x="0" y=(H - 20.0) { "0" }
             @for (i, color) in colors.iter().enumerate() {
                 polyline points=(line(i)) fill="none" stroke=(color) stroke-width="2" {}
+                @if let Some((x, y)) = points(i).last() {
+                    circle cx=(format!("{x:.1}")) cy=(format!("{y:.1}")) r="3" fill=(color) {}
+                }
             }
         }
         div.legend {
@@ -406,7 +415,7 @@ pub(super) fn dead_letters(
                     @for l in &page.items {
                         @let hidden = [("id", l.id.clone())];
                         tr {
-                            td { (l.written_ms().map(format_ms).unwrap_or_default()) br; span.muted { code { (l.id) } } }
+                            td.nowrap { (l.written_ms().map(format_ms).unwrap_or_default()) br; span.muted { code { (l.id) } } }
                             td { span.badge { (l.reason.as_deref().unwrap_or("(not written by Sluice)")) } }
                             td { code { (l.origin_id.as_deref().unwrap_or("-")) } }
                             td { (l.retry_count.map_or("-".to_owned(), |n| n.to_string())) }

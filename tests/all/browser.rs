@@ -1,0 +1,315 @@
+//! The admin page in a real browser: headless Chromium (Debian's `chromium`, installed by
+//! `scripts/setup`), driven over the DevTools protocol. It logs in, opens a running host's
+//! dead letters, clicks "Requeue" on one, and the handler runs it; a payload with `<script>`
+//! shows as text and never runs. Screenshots of each page go to `target/ui-screenshots/`.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use base64::Engine as _;
+use futures::{SinkExt as _, StreamExt as _};
+use serde_json::{Value, json};
+use sluice_host::EventKind;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::common::*;
+
+const T: Duration = Duration::from_secs(60);
+
+/// A headless Chromium and one page of it, killed (by PID) when dropped.
+struct Browser {
+    child: Child,
+    page: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+    next_id: u64,
+    _profile: tempfile::TempDir,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Browser {
+    async fn start() -> Self {
+        let profile = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("chromium")
+            .args([
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--window-size=1280,900",
+                &format!("--remote-debugging-port={port}"),
+                &format!("--user-data-dir={}", profile.path().display()),
+                "about:blank",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromium is installed by scripts/setup");
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        // The page target's WebSocket, once the DevTools endpoint answers.
+        let ws = wait_for(T, "Chromium's DevTools endpoint", || async move {
+            let body = tokio::task::spawn_blocking(move || {
+                let mut reply = ureq::get(format!("http://{addr}/json/list")).call().ok()?;
+                reply.body_mut().read_to_string().ok()
+            })
+            .await
+            .ok()??;
+            let targets: Vec<Value> = serde_json::from_str(&body).ok()?;
+            targets
+                .iter()
+                .find(|t| t["type"] == "page")
+                .and_then(|t| t["webSocketDebuggerUrl"].as_str())
+                .map(str::to_owned)
+        })
+        .await;
+        let (page, _) = tokio_tungstenite::connect_async(ws.as_str())
+            .await
+            .expect("connect to the page");
+        Self {
+            child,
+            page,
+            next_id: 0,
+            _profile: profile,
+        }
+    }
+
+    /// Call a DevTools method and return its result (events in between are skipped).
+    async fn call(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        let request = json!({ "id": id, "method": method, "params": params }).to_string();
+        self.page.send(Message::text(request)).await.unwrap();
+        loop {
+            let message = tokio::time::timeout(T, self.page.next())
+                .await
+                .expect("Chromium answers")
+                .expect("the page is open")
+                .unwrap();
+            let Message::Text(text) = message else {
+                continue;
+            };
+            let reply: Value = serde_json::from_str(&text).unwrap();
+            if reply["id"] == id {
+                assert!(reply["error"].is_null(), "{method}: {reply}");
+                return reply["result"].clone();
+            }
+        }
+    }
+
+    /// Evaluate `js` in the page and return its value.
+    async fn eval(&mut self, js: &str) -> Value {
+        let result = self
+            .call(
+                "Runtime.evaluate",
+                json!({ "expression": js, "returnByValue": true, "awaitPromise": true }),
+            )
+            .await;
+        result["result"]["value"].clone()
+    }
+
+    /// Wait until `js` is true in the page (a page load, a redirect, a rendered row).
+    async fn wait_until(&mut self, js: &str, what: &str) {
+        let deadline = tokio::time::Instant::now() + T;
+        loop {
+            if self.eval(js).await == json!(true) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn open(&mut self, url: &str) {
+        self.call("Page.navigate", json!({ "url": url })).await;
+        // Page.navigate answers once the new document is committed; then wait for its load.
+        self.wait_until("document.readyState === 'complete'", url)
+            .await;
+    }
+
+    /// Save a PNG of the page as `target/ui-screenshots/<name>.png`.
+    async fn screenshot(&mut self, name: &str) -> PathBuf {
+        let shot = self
+            .call("Page.captureScreenshot", json!({ "format": "png" }))
+            .await;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(shot["data"].as_str().unwrap())
+            .unwrap();
+        let dir = root().join("target/ui-screenshots");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{name}.png"));
+        std::fs::write(&path, png).unwrap();
+        path
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_logs_in_and_requeues_a_dead_letter_in_a_browser() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host =
+        start_fixture(&redis, Sub::fixture("payments").delayed("payments.delayed")).await;
+    let admin = host.admin().await;
+    for _ in 0..20 {
+        add(&mut conn, "payments", &Control::Ack).await;
+    }
+    for _ in 0..3 {
+        add(
+            &mut conn,
+            "payments",
+            &Control::Retry {
+                ms: 3_600_000,
+                times: 1,
+            },
+        )
+        .await;
+    }
+    // What an attacker might send: a payload that would run if the page printed it as HTML.
+    let hostile = serde_json::json!({
+        "mode": "dead",
+        "reason": "declined <img src=x onerror=window.__owned=1>",
+        "note": "<script>window.__owned=1</script>",
+    });
+    add(&mut conn, "payments", &hostile).await;
+    let fixed = add(
+        &mut conn,
+        "payments",
+        &Control::DeadUntilRequeued {
+            reason: "gateway timed out".into(),
+        },
+    )
+    .await;
+    wait_dead_letters(&conn, "payments", 2).await;
+    wait_for(T, "3 parked", || {
+        let mut conn = conn.clone();
+        async move { (parked(&mut conn, "payments.delayed").await == 3).then_some(()) }
+    })
+    .await;
+
+    let mut browser = Browser::start().await;
+    let base = format!("http://{admin}");
+    browser.call("Page.enable", json!({})).await;
+    browser.open(&format!("{base}/ui/")).await;
+    browser
+        .wait_until("location.pathname === '/ui/login'", "the login form")
+        .await;
+    browser.screenshot("login").await;
+    browser
+        .eval(&format!(
+            "document.querySelector('input[name=token]').value = {TEST_TOKEN:?}; \
+             document.querySelector('form button').click(); true"
+        ))
+        .await;
+    browser
+        .wait_until(
+            "location.pathname === '/ui/' && document.readyState === 'complete'",
+            "the overview after logging in",
+        )
+        .await;
+    // The chart needs two samples of the host's counts (5 s apart): reload until it is drawn.
+    let deadline = tokio::time::Instant::now() + T;
+    while browser
+        .eval("document.querySelector('svg polyline') !== null")
+        .await
+        != json!(true)
+    {
+        assert!(tokio::time::Instant::now() < deadline, "the chart is drawn");
+        add(&mut conn, "payments", &Control::Ack).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        browser.open(&format!("{base}/ui/")).await;
+    }
+    let overview = browser.eval("document.body.innerText").await;
+    assert!(
+        overview.as_str().unwrap().contains("Stream payments"),
+        "{overview}"
+    );
+    browser.screenshot("overview").await;
+
+    browser
+        .eval("document.querySelector('a[href$=\"/parked\"]').click(); true")
+        .await;
+    browser
+        .wait_until(
+            "location.pathname.endsWith('/parked') && document.querySelectorAll('tr').length === 4",
+            "the parked page",
+        )
+        .await;
+    browser.screenshot("parked").await;
+
+    browser
+        .open(&format!("{base}/ui/s/payments/g/dead-letters"))
+        .await;
+    browser
+        .wait_until(
+            "document.body.innerText.includes('gateway timed out')",
+            "the dead letters",
+        )
+        .await;
+    // The hostile payload is text on the page, and nothing of it ran.
+    let text = browser.eval("document.body.innerText").await;
+    assert!(
+        text.as_str()
+            .unwrap()
+            .contains("<script>window.__owned=1</script>"),
+        "{text}"
+    );
+    assert_eq!(
+        browser.eval("window.__owned === undefined").await,
+        json!(true)
+    );
+    assert_eq!(
+        browser
+            .eval("document.querySelectorAll('script').length")
+            .await,
+        json!(1),
+        "only the page's own script"
+    );
+    assert_eq!(
+        browser
+            .eval("document.querySelectorAll('img').length")
+            .await,
+        json!(0)
+    );
+    browser.screenshot("dead-letters").await;
+
+    // Click "Requeue" on the row of the fixed entry.
+    browser
+        .eval(&format!(
+            "[...document.querySelectorAll('tr')].find(r => r.innerText.includes({fixed:?}))\
+             .querySelector('button.primary').click(); true"
+        ))
+        .await;
+    browser
+        .wait_until(
+            "document.querySelector('.flash') !== null && document.readyState === 'complete'",
+            "the requeue's confirmation",
+        )
+        .await;
+    host.event(T, "the requeued entry acked", |e| {
+        e.kind == EventKind::Acked && e.origin_id == fixed
+    })
+    .await;
+    let flash = browser
+        .eval("document.querySelector('.flash').innerText")
+        .await;
+    assert!(flash.as_str().unwrap().contains("requeued"), "{flash}");
+    let shot = browser.screenshot("after-requeue").await;
+    eprintln!("screenshots in {}", shot.parent().unwrap().display());
+    assert_eq!(dead_lettered(&mut conn, "payments").await.len(), 1);
+    host.stop().await.unwrap();
+}
