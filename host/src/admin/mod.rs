@@ -7,7 +7,8 @@
 //! - `PUT /v1/subscriptions/{stream}/{group}/handler` (body: the component; `?force=true`
 //!   accepts a descriptor naming another stream or group): check and swap in a new handler;
 //! - `POST /v1/subscriptions/{stream}/{group}/rollback`: put the previous handler back;
-//! - `.../dead-letters` and `.../parked`: list and act on what waits (see `waiting.rs`).
+//! - `.../dead-letters` and `.../parked`: list and act on what waits (see `waiting.rs`);
+//! - `/` and `/ui/...`: the web page (see `ui/`).
 //!
 //! Who may call it:
 //! - It binds to loopback unless configured otherwise; beyond loopback a bearer token is
