@@ -49,6 +49,9 @@ enum Command {
         /// One JSON object per set, one per line.
         #[arg(long)]
         json: bool,
+        /// At most this many per set, earliest due first.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
         /// Redis URL (default: the subscription's, else the dev server of a running `sluice run`).
         #[arg(long, env = "SLUICE_REDIS_URL")]
         redis: Option<String>,
@@ -106,6 +109,9 @@ enum Command {
         /// At most this many per dead-letter stream.
         #[arg(long, default_value_t = 20)]
         limit: usize,
+        /// Show these dead letters (by id) whole, fields untruncated.
+        #[arg(long = "id", value_name = "DEAD_LETTER_ID")]
+        ids: Vec<String>,
         /// One JSON object per dead letter, one per line.
         #[arg(long)]
         json: bool,
@@ -239,6 +245,7 @@ fn main() -> ExitCode {
                 paths,
                 stream,
                 json,
+                limit,
                 redis,
             } => {
                 let listing = sluice_host::commands::parked(
@@ -246,6 +253,7 @@ fn main() -> ExitCode {
                     redis.as_deref(),
                     stream.as_deref(),
                     json,
+                    limit,
                 )
                 .await?;
                 print!("{listing}");
@@ -291,6 +299,7 @@ fn main() -> ExitCode {
                 stream,
                 reason,
                 limit,
+                ids,
                 json,
                 redis,
             } => {
@@ -301,6 +310,7 @@ fn main() -> ExitCode {
                         stream,
                         reason,
                         limit,
+                        ids,
                         json,
                     })
                     .await?;

@@ -110,6 +110,20 @@ async fn dead_letters_are_listed_requeued_and_deleted_from_the_cli() {
     assert_eq!(row_of(&poison)["reason"], "poison <script>");
     assert_eq!(row_of(&origins[0])["retry_count"], 0);
     assert!(rows.iter().all(|r| r["requeueable"] == true));
+    let one = sluice(
+        &[
+            "dead-letters",
+            "--id",
+            row_of(&poison)["id"].as_str().unwrap(),
+        ],
+        &config,
+        &redis,
+    )
+    .await;
+    assert!(
+        one.contains("poison <script>") && one.contains("shown: 1"),
+        "{one}"
+    );
     let filtered = sluice(&["dead-letters", "--reason", "GATEWAY"], &config, &redis).await;
     assert!(filtered.contains("shown: 3"), "{filtered}");
     assert!(!filtered.contains("poison"), "{filtered}");

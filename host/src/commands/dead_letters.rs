@@ -21,6 +21,8 @@ pub struct DeadLetterQuery {
     pub reason: Option<String>,
     /// At most this many per dead-letter stream.
     pub limit: usize,
+    /// Only these dead letters (by id), shown whole.
+    pub ids: Vec<String>,
     /// One JSON object per dead letter.
     pub json: bool,
 }
@@ -31,17 +33,25 @@ pub async fn dead_letters(query: DeadLetterQuery) -> Result<String> {
     let mut out = String::new();
     for mut target in targets(&plan, query.stream.as_deref()).await? {
         let keys = &target.keys;
-        // A filtered listing may read through the whole stream for `limit` matches.
-        let page = dead_letters::list(
-            &mut target.conn,
-            keys,
-            None,
-            query.limit,
-            query.reason.as_deref(),
-            usize::MAX,
-        )
-        .await
-        .with_context(|| format!("cannot read the dead-letter stream `{}`", keys.dead_letter))?;
+        let page = if query.ids.is_empty() {
+            // A filtered listing may read through the whole stream for `limit` matches.
+            dead_letters::list(
+                &mut target.conn,
+                keys,
+                None,
+                query.limit,
+                query.reason.as_deref(),
+                usize::MAX,
+            )
+            .await
+            .with_context(|| format!("cannot read the dead-letter stream `{}`", keys.dead_letter))?
+        } else {
+            let mut items = Vec::new();
+            for id in &query.ids {
+                items.extend(dead_letters::get(&mut target.conn, keys, id).await?);
+            }
+            crate::operate::Page { items, next: None }
+        };
         if query.json {
             for letter in &page.items {
                 let _ = writeln!(out, "{}", letter.to_json(&keys.stream));
@@ -68,7 +78,7 @@ pub async fn dead_letters(query: DeadLetterQuery) -> Result<String> {
             );
             for (name, value) in &letter.fields {
                 let mut value = printable(value);
-                if value.chars().count() > 120 {
+                if query.ids.is_empty() && value.chars().count() > 120 {
                     value = value.chars().take(117).collect::<String>() + "...";
                 }
                 let _ = writeln!(out, "      {} = {value}", printable(name));

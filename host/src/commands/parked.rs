@@ -6,12 +6,14 @@ use anyhow::{Context as _, Result};
 
 use super::{format_ms, plan, redis_url_for};
 
-/// `sluice parked`: what waits in each delayed-retry set, oldest first.
+/// `sluice parked`: what waits in each delayed-retry set, oldest first, at most `limit` per
+/// set (read as one page: a set of millions is never read whole).
 pub async fn parked(
     paths: &[PathBuf],
     redis: Option<&str>,
     stream: Option<&str>,
     json: bool,
+    limit: usize,
 ) -> Result<String> {
     use sluice_descriptor::DelayedRetry;
     let plan = plan(paths, redis).await?;
@@ -37,9 +39,16 @@ pub async fn parked(
                 continue;
             };
             seen += 1;
-            let (entries, now_ms) = crate::delayed::member::list(&mut conn, key)
+            let read = async {
+                let now_ms = crate::inspect::server_now_ms(&mut conn).await?;
+                let total: u64 = redis::cmd("ZCARD").arg(key).query_async(&mut conn).await?;
+                let page = crate::operate::parked::list(&mut conn, key, None, limit).await?;
+                Ok::<_, crate::operate::OperateError>((now_ms, total, page))
+            };
+            let (now_ms, total, page) = read
                 .await
                 .with_context(|| format!("cannot read the delayed set `{key}`"))?;
+            let entries: Vec<_> = page.items.into_iter().map(|p| p.entry).collect();
             if json {
                 let rows: Vec<serde_json::Value> = entries
                 .iter()
@@ -90,7 +99,12 @@ pub async fn parked(
                         due_in
                     );
                 }
-                let _ = writeln!(out, "  total: {}", entries.len());
+                let more = if (entries.len() as u64) < total {
+                    format!(" (showing the first {}: raise --limit)", entries.len())
+                } else {
+                    String::new()
+                };
+                let _ = writeln!(out, "  total: {total}{more}");
             }
         }
     }

@@ -263,6 +263,16 @@ async fn log_out(
     response
 }
 
+/// The subscription (partition) the page is about, or the page saying there is none.
+fn subscription<'a>(
+    state: &'a AdminState,
+    stream: &str,
+    group: &str,
+) -> Result<(&'a super::AdminSubscription, crate::keys::SubscriptionKeys), Response> {
+    super::waiting::subscription(state, stream, group)
+        .map_err(|(code, why)| (code, Html(pages::message(&why).into_string())).into_response())
+}
+
 fn forbidden(why: &str) -> Response {
     (
         StatusCode::FORBIDDEN,
@@ -304,11 +314,9 @@ async fn parked_page(
     Path((stream, group)): Path<(String, String)>,
     Query(q): Query<PageQuery>,
 ) -> Response {
-    let (sub, keys) = match super::waiting::subscription(&state, &stream, &group) {
+    let (sub, keys) = match subscription(&state, &stream, &group) {
         Ok(found) => found,
-        Err((code, why)) => {
-            return (code, Html(pages::message(&why).into_string())).into_response();
-        }
+        Err(page) => return page,
     };
     let Some(set) = keys.delayed.clone() else {
         return Html(pages::message("This subscription has no delayed-retry set: its retries stay pending in the stream.").into_string()).into_response();
@@ -348,11 +356,9 @@ async fn dead_letters_page(
     Path((stream, group)): Path<(String, String)>,
     Query(q): Query<PageQuery>,
 ) -> Response {
-    let (sub, keys) = match super::waiting::subscription(&state, &stream, &group) {
+    let (sub, keys) = match subscription(&state, &stream, &group) {
         Ok(found) => found,
-        Err((code, why)) => {
-            return (code, Html(pages::message(&why).into_string())).into_response();
-        }
+        Err(page) => return page,
     };
     let mut conn = sub.conn.clone();
     let reason = q.reason.as_deref().map(str::trim).filter(|r| !r.is_empty());
@@ -404,11 +410,9 @@ async fn act(
             "actions need the admin token: log in (or set admin_open_on_loopback = true)"
         });
     }
-    let (sub, keys) = match super::waiting::subscription(&state, &stream, &group) {
+    let (sub, keys) = match subscription(&state, &stream, &group) {
         Ok(found) => found,
-        Err((code, why)) => {
-            return (code, Html(pages::message(&why).into_string())).into_response();
-        }
+        Err(page) => return page,
     };
     let mut conn = sub.conn.clone();
     let back = |page: &str, done: &str| {
