@@ -268,9 +268,10 @@ fn subscription<'a>(
     state: &'a AdminState,
     stream: &str,
     group: &str,
-) -> Result<(&'a super::AdminSubscription, crate::keys::SubscriptionKeys), Response> {
-    super::waiting::subscription(state, stream, group)
-        .map_err(|(code, why)| (code, Html(pages::message(&why).into_string())).into_response())
+) -> Result<(&'a super::AdminSubscription, crate::keys::SubscriptionKeys), Box<Response>> {
+    super::waiting::subscription(state, stream, group).map_err(|(code, why)| {
+        Box::new((code, Html(pages::message(&why).into_string())).into_response())
+    })
 }
 
 fn forbidden(why: &str) -> Response {
@@ -316,7 +317,7 @@ async fn parked_page(
 ) -> Response {
     let (sub, keys) = match subscription(&state, &stream, &group) {
         Ok(found) => found,
-        Err(page) => return page,
+        Err(page) => return *page,
     };
     let Some(set) = keys.delayed.clone() else {
         return Html(pages::message("This subscription has no delayed-retry set: its retries stay pending in the stream.").into_string()).into_response();
@@ -358,7 +359,7 @@ async fn dead_letters_page(
 ) -> Response {
     let (sub, keys) = match subscription(&state, &stream, &group) {
         Ok(found) => found,
-        Err(page) => return page,
+        Err(page) => return *page,
     };
     let mut conn = sub.conn.clone();
     let reason = q.reason.as_deref().map(str::trim).filter(|r| !r.is_empty());
@@ -412,7 +413,7 @@ async fn act(
     }
     let (sub, keys) = match subscription(&state, &stream, &group) {
         Ok(found) => found,
-        Err(page) => return page,
+        Err(page) => return *page,
     };
     let mut conn = sub.conn.clone();
     let back = |page: &str, done: &str| {
