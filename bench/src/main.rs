@@ -11,7 +11,8 @@
 //! (per-delivery instantiation with and without the pooling allocator, and what epoch
 //! interruption costs a tight handler, without Redis), `cluster` (the wasm workload on one
 //! partition vs 8 over a 3-master Redis Cluster, with each node's commands/s), `ui` (each admin
-//! page's time with 1,000,000 parked retries and 100,000 dead letters). See BENCHMARKS.md.
+//! page's time with 1,000,000 parked retries and 100,000 dead letters), `retention` (the wasm
+//! path with stream retention on vs off). See BENCHMARKS.md.
 
 mod native;
 mod scenario;
@@ -34,13 +35,14 @@ const ALL: &[&str] = &[
     "sandbox",
     "cluster",
     "ui",
+    "retention",
 ];
 
 #[derive(Parser)]
 #[command(about = "Benchmark Sluice against this machine's Redis ceiling")]
 struct Args {
     /// Scenarios to run (default: all): ceiling, native, wasm, wasm-isolated, retry, drain,
-    /// swap, sandbox, cluster, ui.
+    /// swap, sandbox, cluster, ui, retention.
     scenarios: Vec<String>,
     /// Print one JSON object per scenario per line instead of a table.
     #[arg(long)]
@@ -116,11 +118,11 @@ async fn main() -> Result<()> {
     let mut reports: Vec<Report> = Vec::new();
     for name in wanted {
         eprintln!("running {name}...");
-        if name == "sandbox" || name == "cluster" {
-            let reports_of = if name == "sandbox" {
-                bench.sandbox(20_000).await?
-            } else {
-                bench.cluster(args.messages).await?
+        if ["sandbox", "cluster", "retention"].contains(&name) {
+            let reports_of = match name {
+                "sandbox" => bench.sandbox(20_000).await?,
+                "cluster" => bench.cluster(args.messages).await?,
+                _ => bench.retention(args.messages).await?,
             };
             for report in reports_of {
                 if args.json {

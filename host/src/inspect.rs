@@ -112,3 +112,54 @@ pub async fn server_now_ms<C: ConnectionLike>(conn: &mut C) -> RedisResult<i64> 
     let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
     Ok(secs * 1000 + micros / 1000)
 }
+
+/// How big a stream is: entries, memory (MEMORY USAGE with a few samples: cheap on a big
+/// stream), and its oldest entry's id time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct StreamSize {
+    /// XLEN.
+    pub length: u64,
+    /// MEMORY USAGE, sampled; 0 when the stream does not exist.
+    pub bytes: u64,
+    /// When the oldest entry was added (epoch ms from its id), if any.
+    pub oldest_ms: Option<i64>,
+}
+
+/// The size of `stream`.
+pub async fn stream_size<C: ConnectionLike>(conn: &mut C, stream: &str) -> RedisResult<StreamSize> {
+    let length: u64 = redis::cmd("XLEN").arg(stream).query_async(conn).await?;
+    let bytes: Option<u64> = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(stream)
+        .arg("SAMPLES")
+        .arg(5)
+        .query_async(conn)
+        .await?;
+    let first: Vec<(String, redis::Value)> = redis::cmd("XRANGE")
+        .arg(stream)
+        .arg("-")
+        .arg("+")
+        .arg("COUNT")
+        .arg(1)
+        .query_async(conn)
+        .await?;
+    Ok(StreamSize {
+        length,
+        bytes: bytes.unwrap_or(0),
+        oldest_ms: first
+            .first()
+            .and_then(|(id, _)| id.split('-').next()?.parse().ok()),
+    })
+}
+
+/// What retention's last run on `stream` recorded (`crate::retention`), if it ever ran.
+pub async fn retention_record<C: ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+) -> RedisResult<Option<std::collections::HashMap<String, String>>> {
+    let record: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(crate::retention::record_key(stream))
+        .query_async(conn)
+        .await?;
+    Ok((!record.is_empty()).then_some(record))
+}

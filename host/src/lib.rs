@@ -33,6 +33,8 @@
 //! - [`admin`] (`admin/`) serves health, readiness, [`metrics`] and the handler API;
 //!   [`inspect`] (`inspect.rs`) reads a subscription's state in Redis for them, for
 //!   `sluice status` and for the benchmark.
+//! - [`retention`] (`retention/`) trims what every consumer group of a stream has acknowledged,
+//!   so streams do not grow forever.
 //! - [`operate`] (`operate/`) acts on what waits: lists dead letters and parked retries, and
 //!   requeues, retries now, deletes or dead-letters them (CLI, admin API and web page).
 //! - [`commands`] (`commands/`) are the subcommands `main` runs, one file each.
@@ -60,6 +62,7 @@ pub mod operate;
 pub mod outcome;
 mod plan;
 pub mod redis_conn;
+pub mod retention;
 pub mod runtime;
 mod service;
 mod settle;

@@ -25,6 +25,11 @@
 //! | `sluice_http_denied_total` | counter | outbound HTTP requests refused by `allowed_outbound_hosts` |
 //! | `sluice_retry_delay_clamped_total` | counter | retries asked for longer than `max_delay` (clamped to it) |
 //! | `sluice_settle_errors_total` | counter | parks, dead letters refused by Redis in a way retrying cannot fix (entry kept pending) |
+//! | `sluice_retention_trimmed_total` | counter | stream entries trimmed by retention (acknowledged by every group) |
+//! | `sluice_retention_blocked_total` | counter | retention runs that left the stream over `max_len` because groups still need the rest |
+//! | `sluice_stream_length` | gauge | entries in the stream (scrape time) |
+//! | `sluice_stream_bytes` | gauge | the stream's memory, MEMORY USAGE sampled (scrape time) |
+//! | `sluice_stream_oldest_age_seconds` | gauge | age of the stream's oldest entry (scrape time) |
 //! | `sluice_guest_log_dropped_total` | counter | guest log lines dropped or truncated by the per-delivery log budget |
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -79,6 +84,16 @@ pub struct Metrics {
     pub parked_oldest_due: Family<SubLabels, Gauge>,
     /// Dead-letter stream length, sampled at scrape.
     pub dead_letters: Family<SubLabels, Gauge>,
+    /// Stream entries trimmed by retention.
+    pub retention_trimmed: Family<SubLabels, Counter>,
+    /// Retention runs blocked by what groups need.
+    pub retention_blocked: Family<SubLabels, Counter>,
+    /// Entries in the stream.
+    pub stream_length: Family<SubLabels, Gauge>,
+    /// The stream's memory.
+    pub stream_bytes: Family<SubLabels, Gauge>,
+    /// Age of the stream's oldest entry, seconds.
+    pub stream_oldest_age: Family<SubLabels, Gauge>,
     /// Entries moved per sweep pass.
     pub sweep_moved: HistogramFamily<SubLabels>,
     /// Sweep pass duration.
@@ -162,6 +177,36 @@ impl Default for Metrics {
                 &mut registry,
                 "dead_letter_entries",
                 "Length of the dead-letter stream",
+                Family::default(),
+            ),
+            retention_trimmed: registered(
+                &mut registry,
+                "retention_trimmed",
+                "Stream entries trimmed by retention (acknowledged by every group)",
+                Family::default(),
+            ),
+            retention_blocked: registered(
+                &mut registry,
+                "retention_blocked",
+                "Retention runs that left the stream over max_len because groups still need the rest",
+                Family::default(),
+            ),
+            stream_length: registered(
+                &mut registry,
+                "stream_length",
+                "Entries in the stream",
+                Family::default(),
+            ),
+            stream_bytes: registered(
+                &mut registry,
+                "stream_bytes",
+                "The stream's memory (MEMORY USAGE, sampled)",
+                Family::default(),
+            ),
+            stream_oldest_age: registered(
+                &mut registry,
+                "stream_oldest_age_seconds",
+                "Age of the stream's oldest entry",
                 Family::default(),
             ),
             sweep_moved: registered(

@@ -68,6 +68,10 @@ pub struct SubscriptionPlan {
     pub consumer_gone_after: Option<Duration>,
     /// Trim the dead-letter stream to about this many entries (`None`: never).
     pub dead_letter_maxlen: Option<u64>,
+    /// Trim what every group has acknowledged (`None`: off).
+    pub retention: Option<crate::config::Retention>,
+    /// Trim dead letters older than this (`None`: never).
+    pub dead_letter_keep: Option<Duration>,
 }
 
 /// Every subscription of one invocation.
@@ -197,6 +201,8 @@ impl Plan {
             subscriptions.push(SubscriptionPlan {
                 consumer_gone_after,
                 dead_letter_maxlen: sub.dead_letter_maxlen,
+                retention: sub.retention,
+                dead_letter_keep: sub.dead_letter_keep,
                 component,
                 stream,
                 consumer,
@@ -310,6 +316,28 @@ impl Plan {
                 ),
             );
             row(&mut out, "dead letter", format!("`{}`", s.dead_letter));
+            row(
+                &mut out,
+                "retention",
+                match &sub.retention {
+                    Some(r) => format!(
+                        "acknowledged by every group and older than {} trimmed every {}{}; never what a group has pending or unread",
+                        human(r.keep_acked),
+                        human(r.every),
+                        r.max_len
+                            .map(|n| format!(", sooner while longer than {n}"))
+                            .unwrap_or_default()
+                    ),
+                    None => "off: the stream grows until something else trims it".to_owned(),
+                },
+            );
+            if let Some(keep) = sub.dead_letter_keep {
+                row(
+                    &mut out,
+                    "dead letters",
+                    format!("kept for {}, then trimmed", human(keep)),
+                );
+            }
             if s.partitions > 1 {
                 let parts = s.partitioned();
                 row(

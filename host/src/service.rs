@@ -67,6 +67,8 @@ pub enum RunError {
 /// One partition, set up and ready to run.
 struct StartedPartition {
     subscription: Arc<Subscription>,
+    /// Its retention, when configured.
+    trimmer: Option<crate::retention::Trimmer>,
     /// Sends the partition's acks; ends with how many it could not send.
     acker: std::pin::Pin<Box<dyn std::future::Future<Output = usize> + Send>>,
     delayed: Option<Arc<DelayedSet>>,
@@ -228,7 +230,18 @@ impl Service {
             },
             &self.metrics,
         );
+        let trimmer = (sub.retention.is_some() || sub.dead_letter_keep.is_some()).then(|| {
+            crate::retention::Trimmer::new(
+                keys.clone(),
+                sub.retention,
+                sub.dead_letter_keep,
+                &sub.consumer,
+                conn.clone(),
+                &self.metrics,
+            )
+        });
         Ok(StartedPartition {
+            trimmer,
             subscription,
             acker: Box::pin(acker),
             delayed,
@@ -293,6 +306,9 @@ impl Service {
                 ackers.spawn(started.acker);
                 if let Some(set) = started.delayed {
                     readers.spawn(set.run_waker(stop.clone()));
+                }
+                if let Some(trimmer) = started.trimmer {
+                    readers.spawn(trimmer.run(stop.clone()));
                 }
                 readers.spawn(started.subscription.run());
             }

@@ -19,6 +19,7 @@ mod operate;
 mod operations;
 mod properties;
 mod redis_access;
+mod retention;
 mod sandbox;
 mod structure;
 mod swap;

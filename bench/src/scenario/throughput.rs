@@ -50,6 +50,26 @@ impl Bench {
 
     /// The host's full path: `native`, `wasm` or `wasm-isolated`.
     pub async fn host_path(&self, scenario: &str, n: usize) -> Result<Report> {
+        self.host_path_with(scenario, n, "").await
+    }
+
+    /// `retention`: the `wasm` path with retention trimming the stream every second behind the
+    /// readers, against the same path without it, back to back.
+    pub async fn retention(&self, n: usize) -> Result<Vec<Report>> {
+        let off = self.host_path_with("wasm-retention-off", n, "").await?;
+        let mut on = self
+            .host_path_with(
+                "wasm-retention-on",
+                n,
+                "retention = { keep_acked = \"0s\", every = \"1s\" }\n",
+            )
+            .await?;
+        on.extra
+            .push(("x_off_pct", 100.0 * on.msgs_per_s / off.msgs_per_s));
+        Ok(vec![off, on])
+    }
+
+    async fn host_path_with(&self, scenario: &str, n: usize, extra: &str) -> Result<Report> {
         let stream = format!("bench-{scenario}");
         self.fill(&stream, n, Self::payment).await?;
         let isolation = if scenario == "wasm-isolated" {
@@ -58,7 +78,7 @@ impl Bench {
             "reuse"
         };
         let toml = format!(
-            "[[subscription]]\ncomponent = {:?}\nstream = {stream:?}\ngroup = \"g\"\ncount = 128\nmax_in_flight = 128\nblock = \"100ms\"\nisolation = \"{isolation}\"\ndelayed_retry = \"none\"\n",
+            "[[subscription]]\ncomponent = {:?}\nstream = {stream:?}\ngroup = \"g\"\ncount = 128\nmax_in_flight = 128\nblock = \"100ms\"\nisolation = \"{isolation}\"\ndelayed_retry = \"none\"\n{extra}",
             self.fixture.display().to_string()
         );
         let mut service = self.service(&toml).await?;

@@ -273,6 +273,23 @@ async fn sample(metrics: &Metrics, sub: &AdminSubscription) {
         return;
     };
     let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    if let Ok(size) = crate::inspect::stream_size(&mut conn, &sub.labels.stream).await {
+        metrics
+            .stream_length
+            .get_or_create(&sub.labels)
+            .set(gauge(size.length));
+        metrics
+            .stream_bytes
+            .get_or_create(&sub.labels)
+            .set(gauge(size.bytes));
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        metrics.stream_oldest_age.get_or_create(&sub.labels).set(
+            size.oldest_ms
+                .map_or(0, |oldest| (now_ms - oldest).max(0) / 1000),
+        );
+    }
     if let Some(group) = snapshot.group {
         metrics
             .pending

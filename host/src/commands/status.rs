@@ -26,6 +26,12 @@ struct SubscriptionStatus {
     next_due_in_ms: Option<i64>,
     dead_letter: String,
     dead_letter_length: u64,
+    /// The stream's length, memory and oldest entry.
+    size: inspect::StreamSize,
+    /// The age of the oldest entry, by the server's clock.
+    oldest_age_ms: Option<i64>,
+    /// What retention's last run did (`None`: it never ran).
+    retention: Option<std::collections::HashMap<String, String>>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -92,6 +98,8 @@ async fn partition_status(
     // Gone: idle past the time after which a live host takes its entries over.
     let gone_after = sub.consumer_gone_after.or(s.claim_min_idle);
     let now_ms = inspect::server_now_ms(conn).await?;
+    let size = inspect::stream_size(conn, &s.stream).await?;
+    let retention = inspect::retention_record(conn, &s.stream).await?;
     let next_due_ms = snapshot.delayed.and_then(|d| d.next_due_ms);
     Ok(SubscriptionStatus {
         stream: s.stream.clone(),
@@ -117,6 +125,9 @@ async fn partition_status(
         next_due_in_ms: next_due_ms.map(|due| due - now_ms),
         dead_letter: s.dead_letter.clone(),
         dead_letter_length: snapshot.dead_letters,
+        oldest_age_ms: size.oldest_ms.map(|oldest| now_ms - oldest),
+        size,
+        retention,
     })
 }
 
@@ -190,6 +201,35 @@ fn render(rows: &[SubscriptionStatus], json: bool) -> Result<String> {
             "  dead letters {} in `{}`",
             r.dead_letter_length, r.dead_letter
         );
+        let _ = writeln!(
+            out,
+            "  stream {} entries, {} bytes, oldest {}",
+            r.size.length,
+            r.size.bytes,
+            r.oldest_age_ms.map_or("-".to_owned(), |ms| format!(
+                "{:.0}s old",
+                ms as f64 / 1000.0
+            ))
+        );
+        if let Some(last) = &r.retention {
+            let get = |k: &str| last.get(k).map_or("?", String::as_str);
+            let _ = writeln!(
+                out,
+                "  retention last ran at {} ({}): trimmed {} below {}{}",
+                get("at_ms")
+                    .parse::<i64>()
+                    .map(super::format_ms)
+                    .unwrap_or_default(),
+                get("holder"),
+                get("trimmed"),
+                get("threshold"),
+                if get("blocked") == "1" {
+                    "; over max_len, but groups still need the rest"
+                } else {
+                    ""
+                }
+            );
+        }
     }
     Ok(out)
 }

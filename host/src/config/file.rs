@@ -92,6 +92,8 @@ struct RawSubscription {
     claim_min_idle: Option<String>,
     consumer_gone_after: Option<String>,
     dead_letter_maxlen: Option<u64>,
+    retention: Option<RawRetention>,
+    dead_letter_retention: Option<RawDeadLetterRetention>,
     block: Option<String>,
     count: Option<usize>,
     dead_letter: Option<String>,
@@ -122,6 +124,22 @@ struct RawSubscription {
 struct RawBackoff {
     initial: String,
     max: String,
+}
+
+/// `retention = { keep_acked = "1h", max_len = 1000000, every = "10s" }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRetention {
+    keep_acked: Option<String>,
+    max_len: Option<u64>,
+    every: Option<String>,
+}
+
+/// `dead_letter_retention = { keep = "30d" }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDeadLetterRetention {
+    keep: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -356,6 +374,38 @@ fn subscription(
         limits: limits(v, &key, &sub)?,
         values: values(v, &key, sub.config)?,
         consumer_gone_after,
+        retention: match &sub.retention {
+            None => None,
+            Some(r) => Some(super::Retention {
+                keep_acked: v
+                    .opt_duration(&key("retention.keep_acked"), &r.keep_acked)?
+                    .unwrap_or(super::DEFAULT_KEEP_ACKED),
+                max_len: match r.max_len {
+                    Some(0) => {
+                        return Err(v.invalid(
+                            &key("retention.max_len"),
+                            "0",
+                            "must be at least 1 (leave it out for no cap)",
+                        ));
+                    }
+                    other => other,
+                },
+                every: match &r.every {
+                    Some(text) => {
+                        v.positive(&key("retention.every"), text, "(leave it out for 10s)")?
+                    }
+                    None => super::DEFAULT_RETENTION_EVERY,
+                },
+            }),
+        },
+        dead_letter_keep: match &sub.dead_letter_retention {
+            None => None,
+            Some(r) => Some(v.positive(
+                &key("dead_letter_retention.keep"),
+                &r.keep,
+                "(leave dead_letter_retention out to keep dead letters for ever)",
+            )?),
+        },
         dead_letter_maxlen: match sub.dead_letter_maxlen {
             Some(0) => {
                 return Err(v.invalid(

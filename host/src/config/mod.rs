@@ -42,6 +42,8 @@
 //! | `delayed_retry`          | `{ key = "...", ttl = "1h" }`, or `"none"` to drop the descriptor's | the descriptor's |
 //! | `partitions`             | read this many partitions of the stream, each with its own hash tag (`<key>:{<stream>:<n>}`) | the descriptor's, else `1` |
 //! | `dead_letter_maxlen`     | trim the dead-letter stream to about this many entries (XADD MAXLEN ~): the oldest dead letters are dropped for good | never trimmed |
+//! | `retention`              | `{ keep_acked = "1h", max_len = 1000000, every = "10s" }`: trim entries every consumer group of the stream has acknowledged, older than `keep_acked`; never one a group has pending or unread (see `crate::retention`) | off: the stream grows until producers cap it |
+//! | `dead_letter_retention`  | `{ keep = "30d" }`: trim dead letters older than this | kept for ever |
 //! | `max_in_flight`          | deliveries handled at once                                  | `16` |
 //! | `isolation`              | `"reuse"` instances, or a fresh one `"per-delivery"`        | `reuse` |
 //! | `recycle_after`          | deliveries before a reused instance is replaced             | `10000` |
@@ -245,8 +247,31 @@ pub struct SubscriptionConfig {
     pub consumer_gone_after: Option<Option<Duration>>,
     /// `dead_letter_maxlen`: trim the dead-letter stream to about this many entries.
     pub dead_letter_maxlen: Option<u64>,
+    /// `retention`: trim what every group has acknowledged (off when `None`).
+    pub retention: Option<Retention>,
+    /// `dead_letter_retention.keep`: trim dead letters older than this (kept for ever when
+    /// `None`).
+    pub dead_letter_keep: Option<Duration>,
     /// Where this subscription was defined, for error messages.
     pub origin: PathBuf,
+}
+
+/// How long acknowledged history is kept when `retention` does not say.
+pub const DEFAULT_KEEP_ACKED: Duration = Duration::from_secs(3600);
+/// How often retention runs when `retention` does not say.
+pub const DEFAULT_RETENTION_EVERY: Duration = Duration::from_secs(10);
+
+/// A stream's retention policy: what every consumer group has acknowledged goes once it is
+/// older than `keep_acked`; never anything a group has pending or has not read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Acknowledged entries younger than this stay.
+    pub keep_acked: Duration,
+    /// While the stream is longer, acknowledged entries go however young (never what a group
+    /// needs: then the run reports it and keeps them).
+    pub max_len: Option<u64>,
+    /// How often one host runs it.
+    pub every: Duration,
 }
 
 /// The validated configuration of one `sluice` invocation.
@@ -296,6 +321,8 @@ impl Config {
                         values: BTreeMap::new(),
                         consumer_gone_after: None,
                         dead_letter_maxlen: None,
+                        retention: None,
+                        dead_letter_keep: None,
                         origin: path.clone(),
                     });
                 }
