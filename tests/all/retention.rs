@@ -115,7 +115,7 @@ async fn keep_acked_keeps_young_history_and_parked_retries_survive_trimming() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     // Young history is kept: a run happens and trims nothing.
-    let mut host = start_fixture(&redis, retention(Sub::fixture("young"), "1h", None)).await;
+    let host = start_fixture(&redis, retention(Sub::fixture("young"), "1h", None)).await;
     let mut last = String::new();
     for _ in 0..300 {
         last = add(&mut conn, "young", &Control::Ack).await;
