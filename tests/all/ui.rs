@@ -201,3 +201,46 @@ async fn read_only_hides_and_refuses_every_action() {
     assert_eq!(dead_lettered(&mut conn, "ro").await.len(), 1);
     host.stop().await.unwrap();
 }
+
+/// Without an admin token the page shows at once (a session is made for the visitor) and
+/// refuses every action, as the API does, unless `admin_open_on_loopback` says otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_token_the_page_shows_but_does_not_act() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let config = TestConfig::of(Sub::fixture("web").delayed("web.delayed")).no_admin_token();
+    let mut host = start_fixture(&redis, config).await;
+    let admin = host.admin().await;
+    add(
+        &mut conn,
+        "web",
+        &Control::Dead {
+            reason: "kept".into(),
+        },
+    )
+    .await;
+    wait_dead_letters(&conn, "web", 1).await;
+    let (code, head, letters) =
+        http_exchange(admin, "GET", "/ui/s/web/g/dead-letters", &[], b"").await;
+    assert_eq!(code, 200, "{head}");
+    assert!(
+        letters.contains("kept") && letters.contains("read-only"),
+        "{letters}"
+    );
+    let cookie = header(&head, "set-cookie")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert!(
+        !letters.contains("name=\"csrf\""),
+        "no action form is offered: {letters}"
+    );
+    let id = dead_lettered(&mut conn, "web").await[0].0.clone();
+    let body = format!("csrf={}&action=delete-dead&id={id}", "0".repeat(64));
+    let (code, _) = post_form(admin, Some(&cookie), None, &body).await;
+    assert_eq!(code, 403);
+    assert_eq!(dead_lettered(&mut conn, "web").await.len(), 1);
+    host.stop().await.unwrap();
+}

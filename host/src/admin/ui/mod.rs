@@ -407,8 +407,10 @@ async fn act(
     if !viewer.can_act {
         return forbidden(if state.read_only {
             "the admin server is read-only (admin_read_only = true)"
+        } else if state.token.is_some() {
+            "actions need the admin token: log in again"
         } else {
-            "actions need the admin token: log in (or set admin_open_on_loopback = true)"
+            "actions need an admin token (admin_token_file or admin_token_env) to log in with, or admin_open_on_loopback = true"
         });
     }
     let (sub, keys) = match subscription(&state, &stream, &group) {
