@@ -21,6 +21,9 @@ pub struct Delivery {
     pub retry_count: u32,
     /// How many times Redis delivered this entry id.
     pub delivery_count: u64,
+    /// The id of the entry the producer first added: the same through every retry and requeue,
+    /// while `id` changes when a retry comes back. Use it as the idempotency key.
+    pub origin_id: String,
 }
 
 impl Delivery {
@@ -32,6 +35,7 @@ impl Delivery {
             fields: d.fields,
             retry_count: d.retry_count,
             delivery_count: d.delivery_count,
+            origin_id: d.origin_id,
         }
     }
 

@@ -272,7 +272,9 @@ async fn the_guest_sees_its_config_values_and_the_delivery() {
     };
     assert_eq!(
         reason,
-        "stream=report group=g retry_count=0 delivery_count=1 config=eu-west fields=payload"
+        format!(
+            "stream=report group=g retry_count=0 delivery_count=1 origin={id} config=eu-west fields=payload"
+        )
     );
     host.stop().await.expect("clean stop");
 }

@@ -693,3 +693,34 @@ async fn dead_letter_maxlen_trims_and_check_warns() {
     assert!(len < 250, "trimmed to about 10 (+ one node of 100): {len}");
     host.stop().await.unwrap();
 }
+
+/// A requeued entry comes back under a new id and keeps its origin id, which the handler sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requeued_entry_keeps_its_origin_id_for_the_handler() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(&redis, sub("origin")).await;
+    let report = Control::Report { key: "none".into() };
+    let origin = add(&mut conn, "origin", &report).await;
+    wait_dead_letters(&conn, "origin", 1).await;
+    let k = keys("origin");
+    let page = dead_letters::list(&mut conn, &k, None, 10, None, 1)
+        .await
+        .unwrap();
+    let requeued = dead_letters::requeue(&mut conn, &k, &page.items[0])
+        .await
+        .unwrap();
+    let dead_letters::Requeued::To(new_id) = requeued else {
+        panic!("{requeued:?}");
+    };
+    assert_ne!(new_id, origin);
+    let event = host
+        .event(T, "the requeued copy reported", |e| e.id == new_id)
+        .await;
+    let EventKind::DeadLettered { reason } = event.kind else {
+        panic!("{event:?}");
+    };
+    assert!(reason.contains(&format!("origin={origin}")), "{reason}");
+    assert!(reason.contains("sluice-requeued-from"), "{reason}");
+    host.stop().await.unwrap();
+}

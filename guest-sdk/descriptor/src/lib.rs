@@ -94,6 +94,24 @@ pub enum DelayedRetry {
 }
 
 impl DelayedRetry {
+    /// Park retries in the sorted set `key`, kept until swept (no ttl).
+    pub fn durable_zset(key: impl Into<String>) -> Self {
+        Self::DurableZset {
+            key: key.into(),
+            ttl: None,
+        }
+    }
+
+    /// The same set, expiring `ttl` after its latest due retry when no host sweeps it.
+    pub fn with_ttl(self, ttl: Duration) -> Self {
+        match self {
+            Self::DurableZset { key, .. } => Self::DurableZset {
+                key,
+                ttl: Some(ttl),
+            },
+        }
+    }
+
     /// The Redis key the retries wait in.
     pub fn key(&self) -> &str {
         match self {
@@ -602,6 +620,25 @@ mod tests {
             "payments:{payments:1}"
         );
         assert_eq!(partition_stream("payments", 1, b"acct-42"), "payments");
+    }
+
+    #[test]
+    fn the_short_constructor_is_the_long_form() {
+        assert_eq!(
+            DelayedRetry::durable_zset("s.delayed"),
+            DelayedRetry::DurableZset {
+                key: "s.delayed".into(),
+                ttl: None
+            }
+        );
+        let hour = Duration::from_secs(3600);
+        assert_eq!(
+            DelayedRetry::durable_zset("s.delayed").with_ttl(hour),
+            DelayedRetry::DurableZset {
+                key: "s.delayed".into(),
+                ttl: Some(hour)
+            }
+        );
     }
 
     #[test]

@@ -272,6 +272,7 @@ fn to_wit(delivery: &Delivery) -> Result<wit::Delivery, String> {
         fields,
         retry_count: delivery.retry_count,
         delivery_count: delivery.delivery_count,
+        origin_id: delivery.origin_id.clone(),
     })
 }
 
