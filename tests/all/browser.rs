@@ -47,6 +47,8 @@ impl Browser {
                 "--headless=new",
                 "--no-sandbox",
                 "--disable-gpu",
+                // Containers often give /dev/shm only 64 MiB.
+                "--disable-dev-shm-usage",
                 "--no-first-run",
                 "--window-size=1280,900",
                 &format!("--remote-debugging-port={port}"),
