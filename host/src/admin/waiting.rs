@@ -154,30 +154,10 @@ async fn requeue(
     let mut missing = Vec::new();
     let mut more = false;
     if body.all {
-        let mut cursor: Option<String> = None;
-        while letters.len() < ALL_PER_CALL {
-            let page = dead_letters::list(
-                &mut conn,
-                &keys,
-                cursor.as_deref(),
-                BATCH,
-                body.reason.as_deref(),
-                1,
-            )
-            .await
-            .map_err(failed)?;
-            letters.extend(
-                page.items
-                    .into_iter()
-                    .filter(|l| l.not_requeueable.is_none()),
-            );
-            cursor = page.next;
-            if cursor.is_none() {
-                break;
-            }
-        }
-        more = cursor.is_some() || letters.len() > ALL_PER_CALL;
-        letters.truncate(ALL_PER_CALL);
+        (letters, more) =
+            dead_letters::requeueable(&mut conn, &keys, body.reason.as_deref(), ALL_PER_CALL)
+                .await
+                .map_err(failed)?;
     } else {
         for id in &body.ids {
             match dead_letters::get(&mut conn, &keys, id)

@@ -273,6 +273,33 @@ pub async fn list<C: ConnectionLike>(
     Ok(Page { items, next })
 }
 
+/// Up to `max` dead letters that can be requeued (whose reason contains `reason`, if given),
+/// newest first, and whether more remain: what one bounded "requeue all" call works on.
+pub async fn requeueable<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &SubscriptionKeys,
+    reason: Option<&str>,
+    max: usize,
+) -> Result<(Vec<DeadLetter>, bool), OperateError> {
+    let mut letters = Vec::new();
+    let mut cursor: Option<String> = None;
+    while letters.len() < max {
+        let page = list(conn, keys, cursor.as_deref(), BATCH, reason, 1).await?;
+        letters.extend(
+            page.items
+                .into_iter()
+                .filter(|l| l.not_requeueable.is_none()),
+        );
+        cursor = page.next;
+        if cursor.is_none() {
+            break;
+        }
+    }
+    let more = cursor.is_some() || letters.len() > max;
+    letters.truncate(max);
+    Ok((letters, more))
+}
+
 /// The dead letter `id`, if it is there.
 pub async fn get<C: ConnectionLike>(
     conn: &mut C,

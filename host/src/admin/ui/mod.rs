@@ -454,28 +454,19 @@ async fn act(
                     .as_deref()
                     .map(str::trim)
                     .filter(|r| !r.is_empty());
-                let (mut moved, mut cursor, mut more) = (0usize, None::<String>, false);
-                while moved < super::waiting::ALL_PER_CALL {
-                    let page = dead_letters::list(
-                        &mut conn,
-                        &keys,
-                        cursor.as_deref(),
-                        crate::operate::BATCH,
-                        reason,
-                        1,
-                    )
-                    .await?;
-                    for letter in page.items.iter().filter(|l| l.not_requeueable.is_none()) {
-                        if let dead_letters::Requeued::To(_) =
-                            dead_letters::requeue(&mut conn, &keys, letter).await?
-                        {
-                            moved += 1;
-                        }
-                    }
-                    cursor = page.next;
-                    more = cursor.is_some();
-                    if !more {
-                        break;
+                let (letters, more) = dead_letters::requeueable(
+                    &mut conn,
+                    &keys,
+                    reason,
+                    super::waiting::ALL_PER_CALL,
+                )
+                .await?;
+                let mut moved = 0usize;
+                for letter in &letters {
+                    if let dead_letters::Requeued::To(_) =
+                        dead_letters::requeue(&mut conn, &keys, letter).await?
+                    {
+                        moved += 1;
                     }
                 }
                 let rest = if more {

@@ -99,6 +99,13 @@ fn ago(at: std::time::SystemTime) -> String {
 /// Every subscription: handler version and history, outcomes, and per partition what waits.
 pub(super) async fn overview(state: &AdminState, viewer: &Viewer) -> Markup {
     let mut cards = Vec::new();
+    // One server clock reading for the page's countdowns.
+    let now_ms = match state.subscriptions.first() {
+        Some(sub) => crate::inspect::server_now_ms(&mut sub.conn.clone())
+            .await
+            .unwrap_or(0),
+        None => 0,
+    };
     for control in state.swaps.iter() {
         let slot = control.slot();
         let labels = slot.labels();
@@ -125,8 +132,7 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer) -> Markup {
                 ),
             )
             .await;
-            let now_ms = crate::inspect::server_now_ms(&mut conn).await.unwrap_or(0);
-            rows.push((part, snapshot, part.health.problem(), now_ms));
+            rows.push((part, snapshot, part.health.problem()));
         }
         let current = slot.current();
         let (swaps, refusals) = slot.counts();
@@ -143,7 +149,7 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer) -> Markup {
                 }
                 table {
                     tr { th { "stream" } th { "state" } th { "pending" } th { "unread" } th { "parked" } th { "next due" } th { "dead letters" } }
-                    @for (part, snapshot, problem, now_ms) in &rows {
+                    @for (part, snapshot, problem) in &rows {
                         @let keys = part.keys();
                         tr {
                             td { code { (part.labels.stream) } }
