@@ -244,3 +244,42 @@ async fn without_a_token_the_page_shows_but_does_not_act() {
     assert_eq!(dead_lettered(&mut conn, "web").await.len(), 1);
     host.stop().await.unwrap();
 }
+
+/// A producer's bytes that are not text show as hex, never raw; and the page, like the API,
+/// refuses a request for another host name (DNS rebinding).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_values_show_as_hex_and_other_host_names_are_refused() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(&redis, Sub::fixture("bin")).await;
+    let admin = host.admin().await;
+    let payload = serde_json::to_string(&Control::Dead {
+        reason: "bytes".into(),
+    })
+    .unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg("bin")
+        .arg("*")
+        .arg("payload")
+        .arg(payload)
+        .arg("blob")
+        .arg(&[0xffu8, 0x00, b'<', b's'][..])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    wait_dead_letters(&conn, "bin", 1).await;
+    let cookie = log_in(admin).await;
+    let (code, letters) = page(admin, "/ui/s/bin/g/dead-letters", &cookie).await;
+    assert_eq!(code, 200);
+    assert!(letters.contains("0xff003c73"), "{letters}");
+    let (code, _) = http_request_bare(
+        admin,
+        "GET",
+        "/ui/",
+        &[("Host", "evil.example"), ("Cookie", &cookie)],
+        b"",
+    )
+    .await;
+    assert_eq!(code, 421, "a rebinding page cannot read the admin page");
+    host.stop().await.unwrap();
+}
