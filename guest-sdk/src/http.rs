@@ -11,12 +11,17 @@
 //! let response = Request::post("https://gateway.example.com/charge")
 //!     .json(&payment)
 //!     .timeout(Duration::from_secs(2))
-//!     .send()?;
+//!     .send()
+//!     .await?;
 //! if response.status() == 200 { /* charged */ }
 //! ```
 //!
-//! Calls block the handler until the response has been read whole; the host keeps serving
-//! other deliveries meanwhile.
+//! `send` is a real future: every wait (for the response, for body bytes) is a `wasi:io`
+//! pollable handed to `wstd`'s reactor, so while a request waits the handler is suspended in
+//! the host's `poll`, not spinning, and requests joined together (`futures::join!`,
+//! `futures_lite::future::zip`) are in flight at the same time. The requests themselves are
+//! `wasi:http` calls through the `wasip2` bindings, which keeps the host's error codes (denied,
+//! timeouts, connect) typed all the way to [`ErrorKind`].
 
 use std::fmt;
 use std::time::Duration;
@@ -27,7 +32,8 @@ use wasip2::http::outgoing_handler;
 use wasip2::http::types::{
     ErrorCode, Fields, IncomingBody, Method, OutgoingBody, OutgoingRequest, RequestOptions, Scheme,
 };
-use wasip2::io::streams::StreamError;
+use wasip2::io::streams::{InputStream, StreamError};
+use wstd::runtime::AsyncPollable;
 
 /// Largest chunk `blocking-write-and-flush` accepts.
 const WRITE_CHUNK: usize = 4096;
@@ -107,8 +113,9 @@ impl Request {
         self
     }
 
-    /// Send the request and read the whole response.
-    pub fn send(self) -> Result<Response, Error> {
+    /// Send the request and read the whole response. The handler is suspended while it
+    /// waits, so other futures it joined with this one make progress meanwhile.
+    pub async fn send(self) -> Result<Response, Error> {
         let fail = |kind: ErrorKind| Error {
             method: self.method.clone(),
             url: self.url.clone(),
@@ -141,7 +148,7 @@ impl Request {
         let response = loop {
             match pending.get() {
                 Some(result) => break result,
-                None => pending.subscribe().block(),
+                None => AsyncPollable::new(pending.subscribe()).wait_for().await,
             }
         };
         let response = response
@@ -157,7 +164,7 @@ impl Request {
         let body = response
             .consume()
             .map_err(|()| fail(ErrorKind::Other("the body was taken twice".into())))?;
-        let body = read_body(body).map_err(fail)?;
+        let body = read_body(body).await.map_err(fail)?;
         Ok(Response {
             status,
             headers,
@@ -224,21 +231,33 @@ fn write_body(body: OutgoingBody, bytes: &[u8]) -> Result<(), ErrorKind> {
     OutgoingBody::finish(body, None).map_err(ErrorKind::from)
 }
 
-fn read_body(body: IncomingBody) -> Result<Vec<u8>, ErrorKind> {
+async fn read_body(body: IncomingBody) -> Result<Vec<u8>, ErrorKind> {
     let stream = body
         .stream()
         .map_err(|()| ErrorKind::Other("the body stream was taken twice".into()))?;
-    let mut bytes = Vec::new();
-    loop {
-        match stream.blocking_read(READ_CHUNK) {
-            Ok(chunk) => bytes.extend_from_slice(&chunk),
-            Err(StreamError::Closed) => break,
-            Err(err) => return Err(stream_error(err)),
-        }
-    }
+    let bytes = read_all(&stream).await?;
     drop(stream);
     let _trailers = IncomingBody::finish(body);
     Ok(bytes)
+}
+
+/// Read a stream to its end, suspending (not blocking) while no bytes are ready.
+async fn read_all(stream: &InputStream) -> Result<Vec<u8>, ErrorKind> {
+    let mut bytes = Vec::new();
+    let mut ready: Option<AsyncPollable> = None;
+    loop {
+        match stream.read(READ_CHUNK) {
+            Ok(chunk) if chunk.is_empty() => {
+                ready
+                    .get_or_insert_with(|| AsyncPollable::new(stream.subscribe()))
+                    .wait_for()
+                    .await
+            }
+            Ok(chunk) => bytes.extend_from_slice(&chunk),
+            Err(StreamError::Closed) => return Ok(bytes),
+            Err(err) => return Err(stream_error(err)),
+        }
+    }
 }
 
 fn stream_error(err: StreamError) -> ErrorKind {

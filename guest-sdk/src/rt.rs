@@ -4,7 +4,6 @@
 use std::any::Any;
 use std::future::Future;
 use std::sync::OnceLock;
-use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -70,17 +69,11 @@ fn state<S: FromConfig + Send + Sync + 'static>() -> &'static S {
     }
 }
 
-/// Drive a handler's future to completion. Guests have no reactor: WASI 0.2 calls block, so
-/// a handler's future is ready as soon as its work is done and this loop rarely polls twice.
+/// Drive a handler's future to completion on `wstd`'s reactor: a future waiting on a timer or
+/// a response is parked in `wasi:io/poll` (the instance sleeps in the host) until something
+/// it waits for is ready, instead of being polled in a loop.
 pub fn block_on<F: Future>(future: F) -> F::Output {
-    let mut future = std::pin::pin!(future);
-    let mut cx = std::task::Context::from_waker(Waker::noop());
-    loop {
-        if let Poll::Ready(value) = future.as_mut().poll(&mut cx) {
-            return value;
-        }
-        std::hint::spin_loop();
-    }
+    wstd::runtime::block_on(future)
 }
 
 fn millis(d: Duration) -> u64 {

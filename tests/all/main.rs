@@ -15,6 +15,7 @@ mod crash;
 mod delayed;
 mod entries;
 mod examples;
+mod guest_async;
 mod operate;
 mod operations;
 mod properties;

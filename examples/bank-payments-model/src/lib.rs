@@ -99,6 +99,7 @@ impl PaymentGateway {
             .json(payment)
             .timeout(self.timeout)
             .send()
+            .await
             .map_err(|err| {
                 if err.is_timeout() {
                     GatewayError::Timeout

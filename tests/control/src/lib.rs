@@ -64,6 +64,22 @@ pub enum Control {
         /// How long.
         ms: u64,
     },
+    /// `.await` the SDK's timer for `ms` milliseconds (suspended in the host's poll, not
+    /// spinning), then dead-letter with `slept=<measured ms>`.
+    Await {
+        /// How long.
+        ms: u64,
+    },
+    /// POST to every url in `urls`, all at once (joined futures) or one after another, then
+    /// dead-letter with `elapsed=<ms> statuses=<s1,s2,..>` (an error's text for a failed one).
+    /// Not in the v2 build.
+    HttpMany {
+        /// Where to send them.
+        urls: Vec<String>,
+        /// One after another instead of joined.
+        #[serde(default)]
+        sequential: bool,
+    },
     /// Allocate 1 MiB blocks until allocation fails.
     Alloc,
     /// Recurse without end.
