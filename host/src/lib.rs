@@ -38,6 +38,9 @@
 //! - [`operate`] (`operate/`) acts on what waits: lists dead letters and parked retries, and
 //!   requeues, retries now, deletes or dead-letters them (CLI, admin API and web page).
 //! - [`commands`] (`commands/`) are the subcommands `main` runs, one file each.
+//! - [`project`] (`project/`) is a handler project before it is a component: `sluice new`
+//!   writes one (Rust, Python or JavaScript), `sluice build` builds it with its language's
+//!   toolchain against the same WIT, `sluice dev` rebuilds it on every save.
 //! - [`digest`] names a handler version (its component's SHA-256) in logs, metrics and the API.
 //! - [`chain`] renders an error and its causes as one line (logs, `/readyz`, API answers).
 //! - [`keys`] names every Redis key and bookkeeping field, [`redis_conn`] opens connections and
@@ -61,6 +64,7 @@ mod metrics;
 pub mod operate;
 pub mod outcome;
 mod plan;
+pub mod project;
 pub mod redis_conn;
 pub mod retention;
 pub mod runtime;

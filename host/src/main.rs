@@ -28,6 +28,37 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Write a new handler project (handler, descriptor with a delayed retry, sluice.toml,
+    /// README, .gitignore) in ./<name>.
+    New {
+        /// The project's name: its directory, package and stream.
+        name: String,
+        /// The handler's language.
+        #[arg(long, value_enum, default_value_t = sluice_host::project::Lang::Rust)]
+        lang: sluice_host::project::Lang,
+        /// Rust: take sluice-guest from this checkout's guest-sdk directory (or a directory of
+        /// unpacked SDK crates) until it is on crates.io. Default: the checkout this sluice
+        /// was built from, if it is still there.
+        #[arg(long, env = "SLUICE_SDK_PATH")]
+        sdk_path: Option<PathBuf>,
+    },
+    /// Build the handler project in a directory (cargo, componentize-py or componentize-js)
+    /// into target/<name>.wasm, and print that path.
+    Build {
+        /// The project's directory.
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Build the project, run it (with a private dev Redis unless --redis), and rebuild and
+    /// hot-swap on every change to its sources; a failed build keeps the last good handler.
+    Dev {
+        /// The project's directory.
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+        /// Redis URL (default: the project's sluice.toml, else a private dev server).
+        #[arg(long, env = "SLUICE_REDIS_URL")]
+        redis: Option<String>,
+    },
     /// Run the subscriptions of config files and/or components until SIGTERM or ctrl-c.
     Run {
         /// `.toml` configs and/or `.wasm` components (a component alone runs its own descriptor).
@@ -238,6 +269,13 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
+            Command::New {
+                name,
+                lang,
+                sdk_path,
+            } => sluice_host::commands::new(&name, lang, sdk_path.as_deref()),
+            Command::Build { dir } => sluice_host::commands::build(&dir).map(|_| ()),
+            Command::Dev { dir, redis } => sluice_host::commands::dev(&dir, redis.as_deref()).await,
             Command::Run { paths, redis } => {
                 sluice_host::commands::run(&paths, redis.as_deref()).await
             }

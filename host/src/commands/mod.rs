@@ -2,9 +2,12 @@
 //! context-rich `anyhow` errors that say what to do. One file per subcommand, as `main`
 //! dispatches them; what several share (building the plan, finding Redis) is here.
 
+mod build;
 mod check;
 mod dead_letters;
 mod delete;
+mod dev;
+mod new;
 mod parked;
 mod requeue;
 mod retry_now;
@@ -16,9 +19,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 
+pub use build::build;
 pub use check::check;
 pub use dead_letters::{DeadLetterQuery, dead_letters};
 pub use delete::{Deletion, delete};
+pub use dev::dev;
+pub use new::new;
 pub use parked::parked;
 pub use requeue::{RequeueRequest, requeue};
 pub use retry_now::retry_now;

@@ -161,8 +161,58 @@ where
     }
 }
 
-/// Write `toml` (with `{fixture}`, `{bank}`, `{bank_manual}` and `{other_world}` replaced by
-/// component paths) to a file in `dir`.
+/// The Python and JavaScript bank-payments examples, built once per test run with `sluice
+/// build` (componentize-py and componentize-js, as `scripts/setup` installs them).
+pub struct Polyglot {
+    pub python: PathBuf,
+    pub js: PathBuf,
+}
+
+/// `PATH` with the build tools `scripts/setup` installs under `target/tools` first.
+pub fn tools_path() -> String {
+    let tools = root().join("target/tools");
+    let mut dirs = vec![tools.join("py/bin"), tools.join("js/node_modules/.bin")];
+    dirs.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
+    std::env::join_paths(dirs)
+        .expect("PATH entries")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// `sluice build` in `dir`; the component's path.
+pub fn sluice_build(dir: &Path) -> PathBuf {
+    let out = Command::new(sluice_bin())
+        .arg("build")
+        .current_dir(dir)
+        .env("PATH", tools_path())
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("sluice build runs");
+    assert!(
+        out.status.success(),
+        "sluice build in {} failed",
+        dir.display()
+    );
+    let path = String::from_utf8(out.stdout).expect("a path");
+    dir.join(path.trim())
+}
+
+pub fn polyglot() -> &'static Polyglot {
+    static POLYGLOT: OnceLock<Polyglot> = OnceLock::new();
+    POLYGLOT.get_or_init(|| {
+        let (python, js) = std::thread::scope(|s| {
+            let python = s.spawn(|| sluice_build(&root().join("examples/bank-payments-python")));
+            let js = sluice_build(&root().join("examples/bank-payments-js"));
+            (python.join().expect("python build"), js)
+        });
+        Polyglot { python, js }
+    })
+}
+
+/// Write `toml` (with `{fixture}`, `{bank}`, `{bank_manual}`, `{bank_python}`, `{bank_js}` and
+/// `{other_world}` replaced by component paths) to a file in `dir`.
 pub fn write_config(dir: &Path, name: &str, toml: &str) -> PathBuf {
     let g = guests();
     // Tests run in parallel: every host's admin server takes a free port.
@@ -188,6 +238,13 @@ pub fn write_config(dir: &Path, name: &str, toml: &str) -> PathBuf {
         .replace("{bank_manual}", &g.bank_manual.display().to_string())
         .replace("{bank}", &g.bank.display().to_string())
         .replace("{other_world}", &g.other_world.display().to_string());
+    let text = if text.contains("{bank_python}") || text.contains("{bank_js}") {
+        let p = polyglot();
+        text.replace("{bank_python}", &p.python.display().to_string())
+            .replace("{bank_js}", &p.js.display().to_string())
+    } else {
+        text
+    };
     let path = dir.join(name);
     std::fs::write(&path, text).expect("write config");
     path

@@ -1,0 +1,27 @@
+//! `sluice build`: build the project in a directory into its component.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result};
+
+use crate::project::{Project, build};
+
+/// Build the project in `dir`; prints the component's path on stdout.
+pub fn build(dir: &Path) -> Result<PathBuf> {
+    let project = Project::detect(dir)?;
+    eprintln!("building {} ({} handler)", dir.display(), project.lang);
+    let built = build::build(&project).with_context(|| {
+        format!(
+            "cannot build the {} handler in {}",
+            project.lang,
+            dir.display()
+        )
+    })?;
+    eprintln!(
+        "built in {:.1}s ({:.1} MB)",
+        built.took.as_secs_f64(),
+        built.size as f64 / 1e6
+    );
+    println!("{}", built.path.display());
+    Ok(built.path)
+}
