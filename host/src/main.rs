@@ -239,6 +239,11 @@ enum Command {
 fn init_tracing(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // notify reports watches it could not remove (a build deleted the directory) at info.
+    let filter = match "notify=warn".parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    };
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(true)
         .finish(std::io::stderr());

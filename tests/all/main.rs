@@ -18,6 +18,7 @@ mod examples;
 mod guest_async;
 mod operate;
 mod operations;
+mod projects;
 mod properties;
 mod redis_access;
 mod retention;

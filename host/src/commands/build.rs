@@ -9,7 +9,11 @@ use crate::project::{Project, build};
 /// Build the project in `dir`; prints the component's path on stdout.
 pub fn build(dir: &Path) -> Result<PathBuf> {
     let project = Project::detect(dir)?;
-    eprintln!("building {} ({} handler)", dir.display(), project.lang);
+    eprintln!(
+        "building {} ({} handler)",
+        project.dir.display(),
+        project.lang
+    );
     let built = build::build(&project).with_context(|| {
         format!(
             "cannot build the {} handler in {}",

@@ -27,16 +27,22 @@ pub async fn dev(dir: &Path, redis: Option<&str>) -> Result<()> {
     }
     let (tx, mut changes) = tokio::sync::mpsc::unbounded_channel::<PathBuf>();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if let Ok(event) = event {
+        // Reads (a build opening the sources) are not changes.
+        if let Some(event) = event.ok().filter(|e| !e.kind.is_access()) {
             for path in event.paths {
                 let _ = tx.send(path);
             }
         }
     })
     .context("cannot watch the project's files")?;
-    for path in project.sources() {
+    for (path, recursive) in project.sources() {
+        let mode = if recursive {
+            notify::RecursiveMode::Recursive
+        } else {
+            notify::RecursiveMode::NonRecursive
+        };
         watcher
-            .watch(&path, notify::RecursiveMode::Recursive)
+            .watch(&path, mode)
             .with_context(|| format!("cannot watch {}", path.display()))?;
     }
     // The host needs a component to start: build until one builds.
@@ -74,7 +80,10 @@ async fn next_change(
 ) {
     loop {
         match changes.recv().await {
-            Some(path) if project.is_source(&path) => break,
+            Some(path) if project.is_source(&path) => {
+                eprintln!("{} changed", path.display());
+                break;
+            }
             Some(_) => continue,
             None => std::future::pending::<()>().await,
         }

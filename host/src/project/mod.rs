@@ -128,6 +128,8 @@ pub struct Project {
 impl Project {
     /// The project in `dir`, its language told by the files that mark one.
     pub fn detect(dir: &Path) -> Result<Self, ProjectError> {
+        // Absolute, so the watcher's paths (always absolute) compare with it.
+        let dir = &dir.canonicalize().map_err(io(dir))?;
         let lang = if dir.join("Cargo.toml").is_file() {
             Lang::Rust
         } else if dir.join("app.py").is_file() {
@@ -150,9 +152,8 @@ impl Project {
     pub fn name(&self) -> String {
         let name = self
             .dir
-            .canonicalize()
-            .ok()
-            .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "handler".to_owned());
         identifier(&name)
     }
@@ -164,15 +165,37 @@ impl Project {
             .join(format!("{}.wasm", self.name()))
     }
 
-    /// What `sluice dev` watches: the sources a build reads (never `target/`).
-    pub fn sources(&self) -> Vec<PathBuf> {
+    /// What `sluice dev` watches, and whether recursively: the sources a build reads, never
+    /// `target/` (builds write there) or caches.
+    pub fn sources(&self) -> Vec<(PathBuf, bool)> {
         let mut paths = match self.lang {
-            Lang::Rust => vec![self.dir.join("src"), self.dir.join("Cargo.toml")],
-            Lang::Python => vec![self.dir.clone()],
-            Lang::Js => vec![self.dir.join("src")],
+            Lang::Rust => vec![
+                (self.dir.join("src"), true),
+                (self.dir.join("Cargo.toml"), false),
+            ],
+            Lang::Js => vec![(self.dir.join("src"), true)],
+            Lang::Python => {
+                let mut paths = vec![(self.dir.clone(), false)];
+                if let Ok(entries) = std::fs::read_dir(&self.dir) {
+                    paths.extend(
+                        entries
+                            .flatten()
+                            .map(|e| e.path())
+                            .filter(|p| p.is_dir() && !self.is_ignored_dir(p))
+                            .map(|p| (p, true)),
+                    );
+                }
+                paths
+            }
         };
-        paths.retain(|p| p.exists());
+        paths.retain(|(p, _)| p.exists());
         paths
+    }
+
+    fn is_ignored_dir(&self, dir: &Path) -> bool {
+        dir.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+            n.starts_with('.') || matches!(n, "target" | "__pycache__" | "node_modules")
+        })
     }
 
     /// Whether a changed file is one a build reads.
