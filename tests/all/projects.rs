@@ -213,3 +213,52 @@ async fn sluice_dev_rebuilds_and_swaps_and_keeps_the_last_good_build() {
     assert_eq!(field(&dead[1].1, "sluice-reason"), Some("edited"));
     assert_eq!(serving(admin, "devloop").await, Some(v2));
 }
+
+#[test]
+fn a_big_component_runs_on_defaults_compiles_once_and_names_the_limit_to_raise() {
+    let python = &polyglot().python;
+    let dir = tempfile::tempdir().unwrap();
+    let config = |extra: &str| {
+        let path = dir.path().join("sluice.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "cache_dir = \"{}\"\n[[subscription]]\ncomponent = \"{}\"\n{extra}",
+                dir.path().join("cache").display(),
+                python.display()
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let check = |path: &Path| {
+        let out = Command::new(sluice_bin())
+            .arg("check")
+            .arg(path)
+            .env("RUST_LOG", "info")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    // Defaults: it loads, and the first load says it compiled and how long it took.
+    let defaults = config("");
+    let (ok, first) = check(&defaults);
+    assert!(ok, "{first}");
+    assert!(
+        first.contains("compiled the") && first.contains("MiB component in"),
+        "{first}"
+    );
+    // The second start reads the cache.
+    let (ok, second) = check(&defaults);
+    assert!(ok && !second.contains("compiled the"), "{second}");
+    // Too little memory: the check fails naming the setting to raise.
+    let (ok, small) = check(&config("memory_limit = \"8MiB\"\n"));
+    assert!(
+        !ok && small.contains("raise `memory_limit`") && small.contains("minimum byte size"),
+        "{small}"
+    );
+}

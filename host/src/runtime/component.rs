@@ -13,6 +13,9 @@ use super::instance::new_store;
 use super::{Runtime, RuntimeError};
 use crate::digest::Digest;
 
+/// From this size on, loading a component is announced (it may take seconds).
+const LARGE_COMPONENT: usize = 4 * 1024 * 1024;
+
 /// How long a component's `subscription()` export may run.
 const DESCRIPTOR_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -51,10 +54,42 @@ pub(super) fn load_bytes(
 ) -> Result<LoadedComponent, RuntimeError> {
     let digest = Digest::of(bytes);
     let started = Instant::now();
-    let component = Component::new(runtime.engine(), bytes).map_err(|e| RuntimeError::Compile {
-        path: path.to_owned(),
-        source: super::cause(e),
+    let mib = bytes.len() as f64 / (1024.0 * 1024.0);
+    if bytes.len() >= LARGE_COMPONENT {
+        // Python and JavaScript components carry their interpreter: tens of MB, seconds to
+        // compile the first time.
+        tracing::info!(
+            component = %path.display(),
+            "loading a {mib:.1} MiB component: compiling it takes seconds the first time, later starts read it from the cache"
+        );
+    }
+    let misses = runtime.cache_misses();
+    let component = Component::new(runtime.engine(), bytes).map_err(|e| {
+        let pool = format!("{e:#}").contains("pooling allocator");
+        let source = super::cause(e);
+        if pool {
+            RuntimeError::TooBig {
+                path: path.to_owned(),
+                source,
+            }
+        } else {
+            RuntimeError::Compile {
+                path: path.to_owned(),
+                source,
+            }
+        }
     })?;
+    let compiled = !runtime.caches() || runtime.cache_misses() > misses;
+    let took = started.elapsed();
+    if compiled && (bytes.len() >= LARGE_COMPONENT || took >= Duration::from_secs(1)) {
+        tracing::info!(
+            component = %path.display(),
+            digest = digest.short(),
+            "compiled the {mib:.1} MiB component in {:.1}s{}",
+            took.as_secs_f64(),
+            if runtime.caches() { " (cached for the next start)" } else { "" }
+        );
+    }
     let wrong_world = |e: wasmtime::Error| RuntimeError::WrongWorld {
         path: path.to_owned(),
         source: super::cause(e),
@@ -72,6 +107,7 @@ pub(super) fn load_bytes(
         component = %path.display(),
         digest = digest.short(),
         elapsed_ms = started.elapsed().as_millis() as u64,
+        compiled,
         "component loaded"
     );
     Ok(LoadedComponent {

@@ -82,6 +82,18 @@ pub enum RuntimeError {
         /// What wasmtime said.
         source: WasmtimeCause,
     },
+    /// The component starts with more memory (or larger tables) than the instance pool's slots
+    /// hold: the slots are sized by the largest `memory_limit`.
+    #[error(
+        "{} needs more memory to start than `memory_limit` allows: raise `memory_limit` for its subscription (the cause says how much it needs)",
+        path.display()
+    )]
+    TooBig {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What wasmtime said.
+        source: WasmtimeCause,
+    },
     /// The component does not implement the handler world.
     #[error(
         "{} does not implement the sluice:handler/handler world (build it with the sluice-guest SDK)",
@@ -169,6 +181,8 @@ pub struct Runtime {
     /// before it is created and holds it while it lives, so creating one waits for room instead
     /// of failing with the pool's concurrency limit.
     slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// The compiled-component cache, to tell a compile from a cache hit in the logs.
+    cache: Option<Cache>,
     protected: http::Protected,
     _ticker: Arc<Ticker>,
 }
@@ -200,6 +214,7 @@ impl Runtime {
         // only costs time on every call.
         config.concurrency_support(false);
         config.max_wasm_stack(1024 * 1024);
+        let mut compiled_cache = None;
         if let Some(dir) = cache_dir {
             let unusable = |source| RuntimeError::CacheDir {
                 path: dir.to_owned(),
@@ -210,6 +225,7 @@ impl Runtime {
             let mut cache_config = CacheConfig::new();
             cache_config.with_directory(dir);
             let cache = Cache::new(cache_config).map_err(|e| RuntimeError::Engine(cause(e)))?;
+            compiled_cache = Some(cache.clone());
             config.cache(Some(cache));
         }
         let engine = Engine::new(&config).map_err(|e| RuntimeError::Engine(cause(e)))?;
@@ -224,9 +240,20 @@ impl Runtime {
             slots: options
                 .pool
                 .map(|p| Arc::new(tokio::sync::Semaphore::new(p.instances as usize))),
+            cache: compiled_cache,
             protected: http::Protected::default(),
             _ticker: Arc::new(ticker),
         })
+    }
+
+    /// Compiles so far that the cache could not answer (0 without a cache).
+    pub(crate) fn cache_misses(&self) -> usize {
+        self.cache.as_ref().map_or(0, Cache::cache_misses)
+    }
+
+    /// Whether compiled components are cached on disk.
+    pub(crate) fn caches(&self) -> bool {
+        self.cache.is_some()
     }
 
     /// Wait for room for one more instance (with the pooling allocator); the permit is the
