@@ -12,7 +12,9 @@
 //! interruption costs a tight handler, without Redis), `cluster` (the wasm workload on one
 //! partition vs 8 over a 3-master Redis Cluster, with each node's commands/s), `ui` (each admin
 //! page's time with 1,000,000 parked retries and 100,000 dead letters), `retention` (the wasm
-//! path with stream retention on vs off). See BENCHMARKS.md.
+//! path with stream retention on vs off), `languages` (the same ack handler in Rust, Python and
+//! JavaScript: size, compile time cold and cached, msgs/s, µs per fresh instance). See
+//! BENCHMARKS.md.
 
 mod native;
 mod scenario;
@@ -36,13 +38,14 @@ const ALL: &[&str] = &[
     "cluster",
     "ui",
     "retention",
+    "languages",
 ];
 
 #[derive(Parser)]
 #[command(about = "Benchmark Sluice against this machine's Redis ceiling")]
 struct Args {
     /// Scenarios to run (default: all): ceiling, native, wasm, wasm-isolated, retry, drain,
-    /// swap, sandbox, cluster, ui, retention.
+    /// swap, sandbox, cluster, ui, retention, languages.
     scenarios: Vec<String>,
     /// Print one JSON object per scenario per line instead of a table.
     #[arg(long)]
@@ -118,10 +121,11 @@ async fn main() -> Result<()> {
     let mut reports: Vec<Report> = Vec::new();
     for name in wanted {
         eprintln!("running {name}...");
-        if ["sandbox", "cluster", "retention"].contains(&name) {
+        if ["sandbox", "cluster", "retention", "languages"].contains(&name) {
             let reports_of = match name {
                 "sandbox" => bench.sandbox(20_000).await?,
                 "cluster" => bench.cluster(args.messages).await?,
+                "languages" => bench.languages(args.messages / 5, 200).await?,
                 _ => bench.retention(args.messages).await?,
             };
             for report in reports_of {

@@ -3,6 +3,7 @@
 //! `swap`; `sandbox`; `cluster`; `ui`), the shared harness here.
 
 mod cluster;
+mod languages;
 mod retry;
 mod sandbox;
 mod swap;

@@ -70,16 +70,29 @@ impl Bench {
     }
 
     async fn host_path_with(&self, scenario: &str, n: usize, extra: &str) -> Result<Report> {
-        let stream = format!("bench-{scenario}");
-        self.fill(&stream, n, Self::payment).await?;
         let isolation = if scenario == "wasm-isolated" {
             "per-delivery"
         } else {
             "reuse"
         };
+        self.host_path_of(scenario, &self.fixture, isolation, n, extra)
+            .await
+    }
+
+    /// The host's full path on `component` with `isolation` (`reuse` or `per-delivery`).
+    pub(crate) async fn host_path_of(
+        &self,
+        scenario: &str,
+        component: &std::path::Path,
+        isolation: &str,
+        n: usize,
+        extra: &str,
+    ) -> Result<Report> {
+        let stream = format!("bench-{scenario}");
+        self.fill(&stream, n, Self::payment).await?;
         let toml = format!(
             "[[subscription]]\ncomponent = {:?}\nstream = {stream:?}\ngroup = \"g\"\ncount = 128\nmax_in_flight = 128\nblock = \"100ms\"\nisolation = \"{isolation}\"\ndelayed_retry = \"none\"\n{extra}",
-            self.fixture.display().to_string()
+            component.display().to_string()
         );
         let mut service = self.service(&toml).await?;
         if scenario == "native" {

@@ -22,13 +22,47 @@ pub struct Built {
     pub took: Duration,
 }
 
-/// The program to run for `tool`: the environment variable `var` if set, else `tool` on PATH.
-fn program(var: &str, tool: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| tool.to_owned())
+/// The toolchain programs a build runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tools {
+    /// cargo (`CARGO`, else `cargo` on PATH).
+    pub cargo: PathBuf,
+    /// componentize-py (`SLUICE_COMPONENTIZE_PY`, else on PATH).
+    pub componentize_py: PathBuf,
+    /// componentize-js (`SLUICE_COMPONENTIZE_JS`, else on PATH).
+    pub componentize_js: PathBuf,
+}
+
+impl Tools {
+    /// From the environment variables, else PATH.
+    pub fn from_env() -> Self {
+        let program = |var: &str, tool: &str| {
+            std::env::var_os(var).map_or_else(|| PathBuf::from(tool), PathBuf::from)
+        };
+        Self {
+            cargo: program("CARGO", "cargo"),
+            componentize_py: program("SLUICE_COMPONENTIZE_PY", "componentize-py"),
+            componentize_js: program("SLUICE_COMPONENTIZE_JS", "componentize-js"),
+        }
+    }
+
+    /// Python's and JavaScript's tools from the first of `dirs` that has them (a local
+    /// install, such as the one `scripts/setup` makes), else as [`Tools::from_env`].
+    pub fn preferring(dirs: &[PathBuf]) -> Self {
+        let mut tools = Self::from_env();
+        let find = |name: &str| dirs.iter().map(|d| d.join(name)).find(|p| p.is_file());
+        if let Some(py) = find("componentize-py") {
+            tools.componentize_py = py;
+        }
+        if let Some(js) = find("componentize-js") {
+            tools.componentize_js = js;
+        }
+        tools
+    }
 }
 
 /// Run `command`, naming `tool` and how to install it if it is missing.
-fn run(mut command: Command, tool: &str, hint: &str) -> Result<(), ProjectError> {
+fn run(mut command: Command, tool: &Path, hint: &str) -> Result<(), ProjectError> {
     // Everything the tool says goes to stderr: stdout carries only the component's path.
     let status = command
         .stdout(Stdio::from(std::io::stderr()))
@@ -36,38 +70,43 @@ fn run(mut command: Command, tool: &str, hint: &str) -> Result<(), ProjectError>
         .map_err(|err| missing(err, tool, hint))?;
     if !status.success() {
         return Err(ProjectError::BuildFailed {
-            tool: tool.to_owned(),
+            tool: tool.display().to_string(),
             status,
         });
     }
     Ok(())
 }
 
-fn missing(err: std::io::Error, tool: &str, hint: &str) -> ProjectError {
+fn missing(err: std::io::Error, tool: &Path, hint: &str) -> ProjectError {
     if err.kind() == std::io::ErrorKind::NotFound {
         ProjectError::ToolMissing {
-            tool: tool.to_owned(),
+            tool: tool.display().to_string(),
             hint: hint.to_owned(),
         }
     } else {
         ProjectError::Io {
-            path: PathBuf::from(tool),
+            path: tool.to_owned(),
             source: err,
         }
     }
 }
 
-/// Build `project` into `target/<name>.wasm`.
+/// Build `project` into `target/<name>.wasm` with the tools the environment names.
 pub fn build(project: &Project) -> Result<Built, ProjectError> {
+    build_with(project, &Tools::from_env())
+}
+
+/// Build `project` into `target/<name>.wasm` with `tools`.
+pub fn build_with(project: &Project, tools: &Tools) -> Result<Built, ProjectError> {
     let started = Instant::now();
     let target = project.dir.join("target");
     std::fs::create_dir_all(&target).map_err(io(&target))?;
     let output = project.output();
     let partial = target.join(format!(".{}.wasm.partial", project.name()));
     match project.lang {
-        Lang::Rust => rust(project, &partial)?,
-        Lang::Python => python(project, &partial)?,
-        Lang::Js => js(project, &partial)?,
+        Lang::Rust => rust(project, &tools.cargo, &partial)?,
+        Lang::Python => python(project, &tools.componentize_py, &partial)?,
+        Lang::Js => js(project, &tools.componentize_js, &partial)?,
     }
     std::fs::rename(&partial, &output).map_err(io(&output))?;
     let size = std::fs::metadata(&output).map_err(io(&output))?.len();
@@ -94,10 +133,9 @@ fn wit(project: &Project) -> Result<PathBuf, ProjectError> {
     Ok(dir)
 }
 
-fn rust(project: &Project, out: &Path) -> Result<(), ProjectError> {
+fn rust(project: &Project, cargo: &Path, out: &Path) -> Result<(), ProjectError> {
     let manifest = project.dir.join("Cargo.toml");
-    let cargo = program("CARGO", "cargo");
-    let mut child = Command::new(&cargo)
+    let mut child = Command::new(cargo)
         .current_dir(&project.dir)
         .args(["build", "--release", "--target", "wasm32-wasip2"])
         .arg("--message-format=json-render-diagnostics")
@@ -105,7 +143,7 @@ fn rust(project: &Project, out: &Path) -> Result<(), ProjectError> {
         .arg(&manifest)
         .stdout(Stdio::piped())
         .spawn()
-        .map_err(|e| missing(e, "cargo", "install Rust with rustup"))?;
+        .map_err(|e| missing(e, cargo, "install Rust with rustup"))?;
     let mut wasm = None;
     if let Some(stdout) = child.stdout.take() {
         let own = manifest.canonicalize().map_err(io(&manifest))?;
@@ -142,7 +180,7 @@ fn rust(project: &Project, out: &Path) -> Result<(), ProjectError> {
     Ok(())
 }
 
-fn python(project: &Project, out: &Path) -> Result<(), ProjectError> {
+fn python(project: &Project, tool: &Path, out: &Path) -> Result<(), ProjectError> {
     let wit = wit(project)?;
     let sdk = scratch(project, "python")?;
     assets::write_all(&sdk, assets::PYTHON_SDK)?;
@@ -153,8 +191,7 @@ fn python(project: &Project, out: &Path) -> Result<(), ProjectError> {
         "import app  # noqa: F401  (registers the @subscriber handler)\nfrom sluice_guest._world import WitWorld  # noqa: F401\n",
     )
     .map_err(io(&entry))?;
-    let tool = program("SLUICE_COMPONENTIZE_PY", "componentize-py");
-    let mut command = Command::new(&tool);
+    let mut command = Command::new(tool);
     command
         .current_dir(&project.dir)
         .arg("-d")
@@ -165,17 +202,16 @@ fn python(project: &Project, out: &Path) -> Result<(), ProjectError> {
         .arg(&project.dir)
         .arg("-o")
         .arg(out);
-    run(command, &tool, "pip install componentize-py==0.25.1")
+    run(command, tool, "pip install componentize-py==0.25.1")
 }
 
-fn js(project: &Project, out: &Path) -> Result<(), ProjectError> {
+fn js(project: &Project, tool: &Path, out: &Path) -> Result<(), ProjectError> {
     let wit = wit(project)?;
     let src = scratch(project, "js")?;
     copy_tree(&project.dir.join("src"), &src)?;
     let sdk = src.join("sluice_guest.js");
     std::fs::write(&sdk, assets::JS_SDK).map_err(io(&sdk))?;
-    let tool = program("SLUICE_COMPONENTIZE_JS", "componentize-js");
-    let mut command = Command::new(&tool);
+    let mut command = Command::new(tool);
     command
         .current_dir(&project.dir)
         .arg(src.join("app.js"))
@@ -185,7 +221,7 @@ fn js(project: &Project, out: &Path) -> Result<(), ProjectError> {
         .arg(out);
     run(
         command,
-        &tool,
+        tool,
         "npm install -g @bytecodealliance/componentize-js (or @bytecodealliance/jco, which brings it)",
     )
 }
