@@ -17,7 +17,8 @@ use super::{Bench, Report};
 /// Build a bench guest project, with the toolchains `scripts/setup` installs if present.
 fn build_guest(dir: &Path) -> Result<PathBuf> {
     let tools = dir.join("../../../target/tools");
-    let tools = build::Tools::preferring(&[tools.join("py/bin"), tools.join("js/node_modules/.bin")]);
+    let tools =
+        build::Tools::preferring(&[tools.join("py/bin"), tools.join("js/node_modules/.bin")]);
     let project = Project::detect(dir)?;
     let built = build::build_with(&project, &tools)
         .with_context(|| format!("cannot build {}", dir.display()))?;
@@ -56,7 +57,9 @@ impl Bench {
             report.us_per_delivery = Some(report.seconds * 1e6 / n as f64);
             report.extra.push(("x_size_mb", size / 1e6));
             report.extra.push(("x_compile_cold_s", cold.as_secs_f64()));
-            report.extra.push(("x_compile_cached_ms", cached.as_secs_f64() * 1e3));
+            report
+                .extra
+                .push(("x_compile_cached_ms", cached.as_secs_f64() * 1e3));
             report
                 .extra
                 .push(("x_fresh_us", took.as_secs_f64() * 1e6 / fresh as f64));
