@@ -461,3 +461,74 @@ async fn a_log_flood_is_cut_to_the_budget_and_cannot_forge_host_lines() {
     );
     assert!(log.contains("\\n2026-01-01"), "the newline is escaped");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_guest_is_held_to_the_same_sandbox() {
+    // Python brings a whole interpreter, with `open`, `os.environ`, `socket`: none of it
+    // reaches the host, HTTP reaches only the grant, and memory and time are bounded.
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let granted = Upstream::start().await;
+    let other = Upstream::start().await;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let component = probe_python().display().to_string();
+    let grant = format!(r#"["http://{}"]"#, granted.addr);
+    let _host = HostProcess::run(
+        &redis,
+        TestConfig::of(
+            Sub::new(&component, "probe-python")
+                .set("max_retries", 0)
+                .set("allowed_outbound_hosts", Raw(&grant))
+                .set("handler_timeout", "2s"),
+        ),
+    );
+    let attacks = [
+        ("file", serde_json::json!({"attack": "file"})),
+        ("env", serde_json::json!({"attack": "env"})),
+        (
+            "socket",
+            serde_json::json!({"attack": "socket", "port": port}),
+        ),
+        (
+            "http",
+            serde_json::json!({"attack": "http", "url": format!("http://{}/echo", other.addr)}),
+        ),
+        ("alloc", serde_json::json!({"attack": "alloc"})),
+        ("loop", serde_json::json!({"attack": "loop"})),
+    ];
+    let mut ids = Vec::new();
+    for (name, payload) in &attacks {
+        ids.push((*name, add(&mut conn, "probe-python", payload).await));
+    }
+    let dead = wait_dead_letters(&conn, "probe-python", attacks.len()).await;
+    let reason = |id: &str| {
+        dead.iter()
+            .find(|(_, f)| field(f, "sluice-origin-id") == Some(id))
+            .and_then(|(_, f)| field(f, "sluice-reason"))
+            .unwrap_or_else(|| panic!("no dead letter for {id}: {dead:?}"))
+            .to_owned()
+    };
+    for (name, id) in &ids {
+        let why = reason(id);
+        match *name {
+            "alloc" => assert!(why.contains("memory limit"), "{name}: {why}"),
+            "loop" => assert!(why.contains("time limit"), "{name}: {why}"),
+            "http" => assert!(
+                why.starts_with("denied") && why.contains("denied by the host"),
+                "{name}: {why}"
+            ),
+            _ => assert!(why.starts_with("denied"), "{name}: {why}"),
+        }
+    }
+    assert_eq!(
+        other.hits(),
+        0,
+        "the host outside the grant was never contacted"
+    );
+    assert!(
+        listener.accept().is_err(),
+        "nothing connected to the socket"
+    );
+}

@@ -199,6 +199,12 @@ pub fn sluice_build(dir: &Path) -> PathBuf {
     dir.join(path.trim())
 }
 
+/// The hostile Python guest (`tests/guests/probe-python`), built once per test run.
+pub fn probe_python() -> &'static Path {
+    static PROBE: OnceLock<PathBuf> = OnceLock::new();
+    PROBE.get_or_init(|| sluice_build(&root().join("tests/guests/probe-python")))
+}
+
 pub fn polyglot() -> &'static Polyglot {
     static POLYGLOT: OnceLock<Polyglot> = OnceLock::new();
     POLYGLOT.get_or_init(|| {
