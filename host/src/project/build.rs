@@ -226,13 +226,18 @@ fn js(project: &Project, tool: &Path, out: &Path) -> Result<(), ProjectError> {
     )
 }
 
-/// Copy the JavaScript sources (not `node_modules`).
+/// Copy the JavaScript sources (not `node_modules`; a linked directory is not followed, so a
+/// link loop cannot make the copy endless).
 fn copy_tree(from: &Path, to: &Path) -> Result<(), ProjectError> {
     for entry in std::fs::read_dir(from).map_err(io(from))? {
         let entry = entry.map_err(io(from))?;
         let path = entry.path();
         let dest = to.join(entry.file_name());
-        if path.is_dir() {
+        let kind = entry.file_type().map_err(io(&path))?;
+        if kind.is_symlink() && path.is_dir() {
+            continue;
+        }
+        if kind.is_dir() {
             if entry.file_name() == "node_modules" {
                 continue;
             }
