@@ -254,13 +254,7 @@ async fn outbound_http_reaches_granted_hosts_only_and_is_time_bounded() {
         }
     })
     .await;
-    let reason = |id: &str| {
-        dead.iter()
-            .find(|(_, f)| field(f, "sluice-origin-id") == Some(id))
-            .and_then(|(_, f)| field(f, "sluice-reason"))
-            .unwrap_or_else(|| panic!("no dead letter for {id}: {dead:?}"))
-            .to_owned()
-    };
+    let reason = |id: &str| reason_of_origin(&dead, id);
     assert_eq!(reason(&allowed), "status=200 body=echo:hello");
     let denial = reason(&denied);
     assert!(
@@ -503,13 +497,7 @@ async fn a_python_guest_is_held_to_the_same_sandbox() {
         ids.push((*name, add(&mut conn, "probe-python", payload).await));
     }
     let dead = wait_dead_letters(&conn, "probe-python", attacks.len()).await;
-    let reason = |id: &str| {
-        dead.iter()
-            .find(|(_, f)| field(f, "sluice-origin-id") == Some(id))
-            .and_then(|(_, f)| field(f, "sluice-reason"))
-            .unwrap_or_else(|| panic!("no dead letter for {id}: {dead:?}"))
-            .to_owned()
-    };
+    let reason = |id: &str| reason_of_origin(&dead, id);
     for (name, id) in &ids {
         let why = reason(id);
         match *name {

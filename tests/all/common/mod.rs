@@ -632,6 +632,15 @@ pub async fn dead_lettered(
     entries(conn, &format!("{stream}.dead-letter")).await
 }
 
+/// The `sluice-reason` of the dead letter in `dead` whose origin is `origin`.
+pub fn reason_of_origin(dead: &[(String, Vec<(String, String)>)], origin: &str) -> String {
+    dead.iter()
+        .find(|(_, f)| field(f, "sluice-origin-id") == Some(origin))
+        .and_then(|(_, f)| field(f, "sluice-reason"))
+        .unwrap_or_else(|| panic!("no dead letter for {origin}: {dead:?}"))
+        .to_owned()
+}
+
 /// How many retries wait in the delayed set `key`.
 pub async fn parked(conn: &mut impl ConnectionLike, key: &str) -> u64 {
     cmd(conn, &["ZCARD", key]).await
