@@ -1,7 +1,8 @@
 //! What each guest language costs: the same `ack` handler in Rust (the fixture), Python
 //! (componentize-py) and JavaScript (componentize-js), each built with `sluice build`'s code.
 //! Per language: component size, compile time cold and from the cache, msgs/s on the host's
-//! full path with reused instances, and µs per delivery on a fresh instance (no Redis).
+//! full path with reused instances and with a fresh instance per delivery, and µs per delivery
+//! on a fresh instance (no Redis).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -51,6 +52,15 @@ impl Bench {
             runtime.load(&component)?;
             let cached = started.elapsed();
             let took = time_handler(&runtime, &component, Isolation::PerDelivery, fresh).await?;
+            let isolated = self
+                .host_path_of(
+                    &format!("lang-{lang}-isolated"),
+                    &component,
+                    "per-delivery",
+                    (n / 10).max(100),
+                    "",
+                )
+                .await?;
             let mut report = self
                 .host_path_of(&format!("lang-{lang}"), &component, "reuse", n, "")
                 .await?;
@@ -63,6 +73,9 @@ impl Bench {
             report
                 .extra
                 .push(("x_fresh_us", took.as_secs_f64() * 1e6 / fresh as f64));
+            report
+                .extra
+                .push(("x_isolated_msgs_s", isolated.msgs_per_s));
             reports.push(report);
         }
         Ok(reports)
