@@ -178,6 +178,13 @@ impl Plan {
                     human(*ttl)
                 ));
             }
+            let size = std::fs::metadata(&sub.component).map_or(0, |m| m.len());
+            if sub.limits.isolation == Isolation::PerDelivery && size >= 4 << 20 {
+                warnings.push(format!(
+                    "isolation = \"per-delivery\" with a {:.1} MiB component (an interpreter snapshot, as Python and JavaScript components are): every delivery instantiates it anew, which costs milliseconds (hundreds of deliveries per second, see BENCHMARKS.md); reused instances cost tens of microseconds",
+                    size as f64 / (1024.0 * 1024.0)
+                ));
+            }
             if let Some(maxlen) = sub.dead_letter_maxlen {
                 warnings.push(format!(
                     "dead_letter_maxlen = {maxlen} trims `{}` on every write: once it holds about {maxlen} entries, the oldest dead letters are deleted for good, unseen",

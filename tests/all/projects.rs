@@ -255,6 +255,13 @@ fn a_big_component_runs_on_defaults_compiles_once_and_names_the_limit_to_raise()
     // The second start reads the cache.
     let (ok, second) = check(&defaults);
     assert!(ok && !second.contains("compiled the"), "{second}");
+    // A fresh instance per delivery of a big component is allowed, with a warning saying what
+    // it costs.
+    let (ok, isolated) = check(&config("isolation = \"per-delivery\"\n"));
+    assert!(
+        ok && isolated.contains("warning") && isolated.contains("instantiates it anew"),
+        "{isolated}"
+    );
     // Too little memory: the check fails naming the setting to raise.
     let (ok, small) = check(&config("memory_limit = \"8MiB\"\n"));
     assert!(
