@@ -3,10 +3,12 @@
 //!
 //! Run with: `scripts/guests && cargo run --release -p sluice-bench -- [SCENARIO...] [--json]`
 //!
-//! Scenarios: `ceiling` (XREADGROUP COUNT 128 + one XACK per batch, no handler), `native` (the
+//! Scenarios: `ceiling` (XREADGROUP COUNT 128 + one XACK per batch, no handler),
+//! `ceiling-server` (the same on 4 connections at once, with Redis's own CPU time), `native` (the
 //! host's full path with a native Rust handler), `wasm` (the same work in a component, reused
 //! instances), `wasm-isolated` (a fresh instance per delivery), `retry` (retry lateness through
-//! the durable set), `drain` (entries already due in the set), `swap` (throughput while the
+//! the durable set), `retry-backlog` (the same while a 5,000-entry backlog is being handled),
+//! `drain` (entries already due in the set), `swap` (throughput while the
 //! handler is hot-swapped every 100 ms, and time from a swap to its first delivery), `sandbox`
 //! (per-delivery instantiation with and without the pooling allocator, and what epoch
 //! interruption costs a tight handler, without Redis), `cluster` (the wasm workload on one
@@ -28,10 +30,12 @@ use scenario::{Bench, Report};
 
 const ALL: &[&str] = &[
     "ceiling",
+    "ceiling-server",
     "native",
     "wasm",
     "wasm-isolated",
     "retry",
+    "retry-backlog",
     "drain",
     "swap",
     "sandbox",
@@ -44,7 +48,8 @@ const ALL: &[&str] = &[
 #[derive(Parser)]
 #[command(about = "Benchmark Sluice against this machine's Redis ceiling")]
 struct Args {
-    /// Scenarios to run (default: all): ceiling, native, wasm, wasm-isolated, retry, drain,
+    /// Scenarios to run (default: all): ceiling, ceiling-server, native, wasm, wasm-isolated, retry,
+    /// retry-backlog, drain,
     /// swap, sandbox, cluster, ui, retention, languages.
     scenarios: Vec<String>,
     /// Print one JSON object per scenario per line instead of a table.
@@ -138,10 +143,16 @@ async fn main() -> Result<()> {
         }
         let mut report = match name {
             "ceiling" => bench.ceiling(args.messages).await?,
+            "ceiling-server" => bench.ceiling_server(args.messages * 3, 4).await?,
             "native" => bench.host_path("native", args.messages).await?,
             "wasm" => bench.host_path("wasm", args.messages).await?,
             "wasm-isolated" => bench.host_path("wasm-isolated", args.messages).await?,
             "retry" => bench.retry(args.retries, Duration::from_secs(1)).await?,
+            "retry-backlog" => {
+                bench
+                    .retry_backlog(args.retries / 10, Duration::from_secs(1), 5_000)
+                    .await?
+            }
             "drain" => bench.drain(args.drain).await?,
             "swap" => bench.swap(args.messages).await?,
             "ui" => bench.ui(args.ui_parked, args.ui_dead).await?,

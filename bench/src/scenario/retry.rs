@@ -15,14 +15,35 @@ impl Bench {
     /// is handled (handled time minus due time, both on this machine's clock, which is also the
     /// Redis server's).
     pub async fn retry(&self, n: usize, delay: Duration) -> Result<Report> {
-        let stream = "bench-retry";
-        let key = "bench-retry.delayed";
+        self.retry_behind("retry", n, delay, 0).await
+    }
+
+    /// `retry-backlog`: the `retry` scenario with `backlog` slow entries (1 ms of work each)
+    /// added right behind the retries, so the retries come due while the backlog is being
+    /// handled. Retries re-added at the stream's tail wait for what is ahead of them.
+    pub async fn retry_backlog(&self, n: usize, delay: Duration, backlog: usize) -> Result<Report> {
+        self.retry_behind("retry-backlog", n, delay, backlog).await
+    }
+
+    async fn retry_behind(
+        &self,
+        name: &str,
+        n: usize,
+        delay: Duration,
+        backlog: usize,
+    ) -> Result<Report> {
+        let stream = &format!("bench-{name}");
+        let key = &format!("bench-{name}.delayed");
         let payload = sluice_fixture_control::Control::Retry {
             ms: delay.as_millis() as u64,
             times: 1,
         }
         .to_string();
         self.fill(stream, n, |_| payload.clone()).await?;
+        let slow = sluice_fixture_control::Control::Slow { ms: 1 }.to_string();
+        if backlog > 0 {
+            self.fill(stream, backlog, |_| slow.clone()).await?;
+        }
         let toml = format!(
             "[[subscription]]\ncomponent = {:?}\nstream = {stream:?}\ngroup = \"g\"\ncount = 128\nmax_in_flight = 128\nblock = \"1s\"\ndelayed_retry = {{ key = {key:?} }}\n",
             self.fixture.display().to_string()
@@ -35,7 +56,8 @@ impl Bench {
         let mut due: HashMap<String, f64> = HashMap::with_capacity(n);
         let mut handled: HashMap<String, f64> = HashMap::with_capacity(n);
         let (mut first_park, mut last_park) = (f64::MAX, 0.0f64);
-        while handled.len() < n {
+        let mut backlog_done = 0usize;
+        while handled.len() < n || backlog_done < backlog {
             let event = match tokio::time::timeout(Duration::from_secs(60), events.recv()).await {
                 Ok(Ok(event)) => event,
                 Ok(Err(err)) => bail!("lost events: {err}"),
@@ -54,6 +76,7 @@ impl Bench {
                 EventKind::Acked if event.retry_count == 1 => {
                     handled.insert(event.id, at);
                 }
+                EventKind::Acked if backlog > 0 => backlog_done += 1,
                 other => bail!("unexpected outcome in the retry scenario: {other:?}"),
             }
         }
@@ -80,10 +103,13 @@ impl Bench {
             bail!("matched {} of {n} retries to their parks", lateness.len());
         }
         lateness.sort_by(f64::total_cmp);
-        let mut report = Report::new("retry", n, elapsed);
+        let mut report = Report::new(name, n, elapsed);
         report.lateness_p50_ms = Some(percentile(&lateness, 50.0));
         report.lateness_p99_ms = Some(percentile(&lateness, 99.0));
         report.lateness_max_ms = lateness.last().copied();
+        if backlog > 0 {
+            report.extra.push(("x_backlog", backlog as f64));
+        }
         if last_park > first_park {
             report.extra.push((
                 "parks_per_s",

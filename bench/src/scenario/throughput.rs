@@ -48,6 +48,70 @@ impl Bench {
         Ok(report)
     }
 
+    /// `ceiling-server`: the `ceiling` loop on `connections` connections at once, each its own
+    /// consumer of the group, with Redis's own CPU time (INFO CPU) over the run: how much of
+    /// the server one such pattern uses, so the client side's distance from it shows.
+    pub async fn ceiling_server(&self, n: usize, connections: usize) -> Result<Report> {
+        let stream = "bench-ceiling-server";
+        self.fill(stream, n, Self::payment).await?;
+        let mut conn = self.conn().await?;
+        redis::cmd("XGROUP")
+            .arg(["CREATE", stream, "g", "0"].as_slice())
+            .query_async::<()>(&mut conn)
+            .await?;
+        let cpu_before = redis_cpu_seconds(&mut conn).await?;
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for c in 0..connections {
+            let mut conn = self.conn().await?;
+            tasks.push(tokio::spawn(async move {
+                let consumer = format!("c{c}");
+                let mut handled = 0usize;
+                loop {
+                    let reply: Value = redis::cmd("XREADGROUP")
+                        .arg(
+                            [
+                                "GROUP", "g", &consumer, "COUNT", "128", "STREAMS", stream, ">",
+                            ]
+                            .as_slice(),
+                        )
+                        .query_async(&mut conn)
+                        .await?;
+                    let ids = entry_ids(&reply);
+                    if ids.is_empty() {
+                        return Ok::<usize, redis::RedisError>(handled);
+                    }
+                    handled += ids.len();
+                    redis::cmd("XACK")
+                        .arg(stream)
+                        .arg("g")
+                        .arg(&ids)
+                        .query_async::<i64>(&mut conn)
+                        .await?;
+                }
+            }));
+        }
+        let mut handled = 0;
+        for task in tasks {
+            handled += task.await??;
+        }
+        let elapsed = started.elapsed();
+        let cpu = redis_cpu_seconds(&mut conn).await? - cpu_before;
+        if handled != n {
+            bail!("ceiling-server handled {handled} of {n}");
+        }
+        let mut report = Report::new("ceiling-server", n, elapsed);
+        report.us_per_delivery = Some(report.seconds * 1e6 / n as f64);
+        report.extra.push(("x_connections", connections as f64));
+        report
+            .extra
+            .push(("x_redis_cpu_pct", 100.0 * cpu / elapsed.as_secs_f64()));
+        report
+            .extra
+            .push(("x_redis_us_per_msg", cpu * 1e6 / n as f64));
+        Ok(report)
+    }
+
     /// The host's full path: `native`, `wasm` or `wasm-isolated`.
     pub async fn host_path(&self, scenario: &str, n: usize) -> Result<Report> {
         self.host_path_with(scenario, n, "").await
@@ -109,6 +173,23 @@ impl Bench {
         report.us_per_delivery = Some(report.seconds * 1e6 / n as f64);
         Ok(report)
     }
+}
+
+/// Redis's own CPU time so far (user + system, INFO CPU), in seconds.
+async fn redis_cpu_seconds(conn: &mut redis::aio::MultiplexedConnection) -> Result<f64> {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(':')?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or(0.0)
+    };
+    Ok(field("used_cpu_user") + field("used_cpu_sys"))
 }
 
 /// The entry ids of an XREADGROUP reply.
