@@ -16,12 +16,13 @@
 //! if response.status() == 200 { /* charged */ }
 //! ```
 //!
-//! `send` is a real future: every wait (for the response, for body bytes) is a `wasi:io`
-//! pollable handed to `wstd`'s reactor, so while a request waits the handler is suspended in
+//! `send` is a real future: every wait for the other side (the response, its body bytes) is a
+//! `wasi:io` pollable handed to `wstd`'s reactor, so while a request waits the handler is suspended in
 //! the host's `poll`, not spinning, and requests joined together (`futures::join!`,
 //! `futures_lite::future::zip`) are in flight at the same time. The requests themselves are
 //! `wasi:http` calls through the `wasip2` bindings, which keeps the host's error codes (denied,
-//! timeouts, connect) typed all the way to [`ErrorKind`].
+//! timeouts, connect) typed all the way to [`ErrorKind`]. The request body is handed to the host
+//! before the wait starts (the host buffers it; a body of megabytes holds the handler meanwhile).
 
 use std::fmt;
 use std::time::Duration;
