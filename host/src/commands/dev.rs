@@ -50,6 +50,15 @@ pub async fn dev(dir: &Path, redis: Option<&str>) -> Result<()> {
         eprintln!("{err:#}\nwaiting for a change to build again");
         next_change(&project, &mut changes).await;
     }
+    // The host takes new builds through its component-file watcher.
+    let loaded = crate::config::Config::load(std::slice::from_ref(&config))
+        .context("invalid configuration")?;
+    if loaded.watch_interval.is_none() {
+        eprintln!(
+            "warning: watch_interval is \"off\" in {}: the host will not take new builds; remove it for `sluice dev`",
+            config.display()
+        );
+    }
     let mut host = {
         let config = config.clone();
         let redis = redis.map(str::to_owned);
