@@ -12,34 +12,27 @@ use super::{Bench, Report};
 use crate::native::NativeAck;
 
 impl Bench {
-    /// XREADGROUP COUNT 128 + one XACK per batch, nothing else.
-    pub async fn ceiling(&self, n: usize) -> Result<Report> {
-        let stream = "bench-ceiling";
+    /// `stream` filled with `n` payments and a group `g` at its start; a connection to read it.
+    async fn filled_with_group(
+        &self,
+        stream: &str,
+        n: usize,
+    ) -> Result<redis::aio::MultiplexedConnection> {
         self.fill(stream, n, Self::payment).await?;
         let mut conn = self.conn().await?;
         redis::cmd("XGROUP")
             .arg(["CREATE", stream, "g", "0"].as_slice())
             .query_async::<()>(&mut conn)
             .await?;
+        Ok(conn)
+    }
+
+    /// XREADGROUP COUNT 128 + one XACK per batch, nothing else.
+    pub async fn ceiling(&self, n: usize) -> Result<Report> {
+        let stream = "bench-ceiling";
+        let mut conn = self.filled_with_group(stream, n).await?;
         let started = Instant::now();
-        let mut handled = 0;
-        loop {
-            let reply: Value = redis::cmd("XREADGROUP")
-                .arg(["GROUP", "g", "c", "COUNT", "128", "STREAMS", stream, ">"].as_slice())
-                .query_async(&mut conn)
-                .await?;
-            let ids = entry_ids(&reply);
-            if ids.is_empty() {
-                break;
-            }
-            handled += ids.len();
-            redis::cmd("XACK")
-                .arg(stream)
-                .arg("g")
-                .arg(&ids)
-                .query_async::<i64>(&mut conn)
-                .await?;
-        }
+        let handled = read_and_ack(&mut conn, stream, "c").await?;
         if handled != n {
             bail!("ceiling handled {handled} of {n}");
         }
@@ -53,42 +46,14 @@ impl Bench {
     /// the server one such pattern uses, so the client side's distance from it shows.
     pub async fn ceiling_server(&self, n: usize, connections: usize) -> Result<Report> {
         let stream = "bench-ceiling-server";
-        self.fill(stream, n, Self::payment).await?;
-        let mut conn = self.conn().await?;
-        redis::cmd("XGROUP")
-            .arg(["CREATE", stream, "g", "0"].as_slice())
-            .query_async::<()>(&mut conn)
-            .await?;
+        let mut conn = self.filled_with_group(stream, n).await?;
         let cpu_before = redis_cpu_seconds(&mut conn).await?;
         let started = Instant::now();
         let mut tasks = Vec::new();
         for c in 0..connections {
             let mut conn = self.conn().await?;
             tasks.push(tokio::spawn(async move {
-                let consumer = format!("c{c}");
-                let mut handled = 0usize;
-                loop {
-                    let reply: Value = redis::cmd("XREADGROUP")
-                        .arg(
-                            [
-                                "GROUP", "g", &consumer, "COUNT", "128", "STREAMS", stream, ">",
-                            ]
-                            .as_slice(),
-                        )
-                        .query_async(&mut conn)
-                        .await?;
-                    let ids = entry_ids(&reply);
-                    if ids.is_empty() {
-                        return Ok::<usize, redis::RedisError>(handled);
-                    }
-                    handled += ids.len();
-                    redis::cmd("XACK")
-                        .arg(stream)
-                        .arg("g")
-                        .arg(&ids)
-                        .query_async::<i64>(&mut conn)
-                        .await?;
-                }
+                read_and_ack(&mut conn, stream, &format!("c{c}")).await
             }));
         }
         let mut handled = 0;
@@ -172,6 +137,38 @@ impl Bench {
         let mut report = Report::new(scenario, n, elapsed);
         report.us_per_delivery = Some(report.seconds * 1e6 / n as f64);
         Ok(report)
+    }
+}
+
+/// XREADGROUP COUNT 128 as `consumer` and XACK each batch until the stream has nothing new;
+/// how many entries that was.
+async fn read_and_ack(
+    conn: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+    consumer: &str,
+) -> redis::RedisResult<usize> {
+    let mut handled = 0;
+    loop {
+        let reply: Value = redis::cmd("XREADGROUP")
+            .arg(
+                [
+                    "GROUP", "g", consumer, "COUNT", "128", "STREAMS", stream, ">",
+                ]
+                .as_slice(),
+            )
+            .query_async(conn)
+            .await?;
+        let ids = entry_ids(&reply);
+        if ids.is_empty() {
+            return Ok(handled);
+        }
+        handled += ids.len();
+        redis::cmd("XACK")
+            .arg(stream)
+            .arg("g")
+            .arg(&ids)
+            .query_async::<i64>(conn)
+            .await?;
     }
 }
 
