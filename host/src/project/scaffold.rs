@@ -142,7 +142,7 @@ greeting = "hello"
 
 const README: &str = r#"# {name}
 
-A [Sluice](https://github.com/sluice-rs/sluice) handler in {lang} for the Redis stream `{name}`:
+A Sluice handler in {lang} for the Redis stream `{name}`:
 it acks each entry; an entry whose payload has `"retry": true` is retried once, after 5 s,
 waiting in the Redis sorted set `{name}.delayed` (a retry there survives any crash).
 
