@@ -478,7 +478,16 @@ async fn a_python_guest_is_held_to_the_same_sandbox() {
                 .set("handler_timeout", "2s"),
         ),
     );
+    // Six deliveries holding an instance each at once first: the instance pool has room for
+    // as many Python instances as `max_in_flight` allows (each instantiates ~14 core modules).
+    let hold = ("hold", serde_json::json!({"attack": "hold"}));
     let attacks = [
+        hold.clone(),
+        hold.clone(),
+        hold.clone(),
+        hold.clone(),
+        hold.clone(),
+        hold,
         ("file", serde_json::json!({"attack": "file"})),
         ("env", serde_json::json!({"attack": "env"})),
         (
@@ -501,6 +510,7 @@ async fn a_python_guest_is_held_to_the_same_sandbox() {
     for (name, id) in &ids {
         let why = reason(id);
         match *name {
+            "hold" => assert_eq!(why, "held"),
             "alloc" => assert!(why.contains("memory limit"), "{name}: {why}"),
             "loop" => assert!(why.contains("time limit"), "{name}: {why}"),
             "http" => assert!(

@@ -198,7 +198,10 @@ impl Runtime {
             let mut pooling = wasmtime::PoolingAllocationConfig::new();
             pooling
                 .total_component_instances(pool.instances)
-                .total_core_instances(pool.instances.saturating_mul(4))
+                // An interpreter component instantiates many core modules: componentize-py's
+                // ~14 (CPython and its libraries), componentize-js's 4, a Rust one 3. The
+                // limit is only a counter, so it is generous.
+                .total_core_instances(pool.instances.saturating_mul(32))
                 .total_memories(pool.instances.saturating_mul(2))
                 .total_tables(pool.instances.saturating_mul(4))
                 .max_memory_size(usize::try_from(pool.max_memory).unwrap_or(usize::MAX))

@@ -3,6 +3,7 @@ dead-letters with what happened, so the sandbox tests can check every one failed
 
 import os
 import socket
+import time
 
 from sluice_guest import RedisStream, dead_letter, http, subscriber
 
@@ -17,6 +18,9 @@ def attempt(what):
 @subscriber(RedisStream("probe-python").group("g"))
 def probe(payload: dict):
     attack = payload.get("attack")
+    if attack == "hold":
+        time.sleep(1)
+        return dead_letter("held")
     if attack == "file":
         return dead_letter(attempt(lambda: open("/etc/hostname").read()))
     if attack == "env":
