@@ -12,21 +12,12 @@ use crate::common::*;
 
 const T: Duration = Duration::from_secs(60);
 
-/// `sluice` with `args` in `dir` (tools on PATH, `env` added); stdout, after asserting success.
+/// `sluice` with `args` in `dir` (tools on PATH, `env` added); stdout and stderr, after
+/// asserting success.
 fn sluice(args: &[&str], dir: &Path, env: &[(&str, &str)]) -> String {
-    let out = Command::new(sluice_bin())
-        .args(args)
-        .current_dir(dir)
-        .env("PATH", tools_path())
-        .envs(env.iter().copied())
-        .output()
-        .expect("sluice runs");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    );
+    let (ok, stdout, stderr) = run_sluice_with(args, dir, env);
     assert!(
-        out.status.success(),
+        ok,
         "sluice {args:?} failed in {}:\n{stdout}\n{stderr}",
         dir.display()
     );
@@ -63,16 +54,12 @@ fn new_projects_build_and_pass_check_in_python_and_javascript() {
         py.join().expect("python");
     });
     // A second project of the same name is refused, naming what exists.
-    let out = Command::new(sluice_bin())
-        .args(["new", "orders-py", "--lang", "python"])
-        .current_dir(parent.path())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("already exists"),
-        "{err}"
+    let (ok, _, err) = run_sluice_with(
+        &["new", "orders-py", "--lang", "python"],
+        parent.path(),
+        &[],
     );
+    assert!(!ok && err.contains("already exists"), "{err}");
 }
 
 /// The three SDK crates as `cargo package` packs them, unpacked into `dir`.
@@ -232,17 +219,12 @@ fn a_big_component_runs_on_defaults_compiles_once_and_names_the_limit_to_raise()
         path
     };
     let check = |path: &Path| {
-        let out = Command::new(sluice_bin())
-            .arg("check")
-            .arg(path)
-            .env("RUST_LOG", "info")
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned()
-                + &String::from_utf8_lossy(&out.stderr),
-        )
+        let (ok, stdout, stderr) = run_sluice_with(
+            &["check", &path.display().to_string()],
+            dir.path(),
+            &[("RUST_LOG", "info")],
+        );
+        (ok, stdout + &stderr)
     };
     // Defaults: it loads, and the first load says it compiled and how long it took.
     let defaults = config("");

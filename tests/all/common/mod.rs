@@ -183,19 +183,8 @@ pub fn tools_path() -> String {
 
 /// `sluice build` in `dir`; the component's path.
 pub fn sluice_build(dir: &Path) -> PathBuf {
-    let out = Command::new(sluice_bin())
-        .arg("build")
-        .current_dir(dir)
-        .env("PATH", tools_path())
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("sluice build runs");
-    assert!(
-        out.status.success(),
-        "sluice build in {} failed",
-        dir.display()
-    );
-    let path = String::from_utf8(out.stdout).expect("a path");
+    let (ok, path, err) = run_sluice_with(&["build"], dir, &[]);
+    assert!(ok, "sluice build in {} failed:\n{err}", dir.display());
     dir.join(path.trim())
 }
 
@@ -493,10 +482,18 @@ impl Drop for HostProcess {
 
 /// Run `sluice` to completion; returns (success, stdout, stderr).
 pub fn run_sluice(args: &[&str], dir: &Path) -> (bool, String, String) {
+    run_sluice_with(args, dir, &[])
+}
+
+/// `sluice` with `args` in `dir`, `env` added and the guest toolchains first on PATH:
+/// (success, stdout, stderr).
+pub fn run_sluice_with(args: &[&str], dir: &Path, env: &[(&str, &str)]) -> (bool, String, String) {
     let out = Command::new(sluice_bin())
         .args(args)
         .current_dir(dir)
         .env_remove("SLUICE_REDIS_URL")
+        .env("PATH", tools_path())
+        .envs(env.iter().copied())
         .output()
         .expect("sluice runs");
     (
