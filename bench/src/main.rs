@@ -8,6 +8,7 @@
 //! host's full path with a native Rust handler), `wasm` (the same work in a component, reused
 //! instances), `wasm-isolated` (a fresh instance per delivery), `retry` (retry lateness through
 //! the durable set), `retry-backlog` (the same while a 5,000-entry backlog is being handled),
+//! `retry-backlog-lane` (the same with `retry_lane = true`),
 //! `drain` (entries already due in the set), `swap` (throughput while the
 //! handler is hot-swapped every 100 ms, and time from a swap to its first delivery), `sandbox`
 //! (per-delivery instantiation with and without the pooling allocator, and what epoch
@@ -36,6 +37,7 @@ const ALL: &[&str] = &[
     "wasm-isolated",
     "retry",
     "retry-backlog",
+    "retry-backlog-lane",
     "drain",
     "swap",
     "sandbox",
@@ -49,7 +51,7 @@ const ALL: &[&str] = &[
 #[command(about = "Benchmark Sluice against this machine's Redis ceiling")]
 struct Args {
     /// Scenarios to run (default: all): ceiling, ceiling-server, native, wasm, wasm-isolated, retry,
-    /// retry-backlog, drain,
+    /// retry-backlog, retry-backlog-lane, drain,
     /// swap, sandbox, cluster, ui, retention, languages.
     scenarios: Vec<String>,
     /// Print one JSON object per scenario per line instead of a table.
@@ -150,7 +152,12 @@ async fn main() -> Result<()> {
             "retry" => bench.retry(args.retries, Duration::from_secs(1)).await?,
             "retry-backlog" => {
                 bench
-                    .retry_backlog(args.retries / 10, Duration::from_secs(1), 5_000)
+                    .retry_backlog(args.retries / 10, Duration::from_secs(1), 5_000, false)
+                    .await?
+            }
+            "retry-backlog-lane" => {
+                bench
+                    .retry_backlog(args.retries / 10, Duration::from_secs(1), 5_000, true)
                     .await?
             }
             "drain" => bench.drain(args.drain).await?,

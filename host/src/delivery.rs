@@ -33,6 +33,28 @@ impl Entry {
     }
 }
 
+/// Which of a subscription's streams an entry was read from: where it is pending, so where it
+/// is acknowledged, parked from or dead-lettered from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Source {
+    /// The subscription's stream.
+    #[default]
+    Stream,
+    /// The retry lane next to the delayed set (see [`crate::keys::SubscriptionKeys::lane`]).
+    Lane,
+}
+
+impl Source {
+    /// The key of this source: `lane` for the lane (the stream if there is none), else
+    /// `stream`.
+    pub fn key<'a>(self, stream: &'a str, lane: Option<&'a str>) -> &'a str {
+        match (self, lane) {
+            (Source::Lane, Some(lane)) => lane,
+            _ => stream,
+        }
+    }
+}
+
 /// What the sweep recorded on an entry it re-added, verified by its mark.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bookkeeping {
@@ -77,6 +99,9 @@ pub struct Delivery {
     pub stream: String,
     /// The group that read it.
     pub group: String,
+    /// Whether it was read from the stream or from the retry lane (`stream` names the
+    /// subscription's stream either way).
+    pub source: Source,
     /// The entry.
     pub entry: Entry,
     /// Parked-and-re-added count (from verified bookkeeping; 0 otherwise).
@@ -123,6 +148,7 @@ impl Delivery {
         Self {
             stream: stream.to_owned(),
             group: group.to_owned(),
+            source: Source::Stream,
             retry_count: trusted.as_ref().map_or(0, |b| b.retry_count),
             origin_id: trusted
                 .as_ref()
@@ -133,6 +159,12 @@ impl Delivery {
             delivery_count: delivery_count.max(1),
             started: None,
         }
+    }
+
+    /// The same delivery, read from `source`.
+    pub fn from_source(mut self, source: Source) -> Self {
+        self.source = source;
+        self
     }
 
     /// The fields the producer wrote (everything but verified bookkeeping), in stream order.

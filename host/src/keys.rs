@@ -56,6 +56,12 @@ pub fn hash_tag(key: &str) -> &str {
     key
 }
 
+/// The retry lane of the delayed set `set`: a stream in the set's hash slot (it carries the
+/// set's hash tag, if any).
+pub fn lane_key(set: &str) -> String {
+    format!("{set}.lane")
+}
+
 /// Where a stream's [`Secret`] is kept: in the stream's hash slot, so scripts can use it with
 /// the stream on a cluster.
 pub fn secret_key(stream: &str) -> String {
@@ -178,6 +184,9 @@ pub struct SubscriptionKeys {
     pub dead_letter: Arc<str>,
     /// The delayed-retry set, if the subscription parks retries.
     pub delayed: Option<Arc<str>>,
+    /// The retry lane (`<delayed set>.lane`), when due retries overtake new entries: the
+    /// sweep appends them there and the reader serves it first.
+    pub lane: Option<Arc<str>>,
     /// Trim the dead-letter stream to about this many entries on every write (`None`: never;
     /// trimming drops the oldest dead letters for good).
     pub dead_letter_maxlen: Option<u64>,
@@ -191,8 +200,20 @@ impl SubscriptionKeys {
             group: group.into(),
             dead_letter: dead_letter.into(),
             delayed: delayed.map(Into::into),
+            lane: None,
             dead_letter_maxlen: None,
         }
+    }
+
+    /// The same keys, with a retry lane next to the delayed set when `lane` is set (and there
+    /// is a set).
+    pub fn with_retry_lane(mut self, lane: bool) -> Self {
+        self.lane = self
+            .delayed
+            .as_deref()
+            .filter(|_| lane)
+            .map(|set| lane_key(set).into());
+        self
     }
 
     /// The same keys, with the dead-letter stream trimmed to about `maxlen` entries.
@@ -216,6 +237,7 @@ impl SubscriptionKeys {
     pub fn with_stream(&self) -> Vec<String> {
         let mut keys = vec![self.dead_letter.to_string()];
         keys.extend(self.delayed.as_deref().map(str::to_owned));
+        keys.extend(self.lane.as_deref().map(str::to_owned));
         keys.push(self.secret());
         keys
     }

@@ -40,6 +40,17 @@ pub enum PlanError {
         /// The consumer.
         consumer: String,
     },
+    /// `retry_lane` asks for a lane for retries the subscription has no delayed set for.
+    #[error(
+        "{} (component {}): retry_lane = true needs a delayed-retry set: the lane carries retries the set holds; give the subscription `delayed_retry = {{ key = \"...\" }}` or drop retry_lane",
+        origin.display(), component.display()
+    )]
+    LaneWithoutSet {
+        /// Where the subscription was configured.
+        origin: PathBuf,
+        /// The component.
+        component: PathBuf,
+    },
 }
 
 /// One subscription, ready to run.
@@ -68,6 +79,8 @@ pub struct SubscriptionPlan {
     pub consumer_gone_after: Option<Duration>,
     /// Trim the dead-letter stream to about this many entries (`None`: never).
     pub dead_letter_maxlen: Option<u64>,
+    /// Due retries go to the retry lane, which the reader serves first.
+    pub retry_lane: bool,
     /// Trim what every group has acknowledged (`None`: off).
     pub retention: Option<crate::config::Retention>,
     /// Trim dead letters older than this (`None`: never).
@@ -159,6 +172,12 @@ impl Plan {
                     consumer,
                 });
             }
+            if sub.retry_lane && stream.delayed_retry.is_none() {
+                return Err(PlanError::LaneWithoutSet {
+                    origin: sub.origin.clone(),
+                    component: sub.component.clone(),
+                });
+            }
             let mut warnings = Vec::new();
             if let Some(min_idle) = stream.claim_min_idle
                 && min_idle <= sub.limits.handler_timeout
@@ -208,6 +227,7 @@ impl Plan {
             subscriptions.push(SubscriptionPlan {
                 consumer_gone_after,
                 dead_letter_maxlen: sub.dead_letter_maxlen,
+                retry_lane: sub.retry_lane,
                 retention: sub.retention,
                 dead_letter_keep: sub.dead_letter_keep,
                 component,

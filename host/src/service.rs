@@ -155,7 +155,8 @@ impl Service {
             &s.dead_letter,
             s.delayed_retry.as_ref().map(DelayedRetry::key),
         )
-        .with_dead_letter_maxlen(sub.dead_letter_maxlen);
+        .with_dead_letter_maxlen(sub.dead_letter_maxlen)
+        .with_retry_lane(sub.retry_lane);
         crate::keys::check_same_slot(&mut conn.clone(), &keys).await?;
         let secret = if s.delayed_retry.is_some() {
             crate::keys::Secret::load_or_create(&mut conn.clone(), &s.stream)
@@ -209,6 +210,7 @@ impl Service {
         ));
         let read_plan = ReadPlan {
             stream: s.stream.as_str().into(),
+            lane: keys.lane.clone(),
             group: s.group.as_str().into(),
             consumer: sub.consumer.as_str().into(),
             count: s.count,

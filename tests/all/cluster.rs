@@ -287,7 +287,12 @@ async fn a_stream_on_another_node(cluster: &Cluster) {
     let seed_url = cluster.nodes[0].url();
     let mut host = TestHost::start_at(
         &seed_url,
-        &TestConfig::of(Sub::fixture(&stream).delayed(&delayed)).to_string(),
+        &TestConfig::of(
+            Sub::fixture(&stream)
+                .delayed(&delayed)
+                .set("retry_lane", true),
+        )
+        .to_string(),
     )
     .await;
     let mut conn = cluster.conn().await;
@@ -333,6 +338,10 @@ async fn a_stream_on_another_node(cluster: &Cluster) {
     );
     assert_eq!(parked(&mut conn, &delayed).await, 0);
     assert_eq!(pending(&mut conn, &stream, "g").await, 0);
+    // The retries came back through the lane, in the stream's slot.
+    let lane = format!("{delayed}.lane");
+    assert_eq!(entries(&mut conn, &lane).await.len(), 5);
+    assert_eq!(pending(&mut conn, &lane, "g").await, 0);
     assert_eq!(finals.duplicates(), 0);
     assert_ne!(
         cluster.owner(&stream).await.port,
@@ -411,9 +420,15 @@ where
     let tag = cluster.tag_away_from_seed(prefix).await;
     let stream = format!("{{{tag}}}");
     let delayed = format!("{stream}.delayed");
+    // Retries come back through the lane: it moves and fails over with the stream's slot.
     let mut host = TestHost::start_at(
         &cluster.seeds(),
-        &TestConfig::of(Sub::fixture(&stream).delayed(&delayed)).to_string(),
+        &TestConfig::of(
+            Sub::fixture(&stream)
+                .delayed(&delayed)
+                .set("retry_lane", true),
+        )
+        .to_string(),
     )
     .await;
     let added = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -437,7 +452,10 @@ where
         let mut conn = conn.clone();
         let (stream, delayed) = (stream.clone(), delayed.clone());
         async move {
-            (parked(&mut conn, &delayed).await == 0 && pending(&mut conn, &stream, "g").await == 0)
+            let lane = format!("{delayed}.lane");
+            (parked(&mut conn, &delayed).await == 0
+                && pending(&mut conn, &stream, "g").await == 0
+                && pending(&mut conn, &lane, "g").await == 0)
                 .then_some(())
         }
     })

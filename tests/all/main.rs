@@ -16,6 +16,7 @@ mod delayed;
 mod entries;
 mod examples;
 mod guest_async;
+mod lane;
 mod operate;
 mod operations;
 mod projects;

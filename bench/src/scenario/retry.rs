@@ -15,14 +15,26 @@ impl Bench {
     /// is handled (handled time minus due time, both on this machine's clock, which is also the
     /// Redis server's).
     pub async fn retry(&self, n: usize, delay: Duration) -> Result<Report> {
-        self.retry_behind("retry", n, delay, 0).await
+        self.retry_behind("retry", n, delay, 0, false).await
     }
 
     /// `retry-backlog`: the `retry` scenario with `backlog` slow entries (1 ms of work each)
     /// added right behind the retries, so the retries come due while the backlog is being
-    /// handled. Retries re-added at the stream's tail wait for what is ahead of them.
-    pub async fn retry_backlog(&self, n: usize, delay: Duration, backlog: usize) -> Result<Report> {
-        self.retry_behind("retry-backlog", n, delay, backlog).await
+    /// handled. Retries re-added at the stream's tail wait for what is ahead of them; with
+    /// `lane` (`retry-backlog-lane`) they go to the retry lane, which the reader serves first.
+    pub async fn retry_backlog(
+        &self,
+        n: usize,
+        delay: Duration,
+        backlog: usize,
+        lane: bool,
+    ) -> Result<Report> {
+        let name = if lane {
+            "retry-backlog-lane"
+        } else {
+            "retry-backlog"
+        };
+        self.retry_behind(name, n, delay, backlog, lane).await
     }
 
     async fn retry_behind(
@@ -31,6 +43,7 @@ impl Bench {
         n: usize,
         delay: Duration,
         backlog: usize,
+        lane: bool,
     ) -> Result<Report> {
         let stream = &format!("bench-{name}");
         let key = &format!("bench-{name}.delayed");
@@ -45,7 +58,7 @@ impl Bench {
             self.fill(stream, backlog, |_| slow.clone()).await?;
         }
         let toml = format!(
-            "[[subscription]]\ncomponent = {:?}\nstream = {stream:?}\ngroup = \"g\"\ncount = 128\nmax_in_flight = 128\nblock = \"1s\"\ndelayed_retry = {{ key = {key:?} }}\n",
+            "[[subscription]]\ncomponent = {:?}\nstream = {stream:?}\ngroup = \"g\"\ncount = 128\nmax_in_flight = 128\nblock = \"1s\"\nretry_lane = {lane}\ndelayed_retry = {{ key = {key:?} }}\n",
             self.fixture.display().to_string()
         );
         let service = self.service(&toml).await?;
@@ -54,7 +67,9 @@ impl Bench {
         let started = Instant::now();
         let task = tokio::spawn(service.run(None, stop.clone()));
         let mut due: HashMap<String, f64> = HashMap::with_capacity(n);
-        let mut handled: HashMap<String, f64> = HashMap::with_capacity(n);
+        // Per origin: when its retry was acked here, and when the sweep re-added it (its new
+        // id's time, on the server's clock, which is this machine's).
+        let mut handled: HashMap<String, (f64, f64, f64)> = HashMap::with_capacity(n);
         let (mut first_park, mut last_park) = (f64::MAX, 0.0f64);
         let mut backlog_done = 0usize;
         while handled.len() < n || backlog_done < backlog {
@@ -74,7 +89,17 @@ impl Bench {
                     due.insert(event.id, due_ms as f64);
                 }
                 EventKind::Acked if event.retry_count == 1 => {
-                    handled.insert(event.id, at);
+                    let swept = event
+                        .id
+                        .split('-')
+                        .next()
+                        .and_then(|ms| ms.parse::<f64>().ok())
+                        .unwrap_or(at);
+                    let started = event
+                        .started
+                        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                        .map_or(at, |d| d.as_secs_f64() * 1000.0);
+                    handled.insert(event.origin_id, (at, swept, started));
                 }
                 EventKind::Acked if backlog > 0 => backlog_done += 1,
                 other => bail!("unexpected outcome in the retry scenario: {other:?}"),
@@ -83,22 +108,21 @@ impl Bench {
         let elapsed = started.elapsed();
         stop.cancel();
         task.await?.context("the host failed")?;
-        // Map each re-added entry back to the entry it was parked from.
-        let mut conn = self.conn().await?;
-        let all: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
-            .arg(stream)
-            .arg("-")
-            .arg("+")
-            .query_async(&mut conn)
-            .await?;
-        let mut lateness: Vec<f64> = Vec::with_capacity(n);
-        for (id, fields) in all {
-            if let (Some(origin), Some(at)) = (fields.get("sluice-origin-id"), handled.get(&id))
-                && let Some(due_ms) = due.get(origin)
-            {
-                lateness.push(at - due_ms);
-            }
-        }
+        // Each retry's ack names the entry it was parked from.
+        let mut lateness: Vec<f64> = handled
+            .iter()
+            .filter_map(|(origin, (at, ..))| due.get(origin).map(|due_ms| at - due_ms))
+            .collect();
+        let mut swept_late: Vec<f64> = handled
+            .iter()
+            .filter_map(|(origin, (_, swept, _))| due.get(origin).map(|due_ms| swept - due_ms))
+            .collect();
+        swept_late.sort_by(f64::total_cmp);
+        let mut started_late: Vec<f64> = handled
+            .iter()
+            .filter_map(|(origin, (_, _, started))| due.get(origin).map(|due_ms| started - due_ms))
+            .collect();
+        started_late.sort_by(f64::total_cmp);
         if lateness.len() != n {
             bail!("matched {} of {n} retries to their parks", lateness.len());
         }
@@ -107,6 +131,19 @@ impl Bench {
         report.lateness_p50_ms = Some(percentile(&lateness, 50.0));
         report.lateness_p99_ms = Some(percentile(&lateness, 99.0));
         report.lateness_max_ms = lateness.last().copied();
+        // How much of the lateness is the sweep's (the rest is reading and handling).
+        report
+            .extra
+            .push(("x_swept_p50_ms", percentile(&swept_late, 50.0)));
+        report
+            .extra
+            .push(("x_swept_p99_ms", percentile(&swept_late, 99.0)));
+        report
+            .extra
+            .push(("x_started_p50_ms", percentile(&started_late, 50.0)));
+        report
+            .extra
+            .push(("x_started_p99_ms", percentile(&started_late, 99.0)));
         if backlog > 0 {
             report.extra.push(("x_backlog", backlog as f64));
         }
@@ -145,6 +182,8 @@ impl Bench {
         );
         let service = self.service(&toml).await?;
         let stop = CancellationToken::new();
+        let redis_cpu = super::throughput::redis_cpu_seconds(&mut conn).await?;
+        let host_cpu = super::throughput::process_cpu_seconds();
         let started = Instant::now();
         let task = tokio::spawn(service.run(None, stop.clone()));
         // Moved back: the set is empty.
@@ -159,9 +198,20 @@ impl Bench {
         }
         self.settled(stream, n, Some(key)).await?;
         let elapsed = started.elapsed();
+        let redis_cpu = super::throughput::redis_cpu_seconds(&mut conn).await? - redis_cpu;
+        let host_cpu = super::throughput::process_cpu_seconds() - host_cpu;
         stop.cancel();
         task.await?.context("the host failed")?;
         let mut report = Report::new("drain", n, elapsed);
+        // Where the time goes: Redis's CPU (the sweep's Lua is most of it) and this process's
+        // (the host, and the harness polling every 2 ms), as a share of one core.
+        let secs = elapsed.as_secs_f64();
+        report
+            .extra
+            .push(("x_redis_cpu_pct", 100.0 * redis_cpu / secs));
+        report
+            .extra
+            .push(("x_host_cpu_pct", 100.0 * host_cpu / secs));
         if let Some(moved) = moved_at {
             report
                 .extra

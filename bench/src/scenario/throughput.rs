@@ -173,7 +173,7 @@ async fn read_and_ack(
 }
 
 /// Redis's own CPU time so far (user + system, INFO CPU), in seconds.
-async fn redis_cpu_seconds(conn: &mut redis::aio::MultiplexedConnection) -> Result<f64> {
+pub(super) async fn redis_cpu_seconds(conn: &mut redis::aio::MultiplexedConnection) -> Result<f64> {
     let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
     let field = |name: &str| {
         info.lines()
@@ -208,4 +208,21 @@ fn entry_ids(reply: &Value) -> Vec<Vec<u8>> {
         }
     }
     ids
+}
+
+/// CPU time (user + system) this process has used so far, seconds, from /proc (clock ticks of
+/// 1/100 s, Linux's USER_HZ); 0 where /proc is not there.
+pub(super) fn process_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at its closing parenthesis.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are the 14th and 15th fields of the line, 12th and 13th after the name.
+    (ticks(11) + ticks(12)) / 100.0
 }

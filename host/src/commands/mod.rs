@@ -102,7 +102,8 @@ pub(crate) async fn targets(plan: &Plan, stream: Option<&str>) -> Result<Vec<Tar
                         .as_ref()
                         .map(sluice_descriptor::DelayedRetry::key),
                 )
-                .with_dead_letter_maxlen(sub.dead_letter_maxlen),
+                .with_dead_letter_maxlen(sub.dead_letter_maxlen)
+                .with_retry_lane(sub.retry_lane),
                 conn: conn.clone(),
             });
         }

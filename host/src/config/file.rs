@@ -103,6 +103,7 @@ struct RawSubscription {
     failure_backoff: Option<RawBackoff>,
     partitions: Option<u32>,
     delayed_retry: Option<RawDelayedRetry>,
+    retry_lane: Option<bool>,
     max_in_flight: Option<usize>,
     isolation: Option<Isolation>,
     recycle_after: Option<u64>,
@@ -406,6 +407,7 @@ fn subscription(
                 "(leave dead_letter_retention out to keep dead letters for ever)",
             )?),
         },
+        retry_lane: sub.retry_lane.unwrap_or(false),
         dead_letter_maxlen: match sub.dead_letter_maxlen {
             Some(0) => {
                 return Err(v.invalid(

@@ -40,6 +40,7 @@
 //! | `max_delay`              | longest delay the handler asks for (checked against ttl)    | unset |
 //! | `failure_backoff`        | `{ initial = "500ms", max = "1m" }` after a trap            | as shown |
 //! | `delayed_retry`          | `{ key = "...", ttl = "1h" }`, or `"none"` to drop the descriptor's | the descriptor's |
+//! | `retry_lane`             | `true`: due retries overtake new entries. The sweep appends them to a lane next to the delayed set (`<key>.lane`, same hash tag) that the reader serves before the stream, instead of at the stream's tail behind everything unread (see `crate::delayed`). Set it alike on every host of the group | `false`: at the stream's tail |
 //! | `partitions`             | read this many partitions of the stream, each with its own hash tag (`<key>:{<stream>:<n>}`) | the descriptor's, else `1` |
 //! | `dead_letter_maxlen`     | trim the dead-letter stream to about this many entries (XADD MAXLEN ~): the oldest dead letters are dropped for good | never trimmed |
 //! | `retention`              | `{ keep_acked = "1h", max_len = 1000000, every = "10s" }`: trim entries every consumer group of the stream has acknowledged, older than `keep_acked`; never one a group has pending or unread (see `crate::retention`) | off: the stream grows until producers cap it |
@@ -247,6 +248,9 @@ pub struct SubscriptionConfig {
     pub consumer_gone_after: Option<Option<Duration>>,
     /// `dead_letter_maxlen`: trim the dead-letter stream to about this many entries.
     pub dead_letter_maxlen: Option<u64>,
+    /// `retry_lane`: due retries go to a lane the reader serves before new entries, instead
+    /// of the stream's tail.
+    pub retry_lane: bool,
     /// `retention`: trim what every group has acknowledged (off when `None`).
     pub retention: Option<Retention>,
     /// `dead_letter_retention.keep`: trim dead letters older than this (kept for ever when
@@ -321,6 +325,7 @@ impl Config {
                         values: BTreeMap::new(),
                         consumer_gone_after: None,
                         dead_letter_maxlen: None,
+                        retry_lane: false,
                         retention: None,
                         dead_letter_keep: None,
                         origin: path.clone(),

@@ -21,6 +21,15 @@
 //!   local timer set to the earliest due time this host knows of (from its own parks and from
 //!   every sweep), so a retry normally comes back within milliseconds of its due time. The
 //!   sweep's XADD wakes every reader blocked on the stream, here and on other hosts.
+//! - **Retry lane** (opt-in, `retry_lane = true`): by default a due retry goes to the stream's
+//!   tail, so it waits behind every entry not yet read (the seed's design; a backlog of
+//!   thousands delays it by the time they take). With a lane the sweep appends due retries to
+//!   `<set>.lane` instead, a stream in the set's hash slot that the subscription reads in the
+//!   same XREADGROUP as the stream, lane first: a due retry is handled in the next read. The
+//!   guarantees do not change: the move is the same atomic script, a lane entry is pending in
+//!   the lane until it is acknowledged, parked again or dead-lettered there, and a crash leaves
+//!   it pending for the same recovery as the stream's (own pending re-read, gone-consumer
+//!   take-over, XAUTOCLAIM). The sweep trims what every group of the lane has acknowledged.
 //! - **Clocks**: "now" is always the Redis server's clock, read inside the scripts; a host only
 //!   turns "due in N ms by the server's clock" into a local timer, so hosts whose clocks drift
 //!   cannot disagree about what is due.
@@ -35,7 +44,7 @@ use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
-use redis::{RedisResult, Script};
+use redis::{RedisResult, Script, ScriptInvocation};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -100,6 +109,8 @@ pub const MAX_REPRESENTABLE_DELAY: Duration = Duration::from_millis((1 << 53) - 
 /// One subscription's delayed-retry set.
 pub struct DelayedSet {
     stream: Arc<str>,
+    /// The retry lane due entries go to instead of the stream, if the subscription has one.
+    lane: Option<Arc<str>>,
     group: Arc<str>,
     key: Arc<str>,
     ttl: Option<Duration>,
@@ -136,6 +147,7 @@ impl DelayedSet {
             sweep_duration: metrics.sweep_duration.get_or_create(&labels).clone(),
             over_ttl: metrics.retry_over_ttl.get_or_create(&labels).clone(),
             stream: keys.stream.clone(),
+            lane: keys.lane.clone(),
             group: keys.group.clone(),
             key: keys.delayed.clone()?,
             ttl,
@@ -186,7 +198,7 @@ impl DelayedSet {
             );
         }
         let delay_ms = delay.as_millis() as u64;
-        let mut invocation = PARK.key(&*self.stream);
+        let mut invocation = PARK.key(delivery.source.key(&self.stream, self.lane.as_deref()));
         invocation
             .key(&*self.key)
             .arg(&*self.group)
@@ -217,12 +229,10 @@ impl DelayedSet {
         self.ttl.map_or(0, |t| t.as_millis().max(1) as u64)
     }
 
-    /// Move what is due (at most [`SWEEP_BATCH`] entries) back onto the stream.
-    pub async fn sweep(&self) -> RedisResult<Swept> {
-        let started = std::time::Instant::now();
-        let mut conn = self.conn.clone();
-        let (moved, next_due, now, dead_lettered, stuck): (usize, i64, i64, usize, usize) = SWEEP
-            .key(&*self.stream)
+    /// The sweep script's invocation for this set.
+    fn sweep_invocation(&self) -> ScriptInvocation<'static> {
+        let mut invocation = SWEEP.key(self.lane.as_deref().unwrap_or(&self.stream));
+        invocation
             .key(&*self.key)
             .key(&*self.dead_letter)
             .arg(SWEEP_BATCH)
@@ -240,8 +250,25 @@ impl DelayedSet {
                 keys::ORIGIN_STREAM,
             ])
             .arg(self.dead_letter_maxlen)
-            .invoke_async(&mut conn)
-            .await?;
+            .arg(&*self.stream);
+        invocation
+    }
+
+    /// Move what is due (at most [`SWEEP_BATCH`] entries) back onto the stream.
+    pub async fn sweep(&self) -> RedisResult<Swept> {
+        let started = std::time::Instant::now();
+        let mut conn = self.conn.clone();
+        let reply = self.sweep_invocation().invoke_async(&mut conn).await?;
+        Ok(self.swept(reply, started))
+    }
+
+    /// Record what one sweep pass answered: `(moved, next due, server now, dead-lettered,
+    /// stuck)`.
+    fn swept(
+        &self,
+        (moved, next_due, now, dead_lettered, stuck): (usize, i64, i64, usize, usize),
+        started: std::time::Instant,
+    ) -> Swept {
         self.saw_server_time(now);
         self.sweep_duration.observe(started.elapsed().as_secs_f64());
         self.sweep_moved.observe(moved as f64);
@@ -268,12 +295,12 @@ impl DelayedSet {
         }
         // What this pass saw replaces what this host knew: anything earlier has been moved.
         self.set_wake(next_due_in.map(|d| Instant::now() + d));
-        Ok(Swept {
+        Swept {
             moved,
             dead_lettered,
             stuck,
             next_due_in,
-        })
+        }
     }
 
     fn wake_in(&self, delay: Duration) {
@@ -296,22 +323,35 @@ impl DelayedSet {
     /// Sweep whenever the earliest known due time arrives, until `stop`.
     pub async fn run_waker(self: Arc<Self>, stop: CancellationToken) {
         let mut failures = crate::redis_conn::ReconnectBackoff::default();
+        // Whether the last pass left something due already: then the next pass runs at once
+        // (a timer set to "now" would wait for the timer's next millisecond tick).
+        let mut more_due = false;
         loop {
-            let next = self.next_wake.lock().ok().and_then(|n| *n);
-            let sleep = async {
-                match next {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
+            if more_due {
+                if stop.is_cancelled() {
+                    return;
                 }
-            };
-            tokio::select! {
-                () = sleep => {}
-                () = self.wake_changed.notified() => continue,
-                () = stop.cancelled() => return,
+            } else {
+                let next = self.next_wake.lock().ok().and_then(|n| *n);
+                let sleep = async {
+                    match next {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = sleep => {}
+                    () = self.wake_changed.notified() => continue,
+                    () = stop.cancelled() => return,
+                }
             }
             match self.sweep().await {
-                Ok(_) => failures.reset(),
+                Ok(swept) => {
+                    failures.reset();
+                    more_due = swept.next_due_in.is_some_and(|d| d.is_zero());
+                }
                 Err(err) => {
+                    more_due = false;
                     let pause = failures.next_delay();
                     tracing::warn!(key = %self.key, %err, retry_in_ms = pause.as_millis() as u64, "timed sweep failed");
                     self.set_wake(Some(Instant::now() + pause));

@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::delayed::{DelayedSet, Parked};
-use crate::delivery::Delivery;
+use crate::delivery::{Delivery, Source};
 use crate::digest::Digest;
 use crate::events::{Event, EventKind, Events};
 use crate::keys::{self, SubscriptionKeys};
@@ -59,12 +59,14 @@ static DEAD_LETTER: LazyLock<Script> = LazyLock::new(|| {
 /// Settles one subscription's deliveries.
 pub struct Settler {
     stream: Arc<str>,
+    /// The retry lane, if the subscription has one: entries read from it are settled there.
+    lane: Option<Arc<str>>,
     group: Arc<str>,
     dead_letter: Arc<str>,
     dead_letter_maxlen: u64,
     conn: RedisHandle,
     delayed: Option<Arc<DelayedSet>>,
-    acks: mpsc::UnboundedSender<Event>,
+    acks: mpsc::UnboundedSender<(Source, Event)>,
     events: Events,
     /// Cancelled when the host must give up on Redis (a forced shutdown).
     abandon: CancellationToken,
@@ -86,8 +88,7 @@ impl Settler {
     ) {
         let (tx, rx) = mpsc::unbounded_channel();
         let acker = run_acker(
-            keys.stream.clone(),
-            keys.group.clone(),
+            keys.clone(),
             conn.clone(),
             rx,
             events.clone(),
@@ -96,6 +97,7 @@ impl Settler {
         (
             Self {
                 stream: keys.stream.clone(),
+                lane: keys.lane.clone(),
                 group: keys.group.clone(),
                 dead_letter: keys.dead_letter.clone(),
                 dead_letter_maxlen: keys.maxlen_arg(),
@@ -127,7 +129,7 @@ impl Settler {
     /// Queue an ack; the acker sends it with others and reports it once Redis has it.
     pub fn ack(&self, delivery: &Delivery, digest: &Digest) {
         let event = self.event(delivery, digest, EventKind::Acked);
-        if self.acks.send(event).is_err() {
+        if self.acks.send((delivery.source, event)).is_err() {
             // Only after a forced shutdown: the entry stays pending and is re-read on restart.
             tracing::warn!(id = %delivery.entry.id, "acker is gone; entry stays pending");
         }
@@ -203,7 +205,8 @@ impl Settler {
     ) -> Result<bool, SettleError> {
         let retry_count = delivery.retry_count.to_string();
         let delivery_count = delivery.delivery_count.to_string();
-        let mut invocation = DEAD_LETTER.key(&*self.stream);
+        let mut invocation =
+            DEAD_LETTER.key(delivery.source.key(&self.stream, self.lane.as_deref()));
         invocation
             .key(&*self.dead_letter)
             .arg(&*self.group)
@@ -335,68 +338,110 @@ fn not_pending(delivery: &Delivery, what: &str) {
 }
 
 /// Send queued acks in batches until the channel closes, retrying while Redis is away; on
-/// `abandon`, stop at once and return how many acks were never sent.
+/// `abandon`, stop at once and return how many acks were never sent. Acks of entries read from
+/// the retry lane go to the lane, in a second XACK when a batch holds both.
 async fn run_acker(
-    stream: Arc<str>,
-    group: Arc<str>,
+    keys: SubscriptionKeys,
     mut conn: RedisHandle,
-    mut rx: mpsc::UnboundedReceiver<Event>,
+    mut rx: mpsc::UnboundedReceiver<(Source, Event)>,
     events: Events,
     abandon: CancellationToken,
 ) -> usize {
-    let mut batch: Vec<Event> = Vec::with_capacity(ACK_BATCH);
+    let (stream, group) = (&*keys.stream, &*keys.group);
+    let mut batch: Vec<(Source, Event)> = Vec::with_capacity(ACK_BATCH);
     let mut backoff = ReconnectBackoff::default();
     while rx.recv_many(&mut batch, ACK_BATCH).await > 0 {
-        loop {
-            let mut cmd = redis::cmd("XACK");
-            cmd.arg(&*stream).arg(&*group);
-            for event in &batch {
-                cmd.arg(&event.id);
-            }
-            let reply = tokio::select! {
-                reply = cmd.query_async::<u64>(&mut conn) => reply,
-                () = abandon.cancelled() => return gave_up(&stream, batch.len() + rx.len()),
-            };
-            match reply {
-                Ok(_) => {
-                    backoff.reset();
-                    for event in batch.drain(..) {
-                        events.send(event);
-                    }
-                    break;
-                }
-                Err(err) if !ErrorClass::of(&err).is_transient() => {
-                    // Trying again cannot help; the entries stay pending (or, with the group
-                    // gone, are pending nowhere) and are read again like any unsettled entry.
-                    tracing::error!(
-                        stream = %stream,
-                        group = %group,
-                        dropped_acks = batch.len(),
-                        %err,
-                        "XACK refused: {}; the entries stay as Redis has them",
-                        ErrorClass::of(&err).describe()
-                    );
-                    batch.clear();
-                    break;
-                }
-                Err(err) => {
-                    let pause = backoff.next_delay();
-                    tracing::warn!(
-                        stream = %stream,
-                        pending_acks = batch.len(),
-                        %err,
-                        retry_in_ms = pause.as_millis() as u64,
-                        "XACK failed; entries stay pending, retrying"
-                    );
-                    tokio::select! {
-                        () = tokio::time::sleep(pause) => {}
-                        () = abandon.cancelled() => return gave_up(&stream, batch.len() + rx.len()),
-                    }
-                }
+        for source in [Source::Lane, Source::Stream] {
+            let sent = ack_one_source(
+                AckTarget {
+                    key: source.key(stream, keys.lane.as_deref()),
+                    group,
+                    source,
+                },
+                &mut batch,
+                &mut conn,
+                &events,
+                &mut backoff,
+                &abandon,
+            )
+            .await;
+            if !sent {
+                return gave_up(stream, batch.len() + rx.len());
             }
         }
     }
     0
+}
+
+/// Where one XACK goes: the key, the group, and which queued acks it carries.
+struct AckTarget<'a> {
+    key: &'a str,
+    group: &'a str,
+    source: Source,
+}
+
+/// Acknowledge the acks in `batch` from `target.source` in one XACK (retrying while Redis is
+/// away), report each, and remove them from the batch. False when `abandon` fired first.
+async fn ack_one_source(
+    target: AckTarget<'_>,
+    batch: &mut Vec<(Source, Event)>,
+    conn: &mut RedisHandle,
+    events: &Events,
+    backoff: &mut ReconnectBackoff,
+    abandon: &CancellationToken,
+) -> bool {
+    let count = batch.iter().filter(|(s, _)| *s == target.source).count();
+    if count == 0 {
+        return true;
+    }
+    let mut cmd = redis::cmd("XACK");
+    cmd.arg(target.key).arg(target.group);
+    for (_, event) in batch.iter().filter(|(s, _)| *s == target.source) {
+        cmd.arg(&event.id);
+    }
+    loop {
+        let reply = tokio::select! {
+            reply = cmd.query_async::<u64>(conn) => reply,
+            () = abandon.cancelled() => return false,
+        };
+        match reply {
+            Ok(_) => {
+                backoff.reset();
+                for (_, event) in batch.extract_if(.., |(s, _)| *s == target.source) {
+                    events.send(event);
+                }
+                return true;
+            }
+            Err(err) if !ErrorClass::of(&err).is_transient() => {
+                // Trying again cannot help; the entries stay pending (or, with the group
+                // gone, are pending nowhere) and are read again like any unsettled entry.
+                tracing::error!(
+                    stream = %target.key,
+                    group = %target.group,
+                    dropped_acks = count,
+                    %err,
+                    "XACK refused: {}; the entries stay as Redis has them",
+                    ErrorClass::of(&err).describe()
+                );
+                batch.retain(|(s, _)| *s != target.source);
+                return true;
+            }
+            Err(err) => {
+                let pause = backoff.next_delay();
+                tracing::warn!(
+                    stream = %target.key,
+                    pending_acks = count,
+                    %err,
+                    retry_in_ms = pause.as_millis() as u64,
+                    "XACK failed; entries stay pending, retrying"
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    () = abandon.cancelled() => return false,
+                }
+            }
+        }
+    }
 }
 
 /// Log acks left unsent at a forced shutdown, and count them.

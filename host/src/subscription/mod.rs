@@ -11,6 +11,11 @@
 //!    appended back onto the stream and read as new entries in the next step;
 //! 5. read new entries (XREADGROUP `>` with COUNT and BLOCK) on a connection of its own.
 //!
+//! With a retry lane (`retry_lane = true`, see [`crate::delayed`]) every step covers the lane
+//! as well as the stream, the lane first: step 5 is one XREADGROUP over both, so a retry that
+//! comes due while a backlog waits in the stream is read at the next read; each entry is
+//! settled in the stream it was read from.
+//!
 //! A non-claiming subscription also takes over the pending entries of consumers that are
 //! gone (idle for `consumer_gone_after`, e.g. a host that came back under a new pod name):
 //! every half of that interval it looks at the group's consumers (XINFO CONSUMERS) and XCLAIMs
@@ -40,7 +45,7 @@ pub mod health;
 mod pending_retry;
 pub mod read;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -50,7 +55,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::delayed::DelayedSet;
-use crate::delivery::{Delivery, Entry};
+use crate::delivery::{Delivery, Entry, Source};
 use crate::dispatch::{Dispatcher, Settled};
 use crate::keys::Secret;
 use crate::redis_conn::{ErrorClass, Reader, ReconnectBackoff, RedisHandle};
@@ -61,6 +66,8 @@ use read::ReadEntry;
 #[derive(Debug, Clone)]
 pub struct ReadPlan {
     pub stream: Arc<str>,
+    /// The retry lane, read before the stream, if the subscription has one.
+    pub lane: Option<Arc<str>>,
     pub group: Arc<str>,
     /// This consumer's name.
     pub consumer: Arc<str>,
@@ -77,6 +84,19 @@ pub struct ReadPlan {
     pub max_in_flight: usize,
 }
 
+impl ReadPlan {
+    /// The key of `source`.
+    pub fn key(&self, source: Source) -> &str {
+        source.key(&self.stream, self.lane.as_deref())
+    }
+
+    /// The sources this subscription reads, in the order it serves them: the lane first.
+    pub fn sources(&self) -> impl Iterator<Item = Source> + use<> {
+        let lane = self.lane.is_some().then_some(Source::Lane);
+        lane.into_iter().chain([Source::Stream])
+    }
+}
+
 /// A running subscription.
 pub struct Subscription {
     plan: ReadPlan,
@@ -86,14 +106,15 @@ pub struct Subscription {
     permits: Arc<Semaphore>,
     /// Ids being handled, on a claiming subscription only: XAUTOCLAIM can hand back an entry
     /// this host is still handling. A plain subscription never reads an entry twice.
-    in_flight: Option<Mutex<HashSet<String>>>,
+    in_flight: Option<Mutex<HashSet<(Source, String)>>>,
     stop: CancellationToken,
     tracker: TaskTracker,
     reconnects: prometheus_client::metrics::counter::Counter,
     secret: Option<Arc<Secret>>,
     health: Arc<ReadHealth>,
-    /// The newest id this host read: where a group deleted under it is created again.
-    last_read: Mutex<Option<String>>,
+    /// The newest id this host read from each source: where a group deleted under it is
+    /// created again.
+    last_read: Mutex<HashMap<Source, String>>,
     /// When to look for gone consumers next.
     next_rescue: Mutex<tokio::time::Instant>,
 }
@@ -135,7 +156,7 @@ impl Subscription {
             tracker: parts.tracker,
             secret: parts.secret,
             health: parts.health,
-            last_read: Mutex::new(None),
+            last_read: Mutex::new(HashMap::new()),
             next_rescue: Mutex::new(tokio::time::Instant::now()),
         })
     }
@@ -154,8 +175,8 @@ impl Subscription {
             return;
         }
         let mut reader: Option<Reader> = None;
-        let mut own_pending: Option<String> = Some("0".to_owned());
-        let mut claim_cursor = "0-0".to_owned();
+        let mut own_pending = self.every_source_at("0");
+        let mut claim_cursor = self.every_source_at("0-0");
         let mut backoff = ReconnectBackoff::default();
         loop {
             // Read in batches: wait until half a batch can start, then take what else is free.
@@ -220,7 +241,7 @@ impl Subscription {
                         // connection is fine) and read on; the pause still applies, so a
                         // group deleted over and over is not recreated in a tight loop.
                         self.recreate_group().await;
-                        own_pending = Some("0".to_owned());
+                        own_pending = self.every_source_at("0");
                     } else {
                         reader = None;
                         self.reconnects.inc();
@@ -234,11 +255,25 @@ impl Subscription {
         tracing::info!(stream = %plan.stream, group = %plan.group, "subscription stopped reading");
     }
 
+    /// Every source at `id`, the lane first: where the own-pending re-read and the claim
+    /// cursors start.
+    fn every_source_at(&self, id: &str) -> Vec<(Source, String)> {
+        self.plan.sources().map(|s| (s, id.to_owned())).collect()
+    }
+
     async fn create_group(&self) -> bool {
         let mut backoff = ReconnectBackoff::default();
         loop {
             let mut conn = self.conn.clone();
-            match read::create_group(&mut conn, &self.plan.stream, &self.plan.group).await {
+            let mut created = Ok(());
+            for source in self.plan.sources() {
+                created =
+                    read::create_group(&mut conn, self.plan.key(source), &self.plan.group).await;
+                if created.is_err() {
+                    break;
+                }
+            }
+            match created {
                 Ok(()) => return true,
                 Err(err) => {
                     let message = format!(
@@ -254,30 +289,38 @@ impl Subscription {
         }
     }
 
-    /// Create the group again after it vanished, after the last entry this host read (or
-    /// from the start of the stream), and say so.
+    /// Create the group again after it vanished (on the stream, the lane, or both), after the
+    /// last entry this host read from each (or from the start), and say so.
     async fn recreate_group(&self) {
-        let from = self
-            .last_read
-            .lock()
-            .ok()
-            .and_then(|last| last.clone())
-            .unwrap_or_else(|| "0".to_owned());
-        let mut conn = self.conn.clone();
-        match read::create_group_at(&mut conn, &self.plan.stream, &self.plan.group, &from).await {
-            Ok(()) => tracing::warn!(
-                stream = %self.plan.stream,
-                group = %self.plan.group,
-                from = %from,
-                "consumer group was gone (the stream or the group was deleted); created it again, reading entries after id {from}"
-            ),
-            Err(err) => tracing::warn!(
-                stream = %self.plan.stream,
-                group = %self.plan.group,
-                %err,
-                "consumer group is gone and could not be created again: {}",
-                ErrorClass::of(&err).describe()
-            ),
+        for source in self.plan.sources() {
+            let key = self.plan.key(source);
+            let from = self
+                .last_read
+                .lock()
+                .ok()
+                .and_then(|last| last.get(&source).cloned())
+                .unwrap_or_else(|| "0".to_owned());
+            let mut conn = self.conn.clone();
+            // An existing group is left as it is: only a vanished one is made again.
+            let exists = crate::inspect::group(&mut conn, key, &self.plan.group).await;
+            if matches!(exists, Ok(Some(_))) {
+                continue;
+            }
+            match read::create_group_at(&mut conn, key, &self.plan.group, &from).await {
+                Ok(()) => tracing::warn!(
+                    stream = %key,
+                    group = %self.plan.group,
+                    from = %from,
+                    "consumer group was gone (the stream or the group was deleted); created it again, reading entries after id {from}"
+                ),
+                Err(err) => tracing::warn!(
+                    stream = %key,
+                    group = %self.plan.group,
+                    %err,
+                    "consumer group is gone and could not be created again: {}",
+                    ErrorClass::of(&err).describe()
+                ),
+            }
         }
     }
 
@@ -301,37 +344,39 @@ impl Subscription {
         &self,
         conn: &mut Reader,
         room: usize,
-        own_pending: &mut Option<String>,
-        claim_cursor: &mut String,
+        own_pending: &mut Vec<(Source, String)>,
+        claim_cursors: &mut [(Source, String)],
     ) -> RedisResult<Vec<(ReadEntry, u64)>> {
         let plan = &self.plan;
-        if let Some(cursor) = own_pending.as_deref() {
-            let entries = read::read_group(conn, plan, room, None, cursor).await?;
-            match entries.last() {
-                None => *own_pending = None,
-                Some(last) => {
-                    tracing::info!(
-                        stream = %plan.stream,
-                        count = entries.len(),
-                        "re-reading this consumer's own pending entries"
-                    );
-                    *own_pending = Some(last.id.clone());
-                    return self.with_counts(conn, entries).await;
-                }
-            }
+        while let Some((source, cursor)) = own_pending.first_mut() {
+            let source = *source;
+            let entries = read::read_group(conn, plan, room, None, &[(source, cursor)]).await?;
+            let Some(last) = entries.last() else {
+                own_pending.remove(0);
+                continue;
+            };
+            tracing::info!(
+                stream = %plan.key(source),
+                count = entries.len(),
+                "re-reading this consumer's own pending entries"
+            );
+            *cursor = last.id.clone();
+            return self.with_counts(conn, source, entries).await;
         }
         if let Some(gone_after) = plan.gone_after
             && self.rescue_due(gone_after)
         {
-            let entries = read::take_over_gone(conn, plan, gone_after, room).await?;
-            if !entries.is_empty() {
-                tracing::warn!(
-                    stream = %plan.stream,
-                    count = entries.len(),
-                    gone_after_ms = gone_after.as_millis() as u64,
-                    "took over pending entries of consumers that are gone"
-                );
-                return self.with_counts(conn, entries).await;
+            for source in plan.sources() {
+                let entries = read::take_over_gone(conn, plan, source, gone_after, room).await?;
+                if !entries.is_empty() {
+                    tracing::warn!(
+                        stream = %plan.key(source),
+                        count = entries.len(),
+                        gone_after_ms = gone_after.as_millis() as u64,
+                        "took over pending entries of consumers that are gone"
+                    );
+                    return self.with_counts(conn, source, entries).await;
+                }
             }
         }
         if let Some(delayed) = &self.delayed
@@ -340,14 +385,18 @@ impl Subscription {
             tracing::warn!(key = delayed.key(), %err, "sweep before read failed; reading anyway");
         }
         if let Some(min_idle) = plan.claim_min_idle {
-            let (next, entries) = read::autoclaim(conn, plan, min_idle, claim_cursor, room).await?;
-            *claim_cursor = next;
-            if !entries.is_empty() {
-                tracing::info!(stream = %plan.stream, count = entries.len(), "claimed idle entries");
-                return self.with_counts(conn, entries).await;
+            for (source, cursor) in claim_cursors.iter_mut() {
+                let (next, entries) =
+                    read::autoclaim(conn, plan, *source, min_idle, cursor, room).await?;
+                *cursor = next;
+                if !entries.is_empty() {
+                    tracing::info!(stream = %plan.key(*source), count = entries.len(), "claimed idle entries");
+                    return self.with_counts(conn, *source, entries).await;
+                }
             }
         }
-        let entries = read::read_group(conn, plan, room, Some(plan.block), ">").await?;
+        let newest: Vec<(Source, &str)> = plan.sources().map(|s| (s, ">")).collect();
+        let entries = read::read_group(conn, plan, room, Some(plan.block), &newest).await?;
         Ok(entries.into_iter().map(|e| (e, 1)).collect())
     }
 
@@ -364,13 +413,15 @@ impl Subscription {
         true
     }
 
+    /// `entries`, all read from `source`, each with Redis's delivery counter.
     async fn with_counts(
         &self,
         conn: &mut Reader,
+        source: Source,
         entries: Vec<ReadEntry>,
     ) -> RedisResult<Vec<(ReadEntry, u64)>> {
         let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
-        let counts = read::delivery_counts(conn, &self.plan, &ids).await?;
+        let counts = read::delivery_counts(conn, &self.plan, source, &ids).await?;
         Ok(entries
             .into_iter()
             .map(|e| {
@@ -387,18 +438,18 @@ impl Subscription {
         batch: Vec<(ReadEntry, u64)>,
         mut permits: OwnedSemaphorePermit,
     ) {
-        if let Some((last, _)) = batch.last()
-            && let Ok(mut newest) = self.last_read.lock()
-            && newest
-                .as_deref()
-                .is_none_or(|n| crate::delivery::cmp_ids(&last.id, n).is_gt())
-        {
-            *newest = Some(last.id.clone());
+        if let Ok(mut newest) = self.last_read.lock() {
+            for (read, _) in &batch {
+                let last = newest.entry(read.source).or_insert_with(|| read.id.clone());
+                if crate::delivery::cmp_ids(&read.id, last).is_gt() {
+                    last.clone_from(&read.id);
+                }
+            }
         }
         for (read, delivery_count) in batch {
-            let id = read.id.clone();
+            let (id, source) = (read.id.clone(), read.source);
             let Some(entry) = read.into_entry() else {
-                self.drop_deleted(&id).await;
+                self.drop_deleted(source, &id).await;
                 continue;
             };
             let permit = match permits.split(1) {
@@ -408,21 +459,21 @@ impl Subscription {
                     Err(_) => return,
                 },
             };
-            self.spawn_delivery(entry, delivery_count, permit);
+            self.spawn_delivery(entry, source, delivery_count, permit);
         }
     }
 
     /// An entry that was deleted from the stream while pending has nothing left to handle:
     /// acknowledge it so it leaves the pending list.
-    async fn drop_deleted(&self, id: &str) {
+    async fn drop_deleted(&self, source: Source, id: &str) {
         tracing::warn!(
-            stream = %self.plan.stream,
+            stream = %self.plan.key(source),
             id,
             "pending entry was deleted from the stream; acknowledging it"
         );
         let mut conn = self.conn.clone();
         let acked: RedisResult<u64> = redis::cmd("XACK")
-            .arg(&*self.plan.stream)
+            .arg(self.plan.key(source))
             .arg(&*self.plan.group)
             .arg(id)
             .query_async(&mut conn)
@@ -435,11 +486,12 @@ impl Subscription {
     fn spawn_delivery(
         self: &Arc<Self>,
         entry: Entry,
+        source: Source,
         delivery_count: u64,
         permit: OwnedSemaphorePermit,
     ) {
         if let Some(Ok(mut in_flight)) = self.in_flight.as_ref().map(Mutex::lock)
-            && !in_flight.insert(entry.id.clone())
+            && !in_flight.insert((source, entry.id.clone()))
         {
             // XAUTOCLAIM handed back an entry this host is still handling.
             return;
@@ -450,17 +502,18 @@ impl Subscription {
             entry,
             delivery_count,
             self.secret.as_deref(),
-        );
+        )
+        .from_source(source);
         let this = self.clone();
         self.tracker.spawn(async move {
             let id = delivery.entry.id.clone();
             let settled = this.dispatcher.dispatch(delivery).await;
             drop(permit);
             if let Some(Ok(mut in_flight)) = this.in_flight.as_ref().map(Mutex::lock) {
-                in_flight.remove(&id);
+                in_flight.remove(&(source, id.clone()));
             }
             if let Settled::RetryPending(delay) = settled {
-                this.retry_later(id, delivery_count, delay);
+                this.retry_later(id, source, delivery_count, delay);
             }
         });
     }

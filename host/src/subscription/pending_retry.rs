@@ -12,11 +12,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Subscription, read};
+use crate::delivery::Source;
 use crate::redis_conn::{ErrorClass, ReconnectBackoff};
 
 impl Subscription {
     /// Bring a pending entry back after `delay` (not needed on a claiming subscription).
-    pub(super) fn retry_later(self: &Arc<Self>, id: String, delivery_count: u64, delay: Duration) {
+    pub(super) fn retry_later(
+        self: &Arc<Self>,
+        id: String,
+        source: Source,
+        delivery_count: u64,
+        delay: Duration,
+    ) {
         if let Some(min_idle) = self.plan.claim_min_idle {
             tracing::debug!(
                 id,
@@ -35,7 +42,7 @@ impl Subscription {
             let mut backoff = ReconnectBackoff::default();
             let entry = loop {
                 let mut conn = this.conn.clone();
-                match read::claim_one(&mut conn, &this.plan, &id).await {
+                match read::claim_one(&mut conn, &this.plan, source, &id).await {
                     Ok(entry) => break entry,
                     Err(err) if ErrorClass::of(&err) == ErrorClass::NoGroup => {
                         tracing::warn!(
@@ -69,7 +76,7 @@ impl Subscription {
                 },
                 () = this.stop.cancelled() => return,
             };
-            this.spawn_delivery(entry, delivery_count + 1, permit);
+            this.spawn_delivery(entry, source, delivery_count + 1, permit);
         });
     }
 }

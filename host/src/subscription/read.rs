@@ -8,13 +8,15 @@ use redis::aio::ConnectionLike;
 use redis::{RedisResult, Value};
 
 use super::ReadPlan;
-use crate::delivery::Entry;
+use crate::delivery::{Entry, Source};
 
 /// An entry id from a read; `None` fields mean the entry was deleted from the stream while it
 /// was pending.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadEntry {
     pub id: String,
+    /// Which of the subscription's streams it was read from.
+    pub source: Source,
     /// Its fields, unless it was deleted.
     pub fields: Option<Vec<(Vec<u8>, Vec<u8>)>>,
 }
@@ -61,27 +63,44 @@ pub async fn create_group_at<C: ConnectionLike>(
     }
 }
 
-/// XREADGROUP from `id` (`>` for new entries, an id to read this consumer's pending ones).
+/// XREADGROUP from each source at its id (`>` for new entries, an id to read this consumer's
+/// pending ones), in one command; up to `count` entries from each, in the order of `from`.
 pub async fn read_group<C: ConnectionLike>(
     conn: &mut C,
     who: &ReadPlan,
     count: usize,
     block: Option<Duration>,
-    id: &str,
+    from: &[(Source, &str)],
 ) -> RedisResult<Vec<ReadEntry>> {
-    let (stream, group, consumer) = (&*who.stream, &*who.group, &*who.consumer);
+    let reply: Value = read_group_cmd(who, count, block, from)
+        .query_async(conn)
+        .await?;
+    parse_read_reply(reply, who.lane.as_deref())
+}
+
+fn read_group_cmd(
+    who: &ReadPlan,
+    count: usize,
+    block: Option<Duration>,
+    from: &[(Source, &str)],
+) -> redis::Cmd {
     let mut cmd = redis::cmd("XREADGROUP");
     cmd.arg("GROUP")
-        .arg(group)
-        .arg(consumer)
+        .arg(&*who.group)
+        .arg(&*who.consumer)
         .arg("COUNT")
         .arg(count);
     if let Some(block) = block {
         cmd.arg("BLOCK").arg(block.as_millis().max(1) as u64);
     }
-    cmd.arg("STREAMS").arg(stream).arg(id);
-    let reply: Value = cmd.query_async(conn).await?;
-    parse_read_reply(reply)
+    cmd.arg("STREAMS");
+    for (source, _) in from {
+        cmd.arg(who.key(*source));
+    }
+    for (_, id) in from {
+        cmd.arg(*id);
+    }
+    cmd
 }
 
 /// XAUTOCLAIM: take up to `count` entries idle for at least `min_idle` from any consumer.
@@ -89,11 +108,12 @@ pub async fn read_group<C: ConnectionLike>(
 pub async fn autoclaim<C: ConnectionLike>(
     conn: &mut C,
     who: &ReadPlan,
+    source: Source,
     min_idle: Duration,
     cursor: &str,
     count: usize,
 ) -> RedisResult<(String, Vec<ReadEntry>)> {
-    let (stream, group, consumer) = (&*who.stream, &*who.group, &*who.consumer);
+    let (stream, group, consumer) = (who.key(source), &*who.group, &*who.consumer);
     let reply: Value = redis::cmd("XAUTOCLAIM")
         .arg(stream)
         .arg(group)
@@ -113,7 +133,7 @@ pub async fn autoclaim<C: ConnectionLike>(
         None => return Err(unexpected("XAUTOCLAIM", &Value::Nil)),
     };
     let entries = match parts.next() {
-        Some(v) => parse_entries(v)?,
+        Some(v) => parse_entries(v, source)?,
         None => Vec::new(),
     };
     Ok((next, entries))
@@ -124,9 +144,10 @@ pub async fn autoclaim<C: ConnectionLike>(
 pub async fn claim_one<C: ConnectionLike>(
     conn: &mut C,
     who: &ReadPlan,
+    source: Source,
     id: &str,
 ) -> RedisResult<Option<Entry>> {
-    let (stream, group, consumer) = (&*who.stream, &*who.group, &*who.consumer);
+    let (stream, group, consumer) = (who.key(source), &*who.group, &*who.consumer);
     let reply: Value = redis::cmd("XCLAIM")
         .arg(stream)
         .arg(group)
@@ -135,7 +156,7 @@ pub async fn claim_one<C: ConnectionLike>(
         .arg(id)
         .query_async(conn)
         .await?;
-    Ok(parse_entries(reply)?
+    Ok(parse_entries(reply, source)?
         .into_iter()
         .next()
         .and_then(ReadEntry::into_entry))
@@ -146,10 +167,11 @@ pub async fn claim_one<C: ConnectionLike>(
 pub async fn take_over_gone<C: ConnectionLike>(
     conn: &mut C,
     who: &ReadPlan,
+    source: Source,
     gone_after: Duration,
     count: usize,
 ) -> RedisResult<Vec<ReadEntry>> {
-    let (stream, group, consumer) = (&*who.stream, &*who.group, &*who.consumer);
+    let (stream, group, consumer) = (who.key(source), &*who.group, &*who.consumer);
     let gone_ms = gone_after.as_millis() as u64;
     let mut taken = Vec::new();
     for gone in crate::inspect::consumers(conn, stream, group).await? {
@@ -183,7 +205,7 @@ pub async fn take_over_gone<C: ConnectionLike>(
             pending = gone.pending,
             "consumer is gone; taking over its pending entries"
         );
-        taken.extend(parse_entries(reply)?);
+        taken.extend(parse_entries(reply, source)?);
         if taken.len() >= count {
             break;
         }
@@ -196,9 +218,10 @@ pub async fn take_over_gone<C: ConnectionLike>(
 pub async fn delivery_counts<C: ConnectionLike>(
     conn: &mut C,
     who: &ReadPlan,
+    source: Source,
     ids: &[&str],
 ) -> RedisResult<HashMap<String, u64>> {
-    let (stream, group, consumer) = (&*who.stream, &*who.group, &*who.consumer);
+    let (stream, group, consumer) = (who.key(source), &*who.group, &*who.consumer);
     let (Some(first), Some(last)) = (
         ids.iter().min_by(|a, b| crate::delivery::cmp_ids(a, b)),
         ids.iter().max_by(|a, b| crate::delivery::cmp_ids(a, b)),
@@ -254,8 +277,14 @@ fn text(value: &Value) -> Option<String> {
     }
 }
 
-/// XREADGROUP's reply: nil on timeout, else one `[stream, entries]` pair (or a map in RESP3).
-fn parse_read_reply(reply: Value) -> RedisResult<Vec<ReadEntry>> {
+/// XREADGROUP's reply: nil on timeout, else a `[stream, entries]` pair per stream that had
+/// entries (or a map in RESP3); entries of the stream named `lane` come from the lane.
+fn parse_read_reply(reply: Value, lane: Option<&str>) -> RedisResult<Vec<ReadEntry>> {
+    let source = |name: &Value| match (name, lane) {
+        (Value::BulkString(name), Some(lane)) if name == lane.as_bytes() => Source::Lane,
+        (Value::SimpleString(name), Some(lane)) if name == lane => Source::Lane,
+        _ => Source::Stream,
+    };
     match reply {
         Value::Nil => Ok(Vec::new()),
         Value::Array(streams) => {
@@ -264,16 +293,17 @@ fn parse_read_reply(reply: Value) -> RedisResult<Vec<ReadEntry>> {
                 let Value::Array(pair) = stream else {
                     return Err(unexpected("XREADGROUP stream", &stream));
                 };
-                if let Some(entries) = pair.into_iter().nth(1) {
-                    out.extend(parse_entries(entries)?);
+                let mut pair = pair.into_iter();
+                if let (Some(name), Some(entries)) = (pair.next(), pair.next()) {
+                    out.extend(parse_entries(entries, source(&name))?);
                 }
             }
             Ok(out)
         }
         Value::Map(streams) => {
             let mut out = Vec::new();
-            for (_, entries) in streams {
-                out.extend(parse_entries(entries)?);
+            for (name, entries) in streams {
+                out.extend(parse_entries(entries, source(&name))?);
             }
             Ok(out)
         }
@@ -281,8 +311,8 @@ fn parse_read_reply(reply: Value) -> RedisResult<Vec<ReadEntry>> {
     }
 }
 
-/// A list of `[id, [field, value, ...] | nil]`.
-fn parse_entries(value: Value) -> RedisResult<Vec<ReadEntry>> {
+/// A list of `[id, [field, value, ...] | nil]` read from `source`.
+fn parse_entries(value: Value, source: Source) -> RedisResult<Vec<ReadEntry>> {
     let Value::Array(items) = value else {
         return if value == Value::Nil {
             Ok(Vec::new())
@@ -319,7 +349,7 @@ fn parse_entries(value: Value) -> RedisResult<Vec<ReadEntry>> {
             }
             _ => None,
         };
-        out.push(ReadEntry { id, fields });
+        out.push(ReadEntry { id, source, fields });
     }
     Ok(out)
 }
@@ -344,7 +374,7 @@ mod tests {
                 Value::Array(vec![bulk("2-0"), Value::Nil]),
             ]),
         ])]);
-        let entries = parse_read_reply(reply).unwrap();
+        let entries = parse_read_reply(reply, None).unwrap();
         assert_eq!(entries.len(), 2);
         assert_eq!(
             entries[0].fields.as_deref().unwrap(),
@@ -365,10 +395,33 @@ mod tests {
                 Value::BulkString(vec![0x00]),
             ]),
         ])]);
-        let entries = parse_entries(reply).unwrap();
+        let entries = parse_entries(reply, Source::Stream).unwrap();
         assert_eq!(
             entries[0].fields.as_deref().unwrap(),
             &[(vec![0xff, 0xfe], vec![0x00])]
         );
+    }
+
+    #[test]
+    fn entries_of_the_lane_are_tagged_with_it() {
+        let reply = Value::Array(vec![
+            Value::Array(vec![
+                bulk("s.delayed.lane"),
+                Value::Array(vec![Value::Array(vec![
+                    bulk("5-0"),
+                    Value::Array(vec![bulk("a"), bulk("1")]),
+                ])]),
+            ]),
+            Value::Array(vec![
+                bulk("s"),
+                Value::Array(vec![Value::Array(vec![
+                    bulk("1-0"),
+                    Value::Array(vec![bulk("b"), bulk("2")]),
+                ])]),
+            ]),
+        ]);
+        let entries = parse_read_reply(reply, Some("s.delayed.lane")).unwrap();
+        let sources: Vec<_> = entries.iter().map(|e| (e.id.as_str(), e.source)).collect();
+        assert_eq!(sources, [("5-0", Source::Lane), ("1-0", Source::Stream)]);
     }
 }

@@ -102,6 +102,12 @@ pub enum Control {
         #[serde(default)]
         timeout_ms: u64,
     },
+    /// Attempt `n` (counting from 0: how many attempts came before) does what `each[n]` says,
+    /// the last one for every later attempt, e.g. retry once, then spin, then ack.
+    Attempts {
+        /// What each attempt does (not `attempts` itself).
+        each: Vec<Control>,
+    },
     /// Create `maps` `wasi:http` header maps with a `bytes`-byte value each and leak them, then
     /// ack.
     LeakFields {

@@ -2,7 +2,7 @@
 -- per call: each due member is appended under a new id (*) with its bookkeeping, and removed
 -- from the set, so two hosts sweeping one set never both move an entry.
 --
--- KEYS[1]  the stream
+-- KEYS[1]  where due entries go: the stream, or the subscription's retry lane
 -- KEYS[2]  the delayed-retry sorted set
 -- KEYS[3]  the dead-letter stream: a member that cannot go back onto the stream goes there
 --          instead of blocking every sweep after it
@@ -13,6 +13,12 @@
 -- ARGV[5..12] the bookkeeping field names, in order: retry count, origin id, due time, mark,
 --          member, reason, origin key, origin stream (from the host's keys module)
 -- ARGV[13] trim the dead-letter stream to about this many entries (MAXLEN ~), 0 for never
+-- ARGV[14] the subscription's stream: the name the mark covers and dead letters record as
+--          their origin, whether KEYS[1] is that stream or its lane
+--
+-- A lane (KEYS[1] is not ARGV[14]) is the host's own stream, so the sweep keeps it short:
+-- before adding to it, it trims every entry below the oldest one some group of the lane still
+-- has pending or has not read yet (XTRIM MINID), i.e. only what every group has acknowledged.
 --
 -- A re-added entry carries the member's fields, then exactly four bookkeeping fields: retry
 -- count, origin id (the entry the producer first added), due time (server clock, epoch ms), and
@@ -37,6 +43,46 @@ local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIM
 local secret = ARGV[2]
 local max_fields = tonumber(ARGV[4])
 local moved, dead, stuck = 0, 0, 0
+local stream = ARGV[14]
+
+-- Stream ids compare as two numbers, ms then sequence.
+local function id_less(a, b)
+  local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
+  local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
+  ams, bms = tonumber(ams), tonumber(bms)
+  return ams < bms or (ams == bms and tonumber(aseq) < tonumber(bseq))
+end
+
+-- Drop the lane's entries that every group of the lane has read and acknowledged.
+local function trim_lane()
+  local groups = redis.pcall('XINFO', 'GROUPS', KEYS[1])
+  if type(groups) ~= 'table' or groups.err or #groups == 0 then
+    return
+  end
+  local floor
+  for _, flat in ipairs(groups) do
+    local group = {}
+    for i = 1, #flat, 2 do
+      group[flat[i]] = flat[i + 1]
+    end
+    -- Nothing pending: everything up to the last id read is acknowledged.
+    local ms, seq = string.match(group['last-delivered-id'], '^(%d+)-(%d+)$')
+    local keep = ms .. '-' .. string.format('%.0f', tonumber(seq) + 1)
+    if tonumber(group['pending']) > 0 then
+      keep = redis.call('XPENDING', KEYS[1], group['name'])[2]
+    end
+    if floor == nil or id_less(keep, floor) then
+      floor = keep
+    end
+  end
+  if floor then
+    redis.call('XTRIM', KEYS[1], 'MINID', floor)
+  end
+end
+
+if #due > 0 and KEYS[1] ~= stream then
+  trim_lane()
+end
 
 local function dead_letter(member, reason)
   local args = {KEYS[3]}
@@ -44,7 +90,7 @@ local function dead_letter(member, reason)
     args = {KEYS[3], 'MAXLEN', '~', ARGV[13]}
   end
   for _, v in ipairs({'*', F_MEMBER, member, F_REASON, reason, F_ORIGIN_KEY, KEYS[2],
-      F_ORIGIN_STREAM, KEYS[1]}) do
+      F_ORIGIN_STREAM, stream}) do
     args[#args + 1] = v
   end
   local written = redis.pcall('XADD', unpack(args))
@@ -72,7 +118,7 @@ for i = 1, #due, 2 do
       origin = parked[1]
     end
     local retry = tostring(parked[2])
-    local message = #KEYS[1] .. ':' .. KEYS[1] .. ':' .. origin .. ':' .. retry .. ':' .. score
+    local message = #stream .. ':' .. stream .. ':' .. origin .. ':' .. retry .. ':' .. score
     local mark = redis.sha1hex(secret .. redis.sha1hex(secret .. message))
     local args = {KEYS[1], '*'}
     for _, v in ipairs(parked[3]) do

@@ -1,0 +1,196 @@
+//! The retry lane (`retry_lane = true`): due retries overtake a backlog instead of waiting
+//! behind it, with every guarantee of the default kept (each message settled once, a lane
+//! entry recoverable after a crash, the lane trimmed), and the default unchanged.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use sluice_host::EventKind;
+
+use crate::common::*;
+
+const T: Duration = Duration::from_secs(30);
+/// Entries of spinning work queued right behind the retry.
+const BACKLOG: usize = 300;
+
+/// One subscription with a retry that comes due while `BACKLOG` entries of 5 ms work (two at a
+/// time: at least 750 ms) are being handled.
+fn backlogged(stream: &str, lane: bool) -> Sub {
+    Sub::fixture(stream)
+        .set("max_in_flight", 2)
+        .set("count", 2)
+        .set("block", "5s")
+        .set("retry_lane", lane)
+        .delayed(&format!("{stream}.delayed"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn due_retries_overtake_a_backlog_in_the_lane_and_wait_behind_it_by_default() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    // Two retries each (the second parks from the lane, back into the set), then an ack.
+    let retry = Control::Retry { ms: 200, times: 2 };
+    let slow = Control::Slow { ms: 5 };
+    let mut firsts = HashMap::new();
+    for stream in ["lane", "tail"] {
+        firsts.insert(stream, add(&mut conn, stream, &retry).await);
+        for _ in 0..BACKLOG {
+            add(&mut conn, stream, &slow).await;
+        }
+    }
+    let mut host = start_fixture(
+        &redis,
+        TestConfig::of(backlogged("lane", true)).and(backlogged("tail", false)),
+    )
+    .await;
+    // Per stream: backlog entries acked before the retry's final ack, and every ack's origin.
+    let mut before: HashMap<&str, Option<usize>> = HashMap::new();
+    let mut acked: HashMap<&str, usize> = HashMap::new();
+    let mut acks_of: HashMap<(&str, String), u32> = HashMap::new();
+    let deadline = tokio::time::Instant::now() + T;
+    while acked.values().sum::<usize>() < 2 * BACKLOG || before.len() < 2 {
+        let event = tokio::time::timeout_at(deadline, host.events.recv())
+            .await
+            .unwrap_or_else(|_| panic!("stalled: acked {acked:?}, retries done {before:?}"))
+            .expect("events");
+        let stream: &str = if &*event.stream == "lane" {
+            "lane"
+        } else {
+            "tail"
+        };
+        match event.kind {
+            EventKind::Acked if event.origin_id == firsts[stream] => {
+                assert_eq!(event.retry_count, 2, "acked after its two retries");
+                before.insert(stream, Some(acked.get(stream).copied().unwrap_or(0)));
+                *acks_of
+                    .entry((stream, event.origin_id.clone()))
+                    .or_default() += 1;
+            }
+            EventKind::Acked => {
+                *acked.entry(stream).or_default() += 1;
+                *acks_of
+                    .entry((stream, event.origin_id.clone()))
+                    .or_default() += 1;
+            }
+            EventKind::Parked { .. } => assert_eq!(event.origin_id, firsts[stream]),
+            other => panic!("unexpected outcome {other:?} on {stream}"),
+        }
+    }
+    let lane_before = before["lane"].unwrap();
+    let tail_before = before["tail"].unwrap();
+    println!("lane: retry acked after {lane_before} of {BACKLOG}; tail: after {tail_before}");
+    assert!(
+        lane_before < BACKLOG / 2,
+        "with the lane both retries came back ahead of the backlog (acked after {lane_before} of {BACKLOG})"
+    );
+    assert!(
+        tail_before >= BACKLOG - 4,
+        "by default a due retry waits behind what is unread (acked after {tail_before} of {BACKLOG})"
+    );
+    assert_eq!(acks_of.len(), 2 * (BACKLOG + 1), "every message acked");
+    assert!(
+        acks_of.values().all(|&n| n == 1),
+        "each message acked exactly once"
+    );
+    // Nothing left anywhere; the lane kept only what its sweep had not yet trimmed.
+    for stream in ["lane", "tail"] {
+        assert_eq!(pending(&mut conn, stream, "g").await, 0);
+        assert_eq!(parked(&mut conn, &format!("{stream}.delayed")).await, 0);
+        assert!(dead_lettered(&mut conn, stream).await.is_empty());
+    }
+    assert_eq!(pending(&mut conn, "lane.delayed.lane", "g").await, 0);
+    let on_lane = entries(&mut conn, "lane.delayed.lane").await;
+    assert_eq!(
+        on_lane.len(),
+        1,
+        "the second sweep trimmed the first retry's acknowledged copy, the last copy waits for the next sweep: {on_lane:?}"
+    );
+    let (_, copy) = &on_lane[0];
+    assert_eq!(
+        field(copy, "sluice-origin-id"),
+        Some(firsts["lane"].as_str())
+    );
+    assert_eq!(field(copy, "sluice-retry-count"), Some("2"));
+    // The default never made a lane; the lane's retries never went to its stream.
+    let lane_exists: u64 = cmd(&mut conn, &["EXISTS", "tail.delayed.lane"]).await;
+    assert_eq!(lane_exists, 0);
+    let on_stream = entries(&mut conn, "lane").await;
+    assert_eq!(
+        on_stream.len(),
+        BACKLOG + 1,
+        "retries went to the lane only"
+    );
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_entry_pending_at_a_crash_is_settled_once_after_the_restart() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let run = RunDir::new(
+        &redis,
+        Sub::fixture("crashlane")
+            .set("retry_lane", true)
+            .set("handler_timeout", "60s")
+            .delayed("crashlane.delayed"),
+    );
+    let mut host = run.spawn();
+    // Retry once, spin on the lane copy (the host is killed meanwhile), dead-letter after.
+    let control = Control::Attempts {
+        each: vec![
+            Control::Retry { ms: 100, times: 1 },
+            Control::Loop,
+            Control::Dead {
+                reason: "third attempt".into(),
+            },
+        ],
+    };
+    let id = add(&mut conn, "crashlane", &control).await;
+    wait_for(T, "the lane copy to be pending", || {
+        let mut conn = conn.clone();
+        async move { (pending(&mut conn, "crashlane.delayed.lane", "g").await == 1).then_some(()) }
+    })
+    .await;
+    host.kill();
+    assert_eq!(
+        pending(&mut conn, "crashlane", "g").await,
+        0,
+        "the original was acked when parked"
+    );
+    let mut restarted = run.spawn();
+    let dead = wait_dead_letters(&conn, "crashlane", 1).await;
+    wait_for(T, "the lane copy to be settled", || {
+        let mut conn = conn.clone();
+        async move { (pending(&mut conn, "crashlane.delayed.lane", "g").await == 0).then_some(()) }
+    })
+    .await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    let (_, letter) = &dead[0];
+    assert_eq!(field(letter, "sluice-reason"), Some("third attempt"));
+    assert_eq!(field(letter, "sluice-origin-id"), Some(id.as_str()));
+    assert_eq!(field(letter, "sluice-origin-stream"), Some("crashlane"));
+    assert_eq!(field(letter, "sluice-retry-count"), Some("1"));
+    assert_eq!(
+        field(letter, "sluice-delivery-count"),
+        Some("2"),
+        "the lane copy was delivered before the crash and once after it"
+    );
+    let lane = entries(&mut conn, "crashlane.delayed.lane").await;
+    assert_eq!(field(letter, "sluice-entry-id"), Some(lane[0].0.as_str()));
+    assert_eq!(parked(&mut conn, "crashlane.delayed").await, 0);
+    assert_eq!(pending(&mut conn, "crashlane", "g").await, 0);
+    restarted.kill();
+}
+
+#[test]
+fn a_retry_lane_without_a_delayed_set_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = TestConfig::of(Sub::fixture("nolane").set("retry_lane", true)).to_string();
+    write_config(dir.path(), "sluice.toml", &config);
+    let (ok, _, stderr) = run_sluice(&["check", "sluice.toml"], dir.path());
+    assert!(!ok, "check passed: {stderr}");
+    assert!(
+        stderr.contains("retry_lane = true needs a delayed-retry set"),
+        "{stderr}"
+    );
+}
