@@ -18,9 +18,9 @@ impl Bench {
         self.retry_behind("retry", n, delay, 0, false).await
     }
 
-    /// `retry-backlog`: the `retry` scenario with `backlog` slow entries (1 ms of work each)
-    /// added right behind the retries, so the retries come due while the backlog is being
-    /// handled. Retries re-added at the stream's tail wait for what is ahead of them; with
+    /// `retry-backlog`: the `retry` scenario with `backlog` entries of 20 ms waiting each (a
+    /// gateway call) added just before the retries come due, so they come due while the backlog
+    /// is being handled. Retries re-added at the stream's tail wait for what is ahead of them; with
     /// `lane` (`retry-backlog-lane`) they go to the retry lane, which the reader serves first.
     pub async fn retry_backlog(
         &self,
@@ -53,10 +53,10 @@ impl Bench {
         }
         .to_string();
         self.fill(stream, n, |_| payload.clone()).await?;
-        let slow = sluice_fixture_control::Control::Slow { ms: 1 }.to_string();
-        if backlog > 0 {
-            self.fill(stream, backlog, |_| slow.clone()).await?;
-        }
+        // The backlog: handlers that wait 20 ms each (a gateway call), added 150 ms before the
+        // first retry is due, so the retries come due while it is being handled.
+        let slow = sluice_fixture_control::Control::Sleep { ms: 20 }.to_string();
+        let mut backlog_at: Option<tokio::time::Instant> = None;
         let toml = format!(
             "[[subscription]]\ncomponent = {:?}\nstream = {stream:?}\ngroup = \"g\"\ncount = 128\nmax_in_flight = 128\nblock = \"1s\"\nretry_lane = {lane}\ndelayed_retry = {{ key = {key:?} }}\n",
             self.fixture.display().to_string()
@@ -73,7 +73,21 @@ impl Bench {
         let (mut first_park, mut last_park) = (f64::MAX, 0.0f64);
         let mut backlog_done = 0usize;
         while handled.len() < n || backlog_done < backlog {
-            let event = match tokio::time::timeout(Duration::from_secs(60), events.recv()).await {
+            let add_backlog = async {
+                match backlog_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let event = tokio::select! {
+                event = tokio::time::timeout(Duration::from_secs(60), events.recv()) => event,
+                () = add_backlog => {
+                    backlog_at = None;
+                    self.fill(stream, backlog, |_| slow.clone()).await?;
+                    continue;
+                }
+            };
+            let event = match event {
                 Ok(Ok(event)) => event,
                 Ok(Err(err)) => bail!("lost events: {err}"),
                 Err(_) => bail!(
@@ -87,6 +101,13 @@ impl Bench {
                     first_park = first_park.min(at);
                     last_park = last_park.max(at);
                     due.insert(event.id, due_ms as f64);
+                    if backlog > 0 && due.len() == n {
+                        let first = due.values().copied().fold(f64::MAX, f64::min);
+                        let wait = (first - now_ms() - 150.0).max(0.0);
+                        backlog_at = Some(
+                            tokio::time::Instant::now() + Duration::from_secs_f64(wait / 1000.0),
+                        );
+                    }
                 }
                 EventKind::Acked if event.retry_count == 1 => {
                     let swept = event

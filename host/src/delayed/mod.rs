@@ -124,6 +124,9 @@ pub struct DelayedSet {
     /// The earliest local instant at which something this host knows of is due.
     next_wake: Mutex<Option<Instant>>,
     wake_changed: Notify,
+    /// Signalled when a sweep of this host moved entries into the retry lane: the reader then
+    /// reads as soon as one delivery can start, instead of waiting for half a batch.
+    lane_filled: Notify,
     /// The Redis server's clock minus this host's wall clock, in ms, from the last script
     /// reply; what turns "now" on this host into the server's time for the lateness metric.
     clock_offset_ms: AtomicI64,
@@ -157,6 +160,7 @@ impl DelayedSet {
             conn,
             next_wake: Mutex::new(None),
             wake_changed: Notify::new(),
+            lane_filled: Notify::new(),
             clock_offset_ms: AtomicI64::new(0),
             has_offset: AtomicBool::new(false),
         })
@@ -290,6 +294,9 @@ impl DelayedSet {
                 "delayed-set members can go neither back onto the stream nor to the dead-letter stream; they stay in the set"
             );
         }
+        if moved > 0 && self.lane.is_some() {
+            self.lane_filled.notify_one();
+        }
         if moved > 0 {
             tracing::debug!(key = %self.key, moved, "swept due retries back onto the stream");
         }
@@ -300,6 +307,16 @@ impl DelayedSet {
             dead_lettered,
             stuck,
             next_due_in,
+        }
+    }
+
+    /// Wait until a sweep of this host moves entries into the retry lane (never, without a
+    /// lane); a sweep since the last call counts.
+    pub async fn lane_filled(&self) {
+        if self.lane.is_some() {
+            self.lane_filled.notified().await;
+        } else {
+            std::future::pending().await
         }
     }
 

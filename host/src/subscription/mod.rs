@@ -181,11 +181,25 @@ impl Subscription {
         loop {
             // Read in batches: wait until half a batch can start, then take what else is free.
             // Reading as soon as one permit frees would turn a busy subscription into a stream
-            // of one-entry reads.
+            // of one-entry reads. Retries this host just moved into the retry lane are the
+            // exception: they are read as soon as one delivery can start.
             let floor = (plan.count.min(plan.max_in_flight) / 2).max(1) as u32;
+            let lane_filled = async {
+                match &self.delayed {
+                    Some(delayed) => delayed.lane_filled().await,
+                    None => std::future::pending().await,
+                }
+            };
             let mut first = tokio::select! {
                 permits = self.permits.clone().acquire_many_owned(floor) => match permits {
                     Ok(permits) => permits,
+                    Err(_) => break,
+                },
+                permit = async {
+                    lane_filled.await;
+                    self.permits.clone().acquire_many_owned(1).await
+                } => match permit {
+                    Ok(permit) => permit,
                     Err(_) => break,
                 },
                 () = self.stop.cancelled() => break,
@@ -395,8 +409,24 @@ impl Subscription {
                 }
             }
         }
-        let newest: Vec<(Source, &str)> = plan.sources().map(|s| (s, ">")).collect();
-        let entries = read::read_group(conn, plan, room, Some(plan.block), &newest).await?;
+        let mut entries = Vec::new();
+        if plan.lane.is_some() {
+            // The lane first, on its own, so that stream entries never take the room of due
+            // retries; the stream then gets what room is left.
+            entries = read::read_group(conn, plan, room, None, &[(Source::Lane, ">")]).await?;
+        }
+        if entries.len() < room {
+            let left = room - entries.len();
+            let more = if entries.is_empty() {
+                // Nothing to do yet: wait on the stream and the lane both (a blocked read is
+                // answered with the entries of whichever gets some first).
+                let newest: Vec<(Source, &str)> = plan.sources().map(|s| (s, ">")).collect();
+                read::read_group(conn, plan, left, Some(plan.block), &newest).await?
+            } else {
+                read::read_group(conn, plan, left, None, &[(Source::Stream, ">")]).await?
+            };
+            entries.extend(more);
+        }
         Ok(entries.into_iter().map(|e| (e, 1)).collect())
     }
 
