@@ -87,6 +87,16 @@ pub enum Parked {
     NotPending,
 }
 
+/// When the sweep timer fires next, and how many parks told it a due time.
+#[derive(Debug, Default)]
+struct Wake {
+    /// The earliest local instant at which something this host knows of is due.
+    at: Option<Instant>,
+    /// Due times parks registered: a sweep pass that saw this number change while it was on
+    /// its way keeps their wake instead of replacing it.
+    parks: u64,
+}
+
 /// What one sweep pass did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Swept {
@@ -122,7 +132,7 @@ pub struct DelayedSet {
     sweep_duration: Histogram,
     over_ttl: Counter,
     /// The earliest local instant at which something this host knows of is due.
-    next_wake: Mutex<Option<Instant>>,
+    next_wake: Mutex<Wake>,
     wake_changed: Notify,
     /// Signalled when a sweep of this host moved entries into the retry lane: the reader then
     /// reads as soon as one delivery can start, instead of waiting for half a batch.
@@ -158,7 +168,7 @@ impl DelayedSet {
             dead_letter_maxlen: keys.maxlen_arg(),
             secret,
             conn,
-            next_wake: Mutex::new(None),
+            next_wake: Mutex::new(Wake::default()),
             wake_changed: Notify::new(),
             lane_filled: Notify::new(),
             clock_offset_ms: AtomicI64::new(0),
@@ -261,9 +271,10 @@ impl DelayedSet {
     /// Move what is due (at most [`SWEEP_BATCH`] entries) back onto the stream.
     pub async fn sweep(&self) -> RedisResult<Swept> {
         let started = std::time::Instant::now();
+        let parks_before = self.next_wake.lock().map_or(0, |w| w.parks);
         let mut conn = self.conn.clone();
         let reply = self.sweep_invocation().invoke_async(&mut conn).await?;
-        Ok(self.swept(reply, started))
+        Ok(self.swept(reply, started, parks_before))
     }
 
     /// Record what one sweep pass answered: `(moved, next due, server now, dead-lettered,
@@ -272,6 +283,7 @@ impl DelayedSet {
         &self,
         (moved, next_due, now, dead_lettered, stuck): (usize, i64, i64, usize, usize),
         started: std::time::Instant,
+        parks_before: u64,
     ) -> Swept {
         self.saw_server_time(now);
         self.sweep_duration.observe(started.elapsed().as_secs_f64());
@@ -300,8 +312,18 @@ impl DelayedSet {
         if moved > 0 {
             tracing::debug!(key = %self.key, moved, "swept due retries back onto the stream");
         }
-        // What this pass saw replaces what this host knew: anything earlier has been moved.
-        self.set_wake(next_due_in.map(|d| Instant::now() + d));
+        // What this pass saw replaces what this host knew (anything earlier has been moved),
+        // unless a park of this host registered its due time while the pass was on its way:
+        // that park may have run in Redis after the pass, unseen by it, so its wake stays.
+        let at = next_due_in.map(|d| Instant::now() + d);
+        if let Ok(mut wake) = self.next_wake.lock() {
+            wake.at = if wake.parks == parks_before {
+                at
+            } else {
+                [wake.at, at].into_iter().flatten().min()
+            };
+        }
+        self.wake_changed.notify_one();
         Swept {
             moved,
             dead_lettered,
@@ -320,21 +342,17 @@ impl DelayedSet {
         }
     }
 
+    /// Wake the timer at `delay` from now unless it wakes earlier already; a park's due time
+    /// (counted, see [`Wake::parks`]).
     fn wake_in(&self, delay: Duration) {
         let at = Instant::now() + delay;
-        if let Ok(mut next) = self.next_wake.lock()
-            && next.is_none_or(|current| at < current)
-        {
-            *next = Some(at);
-            self.wake_changed.notify_one();
+        if let Ok(mut wake) = self.next_wake.lock() {
+            wake.parks += 1;
+            if wake.at.is_none_or(|current| at < current) {
+                wake.at = Some(at);
+                self.wake_changed.notify_one();
+            }
         }
-    }
-
-    fn set_wake(&self, at: Option<Instant>) {
-        if let Ok(mut next) = self.next_wake.lock() {
-            *next = at;
-        }
-        self.wake_changed.notify_one();
     }
 
     /// Sweep whenever the earliest known due time arrives, until `stop`.
@@ -349,7 +367,7 @@ impl DelayedSet {
                     return;
                 }
             } else {
-                let next = self.next_wake.lock().ok().and_then(|n| *n);
+                let next = self.next_wake.lock().ok().and_then(|w| w.at);
                 let sleep = async {
                     match next {
                         Some(at) => tokio::time::sleep_until(at).await,
@@ -371,7 +389,10 @@ impl DelayedSet {
                     more_due = false;
                     let pause = failures.next_delay();
                     tracing::warn!(key = %self.key, %err, retry_in_ms = pause.as_millis() as u64, "timed sweep failed");
-                    self.set_wake(Some(Instant::now() + pause));
+                    // The next pass waits for the backoff, even for what is already due.
+                    if let Ok(mut wake) = self.next_wake.lock() {
+                        wake.at = Some(Instant::now() + pause);
+                    }
                 }
             }
         }
