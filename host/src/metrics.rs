@@ -9,8 +9,8 @@
 //! | `sluice_deliveries_total{outcome}` | counter | handler results: `ack`, `retry`, `dead_letter`, `trap`, `limit` |
 //! | `sluice_handler_duration_seconds` | histogram | time in the handler per delivery |
 //! | `sluice_in_flight` | gauge | deliveries being handled now |
-//! | `sluice_pending_entries` | gauge | the group's pending-entries list (scrape time) |
-//! | `sluice_consumer_lag` | gauge | entries not yet read by the group (scrape time) |
+//! | `sluice_pending_entries` | gauge | the group's pending-entries list (scrape time), its retry lane's included |
+//! | `sluice_consumer_lag` | gauge | entries not yet read by the group (scrape time), its retry lane's included |
 //! | `sluice_parked_entries` | gauge | entries waiting in the delayed-retry set (scrape time) |
 //! | `sluice_parked_oldest_due_seconds` | gauge | due time of the earliest parked entry, Unix seconds |
 //! | `sluice_sweep_moved` | histogram | entries moved back per sweep pass |

@@ -198,6 +198,7 @@ impl Service {
             dead_letter_maxlen: sub.dead_letter_maxlen,
             conn: conn.clone(),
             delayed_key: s.delayed_retry.as_ref().map(|d| d.key().to_owned()),
+            lane: keys.lane.as_deref().map(str::to_owned),
             dead_letter: s.dead_letter.clone(),
             health: health.clone(),
         };

@@ -151,11 +151,39 @@ async fn a_lane_entry_pending_at_a_crash_is_settled_once_after_the_restart() {
         async move { (pending(&mut conn, "crashlane.delayed.lane", "g").await == 1).then_some(()) }
     })
     .await;
+    // The lane's pending copy counts as the subscription's pending work.
+    let (_, metrics) = http_get(host.admin_addr().await, "/metrics").await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("sluice_pending_entries{")
+                && l.contains("crashlane")
+                && l.ends_with(" 1")),
+        "{metrics}"
+    );
     host.kill();
     assert_eq!(
         pending(&mut conn, "crashlane", "g").await,
         0,
         "the original was acked when parked"
+    );
+    // An operator sees the lane's pending copy.
+    let dir = tempfile::tempdir().unwrap();
+    let config = TestConfig::of(
+        Sub::fixture("crashlane")
+            .set("retry_lane", true)
+            .delayed("crashlane.delayed"),
+    );
+    let path = write_config(dir.path(), "sluice.toml", &config.to_string());
+    let url = redis.url();
+    let (ok, stdout, stderr) = run_sluice(
+        &["status", path.to_str().unwrap(), "--redis", &url],
+        dir.path(),
+    );
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("retry lane `crashlane.delayed.lane`: 1 pending"),
+        "{stdout}"
     );
     let mut restarted = run.spawn();
     let dead = wait_dead_letters(&conn, "crashlane", 1).await;

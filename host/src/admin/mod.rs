@@ -65,6 +65,8 @@ pub struct AdminSubscription {
     pub conn: crate::redis_conn::RedisHandle,
     /// Its delayed-retry set, if any.
     pub delayed_key: Option<String>,
+    /// Its retry lane, if it has one.
+    pub lane: Option<String>,
     /// Its dead-letter stream.
     pub dead_letter: String,
     /// Trim it to about this many entries.
@@ -290,16 +292,27 @@ async fn sample(metrics: &Metrics, sub: &AdminSubscription) {
                 .map_or(0, |oldest| (now_ms - oldest).max(0) / 1000),
         );
     }
+    // With a retry lane, its pending and unread entries count too: they are the same
+    // subscription's work.
+    let lane = match &sub.lane {
+        Some(lane) => crate::inspect::group(&mut conn, lane, &sub.labels.group)
+            .await
+            .ok()
+            .flatten(),
+        None => None,
+    };
     if let Some(group) = snapshot.group {
+        let lane_pending = lane.as_ref().map_or(0, |l| l.pending as u64);
         metrics
             .pending
             .get_or_create(&sub.labels)
-            .set(gauge(group.pending as u64));
+            .set(gauge(group.pending as u64 + lane_pending));
         if let Some(lag) = group.lag {
+            let lane_lag = lane.as_ref().and_then(|l| l.lag).unwrap_or(0);
             metrics
                 .lag
                 .get_or_create(&sub.labels)
-                .set(gauge(lag as u64));
+                .set(gauge((lag + lane_lag) as u64));
         }
     }
     metrics

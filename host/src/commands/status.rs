@@ -21,6 +21,9 @@ struct SubscriptionStatus {
     last_delivered_id: Option<String>,
     consumers: Vec<ConsumerStatus>,
     delayed_key: Option<String>,
+    /// The retry lane (`retry_lane = true`): its key, and the group's pending and unread
+    /// entries there.
+    lane: Option<LaneStatus>,
     parked: Option<u64>,
     next_due_ms: Option<i64>,
     next_due_in_ms: Option<i64>,
@@ -32,6 +35,13 @@ struct SubscriptionStatus {
     oldest_age_ms: Option<i64>,
     /// What retention's last run did (`None`: it never ran).
     retention: Option<std::collections::HashMap<String, String>>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct LaneStatus {
+    key: String,
+    pending: u64,
+    lag: Option<u64>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -101,6 +111,20 @@ async fn partition_status(
     let size = inspect::stream_size(conn, &s.stream).await?;
     let retention = inspect::retention_record(conn, &s.stream).await?;
     let next_due_ms = snapshot.delayed.and_then(|d| d.next_due_ms);
+    let lane = match delayed_key.as_deref().filter(|_| sub.retry_lane) {
+        Some(set) => {
+            let key = crate::keys::lane_key(set);
+            let group = inspect::group(conn, &key, &s.group)
+                .await
+                .with_context(|| format!("XINFO GROUPS {key}"))?;
+            Some(LaneStatus {
+                pending: group.as_ref().map_or(0, |g| g.pending as u64),
+                lag: group.as_ref().and_then(|g| g.lag).map(|l| l as u64),
+                key,
+            })
+        }
+        None => None,
+    };
     Ok(SubscriptionStatus {
         stream: s.stream.clone(),
         partition,
@@ -120,6 +144,7 @@ async fn partition_status(
             })
             .collect(),
         delayed_key,
+        lane,
         parked: snapshot.delayed.map(|d| d.parked),
         next_due_ms,
         next_due_in_ms: next_due_ms.map(|due| due - now_ms),
@@ -191,6 +216,14 @@ fn render(rows: &[SubscriptionStatus], json: bool) -> Result<String> {
                     }
                 });
                 let _ = writeln!(out, "  parked {parked} in `{key}`, next due {next}");
+                if let Some(lane) = &r.lane {
+                    let unread = lane.lag.map_or("?".to_owned(), |l| l.to_string());
+                    let _ = writeln!(
+                        out,
+                        "  retry lane `{}`: {} pending, {unread} due retries not yet read",
+                        lane.key, lane.pending
+                    );
+                }
             }
             _ => {
                 let _ = writeln!(out, "  no delayed-retry set");
