@@ -269,6 +269,16 @@ fn bytes(value: Value) -> RedisResult<Vec<u8>> {
     }
 }
 
+/// An entry id, taken without a copy.
+fn into_text(value: Value) -> RedisResult<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes)
+            .map_err(|e| unexpected("entry id", &Value::BulkString(e.into_bytes()))),
+        Value::SimpleString(s) => Ok(s),
+        other => Err(unexpected("entry id", &other)),
+    }
+}
+
 fn text(value: &Value) -> Option<String> {
     match value {
         Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
@@ -328,7 +338,7 @@ fn parse_entries(value: Value, source: Source) -> RedisResult<Vec<ReadEntry>> {
         };
         let mut pair = pair.into_iter();
         let id = match pair.next() {
-            Some(v) => text(&v).ok_or_else(|| unexpected("entry id", &v))?,
+            Some(v) => into_text(v)?,
             None => continue,
         };
         let fields = match pair.next() {
