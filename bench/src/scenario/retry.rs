@@ -129,42 +129,32 @@ impl Bench {
         let elapsed = started.elapsed();
         stop.cancel();
         task.await?.context("the host failed")?;
-        // Each retry's ack names the entry it was parked from.
-        let mut lateness: Vec<f64> = handled
-            .iter()
-            .filter_map(|(origin, (at, ..))| due.get(origin).map(|due_ms| at - due_ms))
-            .collect();
-        let mut swept_late: Vec<f64> = handled
-            .iter()
-            .filter_map(|(origin, (_, swept, _))| due.get(origin).map(|due_ms| swept - due_ms))
-            .collect();
-        swept_late.sort_by(f64::total_cmp);
-        let mut started_late: Vec<f64> = handled
-            .iter()
-            .filter_map(|(origin, (_, _, started))| due.get(origin).map(|due_ms| started - due_ms))
-            .collect();
-        started_late.sort_by(f64::total_cmp);
+        // Each retry's ack names the entry it was parked from. Per retry, minus its due time:
+        // when it was handled, when the sweep re-added it, when its handler started.
+        let late = |pick: fn(&(f64, f64, f64)) -> f64| -> Vec<f64> {
+            let mut late: Vec<f64> = handled
+                .iter()
+                .filter_map(|(origin, times)| due.get(origin).map(|due_ms| pick(times) - due_ms))
+                .collect();
+            late.sort_by(f64::total_cmp);
+            late
+        };
+        let lateness = late(|t| t.0);
         if lateness.len() != n {
             bail!("matched {} of {n} retries to their parks", lateness.len());
         }
-        lateness.sort_by(f64::total_cmp);
         let mut report = Report::new(name, n, elapsed);
         report.lateness_p50_ms = Some(percentile(&lateness, 50.0));
         report.lateness_p99_ms = Some(percentile(&lateness, 99.0));
         report.lateness_max_ms = lateness.last().copied();
         // How much of the lateness is the sweep's (the rest is reading and handling).
-        report
-            .extra
-            .push(("x_swept_p50_ms", percentile(&swept_late, 50.0)));
-        report
-            .extra
-            .push(("x_swept_p99_ms", percentile(&swept_late, 99.0)));
-        report
-            .extra
-            .push(("x_started_p50_ms", percentile(&started_late, 50.0)));
-        report
-            .extra
-            .push(("x_started_p99_ms", percentile(&started_late, 99.0)));
+        let (swept, started) = (late(|t| t.1), late(|t| t.2));
+        report.extra.extend([
+            ("x_swept_p50_ms", percentile(&swept, 50.0)),
+            ("x_swept_p99_ms", percentile(&swept, 99.0)),
+            ("x_started_p50_ms", percentile(&started, 50.0)),
+            ("x_started_p99_ms", percentile(&started, 99.0)),
+        ]);
         if backlog > 0 {
             report.extra.push(("x_backlog", backlog as f64));
         }
