@@ -4,7 +4,8 @@
 //! Run with: `scripts/guests && cargo run --release -p sluice-bench -- [SCENARIO...] [--json]`
 //!
 //! Scenarios: `ceiling` (XREADGROUP COUNT 128 + one XACK per batch, no handler),
-//! `ceiling-server` (the same on 4 connections at once, with Redis's own CPU time), `native` (the
+//! `ceiling-server` (the same on 4 connections at once, with Redis's own CPU time),
+//! `ceiling-lean` (the same loop with a lean reply reader instead of redis-rs), `native` (the
 //! host's full path with a native Rust handler), `wasm` (the same work in a component, reused
 //! instances), `wasm-isolated` (a fresh instance per delivery), `retry` (retry lateness through
 //! the durable set), `retry-backlog` (the same while a 5,000-entry backlog is being handled),
@@ -19,6 +20,7 @@
 //! JavaScript: size, compile time cold and cached, msgs/s, µs per fresh instance). See
 //! BENCHMARKS.md.
 
+mod lean;
 mod native;
 mod scenario;
 
@@ -32,6 +34,7 @@ use scenario::{Bench, Report};
 const ALL: &[&str] = &[
     "ceiling",
     "ceiling-server",
+    "ceiling-lean",
     "native",
     "wasm",
     "wasm-isolated",
@@ -50,7 +53,8 @@ const ALL: &[&str] = &[
 #[derive(Parser)]
 #[command(about = "Benchmark Sluice against this machine's Redis ceiling")]
 struct Args {
-    /// Scenarios to run (default: all): ceiling, ceiling-server, native, wasm, wasm-isolated, retry,
+    /// Scenarios to run (default: all): ceiling, ceiling-server, ceiling-lean, native, wasm,
+    /// wasm-isolated, retry,
     /// retry-backlog, retry-backlog-lane, drain,
     /// swap, sandbox, cluster, ui, retention, languages.
     scenarios: Vec<String>,
@@ -114,7 +118,7 @@ async fn main() -> Result<()> {
     if !wanted.contains(&"ceiling")
         && wanted
             .iter()
-            .any(|s| ["native", "wasm", "wasm-isolated"].contains(s))
+            .any(|s| ["native", "wasm", "wasm-isolated", "ceiling-lean"].contains(s))
     {
         wanted.insert(0, "ceiling");
     }
@@ -146,6 +150,7 @@ async fn main() -> Result<()> {
         let mut report = match name {
             "ceiling" => bench.ceiling(args.messages).await?,
             "ceiling-server" => bench.ceiling_server(args.messages * 3, 4).await?,
+            "ceiling-lean" => bench.ceiling_lean(args.messages).await?,
             "native" => bench.host_path("native", args.messages).await?,
             "wasm" => bench.host_path("wasm", args.messages).await?,
             "wasm-isolated" => bench.host_path("wasm-isolated", args.messages).await?,
@@ -167,7 +172,7 @@ async fn main() -> Result<()> {
         };
         if name == "ceiling" {
             ceiling = Some(report.msgs_per_s);
-        } else if ["native", "wasm", "wasm-isolated"].contains(&name) {
+        } else if ["native", "wasm", "wasm-isolated", "ceiling-lean"].contains(&name) {
             report.ratio_to_ceiling = ceiling.map(|c| report.msgs_per_s / c);
         }
         if args.json {

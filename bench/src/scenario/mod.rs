@@ -172,6 +172,11 @@ impl Bench {
         })
     }
 
+    /// The private Redis's URL.
+    fn redis_url(&self) -> String {
+        self.redis.url()
+    }
+
     async fn conn(&self) -> Result<MultiplexedConnection> {
         let client = redis::Client::open(self.redis.url())?;
         Ok(client.get_multiplexed_async_connection().await?)

@@ -41,6 +41,32 @@ impl Bench {
         Ok(report)
     }
 
+    /// `ceiling-lean`: the `ceiling` loop through [`crate::lean`]'s reader, which parses
+    /// XREADGROUP replies straight into entries with owned fields: what the client side would
+    /// gain without redis-rs's reply tree and connection task.
+    pub async fn ceiling_lean(&self, n: usize) -> Result<Report> {
+        let stream = "bench-ceiling-lean";
+        self.filled_with_group(stream, n).await?;
+        let mut lean = crate::lean::LeanConn::connect(&self.redis_url()).await?;
+        let started = Instant::now();
+        let mut handled = 0;
+        loop {
+            let entries = lean.read_group("g", "c", 128, stream).await?;
+            if entries.is_empty() {
+                break;
+            }
+            handled += entries.len();
+            let ids: Vec<String> = entries.into_iter().map(|(id, _)| id).collect();
+            lean.ack(stream, "g", &ids).await?;
+        }
+        if handled != n {
+            bail!("ceiling-lean handled {handled} of {n}");
+        }
+        let mut report = Report::new("ceiling-lean", n, started.elapsed());
+        report.us_per_delivery = Some(report.seconds * 1e6 / n as f64);
+        Ok(report)
+    }
+
     /// `ceiling-server`: the `ceiling` loop on `connections` connections at once, each its own
     /// consumer of the group, with Redis's own CPU time (INFO CPU) over the run: how much of
     /// the server one such pattern uses, so the client side's distance from it shows.
