@@ -152,11 +152,12 @@ impl WasmHandler {
     }
 
     async fn call(&self, delivery: &Delivery) -> Result<Outcome, Failure> {
-        let request = match to_wit(delivery) {
-            Ok(request) => request,
+        let fields = match wit_fields(delivery) {
+            Ok(fields) => fields,
             // Nothing a retry could change: the handler can never be given this entry.
             Err(reason) => return Ok(Outcome::DeadLetter(reason)),
         };
+        let request = to_wit(delivery, &fields);
         let mut instance = match self.take_idle() {
             Some(instance) => instance,
             None => self.instantiate().await?,
@@ -179,7 +180,7 @@ impl WasmHandler {
         // Epoch interruption stops a guest that runs past its deadline, but not one waiting in
         // a host call (an HTTP response, a WASI sleep): the timer covers those. Dropping the
         // call mid-way leaves the instance unusable, so it is dropped too.
-        let call = instance.handler.call_handle(&mut instance.store, &request);
+        let call = instance.handler.call_handle(&mut instance.store, request);
         let Ok(result) = tokio::time::timeout(self.limits.handler_timeout + EPOCH_TICK, call).await
         else {
             return Err(Failure::Timeout(self.limits.handler_timeout));
@@ -252,28 +253,35 @@ impl Handler for WasmHandler {
     }
 }
 
-/// The delivery as the WIT record, or why it cannot be one: the world gives field names as
-/// text, so an entry with a field name that is not UTF-8 cannot reach a WASM handler.
-fn to_wit(delivery: &Delivery) -> Result<wit::Delivery, String> {
+/// The delivery's fields as the WIT record takes them, borrowed from the entry (wasmtime copies
+/// them into the guest's memory once, when it lowers the call), or why they cannot be: the
+/// world gives field names as text, so an entry with a field name that is not UTF-8 cannot
+/// reach a WASM handler.
+fn wit_fields(delivery: &Delivery) -> Result<Vec<(&str, &[u8])>, String> {
     let mut fields = Vec::with_capacity(delivery.user_fields().len());
     for (name, value) in delivery.user_fields() {
-        let Ok(name) = String::from_utf8(name.clone()) else {
+        let Ok(name) = std::str::from_utf8(name) else {
             return Err(format!(
                 "field name 0x{} is not valid UTF-8; WASM handlers receive field names as text, so this entry cannot be handed to one",
                 hex::encode(&name[..name.len().min(64)])
             ));
         };
-        fields.push((name, value.clone()));
+        fields.push((name, value.as_slice()));
     }
-    Ok(wit::Delivery {
-        stream: delivery.stream.clone(),
-        group: delivery.group.clone(),
-        id: delivery.entry.id.clone(),
+    Ok(fields)
+}
+
+/// The delivery as the WIT record, borrowing from it and from its `fields`.
+fn to_wit<'a>(delivery: &'a Delivery, fields: &'a [(&'a str, &'a [u8])]) -> wit::Delivery<'a> {
+    wit::Delivery {
+        stream: &delivery.stream,
+        group: &delivery.group,
+        id: &delivery.entry.id,
         fields,
         retry_count: delivery.retry_count,
         delivery_count: delivery.delivery_count,
-        origin_id: delivery.origin_id.clone(),
-    })
+        origin_id: &delivery.origin_id,
+    }
 }
 
 fn from_wit(outcome: wit::Outcome) -> Outcome {

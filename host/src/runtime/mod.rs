@@ -42,6 +42,11 @@ pub mod bindings {
         path: "../wit",
         world: "handler",
         exports: { default: async },
+        // The delivery is lowered into the guest from borrowed slices of the entry: no copy
+        // of its fields on the host side first.
+        ownership: Borrowing {
+            duplicate_if_necessary: true
+        },
     });
 }
 
