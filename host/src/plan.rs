@@ -319,8 +319,16 @@ impl Plan {
             );
             let retries = match &s.delayed_retry {
                 Some(DelayedRetry::DurableZset { key, ttl }) => format!(
-                    "wait in sorted set `{key}` (ttl {})",
-                    ttl.map(human).unwrap_or_else(|| "none".to_owned())
+                    "wait in sorted set `{key}` (ttl {}), then {}",
+                    ttl.map(human).unwrap_or_else(|| "none".to_owned()),
+                    if sub.retry_lane {
+                        format!(
+                            "go to the retry lane `{}`, read before the stream",
+                            crate::keys::lane_key(key)
+                        )
+                    } else {
+                        "go back to the stream's tail".to_owned()
+                    }
                 ),
                 None if s.claim_min_idle.is_some() => {
                     "stay pending; XAUTOCLAIM brings them back (delay rounded up to min_idle)"

@@ -211,7 +211,22 @@ async fn a_lane_entry_pending_at_a_crash_is_settled_once_after_the_restart() {
 }
 
 #[test]
-fn a_retry_lane_without_a_delayed_set_is_refused_by_name() {
+fn check_names_the_lane_and_refuses_one_without_a_delayed_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = TestConfig::of(
+        Sub::fixture("withlane")
+            .set("retry_lane", true)
+            .delayed("withlane.delayed"),
+    )
+    .to_string();
+    write_config(dir.path(), "sluice.toml", &config);
+    let (ok, stdout, stderr) = run_sluice(&["check", "sluice.toml"], dir.path());
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout
+            .contains("then go to the retry lane `withlane.delayed.lane`, read before the stream"),
+        "{stdout}"
+    );
     let dir = tempfile::tempdir().unwrap();
     let config = TestConfig::of(Sub::fixture("nolane").set("retry_lane", true)).to_string();
     write_config(dir.path(), "sluice.toml", &config);
