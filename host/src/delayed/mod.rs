@@ -24,8 +24,8 @@
 //! - **Retry lane** (opt-in, `retry_lane = true`): by default a due retry goes to the stream's
 //!   tail, so it waits behind every entry not yet read (the seed's design; a backlog of
 //!   thousands delays it by the time they take). With a lane the sweep appends due retries to
-//!   `<set>.lane` instead, a stream in the set's hash slot that the subscription reads in the
-//!   same XREADGROUP as the stream, lane first: a due retry is handled in the next read. The
+//!   `<set>.lane` instead, a stream in the set's hash slot that the subscription reads before
+//!   the stream (see [`crate::subscription`]): a due retry is handled in the next read. The
 //!   guarantees do not change: the move is the same atomic script, a lane entry is pending in
 //!   the lane until it is acknowledged, parked again or dead-lettered there, and a crash leaves
 //!   it pending for the same recovery as the stream's (own pending re-read, gone-consumer

@@ -12,9 +12,10 @@
 //! 5. read new entries (XREADGROUP `>` with COUNT and BLOCK) on a connection of its own.
 //!
 //! With a retry lane (`retry_lane = true`, see [`crate::delayed`]) every step covers the lane
-//! as well as the stream, the lane first: step 5 is one XREADGROUP over both, so a retry that
-//! comes due while a backlog waits in the stream is read at the next read; each entry is
-//! settled in the stream it was read from.
+//! as well as the stream, the lane first. Step 5 reads the lane on its own first and gives the
+//! stream only the room left (one blocking XREADGROUP over both when the lane is empty), so a
+//! retry that comes due while a backlog waits in the stream is read at the next read; each
+//! entry is settled in the stream it was read from.
 //!
 //! A non-claiming subscription also takes over the pending entries of consumers that are
 //! gone (idle for `consumer_gone_after`, e.g. a host that came back under a new pod name):
@@ -469,10 +470,13 @@ impl Subscription {
         mut permits: OwnedSemaphorePermit,
     ) {
         if let Ok(mut newest) = self.last_read.lock() {
-            for (read, _) in &batch {
-                let last = newest.entry(read.source).or_insert_with(|| read.id.clone());
-                if crate::delivery::cmp_ids(&read.id, last).is_gt() {
-                    last.clone_from(&read.id);
+            // Each source's entries come in id order: its last one is its newest.
+            for source in self.plan.sources() {
+                if let Some((read, _)) = batch.iter().rev().find(|(r, _)| r.source == source) {
+                    let last = newest.entry(source).or_insert_with(|| read.id.clone());
+                    if crate::delivery::cmp_ids(&read.id, last).is_gt() {
+                        last.clone_from(&read.id);
+                    }
                 }
             }
         }
