@@ -237,3 +237,61 @@ fn check_names_the_lane_and_refuses_one_without_a_delayed_set() {
         "{stderr}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lane_entries_a_gone_consumer_left_are_taken_over_and_claimed() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    // On each subscription's lane, an entry an old pod read and never settled.
+    let mut stranded = HashMap::new();
+    for stream in ["takeover", "claiming"] {
+        let lane = format!("{stream}.delayed.lane");
+        let _: () = cmd(
+            &mut conn,
+            &["XGROUP", "CREATE", &lane, "g", "0", "MKSTREAM"],
+        )
+        .await;
+        stranded.insert(stream, add(&mut conn, &lane, &Control::Ack).await);
+        let _: redis::Value = cmd(
+            &mut conn,
+            &["XREADGROUP", "GROUP", "g", "old-pod", "STREAMS", &lane, ">"],
+        )
+        .await;
+        assert_eq!(pending(&mut conn, &lane, "g").await, 1);
+    }
+    let lane_sub = |stream: &str| {
+        Sub::fixture(stream)
+            .set("consumer", "new-pod")
+            .set("retry_lane", true)
+            .delayed(&format!("{stream}.delayed"))
+    };
+    let mut host = start_fixture(
+        &redis,
+        TestConfig::of(lane_sub("takeover").set("consumer_gone_after", "1s"))
+            .and(lane_sub("claiming").set("claim_min_idle", "1s")),
+    )
+    .await;
+    // Either may come first.
+    let mut settled = HashMap::new();
+    while settled.len() < 2 {
+        let event = host
+            .event(T, "the stranded lane entries", |e| {
+                stranded.get(&*e.stream) == Some(&e.id)
+            })
+            .await;
+        settled.insert(event.stream.to_string(), event);
+    }
+    for stream in ["takeover", "claiming"] {
+        let event = &settled[stream];
+        assert_eq!(event.kind, EventKind::Acked, "{stream}");
+        assert_eq!(event.delivery_count, 2, "{stream}: taken from the old pod");
+        let lane = format!("{stream}.delayed.lane");
+        wait_for(T, "the lane settled", || {
+            let mut conn = conn.clone();
+            let lane = lane.clone();
+            async move { (pending(&mut conn, &lane, "g").await == 0).then_some(()) }
+        })
+        .await;
+    }
+    host.stop().await.unwrap();
+}
