@@ -26,6 +26,9 @@ pub struct Snapshot {
     pub group: Option<StreamInfoGroup>,
     /// The delayed set, for a subscription that has one.
     pub delayed: Option<DelayedSummary>,
+    /// The group on the retry lane, for a subscription that has one (`None` too while the lane
+    /// or its group does not exist yet).
+    pub lane: Option<StreamInfoGroup>,
     /// Entries in the dead-letter stream.
     pub dead_letters: u64,
 }
@@ -83,15 +86,21 @@ pub async fn delayed<C: ConnectionLike>(conn: &mut C, key: &str) -> RedisResult<
     })
 }
 
-/// The subscription's group, delayed set (when `delayed_key` is set) and dead-letter length.
+/// The subscription's group, delayed set (when `delayed_key` is set), its group on the retry
+/// lane (when `lane` is set) and dead-letter length.
 pub async fn snapshot<C: ConnectionLike>(
     conn: &mut C,
     stream: &str,
     group_name: &str,
     dead_letter: &str,
     delayed_key: Option<&str>,
+    lane: Option<&str>,
 ) -> RedisResult<Snapshot> {
-    let group = group(conn, stream, group_name).await?;
+    let group_state = group(conn, stream, group_name).await?;
+    let lane = match lane {
+        Some(lane) => group(conn, lane, group_name).await?,
+        None => None,
+    };
     let delayed = match delayed_key {
         Some(key) => Some(delayed(conn, key).await?),
         None => None,
@@ -101,7 +110,8 @@ pub async fn snapshot<C: ConnectionLike>(
         .query_async(conn)
         .await?;
     Ok(Snapshot {
-        group,
+        group: group_state,
+        lane,
         delayed,
         dead_letters,
     })

@@ -10,36 +10,6 @@ use crate::common::*;
 
 const T: Duration = Duration::from_secs(60);
 
-fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
-    head.lines().find_map(|line| {
-        let (n, v) = line.split_once(':')?;
-        n.eq_ignore_ascii_case(name).then(|| v.trim())
-    })
-}
-
-/// Log in with the test token; returns the `Cookie` header value.
-async fn log_in(admin: SocketAddr) -> String {
-    let (code, head, _) = http_exchange(
-        admin,
-        "POST",
-        "/ui/login",
-        &[("Content-Type", "application/x-www-form-urlencoded")],
-        format!("token={TEST_TOKEN}").as_bytes(),
-    )
-    .await;
-    assert_eq!(code, 303, "{head}");
-    let cookie = header(&head, "set-cookie").expect("a session cookie");
-    assert!(
-        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
-        "{cookie}"
-    );
-    assert!(
-        !cookie.contains(TEST_TOKEN),
-        "the token is never the cookie"
-    );
-    cookie.split(';').next().unwrap().to_owned()
-}
-
 /// POST an action form to the `web` subscription: (status, response head).
 async fn post_form(
     admin: SocketAddr,

@@ -269,6 +269,7 @@ async fn sample(metrics: &Metrics, sub: &AdminSubscription) {
         &sub.labels.group,
         &sub.dead_letter,
         sub.delayed_key.as_deref(),
+        sub.lane.as_deref(),
     )
     .await
     else {
@@ -294,13 +295,7 @@ async fn sample(metrics: &Metrics, sub: &AdminSubscription) {
     }
     // With a retry lane, its pending and unread entries count too: they are the same
     // subscription's work.
-    let lane = match &sub.lane {
-        Some(lane) => crate::inspect::group(&mut conn, lane, &sub.labels.group)
-            .await
-            .ok()
-            .flatten(),
-        None => None,
-    };
+    let lane = snapshot.lane;
     if let Some(group) = snapshot.group {
         let lane_pending = lane.as_ref().map_or(0, |l| l.pending as u64);
         metrics

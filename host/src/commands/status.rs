@@ -88,12 +88,17 @@ async fn partition_status(
     partition: Option<Partition>,
 ) -> Result<SubscriptionStatus> {
     let delayed_key = s.delayed_retry.as_ref().map(|d| d.key().to_owned());
+    let lane_key = delayed_key
+        .as_deref()
+        .filter(|_| sub.retry_lane)
+        .map(crate::keys::lane_key);
     let snapshot = inspect::snapshot(
         conn,
         &s.stream,
         &s.group,
         &s.dead_letter,
         delayed_key.as_deref(),
+        lane_key.as_deref(),
     )
     .await
     .with_context(|| format!("cannot read the state of stream `{}`", s.stream))?;
@@ -111,20 +116,11 @@ async fn partition_status(
     let size = inspect::stream_size(conn, &s.stream).await?;
     let retention = inspect::retention_record(conn, &s.stream).await?;
     let next_due_ms = snapshot.delayed.and_then(|d| d.next_due_ms);
-    let lane = match delayed_key.as_deref().filter(|_| sub.retry_lane) {
-        Some(set) => {
-            let key = crate::keys::lane_key(set);
-            let group = inspect::group(conn, &key, &s.group)
-                .await
-                .with_context(|| format!("XINFO GROUPS {key}"))?;
-            Some(LaneStatus {
-                pending: group.as_ref().map_or(0, |g| g.pending as u64),
-                lag: group.as_ref().and_then(|g| g.lag).map(|l| l as u64),
-                key,
-            })
-        }
-        None => None,
-    };
+    let lane = lane_key.map(|key| LaneStatus {
+        pending: snapshot.lane.as_ref().map_or(0, |g| g.pending as u64),
+        lag: snapshot.lane.as_ref().and_then(|g| g.lag).map(|l| l as u64),
+        key,
+    });
     Ok(SubscriptionStatus {
         stream: s.stream.clone(),
         partition,

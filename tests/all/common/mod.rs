@@ -702,6 +702,37 @@ pub async fn http_request_bare(
     (status, body)
 }
 
+/// The value of header `name` in a response head.
+pub fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|line| {
+        let (n, v) = line.split_once(':')?;
+        n.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// Log in with the test token; returns the `Cookie` header value.
+pub async fn log_in(admin: std::net::SocketAddr) -> String {
+    let (code, head, _) = http_exchange(
+        admin,
+        "POST",
+        "/ui/login",
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        format!("token={TEST_TOKEN}").as_bytes(),
+    )
+    .await;
+    assert_eq!(code, 303, "{head}");
+    let cookie = header(&head, "set-cookie").expect("a session cookie");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    assert!(
+        !cookie.contains(TEST_TOKEN),
+        "the token is never the cookie"
+    );
+    cookie.split(';').next().unwrap().to_owned()
+}
+
 /// One HTTP/1.1 exchange as it went over the wire: (status, response head, body).
 pub async fn http_exchange(
     addr: std::net::SocketAddr,

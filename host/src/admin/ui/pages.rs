@@ -129,6 +129,7 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer) -> Markup {
                     &part.labels.group,
                     &part.dead_letter,
                     part.delayed_key.as_deref(),
+                    part.lane.as_deref(),
                 ),
             )
             .await;
@@ -161,8 +162,15 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer) -> Markup {
                             }
                             @match snapshot {
                                 Ok(Ok(s)) => {
-                                    td { (s.group.as_ref().map_or(0, |g| g.pending)) }
-                                    td { (s.group.as_ref().and_then(|g| g.lag).map_or("?".to_owned(), |l| l.to_string())) }
+                                    // A retry lane's entries are the subscription's work too.
+                                    @let lane_pending = s.lane.as_ref().map_or(0, |g| g.pending);
+                                    @let lane_unread = s.lane.as_ref().and_then(|g| g.lag).unwrap_or(0);
+                                    td title=[part.lane.as_ref().map(|l| format!("{lane_pending} of them in the retry lane {l}"))] {
+                                        (s.group.as_ref().map_or(0, |g| g.pending) + lane_pending)
+                                    }
+                                    td title=[part.lane.as_ref().map(|l| format!("{lane_unread} of them in the retry lane {l}"))] {
+                                        (s.group.as_ref().and_then(|g| g.lag).map_or("?".to_owned(), |l| (l + lane_unread).to_string()))
+                                    }
                                     td {
                                         @match &s.delayed {
                                             Some(d) => a href=(sub_link(&keys, "parked")) { (d.parked) },
