@@ -13,15 +13,33 @@ const T: Duration = Duration::from_secs(30);
 /// Entries of spinning work queued right behind the retry.
 const BACKLOG: usize = 300;
 
+/// `stream` with its delayed set `<stream>.delayed` and the retry lane on.
+fn with_lane(stream: &str) -> Sub {
+    Sub::fixture(stream)
+        .set("retry_lane", true)
+        .delayed(&format!("{stream}.delayed"))
+}
+
+/// Wait until `n` entries are pending for group `g` on `lane`.
+async fn wait_lane_pending(conn: &redis::aio::MultiplexedConnection, lane: &str, n: u64) {
+    wait_for(T, &format!("{n} pending in {lane}"), || {
+        let mut conn = conn.clone();
+        async move { (pending(&mut conn, lane, "g").await == n).then_some(()) }
+    })
+    .await;
+}
+
 /// One subscription with a retry that comes due while `BACKLOG` entries of 5 ms work (two at a
 /// time: at least 750 ms) are being handled.
 fn backlogged(stream: &str, lane: bool) -> Sub {
-    Sub::fixture(stream)
-        .set("max_in_flight", 2)
+    let sub = if lane {
+        with_lane(stream)
+    } else {
+        Sub::fixture(stream).delayed(&format!("{stream}.delayed"))
+    };
+    sub.set("max_in_flight", 2)
         .set("count", 2)
         .set("block", "5s")
-        .set("retry_lane", lane)
-        .delayed(&format!("{stream}.delayed"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -127,13 +145,7 @@ async fn due_retries_overtake_a_backlog_in_the_lane_and_wait_behind_it_by_defaul
 async fn a_lane_entry_pending_at_a_crash_is_settled_once_after_the_restart() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let run = RunDir::new(
-        &redis,
-        Sub::fixture("crashlane")
-            .set("retry_lane", true)
-            .set("handler_timeout", "60s")
-            .delayed("crashlane.delayed"),
-    );
+    let run = RunDir::new(&redis, with_lane("crashlane").set("handler_timeout", "60s"));
     let mut host = run.spawn();
     // Retry once, spin on the lane copy (the host is killed meanwhile), dead-letter after.
     let control = Control::Attempts {
@@ -146,11 +158,7 @@ async fn a_lane_entry_pending_at_a_crash_is_settled_once_after_the_restart() {
         ],
     };
     let id = add(&mut conn, "crashlane", &control).await;
-    wait_for(T, "the lane copy to be pending", || {
-        let mut conn = conn.clone();
-        async move { (pending(&mut conn, "crashlane.delayed.lane", "g").await == 1).then_some(()) }
-    })
-    .await;
+    wait_lane_pending(&conn, "crashlane.delayed.lane", 1).await;
     // The lane's pending copy counts as the subscription's pending work, in the metrics and
     // on the admin page.
     let admin = host.admin_addr().await;
@@ -178,11 +186,7 @@ async fn a_lane_entry_pending_at_a_crash_is_settled_once_after_the_restart() {
     );
     // An operator sees the lane's pending copy.
     let dir = tempfile::tempdir().unwrap();
-    let config = TestConfig::of(
-        Sub::fixture("crashlane")
-            .set("retry_lane", true)
-            .delayed("crashlane.delayed"),
-    );
+    let config = TestConfig::of(with_lane("crashlane"));
     let path = write_config(dir.path(), "sluice.toml", &config.to_string());
     let url = redis.url();
     let (ok, stdout, stderr) = run_sluice(
@@ -196,11 +200,7 @@ async fn a_lane_entry_pending_at_a_crash_is_settled_once_after_the_restart() {
     );
     let mut restarted = run.spawn();
     let dead = wait_dead_letters(&conn, "crashlane", 1).await;
-    wait_for(T, "the lane copy to be settled", || {
-        let mut conn = conn.clone();
-        async move { (pending(&mut conn, "crashlane.delayed.lane", "g").await == 0).then_some(()) }
-    })
-    .await;
+    wait_lane_pending(&conn, "crashlane.delayed.lane", 0).await;
     assert_eq!(dead.len(), 1, "{dead:?}");
     let (_, letter) = &dead[0];
     assert_eq!(field(letter, "sluice-reason"), Some("third attempt"));
@@ -222,12 +222,7 @@ async fn a_lane_entry_pending_at_a_crash_is_settled_once_after_the_restart() {
 #[test]
 fn check_names_the_lane_and_refuses_one_without_a_delayed_set() {
     let dir = tempfile::tempdir().unwrap();
-    let config = TestConfig::of(
-        Sub::fixture("withlane")
-            .set("retry_lane", true)
-            .delayed("withlane.delayed"),
-    )
-    .to_string();
+    let config = TestConfig::of(with_lane("withlane")).to_string();
     write_config(dir.path(), "sluice.toml", &config);
     let (ok, stdout, stderr) = run_sluice(&["check", "sluice.toml"], dir.path());
     assert!(ok, "{stderr}");
@@ -268,12 +263,7 @@ async fn lane_entries_a_gone_consumer_left_are_taken_over_and_claimed() {
         .await;
         assert_eq!(pending(&mut conn, &lane, "g").await, 1);
     }
-    let lane_sub = |stream: &str| {
-        Sub::fixture(stream)
-            .set("consumer", "new-pod")
-            .set("retry_lane", true)
-            .delayed(&format!("{stream}.delayed"))
-    };
+    let lane_sub = |stream: &str| with_lane(stream).set("consumer", "new-pod");
     let mut host = start_fixture(
         &redis,
         TestConfig::of(lane_sub("takeover").set("consumer_gone_after", "1s"))
@@ -294,13 +284,7 @@ async fn lane_entries_a_gone_consumer_left_are_taken_over_and_claimed() {
         let event = &settled[stream];
         assert_eq!(event.kind, EventKind::Acked, "{stream}");
         assert_eq!(event.delivery_count, 2, "{stream}: taken from the old pod");
-        let lane = format!("{stream}.delayed.lane");
-        wait_for(T, "the lane settled", || {
-            let mut conn = conn.clone();
-            let lane = lane.clone();
-            async move { (pending(&mut conn, &lane, "g").await == 0).then_some(()) }
-        })
-        .await;
+        wait_lane_pending(&conn, &format!("{stream}.delayed.lane"), 0).await;
     }
     host.stop().await.unwrap();
 }

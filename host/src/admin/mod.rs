@@ -85,6 +85,7 @@ impl AdminSubscription {
             self.delayed_key.as_deref(),
         )
         .with_dead_letter_maxlen(self.dead_letter_maxlen)
+        .with_retry_lane(self.lane.is_some())
     }
 }
 
