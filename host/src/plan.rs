@@ -323,8 +323,10 @@ impl Plan {
                     ttl.map(human).unwrap_or_else(|| "none".to_owned()),
                     if sub.retry_lane {
                         format!(
-                            "go to the retry lane `{}`, read before the stream",
-                            crate::keys::lane_key(key)
+                            "go to the retry lane `{}`, read before the stream ({} of {} handler slots kept for them)",
+                            crate::keys::lane_key(key),
+                            crate::subscription::lane_reserve(sub.limits.max_in_flight),
+                            sub.limits.max_in_flight
                         )
                     } else {
                         "go back to the stream's tail".to_owned()

@@ -219,6 +219,56 @@ async fn a_lane_entry_pending_at_a_crash_is_settled_once_after_the_restart() {
     restarted.kill();
 }
 
+/// Sleeping handlers queued behind the retry in `a_due_retry_starts_in_a_reserved_slot...`.
+const SLEEPERS: usize = 10;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_due_retry_starts_in_a_reserved_slot_while_the_stream_holds_all_others() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    // `max_in_flight = 8` keeps one slot for due retries; `count = 1` refills every other slot
+    // the moment it frees, so without the reserve the retry's slot goes to a sleeper and the
+    // due retry waits 2 s for one to wake.
+    let retry = add(&mut conn, "reserve", &Control::Retry { ms: 300, times: 1 }).await;
+    for _ in 0..SLEEPERS {
+        add(&mut conn, "reserve", &Control::Sleep { ms: 2000 }).await;
+    }
+    let sub = with_lane("reserve")
+        .set("max_in_flight", 8)
+        .set("count", 1)
+        .set("block", "5s");
+    let mut host = start_fixture(&redis, TestConfig::of(sub)).await;
+    let mut order = Vec::new();
+    let deadline = tokio::time::Instant::now() + T;
+    while order.len() < SLEEPERS + 1 {
+        let event = tokio::time::timeout_at(deadline, host.events.recv())
+            .await
+            .unwrap_or_else(|_| panic!("stalled; acked so far: {order:?}"))
+            .expect("events");
+        match event.kind {
+            EventKind::Acked => order.push(event.origin_id),
+            EventKind::Parked { .. } => assert_eq!(event.origin_id, retry),
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    assert_eq!(
+        order[0], retry,
+        "the due retry was acked before any sleeper woke: {order:?}"
+    );
+    let mut once = order.clone();
+    once.sort();
+    once.dedup();
+    assert_eq!(
+        once.len(),
+        SLEEPERS + 1,
+        "each message acked exactly once: {order:?}"
+    );
+    assert_eq!(pending(&mut conn, "reserve", "g").await, 0);
+    assert_eq!(pending(&mut conn, "reserve.delayed.lane", "g").await, 0);
+    assert_eq!(parked(&mut conn, "reserve.delayed").await, 0);
+    host.stop().await.unwrap();
+}
+
 #[test]
 fn check_names_the_lane_and_refuses_one_without_a_delayed_set() {
     let dir = tempfile::tempdir().unwrap();
@@ -228,7 +278,7 @@ fn check_names_the_lane_and_refuses_one_without_a_delayed_set() {
     assert!(ok, "{stderr}");
     assert!(
         stdout
-            .contains("then go to the retry lane `withlane.delayed.lane`, read before the stream"),
+            .contains("then go to the retry lane `withlane.delayed.lane`, read before the stream (2 of 16 handler slots kept for them)"),
         "{stdout}"
     );
     let dir = tempfile::tempdir().unwrap();

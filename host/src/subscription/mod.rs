@@ -15,7 +15,9 @@
 //! as well as the stream, the lane first. Step 5 reads the lane on its own first and gives the
 //! stream only the room left (one blocking XREADGROUP over both when the lane is empty), so a
 //! retry that comes due while a backlog waits in the stream is read at the next read; each
-//! entry is settled in the stream it was read from.
+//! entry is settled in the stream it was read from. A read woken because the timer's sweep
+//! just filled the lane skips step 4, and may use the handler slots kept for due retries
+//! (`slots.rs`), which new stream entries never take.
 //!
 //! A non-claiming subscription also takes over the pending entries of consumers that are
 //! gone (idle for `consumer_gone_after`, e.g. a host that came back under a new pod name):
@@ -24,8 +26,8 @@
 //! a gone host left pending for a delayed retry is handled then, possibly before its delay.
 //!
 //! Each entry becomes a [`Delivery`] handed to the [`Dispatcher`] on its own task, at most
-//! `max_in_flight` at a time: the loop waits for a free permit before it reads, and reads no
-//! more than there are permits. A retry that stays pending comes back through a local timer
+//! `max_in_flight` at a time: the loop waits for free handler slots before it reads, and reads
+//! no more than it holds (`slots.rs`). A retry that stays pending comes back through a local timer
 //! (`pending_retry.rs`) that re-claims the entry when its delay is over (XCLAIM, which also
 //! bumps Redis's delivery counter); after a crash, step 2 brings it back instead. On a claiming subscription the timer
 //! is not needed: XAUTOCLAIM takes the entry once it has been idle for `min_idle`, so the delay
@@ -45,13 +47,14 @@
 pub mod health;
 mod pending_retry;
 pub mod read;
+mod slots;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::RedisResult;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -62,6 +65,7 @@ use crate::keys::Secret;
 use crate::redis_conn::{ErrorClass, Reader, ReconnectBackoff, RedisHandle};
 pub use health::ReadHealth;
 use read::ReadEntry;
+use slots::{Slots, Taken};
 
 /// What a subscription needs to know about where and how to read.
 #[derive(Debug, Clone)]
@@ -96,6 +100,22 @@ impl ReadPlan {
         let lane = self.lane.is_some().then_some(Source::Lane);
         lane.into_iter().chain([Source::Stream])
     }
+
+    /// Handler slots new stream entries never take, kept for due retries (see `slots.rs`).
+    pub fn reserved_for_lane(&self) -> usize {
+        if self.lane.is_some() {
+            lane_reserve(self.max_in_flight)
+        } else {
+            0
+        }
+    }
+}
+
+/// Of `max_in_flight` handler slots, how many a subscription with a retry lane keeps for due
+/// retries: an eighth (none below 8). Enough for a burst of retries to start within a read or
+/// two behind a saturated stream; small enough that a backlog of slow handlers keeps most slots.
+pub fn lane_reserve(max_in_flight: usize) -> usize {
+    max_in_flight / 8
 }
 
 /// A running subscription.
@@ -104,7 +124,7 @@ pub struct Subscription {
     conn: RedisHandle,
     dispatcher: Arc<Dispatcher>,
     delayed: Option<Arc<DelayedSet>>,
-    permits: Arc<Semaphore>,
+    slots: Slots,
     /// Ids being handled, on a claiming subscription only: XAUTOCLAIM can hand back an entry
     /// this host is still handling. A plain subscription never reads an entry twice.
     in_flight: Option<Mutex<HashSet<(Source, String)>>>,
@@ -147,7 +167,7 @@ impl Subscription {
         let claiming = plan.claim_min_idle.is_some();
         Arc::new(Self {
             reconnects: metrics.reconnects.get_or_create(&labels).clone(),
-            permits: Arc::new(Semaphore::new(plan.max_in_flight)),
+            slots: Slots::new(&plan),
             plan,
             conn,
             dispatcher,
@@ -181,10 +201,11 @@ impl Subscription {
         let mut backoff = ReconnectBackoff::default();
         loop {
             // Read in batches: wait until half a batch can start, then take what else is free.
-            // Reading as soon as one permit frees would turn a busy subscription into a stream
+            // Reading as soon as one slot frees would turn a busy subscription into a stream
             // of one-entry reads. Retries this host just moved into the retry lane are the
-            // exception: they are read as soon as one delivery can start.
-            let floor = (plan.count.min(plan.max_in_flight) / 2).max(1) as u32;
+            // exception: they are read as soon as one delivery can start, in the slots
+            // reserved for them if the stream holds all others (`slots.rs`).
+            let floor = (plan.count.min(self.slots.shared_total()) / 2).max(1);
             let lane_filled = async {
                 match &self.delayed {
                     Some(delayed) => delayed.lane_filled().await,
@@ -192,29 +213,20 @@ impl Subscription {
                 }
             };
             let mut first = tokio::select! {
-                permits = self.permits.clone().acquire_many_owned(floor) => match permits {
-                    Ok(permits) => permits,
-                    Err(_) => break,
+                taken = self.slots.shared(floor) => match taken {
+                    Some(taken) => taken,
+                    None => break,
                 },
-                permit = async {
+                taken = async {
                     lane_filled.await;
-                    self.permits.clone().acquire_many_owned(1).await
-                } => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => break,
+                    self.slots.for_lane().await
+                } => match taken {
+                    Some(taken) => taken,
+                    None => break,
                 },
                 () = self.stop.cancelled() => break,
             };
-            let more = self
-                .permits
-                .available_permits()
-                .min(plan.count.saturating_sub(first.num_permits()));
-            if more > 0
-                && let Ok(extra) = self.permits.clone().try_acquire_many_owned(more as u32)
-            {
-                first.merge(extra);
-            }
-            let room = first.num_permits();
+            self.slots.top_up(&mut first, plan.count);
             let conn = match &mut reader {
                 Some(conn) => conn,
                 // Only a successful read resets the backoff: a server that accepts connections
@@ -233,7 +245,7 @@ impl Subscription {
                 },
             };
             let batch = tokio::select! {
-                batch = self.next_batch(conn, room, &mut own_pending, &mut claim_cursor) => batch,
+                batch = self.next_batch(conn, &first, &mut own_pending, &mut claim_cursor) => batch,
                 // Entries a cut-off read had already taken stay pending and are re-read on restart.
                 () = self.stop.cancelled() => break,
             };
@@ -358,13 +370,19 @@ impl Subscription {
     async fn next_batch(
         &self,
         conn: &mut Reader,
-        room: usize,
+        taken: &Taken,
         own_pending: &mut Vec<(Source, String)>,
         claim_cursors: &mut [(Source, String)],
     ) -> RedisResult<Vec<(ReadEntry, u64)>> {
         let plan = &self.plan;
+        let room = taken.all();
         while let Some((source, cursor)) = own_pending.first_mut() {
             let source = *source;
+            let room = taken.room_for(source);
+            if room == 0 {
+                // A read for the lane only: the stream's own entries wait for the next one.
+                break;
+            }
             let entries = read::read_group(conn, plan, room, None, &[(source, cursor)]).await?;
             let Some(last) = entries.last() else {
                 own_pending.remove(0);
@@ -382,6 +400,10 @@ impl Subscription {
             && self.rescue_due(gone_after)
         {
             for source in plan.sources() {
+                let room = taken.room_for(source);
+                if room == 0 {
+                    continue;
+                }
                 let entries = read::take_over_gone(conn, plan, source, gone_after, room).await?;
                 if !entries.is_empty() {
                     tracing::warn!(
@@ -394,13 +416,20 @@ impl Subscription {
                 }
             }
         }
+        // A read woken because a sweep just filled the lane skips its own pass: it is there
+        // for what that sweep moved, and one round trip less is what the lane is for.
         if let Some(delayed) = &self.delayed
+            && !taken.for_lane
             && let Err(err) = delayed.sweep().await
         {
             tracing::warn!(key = delayed.key(), %err, "sweep before read failed; reading anyway");
         }
         if let Some(min_idle) = plan.claim_min_idle {
             for (source, cursor) in claim_cursors.iter_mut() {
+                let room = taken.room_for(*source);
+                if room == 0 {
+                    continue;
+                }
                 let (next, entries) =
                     read::autoclaim(conn, plan, *source, min_idle, cursor, room).await?;
                 *cursor = next;
@@ -416,8 +445,9 @@ impl Subscription {
             // retries; the stream then gets what room is left.
             entries = read::read_group(conn, plan, room, None, &[(Source::Lane, ">")]).await?;
         }
-        if entries.len() < room {
-            let left = room - entries.len();
+        // New stream entries never take the slots reserved for the lane.
+        let left = taken.stream().min(room - entries.len());
+        if left > 0 {
             let more = if entries.is_empty() {
                 // Nothing to do yet: wait on the stream and the lane both (a blocked read is
                 // answered with the entries of whichever gets some first).
@@ -462,13 +492,9 @@ impl Subscription {
             .collect())
     }
 
-    /// Start a delivery for each entry read, each with one of the `permits` the read was
-    /// sized by; permits left over (deleted entries, a short read) are released.
-    async fn start_deliveries(
-        self: &Arc<Self>,
-        batch: Vec<(ReadEntry, u64)>,
-        mut permits: OwnedSemaphorePermit,
-    ) {
+    /// Start a delivery for each entry read, each with one of the slots the read was
+    /// sized by; slots left over (deleted entries, a short read) are released.
+    async fn start_deliveries(self: &Arc<Self>, batch: Vec<(ReadEntry, u64)>, mut slots: Taken) {
         if let Ok(mut newest) = self.last_read.lock() {
             // Each source's entries come in id order: its last one is its newest.
             for source in self.plan.sources() {
@@ -486,11 +512,11 @@ impl Subscription {
                 self.drop_deleted(source, &id).await;
                 continue;
             };
-            let permit = match permits.split(1) {
+            let permit = match slots.one_for(source) {
                 Some(permit) => permit,
-                None => match self.permits.clone().acquire_owned().await {
-                    Ok(permit) => permit,
-                    Err(_) => return,
+                None => match self.slots.one().await {
+                    Some(permit) => permit,
+                    None => return,
                 },
             };
             self.spawn_delivery(entry, source, delivery_count, permit);

@@ -70,9 +70,9 @@ impl Subscription {
                 return;
             };
             let permit = tokio::select! {
-                permit = this.permits.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => return,
+                permit = this.slots.one() => match permit {
+                    Some(permit) => permit,
+                    None => return,
                 },
                 () = this.stop.cancelled() => return,
             };

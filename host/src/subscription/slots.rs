@@ -1,0 +1,155 @@
+//! Handler slots: how many deliveries a subscription runs at once, and the share of them that
+//! only due retries may take.
+//!
+//! Every delivery holds one slot while its handler runs; the read loop takes slots before it
+//! reads and reads no more entries than it holds. With a retry lane, an eighth of
+//! `max_in_flight` (none below 8) is *reserved*: new stream entries never take those, so a
+//! retry that comes due while a backlog saturates the subscription finds a free slot at once
+//! instead of waiting for a busy handler to finish.
+//!
+//! The reserve is a semaphore of its own rather than a count kept free in one semaphore:
+//! tokio's semaphore is fair, so a read waiting for half a batch would queue every smaller
+//! request behind it, and a due retry would wait for that half batch after all.
+
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::ReadPlan;
+use crate::delivery::Source;
+
+/// A subscription's handler slots.
+pub(super) struct Slots {
+    /// Slots any entry may take.
+    shared: Arc<Semaphore>,
+    /// Slots only retry-lane entries may take (none without a lane).
+    reserved: Option<Arc<Semaphore>>,
+    /// How many slots `shared` has in all.
+    shared_total: usize,
+}
+
+/// The slots one read holds: the most entries it may start.
+pub(super) struct Taken {
+    shared: Option<OwnedSemaphorePermit>,
+    reserved: Option<OwnedSemaphorePermit>,
+    /// Taken because a sweep of this host just filled the retry lane.
+    pub(super) for_lane: bool,
+}
+
+impl Taken {
+    /// Slots held in all: the most entries the read may start.
+    pub(super) fn all(&self) -> usize {
+        self.stream() + self.reserved.as_ref().map_or(0, |p| p.num_permits())
+    }
+
+    /// Of those, the most that new stream entries may take.
+    pub(super) fn stream(&self) -> usize {
+        self.shared.as_ref().map_or(0, |p| p.num_permits())
+    }
+
+    /// The most entries of `source` the read may start.
+    pub(super) fn room_for(&self, source: Source) -> usize {
+        match source {
+            Source::Lane => self.all(),
+            Source::Stream => self.stream(),
+        }
+    }
+
+    /// One slot for an entry read from `source`: a lane entry takes a reserved one first.
+    pub(super) fn one_for(&mut self, source: Source) -> Option<OwnedSemaphorePermit> {
+        let reserved = match source {
+            Source::Lane => self.reserved.as_mut().and_then(|p| p.split(1)),
+            Source::Stream => None,
+        };
+        reserved.or_else(|| self.shared.as_mut().and_then(|p| p.split(1)))
+    }
+}
+
+fn merge(into: &mut Option<OwnedSemaphorePermit>, more: OwnedSemaphorePermit) {
+    match into {
+        Some(held) => held.merge(more),
+        None => *into = Some(more),
+    }
+}
+
+impl Slots {
+    /// `max_in_flight` slots, the lane's reserve among them.
+    pub(super) fn new(plan: &ReadPlan) -> Self {
+        let reserve = plan.reserved_for_lane();
+        let shared_total = plan.max_in_flight - reserve;
+        Self {
+            shared: Arc::new(Semaphore::new(shared_total)),
+            reserved: (reserve > 0).then(|| Arc::new(Semaphore::new(reserve))),
+            shared_total,
+        }
+    }
+
+    /// Slots any entry may take, in all: what a read waits for half a batch of.
+    pub(super) fn shared_total(&self) -> usize {
+        self.shared_total
+    }
+
+    /// Wait for `n` shared slots (`None`: the semaphore was closed).
+    pub(super) async fn shared(&self, n: usize) -> Option<Taken> {
+        let shared = self
+            .shared
+            .clone()
+            .acquire_many_owned(n as u32)
+            .await
+            .ok()?;
+        Some(Taken {
+            shared: Some(shared),
+            reserved: None,
+            for_lane: false,
+        })
+    }
+
+    /// Wait for one slot a due retry may take: a reserved one if the lane has a reserve.
+    pub(super) async fn for_lane(&self) -> Option<Taken> {
+        let mut taken = match &self.reserved {
+            Some(reserved) => {
+                let reserved = reserved.clone().acquire_owned().await.ok()?;
+                Taken {
+                    shared: None,
+                    reserved: Some(reserved),
+                    for_lane: true,
+                }
+            }
+            None => self.shared(1).await?,
+        };
+        taken.for_lane = true;
+        Some(taken)
+    }
+
+    /// Add the slots that are free now, up to `count` held in all; reserved ones only if the
+    /// read is for the lane.
+    pub(super) fn top_up(&self, taken: &mut Taken, count: usize) {
+        if taken.for_lane
+            && let Some(reserved) = &self.reserved
+        {
+            let more = reserved
+                .available_permits()
+                .min(count.saturating_sub(taken.all()));
+            if more > 0
+                && let Ok(extra) = reserved.clone().try_acquire_many_owned(more as u32)
+            {
+                merge(&mut taken.reserved, extra);
+            }
+        }
+        let more = self
+            .shared
+            .available_permits()
+            .min(count.saturating_sub(taken.all()));
+        if more > 0
+            && let Ok(extra) = self.shared.clone().try_acquire_many_owned(more as u32)
+        {
+            merge(&mut taken.shared, extra);
+        }
+    }
+
+    /// Wait for one shared slot: for a delivery that did not come from a read (a pending
+    /// retry's timer), or one more than a read was sized by.
+    pub(super) async fn one(&self) -> Option<OwnedSemaphorePermit> {
+        self.shared.clone().acquire_owned().await.ok()
+    }
+}
