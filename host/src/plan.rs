@@ -81,6 +81,9 @@ pub struct SubscriptionPlan {
     pub dead_letter_maxlen: Option<u64>,
     /// Due retries go to the retry lane, which the reader serves first.
     pub retry_lane: bool,
+    /// Handler slots kept for due retries, which new stream entries never take (0 without a
+    /// lane).
+    pub retry_lane_slots: usize,
     /// Trim what every group has acknowledged (`None`: off).
     pub retention: Option<crate::config::Retention>,
     /// Trim dead letters older than this (`None`: never).
@@ -228,6 +231,7 @@ impl Plan {
                 consumer_gone_after,
                 dead_letter_maxlen: sub.dead_letter_maxlen,
                 retry_lane: sub.retry_lane,
+                retry_lane_slots: sub.retry_lane_slots,
                 retention: sub.retention,
                 dead_letter_keep: sub.dead_letter_keep,
                 component,
@@ -325,7 +329,7 @@ impl Plan {
                         format!(
                             "go to the retry lane `{}`, read before the stream ({} of {} handler slots kept for them)",
                             crate::keys::lane_key(key),
-                            crate::subscription::lane_reserve(sub.limits.max_in_flight),
+                            sub.retry_lane_slots,
                             sub.limits.max_in_flight
                         )
                     } else {

@@ -219,6 +219,7 @@ impl Service {
             claim_min_idle: s.claim_min_idle,
             gone_after: sub.consumer_gone_after,
             max_in_flight: sub.limits.max_in_flight,
+            lane_slots: sub.retry_lane_slots,
         };
         let subscription = Subscription::new(
             read_plan,

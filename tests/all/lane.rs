@@ -270,7 +270,7 @@ async fn a_due_retry_starts_in_a_reserved_slot_while_the_stream_holds_all_others
 }
 
 #[test]
-fn check_names_the_lane_and_refuses_one_without_a_delayed_set() {
+fn check_names_the_lane_and_its_slots_and_refuses_what_cannot_work() {
     let dir = tempfile::tempdir().unwrap();
     let config = TestConfig::of(with_lane("withlane")).to_string();
     write_config(dir.path(), "sluice.toml", &config);
@@ -281,6 +281,34 @@ fn check_names_the_lane_and_refuses_one_without_a_delayed_set() {
             .contains("then go to the retry lane `withlane.delayed.lane`, read before the stream (2 of 16 handler slots kept for them)"),
         "{stdout}"
     );
+    // The slots kept for due retries: set, too many, or without a lane.
+    let dir = tempfile::tempdir().unwrap();
+    let config = TestConfig::of(with_lane("withlane").set("retry_lane_slots", 3)).to_string();
+    write_config(dir.path(), "sluice.toml", &config);
+    let (ok, stdout, stderr) = run_sluice(&["check", "sluice.toml"], dir.path());
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("(3 of 16 handler slots kept for them)"),
+        "{stdout}"
+    );
+    for (sub, says) in [
+        (
+            with_lane("withlane").set("retry_lane_slots", 16),
+            "`subscription[0].retry_lane_slots` = \"16\" is not valid: must be less than max_in_flight (16)",
+        ),
+        (
+            Sub::fixture("nolane")
+                .delayed("nolane.delayed")
+                .set("retry_lane_slots", 2),
+            "`subscription[0].retry_lane_slots` = \"2\" is not valid: only means something with retry_lane = true",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        write_config(dir.path(), "sluice.toml", &TestConfig::of(sub).to_string());
+        let (ok, _, stderr) = run_sluice(&["check", "sluice.toml"], dir.path());
+        assert!(!ok, "check passed: {stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+    }
     let dir = tempfile::tempdir().unwrap();
     let config = TestConfig::of(Sub::fixture("nolane").set("retry_lane", true)).to_string();
     write_config(dir.path(), "sluice.toml", &config);

@@ -104,6 +104,7 @@ struct RawSubscription {
     partitions: Option<u32>,
     delayed_retry: Option<RawDelayedRetry>,
     retry_lane: Option<bool>,
+    retry_lane_slots: Option<usize>,
     max_in_flight: Option<usize>,
     isolation: Option<Isolation>,
     recycle_after: Option<u64>,
@@ -347,6 +348,30 @@ fn subscription(
             component,
         });
     }
+    let limits = limits(v, &key, &sub)?;
+    let retry_lane = sub.retry_lane.unwrap_or(false);
+    let retry_lane_slots = match sub.retry_lane_slots {
+        None if retry_lane => super::default_lane_slots(limits.max_in_flight),
+        None => 0,
+        Some(_) if !retry_lane => {
+            return Err(v.invalid(
+                &key("retry_lane_slots"),
+                &sub.retry_lane_slots.unwrap_or(0).to_string(),
+                "only means something with retry_lane = true",
+            ));
+        }
+        Some(n) if n >= limits.max_in_flight => {
+            return Err(v.invalid(
+                &key("retry_lane_slots"),
+                &n.to_string(),
+                &format!(
+                    "must be less than max_in_flight ({}): new stream entries need at least one slot",
+                    limits.max_in_flight
+                ),
+            ));
+        }
+        Some(n) => n,
+    };
     let consumer_gone_after = match sub.consumer_gone_after.as_deref() {
         None => None,
         Some("off") => Some(None),
@@ -372,7 +397,7 @@ fn subscription(
             &shared.redis_access,
         )?,
         overrides: overrides(v, &key, &sub, shared)?,
-        limits: limits(v, &key, &sub)?,
+        limits,
         values: values(v, &key, sub.config)?,
         consumer_gone_after,
         retention: match &sub.retention {
@@ -407,7 +432,8 @@ fn subscription(
                 "(leave dead_letter_retention out to keep dead letters for ever)",
             )?),
         },
-        retry_lane: sub.retry_lane.unwrap_or(false),
+        retry_lane,
+        retry_lane_slots,
         dead_letter_maxlen: match sub.dead_letter_maxlen {
             Some(0) => {
                 return Err(v.invalid(

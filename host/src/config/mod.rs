@@ -41,6 +41,7 @@
 //! | `failure_backoff`        | `{ initial = "500ms", max = "1m" }` after a trap            | as shown |
 //! | `delayed_retry`          | `{ key = "...", ttl = "1h" }`, or `"none"` to drop the descriptor's | the descriptor's |
 //! | `retry_lane`             | `true`: due retries overtake new entries. The sweep appends them to a lane next to the delayed set (`<key>.lane`, same hash tag) that the reader serves before the stream, instead of at the stream's tail behind everything unread (see `crate::delayed`). Set it alike on every host of the group | `false`: at the stream's tail |
+//! | `retry_lane_slots`       | with `retry_lane`: handler slots kept for due retries, which new stream entries never take, so a retry due behind a backlog of slow handlers starts at once (less than `max_in_flight`) | an eighth of `max_in_flight` (none below 8) |
 //! | `partitions`             | read this many partitions of the stream, each with its own hash tag (`<key>:{<stream>:<n>}`) | the descriptor's, else `1` |
 //! | `dead_letter_maxlen`     | trim the dead-letter stream to about this many entries (XADD MAXLEN ~): the oldest dead letters are dropped for good | never trimmed |
 //! | `retention`              | `{ keep_acked = "1h", max_len = 1000000, every = "10s" }`: trim entries every consumer group of the stream has acknowledged, older than `keep_acked`; never one a group has pending or unread (see `crate::retention`) | off: the stream grows until producers cap it |
@@ -81,6 +82,14 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9187";
 /// Deliveries handled at once per subscription when the config does not say.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 16;
+
+/// Of `max_in_flight` handler slots, how many a subscription with a retry lane keeps for due
+/// retries unless `retry_lane_slots` says: an eighth (none below 8). Enough for a burst of
+/// retries to start within a read or two behind a saturated stream; small enough that a
+/// backlog of slow handlers keeps most slots.
+pub fn default_lane_slots(max_in_flight: usize) -> usize {
+    max_in_flight / 8
+}
 /// Deliveries a reused instance handles before it is replaced.
 pub const DEFAULT_RECYCLE_AFTER: u64 = 10_000;
 /// The wall-clock limit of one delivery.
@@ -251,6 +260,8 @@ pub struct SubscriptionConfig {
     /// `retry_lane`: due retries go to a lane the reader serves before new entries, instead
     /// of the stream's tail.
     pub retry_lane: bool,
+    /// `retry_lane_slots`: handler slots kept for due retries (0 without a lane).
+    pub retry_lane_slots: usize,
     /// `retention`: trim what every group has acknowledged (off when `None`).
     pub retention: Option<Retention>,
     /// `dead_letter_retention.keep`: trim dead letters older than this (kept for ever when
@@ -326,6 +337,7 @@ impl Config {
                         consumer_gone_after: None,
                         dead_letter_maxlen: None,
                         retry_lane: false,
+                        retry_lane_slots: 0,
                         retention: None,
                         dead_letter_keep: None,
                         origin: path.clone(),

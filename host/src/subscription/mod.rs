@@ -87,6 +87,8 @@ pub struct ReadPlan {
     pub gone_after: Option<Duration>,
     /// Deliveries handled at once.
     pub max_in_flight: usize,
+    /// Of those, how many only retry-lane entries may take (see `slots.rs`; 0 without a lane).
+    pub lane_slots: usize,
 }
 
 impl ReadPlan {
@@ -100,22 +102,6 @@ impl ReadPlan {
         let lane = self.lane.is_some().then_some(Source::Lane);
         lane.into_iter().chain([Source::Stream])
     }
-
-    /// Handler slots new stream entries never take, kept for due retries (see `slots.rs`).
-    pub fn reserved_for_lane(&self) -> usize {
-        if self.lane.is_some() {
-            lane_reserve(self.max_in_flight)
-        } else {
-            0
-        }
-    }
-}
-
-/// Of `max_in_flight` handler slots, how many a subscription with a retry lane keeps for due
-/// retries: an eighth (none below 8). Enough for a burst of retries to start within a read or
-/// two behind a saturated stream; small enough that a backlog of slow handlers keeps most slots.
-pub fn lane_reserve(max_in_flight: usize) -> usize {
-    max_in_flight / 8
 }
 
 /// A running subscription.

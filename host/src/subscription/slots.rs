@@ -2,10 +2,10 @@
 //! only due retries may take.
 //!
 //! Every delivery holds one slot while its handler runs; the read loop takes slots before it
-//! reads and reads no more entries than it holds. With a retry lane, an eighth of
-//! `max_in_flight` (none below 8) is *reserved*: new stream entries never take those, so a
-//! retry that comes due while a backlog saturates the subscription finds a free slot at once
-//! instead of waiting for a busy handler to finish.
+//! reads and reads no more entries than it holds. With a retry lane, `retry_lane_slots` of
+//! them (by default an eighth of `max_in_flight`, none below 8) are *reserved*: new stream
+//! entries never take those, so a retry that comes due while a backlog saturates the
+//! subscription finds a free slot at once instead of waiting for a busy handler to finish.
 //!
 //! The reserve is a semaphore of its own rather than a count kept free in one semaphore:
 //! tokio's semaphore is fair, so a read waiting for half a batch would queue every smaller
@@ -75,7 +75,11 @@ fn merge(into: &mut Option<OwnedSemaphorePermit>, more: OwnedSemaphorePermit) {
 impl Slots {
     /// `max_in_flight` slots, the lane's reserve among them.
     pub(super) fn new(plan: &ReadPlan) -> Self {
-        let reserve = plan.reserved_for_lane();
+        let reserve = if plan.lane.is_some() {
+            plan.lane_slots.min(plan.max_in_flight.saturating_sub(1))
+        } else {
+            0
+        };
         let shared_total = plan.max_in_flight - reserve;
         Self {
             shared: Arc::new(Semaphore::new(shared_total)),
