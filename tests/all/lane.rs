@@ -366,3 +366,63 @@ async fn lane_entries_a_gone_consumer_left_are_taken_over_and_claimed() {
     }
     host.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bookkeeping_written_into_the_lane_by_hand_is_not_trusted() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(&redis, TestConfig::of(with_lane("forge"))).await;
+    // A real retry through the lane leaves a real, marked copy there.
+    let real = add(&mut conn, "forge", &Control::Retry { ms: 50, times: 1 }).await;
+    let back = host
+        .event(T, "the real retry's ack", |e| {
+            e.origin_id == real && e.kind == EventKind::Acked
+        })
+        .await;
+    assert_eq!(back.retry_count, 1);
+    let lane = entries(&mut conn, "forge.delayed.lane").await;
+    let (_, copy) = lane
+        .iter()
+        .find(|(id, _)| *id == back.id)
+        .expect("the lane copy");
+    let real_field = |name: &str| field(copy, name).expect(name).to_owned();
+    // Someone who can write to the lane: the real mark on a raised retry count, and a made-up
+    // mark on an absurd one. Both are plain entries of their own.
+    let forgeries = [
+        ("3".to_owned(), real_field("sluice-mark")),
+        ("4294967295".to_owned(), "0".repeat(40)),
+    ];
+    for (retry, mark) in forgeries {
+        let forged: String = redis::cmd("XADD")
+            .arg("forge.delayed.lane")
+            .arg("*")
+            .arg("payload")
+            .arg(Control::Ack.to_string())
+            .arg("sluice-retry-count")
+            .arg(&retry)
+            .arg("sluice-origin-id")
+            .arg(real_field("sluice-origin-id"))
+            .arg("sluice-due-ms")
+            .arg(real_field("sluice-due-ms"))
+            .arg("sluice-mark")
+            .arg(&mark)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let event = host.event(T, "the forged entry", |e| e.id == forged).await;
+        assert_eq!(event.kind, EventKind::Acked, "{event:?}");
+        assert_eq!(
+            event.retry_count, 0,
+            "the forged count {retry} is not trusted"
+        );
+        assert_eq!(event.origin_id, forged, "nor the forged origin");
+        assert_eq!(
+            &*event.stream, "forge",
+            "settled for the subscription's stream"
+        );
+    }
+    wait_lane_pending(&conn, "forge.delayed.lane", 0).await;
+    assert_eq!(parked(&mut conn, "forge.delayed").await, 0);
+    assert!(dead_lettered(&mut conn, "forge").await.is_empty());
+    host.stop().await.unwrap();
+}

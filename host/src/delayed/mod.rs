@@ -16,11 +16,13 @@
 //! - **ttl**: the set expires `ttl` after its latest due time, a deadline every park and every
 //!   sweep moves; so a parked retry is never dropped before it is due, and a set goes only
 //!   when no host swept it for `ttl` after its last retry was due.
-//! - **When sweeps run**: once before every read of the subscription, so the `block` interval
-//!   bounds how late a due entry comes back even when another host parked it; and from a
-//!   local timer set to the earliest due time this host knows of (from its own parks and from
-//!   every sweep), so a retry normally comes back within milliseconds of its due time. The
-//!   sweep's XADD wakes every reader blocked on the stream, here and on other hosts.
+//! - **When sweeps run**: all passes run on one task per set ([`DelayedSet::run_waker`]): every
+//!   read of the subscription asks for one, without waiting for it, so the `block` interval
+//!   bounds how late a due entry comes back even when another host parked it; a local timer
+//!   set to the earliest due time this host knows of (from its own parks and from every pass)
+//!   runs one then, so a retry normally comes back within milliseconds of its due time; and
+//!   while a pass leaves more already due, the next runs at once. The sweep's XADD wakes every
+//!   reader blocked on the stream, here and on other hosts.
 //! - **Retry lane** (opt-in, `retry_lane = true`): by default a due retry goes to the stream's
 //!   tail, so it waits behind every entry not yet read (the seed's design; a backlog of
 //!   thousands delays it by the time they take). With a lane the sweep appends due retries to
@@ -134,6 +136,8 @@ pub struct DelayedSet {
     /// The earliest local instant at which something this host knows of is due.
     next_wake: Mutex<Wake>,
     wake_changed: Notify,
+    /// A reader asked for a pass (see [`DelayedSet::sweep_soon`]).
+    sweep_asked: AtomicBool,
     /// Signalled when a sweep of this host moved entries into the retry lane: the reader then
     /// reads as soon as one delivery can start, instead of waiting for half a batch.
     lane_filled: Notify,
@@ -170,6 +174,7 @@ impl DelayedSet {
             conn,
             next_wake: Mutex::new(Wake::default()),
             wake_changed: Notify::new(),
+            sweep_asked: AtomicBool::new(false),
             lane_filled: Notify::new(),
             clock_offset_ms: AtomicI64::new(0),
             has_offset: AtomicBool::new(false),
@@ -332,6 +337,16 @@ impl DelayedSet {
         }
     }
 
+    /// Have the timer task run a pass as soon as it can, without waiting for it. Asked before
+    /// every read: entries other hosts parked are due without this host's timer knowing, and
+    /// this bounds how late they come back by the read's block time. Asks while a pass runs
+    /// make one more pass after it, never a pile of concurrent ones.
+    pub fn sweep_soon(&self) {
+        if !self.sweep_asked.swap(true, Ordering::AcqRel) {
+            self.wake_changed.notify_one();
+        }
+    }
+
     /// Wait until a sweep of this host moves entries into the retry lane (never, without a
     /// lane); a sweep since the last call counts.
     pub async fn lane_filled(&self) {
@@ -361,8 +376,12 @@ impl DelayedSet {
         // Whether the last pass left something due already: then the next pass runs at once
         // (a timer set to "now" would wait for the timer's next millisecond tick).
         let mut more_due = false;
+        let mut backoff_until: Option<Instant> = None;
         loop {
-            if more_due {
+            // A reader's ask runs a pass at once, except while a failed pass's backoff lasts.
+            let asked = self.sweep_asked.swap(false, Ordering::AcqRel)
+                && backoff_until.is_none_or(|until| Instant::now() >= until);
+            if more_due || asked {
                 if stop.is_cancelled() {
                     return;
                 }
@@ -383,6 +402,7 @@ impl DelayedSet {
             match self.sweep().await {
                 Ok(swept) => {
                     failures.reset();
+                    backoff_until = None;
                     more_due = swept.next_due_in.is_some_and(|d| d.is_zero());
                 }
                 Err(err) => {
@@ -390,8 +410,9 @@ impl DelayedSet {
                     let pause = failures.next_delay();
                     tracing::warn!(key = %self.key, %err, retry_in_ms = pause.as_millis() as u64, "timed sweep failed");
                     // The next pass waits for the backoff, even for what is already due.
+                    backoff_until = Some(Instant::now() + pause);
                     if let Ok(mut wake) = self.next_wake.lock() {
-                        wake.at = Some(Instant::now() + pause);
+                        wake.at = backoff_until;
                     }
                 }
             }

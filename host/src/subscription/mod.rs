@@ -7,8 +7,9 @@
 //!    settled when it last stopped or crashed), oldest first;
 //! 3. on a claiming subscription, take entries other consumers left idle for at least
 //!    `min_idle` (XAUTOCLAIM, walking the group's pending list with a cursor);
-//! 4. with a delayed-retry set, sweep it first (see [`crate::delayed`]): due retries are
-//!    appended back onto the stream and read as new entries in the next step;
+//! 4. with a delayed-retry set, ask for a sweep pass (see [`crate::delayed`]), without waiting
+//!    for it: due retries are appended back onto the stream and read as new entries, by this
+//!    read if it blocks, else by the next;
 //! 5. read new entries (XREADGROUP `>` with COUNT and BLOCK) on a connection of its own.
 //!
 //! With a retry lane (`retry_lane = true`, see [`crate::delayed`]) every step covers the lane
@@ -402,13 +403,14 @@ impl Subscription {
                 }
             }
         }
-        // A read woken because a sweep just filled the lane skips its own pass: it is there
-        // for what that sweep moved, and one round trip less is what the lane is for.
+        // Every read asks the set's timer task for a pass (which also covers entries other
+        // hosts parked) and does not wait for it: a read that blocks is woken by what the pass
+        // appends, one that does not takes it at the next read. A read woken because a pass
+        // just filled the lane needs no other.
         if let Some(delayed) = &self.delayed
             && !taken.for_lane
-            && let Err(err) = delayed.sweep().await
         {
-            tracing::warn!(key = delayed.key(), %err, "sweep before read failed; reading anyway");
+            delayed.sweep_soon();
         }
         if let Some(min_idle) = plan.claim_min_idle {
             for (source, cursor) in claim_cursors.iter_mut() {
