@@ -90,6 +90,7 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 16;
 pub fn default_lane_slots(max_in_flight: usize) -> usize {
     max_in_flight / 8
 }
+
 /// Deliveries a reused instance handles before it is replaced.
 pub const DEFAULT_RECYCLE_AFTER: u64 = 10_000;
 /// The wall-clock limit of one delivery.
