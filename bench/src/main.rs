@@ -3,24 +3,22 @@
 //!
 //! Run with: `scripts/guests && cargo run --release -p sluice-bench -- [SCENARIO...] [--json]`
 //!
-//! Scenarios: `ceiling` (XREADGROUP COUNT 128 + one XACK per batch, no handler),
-//! `ceiling-server` (the same on 4 connections at once, with Redis's own CPU time),
-//! `ceiling-lean` (the same loop with a lean reply reader instead of redis-rs), `native` (the
-//! host's full path with a native Rust handler), `wasm` (the same work in a component, reused
-//! instances), `wasm-isolated` (a fresh instance per delivery), `retry` (retry lateness through
-//! the durable set), `retry-backlog` (the same while a 5,000-entry backlog is being handled),
-//! `retry-backlog-lane` (the same with `retry_lane = true`),
-//! `drain` (entries already due in the set), `swap` (throughput while the
-//! handler is hot-swapped every 100 ms, and time from a swap to its first delivery), `sandbox`
-//! (per-delivery instantiation with and without the pooling allocator, and what epoch
-//! interruption costs a tight handler, without Redis), `cluster` (the wasm workload on one
-//! partition vs 8 over a 3-master Redis Cluster, with each node's commands/s), `ui` (each admin
-//! page's time with 1,000,000 parked retries and 100,000 dead letters), `retention` (the wasm
-//! path with stream retention on vs off), `languages` (the same ack handler in Rust, Python and
+//! Scenarios: `ceiling` (XREADGROUP COUNT 128 + one XACK per batch, no handler), `ceiling-server`
+//! (the same on 4 connections at once, with Redis's own CPU time), `ceiling-lean` (the same loop on
+//! the host's lean read connection instead of redis-rs), `native` (the host's full path with a
+//! native Rust handler), `wasm` (the same work in a component, reused instances), `wasm-isolated`
+//! (a fresh instance per delivery), `retry` (retry lateness through the durable set),
+//! `retry-backlog` (the same while a 5,000-entry backlog is being handled), `retry-backlog-lane`
+//! (the same with `retry_lane = true`), `drain` (entries already due in the set), `swap`
+//! (throughput while the handler is hot-swapped every 100 ms, and time from a swap to its first
+//! delivery), `sandbox` (per-delivery instantiation with and without the pooling allocator, and
+//! what epoch interruption costs a tight handler, without Redis), `cluster` (the wasm workload on
+//! one partition vs 8 over a 3-master Redis Cluster, with each node's commands/s), `ui` (each admin
+//! page's time with 1,000,000 parked retries and 100,000 dead letters), `retention` (the wasm path
+//! with stream retention on vs off), `languages` (the same ack handler in Rust, Python and
 //! JavaScript: size, compile time cold and cached, msgs/s, µs per fresh instance). See
 //! BENCHMARKS.md.
 
-mod lean;
 mod native;
 mod scenario;
 

@@ -23,6 +23,8 @@ use redis::{
 
 use crate::config::{PrivateFileError, RedisAccess, read_private};
 
+pub mod lean;
+
 /// How long a non-blocking command may take before it counts as failed.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long connecting may take.
@@ -377,6 +379,16 @@ impl RedisHandle {
         match &self.inner.route {
             Route::Node { current, .. } => {
                 let client = current.load().0.clone();
+                let info = client.get_connection_info();
+                if lean::suits(info) {
+                    return lean::LeanConn::connect(info, CONNECT_TIMEOUT, block + COMMAND_TIMEOUT)
+                        .await
+                        .map(Reader::Lean)
+                        .map_err(|source| ConnError::Connect {
+                            url: info.addr().to_string(),
+                            source,
+                        });
+                }
                 blocking(&client, block).await.map(Reader::Node)
             }
             Route::Cluster { seeds, .. } => seeds
@@ -500,7 +512,10 @@ impl ConnectionLike for RedisHandle {
 
 /// A connection that only one subscription's read loop uses, for its blocking reads.
 pub enum Reader {
-    /// To the one node (or the current master behind Sentinel).
+    /// To the one node (or the current master behind Sentinel) over plain TCP: XREADGROUP
+    /// replies are parsed where they are read (see [`lean`]).
+    Lean(lean::LeanConn),
+    /// To the one node (or the current master behind Sentinel) over TLS or a Unix socket.
     Node(MultiplexedConnection),
     /// To the cluster, routed by the stream's slot.
     Cluster(ClusterConnection),
@@ -509,6 +524,7 @@ pub enum Reader {
 impl ConnectionLike for Reader {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, redis::Value> {
         match self {
+            Self::Lean(c) => c.req_packed_command(cmd),
             Self::Node(c) => c.req_packed_command(cmd),
             Self::Cluster(c) => c.req_packed_command(cmd),
         }
@@ -521,6 +537,7 @@ impl ConnectionLike for Reader {
         count: usize,
     ) -> RedisFuture<'a, Vec<redis::Value>> {
         match self {
+            Self::Lean(c) => c.req_packed_commands(cmd, offset, count),
             Self::Node(c) => c.req_packed_commands(cmd, offset, count),
             Self::Cluster(c) => c.req_packed_commands(cmd, offset, count),
         }
@@ -528,6 +545,7 @@ impl ConnectionLike for Reader {
 
     fn get_db(&self) -> i64 {
         match self {
+            Self::Lean(c) => c.get_db(),
             Self::Node(c) => c.get_db(),
             Self::Cluster(_) => 0,
         }

@@ -387,3 +387,60 @@ async fn a_read_that_keeps_failing_backs_off() {
     );
     assert!(log.contains("WRONGTYPE"), "the failure is named: {log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_cut_off_by_killed_connections_lose_nothing() {
+    const N: usize = 2000;
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut ids = std::collections::HashSet::new();
+    for _ in 0..N {
+        ids.insert(add(&mut conn, "killed", &Control::Ack).await);
+    }
+    let sub = Sub::fixture("killed")
+        .set("max_in_flight", 16)
+        .set("count", 16);
+    let mut host = start_fixture(&redis, TestConfig::of(sub)).await;
+    // Every 150 acks, Redis drops every client connection but this test's: the host's read
+    // connection mid-reply or mid-block, and its shared one.
+    let mut acked = std::collections::HashSet::new();
+    let (mut events, mut kills) = (0usize, 0u32);
+    let deadline = tokio::time::Instant::now() + T;
+    while acked.len() < N {
+        let event = tokio::time::timeout_at(deadline, host.events.recv())
+            .await
+            .unwrap_or_else(|_| panic!("stalled with {} of {N} acked", acked.len()))
+            .expect("events");
+        assert_eq!(event.kind, EventKind::Acked, "{event:?}");
+        assert!(ids.contains(&event.id), "an entry never added: {event:?}");
+        acked.insert(event.id);
+        events += 1;
+        if events % 150 == 0 {
+            // Once the host has a connection again (the reader's comes back first).
+            wait_for(T, "the host to connect again", || {
+                let mut conn = conn.clone();
+                async move {
+                    let clients: String =
+                        cmd(&mut conn, &["CLIENT", "LIST", "TYPE", "normal"]).await;
+                    (clients.lines().count() >= 2).then_some(())
+                }
+            })
+            .await;
+            let killed: u64 = cmd(
+                &mut conn,
+                &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"],
+            )
+            .await;
+            assert!(killed > 0, "nothing to kill");
+            kills += 1;
+        }
+    }
+    wait_for(T, "an empty pending list", || {
+        let mut conn = conn.clone();
+        async move { (pending(&mut conn, "killed", "g").await == 0).then_some(()) }
+    })
+    .await;
+    assert!(dead_lettered(&mut conn, "killed").await.is_empty());
+    println!("{N} entries acked through {kills} kills ({events} ack events)");
+    host.stop().await.unwrap();
+}

@@ -41,23 +41,41 @@ impl Bench {
         Ok(report)
     }
 
-    /// `ceiling-lean`: the `ceiling` loop through [`crate::lean`]'s reader, which parses
-    /// XREADGROUP replies straight into entries with owned fields: what the client side would
-    /// gain without redis-rs's reply tree and connection task.
+    /// `ceiling-lean`: the `ceiling` loop through the host's lean read connection
+    /// (`sluice_host::redis_conn::lean`), which parses XREADGROUP replies straight into entries
+    /// with owned fields: what the client side gains without redis-rs's reply tree and
+    /// connection task.
     pub async fn ceiling_lean(&self, n: usize) -> Result<Report> {
+        use redis::IntoConnectionInfo as _;
+        use sluice_host::redis_conn::lean::LeanConn;
         let stream = "bench-ceiling-lean";
         self.filled_with_group(stream, n).await?;
-        let mut lean = crate::lean::LeanConn::connect(&self.redis_url()).await?;
+        let info = self.redis_url().into_connection_info()?;
+        let timeout = std::time::Duration::from_secs(5);
+        let mut lean = LeanConn::connect(&info, timeout, timeout).await?;
+        let mut read = redis::cmd("XREADGROUP");
+        read.arg("GROUP")
+            .arg("g")
+            .arg("c")
+            .arg("COUNT")
+            .arg(128)
+            .arg("STREAMS")
+            .arg(stream)
+            .arg(">");
         let started = Instant::now();
         let mut handled = 0;
         loop {
-            let entries = lean.read_group("g", "c", 128, stream).await?;
-            if entries.is_empty() {
+            let ids = lean.read_entries(&read, |_, id, _fields| id).await?;
+            if ids.is_empty() {
                 break;
             }
-            handled += entries.len();
-            let ids: Vec<String> = entries.into_iter().map(|(id, _)| id).collect();
-            lean.ack(stream, "g", &ids).await?;
+            handled += ids.len();
+            let _: i64 = redis::cmd("XACK")
+                .arg(stream)
+                .arg("g")
+                .arg(&ids)
+                .query_async(&mut lean)
+                .await?;
         }
         if handled != n {
             bail!("ceiling-lean handled {handled} of {n}");

@@ -4,7 +4,9 @@
 //! 1. create the group if it does not exist (MKSTREAM, starting at the beginning of the
 //!    stream, so entries added before any consumer ran are not skipped);
 //! 2. once, at start: re-read this consumer's own pending entries (those it had read but not
-//!    settled when it last stopped or crashed), oldest first;
+//!    settled when it last stopped or crashed), oldest first; after a read failed on its
+//!    connection, those newer than the newest it read (a read whose reply was lost still
+//!    made its entries pending to this consumer);
 //! 3. on a claiming subscription, take entries other consumers left idle for at least
 //!    `min_idle` (XAUTOCLAIM, walking the group's pending list with a cursor);
 //! 4. with a delayed-retry set, ask for a sweep pass (see [`crate::delayed`]), without waiting
@@ -259,6 +261,10 @@ impl Subscription {
                     } else {
                         reader = None;
                         self.reconnects.inc();
+                        // Redis may have handed this consumer entries whose reply never
+                        // arrived (the connection died mid-reply): they are pending to it, and
+                        // newer than anything it read. Re-read those before anything else.
+                        own_pending = self.after_last_read();
                     }
                     if !self.pause_after_error(&message, &mut backoff).await {
                         break;
@@ -273,6 +279,19 @@ impl Subscription {
     /// cursors start.
     fn every_source_at(&self, id: &str) -> Vec<(Source, String)> {
         self.plan.sources().map(|s| (s, id.to_owned())).collect()
+    }
+
+    /// Every source at the newest id this host read from it (`0` if none): where this
+    /// consumer's pending entries that no reply brought begin. Entries it is handling or
+    /// waiting to retry are all at or below that id, so none is started twice.
+    fn after_last_read(&self) -> Vec<(Source, String)> {
+        let Ok(newest) = self.last_read.lock() else {
+            return self.every_source_at("0");
+        };
+        self.plan
+            .sources()
+            .map(|s| (s, newest.get(&s).cloned().unwrap_or_else(|| "0".to_owned())))
+            .collect()
     }
 
     async fn create_group(&self) -> bool {

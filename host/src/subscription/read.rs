@@ -9,6 +9,7 @@ use redis::{RedisResult, Value};
 
 use super::ReadPlan;
 use crate::delivery::{Entry, Source};
+use crate::redis_conn::Reader;
 
 /// An entry id from a read; `None` fields mean the entry was deleted from the stream while it
 /// was pending.
@@ -65,17 +66,30 @@ pub async fn create_group_at<C: ConnectionLike>(
 
 /// XREADGROUP from each source at its id (`>` for new entries, an id to read this consumer's
 /// pending ones), in one command; up to `count` entries from each, in the order of `from`.
-pub async fn read_group<C: ConnectionLike>(
-    conn: &mut C,
+pub async fn read_group(
+    conn: &mut Reader,
     who: &ReadPlan,
     count: usize,
     block: Option<Duration>,
     from: &[(Source, &str)],
 ) -> RedisResult<Vec<ReadEntry>> {
-    let reply: Value = read_group_cmd(who, count, block, from)
-        .query_async(conn)
-        .await?;
-    parse_read_reply(reply, who.lane.as_deref())
+    let cmd = read_group_cmd(who, count, block, from);
+    let lane = who.lane.as_deref();
+    if let Reader::Lean(lean) = conn {
+        // Parsed where it is read, straight into entries.
+        return lean
+            .read_entries(&cmd, |stream, id, fields| ReadEntry {
+                id,
+                source: match lane {
+                    Some(lane) if stream == lane.as_bytes() => Source::Lane,
+                    _ => Source::Stream,
+                },
+                fields,
+            })
+            .await;
+    }
+    let reply: Value = cmd.query_async(conn).await?;
+    parse_read_reply(reply, lane)
 }
 
 fn read_group_cmd(

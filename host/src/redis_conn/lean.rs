@@ -1,0 +1,404 @@
+//! A subscription's read connection over plain TCP that parses XREADGROUP replies where they
+//! are read, straight into entries, instead of through redis-rs's connection task and its
+//! `Value` tree.
+//!
+//! Reading is the hottest path of the host: every entry passes through one reply. redis-rs
+//! parses each reply into a tree of `Value`s on a driver task and hands the tree to the reader,
+//! which then copies it into entries; here the read loop itself reads the socket, waits until a
+//! whole reply is buffered, and makes each entry's id and fields from the buffer in one pass
+//! (`sluice-bench ceiling-lean` measures the difference). Every other command the read loop
+//! sends (XPENDING, XAUTOCLAIM, XCLAIM, XINFO) goes the ordinary way: the reply is framed here
+//! and parsed by redis-rs's own parser, so errors keep their kinds and codes.
+//!
+//! Only for `redis://` (plain TCP, RESP2) nodes: TLS, Unix sockets, RESP3 and Redis Cluster
+//! keep redis-rs's connections ([`super::RedisHandle::reader`] chooses). The login is what
+//! redis-rs would send: AUTH with the URL's or the configured user and password, SELECT for a
+//! database other than 0.
+//!
+//! A request that is cut off (its future dropped, a timeout, an I/O error) leaves a reply
+//! half-read on the socket, so the connection refuses every later request; the read loop then
+//! drops it and connects again, as it does for any failed read.
+
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError, RedisFuture, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// How much more the read buffer asks the socket for at a time.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// A plain-TCP connection to one Redis node, for one subscription's reads.
+pub struct LeanConn {
+    tcp: TcpStream,
+    /// Bytes read and not yet consumed: the start of the next reply.
+    buf: Vec<u8>,
+    out: Vec<u8>,
+    /// The longest a request may take (the read's block time plus the command timeout).
+    timeout: Duration,
+    db: i64,
+    /// A request was cut off: the socket may hold the rest of its reply.
+    broken: bool,
+}
+
+/// Whether `info` can be served by a [`LeanConn`]: a TCP address without TLS, RESP2.
+pub fn suits(info: &ConnectionInfo) -> bool {
+    matches!(info.addr(), ConnectionAddr::Tcp(..))
+        && info.redis_settings().protocol() == redis::ProtocolVersion::RESP2
+}
+
+fn protocol_error(what: &str) -> RedisError {
+    RedisError::from((
+        ErrorKind::Parse,
+        "unexpected reply from Redis",
+        what.to_owned(),
+    ))
+}
+
+/// Where the line starting at `at` ends (the index of its `\r`), if it is whole.
+fn line_end(buf: &[u8], at: usize) -> Option<usize> {
+    let rest = buf.get(at..)?;
+    let mut from = 0;
+    while let Some(i) = rest[from..].iter().position(|&b| b == b'\r') {
+        let cr = from + i;
+        match rest.get(cr + 1) {
+            Some(b'\n') => return Some(at + cr),
+            Some(_) => from = cr + 1,
+            None => return None,
+        }
+    }
+    None
+}
+
+fn int(line: &[u8]) -> Result<i64, RedisError> {
+    std::str::from_utf8(line)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| protocol_error("a length that is not a number"))
+}
+
+/// The length of the first whole RESP2 reply in `buf`, or `None` while it is incomplete.
+fn frame_len(buf: &[u8]) -> Result<Option<usize>, RedisError> {
+    let mut at = 0;
+    // Values still to read: arrays add their elements.
+    let mut left: u64 = 1;
+    while left > 0 {
+        left -= 1;
+        let Some(end) = line_end(buf, at) else {
+            return Ok(None);
+        };
+        let (kind, line) = (buf[at], &buf[at + 1..end]);
+        at = end + 2;
+        match kind {
+            b'+' | b'-' | b':' => {}
+            b'$' => {
+                if let Ok(n) = usize::try_from(int(line)?) {
+                    if buf.len() < at + n + 2 {
+                        return Ok(None);
+                    }
+                    at += n + 2;
+                }
+            }
+            b'*' => left += u64::try_from(int(line)?).unwrap_or(0),
+            other => {
+                return Err(protocol_error(&format!(
+                    "a reply starting with {:?}",
+                    other as char
+                )));
+            }
+        }
+    }
+    Ok(Some(at))
+}
+
+/// A cursor over one whole reply.
+struct Frame<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Frame<'a> {
+    /// `<kind><integer>\r\n`; a whole frame always has the line.
+    fn header(&mut self, kind: u8) -> Result<i64, RedisError> {
+        let end = line_end(self.buf, self.at).ok_or_else(|| protocol_error("a cut-off reply"))?;
+        if self.buf[self.at] != kind {
+            return Err(protocol_error(&format!(
+                "{:?} where {:?} was expected",
+                self.buf[self.at] as char, kind as char
+            )));
+        }
+        let n = int(&self.buf[self.at + 1..end])?;
+        self.at = end + 2;
+        Ok(n)
+    }
+
+    /// An array's length; `None` for a nil array.
+    fn array(&mut self) -> Result<Option<usize>, RedisError> {
+        Ok(usize::try_from(self.header(b'*')?).ok())
+    }
+
+    /// A bulk string's bytes (nil is an error: XREADGROUP has none where bytes are).
+    fn bulk(&mut self) -> Result<&'a [u8], RedisError> {
+        let n = usize::try_from(self.header(b'$')?)
+            .map_err(|_| protocol_error("a nil where bytes were expected"))?;
+        let bytes = &self.buf[self.at..self.at + n];
+        self.at += n + 2;
+        Ok(bytes)
+    }
+}
+
+/// An entry's fields as the reply holds them; `None` for an entry deleted while pending.
+pub type Fields = Option<Vec<(Vec<u8>, Vec<u8>)>>;
+
+/// XREADGROUP's reply: nil, or `[[stream, [[id, [field, value, ...] | nil], ...]], ...]`; each
+/// entry made by `make` from its stream's name, its id and its fields.
+fn parse_read<T>(
+    frame: &[u8],
+    mut make: impl FnMut(&[u8], String, Fields) -> T,
+) -> Result<Vec<T>, RedisError> {
+    let mut f = Frame { buf: frame, at: 0 };
+    let mut out = Vec::new();
+    for _ in 0..f.array()?.unwrap_or(0) {
+        f.array()?;
+        let stream = f.bulk()?;
+        let n = f.array()?.unwrap_or(0);
+        out.reserve(n);
+        for _ in 0..n {
+            f.array()?;
+            let id = String::from_utf8(f.bulk()?.to_vec())
+                .map_err(|_| protocol_error("an entry id that is not UTF-8"))?;
+            let fields = match f.array()? {
+                Some(flat) => {
+                    let mut fields = Vec::with_capacity(flat / 2);
+                    for _ in 0..flat / 2 {
+                        let name = f.bulk()?.to_vec();
+                        fields.push((name, f.bulk()?.to_vec()));
+                    }
+                    Some(fields)
+                }
+                // Deleted while pending.
+                None => None,
+            };
+            out.push(make(stream, id, fields));
+        }
+    }
+    Ok(out)
+}
+
+/// One reply as redis-rs's `Value`; an error reply as the error it is.
+fn parse_value(frame: &[u8]) -> Result<Value, RedisError> {
+    redis::parse_redis_value(frame)?.extract_error()
+}
+
+impl LeanConn {
+    /// Connect to the node `info` names (see [`suits`]) and log in; requests may take up to
+    /// `timeout`.
+    pub async fn connect(
+        info: &ConnectionInfo,
+        connect_timeout: Duration,
+        timeout: Duration,
+    ) -> Result<Self, RedisError> {
+        let ConnectionAddr::Tcp(host, port) = info.addr() else {
+            return Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "the lean reader speaks plain TCP only",
+            )));
+        };
+        let tcp = tokio::time::timeout(connect_timeout, TcpStream::connect((host.as_str(), *port)))
+            .await
+            .map_err(|_| {
+                RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "connecting timed out",
+                ))
+            })??;
+        tcp.set_nodelay(true)?;
+        let settings = info.redis_settings();
+        let mut conn = Self {
+            tcp,
+            buf: Vec::with_capacity(READ_CHUNK),
+            out: Vec::new(),
+            timeout: connect_timeout,
+            db: settings.db(),
+            broken: false,
+        };
+        if let Some(password) = settings.password() {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = settings.username() {
+                auth.arg(user);
+            }
+            auth.arg(password);
+            conn.req_packed_command(&auth).await?;
+        }
+        if settings.db() != 0 {
+            conn.req_packed_command(redis::cmd("SELECT").arg(settings.db()))
+                .await?;
+        }
+        conn.timeout = timeout;
+        Ok(conn)
+    }
+
+    /// XREADGROUP (as `cmd`), its reply parsed straight into entries, each made by `make`
+    /// from its stream's name, its id and its fields.
+    pub async fn read_entries<T>(
+        &mut self,
+        cmd: &Cmd,
+        make: impl FnMut(&[u8], String, Fields) -> T,
+    ) -> Result<Vec<T>, RedisError> {
+        cmd.write_packed_command(self.out_cleared());
+        let mut entries = None;
+        let mut make = Some(make);
+        self.request(1, |frame| {
+            entries = Some(if frame.first() == Some(&b'-') {
+                Err(parse_value(frame)
+                    .err()
+                    .unwrap_or_else(|| protocol_error("an error reply")))
+            } else {
+                match make.take() {
+                    Some(make) => parse_read(frame, make),
+                    None => Err(protocol_error("a second reply")),
+                }
+            });
+        })
+        .await?;
+        entries.unwrap_or_else(|| Err(protocol_error("no reply")))
+    }
+
+    fn out_cleared(&mut self) -> &mut Vec<u8> {
+        self.out.clear();
+        &mut self.out
+    }
+
+    /// Send what `out` holds and hand each of the next `replies` whole replies to `each`.
+    async fn request(
+        &mut self,
+        replies: usize,
+        mut each: impl FnMut(&[u8]),
+    ) -> Result<(), RedisError> {
+        if self.broken {
+            return Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "an earlier request on this connection was cut off",
+            )));
+        }
+        // Cleared only when the whole exchange completes.
+        self.broken = true;
+        let exchange = async {
+            self.tcp.write_all(&self.out).await?;
+            for _ in 0..replies {
+                let len = loop {
+                    if let Some(len) = frame_len(&self.buf)? {
+                        break len;
+                    }
+                    self.buf.reserve(READ_CHUNK);
+                    if self.tcp.read_buf(&mut self.buf).await? == 0 {
+                        return Err(RedisError::from(std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            "Redis closed the connection",
+                        )));
+                    }
+                };
+                each(&self.buf[..len]);
+                self.buf.drain(..len);
+            }
+            Ok(())
+        };
+        match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(Ok(())) => {
+                self.broken = false;
+                Ok(())
+            }
+            Ok(Err(err)) => Err(err),
+            Err(_) => Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "Redis did not answer in time",
+            ))),
+        }
+    }
+}
+
+impl ConnectionLike for LeanConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            cmd.write_packed_command(self.out_cleared());
+            let mut value = None;
+            self.request(1, |frame| value = Some(parse_value(frame)))
+                .await?;
+            value.unwrap_or_else(|| Err(protocol_error("no reply")))
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            self.out.clear();
+            self.out.extend_from_slice(&pipeline.get_packed_pipeline());
+            let mut values = Vec::with_capacity(count);
+            let mut seen = 0;
+            self.request(offset + count, |frame| {
+                if seen >= offset {
+                    values.push(redis::parse_redis_value(frame));
+                }
+                seen += 1;
+            })
+            .await?;
+            values.into_iter().collect()
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.db
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REPLY: &[u8] = b"*2\r\n*2\r\n$1\r\ns\r\n*2\r\n*2\r\n$3\r\n1-0\r\n*2\r\n$1\r\na\r\n$2\r\nxy\r\n*2\r\n$3\r\n2-0\r\n*-1\r\n*2\r\n$4\r\nlane\r\n*1\r\n*2\r\n$3\r\n3-0\r\n*0\r\n";
+
+    #[test]
+    fn a_reply_is_framed_only_when_it_is_whole() {
+        for cut in 0..REPLY.len() {
+            assert_eq!(frame_len(&REPLY[..cut]).unwrap(), None, "cut at {cut}");
+        }
+        let mut two = REPLY.to_vec();
+        two.extend_from_slice(b"+OK\r\n");
+        assert_eq!(frame_len(&two).unwrap(), Some(REPLY.len()));
+        assert_eq!(frame_len(b"$-1\r\n").unwrap(), Some(5));
+        assert_eq!(frame_len(b"-NOGROUP no\r\n").unwrap(), Some(13));
+        // A bulk string may hold "\r" and "\r\n" itself.
+        assert_eq!(frame_len(b"$4\r\n\r\n\r\n\r\n").unwrap(), Some(10));
+        assert!(frame_len(b"?what\r\n").is_err());
+    }
+
+    #[test]
+    fn entries_are_parsed_with_their_stream_and_deleted_ones_have_no_fields() {
+        let entries =
+            parse_read(REPLY, |stream, id, fields| (stream.to_vec(), id, fields)).unwrap();
+        assert_eq!(
+            entries,
+            vec![
+                (
+                    b"s".to_vec(),
+                    "1-0".to_owned(),
+                    Some(vec![(b"a".to_vec(), b"xy".to_vec())])
+                ),
+                (b"s".to_vec(), "2-0".to_owned(), None),
+                (b"lane".to_vec(), "3-0".to_owned(), Some(vec![])),
+            ]
+        );
+        assert!(parse_read(b"*-1\r\n", |_, id, _| id).unwrap().is_empty());
+    }
+
+    #[test]
+    fn error_replies_keep_their_code() {
+        let err = parse_value(b"-NOGROUP No such key 's' or consumer group 'g'\r\n").unwrap_err();
+        assert_eq!(err.code(), Some("NOGROUP"));
+    }
+}
