@@ -244,21 +244,17 @@ impl LeanConn {
     pub async fn read_entries<T>(
         &mut self,
         cmd: &Cmd,
-        make: impl FnMut(&[u8], String, Fields) -> T,
+        mut make: impl FnMut(&[u8], String, Fields) -> T,
     ) -> Result<Vec<T>, RedisError> {
         cmd.write_packed_command(self.out_cleared());
         let mut entries = None;
-        let mut make = Some(make);
         self.request(1, |frame| {
             entries = Some(if frame.first() == Some(&b'-') {
                 Err(parse_value(frame)
                     .err()
                     .unwrap_or_else(|| protocol_error("an error reply")))
             } else {
-                match make.take() {
-                    Some(make) => parse_read(frame, make),
-                    None => Err(protocol_error("a second reply")),
-                }
+                parse_read(frame, &mut make)
             });
         })
         .await?;
