@@ -80,10 +80,7 @@ pub async fn read_group(
         return lean
             .read_entries(&cmd, |stream, id, fields| ReadEntry {
                 id,
-                source: match lane {
-                    Some(lane) if stream == lane.as_bytes() => Source::Lane,
-                    _ => Source::Stream,
-                },
+                source: source_named(stream, lane),
                 fields,
             })
             .await;
@@ -303,10 +300,18 @@ fn text(value: &Value) -> Option<String> {
 
 /// XREADGROUP's reply: nil on timeout, else a `[stream, entries]` pair per stream that had
 /// entries (or a map in RESP3); entries of the stream named `lane` come from the lane.
+/// Which source the stream called `name` in a reply is: the lane if it is the lane's name.
+fn source_named(name: &[u8], lane: Option<&str>) -> Source {
+    match lane {
+        Some(lane) if name == lane.as_bytes() => Source::Lane,
+        _ => Source::Stream,
+    }
+}
+
 fn parse_read_reply(reply: Value, lane: Option<&str>) -> RedisResult<Vec<ReadEntry>> {
-    let source = |name: &Value| match (name, lane) {
-        (Value::BulkString(name), Some(lane)) if name == lane.as_bytes() => Source::Lane,
-        (Value::SimpleString(name), Some(lane)) if name == lane => Source::Lane,
+    let source = |name: &Value| match name {
+        Value::BulkString(name) => source_named(name, lane),
+        Value::SimpleString(name) => source_named(name.as_bytes(), lane),
         _ => Source::Stream,
     };
     match reply {
