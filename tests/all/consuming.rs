@@ -358,6 +358,96 @@ async fn pending_entries_of_a_gone_consumer_are_taken_over() {
     host.stop().await.unwrap();
 }
 
+/// A take-over whose XCLAIM ran in Redis but whose reply was lost (the connection died) left the
+/// gone consumer's entries pending to this host, below the newest id it had read, where the
+/// re-read after a failed read does not look: the host now looks for exactly those ids after it
+/// connects again, and handles each once, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_a_lost_take_over_reply_made_ours_are_handled_without_a_restart() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let _: () = cmd(
+        &mut conn,
+        &["XGROUP", "CREATE", "lost", "g", "0", "MKSTREAM"],
+    )
+    .await;
+    let mut stranded = std::collections::HashSet::new();
+    for _ in 0..5 {
+        stranded.insert(add(&mut conn, "lost", &Control::Ack).await);
+    }
+    let old_pod = conn.clone();
+    let old_pod_reads = |from: &'static str| {
+        let mut conn = old_pod.clone();
+        async move {
+            let _: redis::Value = cmd(
+                &mut conn,
+                &[
+                    "XREADGROUP",
+                    "GROUP",
+                    "g",
+                    "old-pod",
+                    "STREAMS",
+                    "lost",
+                    from,
+                ],
+            )
+            .await;
+        }
+    };
+    old_pod_reads(">").await;
+    let mut newer = std::collections::HashSet::new();
+    for _ in 0..5 {
+        newer.insert(add(&mut conn, "lost", &Control::Ack).await);
+    }
+    let proxy = CutProxy::start(format!("127.0.0.1:{}", redis.server.port()), b"XCLAIM").await;
+    let toml = TestConfig::of(
+        Sub::fixture("lost")
+            .set("consumer", "new-pod")
+            .set("consumer_gone_after", "1s"),
+    )
+    .to_string();
+    let mut host = TestHost::start_at(&proxy.url(), &toml).await;
+    let mut acked = std::collections::HashMap::new();
+    let deadline = tokio::time::Instant::now() + T;
+    let record = |acked: &mut std::collections::HashMap<String, sluice_host::Event>,
+                  event: sluice_host::Event| {
+        assert_eq!(event.kind, EventKind::Acked, "{event:?}");
+        assert!(
+            acked.insert(event.id.clone(), event).is_none(),
+            "an entry was acked twice"
+        );
+    };
+    while !newer.iter().all(|id| acked.contains_key(id)) {
+        let event = tokio::time::timeout_at(deadline, host.events.recv())
+            .await
+            .expect("the newer entries acked")
+            .expect("events");
+        record(&mut acked, event);
+    }
+    // The old pod shows signs of life now (which resets its idle time and its entries'), so
+    // the take-over comes at least `consumer_gone_after` after the host read the newer ones.
+    old_pod_reads("0").await;
+    while !stranded.iter().all(|id| acked.contains_key(id)) {
+        let event = tokio::time::timeout_at(deadline, host.events.recv())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "stranded entries stayed pending after the lost take-over reply (cut: {})",
+                    proxy.has_cut()
+                )
+            })
+            .expect("events");
+        record(&mut acked, event);
+    }
+    assert!(proxy.has_cut(), "the take-over's reply was never cut");
+    for id in &stranded {
+        assert!(acked[id].delivery_count >= 2, "{:?}", acked[id]);
+    }
+    assert_eq!(acked.len(), 10);
+    assert_eq!(pending(&mut conn, "lost", "g").await, 0);
+    host.stop().await.unwrap();
+}
+
 /// A read that fails the same way every time (the stream key replaced by a string) is retried
 /// with growing pauses, not every 50 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

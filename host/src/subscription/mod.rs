@@ -6,7 +6,8 @@
 //! 2. once, at start: re-read this consumer's own pending entries (those it had read but not
 //!    settled when it last stopped or crashed), oldest first; after a read failed on its
 //!    connection, those newer than the newest it read (a read whose reply was lost still
-//!    made its entries pending to this consumer);
+//!    made its entries pending to this consumer), and those a take-over (below) claimed when
+//!    its reply was lost;
 //! 3. on a claiming subscription, take entries other consumers left idle for at least
 //!    `min_idle` (XAUTOCLAIM, walking the group's pending list with a cursor);
 //! 4. with a delayed-retry set, ask for a sweep pass (see [`crate::delayed`]), without waiting
@@ -127,6 +128,10 @@ pub struct Subscription {
     last_read: Mutex<HashMap<Source, String>>,
     /// When to look for gone consumers next.
     next_rescue: Mutex<tokio::time::Instant>,
+    /// Ids a take-over claimed whose reply never came (the connection failed): they may be
+    /// pending to this consumer with nobody here handling them, below the newest id it read,
+    /// where the re-read after a failure does not look. Looked for after the next connect.
+    unanswered: Mutex<Vec<(Source, Vec<String>)>>,
 }
 
 /// What a subscription shares with the rest of the host.
@@ -168,6 +173,7 @@ impl Subscription {
             health: parts.health,
             last_read: Mutex::new(HashMap::new()),
             next_rescue: Mutex::new(tokio::time::Instant::now()),
+            unanswered: Mutex::new(Vec::new()),
         })
     }
 
@@ -402,6 +408,22 @@ impl Subscription {
             *cursor = last.id.clone();
             return self.with_counts(conn, source, entries).await;
         }
+        let unanswered = self.unanswered.lock().ok().and_then(|u| u.last().cloned());
+        if let Some((source, ids)) = unanswered {
+            let entries =
+                read::own_pending_among(conn, plan, source, &ids, room.max(ids.len())).await?;
+            if let Ok(mut unanswered) = self.unanswered.lock() {
+                unanswered.pop();
+            }
+            if !entries.is_empty() {
+                tracing::warn!(
+                    stream = %plan.key(source),
+                    count = entries.len(),
+                    "a take-over's reply was lost; handling the entries it made this consumer's"
+                );
+                return self.with_counts(conn, source, entries).await;
+            }
+        }
         if let Some(gone_after) = plan.gone_after
             && self.rescue_due(gone_after)
         {
@@ -410,7 +432,17 @@ impl Subscription {
                 if room == 0 {
                     continue;
                 }
-                let entries = read::take_over_gone(conn, plan, source, gone_after, room).await?;
+                let mut asked = Vec::new();
+                let entries =
+                    match read::take_over_gone(conn, plan, source, gone_after, room, &mut asked)
+                        .await
+                    {
+                        Ok(entries) => entries,
+                        Err(err) => {
+                            self.remember_unanswered(source, asked);
+                            return Err(err);
+                        }
+                    };
                 if !entries.is_empty() {
                     tracing::warn!(
                         stream = %plan.key(source),
@@ -466,6 +498,26 @@ impl Subscription {
             entries.extend(more);
         }
         Ok(entries.into_iter().map(|e| (e, 1)).collect())
+    }
+
+    /// Keep the ids of a take-over whose reply was lost, to look for after the next connect;
+    /// only those at or below the newest id read from `source`: the re-read after the failure
+    /// (see [`Self::after_last_read`]) brings back everything newer, and must not be doubled.
+    fn remember_unanswered(&self, source: Source, mut asked: Vec<String>) {
+        let newest = self
+            .last_read
+            .lock()
+            .ok()
+            .and_then(|newest| newest.get(&source).cloned());
+        let Some(newest) = newest else {
+            return;
+        };
+        asked.retain(|id| crate::delivery::cmp_ids(id, &newest).is_le());
+        if !asked.is_empty()
+            && let Ok(mut unanswered) = self.unanswered.lock()
+        {
+            unanswered.push((source, asked));
+        }
     }
 
     /// Whether it is time to look for gone consumers (every half `gone_after`).

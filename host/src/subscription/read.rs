@@ -174,13 +174,16 @@ pub async fn claim_one<C: ConnectionLike>(
 }
 
 /// Take over, for `consumer`, up to `count` pending entries of other consumers that have been
-/// idle for `gone_after` (each entry only if it has been idle that long too).
+/// idle for `gone_after` (each entry only if it has been idle that long too). The ids it
+/// claims are added to `asked` before each XCLAIM is sent, so that a caller whose claim failed
+/// knows which entries may have become its own anyway.
 pub async fn take_over_gone<C: ConnectionLike>(
     conn: &mut C,
     who: &ReadPlan,
     source: Source,
     gone_after: Duration,
     count: usize,
+    asked: &mut Vec<String>,
 ) -> RedisResult<Vec<ReadEntry>> {
     let (stream, group, consumer) = (who.key(source), &*who.group, &*who.consumer);
     let gone_ms = gone_after.as_millis() as u64;
@@ -208,6 +211,9 @@ pub async fn take_over_gone<C: ConnectionLike>(
         for (id, ..) in &rows {
             claim.arg(id);
         }
+        // Known before the XCLAIM goes out: if its reply is lost, these may be pending to
+        // this consumer without anyone here handling them.
+        asked.extend(rows.into_iter().map(|(id, ..)| id));
         let reply: Value = claim.query_async(conn).await?;
         tracing::warn!(
             stream,
@@ -222,6 +228,59 @@ pub async fn take_over_gone<C: ConnectionLike>(
         }
     }
     Ok(taken)
+}
+
+/// Those of `ids` (ids of `source`) that are pending to this consumer, with their fields: what a
+/// take-over whose reply was lost made this consumer's. Read from the consumer's own pending
+/// list (XREADGROUP at an id) from just below the smallest, page by page, keeping only `ids`:
+/// entries this host is handling are in the same list, and are never returned.
+pub async fn own_pending_among(
+    conn: &mut Reader,
+    who: &ReadPlan,
+    source: Source,
+    ids: &[String],
+    page: usize,
+) -> RedisResult<Vec<ReadEntry>> {
+    let wanted: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
+    let (Some(first), Some(last)) = (
+        ids.iter().min_by(|a, b| crate::delivery::cmp_ids(a, b)),
+        ids.iter().max_by(|a, b| crate::delivery::cmp_ids(a, b)),
+    ) else {
+        return Ok(Vec::new());
+    };
+    let mut cursor = id_before(first);
+    let mut found = Vec::new();
+    loop {
+        let entries = read_group(conn, who, page.max(1), None, &[(source, &cursor)]).await?;
+        let Some(newest) = entries.last().map(|e| e.id.clone()) else {
+            break;
+        };
+        let past_last = crate::delivery::cmp_ids(&newest, last).is_ge();
+        found.extend(
+            entries
+                .into_iter()
+                .filter(|e| wanted.contains(e.id.as_str())),
+        );
+        if past_last || found.len() == wanted.len() {
+            break;
+        }
+        cursor = newest;
+    }
+    Ok(found)
+}
+
+/// The greatest stream id below `id` (XREADGROUP at an id returns what comes after it).
+fn id_before(id: &str) -> String {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    let (ms, seq) = (
+        ms.parse::<u64>().unwrap_or(0),
+        seq.parse::<u64>().unwrap_or(0),
+    );
+    match (ms, seq) {
+        (0, 0) => "0-0".to_owned(),
+        (ms, 0) => format!("{}-{}", ms - 1, u64::MAX),
+        (ms, seq) => format!("{ms}-{}", seq - 1),
+    }
 }
 
 /// Redis's delivery counters for `ids`, which are pending for `consumer` (XPENDING, extended
@@ -389,6 +448,14 @@ mod tests {
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn the_id_before_an_id_steps_back_over_the_millisecond() {
+        assert_eq!(id_before("5-3"), "5-2");
+        assert_eq!(id_before("5-0"), format!("4-{}", u64::MAX));
+        assert_eq!(id_before("0-1"), "0-0");
+        assert_eq!(id_before("0-0"), "0-0");
     }
 
     #[test]

@@ -12,8 +12,10 @@ use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 mod config;
+mod cut;
 
 pub use config::{Raw, Sub, TestConfig};
+pub use cut::CutProxy;
 pub use sluice_fixture_control::Control;
 use sluice_host::devredis::{DevRedis, DevRedisOptions};
 use sluice_host::{Config, Event, Plan, Service};

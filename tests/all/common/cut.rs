@@ -1,0 +1,101 @@
+//! A TCP proxy in front of a test Redis that loses one reply on purpose: the first command
+//! whose request holds a marker (e.g. `XCLAIM`) reaches Redis and runs there, then the
+//! connection is closed before its reply gets back. This is the failure a host cannot tell
+//! from a lost network: Redis did the work, the host never heard.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// The proxy; it stops accepting when dropped.
+pub struct CutProxy {
+    port: u16,
+    cut: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CutProxy {
+    /// Proxy to the Redis on `upstream` (host:port), cutting the reply to the first request
+    /// that contains `marker`.
+    pub async fn start(upstream: String, marker: &'static [u8]) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let done = cut.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = TcpStream::connect(&upstream).await else {
+                    continue;
+                };
+                tokio::spawn(relay(client, server, marker, done.clone()));
+            }
+        });
+        Self { port, cut, task }
+    }
+
+    /// The URL to give the host instead of the Redis's own.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Whether a reply has been cut.
+    pub fn has_cut(&self) -> bool {
+        self.cut.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for CutProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Relay one connection both ways. When a request holds `marker` (and no reply was cut yet),
+/// the request goes through, and the first reply bytes after it end the connection unsent.
+async fn relay(client: TcpStream, server: TcpStream, marker: &[u8], done: Arc<AtomicBool>) {
+    let (mut client_rx, mut client_tx) = client.into_split();
+    let (mut server_rx, mut server_tx) = server.into_split();
+    let cutting = Arc::new(AtomicBool::new(false));
+    let armed = cutting.clone();
+    let requests = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match client_rx.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let chunk = &buf[..n];
+            if chunk.windows(marker.len()).any(|w| w == marker)
+                && !done.swap(true, Ordering::AcqRel)
+            {
+                armed.store(true, Ordering::Release);
+            }
+            if server_tx.write_all(chunk).await.is_err() {
+                return;
+            }
+        }
+    };
+    let replies = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match server_rx.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if cutting.load(Ordering::Acquire) {
+                // Redis ran the command; its reply is lost with the connection.
+                return;
+            }
+            if client_tx.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    // Whichever side ends first ends the other: both halves of both sockets are dropped.
+    tokio::select! {
+        () = requests => {}
+        () = replies => {}
+    }
+}
