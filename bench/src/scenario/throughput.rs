@@ -171,6 +171,9 @@ impl Bench {
         if scenario == "native" {
             service = service.with_handler(0, Arc::new(NativeAck::new()));
         }
+        let mut conn = self.conn().await?;
+        let calls_before = command_calls(&mut conn).await?;
+        let cpu_before = redis_cpu_seconds(&mut conn).await?;
         let stop = CancellationToken::new();
         let started = Instant::now();
         let task = tokio::spawn(service.run(None, stop.clone()));
@@ -178,8 +181,23 @@ impl Bench {
         let elapsed = started.elapsed();
         stop.cancel();
         task.await?.context("the host failed")?;
+        let cpu = redis_cpu_seconds(&mut conn).await? - cpu_before;
+        let calls = command_calls(&mut conn).await?;
         let mut report = Report::new(scenario, n, elapsed);
         report.us_per_delivery = Some(report.seconds * 1e6 / n as f64);
+        // How the host's path talks to Redis: reads and acks per message (the batching), and
+        // what Redis spent per message (INFO's CPU includes the harness's 2 ms polling).
+        report.extra.push((
+            "x_reads_per_1k",
+            1000.0 * (calls.0 - calls_before.0) as f64 / n as f64,
+        ));
+        report.extra.push((
+            "x_xacks_per_1k",
+            1000.0 * (calls.1 - calls_before.1) as f64 / n as f64,
+        ));
+        report
+            .extra
+            .push(("x_redis_us_per_msg", cpu * 1e6 / n as f64));
         Ok(report)
     }
 }
@@ -214,6 +232,27 @@ async fn read_and_ack(
             .query_async::<i64>(conn)
             .await?;
     }
+}
+
+/// How many XREADGROUP and XACK calls Redis has served so far (INFO commandstats).
+async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> Result<(u64, u64)> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await?;
+    let calls = |name: &str| {
+        info.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(":calls=")?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .unwrap_or(0)
+    };
+    Ok((calls("cmdstat_xreadgroup"), calls("cmdstat_xack")))
 }
 
 /// Redis's own CPU time so far (user + system, INFO CPU), in seconds.
