@@ -174,6 +174,7 @@ impl Bench {
         let mut conn = self.conn().await?;
         let calls_before = command_calls(&mut conn).await?;
         let cpu_before = redis_cpu_seconds(&mut conn).await?;
+        let host_cpu_before = process_cpu_seconds();
         let stop = CancellationToken::new();
         let started = Instant::now();
         let task = tokio::spawn(service.run(None, stop.clone()));
@@ -182,11 +183,13 @@ impl Bench {
         stop.cancel();
         task.await?.context("the host failed")?;
         let cpu = redis_cpu_seconds(&mut conn).await? - cpu_before;
+        let host_cpu = process_cpu_seconds() - host_cpu_before;
         let calls = command_calls(&mut conn).await?;
         let mut report = Report::new(scenario, n, elapsed);
         report.us_per_delivery = Some(report.seconds * 1e6 / n as f64);
         // How the host's path talks to Redis: reads and acks per message (the batching), and
-        // what Redis spent per message (INFO's CPU includes the harness's 2 ms polling).
+        // what Redis and this process spent per message (both include the harness's 2 ms
+        // polling).
         report.extra.push((
             "x_reads_per_1k",
             1000.0 * (calls.0 - calls_before.0) as f64 / n as f64,
@@ -198,6 +201,9 @@ impl Bench {
         report
             .extra
             .push(("x_redis_us_per_msg", cpu * 1e6 / n as f64));
+        report
+            .extra
+            .push(("x_host_us_per_msg", host_cpu * 1e6 / n as f64));
         Ok(report)
     }
 }
