@@ -68,11 +68,7 @@ async fn own_pending_entries_are_re_read_after_a_restart() {
 async fn xautoclaim_takes_an_idle_entry_from_a_dead_consumer() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let _: () = cmd(
-        &mut conn,
-        &["XGROUP", "CREATE", "claims", "g", "$", "MKSTREAM"],
-    )
-    .await;
+    create_group(&mut conn, "claims", "g", "$").await;
     let id = add(&mut conn, "claims", &Control::Ack).await;
     // A consumer reads the entry and dies without settling it.
     let _: redis::Value = cmd(
@@ -299,11 +295,7 @@ async fn a_deleted_stream_and_group_are_created_again() {
 async fn pending_entries_of_a_gone_consumer_are_taken_over() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let _: () = cmd(
-        &mut conn,
-        &["XGROUP", "CREATE", "pods", "g", "0", "MKSTREAM"],
-    )
-    .await;
+    create_group(&mut conn, "pods", "g", "0").await;
     let id = add(&mut conn, "pods", &Control::Ack).await;
     // The old pod reads the entry and is never seen again.
     let _: redis::Value = cmd(
@@ -366,11 +358,7 @@ async fn pending_entries_of_a_gone_consumer_are_taken_over() {
 async fn entries_a_lost_take_over_reply_made_ours_are_handled_without_a_restart() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let _: () = cmd(
-        &mut conn,
-        &["XGROUP", "CREATE", "lost", "g", "0", "MKSTREAM"],
-    )
-    .await;
+    create_group(&mut conn, "lost", "g", "0").await;
     let mut stranded = std::collections::HashSet::new();
     for _ in 0..5 {
         stranded.insert(add(&mut conn, "lost", &Control::Ack).await);

@@ -213,11 +213,7 @@ async fn park_directly(redis: &Redis, stream: &str, n: usize, delay: Duration) -
         &Default::default(),
     )
     .unwrap();
-    let _: () = cmd(
-        &mut conn,
-        &["XGROUP", "CREATE", stream, "g", "$", "MKSTREAM"],
-    )
-    .await;
+    create_group(&mut conn, stream, "g", "$").await;
     let mut pipe = redis::pipe();
     for i in 0..n {
         pipe.cmd("XADD")

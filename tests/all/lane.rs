@@ -328,11 +328,7 @@ async fn lane_entries_a_gone_consumer_left_are_taken_over_and_claimed() {
     let mut stranded = HashMap::new();
     for stream in ["takeover", "claiming"] {
         let lane = format!("{stream}.delayed.lane");
-        let _: () = cmd(
-            &mut conn,
-            &["XGROUP", "CREATE", &lane, "g", "0", "MKSTREAM"],
-        )
-        .await;
+        create_group(&mut conn, &lane, "g", "0").await;
         stranded.insert(stream, add(&mut conn, &lane, &Control::Ack).await);
         let _: redis::Value = cmd(
             &mut conn,

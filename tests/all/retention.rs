@@ -52,11 +52,7 @@ async fn a_slow_group_keeps_what_it_has_not_acked_while_acked_history_goes() {
     let mut conn = redis.conn().await;
     let stream = "kept";
     // A group Sluice does not run, created before anything is added.
-    let _: () = cmd(
-        &mut conn,
-        &["XGROUP", "CREATE", stream, "slow", "0", "MKSTREAM"],
-    )
-    .await;
+    create_group(&mut conn, stream, "slow", "0").await;
     let mut added = Vec::new();
     for _ in 0..400 {
         added.push(add(&mut conn, stream, &Control::Ack).await);
@@ -169,11 +165,7 @@ async fn a_cap_that_groups_still_need_is_reported_and_kept() {
     let mut conn = redis.conn().await;
     let stream = "capped";
     // A slow group that has read nothing: every entry is still needed.
-    let _: () = cmd(
-        &mut conn,
-        &["XGROUP", "CREATE", stream, "slow", "0", "MKSTREAM"],
-    )
-    .await;
+    create_group(&mut conn, stream, "slow", "0").await;
     for _ in 0..200 {
         add(&mut conn, stream, &Control::Ack).await;
     }

@@ -653,6 +653,12 @@ pub fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> 
         .map(|(_, v)| v.as_str())
 }
 
+/// Create `group` on `stream` (made if missing), reading after `from` (`0`: every entry, `$`:
+/// only entries added from now on).
+pub async fn create_group(conn: &mut impl ConnectionLike, stream: &str, group: &str, from: &str) {
+    let _: () = cmd(conn, &["XGROUP", "CREATE", stream, group, from, "MKSTREAM"]).await;
+}
+
 /// Run one Redis command given as words.
 pub async fn cmd<T: redis::FromRedisValue>(conn: &mut impl ConnectionLike, words: &[&str]) -> T {
     let mut c = redis::cmd(words[0]);
