@@ -71,21 +71,7 @@ async fn xautoclaim_takes_an_idle_entry_from_a_dead_consumer() {
     create_group(&mut conn, "claims", "g", "$").await;
     let id = add(&mut conn, "claims", &Control::Ack).await;
     // A consumer reads the entry and dies without settling it.
-    let _: redis::Value = cmd(
-        &mut conn,
-        &[
-            "XREADGROUP",
-            "GROUP",
-            "g",
-            "dead",
-            "COUNT",
-            "1",
-            "STREAMS",
-            "claims",
-            ">",
-        ],
-    )
-    .await;
+    read_as(&mut conn, "dead", "claims", ">").await;
     let started = Instant::now();
     let mut host = start_fixture(
         &redis,
@@ -298,21 +284,7 @@ async fn pending_entries_of_a_gone_consumer_are_taken_over() {
     create_group(&mut conn, "pods", "g", "0").await;
     let id = add(&mut conn, "pods", &Control::Ack).await;
     // The old pod reads the entry and is never seen again.
-    let _: redis::Value = cmd(
-        &mut conn,
-        &[
-            "XREADGROUP",
-            "GROUP",
-            "g",
-            "old-pod",
-            "COUNT",
-            "1",
-            "STREAMS",
-            "pods",
-            ">",
-        ],
-    )
-    .await;
+    read_as(&mut conn, "old-pod", "pods", ">").await;
     let toml = TestConfig::of(
         Sub::fixture("pods")
             .set("max_retries", 0)
@@ -363,26 +335,7 @@ async fn entries_a_lost_take_over_reply_made_ours_are_handled_without_a_restart(
     for _ in 0..5 {
         stranded.insert(add(&mut conn, "lost", &Control::Ack).await);
     }
-    let old_pod = conn.clone();
-    let old_pod_reads = |from: &'static str| {
-        let mut conn = old_pod.clone();
-        async move {
-            let _: redis::Value = cmd(
-                &mut conn,
-                &[
-                    "XREADGROUP",
-                    "GROUP",
-                    "g",
-                    "old-pod",
-                    "STREAMS",
-                    "lost",
-                    from,
-                ],
-            )
-            .await;
-        }
-    };
-    old_pod_reads(">").await;
+    read_as(&mut conn, "old-pod", "lost", ">").await;
     let mut newer = std::collections::HashSet::new();
     for _ in 0..5 {
         newer.insert(add(&mut conn, "lost", &Control::Ack).await);
@@ -414,7 +367,7 @@ async fn entries_a_lost_take_over_reply_made_ours_are_handled_without_a_restart(
     }
     // The old pod shows signs of life now (which resets its idle time and its entries'), so
     // the take-over comes at least `consumer_gone_after` after the host read the newer ones.
-    old_pod_reads("0").await;
+    read_as(&mut conn, "old-pod", "lost", "0").await;
     while !stranded.iter().all(|id| acked.contains_key(id)) {
         let event = tokio::time::timeout_at(deadline, host.events.recv())
             .await

@@ -330,11 +330,7 @@ async fn lane_entries_a_gone_consumer_left_are_taken_over_and_claimed() {
         let lane = format!("{stream}.delayed.lane");
         create_group(&mut conn, &lane, "g", "0").await;
         stranded.insert(stream, add(&mut conn, &lane, &Control::Ack).await);
-        let _: redis::Value = cmd(
-            &mut conn,
-            &["XREADGROUP", "GROUP", "g", "old-pod", "STREAMS", &lane, ">"],
-        )
-        .await;
+        read_as(&mut conn, "old-pod", &lane, ">").await;
         assert_eq!(pending(&mut conn, &lane, "g").await, 1);
     }
     let lane_sub = |stream: &str| with_lane(stream).set("consumer", "new-pod");

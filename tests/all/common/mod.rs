@@ -659,6 +659,24 @@ pub async fn create_group(conn: &mut impl ConnectionLike, stream: &str, group: &
     let _: () = cmd(conn, &["XGROUP", "CREATE", stream, group, from, "MKSTREAM"]).await;
 }
 
+/// Read from `stream` as `consumer` of group `g` (a consumer the test plays, e.g. a pod that
+/// then dies), after `from` (`>`: new entries; an id: its own pending ones), all it gets.
+pub async fn read_as(conn: &mut impl ConnectionLike, consumer: &str, stream: &str, from: &str) {
+    let _: redis::Value = cmd(
+        conn,
+        &[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            consumer,
+            "STREAMS",
+            stream,
+            from,
+        ],
+    )
+    .await;
+}
+
 /// Run one Redis command given as words.
 pub async fn cmd<T: redis::FromRedisValue>(conn: &mut impl ConnectionLike, words: &[&str]) -> T {
     let mut c = redis::cmd(words[0]);
