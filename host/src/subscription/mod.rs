@@ -410,8 +410,7 @@ impl Subscription {
         }
         let unanswered = self.unanswered.lock().ok().and_then(|u| u.last().cloned());
         if let Some((source, ids)) = unanswered {
-            let entries =
-                read::own_pending_among(conn, plan, source, &ids, room.max(ids.len())).await?;
+            let entries = read::own_pending_among(conn, plan, source, &ids).await?;
             if let Ok(mut unanswered) = self.unanswered.lock() {
                 unanswered.pop();
             }
@@ -421,7 +420,7 @@ impl Subscription {
                     count = entries.len(),
                     "a take-over's reply was lost; handling the entries it made this consumer's"
                 );
-                return self.with_counts(conn, source, entries).await;
+                return Ok(entries);
             }
         }
         if let Some(gone_after) = plan.gone_after

@@ -230,17 +230,19 @@ pub async fn take_over_gone<C: ConnectionLike>(
     Ok(taken)
 }
 
-/// Those of `ids` (ids of `source`) that are pending to this consumer, with their fields: what a
-/// take-over whose reply was lost made this consumer's. Read from the consumer's own pending
-/// list (XREADGROUP at an id) from just below the smallest, page by page, keeping only `ids`:
-/// entries this host is handling are in the same list, and are never returned.
-pub async fn own_pending_among(
-    conn: &mut Reader,
+/// Those of `ids` (ids of `source`) that are pending to this consumer, each with its fields and
+/// Redis's delivery counter: what a take-over whose reply was lost made this consumer's. Only
+/// reads: the consumer's pending list over the ids' range (XPENDING, page by page: entries
+/// this host is handling are in it too, and are left alone), then each such entry (XRANGE; one
+/// deleted meanwhile comes back without fields).
+pub async fn own_pending_among<C: ConnectionLike>(
+    conn: &mut C,
     who: &ReadPlan,
     source: Source,
     ids: &[String],
-    page: usize,
-) -> RedisResult<Vec<ReadEntry>> {
+) -> RedisResult<Vec<(ReadEntry, u64)>> {
+    const PAGE: usize = 1000;
+    let (stream, group, consumer) = (who.key(source), &*who.group, &*who.consumer);
     let wanted: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
     let (Some(first), Some(last)) = (
         ids.iter().min_by(|a, b| crate::delivery::cmp_ids(a, b)),
@@ -248,39 +250,48 @@ pub async fn own_pending_among(
     ) else {
         return Ok(Vec::new());
     };
-    let mut cursor = id_before(first);
-    let mut found = Vec::new();
+    let mut ours = Vec::new();
+    let mut start = first.clone();
     loop {
-        let entries = read_group(conn, who, page.max(1), None, &[(source, &cursor)]).await?;
-        let Some(newest) = entries.last().map(|e| e.id.clone()) else {
+        let rows: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+            .arg(stream)
+            .arg(group)
+            .arg(&start)
+            .arg(last)
+            .arg(PAGE)
+            .arg(consumer)
+            .query_async(conn)
+            .await?;
+        let full = rows.len() == PAGE;
+        let Some(newest) = rows.last().map(|(id, ..)| format!("({id}")) else {
             break;
         };
-        let past_last = crate::delivery::cmp_ids(&newest, last).is_ge();
-        found.extend(
-            entries
-                .into_iter()
-                .filter(|e| wanted.contains(e.id.as_str())),
+        ours.extend(
+            rows.into_iter()
+                .filter(|(id, ..)| wanted.contains(id.as_str()))
+                .map(|(id, _, _, count)| (id, count)),
         );
-        if past_last || found.len() == wanted.len() {
+        if !full {
             break;
         }
-        cursor = newest;
+        start = newest;
+    }
+    let mut found = Vec::with_capacity(ours.len());
+    for (id, count) in ours {
+        let reply: Value = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg(&id)
+            .arg(&id)
+            .query_async(conn)
+            .await?;
+        let entry = parse_entries(reply, source)?.pop().unwrap_or(ReadEntry {
+            id,
+            source,
+            fields: None,
+        });
+        found.push((entry, count));
     }
     Ok(found)
-}
-
-/// The greatest stream id below `id` (XREADGROUP at an id returns what comes after it).
-fn id_before(id: &str) -> String {
-    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
-    let (ms, seq) = (
-        ms.parse::<u64>().unwrap_or(0),
-        seq.parse::<u64>().unwrap_or(0),
-    );
-    match (ms, seq) {
-        (0, 0) => "0-0".to_owned(),
-        (ms, 0) => format!("{}-{}", ms - 1, u64::MAX),
-        (ms, seq) => format!("{ms}-{}", seq - 1),
-    }
 }
 
 /// Redis's delivery counters for `ids`, which are pending for `consumer` (XPENDING, extended
@@ -448,14 +459,6 @@ mod tests {
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
-    }
-
-    #[test]
-    fn the_id_before_an_id_steps_back_over_the_millisecond() {
-        assert_eq!(id_before("5-3"), "5-2");
-        assert_eq!(id_before("5-0"), format!("4-{}", u64::MAX));
-        assert_eq!(id_before("0-1"), "0-0");
-        assert_eq!(id_before("0-0"), "0-0");
     }
 
     #[test]
