@@ -232,26 +232,75 @@ pub async fn take_over_gone<C: ConnectionLike>(
 
 /// Those of `ids` (ids of `source`) that are pending to this consumer, each with its fields and
 /// Redis's delivery counter: what a take-over whose reply was lost made this consumer's. Only
-/// reads: the consumer's pending list over the ids' range (XPENDING, page by page: entries
-/// this host is handling are in it too, and are left alone), then each such entry (XRANGE; one
-/// deleted meanwhile comes back without fields).
+/// reads: the consumer's pending list over the ids' range (entries this host is handling are
+/// in it too, and are left alone), then each such entry (XRANGE; one deleted meanwhile comes
+/// back without fields).
 pub async fn own_pending_among<C: ConnectionLike>(
     conn: &mut C,
     who: &ReadPlan,
     source: Source,
     ids: &[String],
 ) -> RedisResult<Vec<(ReadEntry, u64)>> {
-    const PAGE: usize = 1000;
-    let (stream, group, consumer) = (who.key(source), &*who.group, &*who.consumer);
-    let wanted: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
-    let (Some(first), Some(last)) = (
-        ids.iter().min_by(|a, b| crate::delivery::cmp_ids(a, b)),
-        ids.iter().max_by(|a, b| crate::delivery::cmp_ids(a, b)),
-    ) else {
+    let Some((first, last)) = id_range(ids) else {
         return Ok(Vec::new());
     };
-    let mut ours = Vec::new();
-    let mut start = first.clone();
+    let mut counts = pending_counts(conn, who, source, first, last).await?;
+    let mut found = Vec::new();
+    for id in ids {
+        let Some(count) = counts.remove(id) else {
+            continue;
+        };
+        let reply: Value = redis::cmd("XRANGE")
+            .arg(who.key(source))
+            .arg(id)
+            .arg(id)
+            .query_async(conn)
+            .await?;
+        let entry = parse_entries(reply, source)?.pop().unwrap_or(ReadEntry {
+            id: id.clone(),
+            source,
+            fields: None,
+        });
+        found.push((entry, count));
+    }
+    Ok(found)
+}
+
+/// Redis's delivery counters for `ids`, which are pending for `consumer`.
+pub async fn delivery_counts<C: ConnectionLike>(
+    conn: &mut C,
+    who: &ReadPlan,
+    source: Source,
+    ids: &[&str],
+) -> RedisResult<HashMap<String, u64>> {
+    match id_range(ids) {
+        Some((first, last)) => pending_counts(conn, who, source, first, last).await,
+        None => Ok(HashMap::new()),
+    }
+}
+
+/// The smallest and the greatest of `ids`, as stream ids compare.
+fn id_range<S: AsRef<str>>(ids: &[S]) -> Option<(&str, &str)> {
+    let ids = || ids.iter().map(AsRef::as_ref);
+    let first = ids().min_by(|a, b| crate::delivery::cmp_ids(a, b))?;
+    let last = ids().max_by(|a, b| crate::delivery::cmp_ids(a, b))?;
+    Some((first, last))
+}
+
+/// Redis's delivery counter of each entry of `source` from `first` to `last` that is pending
+/// for `consumer` (XPENDING, extended form, page by page: the range may hold many more of its
+/// entries than the caller asks about).
+async fn pending_counts<C: ConnectionLike>(
+    conn: &mut C,
+    who: &ReadPlan,
+    source: Source,
+    first: &str,
+    last: &str,
+) -> RedisResult<HashMap<String, u64>> {
+    const PAGE: usize = 1000;
+    let (stream, group, consumer) = (who.key(source), &*who.group, &*who.consumer);
+    let mut counts = HashMap::new();
+    let mut start = first.to_owned();
     loop {
         let rows: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
             .arg(stream)
@@ -263,71 +312,14 @@ pub async fn own_pending_among<C: ConnectionLike>(
             .query_async(conn)
             .await?;
         let full = rows.len() == PAGE;
-        let Some(newest) = rows.last().map(|(id, ..)| format!("({id}")) else {
+        let Some(next) = rows.last().map(|(id, ..)| format!("({id}")) else {
             break;
         };
-        ours.extend(
-            rows.into_iter()
-                .filter(|(id, ..)| wanted.contains(id.as_str()))
-                .map(|(id, _, _, count)| (id, count)),
-        );
+        counts.extend(rows.into_iter().map(|(id, _, _, count)| (id, count)));
         if !full {
             break;
         }
-        start = newest;
-    }
-    let mut found = Vec::with_capacity(ours.len());
-    for (id, count) in ours {
-        let reply: Value = redis::cmd("XRANGE")
-            .arg(stream)
-            .arg(&id)
-            .arg(&id)
-            .query_async(conn)
-            .await?;
-        let entry = parse_entries(reply, source)?.pop().unwrap_or(ReadEntry {
-            id,
-            source,
-            fields: None,
-        });
-        found.push((entry, count));
-    }
-    Ok(found)
-}
-
-/// Redis's delivery counters for `ids`, which are pending for `consumer` (XPENDING, extended
-/// form, over the ids' range).
-pub async fn delivery_counts<C: ConnectionLike>(
-    conn: &mut C,
-    who: &ReadPlan,
-    source: Source,
-    ids: &[&str],
-) -> RedisResult<HashMap<String, u64>> {
-    let (stream, group, consumer) = (who.key(source), &*who.group, &*who.consumer);
-    let (Some(first), Some(last)) = (
-        ids.iter().min_by(|a, b| crate::delivery::cmp_ids(a, b)),
-        ids.iter().max_by(|a, b| crate::delivery::cmp_ids(a, b)),
-    ) else {
-        return Ok(HashMap::new());
-    };
-    let reply: Value = redis::cmd("XPENDING")
-        .arg(stream)
-        .arg(group)
-        .arg(*first)
-        .arg(*last)
-        .arg(ids.len().max(1) * 4)
-        .arg(consumer)
-        .query_async(conn)
-        .await?;
-    let Value::Array(rows) = reply else {
-        return Err(unexpected("XPENDING", &reply));
-    };
-    let mut counts = HashMap::with_capacity(rows.len());
-    for row in rows {
-        if let Value::Array(cols) = &row
-            && let (Some(id), Some(Value::Int(count))) = (cols.first().and_then(text), cols.get(3))
-        {
-            counts.insert(id, u64::try_from(*count).unwrap_or(1));
-        }
+        start = next;
     }
     Ok(counts)
 }
