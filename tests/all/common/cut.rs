@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 
 /// The proxy; it stops accepting when dropped.
@@ -55,47 +56,39 @@ impl Drop for CutProxy {
 /// Relay one connection both ways. When a request holds `marker` (and no reply was cut yet),
 /// the request goes through, and the first reply bytes after it end the connection unsent.
 async fn relay(client: TcpStream, server: TcpStream, marker: &[u8], done: Arc<AtomicBool>) {
-    let (mut client_rx, mut client_tx) = client.into_split();
-    let (mut server_rx, mut server_tx) = server.into_split();
-    let cutting = Arc::new(AtomicBool::new(false));
-    let armed = cutting.clone();
-    let requests = async move {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = match client_rx.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            };
-            let chunk = &buf[..n];
-            if chunk.windows(marker.len()).any(|w| w == marker)
-                && !done.swap(true, Ordering::AcqRel)
-            {
-                armed.store(true, Ordering::Release);
-            }
-            if server_tx.write_all(chunk).await.is_err() {
-                return;
-            }
+    let (client_rx, client_tx) = client.into_split();
+    let (server_rx, server_tx) = server.into_split();
+    let cutting = AtomicBool::new(false);
+    let requests = pump(client_rx, server_tx, |chunk| {
+        if chunk.windows(marker.len()).any(|w| w == marker) && !done.swap(true, Ordering::AcqRel) {
+            cutting.store(true, Ordering::Release);
         }
-    };
-    let replies = async move {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = match server_rx.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            };
-            if cutting.load(Ordering::Acquire) {
-                // Redis ran the command; its reply is lost with the connection.
-                return;
-            }
-            if client_tx.write_all(&buf[..n]).await.is_err() {
-                return;
-            }
-        }
-    };
+        true
+    });
+    // Once armed, Redis has run the command: its reply is lost with the connection.
+    let replies = pump(server_rx, client_tx, |_| !cutting.load(Ordering::Acquire));
     // Whichever side ends first ends the other: both halves of both sockets are dropped.
     tokio::select! {
         () = requests => {}
         () = replies => {}
+    }
+}
+
+/// Copy from `from` to `to` chunk by chunk while `pass` lets each chunk through; return when
+/// either side closes or `pass` refuses one.
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    mut pass: impl FnMut(&[u8]) -> bool,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if !pass(&buf[..n]) || to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
     }
 }
