@@ -103,17 +103,7 @@ impl Masters {
                 .arg("commandstats")
                 .query_async(&mut conn)
                 .await?;
-            let total = info
-                .lines()
-                .filter_map(|l| {
-                    l.split_once("calls=")?
-                        .1
-                        .split(',')
-                        .next()?
-                        .parse::<u64>()
-                        .ok()
-                })
-                .sum();
+            let total = super::command_calls(&info).map(|(_, calls)| calls).sum();
             calls.push(total);
         }
         Ok(calls)

@@ -136,6 +136,21 @@ fn now_ms() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
 }
 
+/// Each command's calls so far, from an `INFO commandstats` reply: `(command, calls)`, the
+/// command as Redis names it (`xack`, `xreadgroup`, ...).
+fn command_calls(info: &str) -> impl Iterator<Item = (&str, u64)> {
+    info.lines().filter_map(|line| {
+        let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+        let calls = stats
+            .strip_prefix("calls=")?
+            .split(',')
+            .next()?
+            .parse()
+            .ok()?;
+        Some((name, calls))
+    })
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;

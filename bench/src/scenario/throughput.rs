@@ -246,19 +246,12 @@ async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> Result<(
         .arg("commandstats")
         .query_async(conn)
         .await?;
-    let calls = |name: &str| {
-        info.lines()
-            .find_map(|l| {
-                l.strip_prefix(name)?
-                    .strip_prefix(":calls=")?
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .unwrap_or(0)
+    let calls = |wanted: &str| {
+        super::command_calls(&info)
+            .find(|(name, _)| *name == wanted)
+            .map_or(0, |(_, calls)| calls)
     };
-    Ok((calls("cmdstat_xreadgroup"), calls("cmdstat_xack")))
+    Ok((calls("xreadgroup"), calls("xack")))
 }
 
 /// Redis's own CPU time so far (user + system, INFO CPU), in seconds.
