@@ -128,10 +128,6 @@ pub struct Subscription {
     last_read: Mutex<HashMap<Source, String>>,
     /// When to look for gone consumers next.
     next_rescue: Mutex<tokio::time::Instant>,
-    /// Ids a take-over claimed whose reply never came (the connection failed): they may be
-    /// pending to this consumer with nobody here handling them, below the newest id it read,
-    /// where the re-read after a failure does not look. Looked for after the next connect.
-    unanswered: Mutex<Vec<(Source, Vec<String>)>>,
 }
 
 /// What a subscription shares with the rest of the host.
@@ -173,7 +169,6 @@ impl Subscription {
             health: parts.health,
             last_read: Mutex::new(HashMap::new()),
             next_rescue: Mutex::new(tokio::time::Instant::now()),
-            unanswered: Mutex::new(Vec::new()),
         })
     }
 
@@ -193,6 +188,10 @@ impl Subscription {
         let mut reader: Option<Reader> = None;
         let mut own_pending = self.every_source_at("0");
         let mut claim_cursor = self.every_source_at("0-0");
+        // Ids a take-over claimed whose reply never came (the connection failed): they may be
+        // pending to this consumer with nobody here handling them, below the newest id it
+        // read, where the re-read after a failure does not look. Looked for after a reconnect.
+        let mut unanswered: Vec<(Source, Vec<String>)> = Vec::new();
         let mut backoff = ReconnectBackoff::default();
         loop {
             // Read in batches: wait until half a batch can start, then take what else is free.
@@ -240,7 +239,7 @@ impl Subscription {
                 },
             };
             let batch = tokio::select! {
-                batch = self.next_batch(conn, &first, &mut own_pending, &mut claim_cursor) => batch,
+                batch = self.next_batch(conn, &first, &mut own_pending, &mut claim_cursor, &mut unanswered) => batch,
                 // Entries a cut-off read had already taken stay pending and are re-read on restart.
                 () = self.stop.cancelled() => break,
             };
@@ -385,6 +384,7 @@ impl Subscription {
         taken: &Taken,
         own_pending: &mut Vec<(Source, String)>,
         claim_cursors: &mut [(Source, String)],
+        unanswered: &mut Vec<(Source, Vec<String>)>,
     ) -> RedisResult<Vec<(ReadEntry, u64)>> {
         let plan = &self.plan;
         let room = taken.all();
@@ -408,12 +408,10 @@ impl Subscription {
             *cursor = last.id.clone();
             return self.with_counts(conn, source, entries).await;
         }
-        let unanswered = self.unanswered.lock().ok().and_then(|u| u.last().cloned());
-        if let Some((source, ids)) = unanswered {
-            let entries = read::own_pending_among(conn, plan, source, &ids).await?;
-            if let Ok(mut unanswered) = self.unanswered.lock() {
-                unanswered.pop();
-            }
+        if let Some((source, ids)) = unanswered.last() {
+            let source = *source;
+            let entries = read::own_pending_among(conn, plan, source, ids).await?;
+            unanswered.pop();
             if !entries.is_empty() {
                 tracing::warn!(
                     stream = %plan.key(source),
@@ -438,7 +436,10 @@ impl Subscription {
                     {
                         Ok(entries) => entries,
                         Err(err) => {
-                            self.remember_unanswered(source, asked);
+                            let below = self.at_or_below_last_read(source, asked);
+                            if !below.is_empty() {
+                                unanswered.push((source, below));
+                            }
                             return Err(err);
                         }
                     };
@@ -499,24 +500,21 @@ impl Subscription {
         Ok(entries.into_iter().map(|e| (e, 1)).collect())
     }
 
-    /// Keep the ids of a take-over whose reply was lost, to look for after the next connect;
-    /// only those at or below the newest id read from `source`: the re-read after the failure
-    /// (see [`Self::after_last_read`]) brings back everything newer, and must not be doubled.
-    fn remember_unanswered(&self, source: Source, mut asked: Vec<String>) {
+    /// Of the ids a take-over whose reply was lost asked for, those to look for after the next
+    /// connect: at or below the newest id read from `source`, since the re-read after the
+    /// failure (see [`Self::after_last_read`]) brings back everything newer, and must not be
+    /// doubled.
+    fn at_or_below_last_read(&self, source: Source, mut asked: Vec<String>) -> Vec<String> {
         let newest = self
             .last_read
             .lock()
             .ok()
             .and_then(|newest| newest.get(&source).cloned());
-        let Some(newest) = newest else {
-            return;
-        };
-        asked.retain(|id| crate::delivery::cmp_ids(id, &newest).is_le());
-        if !asked.is_empty()
-            && let Ok(mut unanswered) = self.unanswered.lock()
-        {
-            unanswered.push((source, asked));
+        match newest {
+            Some(newest) => asked.retain(|id| crate::delivery::cmp_ids(id, &newest).is_le()),
+            None => asked.clear(),
         }
+        asked
     }
 
     /// Whether it is time to look for gone consumers (every half `gone_after`).
