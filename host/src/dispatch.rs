@@ -6,6 +6,7 @@
 //! costs.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tracing::Instrument;
@@ -16,12 +17,15 @@ use crate::handler::{HandlerSlot, Version};
 use crate::keys;
 use crate::metrics::{DeliveryMetrics, HandlerResult, Metrics, SubLabels};
 use crate::outcome::{self, Action, Failure, Outcome, Policy};
-use crate::settle::{SettleError, Settler};
+use crate::settle::{Ack, SettleError, Settler};
 
 /// How a dispatch ended, for the subscription to act on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Settled {
-    /// Acked, parked or dead-lettered: nothing more to do here.
+    /// To be acknowledged: the caller queues it with the other acks of its read
+    /// ([`Dispatcher::ack_all`]), so one wake-up of the acker carries them all.
+    Ack(Ack),
+    /// Parked or dead-lettered: nothing more to do here.
     Done,
     /// The entry stays pending and must come back after the delay.
     RetryPending(std::time::Duration),
@@ -33,6 +37,9 @@ pub struct Dispatcher {
     policy: Policy,
     settler: Arc<Settler>,
     metrics: DeliveryMetrics,
+    /// A moving average of how long the handler takes, in nanoseconds: how a read's
+    /// deliveries are spread over threads (see [`Self::typical_handler_time`]).
+    typical_ns: AtomicU64,
 }
 
 impl Dispatcher {
@@ -49,6 +56,7 @@ impl Dispatcher {
             policy,
             settler,
             metrics: metrics.for_deliveries(labels),
+            typical_ns: AtomicU64::new(0),
         }
     }
 
@@ -67,6 +75,39 @@ impl Dispatcher {
             digest = version.digest.short(),
         );
         self.run(delivery, &version).instrument(span).await
+    }
+
+    /// How long a call of this subscription's handler typically takes (a moving average of
+    /// the recent ones; zero before the first).
+    pub fn typical_handler_time(&self) -> Duration {
+        Duration::from_nanos(self.typical_ns.load(Ordering::Relaxed))
+    }
+
+    fn observe(&self, elapsed: Duration) {
+        // An average over about the last 16 calls; concurrent updates may lose one sample,
+        // which an estimate can afford.
+        let sample = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        let old = self.typical_ns.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            sample
+        } else {
+            old - old / 16 + sample / 16
+        };
+        self.typical_ns.store(new, Ordering::Relaxed);
+    }
+
+    /// How long an entry whose attempt failed without a decision waits before it is tried
+    /// again, after `delivery_count` deliveries.
+    pub fn failure_delay(&self, delivery_count: u64) -> Duration {
+        self.policy
+            .failure_backoff
+            .delay(u32::try_from(delivery_count).unwrap_or(u32::MAX))
+    }
+
+    /// Queue acks for the acker, which sends them with others and reports each once Redis has
+    /// it.
+    pub fn ack_all(&self, acks: Vec<Ack>) {
+        self.settler.ack_all(acks);
     }
 
     /// A retry put back by the sweep carries its due time (Redis server clock); its lateness
@@ -99,6 +140,7 @@ impl Dispatcher {
         let started = Instant::now();
         let result = version.handler.handle(&delivery).await;
         let elapsed = started.elapsed();
+        self.observe(elapsed);
         m.in_flight.dec();
         m.duration.observe(elapsed.as_secs_f64());
         m.count(match &result {
@@ -122,8 +164,7 @@ impl Dispatcher {
         let settled = match action {
             Action::Ack => {
                 tracing::debug!(elapsed_us, "ack");
-                self.settler.ack(&delivery, digest);
-                Ok(Settled::Done)
+                Ok(Settled::Ack(self.settler.ack_of(&delivery, digest)))
             }
             Action::DeadLetter { reason } => {
                 tracing::warn!(%reason, elapsed_us, "dead-lettering");
@@ -152,10 +193,7 @@ impl Dispatcher {
             // The scripts write before they acknowledge, so the entry is still pending: bring it
             // back after the failure backoff, like a failed attempt, until Redis takes it.
             m.settle_errors.inc();
-            let delay = self
-                .policy
-                .failure_backoff
-                .delay(u32::try_from(delivery.delivery_count).unwrap_or(u32::MAX));
+            let delay = self.failure_delay(delivery.delivery_count);
             tracing::error!(
                 %err,
                 retry_in_ms = delay.as_millis() as u64,

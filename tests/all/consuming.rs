@@ -24,6 +24,49 @@ async fn ack_removes_the_entry_from_the_pending_list() {
     host.stop().await.expect("clean stop");
 }
 
+/// A read's deliveries share a task when the handler is light; one that spins must still not
+/// hold up the others read with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spinning_handler_does_not_hold_up_the_entries_read_with_it() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    // Added before the host starts: one read takes them all, the spinning one first.
+    let slow = add(&mut conn, "together", &Control::Slow { ms: 5_000 }).await;
+    let mut quick = std::collections::HashSet::new();
+    for _ in 0..20 {
+        quick.insert(add(&mut conn, "together", &Control::Ack).await);
+    }
+    let mut host = start_fixture(
+        &redis,
+        Sub::fixture("together")
+            .set("count", 32)
+            .set("max_in_flight", 32)
+            .set("handler_timeout", "20s"),
+    )
+    .await;
+    while !quick.is_empty() {
+        let event = host
+            .event(T, "the quick entries' acks", |e| {
+                e.id == slow || quick.contains(&e.id)
+            })
+            .await;
+        assert_ne!(
+            event.id, slow,
+            "the spinning entry ended before the quick ones"
+        );
+        assert_eq!(event.kind, EventKind::Acked);
+        quick.remove(&event.id);
+    }
+    assert_eq!(
+        pending(&mut conn, "together", "g").await,
+        1,
+        "only the spinning entry is left"
+    );
+    let event = host.event(T, "the spinning entry", |e| e.id == slow).await;
+    assert_eq!(event.kind, EventKind::Acked);
+    host.stop().await.expect("clean stop");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn own_pending_entries_are_re_read_after_a_restart() {
     let redis = Redis::start();

@@ -56,6 +56,13 @@ static DEAD_LETTER: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+/// An entry to acknowledge, and the event that reports it once Redis has the XACK.
+#[derive(Debug)]
+pub struct Ack {
+    source: Source,
+    event: Event,
+}
+
 /// Settles one subscription's deliveries.
 pub struct Settler {
     stream: Arc<str>,
@@ -66,7 +73,7 @@ pub struct Settler {
     dead_letter_maxlen: u64,
     conn: RedisHandle,
     delayed: Option<Arc<DelayedSet>>,
-    acks: mpsc::UnboundedSender<(Source, Event)>,
+    acks: mpsc::UnboundedSender<Vec<Ack>>,
     events: Events,
     /// Cancelled when the host must give up on Redis (a forced shutdown).
     abandon: CancellationToken,
@@ -126,12 +133,24 @@ impl Settler {
         }
     }
 
-    /// Queue an ack; the acker sends it with others and reports it once Redis has it.
-    pub fn ack(&self, delivery: &Delivery, digest: &Digest) {
-        let event = self.event(delivery, digest, EventKind::Acked);
-        if self.acks.send((delivery.source, event)).is_err() {
-            // Only after a forced shutdown: the entry stays pending and is re-read on restart.
-            tracing::warn!(id = %delivery.entry.id, "acker is gone; entry stays pending");
+    /// The ack of `delivery`, to be queued with [`Self::ack_all`].
+    pub fn ack_of(&self, delivery: &Delivery, digest: &Digest) -> Ack {
+        Ack {
+            source: delivery.source,
+            event: self.event(delivery, digest, EventKind::Acked),
+        }
+    }
+
+    /// Queue acks; the acker sends them with others and reports each once Redis has it.
+    pub fn ack_all(&self, acks: Vec<Ack>) {
+        if acks.is_empty() {
+            return;
+        }
+        if let Err(unsent) = self.acks.send(acks) {
+            // Only after a forced shutdown: the entries stay pending and are re-read on restart.
+            for ack in unsent.0 {
+                tracing::warn!(id = %ack.event.id, "acker is gone; entry stays pending");
+            }
         }
     }
 
@@ -343,14 +362,20 @@ fn not_pending(delivery: &Delivery, what: &str) {
 async fn run_acker(
     keys: SubscriptionKeys,
     mut conn: RedisHandle,
-    mut rx: mpsc::UnboundedReceiver<(Source, Event)>,
+    mut rx: mpsc::UnboundedReceiver<Vec<Ack>>,
     events: Events,
     abandon: CancellationToken,
 ) -> usize {
     let (stream, group) = (&*keys.stream, &*keys.group);
-    let mut batch: Vec<(Source, Event)> = Vec::with_capacity(ACK_BATCH);
+    let mut batch: Vec<Ack> = Vec::with_capacity(ACK_BATCH);
     let mut backoff = ReconnectBackoff::default();
-    while rx.recv_many(&mut batch, ACK_BATCH).await > 0 {
+    while let Some(acks) = rx.recv().await {
+        batch.extend(acks);
+        while batch.len() < ACK_BATCH
+            && let Ok(acks) = rx.try_recv()
+        {
+            batch.extend(acks);
+        }
         for source in [Source::Lane, Source::Stream] {
             let sent = ack_one_source(
                 AckTarget {
@@ -366,7 +391,10 @@ async fn run_acker(
             )
             .await;
             if !sent {
-                return gave_up(stream, batch.len() + rx.len());
+                let queued: usize = std::iter::from_fn(|| rx.try_recv().ok())
+                    .map(|a| a.len())
+                    .sum();
+                return gave_up(stream, batch.len() + queued);
             }
         }
     }
@@ -384,20 +412,20 @@ struct AckTarget<'a> {
 /// away), report each, and remove them from the batch. False when `abandon` fired first.
 async fn ack_one_source(
     target: AckTarget<'_>,
-    batch: &mut Vec<(Source, Event)>,
+    batch: &mut Vec<Ack>,
     conn: &mut RedisHandle,
     events: &Events,
     backoff: &mut ReconnectBackoff,
     abandon: &CancellationToken,
 ) -> bool {
-    let count = batch.iter().filter(|(s, _)| *s == target.source).count();
+    let count = batch.iter().filter(|a| a.source == target.source).count();
     if count == 0 {
         return true;
     }
     let mut cmd = redis::cmd("XACK");
     cmd.arg(target.key).arg(target.group);
-    for (_, event) in batch.iter().filter(|(s, _)| *s == target.source) {
-        cmd.arg(&event.id);
+    for ack in batch.iter().filter(|a| a.source == target.source) {
+        cmd.arg(&ack.event.id);
     }
     loop {
         let reply = tokio::select! {
@@ -407,8 +435,8 @@ async fn ack_one_source(
         match reply {
             Ok(_) => {
                 backoff.reset();
-                for (_, event) in batch.extract_if(.., |(s, _)| *s == target.source) {
-                    events.send(event);
+                for ack in batch.extract_if(.., |a| a.source == target.source) {
+                    events.send(ack.event);
                 }
                 return true;
             }
@@ -423,7 +451,7 @@ async fn ack_one_source(
                     "XACK refused: {}; the entries stay as Redis has them",
                     ErrorClass::of(&err).describe()
                 );
-                batch.retain(|(s, _)| *s != target.source);
+                batch.retain(|a| a.source != target.source);
                 return true;
             }
             Err(err) => {

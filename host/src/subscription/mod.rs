@@ -29,9 +29,13 @@
 //! what such a consumer still holds, each entry only if it too has been idle that long. An entry
 //! a gone host left pending for a delayed retry is handled then, possibly before its delay.
 //!
-//! Each entry becomes a [`Delivery`] handed to the [`Dispatcher`] on its own task, at most
-//! `max_in_flight` at a time: the loop waits for free handler slots before it reads, and reads
-//! no more than it holds (`slots.rs`). A retry that stays pending comes back through a local timer
+//! Each entry becomes a [`Delivery`] handed to the [`Dispatcher`], at most `max_in_flight` at a
+//! time: the loop waits for free handler slots before it reads, and reads no more than it holds
+//! (`slots.rs`). A read's deliveries run concurrently on one task, as many as the handler's
+//! typical time fits in [`GROUP_WORK`], and the rest on further tasks the runtime spreads over
+//! its threads: a light handler's deliveries and their acks then stay on one thread (a task per
+//! delivery cost more in cross-thread wake-ups than the handler itself), while heavy handlers
+//! still use every core. The acks of deliveries that end together go to the acker as one. A retry that stays pending comes back through a local timer
 //! (`pending_retry.rs`) that re-claims the entry when its delay is over (XCLAIM, which also
 //! bumps Redis's delivery counter); after a crash, step 2 brings it back instead. On a claiming subscription the timer
 //! is not needed: XAUTOCLAIM takes the entry once it has been idle for `min_idle`, so the delay
@@ -54,9 +58,12 @@ pub mod read;
 mod slots;
 
 use std::collections::{HashMap, HashSet};
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use redis::RedisResult;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
@@ -67,6 +74,7 @@ use crate::delivery::{Delivery, Entry, Source};
 use crate::dispatch::{Dispatcher, Settled};
 use crate::keys::Secret;
 use crate::redis_conn::{ErrorClass, Reader, ReconnectBackoff, RedisHandle};
+use crate::settle::Ack;
 pub use health::ReadHealth;
 use read::ReadEntry;
 use slots::{Slots, Taken};
@@ -132,7 +140,7 @@ pub struct Subscription {
 
 /// What a subscription shares with the rest of the host.
 pub struct SubscriptionParts {
-    /// Delivery tasks are spawned here.
+    /// Counts the deliveries in flight (each holds a token while it runs).
     pub tracker: TaskTracker,
     /// Ends the read loop and pending-retry timers.
     pub stop: CancellationToken,
@@ -562,6 +570,11 @@ impl Subscription {
                 }
             }
         }
+        // A read's deliveries run together on one task: spawning each would hand most of them
+        // to another worker thread (and their acks back), and those wake-ups cost more than a
+        // light handler. Guests still run concurrently (they yield at every epoch tick), and
+        // successive reads' tasks spread over the workers.
+        let mut group = Vec::with_capacity(batch.len());
         for (read, delivery_count) in batch {
             let (id, source) = (read.id.clone(), read.source);
             let Some(entry) = read.into_entry() else {
@@ -570,13 +583,66 @@ impl Subscription {
             };
             let permit = match slots.one_for(source) {
                 Some(permit) => permit,
-                None => match self.slots.one().await {
-                    Some(permit) => permit,
-                    None => return,
-                },
+                None => {
+                    // Start what has its slots before waiting for more.
+                    self.spawn_group(std::mem::take(&mut group));
+                    match self.slots.one().await {
+                        Some(permit) => permit,
+                        None => return,
+                    }
+                }
             };
-            self.spawn_delivery(entry, source, delivery_count, permit);
+            if let Some(delivery) = self.delivery(entry, source, delivery_count, permit) {
+                group.push(delivery);
+            }
         }
+        self.spawn_group(group);
+    }
+
+    /// Run `deliveries`: together on one task while handling them all is quick, else spread
+    /// over up to one task per worker thread, so heavy handlers still use every core.
+    fn spawn_group(self: &Arc<Self>, mut deliveries: Vec<DeliveryTask>) {
+        let typical = self.dispatcher.typical_handler_time().as_nanos().max(1);
+        let per_task = usize::try_from(GROUP_WORK.as_nanos() / typical)
+            .unwrap_or(usize::MAX)
+            .max(1);
+        while !deliveries.is_empty() {
+            let rest = deliveries.split_off(per_task.min(deliveries.len()));
+            let chunk = std::mem::replace(&mut deliveries, rest);
+            self.spawn_together(chunk);
+        }
+    }
+
+    /// Run `deliveries` concurrently on one task, queueing the acks of those that end
+    /// together as one.
+    fn spawn_together(self: &Arc<Self>, mut deliveries: Vec<DeliveryTask>) {
+        if deliveries.len() <= 1 {
+            if let Some(delivery) = deliveries.pop() {
+                self.spawn_alone(delivery);
+            }
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut running: FuturesUnordered<DeliveryTask> = deliveries.into_iter().collect();
+            while let Some(first) = running.next().await {
+                let mut acks: Vec<Ack> = first.into_iter().collect();
+                while let Some(Some(more)) = running.next().now_or_never() {
+                    acks.extend(more);
+                }
+                this.dispatcher.ack_all(acks);
+            }
+        });
+    }
+
+    /// Run one delivery on a task of its own.
+    fn spawn_alone(self: &Arc<Self>, delivery: DeliveryTask) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            if let Some(ack) = delivery.await {
+                this.dispatcher.ack_all(vec![ack]);
+            }
+        });
     }
 
     /// An entry that was deleted from the stream while pending has nothing left to handle:
@@ -606,11 +672,25 @@ impl Subscription {
         delivery_count: u64,
         permit: OwnedSemaphorePermit,
     ) {
+        if let Some(delivery) = self.delivery(entry, source, delivery_count, permit) {
+            self.spawn_alone(delivery);
+        }
+    }
+
+    /// One delivery from start to settle, holding its handler slot; `None` when it is being
+    /// handled already.
+    fn delivery(
+        self: &Arc<Self>,
+        entry: Entry,
+        source: Source,
+        delivery_count: u64,
+        permit: OwnedSemaphorePermit,
+    ) -> Option<DeliveryTask> {
         if let Some(Ok(mut in_flight)) = self.in_flight.as_ref().map(Mutex::lock)
             && !in_flight.insert((source, entry.id.clone()))
         {
             // XAUTOCLAIM handed back an entry this host is still handling.
-            return;
+            return None;
         }
         let delivery = Delivery::new(
             &self.plan.stream,
@@ -621,16 +701,48 @@ impl Subscription {
         )
         .from_source(source);
         let this = self.clone();
-        self.tracker.spawn(async move {
+        // The tracker counts deliveries, not tasks: shutdown waits for each to settle.
+        let tracked = self.tracker.token();
+        Some(Box::pin(async move {
+            let _tracked = tracked;
             let id = delivery.entry.id.clone();
-            let settled = this.dispatcher.dispatch(delivery).await;
+            // A panic (a bug in the host) must not take the rest of the read down with it.
+            let settled = AssertUnwindSafe(this.dispatcher.dispatch(delivery))
+                .catch_unwind()
+                .await;
             drop(permit);
             if let Some(Ok(mut in_flight)) = this.in_flight.as_ref().map(Mutex::lock) {
                 in_flight.remove(&(source, id.clone()));
             }
-            if let Settled::RetryPending(delay) = settled {
-                this.retry_later(id, source, delivery_count, delay);
+            let settled = settled.unwrap_or_else(|_| {
+                let delay = this.dispatcher.failure_delay(delivery_count);
+                tracing::error!(
+                    stream = %this.plan.key(source),
+                    id,
+                    retry_in_ms = delay.as_millis() as u64,
+                    "delivery panicked (a bug in the host); the entry stays pending and comes back after the backoff"
+                );
+                Settled::RetryPending(delay)
+            });
+            match settled {
+                Settled::Ack(ack) => Some(ack),
+                Settled::Done => None,
+                Settled::RetryPending(delay) => {
+                    this.retry_later(id, source, delivery_count, delay);
+                    None
+                }
             }
-        });
+        }))
     }
 }
+
+/// How much handler time one task of a read's deliveries is given before the rest go to
+/// another task. Below it, keeping them on one thread saves more than a second core would
+/// gain; a handler that runs this long gets a task per delivery, as if there were no grouping.
+/// A rare heavy call among light ones delays its task's others by up to one epoch tick, where
+/// the guest yields.
+const GROUP_WORK: Duration = Duration::from_micros(200);
+
+/// One delivery's work, to be run on a task alone or with the rest of its read; it ends with
+/// the ack to queue, if the entry is to be acknowledged.
+type DeliveryTask = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Ack>> + Send>>;
