@@ -164,7 +164,7 @@ impl Bench {
         let stream = format!("bench-{scenario}");
         self.fill(&stream, n, Self::payment).await?;
         let toml = format!(
-            "[[subscription]]\ncomponent = {:?}\nstream = {stream:?}\ngroup = \"g\"\ncount = 128\nmax_in_flight = 128\nblock = \"100ms\"\nisolation = \"{isolation}\"\ndelayed_retry = \"none\"\n{extra}",
+            "[[subscription]]\ncomponent = {:?}\nstream = {stream:?}\ngroup = \"g\"\ncount = 128\nmax_in_flight = 256\nblock = \"100ms\"\nisolation = \"{isolation}\"\ndelayed_retry = \"none\"\n{extra}",
             component.display().to_string()
         );
         let mut service = self.service(&toml).await?;
