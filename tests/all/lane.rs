@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use sluice_host::EventKind;
+use sluice_host::delayed::member;
 
 use crate::common::*;
 
@@ -266,6 +267,61 @@ async fn a_due_retry_starts_in_a_reserved_slot_while_the_stream_holds_all_others
     assert_eq!(pending(&mut conn, "reserve", "g").await, 0);
     assert_eq!(pending(&mut conn, "reserve.delayed.lane", "g").await, 0);
     assert_eq!(parked(&mut conn, "reserve.delayed").await, 0);
+    host.stop().await.unwrap();
+}
+
+/// More retries come due at once than the lane has slots kept for them, while sleepers hold
+/// every other slot: each is read as soon as a kept slot frees, not at the next sweep that
+/// happens to move something (here: none until a sleeper wakes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn due_retries_beyond_the_lanes_slots_are_read_as_its_slots_free() {
+    const DUE: usize = 5;
+    const BUSY: usize = 3;
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    // Four slots, one kept for due retries: the sleepers take the other three.
+    let retry = add(&mut conn, "kept", &Control::Retry { ms: 300, times: 1 }).await;
+    for _ in 0..BUSY {
+        add(&mut conn, "kept", &Control::Sleep { ms: 4000 }).await;
+    }
+    let sub = with_lane("kept")
+        .set("max_in_flight", BUSY + 1)
+        .set("retry_lane_slots", 1)
+        .set("count", BUSY + 1)
+        .set("block", "5s");
+    let mut host = start_fixture(&redis, TestConfig::of(sub)).await;
+    host.event(T, "the retry parked", |e| {
+        e.origin_id == retry && matches!(e.kind, EventKind::Parked { .. })
+    })
+    .await;
+    // More retries due at once than the lane's one slot: one sweep pass moves them all.
+    let fields = vec![(b"payload".to_vec(), Control::Ack.to_string().into_bytes())];
+    let mut zadd = redis::cmd("ZADD");
+    zadd.arg("kept.delayed");
+    for n in 1..DUE {
+        zadd.arg(0)
+            .arg(member::encode(&format!("{n}-1"), 1, &fields));
+    }
+    let _: i64 = zadd.query_async(&mut conn).await.unwrap();
+    let mut order = Vec::new();
+    let deadline = tokio::time::Instant::now() + T;
+    while order.len() < DUE + BUSY {
+        let event = tokio::time::timeout_at(deadline, host.events.recv())
+            .await
+            .unwrap_or_else(|_| panic!("stalled; acked so far: {order:?}"))
+            .expect("events");
+        match event.kind {
+            EventKind::Acked => order.push(event.retry_count),
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    assert_eq!(
+        order,
+        [vec![1; DUE], vec![0; BUSY]].concat(),
+        "every due retry (retry count 1) was acked before any sleeper woke"
+    );
+    assert_eq!(pending(&mut conn, "kept.delayed.lane", "g").await, 0);
+    assert_eq!(parked(&mut conn, "kept.delayed").await, 0);
     host.stop().await.unwrap();
 }
 

@@ -21,7 +21,8 @@
 //! retry that comes due while a backlog waits in the stream is read at the next read; each
 //! entry is settled in the stream it was read from. A read woken because the timer's sweep
 //! just filled the lane skips step 4, and may use the handler slots kept for due retries
-//! (`slots.rs`), which new stream entries never take.
+//! (`slots.rs`), which new stream entries never take. A lane read that used all its slots may
+//! have left due retries behind: the lane is read again as soon as one of those slots frees.
 //!
 //! A non-claiming subscription also takes over the pending entries of consumers that are
 //! gone (idle for `consumer_gone_after`, e.g. a host that came back under a new pod name):
@@ -200,6 +201,9 @@ impl Subscription {
         // pending to this consumer with nobody here handling them, below the newest id it
         // read, where the re-read after a failure does not look. Looked for after a reconnect.
         let mut unanswered: Vec<(Source, Vec<String>)> = Vec::new();
+        // A lane read that filled its room may have left due retries in the lane: those are
+        // read as soon as a slot for them frees, not at the next sweep that moves something.
+        let mut lane_more = false;
         let mut backoff = ReconnectBackoff::default();
         loop {
             // Read in batches: wait until half a batch can start, then take what else is free.
@@ -220,7 +224,9 @@ impl Subscription {
                     None => break,
                 },
                 taken = async {
-                    lane_filled.await;
+                    if !lane_more {
+                        lane_filled.await;
+                    }
                     self.slots.for_lane().await
                 } => match taken {
                     Some(taken) => taken,
@@ -255,6 +261,11 @@ impl Subscription {
                 Ok(batch) => {
                     backoff.reset();
                     self.health.read_ok();
+                    let from_lane = batch
+                        .iter()
+                        .filter(|(e, _)| e.source == Source::Lane)
+                        .count();
+                    lane_more = plan.lane.is_some() && from_lane > 0 && from_lane >= first.all();
                     self.start_deliveries(batch, first).await;
                 }
                 Err(err) => {
