@@ -78,15 +78,16 @@ impl Dispatcher {
     }
 
     /// How long a call of this subscription's handler typically takes (a moving average of
-    /// the recent ones; zero before the first).
-    pub fn typical_handler_time(&self) -> Duration {
-        Duration::from_nanos(self.typical_ns.load(Ordering::Relaxed))
+    /// the recent ones; `None` before the first has ended).
+    pub fn typical_handler_time(&self) -> Option<Duration> {
+        let ns = self.typical_ns.load(Ordering::Relaxed);
+        (ns > 0).then(|| Duration::from_nanos(ns))
     }
 
     fn observe(&self, elapsed: Duration) {
         // An average over about the last 16 calls; concurrent updates may lose one sample,
         // which an estimate can afford.
-        let sample = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        let sample = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX).max(1);
         let old = self.typical_ns.load(Ordering::Relaxed);
         let new = if old == 0 {
             sample

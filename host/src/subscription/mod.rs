@@ -36,9 +36,11 @@
 //! typical time fits in [`GROUP_WORK`], and the rest on further tasks the runtime spreads over
 //! its threads: a light handler's deliveries and their acks then stay on one thread (a task per
 //! delivery cost more in cross-thread wake-ups than the handler itself), while heavy handlers
-//! still use every core. The acks of deliveries that end together go to the acker as one. A retry that stays pending comes back through a local timer
-//! (`pending_retry.rs`) that re-claims the entry when its delay is over (XCLAIM, which also
-//! bumps Redis's delivery counter); after a crash, step 2 brings it back instead. On a claiming subscription the timer
+//! still use every core. The acks of deliveries that end together go to the acker as one.
+//!
+//! A retry that stays pending comes back through a local timer (`pending_retry.rs`) that
+//! re-claims the entry when its delay is over (XCLAIM, which also bumps Redis's delivery
+//! counter); after a crash, step 2 brings it back instead. On a claiming subscription the timer
 //! is not needed: XAUTOCLAIM takes the entry once it has been idle for `min_idle`, so the delay
 //! is rounded up to `min_idle`.
 //!
@@ -581,10 +583,9 @@ impl Subscription {
                 }
             }
         }
-        // A read's deliveries run together on one task: spawning each would hand most of them
-        // to another worker thread (and their acks back), and those wake-ups cost more than a
-        // light handler. Guests still run concurrently (they yield at every epoch tick), and
-        // successive reads' tasks spread over the workers.
+        // A read's deliveries run together on as few tasks as their handler's time allows
+        // (`spawn_group`): a task per delivery would hand most of them to another worker
+        // thread (and their acks back), wake-ups that cost more than a light handler.
         let mut group = Vec::with_capacity(batch.len());
         for (read, delivery_count) in batch {
             let (id, source) = (read.id.clone(), read.source);
@@ -610,13 +611,16 @@ impl Subscription {
         self.spawn_group(group);
     }
 
-    /// Run `deliveries`: together on one task while handling them all is quick, else spread
-    /// over up to one task per worker thread, so heavy handlers still use every core.
+    /// Run `deliveries` in tasks of about [`GROUP_WORK`] of handler time each, which the
+    /// runtime spreads over its workers: one task for a light handler's whole read, one per
+    /// delivery for a heavy handler, and for one not yet timed (its first read) too.
     fn spawn_group(self: &Arc<Self>, mut deliveries: Vec<DeliveryTask>) {
-        let typical = self.dispatcher.typical_handler_time().as_nanos().max(1);
-        let per_task = usize::try_from(GROUP_WORK.as_nanos() / typical)
-            .unwrap_or(usize::MAX)
-            .max(1);
+        let per_task = match self.dispatcher.typical_handler_time() {
+            Some(typical) => usize::try_from(GROUP_WORK.as_nanos() / typical.as_nanos().max(1))
+                .unwrap_or(usize::MAX)
+                .max(1),
+            None => 1,
+        };
         while !deliveries.is_empty() {
             let rest = deliveries.split_off(per_task.min(deliveries.len()));
             let chunk = std::mem::replace(&mut deliveries, rest);
