@@ -45,7 +45,8 @@ pub struct SettleError {
     pub error: redis::RedisError,
 }
 
-/// The most ids one XACK carries.
+/// When a batch of acks stops taking more queued messages: one XACK carries this many ids,
+/// plus at most one read's worth.
 const ACK_BATCH: usize = 1024;
 
 /// `lua/dead_letter.lua`, behind the pending check it shares with the park script.
