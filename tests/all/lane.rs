@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use sluice_host::EventKind;
 use sluice_host::delayed::member;
+use sluice_host::{Event, EventKind};
 
 use crate::common::*;
 
@@ -28,6 +28,27 @@ async fn wait_lane_pending(conn: &redis::aio::MultiplexedConnection, lane: &str,
         async move { (pending(&mut conn, lane, "g").await == n).then_some(()) }
     })
     .await;
+}
+
+/// The next `n` acks of `host`, in the order they came; a park is allowed only of
+/// `parked` (an origin id), any other outcome fails the test.
+async fn acks_in_order(host: &mut TestHost, n: usize, parked: Option<&str>) -> Vec<Event> {
+    let mut acked = Vec::new();
+    let deadline = tokio::time::Instant::now() + T;
+    while acked.len() < n {
+        let event = tokio::time::timeout_at(deadline, host.events.recv())
+            .await
+            .unwrap_or_else(|_| panic!("stalled; acked so far: {acked:?}"))
+            .expect("events");
+        match &event.kind {
+            EventKind::Acked => acked.push(event),
+            EventKind::Parked { .. } if parked.is_some() => {
+                assert_eq!(Some(event.origin_id.as_str()), parked)
+            }
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    acked
 }
 
 /// One subscription with a retry that comes due while `BACKLOG` entries of 5 ms work (two at a
@@ -239,19 +260,11 @@ async fn a_due_retry_starts_in_a_reserved_slot_while_the_stream_holds_all_others
         .set("count", 1)
         .set("block", "5s");
     let mut host = start_fixture(&redis, TestConfig::of(sub)).await;
-    let mut order = Vec::new();
-    let deadline = tokio::time::Instant::now() + T;
-    while order.len() < SLEEPERS + 1 {
-        let event = tokio::time::timeout_at(deadline, host.events.recv())
-            .await
-            .unwrap_or_else(|_| panic!("stalled; acked so far: {order:?}"))
-            .expect("events");
-        match event.kind {
-            EventKind::Acked => order.push(event.origin_id),
-            EventKind::Parked { .. } => assert_eq!(event.origin_id, retry),
-            other => panic!("unexpected outcome {other:?}"),
-        }
-    }
+    let order: Vec<String> = acks_in_order(&mut host, SLEEPERS + 1, Some(&retry))
+        .await
+        .into_iter()
+        .map(|e| e.origin_id)
+        .collect();
     assert_eq!(
         order[0], retry,
         "the due retry was acked before any sleeper woke: {order:?}"
@@ -303,18 +316,11 @@ async fn due_retries_beyond_the_lanes_slots_are_read_as_its_slots_free() {
             .arg(member::encode(&format!("{n}-1"), 1, &fields));
     }
     let _: i64 = zadd.query_async(&mut conn).await.unwrap();
-    let mut order = Vec::new();
-    let deadline = tokio::time::Instant::now() + T;
-    while order.len() < DUE + BUSY {
-        let event = tokio::time::timeout_at(deadline, host.events.recv())
-            .await
-            .unwrap_or_else(|_| panic!("stalled; acked so far: {order:?}"))
-            .expect("events");
-        match event.kind {
-            EventKind::Acked => order.push(event.retry_count),
-            other => panic!("unexpected outcome {other:?}"),
-        }
-    }
+    let order: Vec<u32> = acks_in_order(&mut host, DUE + BUSY, None)
+        .await
+        .into_iter()
+        .map(|e| e.retry_count)
+        .collect();
     assert_eq!(
         order,
         [vec![1; DUE], vec![0; BUSY]].concat(),
