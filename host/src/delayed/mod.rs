@@ -230,11 +230,11 @@ impl DelayedSet {
             invocation.arg(name.as_slice()).arg(value.as_slice());
         }
         let mut conn = self.conn.clone();
-        let reply: Option<(i64, i64, i64)> = invocation.invoke_async(&mut conn).await?;
+        let reply: Option<(i64, i64, i64, i64)> = invocation.invoke_async(&mut conn).await?;
         Ok(match reply {
-            Some((due_ms, now_ms, acked)) => {
+            Some((due_ms, now_ms, acked, wait_us)) => {
                 self.saw_server_time(now_ms);
-                self.wake_in(Duration::from_millis((due_ms - now_ms).max(0) as u64));
+                self.wake_in(Duration::from_micros(wait_us.max(0) as u64));
                 Parked::Due {
                     due_ms,
                     acked: acked == 1,
@@ -282,19 +282,18 @@ impl DelayedSet {
         Ok(self.swept(reply, started, parks_before))
     }
 
-    /// Record what one sweep pass answered: `(moved, next due, server now, dead-lettered,
-    /// stuck)`.
+    /// Record what one sweep pass answered: `(moved, microseconds from the pass's end to the
+    /// next due time or -1, server now, dead-lettered, stuck)`.
     fn swept(
         &self,
-        (moved, next_due, now, dead_lettered, stuck): (usize, i64, i64, usize, usize),
+        (moved, wait_us, now, dead_lettered, stuck): (usize, i64, i64, usize, usize),
         started: std::time::Instant,
         parks_before: u64,
     ) -> Swept {
         self.saw_server_time(now);
         self.sweep_duration.observe(started.elapsed().as_secs_f64());
         self.sweep_moved.observe(moved as f64);
-        let next_due_in =
-            (next_due >= 0).then(|| Duration::from_millis((next_due - now).max(0) as u64));
+        let next_due_in = (wait_us >= 0).then(|| Duration::from_micros(wait_us as u64));
         if dead_lettered > 0 {
             tracing::error!(
                 key = %self.key,
@@ -389,7 +388,7 @@ impl DelayedSet {
                 let next = self.next_wake.lock().ok().and_then(|w| w.at);
                 let sleep = async {
                     match next {
-                        Some(at) => tokio::time::sleep_until(at).await,
+                        Some(at) => sleep_until_precisely(at).await,
                         None => std::future::pending().await,
                     }
                 };
@@ -416,6 +415,33 @@ impl DelayedSet {
                     }
                 }
             }
+        }
+    }
+}
+
+/// How early before a due time tokio's timer hands over to a precise sleep. Tokio's timer wheel
+/// counts whole milliseconds and wakes on its next tick: measured here it fires 1.2 ms late at
+/// the median and 2.2 ms at the 99th percentile, most of an idle retry's lateness.
+const COARSE_TIMER_SLACK: Duration = Duration::from_millis(3);
+
+/// Sleep until `at` to within a fraction of a millisecond: tokio's timer up to
+/// [`COARSE_TIMER_SLACK`] before it, then a thread sleep on the blocking pool for the rest
+/// (0.1-0.2 ms late here). Dropping the future mid-way leaves that thread to finish its few
+/// milliseconds alone.
+async fn sleep_until_precisely(at: Instant) {
+    if let Some(coarse) = at.checked_sub(COARSE_TIMER_SLACK)
+        && coarse > Instant::now()
+    {
+        tokio::time::sleep_until(coarse).await;
+    }
+    let rest = at.saturating_duration_since(Instant::now());
+    if !rest.is_zero() {
+        // The pool fails only when the runtime shuts down: the coarse timer then stands in.
+        if tokio::task::spawn_blocking(move || std::thread::sleep(rest))
+            .await
+            .is_err()
+        {
+            tokio::time::sleep_until(at).await;
         }
     }
 }

@@ -22,9 +22,9 @@
 -- stays pending. When the group no longer exists (NOGROUP) the entry is parked anyway (its
 -- retry must not be lost) and there is nothing to acknowledge.
 --
--- Reply: {due_ms, now_ms, 1 if acknowledged or 0 if the group was gone}, or false when the
--- entry was no longer pending for the group (another consumer settled it), in which case
--- nothing is written.
+-- Reply: {due_ms, now_ms, 1 if acknowledged or 0 if the group was gone, microseconds from the
+-- server's clock now to the due time}, or false when the entry was no longer pending for the
+-- group (another consumer settled it), in which case nothing is written.
 local state, stop = pending_state(KEYS[1], ARGV[1], ARGV[2])
 if not state then
   return stop
@@ -32,6 +32,9 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local due = now + tonumber(ARGV[3])
+-- From now to the due time in microseconds: "now" in milliseconds is up to 1 ms behind the
+-- clock, and the host's timer would be that much late.
+local wait_us = due * 1000 - (tonumber(time[1]) * 1000000 + tonumber(time[2]))
 local fields = {}
 for i = 7, #ARGV do
   fields[#fields + 1] = ARGV[i]
@@ -45,7 +48,7 @@ if ttl > 0 then
   redis.call('PEXPIREAT', KEYS[2], latest + ttl)
 end
 if state == 'group-gone' then
-  return {due, now, 0}
+  return {due, now, 0, wait_us}
 end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-return {due, now, 1}
+return {due, now, 1, wait_us}

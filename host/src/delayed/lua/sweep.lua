@@ -33,7 +33,9 @@
 -- "Now" is the Redis server's clock (TIME), the same clock parking used. With a ttl, the set's
 -- expiry moves to `ttl` after its latest due time (or after now), as the park script does.
 --
--- Reply: {moved, next_due_ms or -1, now_ms, dead_lettered, stuck}.
+-- Reply: {moved, wait_us, now_ms, dead_lettered, stuck}: wait_us is how long after the pass
+-- ended (server clock, microseconds) the earliest member left is due, 0 if it is due already,
+-- -1 if the set is empty.
 local F_RETRY, F_ORIGIN, F_DUE, F_MARK = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local F_MEMBER, F_REASON, F_ORIGIN_KEY, F_ORIGIN_STREAM = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
 local time = redis.call('TIME')
@@ -144,14 +146,20 @@ for i = 1, #due, 2 do
     redis.call('ZREM', KEYS[2], member)
   end
 end
-local next_due = -1
+local wait_us = -1
 local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 if #first == 2 then
-  next_due = tonumber(first[2])
+  local next_due = tonumber(first[2])
   local ttl = tonumber(ARGV[3])
   if ttl > 0 then
     local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
     redis.call('PEXPIREAT', KEYS[2], math.max(tonumber(last[2]), now) + ttl)
   end
+  -- The wait is counted from the end of the pass, in microseconds: a pass of many entries takes
+  -- a millisecond or more, and "now" at its start would make the host's timer that much late.
+  local ended = redis.call('TIME')
+  wait_us = next_due * 1000 - (tonumber(ended[1]) * 1000000 + tonumber(ended[2]))
+  -- Kept within what the reply's integer holds whatever score a stranger wrote.
+  wait_us = math.min(math.max(0, wait_us), 2 ^ 53)
 end
-return {moved, next_due, now, dead, stuck}
+return {moved, wait_us, now, dead, stuck}
