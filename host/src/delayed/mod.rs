@@ -44,6 +44,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 use redis::{RedisResult, Script, ScriptInvocation};
@@ -376,6 +378,9 @@ impl DelayedSet {
         // (a timer set to "now" would wait for the timer's next millisecond tick).
         let mut more_due = false;
         let mut backoff_until: Option<Instant> = None;
+        // The sleep towards the earliest due time, kept across wake-ups that leave that time
+        // as it was (every pass signals one), so its precise part is started once per target.
+        let mut timer: Option<(Instant, BoxFuture<'static, ()>)> = None;
         loop {
             // A reader's ask runs a pass at once, except while a failed pass's backoff lasts.
             let asked = self.sweep_asked.swap(false, Ordering::AcqRel)
@@ -386,17 +391,23 @@ impl DelayedSet {
                 }
             } else {
                 let next = self.next_wake.lock().ok().and_then(|w| w.at);
+                if timer.as_ref().map(|(at, _)| *at) != next {
+                    timer = next.map(|at| (at, sleep_until_precisely(at).boxed()));
+                }
                 let sleep = async {
-                    match next {
-                        Some(at) => sleep_until_precisely(at).await,
+                    match timer.as_mut() {
+                        Some((_, sleep)) => sleep.as_mut().await,
                         None => std::future::pending().await,
                     }
                 };
+                // A change already signalled is taken before the sleep is polled.
                 tokio::select! {
-                    () = sleep => {}
-                    () = self.wake_changed.notified() => continue,
+                    biased;
                     () = stop.cancelled() => return,
+                    () = self.wake_changed.notified() => continue,
+                    () = sleep => {}
                 }
+                timer = None;
             }
             match self.sweep().await {
                 Ok(swept) => {
