@@ -140,6 +140,9 @@ pub struct DelayedSet {
     wake_changed: Notify,
     /// A reader asked for a pass (see [`DelayedSet::sweep_soon`]).
     sweep_asked: AtomicBool,
+    /// Set while a thread sleep of this set's timer runs (see [`sleep_until_precisely`]): one
+    /// at a time, however often parks and passes move the due time.
+    thread_sleeping: Arc<AtomicBool>,
     /// Signalled when a sweep of this host moved entries into the retry lane: the reader then
     /// reads as soon as one delivery can start, instead of waiting for half a batch.
     lane_filled: Notify,
@@ -177,6 +180,7 @@ impl DelayedSet {
             next_wake: Mutex::new(Wake::default()),
             wake_changed: Notify::new(),
             sweep_asked: AtomicBool::new(false),
+            thread_sleeping: Arc::new(AtomicBool::new(false)),
             lane_filled: Notify::new(),
             clock_offset_ms: AtomicI64::new(0),
             has_offset: AtomicBool::new(false),
@@ -392,7 +396,10 @@ impl DelayedSet {
             } else {
                 let next = self.next_wake.lock().ok().and_then(|w| w.at);
                 if timer.as_ref().map(|(at, _)| *at) != next {
-                    timer = next.map(|at| (at, sleep_until_precisely(at).boxed()));
+                    timer = next.map(|at| {
+                        let sleeping = self.thread_sleeping.clone();
+                        (at, sleep_until_precisely(at, sleeping).boxed())
+                    });
                 }
                 let sleep = async {
                     match timer.as_mut() {
@@ -438,21 +445,31 @@ const COARSE_TIMER_SLACK: Duration = Duration::from_millis(3);
 /// Sleep until `at` to within a fraction of a millisecond: tokio's timer up to
 /// [`COARSE_TIMER_SLACK`] before it, then a thread sleep on the blocking pool for the rest
 /// (0.1-0.2 ms late here). Dropping the future mid-way leaves that thread to finish its few
-/// milliseconds alone.
-async fn sleep_until_precisely(at: Instant) {
+/// milliseconds alone, so `sleeping` allows one such thread at a time: while it is taken the
+/// coarse timer serves, and a guest that moves the due time with every park cannot make the
+/// timer hold more threads.
+async fn sleep_until_precisely(at: Instant, sleeping: Arc<AtomicBool>) {
     if let Some(coarse) = at.checked_sub(COARSE_TIMER_SLACK)
         && coarse > Instant::now()
     {
         tokio::time::sleep_until(coarse).await;
     }
     let rest = at.saturating_duration_since(Instant::now());
-    if !rest.is_zero() {
-        // The pool fails only when the runtime shuts down: the coarse timer then stands in.
-        if tokio::task::spawn_blocking(move || std::thread::sleep(rest))
-            .await
-            .is_err()
-        {
-            tokio::time::sleep_until(at).await;
-        }
+    if rest.is_zero() {
+        return;
+    }
+    if sleeping.swap(true, Ordering::AcqRel) {
+        tokio::time::sleep_until(at).await;
+        return;
+    }
+    let done = sleeping.clone();
+    let slept = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(rest);
+        done.store(false, Ordering::Release);
+    });
+    // The pool fails only when the runtime shuts down: the coarse timer then stands in.
+    if slept.await.is_err() {
+        sleeping.store(false, Ordering::Release);
+        tokio::time::sleep_until(at).await;
     }
 }
