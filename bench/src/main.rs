@@ -7,9 +7,11 @@
 //! (the same on 4 connections at once, with Redis's own CPU time), `ceiling-lean` (the same loop on
 //! the host's lean read connection instead of redis-rs), `native` (the host's full path with a
 //! native Rust handler), `wasm` (the same work in a component, reused instances), `wasm-isolated`
-//! (a fresh instance per delivery), `retry` (retry lateness through the durable set),
-//! `retry-backlog` (the same while a 5,000-entry backlog is being handled), `retry-backlog-lane`
-//! (the same with `retry_lane = true`), `drain` (entries already due in the set), `swap`
+//! (a fresh instance per delivery), `retry` (retry lateness through the durable set and the retry
+//! lane), `retry-backlog` (the same while a 5,000-entry backlog is being handled, retries at the
+//! stream's tail: `retry_lane = false`), `retry-backlog-lane` (the same through the lane), `drain`
+//! (entries already due in the set), `fan-out` (two Sluice groups and a plain group on one stream,
+//! with retries: per-group throughput and retry lateness, what the plain group read), `swap`
 //! (throughput while the handler is hot-swapped every 100 ms, and time from a swap to its first
 //! delivery), `sandbox` (per-delivery instantiation with and without the pooling allocator, and
 //! what epoch interruption costs a tight handler, without Redis), `cluster` (the wasm workload on
@@ -40,6 +42,7 @@ const ALL: &[&str] = &[
     "retry-backlog",
     "retry-backlog-lane",
     "drain",
+    "fan-out",
     "swap",
     "sandbox",
     "cluster",
@@ -53,7 +56,7 @@ const ALL: &[&str] = &[
 struct Args {
     /// Scenarios to run (default: all): ceiling, ceiling-server, ceiling-lean, native, wasm,
     /// wasm-isolated, retry,
-    /// retry-backlog, retry-backlog-lane, drain,
+    /// retry-backlog, retry-backlog-lane, drain, fan-out,
     /// swap, sandbox, cluster, ui, retention, languages.
     scenarios: Vec<String>,
     /// Print one JSON object per scenario per line instead of a table.
@@ -164,6 +167,7 @@ async fn main() -> Result<()> {
                     .await?
             }
             "drain" => bench.drain(args.drain).await?,
+            "fan-out" => bench.fan_out(args.retries, Duration::from_secs(1)).await?,
             "swap" => bench.swap(args.messages).await?,
             "ui" => bench.ui(args.ui_parked, args.ui_dead).await?,
             _ => unreachable!("checked above"),

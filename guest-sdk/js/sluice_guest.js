@@ -67,7 +67,7 @@ export class RedisStream {
   block(seconds) { return this.#set("blockMs", ms(seconds)); }
   /** Entries per read. */
   count(n) { return this.#set("count", n); }
-  /** The dead-letter stream (default `<stream>.dead-letter`). */
+  /** The dead-letter stream (default `<stream>.<group>.dead-letter`). */
   deadLetter(stream) { return this.#set("deadLetter", stream); }
   /** Dead-letter after this many retries. */
   maxRetries(n) { return this.#set("maxRetries", n); }

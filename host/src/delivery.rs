@@ -6,11 +6,20 @@
 //! assumes text. Whether a handler can take a field name that is not UTF-8 is the handler's
 //! business (the WASM runtime dead-letters such an entry with a reason).
 //!
-//! The host's own bookkeeping (`sluice-retry-count`, `sluice-origin-id`, `sluice-due-ms`) is
-//! trusted only when the sweep wrote it: the sweep appends those fields last, followed by a
-//! `sluice-mark` keyed with the stream's secret (see [`crate::keys::Secret`]). Anything else
-//! named `sluice-*` is the producer's data: it is handed to the handler and kept when the entry
-//! is parked or dead-lettered, and it never changes how the host counts attempts.
+//! A retry copy carries the host's bookkeeping (retry count, origin id, due time), trusted only
+//! when its seal (`sluice-mark`, keyed with the stream's secret, see [`crate::keys::Secret`])
+//! verifies over the copy's own fields, stream and group. Three forms are read:
+//!
+//! | form | where | fields | seal covers |
+//! |---|---|---|---|
+//! | lane copy | the group's retry lane | `sluice-parked` (the member: fields and bookkeeping), `sluice-due-ms`, `sluice-mark` | stream, group, member, due time |
+//! | tail copy | the stream (`retry_lane = false`) | the entry's fields (or `sluice-packed-fields`), then retry count, origin id, due time, group, mark | stream, group, origin, count, due time, digest of the fields |
+//! | earlier release's copy | either | the entry's fields, then retry count, origin id, due time, mark | stream, origin, count, due time; trusted only on entries written before this release took over (plus a grace) |
+//!
+//! A tail copy another group parked is that group's retry: this group acknowledges it without
+//! handling it ([`Trust::OtherGroup`]). Anything else named `sluice-*` is the producer's data:
+//! it is handed to the handler and kept when the entry is parked or dead-lettered, and it never
+//! changes how the host counts attempts.
 
 use crate::keys::{self, Secret};
 
@@ -55,7 +64,7 @@ impl Source {
     }
 }
 
-/// What the sweep recorded on an entry it re-added, verified by its mark.
+/// What the sweep recorded on an entry it re-added, verified by its seal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bookkeeping {
     /// How many times the message was parked and re-added.
@@ -66,30 +75,175 @@ pub struct Bookkeeping {
     pub due_ms: i64,
 }
 
-/// The bookkeeping the sweep appended to `entry` (the last four fields), if its mark verifies
-/// with `secret`; also how many fields precede it.
-fn trusted_tail(stream: &str, entry: &Entry, secret: Option<&Secret>) -> Option<Bookkeeping> {
-    let secret = secret?;
-    let n = entry.fields.len();
-    let tail = entry.fields.get(n.checked_sub(4)?..)?;
-    let names = [keys::RETRY_COUNT, keys::ORIGIN_ID, keys::DUE_MS, keys::MARK];
-    if tail
-        .iter()
+/// What the host makes of an entry's bookkeeping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trust {
+    /// A retry copy of this subscription, verified: its bookkeeping, and the producer's fields
+    /// (unpacked, for a lane copy or a packed tail copy).
+    Own(Bookkeeping, Fields),
+    /// A tail copy of a retry another group of the stream parked: not this group's to handle.
+    OtherGroup(String),
+    /// No bookkeeping the host wrote: the entry is the producer's, `sluice-*` fields included.
+    Plain,
+}
+
+/// Where a verified copy's producer fields are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fields {
+    /// The entry's first this many fields (the rest is bookkeeping).
+    Leading(usize),
+    /// Unpacked from the copy: a lane copy's member, or packed fields.
+    Unpacked(Vec<(Vec<u8>, Vec<u8>)>),
+}
+
+/// An entry's fields, names and values as bytes.
+type FieldList = [(Vec<u8>, Vec<u8>)];
+
+/// Whether `fields` end with exactly `names`; the fields before them and the tail if so.
+fn before_tail<'a>(
+    fields: &'a FieldList,
+    names: &[&str],
+) -> Option<(&'a FieldList, &'a FieldList)> {
+    let split = fields.len().checked_sub(names.len())?;
+    let (own, tail) = fields.split_at(split);
+    tail.iter()
         .zip(names)
-        .any(|((n, _), want)| n != want.as_bytes())
+        .all(|((n, _), want)| n == want.as_bytes())
+        .then_some((own, tail))
+}
+
+/// A lane copy: the member, its due time and the seal over both, this stream and this group.
+fn lane_copy(stream: &str, group: &str, entry: &Entry, secret: &Secret) -> Option<Trust> {
+    let (own, tail) = before_tail(&entry.fields, &[keys::PARKED, keys::DUE_MS, keys::MARK])?;
+    if !own.is_empty() {
+        return None;
+    }
+    let (member, due, mark) = (&tail[0].1, &tail[1].1, &tail[2].1);
+    let parts: [&[u8]; 4] = [stream.as_bytes(), group.as_bytes(), member, due];
+    if !secret.verify(keys::Seal::Lane, &parts, mark) {
+        return None;
+    }
+    let due_ms = std::str::from_utf8(due).ok()?.parse::<f64>().ok()? as i64;
+    let parked = crate::member::decode(member, due_ms).ok()?;
+    if parked
+        .owner
+        .as_ref()
+        .is_some_and(|(s, g)| s != stream || g != group)
     {
         return None;
     }
-    let text = |i: usize| std::str::from_utf8(&tail[i].1).ok();
-    let (retry, origin, due, mark) = (text(0)?, text(1)?, text(2)?, text(3)?);
-    if !secret.verify(stream, origin, retry, due, mark) {
+    // A requeued dead letter whose origin was not trusted has none: the copy is its own origin.
+    let origin_id = if parked.origin_id.is_empty() {
+        entry.id.clone()
+    } else {
+        parked.origin_id
+    };
+    let bookkeeping = Bookkeeping {
+        retry_count: parked.retry_count,
+        origin_id,
+        due_ms,
+    };
+    Some(Trust::Own(bookkeeping, Fields::Unpacked(parked.fields)))
+}
+
+/// A tail copy: the fields, then retry count, origin id, due time, group and the seal.
+fn tail_copy(stream: &str, group: &str, entry: &Entry, secret: &Secret) -> Option<Trust> {
+    let names = [
+        keys::RETRY_COUNT,
+        keys::ORIGIN_ID,
+        keys::DUE_MS,
+        keys::ORIGIN_GROUP,
+        keys::MARK,
+    ];
+    let (own, tail) = before_tail(&entry.fields, &names)?;
+    let value = |i: usize| tail[i].1.as_slice();
+    let digest = keys::fields_digest(own);
+    let (retry, origin, due, parked_by) = (value(0), value(1), value(2), value(3));
+    let parts: [&[u8]; 6] = [
+        stream.as_bytes(),
+        parked_by,
+        origin,
+        retry,
+        due,
+        digest.as_bytes(),
+    ];
+    if !secret.verify(keys::Seal::Tail, &parts, value(4)) {
         return None;
     }
-    Some(Bookkeeping {
+    let parked_by = std::str::from_utf8(parked_by).ok()?;
+    if parked_by != group {
+        return Some(Trust::OtherGroup(parked_by.to_owned()));
+    }
+    let bookkeeping = Bookkeeping {
+        retry_count: std::str::from_utf8(retry).ok()?.parse().ok()?,
+        origin_id: std::str::from_utf8(origin).ok()?.to_owned(),
+        due_ms: std::str::from_utf8(due).ok()?.parse::<f64>().ok()? as i64,
+    };
+    let fields = match own {
+        [(name, packed)] if name == keys::PACKED_FIELDS.as_bytes() => {
+            Fields::Unpacked(unpack_fields(packed)?)
+        }
+        _ => Fields::Leading(own.len()),
+    };
+    Some(Trust::Own(bookkeeping, fields))
+}
+
+/// A copy of the earlier release: the fields, then retry count, origin id, due time and its
+/// mark, on an entry old enough to carry one.
+fn legacy_copy(stream: &str, entry: &Entry, secret: &Secret) -> Option<Trust> {
+    let names = [keys::RETRY_COUNT, keys::ORIGIN_ID, keys::DUE_MS, keys::MARK];
+    let (own, tail) = before_tail(&entry.fields, &names)?;
+    let text = |i: usize| std::str::from_utf8(&tail[i].1).ok();
+    let (retry, origin, due, mark) = (text(0)?, text(1)?, text(2)?, text(3)?);
+    if !secret.verify_legacy(&entry.id, [stream, origin, retry, due], mark) {
+        return None;
+    }
+    let bookkeeping = Bookkeeping {
         retry_count: retry.parse().ok()?,
         origin_id: origin.to_owned(),
         due_ms: due.parse::<f64>().ok()? as i64,
-    })
+    };
+    Some(Trust::Own(bookkeeping, Fields::Leading(own.len())))
+}
+
+/// What the bookkeeping of `entry`, read from `source`, is worth to `group` of `stream`.
+pub fn trust(
+    stream: &str,
+    group: &str,
+    source: Source,
+    entry: &Entry,
+    secret: Option<&Secret>,
+) -> Trust {
+    let Some(secret) = secret else {
+        return Trust::Plain;
+    };
+    let current = match source {
+        Source::Lane => lane_copy(stream, group, entry, secret),
+        Source::Stream => tail_copy(stream, group, entry, secret),
+    };
+    current
+        .or_else(|| legacy_copy(stream, entry, secret))
+        .unwrap_or(Trust::Plain)
+}
+
+/// Fields packed into one MessagePack array `[name, value, ...]` (of str or bin items, as Lua's
+/// cmsgpack and the host's packer write them).
+pub fn unpack_fields(packed: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
+    let rmpv::Value::Array(items) = rmpv::decode::read_value(&mut &packed[..]).ok()? else {
+        return None;
+    };
+    let bytes = |v: &rmpv::Value| match v {
+        rmpv::Value::Binary(b) => Some(b.clone()),
+        rmpv::Value::String(s) => Some(s.as_bytes().to_vec()),
+        _ => None,
+    };
+    items
+        .chunks(2)
+        .map(|pair| match pair {
+            [name, value] => Some((bytes(name)?, bytes(value)?)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// An entry on its way to a handler.
@@ -113,6 +267,9 @@ pub struct Delivery {
     pub origin_id: String,
     /// When a re-added retry was due (Redis server clock, epoch ms).
     pub due_ms: Option<i64>,
+    /// Set on a tail copy another group of the stream parked: that group's retry, which this
+    /// group acknowledges without handling.
+    pub other_group: Option<String>,
     /// How many leading fields are the producer's (the rest is verified bookkeeping).
     user_len: usize,
     /// When dispatch took its handler version (set by the dispatcher).
@@ -120,19 +277,29 @@ pub struct Delivery {
 }
 
 impl Delivery {
-    /// Wrap an entry read from `stream` by `group`; bookkeeping fields count only if their
-    /// mark verifies with the stream's `secret`.
+    /// Wrap an entry read from `source` (the stream or its lane) by `group` of `stream`;
+    /// bookkeeping counts only if its seal verifies with the stream's `secret`.
     pub fn new(
         stream: &str,
         group: &str,
-        entry: Entry,
+        source: Source,
+        mut entry: Entry,
         delivery_count: u64,
         secret: Option<&Secret>,
     ) -> Self {
-        let trusted = trusted_tail(stream, &entry, secret);
-        let user_len = entry.fields.len() - if trusted.is_some() { 4 } else { 0 };
+        let trust = trust(stream, group, source, &entry, secret);
+        let (bookkeeping, other_group) = match trust {
+            Trust::Own(bookkeeping, Fields::Leading(n)) => (Some((bookkeeping, n)), None),
+            Trust::Own(bookkeeping, Fields::Unpacked(fields)) => {
+                let n = fields.len();
+                entry.fields = fields;
+                (Some((bookkeeping, n)), None)
+            }
+            Trust::OtherGroup(group) => (None, Some(group)),
+            Trust::Plain => (None, None),
+        };
         // Only worth a scan of every field when someone reads debug lines.
-        if trusted.is_none()
+        if bookkeeping.is_none()
             && tracing::enabled!(tracing::Level::DEBUG)
             && entry
                 .fields
@@ -145,26 +312,23 @@ impl Delivery {
                 "entry carries sluice-* fields the host did not write; treated as the producer's data"
             );
         }
+        let user_len = bookkeeping.as_ref().map_or(entry.fields.len(), |(_, n)| *n);
+        let bookkeeping = bookkeeping.map(|(b, _)| b);
         Self {
             stream: stream.to_owned(),
             group: group.to_owned(),
-            source: Source::Stream,
-            retry_count: trusted.as_ref().map_or(0, |b| b.retry_count),
-            origin_id: trusted
+            source,
+            retry_count: bookkeeping.as_ref().map_or(0, |b| b.retry_count),
+            origin_id: bookkeeping
                 .as_ref()
                 .map_or_else(|| entry.id.clone(), |b| b.origin_id.clone()),
-            due_ms: trusted.as_ref().map(|b| b.due_ms),
+            due_ms: bookkeeping.as_ref().map(|b| b.due_ms),
+            other_group,
             user_len,
             entry,
             delivery_count: delivery_count.max(1),
             started: None,
         }
-    }
-
-    /// The same delivery, read from `source`.
-    pub fn from_source(mut self, source: Source) -> Self {
-        self.source = source;
-        self
     }
 
     /// The fields the producer wrote (everything but verified bookkeeping), in stream order.

@@ -14,7 +14,6 @@ use tracing::Instrument;
 use crate::delivery::Delivery;
 use crate::digest::Digest;
 use crate::handler::{HandlerSlot, Version};
-use crate::keys;
 use crate::metrics::{DeliveryMetrics, HandlerResult, Metrics, SubLabels};
 use crate::outcome::{self, Action, Failure, Outcome, Policy};
 use crate::settle::{Ack, SettleError, Settler};
@@ -135,6 +134,15 @@ impl Dispatcher {
 
     async fn run(&self, delivery: Delivery, version: &Version) -> Settled {
         let digest = &version.digest;
+        if let Some(group) = &delivery.other_group {
+            // Another group's retry at the stream's tail: that group handles it, not this one.
+            self.metrics.other_groups_retries.inc();
+            tracing::debug!(other_group = %group, "retry copy of another group; acknowledged unhandled");
+            let kind = crate::events::EventKind::OtherGroupsRetry {
+                group: group.clone(),
+            };
+            return Settled::Ack(self.settler.ack_as(&delivery, digest, kind));
+        }
         self.record_lateness(&delivery);
         let m = &self.metrics;
         m.in_flight.inc();
@@ -212,18 +220,10 @@ impl Dispatcher {
         delay: Duration,
         cause: String,
     ) -> Result<Settled, SettleError> {
-        let fields = delivery.user_fields().len();
-        if self.settler.has_delayed_set() && fields <= keys::SCRIPT_MAX_FIELDS {
+        if self.settler.has_delayed_set() {
             tracing::info!(delay_ms = delay.as_millis() as u64, %cause, "parking for a delayed retry");
             self.settler.park(delivery, digest, delay, cause).await?;
             return Ok(Settled::Done);
-        }
-        if self.settler.has_delayed_set() {
-            tracing::warn!(
-                fields,
-                max = keys::SCRIPT_MAX_FIELDS,
-                "entry has more fields than the sweep can put back onto the stream; its retry stays pending instead of parked"
-            );
         }
         tracing::info!(delay_ms = delay.as_millis() as u64, %cause, "retry stays pending");
         self.settler.retry_pending(delivery, digest, delay, cause);

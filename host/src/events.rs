@@ -49,6 +49,12 @@ pub enum EventKind {
         /// Why.
         cause: String,
     },
+    /// Acknowledged without being handled: a retry copy that another group of the stream
+    /// parked at the stream's tail (its retry, not this group's).
+    OtherGroupsRetry {
+        /// The group that parked it.
+        group: String,
+    },
     /// Left pending, to be delivered again after the delay.
     RetryPending {
         /// The delay.

@@ -33,6 +33,24 @@ pub struct Snapshot {
     pub dead_letters: u64,
 }
 
+/// Every consumer group of `stream` (XINFO GROUPS); none when the stream does not exist.
+async fn all_groups<C: ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+) -> RedisResult<Vec<StreamInfoGroup>> {
+    match redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(stream)
+        .query_async::<StreamInfoGroupsReply>(conn)
+        .await
+    {
+        Ok(reply) => Ok(reply.groups),
+        // "ERR no such key": no stream yet.
+        Err(err) if err.code() == Some("ERR") => Ok(Vec::new()),
+        Err(err) => Err(err),
+    }
+}
+
 /// The state of `group` on `stream` (XINFO GROUPS); `None` when the stream or the group does
 /// not exist.
 pub async fn group<C: ConnectionLike>(
@@ -40,18 +58,19 @@ pub async fn group<C: ConnectionLike>(
     stream: &str,
     group: &str,
 ) -> RedisResult<Option<StreamInfoGroup>> {
-    let reply: StreamInfoGroupsReply = match redis::cmd("XINFO")
-        .arg("GROUPS")
-        .arg(stream)
-        .query_async(conn)
-        .await
-    {
-        Ok(reply) => reply,
-        // "ERR no such key": no stream yet.
-        Err(err) if err.code() == Some("ERR") => return Ok(None),
-        Err(err) => return Err(err),
-    };
-    Ok(reply.groups.into_iter().find(|g| g.name == group))
+    Ok(all_groups(conn, stream)
+        .await?
+        .into_iter()
+        .find(|g| g.name == group))
+}
+
+/// The names of every consumer group of `stream` (Sluice's or not): who reads it.
+pub async fn groups<C: ConnectionLike>(conn: &mut C, stream: &str) -> RedisResult<Vec<String>> {
+    Ok(all_groups(conn, stream)
+        .await?
+        .into_iter()
+        .map(|g| g.name)
+        .collect())
 }
 
 /// The consumers of `group` on `stream` (XINFO CONSUMERS), with their pending counts and idle

@@ -18,7 +18,8 @@
 //! 6. [`settle`] (`settle/`) carries the action out in Redis: batched XACKs, atomic
 //!    dead-lettering (`settle/lua/dead_letter.lua`), and retries that stay pending.
 //! 7. [`delayed`] (`delayed/`) parks a retry in its durable sorted set (`lua/park.lua`) and
-//!    sweeps due retries back onto the stream (`lua/sweep.lua`), where step 1 reads them again.
+//!    sweeps due retries into the group's retry lane (`lua/sweep.lua`), where step 1 reads them
+//!    again; [`member`] (`member.rs`) is what a parked retry is in the set and in the lane.
 //!
 //! # Around the way
 //!
@@ -33,6 +34,8 @@
 //! - [`admin`] (`admin/`) serves health, readiness, [`metrics`] and the handler API;
 //!   [`inspect`] (`inspect.rs`) reads a subscription's state in Redis for them, for
 //!   `sluice status` and for the benchmark.
+//! - [`health`] (`health.rs`) is how each subscription is doing, for `/readyz` and the page:
+//!   its reads, and whether its sweep holds due retries back.
 //! - [`retention`] (`retention/`) trims what every consumer group of a stream has acknowledged,
 //!   so streams do not grow forever.
 //! - [`operate`] (`operate/`) acts on what waits: lists dead letters and parked retries, and
@@ -43,7 +46,8 @@
 //!   toolchain against the same WIT, `sluice dev` rebuilds it on every save.
 //! - [`digest`] names a handler version (its component's SHA-256) in logs, metrics and the API.
 //! - [`chain`] renders an error and its causes as one line (logs, `/readyz`, API answers).
-//! - [`keys`] names every Redis key and bookkeeping field, [`redis_conn`] opens connections and
+//! - [`keys`] names every Redis key and bookkeeping field, seals the host's bookkeeping and
+//!   records which subscription owns a key, [`redis_conn`] opens connections and
 //!   classifies Redis errors, [`devredis`] starts a private `redis-server` when none is
 //!   configured, and [`events`] reports each settled delivery to observers (tests, the bench).
 
@@ -58,8 +62,10 @@ pub mod digest;
 mod dispatch;
 mod events;
 pub mod handler;
+mod health;
 pub mod inspect;
 pub mod keys;
+pub mod member;
 mod metrics;
 pub mod operate;
 pub mod outcome;

@@ -24,6 +24,7 @@
 //! | `sluice_handler_swap_refusals_total` | counter | swaps refused (bad component, changed descriptor) |
 //! | `sluice_http_denied_total` | counter | outbound HTTP requests refused by `allowed_outbound_hosts` |
 //! | `sluice_retry_delay_clamped_total` | counter | retries asked for longer than `max_delay` (clamped to it) |
+//! | `sluice_other_groups_retries_total` | counter | retry copies another group parked at the stream's tail (`retry_lane = false` with `other_groups_see_retries`), acknowledged by this group without handling them |
 //! | `sluice_settle_errors_total` | counter | parks, dead letters refused by Redis in a way retrying cannot fix (entry kept pending) |
 //! | `sluice_retention_trimmed_total` | counter | stream entries trimmed by retention (acknowledged by every group) |
 //! | `sluice_retention_blocked_total` | counter | retention runs that left the stream over `max_len` because groups still need the rest |
@@ -115,6 +116,8 @@ pub struct Metrics {
     pub retry_delay_clamped: Family<SubLabels, Counter>,
     /// Settles Redis refused for good (the entry stays pending).
     pub settle_errors: Family<SubLabels, Counter>,
+    /// Other groups' retry copies acknowledged unhandled.
+    pub other_groups_retries: Family<SubLabels, Counter>,
     /// Guest log lines dropped or truncated by the log budget.
     pub guest_log_dropped: Family<SubLabels, Counter>,
 }
@@ -275,6 +278,12 @@ impl Default for Metrics {
                 "Parks and dead letters Redis refused in a way retrying cannot fix; the entry stays pending",
                 Family::default(),
             ),
+            other_groups_retries: registered(
+                &mut registry,
+                "other_groups_retries",
+                "Retry copies another group parked at the stream's tail, acknowledged by this group without handling them",
+                Family::default(),
+            ),
             guest_log_dropped: registered(
                 &mut registry,
                 "guest_log_dropped",
@@ -344,6 +353,7 @@ impl Metrics {
             lateness: self.retry_lateness.get_or_create(labels).clone(),
             clamped: self.retry_delay_clamped.get_or_create(labels).clone(),
             settle_errors: self.settle_errors.get_or_create(labels).clone(),
+            other_groups_retries: self.other_groups_retries.get_or_create(labels).clone(),
             deliveries: self.deliveries.clone(),
             labels: labels.clone(),
             outcomes: Default::default(),
@@ -372,6 +382,8 @@ pub struct DeliveryMetrics {
     pub clamped: Counter,
     /// Settles refused for good.
     pub settle_errors: Counter,
+    /// Other groups' retry copies acknowledged unhandled.
+    pub other_groups_retries: Counter,
     deliveries: Family<OutcomeLabels, Counter>,
     labels: SubLabels,
     /// One counter per outcome, created on its first use (an outcome that never happened

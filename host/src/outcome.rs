@@ -5,15 +5,17 @@
 //! |-----------------------------|----------------|-------------------------------------------|
 //! | `ack`                       | -              | [`Action::Ack`]                           |
 //! | `dead-letter(reason)`       | -              | [`Action::DeadLetter`] with the reason    |
-//! | `retry-after(d)`            | yes            | [`Action::Retry`] after `d`, at most `max_delay` |
-//! | a failure (trap, limit)     | yes            | [`Action::Retry`] after the backoff       |
+//! | `retry-after(d)`            | yes            | [`Action::Retry`] after `d`, within `min_delay..=max_delay` |
+//! | a failure (trap, limit)     | yes            | [`Action::Retry`] after the backoff (at least `min_delay`) |
 //! | `retry-after` or a failure  | no             | [`Action::DeadLetter`], reason says why   |
 //!
 //! A `retry-after` longer than the subscription's `max_delay` is **clamped** to `max_delay`
 //! (and reported), not dead-lettered: a handler that asks to wait too long still gets its
 //! retry, sooner than it asked. Without a `max_delay` the ceiling is
 //! [`crate::delayed::MAX_REPRESENTABLE_DELAY`] (~285 years), the longest delay whose due time a
-//! sorted-set score holds exactly.
+//! sorted-set score holds exactly. A shorter one than `min_delay` (the operator's floor, 1 ms
+//! by default) is raised to it: a handler that answers `retry-after(0)` for ever must not turn
+//! one entry into a loop that holds a core and Redis busy.
 
 use std::time::Duration;
 
@@ -68,6 +70,8 @@ pub struct Policy {
     pub failure_backoff: Backoff,
     /// The longest delay a retry waits; longer requests are clamped to it.
     pub max_delay: Option<Duration>,
+    /// The shortest delay a retry waits; shorter requests (and backoffs) are raised to it.
+    pub min_delay: Duration,
 }
 
 impl Policy {
@@ -138,7 +142,7 @@ pub fn decide(
     let ceiling = policy.delay_ceiling();
     let clamped_from = (delay > ceiling).then_some(delay);
     Action::Retry {
-        delay: delay.min(ceiling),
+        delay: delay.max(policy.min_delay).min(ceiling),
         cause,
         clamped_from,
     }
@@ -155,6 +159,7 @@ mod tests {
             max: Duration::from_secs(1),
         },
         max_delay: None,
+        min_delay: Duration::from_millis(1),
     };
 
     #[test]
@@ -224,6 +229,28 @@ mod tests {
         assert!(matches!(
             decide(&short, 0, &capped),
             Action::Retry { clamped_from: None, delay, .. } if delay == Duration::from_secs(1)
+        ));
+    }
+
+    #[test]
+    fn a_retry_at_once_waits_at_least_the_floor() {
+        let now = Ok(Outcome::RetryAfter(Duration::ZERO));
+        assert!(matches!(
+            decide(&now, 0, &POLICY),
+            Action::Retry { delay, clamped_from: None, .. } if delay == Duration::from_millis(1)
+        ));
+        let floor = Policy {
+            min_delay: Duration::from_millis(250),
+            failure_backoff: Backoff {
+                initial: Duration::from_millis(10),
+                max: Duration::from_millis(10),
+            },
+            ..POLICY
+        };
+        let trap = Err(Failure::Trap("x".into()));
+        assert!(matches!(
+            decide(&trap, 0, &floor),
+            Action::Retry { delay, .. } if delay == Duration::from_millis(250)
         ));
     }
 

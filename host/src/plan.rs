@@ -40,9 +40,10 @@ pub enum PlanError {
         /// The consumer.
         consumer: String,
     },
-    /// `retry_lane` asks for a lane for retries the subscription has no delayed set for.
+    /// `retry_lane` or `retry_lane_slots` ask for a lane for retries the subscription has no
+    /// delayed set for.
     #[error(
-        "{} (component {}): retry_lane = true needs a delayed-retry set: the lane carries retries the set holds; give the subscription `delayed_retry = {{ key = \"...\" }}` or drop retry_lane",
+        "{} (component {}): {key} needs a delayed-retry set: the lane carries retries the set holds; give the subscription `delayed_retry = {{ key = \"...\" }}` or drop {key}",
         origin.display(), component.display()
     )]
     LaneWithoutSet {
@@ -50,8 +51,57 @@ pub enum PlanError {
         origin: PathBuf,
         /// The component.
         component: PathBuf,
+        /// The key that asks for a lane.
+        key: &'static str,
+    },
+    /// One key would serve two subscriptions (or two roles): each would take or trim the
+    /// other's retries or dead letters.
+    #[error(transparent)]
+    SharedKey(Box<SharedKey>),
+    /// The operator's floor for retry delays is above the longest delay.
+    #[error(
+        "{} (component {}): min_delay ({}) is longer than max_delay ({}): no retry delay satisfies both",
+        origin.display(), component.display(), human(*min_delay), human(*max_delay)
+    )]
+    MinDelayAboveMax {
+        /// Where the subscription was configured.
+        origin: PathBuf,
+        /// The component.
+        component: PathBuf,
+        /// The floor.
+        min_delay: Duration,
+        /// The ceiling.
+        max_delay: Duration,
     },
 }
+
+/// A key two subscriptions of one plan would both use as their own.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "`{key}` would be the {role} of stream `{stream}` group `{group}` and the {other_role} of stream `{other_stream}` group `{other_group}`; give each subscription keys of its own (e.g. delayed_retry = {{ key = \"{stream}.{group}.delayed\" }}, dead_letter = \"{stream}.{group}.dead-letter\")"
+)]
+pub struct SharedKey {
+    /// The key.
+    pub key: String,
+    /// What it is for the later subscription.
+    pub role: &'static str,
+    /// The later subscription's stream.
+    pub stream: String,
+    /// The later subscription's group.
+    pub group: String,
+    /// What it is for the earlier one.
+    pub other_role: &'static str,
+    /// The earlier subscription's stream.
+    pub other_stream: String,
+    /// The earlier subscription's group.
+    pub other_group: String,
+}
+
+/// The most failed attempts a component's own descriptor may ask for before an entry is
+/// dead-lettered: a component is a tenant's code, and `max_retries(u32::MAX)` with
+/// `retry_after(0)` would keep one entry cycling for ever. The operator's `max_retries` in the
+/// config is not capped.
+pub const MAX_COMPONENT_RETRIES: u32 = 100;
 
 /// One subscription, ready to run.
 #[derive(Debug, Clone)]
@@ -79,11 +129,16 @@ pub struct SubscriptionPlan {
     pub consumer_gone_after: Option<Duration>,
     /// Trim the dead-letter stream to about this many entries (`None`: never).
     pub dead_letter_maxlen: Option<u64>,
-    /// Due retries go to the retry lane, which the reader serves first.
+    /// Due retries go to the group's retry lane, which the reader serves first (true whenever
+    /// there is a delayed set, unless the operator asked for the stream's tail).
     pub retry_lane: bool,
     /// Handler slots kept for due retries, which new stream entries never take (0 without a
     /// lane).
     pub retry_lane_slots: usize,
+    /// With retries at the stream's tail: run although other groups read the stream.
+    pub other_groups_see_retries: bool,
+    /// The shortest wait of any retry.
+    pub min_delay: Duration,
     /// Trim what every group has acknowledged (`None`: off).
     pub retention: Option<crate::config::Retention>,
     /// Trim dead letters older than this (`None`: never).
@@ -175,13 +230,45 @@ impl Plan {
                     consumer,
                 });
             }
-            if sub.retry_lane && stream.delayed_retry.is_none() {
+            let has_set = stream.delayed_retry.is_some();
+            let lane_without_set = match (sub.retry_lane, sub.retry_lane_slots) {
+                (Some(true), _) => Some("retry_lane = true"),
+                (_, Some(_)) => Some("retry_lane_slots"),
+                _ => None,
+            };
+            if let Some(key) = lane_without_set.filter(|_| !has_set) {
                 return Err(PlanError::LaneWithoutSet {
                     origin: sub.origin.clone(),
                     component: sub.component.clone(),
+                    key,
+                });
+            }
+            let retry_lane = has_set && sub.retry_lane != Some(false);
+            if let Some(max_delay) = stream.max_delay
+                && max_delay < sub.min_delay
+            {
+                return Err(PlanError::MinDelayAboveMax {
+                    origin: sub.origin.clone(),
+                    component: sub.component.clone(),
+                    min_delay: sub.min_delay,
+                    max_delay,
                 });
             }
             let mut warnings = Vec::new();
+            let mut stream = stream;
+            if sub.overrides.max_retries.is_none() && stream.max_retries > MAX_COMPONENT_RETRIES {
+                warnings.push(format!(
+                    "the component asks for max_retries {}; a component's own value is capped at {MAX_COMPONENT_RETRIES} (set max_retries in the config to allow more)",
+                    stream.max_retries
+                ));
+                stream.max_retries = MAX_COMPONENT_RETRIES;
+            }
+            if has_set && !retry_lane && sub.other_groups_see_retries {
+                warnings.push(format!(
+                    "retry_lane = false with other_groups_see_retries: due retries go back to the tail of `{}`, where every other consumer group of the stream reads each one as a new entry (Sluice groups skip each other's; other services do not)",
+                    stream.stream
+                ));
+            }
             if let Some(min_idle) = stream.claim_min_idle
                 && min_idle <= sub.limits.handler_timeout
             {
@@ -230,8 +317,16 @@ impl Plan {
             subscriptions.push(SubscriptionPlan {
                 consumer_gone_after,
                 dead_letter_maxlen: sub.dead_letter_maxlen,
-                retry_lane: sub.retry_lane,
-                retry_lane_slots: sub.retry_lane_slots,
+                retry_lane,
+                retry_lane_slots: if retry_lane {
+                    sub.retry_lane_slots.unwrap_or_else(|| {
+                        crate::config::default_lane_slots(sub.limits.max_in_flight)
+                    })
+                } else {
+                    0
+                },
+                other_groups_see_retries: sub.other_groups_see_retries,
+                min_delay: sub.min_delay,
                 retention: sub.retention,
                 dead_letter_keep: sub.dead_letter_keep,
                 component,
@@ -247,6 +342,7 @@ impl Plan {
                 warnings,
             });
         }
+        check_keys(&subscriptions)?;
         Ok(Self {
             subscriptions,
             shutdown_timeout: config.shutdown_timeout,
@@ -327,13 +423,15 @@ impl Plan {
                     ttl.map(human).unwrap_or_else(|| "none".to_owned()),
                     if sub.retry_lane {
                         format!(
-                            "go to the retry lane `{}`, read before the stream ({} of {} handler slots kept for them)",
+                            "go to the group's own retry lane `{}`, read before the stream ({} of {} handler slots kept for them)",
                             crate::keys::lane_key(key),
                             sub.retry_lane_slots,
                             sub.limits.max_in_flight
                         )
+                    } else if sub.other_groups_see_retries {
+                        "go back to the stream's tail, where other groups read them too (other_groups_see_retries)".to_owned()
                     } else {
-                        "go back to the stream's tail".to_owned()
+                        "go back to the stream's tail (refused while another group reads the stream)".to_owned()
                     }
                 ),
                 None if s.claim_min_idle.is_some() => {
@@ -345,7 +443,11 @@ impl Plan {
             row(
                 &mut out,
                 "retries",
-                format!("max {}; retries {retries}", s.max_retries),
+                format!(
+                    "max {}; each waits at least {}; retries {retries}",
+                    s.max_retries,
+                    human(sub.min_delay)
+                ),
             );
             row(
                 &mut out,
@@ -356,7 +458,17 @@ impl Plan {
                     human(s.failure_backoff.max)
                 ),
             );
-            row(&mut out, "dead letter", format!("`{}`", s.dead_letter));
+            row(
+                &mut out,
+                "dead letter",
+                match &s.legacy_dead_letter {
+                    Some(legacy) => format!(
+                        "`{}` (this group's own; what an earlier release left for it in `{legacy}` is moved here)",
+                        s.dead_letter
+                    ),
+                    None => format!("`{}`", s.dead_letter),
+                },
+            );
             row(
                 &mut out,
                 "retention",
@@ -454,6 +566,66 @@ impl Plan {
         }
         out
     }
+}
+
+/// What one key is for one subscription.
+#[derive(Clone, Copy)]
+struct Use<'a> {
+    role: &'static str,
+    stream: &'a str,
+    group: &'a str,
+}
+
+/// Refuse a key that two subscriptions of the plan would both use as their own (a delayed set,
+/// a retry lane, a dead-letter stream), or that one uses as its own and another reads as its
+/// stream. Subscriptions to one stream share the stream; those of one group (on one stream)
+/// share everything.
+fn check_keys(subscriptions: &[SubscriptionPlan]) -> Result<(), PlanError> {
+    let mut seen: std::collections::HashMap<String, Use<'_>> = std::collections::HashMap::new();
+    for sub in subscriptions {
+        for part in sub.stream.partitioned() {
+            let lane = part
+                .delayed_retry
+                .as_ref()
+                .filter(|_| sub.retry_lane)
+                .map(|d| crate::keys::lane_key(d.key()));
+            let mut keys = vec![(part.stream.clone(), "stream")];
+            keys.push((part.dead_letter.clone(), "dead-letter stream"));
+            keys.extend(
+                part.delayed_retry
+                    .as_ref()
+                    .map(|d| (d.key().to_owned(), "delayed-retry set")),
+            );
+            keys.extend(lane.map(|l| (l, "retry lane")));
+            for (key, role) in keys {
+                let (stream, group) = (sub.stream.stream.as_str(), sub.stream.group.as_str());
+                let this = Use {
+                    role,
+                    stream,
+                    group,
+                };
+                let Some(other) = seen.get(&key).copied() else {
+                    seen.insert(key, this);
+                    continue;
+                };
+                let same_role = other.role == role;
+                let shared_stream = same_role && role == "stream";
+                let same_owner = same_role && other.stream == stream && other.group == group;
+                if !shared_stream && !same_owner {
+                    return Err(PlanError::SharedKey(Box::new(SharedKey {
+                        key,
+                        role,
+                        stream: stream.to_owned(),
+                        group: group.to_owned(),
+                        other_role: other.role,
+                        other_stream: other.stream.to_owned(),
+                        other_group: other.group.to_owned(),
+                    })));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn human(d: Duration) -> String {

@@ -36,6 +36,22 @@ pub enum RunError {
     /// The subscription's keys cannot be used together on this Redis Cluster.
     #[error(transparent)]
     Slots(#[from] crate::keys::SlotError),
+    /// Another subscription owns one of the subscription's keys.
+    #[error(transparent)]
+    Claim(#[from] crate::keys::ClaimError),
+    /// Retries would go back to the tail of a stream other groups read.
+    #[error(
+        "stream `{stream}` is read by other consumer groups ({}) besides `{group}`, and retry_lane = false sends this subscription's due retries back to the stream's tail, where each of them would read every retry as a new entry. Remove retry_lane = false (retries then wait in the group's own lane), or set other_groups_see_retries = true to accept it",
+        others.join(", ")
+    )]
+    TailWithOtherGroups {
+        /// The stream.
+        stream: String,
+        /// This subscription's group.
+        group: String,
+        /// The others.
+        others: Vec<String>,
+    },
     /// The stream's secret could not be read or created.
     #[error("cannot read or create the secret of stream `{stream}` in Redis")]
     Secret {
@@ -69,10 +85,47 @@ struct StartedPartition {
     subscription: Arc<Subscription>,
     /// Its retention, when configured.
     trimmer: Option<crate::retention::Trimmer>,
+    /// Moves its dead letters out of an earlier release's shared default stream, when its
+    /// dead-letter stream is the default one.
+    migration: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
     /// Sends the partition's acks; ends with how many it could not send.
     acker: std::pin::Pin<Box<dyn std::future::Future<Output = usize> + Send>>,
     delayed: Option<Arc<DelayedSet>>,
     admin: crate::admin::AdminSubscription,
+}
+
+/// How often a subscription looks for dead letters an earlier release's host put in the
+/// stream's shared default dead-letter stream (only hosts of that release still write there,
+/// during a rolling upgrade).
+const MIGRATE_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Move this subscription's dead letters out of the earlier release's default dead-letter
+/// stream, at start and then every [`MIGRATE_EVERY`], each pass from where the last ended.
+async fn migrate_dead_letters(keys: SubscriptionKeys, mut conn: redis_conn::RedisHandle) {
+    let mut cursor: Option<String> = None;
+    loop {
+        match crate::operate::dead_letters::migrate_legacy(&mut conn, &keys, cursor.as_deref())
+            .await
+        {
+            Ok(done) => {
+                if done.moved > 0 {
+                    tracing::info!(
+                        from = keys.legacy_dead_letter.as_deref().unwrap_or_default(),
+                        to = %keys.dead_letter,
+                        moved = done.moved,
+                        "moved this group's dead letters from the earlier release's shared dead-letter stream to its own"
+                    );
+                }
+                cursor = done.cursor;
+            }
+            Err(err) => tracing::warn!(
+                from = keys.legacy_dead_letter.as_deref().unwrap_or_default(),
+                %err,
+                "cannot move dead letters of an earlier release yet; trying again later"
+            ),
+        }
+        tokio::time::sleep(MIGRATE_EVERY).await;
+    }
 }
 
 /// The running host: every subscription of a plan.
@@ -149,15 +202,11 @@ impl Service {
         stop: &CancellationToken,
         abandon: &CancellationToken,
     ) -> Result<StartedPartition, RunError> {
-        let keys = SubscriptionKeys::new(
-            &s.stream,
-            &s.group,
-            &s.dead_letter,
-            s.delayed_retry.as_ref().map(DelayedRetry::key),
-        )
-        .with_dead_letter_maxlen(sub.dead_letter_maxlen)
-        .with_retry_lane(sub.retry_lane);
+        let keys = SubscriptionKeys::of(s)
+            .with_dead_letter_maxlen(sub.dead_letter_maxlen)
+            .with_retry_lane(sub.retry_lane);
         crate::keys::check_same_slot(&mut conn.clone(), &keys).await?;
+        crate::keys::claim(&mut conn.clone(), &keys).await?;
         let secret = if s.delayed_retry.is_some() {
             crate::keys::Secret::load_or_create(&mut conn.clone(), &s.stream)
                 .await
@@ -170,11 +219,21 @@ impl Service {
             error,
         })?
         .map(Arc::new);
+        if s.delayed_retry.is_some() && !sub.retry_lane {
+            self.check_tail_readers(sub, s, conn).await?;
+        }
+        let health = Arc::new(crate::health::ReadHealth::new(s.block));
         // A set always has a secret: it was created above.
         let delayed = match (&s.delayed_retry, &secret) {
             (Some(DelayedRetry::DurableZset { ttl, .. }), Some(secret)) => {
-                DelayedSet::new(&keys, *ttl, secret.clone(), conn.clone(), &self.metrics)
-                    .map(Arc::new)
+                DelayedSet::new(&keys, *ttl, secret.clone(), conn.clone(), &self.metrics).map(
+                    |set| {
+                        Arc::new(
+                            set.with_other_groups_see_retries(sub.other_groups_see_retries)
+                                .with_health(health.clone()),
+                        )
+                    },
+                )
             }
             _ => None,
         };
@@ -182,6 +241,7 @@ impl Service {
             &keys,
             conn.clone(),
             delayed.clone(),
+            secret.clone(),
             self.events.clone(),
             abandon.clone(),
         );
@@ -189,8 +249,8 @@ impl Service {
             max_retries: s.max_retries,
             failure_backoff: s.failure_backoff,
             max_delay: s.max_delay,
+            min_delay: sub.min_delay,
         };
-        let health = Arc::new(crate::subscription::ReadHealth::new(s.block));
         let labels = crate::metrics::Metrics::labels(&s.stream, &s.group);
         let admin = crate::admin::AdminSubscription {
             labels: labels.clone(),
@@ -201,6 +261,7 @@ impl Service {
             lane: keys.lane.as_deref().map(str::to_owned),
             dead_letter: s.dead_letter.clone(),
             health: health.clone(),
+            warnings: sub.warnings.clone(),
         };
         let dispatcher = Arc::new(Dispatcher::new(
             slot.clone(),
@@ -244,13 +305,52 @@ impl Service {
                 &self.metrics,
             )
         });
+        let migration = keys
+            .legacy_dead_letter
+            .is_some()
+            .then(|| Box::pin(migrate_dead_letters(keys.clone(), conn.clone())) as _);
         Ok(StartedPartition {
             trimmer,
+            migration,
             subscription,
             acker: Box::pin(acker),
             delayed,
             admin,
         })
+    }
+
+    /// With retries to the stream's tail (`retry_lane = false`): refuse to start while other
+    /// groups read the stream, unless the operator accepted it (then warn).
+    async fn check_tail_readers(
+        &self,
+        sub: &crate::plan::SubscriptionPlan,
+        s: &ResolvedStream,
+        conn: &redis_conn::RedisHandle,
+    ) -> Result<(), RunError> {
+        let groups = crate::inspect::groups(&mut conn.clone(), &s.stream)
+            .await
+            .map_err(|error| RunError::Secret {
+                stream: s.stream.clone(),
+                error,
+            })?;
+        let others: Vec<String> = groups.into_iter().filter(|g| *g != s.group).collect();
+        if others.is_empty() {
+            return Ok(());
+        }
+        if !sub.other_groups_see_retries {
+            return Err(RunError::TailWithOtherGroups {
+                stream: s.stream.clone(),
+                group: s.group.clone(),
+                others,
+            });
+        }
+        tracing::warn!(
+            stream = %s.stream,
+            group = %s.group,
+            others = %others.join(", "),
+            "due retries go back to the stream's tail, where the other consumer groups read each as a new entry (other_groups_see_retries = true)"
+        );
+        Ok(())
     }
 
     /// Run until `stop` is cancelled, then shut down. `dev_redis` is the URL used by
@@ -313,6 +413,15 @@ impl Service {
                 }
                 if let Some(trimmer) = started.trimmer {
                     readers.spawn(trimmer.run(stop.clone()));
+                }
+                if let Some(migration) = started.migration {
+                    let stop = stop.clone();
+                    readers.spawn(async move {
+                        tokio::select! {
+                            () = migration => {}
+                            () = stop.cancelled() => {}
+                        }
+                    });
                 }
                 readers.spawn(started.subscription.run());
             }

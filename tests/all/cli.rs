@@ -400,7 +400,7 @@ fn check_prints_the_resolved_plan() {
         "XREADGROUP COUNT 10 BLOCK 1s",
         "XAUTOCLAIM entries idle for at least 1m",
         "retries wait in sorted set `bank-payments.delayed` (ttl none)",
-        "dead letter  `bank-payments.dead-letter`",
+        "dead letter  `bank-payments.billing.dead-letter` (this group's own; what an earlier release left for it in `bank-payments.dead-letter` is moved here)",
         "network      HTTP to https://*.example.com (3s per request)",
         "gateway_url=https://pay.example.com",
     ] {

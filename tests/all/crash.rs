@@ -85,12 +85,15 @@ async fn sigkill_under_a_retry_heavy_load_loses_nothing_and_settles_each_entry_o
         || {
             let mut conn = conn.clone();
             async move {
-                let len: usize = cmd(&mut conn, &["XLEN", &format!("{STREAM}.dead-letter")]).await;
+                let len: usize = cmd(&mut conn, &["XLEN", &dead_letter_key(STREAM)]).await;
                 if len < ENTRIES {
                     return None;
                 }
                 let parked = parked(&mut conn, &format!("{STREAM}.delayed")).await;
-                let idle = pending(&mut conn, STREAM, "g").await == 0 && parked == 0;
+                let lane = sluice_host::keys::lane_key(&format!("{STREAM}.delayed"));
+                let idle = pending(&mut conn, STREAM, "g").await == 0
+                    && pending(&mut conn, &lane, "g").await == 0
+                    && parked == 0;
                 if !idle {
                     return None;
                 }

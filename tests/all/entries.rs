@@ -94,7 +94,7 @@ async fn a_field_name_that_is_not_utf8_is_dead_lettered_and_nothing_wedges() {
     assert_eq!(field(&dead[0].1, "sluice-origin-id"), Some(b.as_str()));
     // The raw name and value are kept, byte for byte.
     let raw: Vec<RawEntry> = redis::cmd("XRANGE")
-        .arg("bytes.dead-letter")
+        .arg(dead_letter_key("bytes"))
         .arg("-")
         .arg("+")
         .query_async(&mut conn)
@@ -118,7 +118,11 @@ async fn a_dead_letter_that_cannot_be_written_keeps_the_entry_pending_and_huge_e
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     // The dead-letter key holds a string: every dead letter fails until the operator fixes it.
-    let _: () = cmd(&mut conn, &["SET", "wrong.dead-letter", "not a stream"]).await;
+    let _: () = cmd(
+        &mut conn,
+        &["SET", &dead_letter_key("wrong"), "not a stream"],
+    )
+    .await;
     let mut host = start_fixture(
         &redis,
         Sub::fixture("wrong").set("max_retries", 0).set(
@@ -151,7 +155,7 @@ async fn a_dead_letter_that_cannot_be_written_keeps_the_entry_pending_and_huge_e
         1,
         "the entry stays pending"
     );
-    let _: () = cmd(&mut conn, &["DEL", "wrong.dead-letter"]).await;
+    let _: () = cmd(&mut conn, &["DEL", &dead_letter_key("wrong")]).await;
     let dead = wait_dead_letters(&conn, "wrong", 1).await;
     assert_eq!(field(&dead[0].1, "sluice-origin-id"), Some(id.as_str()));
     assert_eq!(field(&dead[0].1, "sluice-reason"), Some("poison"));
@@ -223,20 +227,23 @@ async fn spoofed_bookkeeping_fields_change_nothing() {
         .await;
     assert_eq!(back.retry_count, 1);
     assert_eq!(dead_lettered(&mut conn, "spoof").await.len(), 0);
-    // The producer's own sluice-* fields are its data: kept through the park.
-    let all = entries(&mut conn, "spoof").await;
-    let again = all.iter().find(|(i, _)| *i == back.id).unwrap();
-    assert_eq!(field(&again.1, "sluice-origin-id"), Some("1-1"));
-    let origins: Vec<&str> = again
-        .1
-        .iter()
-        .filter(|(n, _)| n == "sluice-origin-id")
-        .map(|(_, v)| v.as_str())
-        .collect();
+    // The producer's own sluice-* fields are its data: kept through the park, and handed
+    // back with the entry (the host's own bookkeeping travels in the lane copy's member).
+    let copy = wait_lane_copy(&conn, "spoof.delayed", &id).await;
+    assert_eq!(copy.id, back.id);
+    let names: Vec<&str> = copy.fields.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
-        origins,
-        vec!["1-1", id.as_str()],
-        "the host's own origin comes last"
+        names,
+        [
+            "payload",
+            "sluice-retry-count",
+            "sluice-origin-id",
+            "sluice-due-ms",
+            "sluice-mark"
+        ],
+        "the producer's fields, all of them, nothing more"
     );
+    assert_eq!(field(&copy.fields, "sluice-origin-id"), Some("1-1"));
+    assert_eq!(copy.origin_id, id, "the host's own origin");
     host.stop().await.unwrap();
 }

@@ -56,6 +56,7 @@ async fn run_form(redis: &Redis, component: &str, stream: &str) -> Vec<(String, 
             EventKind::Parked { delay, .. } => format!("parked {}s", delay.as_secs()),
             EventKind::DeadLettered { reason } => format!("dead: {reason}"),
             EventKind::RetryPending { .. } => "pending".to_owned(),
+            EventKind::OtherGroupsRetry { group } => format!("another group's ({group})"),
         };
         seen.push((label.to_owned(), e.retry_count, kind));
     };

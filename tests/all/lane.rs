@@ -1,11 +1,11 @@
-//! The retry lane (`retry_lane = true`): due retries overtake a backlog instead of waiting
-//! behind it, with every guarantee of the default kept (each message settled once, a lane
-//! entry recoverable after a crash, the lane trimmed), and the default unchanged.
+//! The retry lane (the default with a delayed set): due retries overtake a backlog instead of
+//! waiting behind it at the stream's tail (`retry_lane = false`), with every guarantee kept
+//! (each message settled once, a lane entry recoverable after a crash, the lane trimmed).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use sluice_host::delayed::member;
+use sluice_host::member;
 use sluice_host::{Event, EventKind};
 
 use crate::common::*;
@@ -14,11 +14,9 @@ const T: Duration = Duration::from_secs(30);
 /// Entries of spinning work queued right behind the retry.
 const BACKLOG: usize = 300;
 
-/// `stream` with its delayed set `<stream>.delayed` and the retry lane on.
+/// `stream` with its delayed set `<stream>.delayed` (and so its retry lane).
 fn with_lane(stream: &str) -> Sub {
-    Sub::fixture(stream)
-        .set("retry_lane", true)
-        .delayed(&format!("{stream}.delayed"))
+    Sub::fixture(stream).delayed(&format!("{stream}.delayed"))
 }
 
 /// Wait until `n` entries are pending for group `g` on `lane`.
@@ -57,7 +55,7 @@ fn backlogged(stream: &str, lane: bool) -> Sub {
     let sub = if lane {
         with_lane(stream)
     } else {
-        Sub::fixture(stream).delayed(&format!("{stream}.delayed"))
+        with_lane(stream).set("retry_lane", false)
     };
     sub.set("max_in_flight", 2)
         .set("count", 2)
@@ -65,7 +63,7 @@ fn backlogged(stream: &str, lane: bool) -> Sub {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn due_retries_overtake_a_backlog_in_the_lane_and_wait_behind_it_by_default() {
+async fn due_retries_overtake_a_backlog_in_the_lane_and_wait_behind_it_at_the_tail() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     // Two retries each (the second parks from the lane, back into the set), then an ack.
@@ -125,7 +123,7 @@ async fn due_retries_overtake_a_backlog_in_the_lane_and_wait_behind_it_by_defaul
     );
     assert!(
         tail_before >= BACKLOG - 4,
-        "by default a due retry waits behind what is unread (acked after {tail_before} of {BACKLOG})"
+        "at the stream's tail a due retry waits behind what is unread (acked after {tail_before} of {BACKLOG})"
     );
     assert_eq!(acks_of.len(), 2 * (BACKLOG + 1), "every message acked");
     assert!(
@@ -139,19 +137,15 @@ async fn due_retries_overtake_a_backlog_in_the_lane_and_wait_behind_it_by_defaul
         assert!(dead_lettered(&mut conn, stream).await.is_empty());
     }
     assert_eq!(pending(&mut conn, "lane.delayed.lane", "g").await, 0);
-    let on_lane = entries(&mut conn, "lane.delayed.lane").await;
+    let on_lane = lane_copies(&mut conn, "lane.delayed").await;
     assert_eq!(
         on_lane.len(),
         1,
         "the second sweep trimmed the first retry's acknowledged copy, the last copy waits for the next sweep: {on_lane:?}"
     );
-    let (_, copy) = &on_lane[0];
-    assert_eq!(
-        field(copy, "sluice-origin-id"),
-        Some(firsts["lane"].as_str())
-    );
-    assert_eq!(field(copy, "sluice-retry-count"), Some("2"));
-    // The default never made a lane; the lane's retries never went to its stream.
+    assert_eq!(on_lane[0].origin_id, firsts["lane"]);
+    assert_eq!(on_lane[0].retry_count, 2);
+    // The tail never made a lane; the lane's retries never went to its stream.
     let lane_exists: u64 = cmd(&mut conn, &["EXISTS", "tail.delayed.lane"]).await;
     assert_eq!(lane_exists, 0);
     let on_stream = entries(&mut conn, "lane").await;
@@ -313,7 +307,7 @@ async fn due_retries_beyond_the_lanes_slots_are_read_as_its_slots_free() {
     zadd.arg("kept.delayed");
     for n in 1..DUE {
         zadd.arg(0)
-            .arg(member::encode(&format!("{n}-1"), 1, &fields));
+            .arg(member::encode_legacy(&format!("{n}-1"), 1, &fields));
     }
     let _: i64 = zadd.query_async(&mut conn).await.unwrap();
     let order: Vec<u32> = acks_in_order(&mut host, DUE + BUSY, None)
@@ -340,7 +334,7 @@ fn check_names_the_lane_and_its_slots_and_refuses_what_cannot_work() {
     assert!(ok, "{stderr}");
     assert!(
         stdout
-            .contains("then go to the retry lane `withlane.delayed.lane`, read before the stream (2 of 16 handler slots kept for them)"),
+            .contains("then go to the group's own retry lane `withlane.delayed.lane`, read before the stream (2 of 16 handler slots kept for them)"),
         "{stdout}"
     );
     // The slots kept for due retries: set, too many, or without a lane.
@@ -361,8 +355,13 @@ fn check_names_the_lane_and_its_slots_and_refuses_what_cannot_work() {
         (
             Sub::fixture("nolane")
                 .delayed("nolane.delayed")
+                .set("retry_lane", false)
                 .set("retry_lane_slots", 2),
-            "`subscription[0].retry_lane_slots` = \"2\" is not valid: only means something with retry_lane = true",
+            "`subscription[0].retry_lane_slots` = \"2\" is not valid: only means something with the retry lane",
+        ),
+        (
+            Sub::fixture("nolane").set("retry_lane_slots", 2),
+            "retry_lane_slots needs a delayed-retry set",
         ),
     ] {
         let dir = tempfile::tempdir().unwrap();
@@ -426,7 +425,7 @@ async fn bookkeeping_written_into_the_lane_by_hand_is_not_trusted() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let mut host = start_fixture(&redis, TestConfig::of(with_lane("forge"))).await;
-    // A real retry through the lane leaves a real, marked copy there.
+    // A real retry through the lane leaves a real, sealed copy there.
     let real = add(&mut conn, "forge", &Control::Retry { ms: 50, times: 1 }).await;
     let back = host
         .event(T, "the real retry's ack", |e| {
@@ -440,22 +439,36 @@ async fn bookkeeping_written_into_the_lane_by_hand_is_not_trusted() {
         .find(|(id, _)| *id == back.id)
         .expect("the lane copy");
     let real_field = |name: &str| field(copy, name).expect(name).to_owned();
-    // Someone who can write to the lane: the real mark on a raised retry count, and a made-up
-    // mark on an absurd one. Both are plain entries of their own.
-    let forgeries = [
-        ("3".to_owned(), real_field("sluice-mark")),
-        ("4294967295".to_owned(), "0".repeat(40)),
+    let real_member: Vec<u8> = {
+        let raw: Vec<RawEntry> = cmd(
+            &mut conn,
+            &["XRANGE", "forge.delayed.lane", &back.id, &back.id],
+        )
+        .await;
+        raw[0].1[0].1.clone()
+    };
+    // Someone who can write to the lane: the real seal on a member that says retry count 3,
+    // the real member under a made-up seal, and the earlier release's form with a made-up mark.
+    let fields = vec![(b"payload".to_vec(), Control::Ack.to_string().into_bytes())];
+    let raised = member::NewMember {
+        entry_id: &back.id,
+        retry_count: 3,
+        fields: &fields,
+        origin_id: &real,
+        stream: "forge",
+        group: "g",
+    }
+    .encode();
+    let member_forms: [(Vec<u8>, String); 2] = [
+        (raised, real_field("sluice-mark")),
+        (real_member, "0".repeat(40)),
     ];
-    for (retry, mark) in forgeries {
+    for (member, mark) in member_forms {
         let forged: String = redis::cmd("XADD")
             .arg("forge.delayed.lane")
             .arg("*")
-            .arg("payload")
-            .arg(Control::Ack.to_string())
-            .arg("sluice-retry-count")
-            .arg(&retry)
-            .arg("sluice-origin-id")
-            .arg(real_field("sluice-origin-id"))
+            .arg("sluice-parked")
+            .arg(member)
             .arg("sluice-due-ms")
             .arg(real_field("sluice-due-ms"))
             .arg("sluice-mark")
@@ -463,20 +476,95 @@ async fn bookkeeping_written_into_the_lane_by_hand_is_not_trusted() {
             .query_async(&mut conn)
             .await
             .unwrap();
+        // Not trusted: a plain entry of its own, which the handler cannot decode (no payload).
         let event = host.event(T, "the forged entry", |e| e.id == forged).await;
-        assert_eq!(event.kind, EventKind::Acked, "{event:?}");
-        assert_eq!(
-            event.retry_count, 0,
-            "the forged count {retry} is not trusted"
+        assert!(
+            matches!(event.kind, EventKind::DeadLettered { .. }),
+            "{event:?}"
         );
-        assert_eq!(event.origin_id, forged, "nor the forged origin");
+        assert_eq!(event.retry_count, 0, "the forged count is not trusted");
+        assert_eq!(event.origin_id, forged, "nor the real origin");
         assert_eq!(
             &*event.stream, "forge",
             "settled for the subscription's stream"
         );
     }
+    let forged: String = redis::cmd("XADD")
+        .arg("forge.delayed.lane")
+        .arg("*")
+        .arg("payload")
+        .arg(Control::Ack.to_string())
+        .arg("sluice-retry-count")
+        .arg("4294967295")
+        .arg("sluice-origin-id")
+        .arg(&real)
+        .arg("sluice-due-ms")
+        .arg("1")
+        .arg("sluice-mark")
+        .arg("0".repeat(40))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let event = host.event(T, "the forged entry", |e| e.id == forged).await;
+    assert_eq!(event.kind, EventKind::Acked, "{event:?}");
+    assert_eq!(event.retry_count, 0);
+    assert_eq!(event.origin_id, forged);
     wait_lane_pending(&conn, "forge.delayed.lane", 0).await;
     assert_eq!(parked(&mut conn, "forge.delayed").await, 0);
-    assert!(dead_lettered(&mut conn, "forge").await.is_empty());
     host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lane_trimming_is_exact_above_2_pow_53() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let keys = sluice_host::keys::SubscriptionKeys::new(
+        "exact",
+        "g",
+        "exact.dead-letter",
+        Some("exact.delayed"),
+    )
+    .with_retry_lane(true);
+    let lane = keys.lane.as_deref().unwrap().to_owned();
+    // A lane whose ids are above 2^53 in both parts (someone wrote one such id; every later id
+    // follows it): 500 entries whose sequences a Lua number would round to multiples of 1024.
+    const HUGE: u64 = 1 << 62;
+    create_group(&mut conn, &lane, "g", "0").await;
+    let mut ids = Vec::new();
+    for i in 0..500u64 {
+        let id = format!("{HUGE}-{}", HUGE + 600 + i);
+        let _: String = cmd(&mut conn, &["XADD", &lane, &id, "payload", "{}"]).await;
+        ids.push(id);
+    }
+    // The group has read and acknowledged the first 200; the other 300 are unread.
+    read_and_ack(&mut conn, &lane, "g", 200, 200).await;
+    // A due retry makes the sweep trim the lane before it adds to it.
+    let set = delayed_set(&redis, &keys).await;
+    let fields = vec![(b"payload".to_vec(), b"{}".to_vec())];
+    let member = member::encode_legacy("1-1", 1, &fields);
+    let _: i64 = redis::cmd("ZADD")
+        .arg("exact.delayed")
+        .arg(0)
+        .arg(member)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let swept = set.sweep().await.unwrap();
+    assert_eq!(swept.moved, 1);
+    let left: Vec<String> = entries(&mut conn, &lane)
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(
+        left.len(),
+        301,
+        "the 300 unread and the new copy: {}",
+        left.len()
+    );
+    assert_eq!(
+        &left[..300],
+        &ids[200..],
+        "only what the group acknowledged went"
+    );
 }

@@ -24,7 +24,7 @@ fn keys(stream: &str) -> SubscriptionKeys {
     SubscriptionKeys::new(
         stream,
         "g",
-        &format!("{stream}.dead-letter"),
+        &dead_letter_key(stream),
         Some(&format!("{stream}.delayed")),
     )
 }
@@ -137,16 +137,21 @@ async fn dead_letters_are_listed_requeued_and_deleted_from_the_cli() {
     let left = dead_lettered(&mut conn, "ops").await;
     assert_eq!(left.len(), 3);
     assert!(left.iter().all(|(id, _)| *id != first));
-    let copies = entries(&mut conn, "ops").await;
+    // Back with its group: in the retry lane, not on the stream other groups read.
+    let copies = lane_copies(&mut conn, "ops.delayed").await;
     let copy = copies
         .iter()
-        .find(|(_, f)| field(f, "sluice-requeued-from") == Some(first.as_str()))
-        .expect("the requeued copy is on the stream");
-    assert_eq!(
-        field(&copy.1, "sluice-origin-id"),
-        Some(origins[0].as_str())
+        .find(|c| field(&c.fields, "sluice-requeued-from") == Some(first.as_str()))
+        .expect("the requeued copy is in the lane");
+    assert_eq!(copy.origin_id, origins[0]);
+    assert_eq!(copy.retry_count, 0);
+    assert!(
+        entries(&mut conn, "ops")
+            .await
+            .iter()
+            .all(|(_, f)| field(f, "sluice-requeued-from").is_none()),
+        "nothing requeued onto the stream"
     );
-    assert_eq!(field(&copy.1, "sluice-retry-count"), Some("0"));
 
     // A dry run changes nothing; then all matching a reason.
     let dry = sluice(
@@ -393,7 +398,7 @@ async fn retry_now_racing_dead_letter_now_leaves_each_entry_in_one_place() {
 }
 
 /// SIGKILL of `sluice requeue --all` in the middle: every dead letter is either still there or
-/// back on the stream, once; a second run finishes the job.
+/// back with its group (in the retry lane), once; a second run finishes the job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_requeue_all_loses_and_doubles_nothing() {
     let redis = Redis::start();
@@ -406,7 +411,7 @@ async fn a_killed_requeue_all_loses_and_doubles_nothing() {
         for n in chunk {
             let id = format!("{}-0", n + 1);
             pipe.cmd("XADD")
-                .arg(format!("{stream}.dead-letter"))
+                .arg(dead_letter_key(stream))
                 .arg("*")
                 .arg("payload")
                 .arg(format!("{{\"n\":{n}}}"))
@@ -439,10 +444,12 @@ async fn a_killed_requeue_all_loses_and_doubles_nothing() {
         url.as_str(),
     ];
     let mut cli = HostProcess::spawn(&args, dir.path());
+    let lane = sluice_host::keys::lane_key("killed.delayed");
     wait_for(T, "the requeue to be under way", || {
         let mut conn = conn.clone();
+        let lane = lane.clone();
         async move {
-            let n: usize = cmd(&mut conn, &["XLEN", "killed"]).await;
+            let n: usize = cmd(&mut conn, &["XLEN", &lane]).await;
             (n >= 200).then_some(())
         }
     })
@@ -451,11 +458,11 @@ async fn a_killed_requeue_all_loses_and_doubles_nothing() {
     let count = |conn: &mut redis::aio::MultiplexedConnection| {
         let mut conn = conn.clone();
         async move {
-            let requeued = entries(&mut conn, stream).await;
-            let left: usize = cmd(&mut conn, &["XLEN", "killed.dead-letter"]).await;
+            let requeued = lane_copies(&mut conn, "killed.delayed").await;
+            let left: usize = cmd(&mut conn, &["XLEN", &dead_letter_key("killed")]).await;
             let from: HashSet<String> = requeued
                 .iter()
-                .filter_map(|(_, f)| field(f, "sluice-requeued-from").map(str::to_owned))
+                .filter_map(|c| field(&c.fields, "sluice-requeued-from").map(str::to_owned))
                 .collect();
             assert_eq!(from.len(), requeued.len(), "no dead letter requeued twice");
             (requeued.len(), left)
@@ -668,7 +675,7 @@ async fn dead_letter_maxlen_trims_and_check_warns() {
     .unwrap();
     assert!(ok, "{err}");
     assert!(
-        out.contains("dead_letter_maxlen = 10 trims `trim.dead-letter`"),
+        out.contains("dead_letter_maxlen = 10 trims `trim.g.dead-letter`"),
         "{out}"
     );
     let host = start_fixture(&redis, config).await;
@@ -681,7 +688,7 @@ async fn dead_letter_maxlen_trims_and_check_warns() {
         let mut conn = conn.clone();
         let last = last.clone();
         async move {
-            let letters = entries(&mut conn, "trim.dead-letter").await;
+            let letters = entries(&mut conn, &dead_letter_key("trim")).await;
             letters
                 .iter()
                 .any(|(_, f)| field(f, "sluice-origin-id") == Some(last.as_str()))
@@ -689,7 +696,7 @@ async fn dead_letter_maxlen_trims_and_check_warns() {
         }
     })
     .await;
-    let len: usize = cmd(&mut conn, &["XLEN", "trim.dead-letter"]).await;
+    let len: usize = cmd(&mut conn, &["XLEN", &dead_letter_key("trim")]).await;
     assert!(len < 250, "trimmed to about 10 (+ one node of 100): {len}");
     host.stop().await.unwrap();
 }

@@ -213,7 +213,7 @@ async fn status_reports_consumers_pending_parked_and_dead_letters() {
     assert_eq!(status["parked"], 1);
     let due_in = status["next_due_in_ms"].as_i64().unwrap();
     assert!((30_000..=60_000).contains(&due_in), "{due_in}");
-    assert_eq!(status["dead_letter"], "st.dead-letter");
+    assert_eq!(status["dead_letter"], "st.g.dead-letter");
     assert_eq!(status["dead_letter_length"], 1);
     assert_eq!(status["consumers"][0]["name"], "c1");
     assert_eq!(status["consumers"][0]["pending"], 0);

@@ -11,6 +11,8 @@ use std::time::Duration;
 use crate::common::*;
 
 const T: Duration = Duration::from_secs(60);
+/// A Python build and its compile, on a machine whose two cores other tests keep busy.
+const SLOW_BUILD: Duration = Duration::from_secs(240);
 
 /// `sluice` with `args` in `dir` (tools on PATH, `env` added); stdout and stderr, after
 /// asserting success.
@@ -150,8 +152,9 @@ async fn sluice_dev_rebuilds_and_swaps_and_keeps_the_last_good_build() {
     let url = redis.url();
     let path = tools_path();
     let host = HostProcess::spawn_with(&["dev", "--redis", &url], &dir, &[("PATH", path.as_str())]);
-    // The first build and its compile come before the host starts.
-    wait_for(T, "the first build and the host", || {
+    // The first build (componentize-py) and its compile come before the host starts: minutes
+    // on a loaded 2-core machine, so this waits for the fact, with room.
+    wait_for(SLOW_BUILD, "the first build and the host", || {
         let log = host.log_text();
         async move { log.contains("admin server listening").then_some(()) }
     })
@@ -169,19 +172,20 @@ async fn sluice_dev_rebuilds_and_swaps_and_keeps_the_last_good_build() {
     let edited = edited.replace("import DelayedRetry,", "import DelayedRetry, dead_letter,");
     assert_ne!(source, edited);
     std::fs::write(&app, &edited).unwrap();
-    let v2 = wait_for(T, "the edited build serving", || {
+    let v2 = wait_for(SLOW_BUILD, "the edited build serving", || {
         let v1 = v1.clone();
         async move { serving(admin, "devloop").await.filter(|d| *d != v1) }
     })
     .await;
     let second = add(&mut c, "devloop", &serde_json::json!({"id": "2"})).await;
-    let dead = wait_dead_letters(&conn, "devloop", 1).await;
+    let dead_letters = sluice_descriptor::default_dead_letter("devloop", "devloop");
+    let dead = wait_dead_letters_in(&conn, &dead_letters, 1).await;
     assert_eq!(field(&dead[0].1, "sluice-origin-id"), Some(second.as_str()));
     assert_eq!(field(&dead[0].1, "sluice-reason"), Some("edited"));
 
     // A broken build: the errors are shown, the last good handler keeps serving.
     std::fs::write(&app, format!("{edited}\ndef broken(:\n")).unwrap();
-    wait_for(T, "the failed build reported", || {
+    wait_for(SLOW_BUILD, "the failed build reported", || {
         let log = host.log_text();
         async move {
             log.contains("the last good handler keeps serving")
@@ -195,7 +199,7 @@ async fn sluice_dev_rebuilds_and_swaps_and_keeps_the_last_good_build() {
         host.log_text()
     );
     let third = add(&mut c, "devloop", &serde_json::json!({"id": "3"})).await;
-    let dead = wait_dead_letters(&conn, "devloop", 2).await;
+    let dead = wait_dead_letters_in(&conn, &dead_letters, 2).await;
     assert_eq!(field(&dead[1].1, "sluice-origin-id"), Some(third.as_str()));
     assert_eq!(field(&dead[1].1, "sluice-reason"), Some("edited"));
     assert_eq!(serving(admin, "devloop").await, Some(v2));

@@ -128,7 +128,7 @@ async fn dead_letters_since(
 ) -> HashMap<String, Vec<String>> {
     let mut out: HashMap<String, Vec<String>> = HashMap::new();
     let raw: Vec<RawEntry> = redis::cmd("XRANGE")
-        .arg(format!("{STREAM}.dead-letter"))
+        .arg(dead_letter_key(STREAM))
         .arg(format!("({after}"))
         .arg("+")
         .query_async(conn)

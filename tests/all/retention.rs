@@ -58,24 +58,7 @@ async fn a_slow_group_keeps_what_it_has_not_acked_while_acked_history_goes() {
         added.push(add(&mut conn, stream, &Control::Ack).await);
     }
     // The slow group reads 200 and acknowledges the first 100: it needs added[100..].
-    let _: redis::Value = cmd(
-        &mut conn,
-        &[
-            "XREADGROUP",
-            "GROUP",
-            "slow",
-            "s1",
-            "COUNT",
-            "200",
-            "STREAMS",
-            stream,
-            ">",
-        ],
-    )
-    .await;
-    let mut ack = vec!["XACK", stream, "slow"];
-    ack.extend(added[..100].iter().map(String::as_str));
-    let _: u64 = cmd(&mut conn, &ack).await;
+    read_and_ack(&mut conn, stream, "slow", 200, 100).await;
 
     let host = start_fixture(&redis, retention(Sub::fixture(stream), "0s", None)).await;
     wait_acked(&conn, stream, "g", added.last().unwrap()).await;
@@ -210,4 +193,65 @@ async fn two_hosts_trim_one_at_a_time() {
     assert_eq!(holders.len(), 1, "one host holds the lease: {holders:?}");
     a.stop().await.unwrap();
     b.stop().await.unwrap();
+}
+
+/// 2^62: ids this large are exact for Redis (64-bit parts) but not for a Lua number, which
+/// rounds them to a multiple of 1024.
+const HUGE: u64 = 1 << 62;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_above_2_pow_53_keep_what_a_group_needs() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let stream = "huge-ids";
+    // A producer with explicit ids above 2^53 in both parts: 500 entries whose ids all round to
+    // one Lua number.
+    create_group(&mut conn, stream, "slow", "0").await;
+    let mut added = Vec::new();
+    for i in 0..500u64 {
+        let id = format!("{}-{HUGE}", HUGE + i);
+        let payload = Control::Ack.to_string();
+        let _: String = cmd(&mut conn, &["XADD", stream, &id, "payload", &payload]).await;
+        added.push(id);
+    }
+    // The slow group reads and acknowledges 200: it still needs every entry after those.
+    read_and_ack(&mut conn, stream, "slow", 200, 200).await;
+    // The host's group acks everything; max_len 1 lets retention trim all that is acknowledged.
+    let host = start_fixture(&redis, retention(Sub::fixture(stream), "0s", Some(1))).await;
+    wait_acked(&conn, stream, "g", added.last().unwrap()).await;
+    let record = next_run(&conn, stream, 0).await;
+    let at: i64 = record["at_ms"].parse().unwrap();
+    let record = next_run(&conn, stream, at).await;
+    assert_eq!(record["threshold"], added[199], "{record:?}");
+    let left = ids(&mut conn, stream).await;
+    assert!(left.len() < 500, "acknowledged history was trimmed");
+    assert_eq!(
+        &left[left.len() - 300..],
+        &added[200..],
+        "every entry the slow group has not read"
+    );
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_that_share_a_hash_tag_are_each_trimmed() {
+    let redis = Redis::start();
+    let conn = redis.conn().await;
+    let (one, two) = ("{orders}.eu", "{orders}.us");
+    // Two subscriptions whose hosts have different names: each must hold its own stream's
+    // lease, not one lease for the tag.
+    let config = TestConfig::of(retention(Sub::fixture(one), "0s", None).set("consumer", "h1"))
+        .and(retention(Sub::fixture(two), "0s", None).set("consumer", "h2"));
+    let host = start_fixture(&redis, config).await;
+    let mut records = Vec::new();
+    for stream in [one, two] {
+        let record = next_run(&conn, stream, 0).await;
+        records.push(record["holder"].clone());
+    }
+    assert_eq!(
+        records,
+        ["h1", "h2"],
+        "each stream trimmed by its own holder"
+    );
+    host.stop().await.unwrap();
 }

@@ -501,6 +501,13 @@ async fn a_python_guest_is_held_to_the_same_sandbox() {
         ("alloc", serde_json::json!({"attack": "alloc"})),
         ("loop", serde_json::json!({"attack": "loop"})),
     ];
+    // The interpreter component compiles before the host reads (seconds alone, much more on a
+    // loaded machine): the deliveries' deadline starts once it serves.
+    wait_for(Duration::from_secs(240), "the host to serve", || {
+        let log = _host.log_text();
+        async move { log.contains("admin server listening").then_some(()) }
+    })
+    .await;
     let mut ids = Vec::new();
     for (name, payload) in &attacks {
         ids.push((*name, add(&mut conn, "probe-python", payload).await));

@@ -20,6 +20,21 @@ use sluice_host::devredis::{DevRedis, DevRedisOptions};
 use sluice_host::runtime::Runtime;
 use sluice_host::{Config, Plan, Service};
 
+/// A member parked by group `g` of `stream` for entry `n` (its own origin), retry count 1, as
+/// the park script writes it: what the scenarios that fill a set by hand put there.
+fn parked_member(stream: &str, n: usize, fields: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+    let id = format!("{n}-0");
+    sluice_host::member::NewMember {
+        entry_id: &id,
+        retry_count: 1,
+        fields,
+        origin_id: &id,
+        stream,
+        group: "g",
+    }
+    .encode()
+}
+
 /// One scenario's numbers.
 #[derive(Debug, Default)]
 pub struct Report {
@@ -237,7 +252,8 @@ impl Bench {
         Ok(group.and_then(|g| g.lag.map(|lag| (g.pending as i64, lag as i64))))
     }
 
-    /// Wait until the group has read and settled everything, printing progress to stderr.
+    /// Wait until the group has read and settled everything (with a delayed set `extra_key`:
+    /// nothing parked, nothing unread or pending in its retry lane), printing progress to stderr.
     async fn settled(&self, stream: &str, total: usize, extra_key: Option<&str>) -> Result<()> {
         let mut conn = self.conn().await?;
         let started = Instant::now();
@@ -247,10 +263,21 @@ impl Bench {
                 Some(key) => sluice_host::inspect::delayed(&mut conn, key).await?.parked as i64,
                 None => 0,
             };
+            // A lane without a group (retries to the stream's tail) holds nothing.
+            let lane_idle = match extra_key {
+                Some(key) => {
+                    let lane = sluice_host::keys::lane_key(key);
+                    Self::group_state(&mut conn, &lane)
+                        .await?
+                        .is_none_or(|(pending, lag)| pending == 0 && lag == 0)
+                }
+                None => true,
+            };
             if let Some((pending, lag)) = Self::group_state(&mut conn, stream).await?
                 && pending == 0
                 && lag == 0
                 && parked == 0
+                && lane_idle
             {
                 return Ok(());
             }

@@ -15,7 +15,7 @@ impl Bench {
     /// is handled (handled time minus due time, both on this machine's clock, which is also the
     /// Redis server's).
     pub async fn retry(&self, n: usize, delay: Duration) -> Result<Report> {
-        self.retry_behind("retry", n, delay, 0, false).await
+        self.retry_behind("retry", n, delay, 0, None).await
     }
 
     /// `retry-backlog`: the `retry` scenario with `backlog` entries of 20 ms waiting each (a
@@ -34,16 +34,18 @@ impl Bench {
         } else {
             "retry-backlog"
         };
-        self.retry_behind(name, n, delay, backlog, lane).await
+        self.retry_behind(name, n, delay, backlog, Some(lane)).await
     }
 
+    /// Retries behind a backlog of `backlog` entries; `lane` sets `retry_lane` (`None`: the
+    /// default, the lane).
     async fn retry_behind(
         &self,
         name: &str,
         n: usize,
         delay: Duration,
         backlog: usize,
-        lane: bool,
+        lane: Option<bool>,
     ) -> Result<Report> {
         let stream = &format!("bench-{name}");
         let key = &format!("bench-{name}.delayed");
@@ -57,8 +59,9 @@ impl Bench {
         // first retry is due, so the retries come due while it is being handled.
         let slow = sluice_fixture_control::Control::Sleep { ms: 20 }.to_string();
         let mut backlog_at: Option<tokio::time::Instant> = None;
+        let lane = lane.map_or(String::new(), |lane| format!("retry_lane = {lane}\n"));
         let toml = format!(
-            "[[subscription]]\ncomponent = {:?}\nstream = {stream:?}\ngroup = \"g\"\ncount = 128\nmax_in_flight = 128\nblock = \"1s\"\nretry_lane = {lane}\ndelayed_retry = {{ key = {key:?} }}\n",
+            "[[subscription]]\ncomponent = {:?}\nstream = {stream:?}\ngroup = \"g\"\ncount = 128\nmax_in_flight = 128\nblock = \"1s\"\n{lane}delayed_retry = {{ key = {key:?} }}\n",
             self.fixture.display().to_string()
         );
         let service = self.service(&toml).await?;
@@ -167,6 +170,106 @@ impl Bench {
         Ok(report)
     }
 
+    /// `fan-out`: one stream read by two Sluice groups (`a`, `b`, each with its own delayed set)
+    /// and a plain consumer group (another service), `n` entries whose first attempt asks to
+    /// retry after `delay`: per group, how fast it settled them and how late its retries came
+    /// back; and what the plain group read (it should be exactly the `n` entries).
+    pub async fn fan_out(&self, n: usize, delay: Duration) -> Result<Report> {
+        let stream = "bench-fan-out";
+        let mut conn = self.conn().await?;
+        redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(stream)
+            .arg("plain")
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async::<()>(&mut conn)
+            .await?;
+        let payload = sluice_fixture_control::Control::Retry {
+            ms: delay.as_millis() as u64,
+            times: 1,
+        }
+        .to_string();
+        self.fill(stream, n, |_| payload.clone()).await?;
+        let sub = |group: &str| {
+            format!(
+                "[[subscription]]\ncomponent = {:?}\nstream = {stream:?}\ngroup = \"{group}\"\nconsumer = \"{group}-1\"\ncount = 128\nmax_in_flight = 128\nblock = \"1s\"\ndelayed_retry = {{ key = \"{stream}.{group}.delayed\" }}\n",
+                self.fixture.display().to_string()
+            )
+        };
+        let service = self.service(&format!("{}{}", sub("a"), sub("b"))).await?;
+        let mut events = service.events().subscribe();
+        let stop = CancellationToken::new();
+        let started = Instant::now();
+        let task = tokio::spawn(service.run(None, stop.clone()));
+        // Per group and origin: the due time of its park, and when its retry was acked.
+        let mut due: HashMap<(String, String), f64> = HashMap::with_capacity(2 * n);
+        let mut acked: HashMap<(String, String), f64> = HashMap::with_capacity(2 * n);
+        while acked.len() < 2 * n {
+            let event = match tokio::time::timeout(Duration::from_secs(60), events.recv()).await {
+                Ok(Ok(event)) => event,
+                Ok(Err(err)) => bail!("lost events: {err}"),
+                Err(_) => bail!("fan-out stalled with {} of {} acked", acked.len(), 2 * n),
+            };
+            let key = (event.group.to_string(), event.origin_id.clone());
+            match event.kind {
+                EventKind::Parked { due_ms, .. } => {
+                    due.insert(key, due_ms as f64);
+                }
+                EventKind::Acked if event.retry_count == 1 => {
+                    if acked.insert(key, now_ms()).is_some() {
+                        bail!("a retry of group {} was acked twice", event.group);
+                    }
+                }
+                other => bail!("unexpected outcome in the fan-out scenario: {other:?}"),
+            }
+        }
+        let elapsed = started.elapsed();
+        stop.cancel();
+        task.await?.context("the host failed")?;
+        let plain: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg("plain")
+            .arg("p")
+            .arg("COUNT")
+            .arg(2 * n + 1)
+            .arg("STREAMS")
+            .arg(stream)
+            .arg(">")
+            .query_async(&mut conn)
+            .await?;
+        let plain_read = plain.keys.iter().map(|k| k.ids.len()).sum::<usize>();
+        let mut report = Report::new("fan-out", 2 * n, elapsed);
+        let start_ms = now_ms() - elapsed.as_secs_f64() * 1000.0;
+        for group in ["a", "b"] {
+            let mut late: Vec<f64> = acked
+                .iter()
+                .filter(|((g, _), _)| g == group)
+                .filter_map(|(key, at)| due.get(key).map(|d| at - d))
+                .collect();
+            late.sort_by(f64::total_cmp);
+            let last = acked
+                .iter()
+                .filter(|((g, _), _)| g == group)
+                .map(|(_, at)| *at)
+                .fold(0.0, f64::max);
+            let (per_s, p50, p99) = match group {
+                "a" => ("a_msgs_per_s", "a_lateness_p50_ms", "a_lateness_p99_ms"),
+                _ => ("b_msgs_per_s", "b_lateness_p50_ms", "b_lateness_p99_ms"),
+            };
+            report.extra.extend([
+                (per_s, n as f64 / ((last - start_ms) / 1000.0)),
+                (p50, percentile(&late, 50.0)),
+                (p99, percentile(&late, 99.0)),
+            ]);
+        }
+        report.extra.push(("plain_read", plain_read as f64));
+        if plain_read != n {
+            bail!("the plain group read {plain_read} entries for {n} produced");
+        }
+        Ok(report)
+    }
+
     /// `n` entries already due in the set: time until all are back on the stream and handled.
     pub async fn drain(&self, n: usize) -> Result<Report> {
         let stream = "bench-drain";
@@ -182,7 +285,7 @@ impl Bench {
             let mut cmd = redis::cmd("ZADD");
             cmd.arg(key);
             for &i in chunk {
-                let member = sluice_host::delayed::member::encode(&format!("{i}-0"), 1, &fields);
+                let member = super::parked_member(stream, i, &fields);
                 cmd.arg(0).arg(member);
             }
             cmd.query_async::<i64>(&mut conn).await?;

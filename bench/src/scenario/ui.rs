@@ -21,8 +21,7 @@ impl Bench {
             let mut pipe = redis::pipe();
             for &i in chunk {
                 let fields = vec![(b"payload".to_vec(), Self::payment(i).into_bytes())];
-                let member =
-                    sluice_host::delayed::member::encode(&format!("{}-0", i + 1), 1, &fields);
+                let member = super::parked_member(stream, i + 1, &fields);
                 pipe.cmd("ZADD")
                     .arg(set)
                     .arg(due + i as i64)
@@ -36,7 +35,7 @@ impl Bench {
             for &i in chunk {
                 let id = format!("{}-0", i + 1);
                 pipe.cmd("XADD")
-                    .arg("bench-ui.dead-letter")
+                    .arg(sluice_descriptor::default_dead_letter(stream, "g"))
                     .arg("*")
                     .arg("payload")
                     .arg(Self::payment(i))

@@ -35,8 +35,22 @@ pub const DEFAULT_PAYLOAD_FIELD: &str = "payload";
 pub const RESERVED_CONFIG_PREFIX: &str = "sluice.";
 /// The config key through which the host tells the guest which field holds the payload.
 pub const PAYLOAD_FIELD_CONFIG_KEY: &str = "sluice.payload-field";
-/// The suffix of the dead-letter stream's default name (`<stream>.dead-letter`).
+/// The suffix of the dead-letter stream's default name (`<stream>.<group>.dead-letter`).
 pub const DEFAULT_DEAD_LETTER_SUFFIX: &str = ".dead-letter";
+
+/// The dead-letter stream of a subscription to `stream` as `group` that names none: one per
+/// group, since every group of a stream gives up on entries of its own (two groups sharing one
+/// would list, trim and requeue each other's).
+pub fn default_dead_letter(stream: &str, group: &str) -> String {
+    format!("{stream}.{group}{DEFAULT_DEAD_LETTER_SUFFIX}")
+}
+
+/// Where earlier releases put a subscription's dead letters when it named none
+/// (`<stream>.dead-letter`, shared by every group of the stream); the host moves what it finds
+/// there of its own group into [`default_dead_letter`].
+pub fn legacy_dead_letter(stream: &str) -> String {
+    format!("{stream}{DEFAULT_DEAD_LETTER_SUFFIX}")
+}
 /// How much a delayed set's ttl must exceed the declared `max_delay`: the ttl counts from the
 /// set's latest due time, and is also how long every host may be down before the set and its
 /// retries are deleted, so it must be more than just the delay.
@@ -162,7 +176,7 @@ pub struct RedisStream {
     pub block: Option<Duration>,
     /// The most entries one read returns.
     pub count: Option<usize>,
-    /// Where entries that are given up on go (default `<stream>.dead-letter`).
+    /// Where entries that are given up on go (default `<stream>.<group>.dead-letter`).
     pub dead_letter: Option<String>,
     /// Failed attempts tolerated before an entry is dead-lettered.
     pub max_retries: Option<u32>,
@@ -325,10 +339,13 @@ impl RedisStream {
             // BLOCK 0 means "forever" to Redis: the loop could never stop or sweep.
             return Err(DescriptorError::ZeroBlock(stream.to_owned()));
         }
-        let dead_letter = self
-            .dead_letter
-            .clone()
-            .unwrap_or_else(|| format!("{stream}{DEFAULT_DEAD_LETTER_SUFFIX}"));
+        let (dead_letter, legacy_dead_letter) = match &self.dead_letter {
+            Some(named) => (named.clone(), None),
+            None => (
+                default_dead_letter(stream, &group),
+                Some(legacy_dead_letter(stream)),
+            ),
+        };
         if dead_letter == stream {
             return Err(DescriptorError::DeadLetterIsStream(stream.to_owned()));
         }
@@ -395,6 +412,7 @@ impl RedisStream {
             block,
             count,
             dead_letter,
+            legacy_dead_letter,
             max_retries: self.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
             delayed_retry: self.delayed_retry.clone(),
             payload_field: self
@@ -425,6 +443,9 @@ pub struct ResolvedStream {
     pub count: usize,
     /// The dead-letter stream.
     pub dead_letter: String,
+    /// When the dead-letter stream is the default one: where older releases put this group's
+    /// dead letters (see [`legacy_dead_letter`]).
+    pub legacy_dead_letter: Option<String>,
     /// Failed attempts tolerated before dead-lettering.
     pub max_retries: u32,
     /// Where retries wait, if anywhere but the stream's pending list.
@@ -453,6 +474,7 @@ impl ResolvedStream {
                 ResolvedStream {
                     stream: key(&self.stream),
                     dead_letter: key(&self.dead_letter),
+                    legacy_dead_letter: self.legacy_dead_letter.as_deref().map(key),
                     delayed_retry: self.delayed_retry.as_ref().map(|d| match d {
                         DelayedRetry::DurableZset { key: set, ttl } => DelayedRetry::DurableZset {
                             key: key(set),
@@ -565,7 +587,8 @@ mod tests {
     fn defaults_fill_unset_fields() {
         let r = RedisStream::new("s").group("g").resolve().unwrap();
         assert_eq!(r.count, DEFAULT_COUNT);
-        assert_eq!(r.dead_letter, "s.dead-letter");
+        assert_eq!(r.dead_letter, "s.g.dead-letter");
+        assert_eq!(r.legacy_dead_letter.as_deref(), Some("s.dead-letter"));
         assert_eq!(r.payload_field, "payload");
         assert_eq!(r.claim_min_idle, None);
     }
@@ -584,7 +607,11 @@ mod tests {
         let parts = r.partitioned();
         assert_eq!(parts.len(), 8);
         assert_eq!(parts[3].stream, "payments:{payments:3}");
-        assert_eq!(parts[3].dead_letter, "payments.dead-letter:{payments:3}");
+        assert_eq!(parts[3].dead_letter, "payments.g.dead-letter:{payments:3}");
+        assert_eq!(
+            parts[3].legacy_dead_letter.as_deref(),
+            Some("payments.dead-letter:{payments:3}")
+        );
         assert_eq!(
             parts[3].delayed_retry.as_ref().map(DelayedRetry::key),
             Some("payments.delayed:{payments:3}")

@@ -140,7 +140,7 @@ class RedisStream:
         return self._set("_count", int(count))
 
     def dead_letter(self, stream: str) -> "RedisStream":
-        """The dead-letter stream (default ``<stream>.dead-letter``)."""
+        """The dead-letter stream (default ``<stream>.<group>.dead-letter``)."""
         return self._set("_dead_letter", stream)
 
     def max_retries(self, retries: int) -> "RedisStream":

@@ -72,7 +72,9 @@ pub struct AdminSubscription {
     /// Trim it to about this many entries.
     pub dead_letter_maxlen: Option<u64>,
     /// How its read loop is doing.
-    pub health: Arc<crate::subscription::ReadHealth>,
+    pub health: Arc<crate::health::ReadHealth>,
+    /// What `sluice check` warned about its configuration, shown on the page too.
+    pub warnings: Vec<String>,
 }
 
 impl AdminSubscription {

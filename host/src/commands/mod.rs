@@ -94,16 +94,9 @@ pub(crate) async fn targets(plan: &Plan, stream: Option<&str>) -> Result<Vec<Tar
         let conn = crate::redis_conn::RedisHandle::connect(&url, &sub.redis_access).await?;
         for p in parts {
             targets.push(Target {
-                keys: crate::keys::SubscriptionKeys::new(
-                    &p.stream,
-                    &p.group,
-                    &p.dead_letter,
-                    p.delayed_retry
-                        .as_ref()
-                        .map(sluice_descriptor::DelayedRetry::key),
-                )
-                .with_dead_letter_maxlen(sub.dead_letter_maxlen)
-                .with_retry_lane(sub.retry_lane),
+                keys: crate::keys::SubscriptionKeys::of(&p)
+                    .with_dead_letter_maxlen(sub.dead_letter_maxlen)
+                    .with_retry_lane(sub.retry_lane),
                 conn: conn.clone(),
             });
         }

@@ -105,6 +105,8 @@ struct RawSubscription {
     delayed_retry: Option<RawDelayedRetry>,
     retry_lane: Option<bool>,
     retry_lane_slots: Option<usize>,
+    other_groups_see_retries: Option<bool>,
+    min_delay: Option<String>,
     max_in_flight: Option<usize>,
     isolation: Option<Isolation>,
     recycle_after: Option<u64>,
@@ -349,28 +351,49 @@ fn subscription(
         });
     }
     let limits = limits(v, &key, &sub)?;
-    let retry_lane = sub.retry_lane.unwrap_or(false);
-    let retry_lane_slots = match sub.retry_lane_slots {
-        None if retry_lane => super::default_lane_slots(limits.max_in_flight),
-        None => 0,
-        Some(_) if !retry_lane => {
-            return Err(v.invalid(
-                &key("retry_lane_slots"),
-                &sub.retry_lane_slots.unwrap_or(0).to_string(),
-                "only means something with retry_lane = true",
-            ));
+    // Whether the subscription has a delayed set is known only once its component's descriptor
+    // is read (`crate::plan`): here only what the keys say among themselves is checked.
+    if sub.retry_lane == Some(false)
+        && let Some(n) = sub.retry_lane_slots
+    {
+        return Err(v.invalid(
+            &key("retry_lane_slots"),
+            &n.to_string(),
+            "only means something with the retry lane (retry_lane = false sends retries to the stream's tail)",
+        ));
+    }
+    if let Some(n) = sub.retry_lane_slots
+        && n >= limits.max_in_flight
+    {
+        return Err(v.invalid(
+            &key("retry_lane_slots"),
+            &n.to_string(),
+            &format!(
+                "must be less than max_in_flight ({}): new stream entries need at least one slot",
+                limits.max_in_flight
+            ),
+        ));
+    }
+    if sub.other_groups_see_retries == Some(true) && sub.retry_lane != Some(false) {
+        return Err(v.invalid(
+            &key("other_groups_see_retries"),
+            "true",
+            "only means something with retry_lane = false (the retry lane is read by this group alone)",
+        ));
+    }
+    let min_delay = match &sub.min_delay {
+        None => super::DEFAULT_MIN_DELAY,
+        Some(text) => {
+            let d = v.duration(&key("min_delay"), text)?;
+            if d < super::DEFAULT_MIN_DELAY {
+                return Err(v.invalid(
+                    &key("min_delay"),
+                    text,
+                    "must be at least 1ms: a retry that comes back at once, for ever, keeps a core and Redis busy",
+                ));
+            }
+            d
         }
-        Some(n) if n >= limits.max_in_flight => {
-            return Err(v.invalid(
-                &key("retry_lane_slots"),
-                &n.to_string(),
-                &format!(
-                    "must be less than max_in_flight ({}): new stream entries need at least one slot",
-                    limits.max_in_flight
-                ),
-            ));
-        }
-        Some(n) => n,
     };
     let consumer_gone_after = match sub.consumer_gone_after.as_deref() {
         None => None,
@@ -432,8 +455,10 @@ fn subscription(
                 "(leave dead_letter_retention out to keep dead letters for ever)",
             )?),
         },
-        retry_lane,
-        retry_lane_slots,
+        retry_lane: sub.retry_lane,
+        retry_lane_slots: sub.retry_lane_slots,
+        other_groups_see_retries: sub.other_groups_see_retries.unwrap_or(false),
+        min_delay,
         dead_letter_maxlen: match sub.dead_letter_maxlen {
             Some(0) => {
                 return Err(v.invalid(

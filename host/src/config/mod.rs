@@ -34,14 +34,16 @@
 //! | `claim_min_idle`         | make it a claiming subscription (XAUTOCLAIM after this idle) | the descriptor's |
 //! | `consumer_gone_after`    | on a non-claiming subscription, take over the pending entries of another consumer idle this long (a host that came back under another name, or never came back), or `"off"` | `max(60s, 2 × handler_timeout + block)` |
 //! | `block`, `count`         | XREADGROUP BLOCK and COUNT                                  | `1s`, `64` |
-//! | `dead_letter`            | dead-letter stream                                          | `<stream>.dead-letter` |
-//! | `max_retries`            | failed attempts before dead-lettering                       | `8` |
+//! | `dead_letter`            | dead-letter stream (one subscription's own: two may not share one) | `<stream>.<group>.dead-letter` |
+//! | `max_retries`            | failed attempts before dead-lettering; a component's own value is capped at 100 (`crate::plan::MAX_COMPONENT_RETRIES`), this key is not | the component's, else `8` |
+//! | `min_delay`              | the shortest wait of any retry (`retry_after(0)` and backoffs included), at least `1ms` | `1ms` |
 //! | `payload_field`          | entry field holding the JSON payload                        | `payload` |
 //! | `max_delay`              | longest delay the handler asks for (checked against ttl)    | unset |
 //! | `failure_backoff`        | `{ initial = "500ms", max = "1m" }` after a trap            | as shown |
 //! | `delayed_retry`          | `{ key = "...", ttl = "1h" }`, or `"none"` to drop the descriptor's | the descriptor's |
-//! | `retry_lane`             | `true`: due retries overtake new entries. The sweep appends them to a lane next to the delayed set (`<key>.lane`, same hash tag) that the reader serves before the stream, instead of at the stream's tail behind everything unread (see `crate::delayed`). Set it alike on every host of the group | `false`: at the stream's tail |
-//! | `retry_lane_slots`       | with `retry_lane`: handler slots kept for due retries, which new stream entries never take, so a retry due behind a backlog of slow handlers starts at once (less than `max_in_flight`) | an eighth of `max_in_flight` (none below 8) |
+//! | `retry_lane`             | `true`: due retries go to the group's own retry lane (`<key>.lane`, next to the delayed set, same hash tag), which only this group reads and which the reader serves before the stream. `false`: to the stream's tail, where every group of the stream reads them as new entries; refused at start (and held at sweep time) while another group reads the stream, unless `other_groups_see_retries` (see `crate::delayed`). Set it alike on every host of the group | `true` (with a delayed set) |
+//! | `retry_lane_slots`       | handler slots kept for due retries, which new stream entries never take, so a retry due behind a backlog of slow handlers starts at once (less than `max_in_flight`) | an eighth of `max_in_flight` (none below 8) |
+//! | `other_groups_see_retries` | with `retry_lane = false`: run although other consumer groups read the stream; each of them then reads every retry as a new entry (Sluice groups skip each other's retries; other services do not). Warned about in the log, `sluice check` and the page | `false`: refused |
 //! | `partitions`             | read this many partitions of the stream, each with its own hash tag (`<key>:{<stream>:<n>}`) | the descriptor's, else `1` |
 //! | `dead_letter_maxlen`     | trim the dead-letter stream to about this many entries (XADD MAXLEN ~): the oldest dead letters are dropped for good | never trimmed |
 //! | `retention`              | `{ keep_acked = "1h", max_len = 1000000, every = "10s" }`: trim entries every consumer group of the stream has acknowledged, older than `keep_acked`; never one a group has pending or unread (see `crate::retention`) | off: the stream grows until producers cap it |
@@ -90,6 +92,9 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 16;
 pub fn default_lane_slots(max_in_flight: usize) -> usize {
     max_in_flight / 8
 }
+
+/// The shortest wait of a retry when the config does not say (and the least it may say).
+pub const DEFAULT_MIN_DELAY: Duration = Duration::from_millis(1);
 
 /// Deliveries a reused instance handles before it is replaced.
 pub const DEFAULT_RECYCLE_AFTER: u64 = 10_000;
@@ -258,11 +263,17 @@ pub struct SubscriptionConfig {
     pub consumer_gone_after: Option<Option<Duration>>,
     /// `dead_letter_maxlen`: trim the dead-letter stream to about this many entries.
     pub dead_letter_maxlen: Option<u64>,
-    /// `retry_lane`: due retries go to a lane the reader serves before new entries, instead
-    /// of the stream's tail.
-    pub retry_lane: bool,
-    /// `retry_lane_slots`: handler slots kept for due retries (0 without a lane).
-    pub retry_lane_slots: usize,
+    /// `retry_lane`: `None` or `Some(true)` send due retries to the group's own lane, read
+    /// before new entries; `Some(false)` to the stream's tail, where every group reads them.
+    pub retry_lane: Option<bool>,
+    /// `retry_lane_slots`: handler slots kept for due retries (the default is set by the plan,
+    /// which knows whether there is a lane).
+    pub retry_lane_slots: Option<usize>,
+    /// `other_groups_see_retries`: with `retry_lane = false`, run even though other groups read
+    /// the stream (and see every retry as a new entry).
+    pub other_groups_see_retries: bool,
+    /// `min_delay`: the shortest wait of any retry.
+    pub min_delay: Duration,
     /// `retention`: trim what every group has acknowledged (off when `None`).
     pub retention: Option<Retention>,
     /// `dead_letter_retention.keep`: trim dead letters older than this (kept for ever when
@@ -337,8 +348,10 @@ impl Config {
                         values: BTreeMap::new(),
                         consumer_gone_after: None,
                         dead_letter_maxlen: None,
-                        retry_lane: false,
-                        retry_lane_slots: 0,
+                        retry_lane: None,
+                        retry_lane_slots: None,
+                        other_groups_see_retries: false,
+                        min_delay: DEFAULT_MIN_DELAY,
                         retention: None,
                         dead_letter_keep: None,
                         origin: path.clone(),

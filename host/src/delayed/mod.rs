@@ -4,15 +4,19 @@
 //! - **Park** (`lua/park.lua`): a `retry-after(d)` adds the entry to the set with ZADD, scored
 //!   by its due time (server `TIME` + `d`, in epoch milliseconds), with its retry count raised
 //!   by one, refreshes the set's ttl, and acknowledges the original with XACK, all in one
-//!   script. The member is a MessagePack array `[entry id, retry count, [name, value, ...],
-//!   origin id]`: unique per entry, and enough to rebuild it; the origin id is the entry the
-//!   producer first added, kept through every park.
-//! - **Sweep** (`lua/sweep.lua`): appends due members back onto the stream under new ids, with
-//!   their bookkeeping (retry count, origin id, due time) and a mark keyed with the stream's
-//!   secret, and removes them, at most [`SWEEP_BATCH`] per pass, in one script; it also answers
-//!   the earliest remaining due time. A member that cannot go back (not written by the park
-//!   script, too many fields for one XADD, refused by Redis) is moved, raw, to the dead-letter
-//!   stream with the reason rather than left to block every later sweep.
+//!   script. The member (see [`crate::member`]) carries the entry's fields whatever their number, its
+//!   bookkeeping, and the stream and group it belongs to.
+//! - **Sweep** (`lua/sweep.lua`): moves due members to where only the subscription's group reads
+//!   them, its retry lane (`<set>.lane`), each as the member itself, its due time and a seal
+//!   over both, the stream and the group (keyed with the stream's secret), and removes them, at
+//!   most [`SWEEP_BATCH`] per pass, in one script; it also answers the earliest remaining due
+//!   time. A member that cannot go back (not written by the park script, parked by another
+//!   subscription, refused by Redis) is moved, raw, to the dead-letter stream with the reason
+//!   rather than left to block every later sweep, or delivered to the wrong handler.
+//! - **The stream's tail** (`retry_lane = false`, the seed's design): the sweep appends due
+//!   retries to the stream itself instead, behind everything unread, where every group of the
+//!   stream reads them; while another group reads the stream a pass holds them in the set (and
+//!   says so through [`crate::health`]) unless the operator accepted it.
 //! - **ttl**: the set expires `ttl` after its latest due time, a deadline every park and every
 //!   sweep moves; so a parked retry is never dropped before it is due, and a set goes only
 //!   when no host swept it for `ttl` after its last retry was due.
@@ -23,22 +27,18 @@
 //!   runs one then, so a retry normally comes back within milliseconds of its due time; and
 //!   while a pass leaves more already due, the next runs at once. The sweep's XADD wakes every
 //!   reader blocked on the stream, here and on other hosts.
-//! - **Retry lane** (opt-in, `retry_lane = true`): by default a due retry goes to the stream's
-//!   tail, so it waits behind every entry not yet read (the seed's design; a backlog of
-//!   thousands delays it by the time they take). With a lane the sweep appends due retries to
-//!   `<set>.lane` instead, a stream in the set's hash slot that the subscription reads before
-//!   the stream (see [`crate::subscription`]): a due retry is handled in the next read. The
-//!   guarantees do not change: the move is the same atomic script, a lane entry is pending in
-//!   the lane until it is acknowledged, parked again or dead-lettered there, and a crash leaves
-//!   it pending for the same recovery as the stream's (own pending re-read, gone-consumer
-//!   take-over, XAUTOCLAIM). The sweep trims what every group of the lane has acknowledged.
+//! - **Retry lane**: a stream in the set's hash slot that the subscription reads before the
+//!   stream (see [`crate::subscription`]): a due retry is handled at the next read, even behind a
+//!   backlog. The move is one atomic script, a lane entry is pending in the lane until it is
+//!   acknowledged, parked again or dead-lettered there, and a crash leaves it pending for the
+//!   same recovery as the stream's (own pending re-read, gone-consumer take-over, XAUTOCLAIM).
+//!   Each pass that adds to the lane first trims what every group of the lane has acknowledged,
+//!   comparing ids exactly.
 //! - **Clocks**: "now" is always the Redis server's clock, read inside the scripts; a host only
 //!   turns "due in N ms by the server's clock" into a local timer, so hosts whose clocks drift
 //!   cannot disagree about what is due.
 //!
 //! Nothing about a delay lives in the service: a restart or a crash loses no retry.
-
-pub mod member;
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
@@ -74,7 +74,15 @@ static PARK: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
-static SWEEP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/sweep.lua")));
+/// `lua/sweep.lua`, behind the exact stream-id comparisons it shares with retention and the
+/// seal it shares with the operations on dead letters.
+static SWEEP: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../retention/lua/ids.lua"),
+        include_str!("../keys/lua/seal.lua"),
+        include_str!("lua/sweep.lua")
+    ))
+});
 
 /// Where a park left the entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,7 +110,7 @@ struct Wake {
 }
 
 /// What one sweep pass did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Swept {
     /// Entries moved back onto the stream.
     pub moved: usize,
@@ -113,6 +121,11 @@ pub struct Swept {
     pub stuck: usize,
     /// How long until the earliest entry left is due (server clock), if any is left.
     pub next_due_in: Option<Duration>,
+    /// Another group of the stream the pass saw while its retries go to the stream's tail:
+    /// with `held` the pass moved nothing (that group would read every retry as new).
+    pub other_group: Option<String>,
+    /// The pass held due retries back because of `other_group`.
+    pub held: bool,
 }
 
 /// The longest delay a park accepts: due times must stay integers a sorted-set score (a double)
@@ -150,7 +163,17 @@ pub struct DelayedSet {
     /// reply; what turns "now" on this host into the server's time for the lateness metric.
     clock_offset_ms: AtomicI64,
     has_offset: AtomicBool,
+    /// With retries to the stream's tail: move them even while other groups read the stream.
+    other_groups_see_retries: bool,
+    /// Where a pass that holds retries back says why (the subscription's readiness).
+    health: Option<Arc<crate::health::ReadHealth>>,
+    /// The other group the last warning named, so a pass that sees it again says nothing.
+    warned_group: Mutex<Option<String>>,
 }
+
+/// How long the timer waits before it tries again a pass that held retries back because
+/// another group reads the stream (the retries are safe in the set meanwhile).
+const HELD_RETRY: Duration = Duration::from_secs(5);
 
 impl DelayedSet {
     /// The delayed set of the subscription with `keys` (`None` if it has none), expiring
@@ -184,7 +207,23 @@ impl DelayedSet {
             lane_filled: Notify::new(),
             clock_offset_ms: AtomicI64::new(0),
             has_offset: AtomicBool::new(false),
+            other_groups_see_retries: false,
+            health: None,
+            warned_group: Mutex::new(None),
         })
+    }
+
+    /// The same set, moving retries to the stream's tail even while other groups read the
+    /// stream (`other_groups_see_retries`; without a lane only).
+    pub fn with_other_groups_see_retries(mut self, allowed: bool) -> Self {
+        self.other_groups_see_retries = allowed;
+        self
+    }
+
+    /// The same set, saying in `health` when it holds retries back.
+    pub fn with_health(mut self, health: Arc<crate::health::ReadHealth>) -> Self {
+        self.health = Some(health);
+        self
     }
 
     /// The set's key.
@@ -206,9 +245,8 @@ impl DelayedSet {
         self.has_offset.store(true, Ordering::Relaxed);
     }
 
-    /// Park `delivery` for `delay` and acknowledge the original, atomically. The caller keeps
-    /// `delay` at or below [`MAX_REPRESENTABLE_DELAY`] and the entry within
-    /// [`keys::SCRIPT_MAX_FIELDS`] fields (the sweep could not re-add more).
+    /// Park `delivery` for `delay` and acknowledge the original, atomically, whatever its
+    /// number of fields. The caller keeps `delay` at or below [`MAX_REPRESENTABLE_DELAY`].
     pub async fn park(&self, delivery: &Delivery, delay: Duration) -> RedisResult<Parked> {
         let delay = delay.min(MAX_REPRESENTABLE_DELAY);
         if let Some(ttl) = self.ttl
@@ -231,7 +269,8 @@ impl DelayedSet {
             .arg(delay_ms)
             .arg(self.ttl_ms())
             .arg(delivery.retry_count.saturating_add(1))
-            .arg(&delivery.origin_id);
+            .arg(&delivery.origin_id)
+            .arg(&*self.stream);
         for (name, value) in delivery.user_fields() {
             invocation.arg(name.as_slice()).arg(value.as_slice());
         }
@@ -256,6 +295,7 @@ impl DelayedSet {
 
     /// The sweep script's invocation for this set.
     fn sweep_invocation(&self) -> ScriptInvocation<'static> {
+        use keys::Seal;
         let mut invocation = SWEEP.key(self.lane.as_deref().unwrap_or(&self.stream));
         invocation
             .key(&*self.key)
@@ -273,9 +313,15 @@ impl DelayedSet {
                 keys::REASON,
                 keys::ORIGIN_KEY,
                 keys::ORIGIN_STREAM,
+                keys::ORIGIN_GROUP,
+                keys::PACKED_FIELDS,
+                keys::PARKED,
             ])
             .arg(self.dead_letter_maxlen)
-            .arg(&*self.stream);
+            .arg(&*self.stream)
+            .arg(&*self.group)
+            .arg(u8::from(self.other_groups_see_retries))
+            .arg(&[Seal::Lane.name(), Seal::Tail.name(), Seal::Member.name()]);
         invocation
     }
 
@@ -289,13 +335,16 @@ impl DelayedSet {
     }
 
     /// Record what one sweep pass answered: `(moved, microseconds from the pass's end to the
-    /// next due time or -1, server now, dead-lettered, stuck)`.
+    /// next due time or -1, server now, dead-lettered, stuck, another group seen or '')`.
     fn swept(
         &self,
-        (moved, wait_us, now, dead_lettered, stuck): (usize, i64, i64, usize, usize),
+        (moved, wait_us, now, dead_lettered, stuck, other): (usize, i64, i64, usize, usize, String),
         started: std::time::Instant,
         parks_before: u64,
     ) -> Swept {
+        let other_group = (!other.is_empty()).then_some(other);
+        let held = other_group.is_some() && !self.other_groups_see_retries;
+        self.report_other_group(other_group.as_deref(), held);
         self.saw_server_time(now);
         self.sweep_duration.observe(started.elapsed().as_secs_f64());
         self.sweep_moved.observe(moved as f64);
@@ -339,6 +388,50 @@ impl DelayedSet {
             dead_lettered,
             stuck,
             next_due_in,
+            other_group,
+            held,
+        }
+    }
+
+    /// Say once per group seen that another group reads the stream the retries go back to:
+    /// an error while retries are held back (and in readiness), a warning while they move past
+    /// it (`other_groups_see_retries`).
+    fn report_other_group(&self, other: Option<&str>, held: bool) {
+        if let Some(health) = &self.health {
+            health.retries_held(held.then(|| {
+                format!(
+                    "due retries of `{}` are held in `{}`: consumer group `{}` also reads the stream and would read each retry as a new entry; remove retry_lane = false (retries then wait in the group's own lane) or set other_groups_see_retries = true",
+                    self.stream,
+                    self.key,
+                    other.unwrap_or_default()
+                )
+            }));
+        }
+        let Some(other) = other else {
+            return;
+        };
+        let Ok(mut warned) = self.warned_group.lock() else {
+            return;
+        };
+        if warned.as_deref() == Some(other) {
+            return;
+        }
+        *warned = Some(other.to_owned());
+        if held {
+            tracing::error!(
+                stream = %self.stream,
+                group = %self.group,
+                other_group = other,
+                key = %self.key,
+                "another consumer group reads the stream that due retries go back to (retry_lane = false): it would read every retry as a new entry, so they are held in the delayed set; remove retry_lane = false or set other_groups_see_retries = true"
+            );
+        } else {
+            tracing::warn!(
+                stream = %self.stream,
+                group = %self.group,
+                other_group = other,
+                "due retries go back to the stream's tail, where consumer group `{other}` reads each as a new entry (other_groups_see_retries = true)"
+            );
         }
     }
 
@@ -417,6 +510,14 @@ impl DelayedSet {
                 timer = None;
             }
             match self.sweep().await {
+                Ok(swept) if swept.held => {
+                    // What is due stays due: wait instead of asking again at once.
+                    more_due = false;
+                    backoff_until = Some(Instant::now() + HELD_RETRY);
+                    if let Ok(mut wake) = self.next_wake.lock() {
+                        wake.at = backoff_until;
+                    }
+                }
                 Ok(swept) => {
                     failures.reset();
                     backoff_until = None;

@@ -1,14 +1,27 @@
-//! The dead-letter stream: listing it newest first, decoding what the host wrote there, and
-//! moving an entry back onto its stream (`lua/requeue.lua`) or deleting it.
+//! The dead-letter stream: listing this subscription's dead letters newest first, decoding what
+//! the host wrote there, and moving one back to its group (`lua/requeue.lua`) or deleting it.
 //!
 //! A dead letter is one of three shapes:
 //! - from a delivery (`settle/lua/dead_letter.lua`): the entry's own fields, or one
-//!   `sluice-packed-fields` holding them when there were too many, then exactly seven
-//!   bookkeeping fields: reason, origin stream, origin group, origin id, entry id, retry count,
-//!   delivery count;
+//!   `sluice-packed-fields` holding them when there were too many, then the bookkeeping: reason,
+//!   origin stream, origin group, origin id, entry id, retry count, delivery count, and the
+//!   host's seal over the stream, group, origin id and fields (dead letters of the earlier
+//!   release have no seal);
 //! - from a parked retry that could not go back (`delayed/lua/sweep.lua`) or that an operator
-//!   dead-lettered raw: the set's member, a reason, the set's key and the stream;
+//!   dead-lettered raw: the set's member, a reason, the set's key, the stream, the group and a
+//!   seal (the earlier release wrote the first four only);
 //! - anything else (written by someone else): shown, never requeued.
+//!
+//! A dead-letter stream belongs to one subscription (the plan refuses two that share one, and
+//! Redis records its owner), but one written by hand, or shared under an earlier release, may
+//! hold others' dead letters: listings show only this subscription's (and entries no Sluice
+//! subscription wrote), and a requeue or delete touches only this subscription's.
+//!
+//! A requeue goes back to the subscription's group only (its retry lane, or with `retry_lane =
+//! false` its stream), with the attempt count reset and the origin id kept, the idempotency
+//! key, but only when the dead letter's origin can be trusted: it carries a seal that
+//! verifies, or it is a dead letter the earlier release wrote before this one took over. Any
+//! other goes back as a new entry of its own (its origin is its new id).
 //!
 //! Only the trailing bookkeeping is the host's: a producer's own `sluice-*` fields in front of
 //! it are the producer's data and go back with the entry.
@@ -19,12 +32,18 @@ use redis::aio::ConnectionLike;
 use redis::{RedisResult, Script};
 
 use super::{BATCH, OperateError, Page};
-use crate::keys::{self, SubscriptionKeys};
+use crate::keys::{self, Seal, Secret, SubscriptionKeys};
 
-static REQUEUE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/requeue.lua")));
+/// `lua/requeue.lua`, behind the seal it shares with the sweep.
+static REQUEUE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../keys/lua/seal.lua"),
+        include_str!("lua/requeue.lua")
+    ))
+});
 
 /// The bookkeeping a delivery's dead letter ends with, in order.
-const TAIL: [&str; 7] = [
+pub const TAIL: [&str; 8] = [
     keys::REASON,
     keys::ORIGIN_STREAM,
     keys::ORIGIN_GROUP,
@@ -32,15 +51,50 @@ const TAIL: [&str; 7] = [
     keys::ENTRY_ID,
     keys::RETRY_COUNT,
     keys::DELIVERY_COUNT,
+    keys::MARK,
 ];
 
-/// The fields of a dead letter the sweep wrote for a member it could not move back.
-const MEMBER_LAYOUT: [&str; 4] = [
+/// The same, as the earlier release wrote it: without the seal.
+const LEGACY_TAIL: &[&str] = TAIL.split_at(7).0;
+
+/// The fields of a dead letter the sweep (or an operator) wrote for a parked member.
+const MEMBER_LAYOUT: [&str; 6] = [
     keys::MEMBER,
     keys::REASON,
     keys::ORIGIN_KEY,
     keys::ORIGIN_STREAM,
+    keys::ORIGIN_GROUP,
+    keys::MARK,
 ];
+
+/// The same, as the earlier release wrote it: no group, no seal.
+const LEGACY_MEMBER_LAYOUT: &[&str] = MEMBER_LAYOUT.split_at(4).0;
+
+/// Whose dead letters a listing shows and a requeue trusts: a subscription's stream, group and
+/// delayed set, and its stream's secret (which verifies seals).
+#[derive(Debug, Clone, Copy)]
+pub struct Owner<'a> {
+    /// The subscription's stream.
+    pub stream: &'a str,
+    /// Its group.
+    pub group: &'a str,
+    /// Its delayed set, if any.
+    pub set: Option<&'a str>,
+    /// Its stream's secret, if one exists.
+    pub secret: Option<&'a Secret>,
+}
+
+impl<'a> Owner<'a> {
+    /// The owner `keys` describe, with `secret`.
+    pub fn of(keys: &'a SubscriptionKeys, secret: Option<&'a Secret>) -> Self {
+        Self {
+            stream: &keys.stream,
+            group: &keys.group,
+            set: keys.delayed.as_deref(),
+            secret,
+        }
+    }
+}
 
 /// Which kind of dead letter an entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -75,12 +129,19 @@ pub struct DeadLetter {
     pub fields: Vec<(Vec<u8>, Vec<u8>)>,
     /// Why it cannot be requeued, if it cannot.
     pub not_requeueable: Option<String>,
+    /// The subscription it came from, as recorded (stream, group), when it says.
+    pub origin: Option<(String, String)>,
+    /// Whether it belongs to the subscription it was read for (or no subscription wrote it).
+    pub ours: bool,
+    /// Whether its origin id can be trusted: the host's seal verifies, or the earlier release
+    /// wrote it before this one took over. A requeue keeps only a trusted origin id.
+    pub trusted: bool,
 }
 
 impl DeadLetter {
-    /// Decode the entry `id` of a dead-letter stream with `fields` as Redis returned them.
-    pub fn decode(id: String, fields: Vec<(Vec<u8>, Vec<u8>)>) -> Self {
-        let text = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
+    /// Decode the entry `id` of a dead-letter stream with `fields` as Redis returned them, for
+    /// the subscription `owner`.
+    pub fn decode(id: String, fields: Vec<(Vec<u8>, Vec<u8>)>, owner: &Owner<'_>) -> Self {
         let names_are = |part: &[(Vec<u8>, Vec<u8>)], names: &[&str]| {
             part.len() == names.len()
                 && part
@@ -89,70 +150,13 @@ impl DeadLetter {
                     .all(|((n, _), want)| n.as_slice() == want.as_bytes())
         };
         let n = fields.len();
-        if n >= TAIL.len() && names_are(&fields[n - TAIL.len()..], &TAIL) {
-            let tail = &fields[n - TAIL.len()..];
-            let value = |i: usize| text(&tail[i].1);
-            let mut own = fields[..n - TAIL.len()].to_vec();
-            let mut not_requeueable = None;
-            if let [(name, packed)] = own.as_slice()
-                && name.as_slice() == keys::PACKED_FIELDS.as_bytes()
-            {
-                match unpack(packed) {
-                    Some(unpacked) => own = unpacked,
-                    None => not_requeueable = Some("its packed fields do not decode".to_owned()),
-                }
+        for (tail, sealed) in [(&TAIL[..], true), (LEGACY_TAIL, false)] {
+            if n >= tail.len() && names_are(&fields[n - tail.len()..], tail) {
+                return Self::from_delivery(id, fields, tail.len(), sealed, owner);
             }
-            if not_requeueable.is_none() && own.len() > keys::SCRIPT_MAX_FIELDS {
-                not_requeueable = Some(format!(
-                    "it has {} fields; one script re-adds at most {}",
-                    own.len(),
-                    keys::SCRIPT_MAX_FIELDS
-                ));
-            }
-            return Self {
-                id,
-                shape: Shape::Delivery,
-                reason: Some(value(0)),
-                origin_id: Some(value(3)),
-                entry_id: Some(value(4)),
-                retry_count: value(5).parse().ok(),
-                delivery_count: value(6).parse().ok(),
-                fields: own,
-                not_requeueable,
-            };
         }
-        if names_are(&fields, &MEMBER_LAYOUT) {
-            let reason = Some(text(&fields[1].1));
-            return match crate::delayed::member::decode(&fields[0].1, 0) {
-                Ok(parked) => Self {
-                    id,
-                    shape: Shape::Member,
-                    reason,
-                    not_requeueable: (parked.fields.len() > keys::SCRIPT_MAX_FIELDS).then(|| {
-                        format!(
-                            "it has {} fields; one script re-adds at most {}",
-                            parked.fields.len(),
-                            keys::SCRIPT_MAX_FIELDS
-                        )
-                    }),
-                    origin_id: Some(parked.origin_id),
-                    entry_id: Some(parked.entry_id),
-                    retry_count: Some(parked.retry_count),
-                    delivery_count: None,
-                    fields: parked.fields,
-                },
-                Err(err) => Self {
-                    id,
-                    shape: Shape::Member,
-                    reason,
-                    origin_id: None,
-                    entry_id: None,
-                    retry_count: None,
-                    delivery_count: None,
-                    fields,
-                    not_requeueable: Some(err.to_string()),
-                },
-            };
+        if names_are(&fields, &MEMBER_LAYOUT) || names_are(&fields, LEGACY_MEMBER_LAYOUT) {
+            return Self::from_member(id, fields, owner);
         }
         Self {
             id,
@@ -164,6 +168,144 @@ impl DeadLetter {
             delivery_count: None,
             fields,
             not_requeueable: Some("it was not written by Sluice".to_owned()),
+            origin: None,
+            ours: true,
+            trusted: false,
+        }
+    }
+
+    /// A delivery's dead letter: its fields, then `tail_len` fields of bookkeeping (sealed, or
+    /// the earlier release's).
+    fn from_delivery(
+        id: String,
+        fields: Vec<(Vec<u8>, Vec<u8>)>,
+        tail_len: usize,
+        sealed: bool,
+        owner: &Owner<'_>,
+    ) -> Self {
+        let text = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
+        let n = fields.len();
+        let tail = &fields[n - tail_len..];
+        let value = |i: usize| text(&tail[i].1);
+        let written = &fields[..n - tail_len];
+        let (stream, group, origin_id) = (value(1), value(2), value(3));
+        let ours = stream == owner.stream && group == owner.group;
+        let trusted = ours
+            && owner.secret.is_some_and(|secret| {
+                if sealed {
+                    let digest = keys::fields_digest(written);
+                    let parts: [&[u8]; 4] = [
+                        stream.as_bytes(),
+                        group.as_bytes(),
+                        origin_id.as_bytes(),
+                        digest.as_bytes(),
+                    ];
+                    secret.verify(Seal::DeadLetter, &parts, &tail[7].1)
+                } else {
+                    secret.trusts_legacy(&id)
+                }
+            });
+        let mut own = written.to_vec();
+        let mut not_requeueable = None;
+        if let [(name, packed)] = own.as_slice()
+            && name.as_slice() == keys::PACKED_FIELDS.as_bytes()
+        {
+            match crate::delivery::unpack_fields(packed) {
+                Some(unpacked) => own = unpacked,
+                None => not_requeueable = Some("its packed fields do not decode".to_owned()),
+            }
+        }
+        if !ours {
+            not_requeueable = Some(format!(
+                "it belongs to stream `{stream}` group `{group}`, not to this subscription"
+            ));
+        }
+        Self {
+            id,
+            shape: Shape::Delivery,
+            reason: Some(value(0)),
+            origin_id: Some(origin_id),
+            entry_id: Some(value(4)),
+            retry_count: value(5).parse().ok(),
+            delivery_count: value(6).parse().ok(),
+            fields: own,
+            not_requeueable,
+            origin: Some((stream, group)),
+            ours,
+            trusted,
+        }
+    }
+
+    /// A parked member dead-lettered raw.
+    fn from_member(id: String, fields: Vec<(Vec<u8>, Vec<u8>)>, owner: &Owner<'_>) -> Self {
+        let text = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
+        let reason = Some(text(&fields[1].1));
+        let (set, stream) = (text(&fields[2].1), text(&fields[3].1));
+        let group = fields.get(4).map(|(_, g)| text(g));
+        let ours = stream == owner.stream
+            && group.as_deref().is_none_or(|g| g == owner.group)
+            && owner.set == Some(set.as_str());
+        let sealed = fields.get(5).is_some_and(|(_, mark)| {
+            owner.secret.is_some_and(|secret| {
+                let parts: [&[u8]; 4] = [
+                    set.as_bytes(),
+                    stream.as_bytes(),
+                    group.as_deref().unwrap_or_default().as_bytes(),
+                    &fields[0].1,
+                ];
+                secret.verify(Seal::Member, &parts, mark)
+            })
+        });
+        let legacy = fields.len() == LEGACY_MEMBER_LAYOUT.len()
+            && owner.secret.is_some_and(|secret| secret.trusts_legacy(&id));
+        let origin = Some((stream.clone(), group.clone().unwrap_or_default()));
+        match crate::member::decode(&fields[0].1, 0) {
+            Ok(parked) => {
+                let belongs = parked
+                    .owner
+                    .as_ref()
+                    .is_none_or(|(s, g)| *s == stream && group.as_deref().is_none_or(|o| o == g));
+                let not_requeueable = if !ours {
+                    Some(format!(
+                        "it came from delayed set `{set}` of stream `{stream}`, not from this subscription's"
+                    ))
+                } else if !belongs {
+                    let (s, g) = parked.owner.clone().unwrap_or_default();
+                    Some(format!(
+                        "it was parked by stream `{s}` group `{g}`, not by this subscription"
+                    ))
+                } else {
+                    None
+                };
+                Self {
+                    id,
+                    shape: Shape::Member,
+                    reason,
+                    not_requeueable,
+                    origin_id: Some(parked.origin_id),
+                    entry_id: Some(parked.entry_id),
+                    retry_count: Some(parked.retry_count),
+                    delivery_count: None,
+                    fields: parked.fields,
+                    origin,
+                    ours,
+                    trusted: ours && belongs && (sealed || legacy),
+                }
+            }
+            Err(err) => Self {
+                id,
+                shape: Shape::Member,
+                reason,
+                origin_id: None,
+                entry_id: None,
+                retry_count: None,
+                delivery_count: None,
+                fields,
+                not_requeueable: Some(err.to_string()),
+                origin,
+                ours,
+                trusted: false,
+            },
         }
     }
 
@@ -187,6 +329,7 @@ impl DeadLetter {
             "delivery_count": self.delivery_count,
             "requeueable": self.not_requeueable.is_none(),
             "not_requeueable": self.not_requeueable,
+            "origin_trusted": self.trusted,
             "fields": super::fields_json(&self.fields),
         })
     }
@@ -199,29 +342,11 @@ impl DeadLetter {
     }
 }
 
-/// The fields packed into `sluice-packed-fields` (MessagePack `[name, value, ...]`).
-fn unpack(packed: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
-    let rmpv::Value::Array(items) = rmpv::decode::read_value(&mut &packed[..]).ok()? else {
-        return None;
-    };
-    let bytes = |v: &rmpv::Value| match v {
-        rmpv::Value::Binary(b) => Some(b.clone()),
-        rmpv::Value::String(s) => Some(s.as_bytes().to_vec()),
-        _ => None,
-    };
-    items
-        .chunks(2)
-        .map(|pair| match pair {
-            [name, value] => Some((bytes(name)?, bytes(value)?)),
-            _ => None,
-        })
-        .collect()
-}
-
 type RawEntry = (String, Vec<(Vec<u8>, Vec<u8>)>);
 
-/// Dead letters newest first, starting after `cursor` (an id this listing returned), up to
-/// `limit`; with `reason`, only those whose reason contains it. A filtered listing reads at most
+/// This subscription's dead letters newest first (and entries no subscription wrote), starting
+/// after `cursor` (an id this listing returned), up to `limit`; with `reason`, only those whose
+/// reason contains it. A filtered listing reads at most
 /// `scan_pages` pages of [`BATCH`] and then returns what it found with a cursor to go on.
 pub async fn list<C: ConnectionLike>(
     conn: &mut C,
@@ -237,6 +362,8 @@ pub async fn list<C: ConnectionLike>(
         return Err(OperateError::Cursor(c.to_owned()));
     }
     let limit = limit.max(1);
+    let secret = Secret::load(conn, &keys.stream).await?;
+    let owner = Owner::of(keys, secret.as_ref());
     let mut from = cursor.map_or("+".to_owned(), |c| format!("({c}"));
     let mut items = Vec::new();
     for _ in 0..scan_pages.max(1) {
@@ -256,8 +383,8 @@ pub async fn list<C: ConnectionLike>(
         let exhausted = page.len() < want;
         for (id, fields) in page {
             from = format!("({id}");
-            let letter = DeadLetter::decode(id, fields);
-            if reason.is_none_or(|r| letter.reason_contains(r)) {
+            let letter = DeadLetter::decode(id, fields, &owner);
+            if letter.ours && reason.is_none_or(|r| letter.reason_contains(r)) {
                 items.push(letter);
                 if items.len() == limit {
                     let next = items.last().map(|l| l.id.clone());
@@ -300,7 +427,8 @@ pub async fn requeueable<C: ConnectionLike>(
     Ok((letters, more))
 }
 
-/// The dead letter `id`, if it is there.
+/// The dead letter `id`, if it is there (another subscription's too, marked as not
+/// requeueable and not [`DeadLetter::ours`]).
 pub async fn get<C: ConnectionLike>(
     conn: &mut C,
     keys: &SubscriptionKeys,
@@ -315,24 +443,31 @@ pub async fn get<C: ConnectionLike>(
         .arg(id)
         .query_async(conn)
         .await?;
-    Ok(found
-        .into_iter()
-        .next()
-        .map(|(id, fields)| DeadLetter::decode(id, fields)))
+    let Some((id, fields)) = found.into_iter().next() else {
+        return Ok(None);
+    };
+    let secret = Secret::load(conn, &keys.stream).await?;
+    Ok(Some(DeadLetter::decode(
+        id,
+        fields,
+        &Owner::of(keys, secret.as_ref()),
+    )))
 }
 
 /// What a requeue did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Requeued {
-    /// Back on the stream under this id.
+    /// Back with the group under this id (in its retry lane, or its stream).
     To(String),
     /// It was no longer in the dead-letter stream (requeued or deleted meanwhile).
     Gone,
 }
 
-/// Put `letter` back onto the subscription's stream: its own fields, a `sluice-requeued-from`
-/// field naming the dead letter, and (when the stream has a secret) the origin id with a fresh
-/// attempt count; the dead letter is removed in the same script.
+/// Put `letter` back to this subscription's group: into its retry lane (as the sweep puts a
+/// due retry there), or with `retry_lane = false` onto its stream, with its own fields and a
+/// `sluice-requeued-from` field naming the dead letter; with a trusted origin (see
+/// [`DeadLetter::trusted`]) the origin id is kept and the attempt count starts again. The dead
+/// letter is removed in the same script.
 pub async fn requeue<C: ConnectionLike>(
     conn: &mut C,
     keys: &SubscriptionKeys,
@@ -344,44 +479,201 @@ pub async fn requeue<C: ConnectionLike>(
             why: why.clone(),
         });
     }
-    let mut invocation = REQUEUE.key(&*keys.stream);
+    let (target, mode) = match keys.lane.as_deref() {
+        Some(lane) => (lane, "lane"),
+        None => (&*keys.stream, "tail"),
+    };
+    let origin = letter
+        .origin_id
+        .as_deref()
+        .filter(|_| letter.trusted)
+        .unwrap_or("");
+    let mut invocation = REQUEUE.key(target);
     invocation
         .key(&*keys.dead_letter)
         .key(keys.secret())
         .arg(&letter.id)
-        .arg(letter.origin_id.as_deref().unwrap_or(""))
-        .arg(keys::RETRY_COUNT)
-        .arg(keys::ORIGIN_ID)
-        .arg(keys::DUE_MS)
-        .arg(keys::MARK);
+        .arg(origin)
+        .arg(&*keys.stream)
+        .arg(&*keys.group)
+        .arg(mode)
+        .arg(&[
+            keys::RETRY_COUNT,
+            keys::ORIGIN_ID,
+            keys::DUE_MS,
+            keys::ORIGIN_GROUP,
+            keys::MARK,
+            keys::PARKED,
+            keys::PACKED_FIELDS,
+        ])
+        .arg(&[Seal::Lane.name(), Seal::Tail.name()])
+        .arg(keys::SCRIPT_MAX_FIELDS);
     for (name, value) in &letter.fields {
         invocation.arg(name.as_slice()).arg(value.as_slice());
     }
     invocation.arg(keys::REQUEUED_FROM).arg(&letter.id);
-    let id: Option<String> = invocation.invoke_async(conn).await?;
+    let id: Option<String> = match invocation.invoke_async(conn).await {
+        // No host of the subscription has run yet to make the stream's secret, which seals
+        // the lane copy: make it as a host would, and try once more.
+        Err(err) if err.code() == Some(NO_SECRET) => {
+            Secret::load_or_create(conn, &keys.stream).await?;
+            invocation.invoke_async(conn).await?
+        }
+        other => other?,
+    };
     Ok(id.map_or(Requeued::Gone, Requeued::To))
 }
 
-/// Delete the dead letters `ids` (at most [`BATCH`] per command); returns how many were there.
+/// The error code of `lua/requeue.lua` when the stream has no secret to seal a lane copy with.
+const NO_SECRET: &str = "NOSECRET";
+
+/// Delete this subscription's dead letters among `ids` (at most [`BATCH`] per command); returns
+/// how many were there. Another subscription's are left alone.
 pub async fn delete<C: ConnectionLike>(
     conn: &mut C,
     keys: &SubscriptionKeys,
     ids: &[String],
 ) -> RedisResult<usize> {
+    let secret = Secret::load(conn, &keys.stream).await?;
+    let owner = Owner::of(keys, secret.as_ref());
     let mut deleted = 0;
     for chunk in ids.chunks(BATCH) {
-        let valid: Vec<&String> = chunk.iter().filter(|id| is_entry_id(id)).collect();
-        if valid.is_empty() {
+        let mut read = redis::pipe();
+        for id in chunk.iter().filter(|id| is_entry_id(id)) {
+            read.cmd("XRANGE").arg(&*keys.dead_letter).arg(id).arg(id);
+        }
+        let found: Vec<Vec<RawEntry>> = read.query_async(conn).await?;
+        let ours: Vec<String> = found
+            .into_iter()
+            .flatten()
+            .map(|(id, fields)| DeadLetter::decode(id, fields, &owner))
+            .filter(|letter| letter.ours)
+            .map(|letter| letter.id)
+            .collect();
+        if ours.is_empty() {
             continue;
         }
         let n: usize = redis::cmd("XDEL")
             .arg(&*keys.dead_letter)
-            .arg(valid)
+            .arg(ours)
             .query_async(conn)
             .await?;
         deleted += n;
     }
     Ok(deleted)
+}
+
+/// `lua/move_dead_letter.lua`.
+static MOVE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/move_dead_letter.lua")));
+
+/// What one pass over the earlier release's default dead-letter stream did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Migrated {
+    /// Dead letters of this subscription moved to its own dead-letter stream.
+    pub moved: usize,
+    /// Where the next pass starts (the last id looked at).
+    pub cursor: Option<String>,
+}
+
+/// Move this subscription's dead letters from the stream's default dead-letter stream of an
+/// earlier release (`keys.legacy_dead_letter`, shared by every group of the stream) into its
+/// own, after `cursor`, at most [`BATCH`] at a time until none is left: so a host of this
+/// release lists and requeues them. Those whose origin the earlier release could vouch for
+/// (written before this release took over) are sealed on the way; the others keep their
+/// fields and are requeued as new entries. Other groups' dead letters, and entries no
+/// subscription wrote, stay where they are.
+pub async fn migrate_legacy<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &SubscriptionKeys,
+    cursor: Option<&str>,
+) -> Result<Migrated, OperateError> {
+    let Some(legacy) = keys.legacy_dead_letter.as_deref() else {
+        return Ok(Migrated::default());
+    };
+    let secret = Secret::load(conn, &keys.stream).await?;
+    let owner = Owner::of(keys, secret.as_ref());
+    let mut done = Migrated {
+        moved: 0,
+        cursor: cursor.map(str::to_owned),
+    };
+    loop {
+        let from = done
+            .cursor
+            .as_deref()
+            .map_or("-".to_owned(), |c| format!("({c}"));
+        let page: Vec<RawEntry> = redis::cmd("XRANGE")
+            .arg(legacy)
+            .arg(&from)
+            .arg("+")
+            .arg("COUNT")
+            .arg(BATCH)
+            .query_async(conn)
+            .await?;
+        let last = page.len() < BATCH;
+        for (id, fields) in page {
+            done.cursor = Some(id.clone());
+            let letter = DeadLetter::decode(id.clone(), fields.clone(), &owner);
+            if !letter.ours || letter.shape == Shape::Foreign {
+                continue;
+            }
+            let fields = resealed(fields, &letter, &owner);
+            let mut invocation = MOVE.key(legacy);
+            invocation.key(&*keys.dead_letter).arg(&id);
+            for (name, value) in &fields {
+                invocation.arg(name.as_slice()).arg(value.as_slice());
+            }
+            let moved: Option<String> = invocation.invoke_async(conn).await?;
+            done.moved += usize::from(moved.is_some());
+        }
+        if last {
+            return Ok(done);
+        }
+    }
+}
+
+/// The fields of a dead letter of the earlier release as this release writes them, sealed when
+/// its origin is trusted; as they were otherwise.
+fn resealed(
+    mut fields: Vec<(Vec<u8>, Vec<u8>)>,
+    letter: &DeadLetter,
+    owner: &Owner<'_>,
+) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let Some(secret) = owner.secret.filter(|_| letter.trusted) else {
+        return fields;
+    };
+    let field = |name: &str, value: &[u8]| (name.as_bytes().to_vec(), value.to_vec());
+    match letter.shape {
+        Shape::Delivery if fields.len() >= LEGACY_TAIL.len() => {
+            let written = &fields[..fields.len() - LEGACY_TAIL.len()];
+            let digest = keys::fields_digest(written);
+            let origin = letter.origin_id.as_deref().unwrap_or_default();
+            let parts: [&[u8]; 4] = [
+                owner.stream.as_bytes(),
+                owner.group.as_bytes(),
+                origin.as_bytes(),
+                digest.as_bytes(),
+            ];
+            let mark = secret.seal(Seal::DeadLetter, &parts);
+            fields.push(field(keys::MARK, mark.as_bytes()));
+            fields
+        }
+        Shape::Member if fields.len() == LEGACY_MEMBER_LAYOUT.len() => {
+            let member = fields[0].1.clone();
+            let set = owner.set.unwrap_or_default();
+            let parts: [&[u8]; 4] = [
+                set.as_bytes(),
+                owner.stream.as_bytes(),
+                owner.group.as_bytes(),
+                &member,
+            ];
+            let mark = secret.seal(Seal::Member, &parts);
+            fields.push(field(keys::ORIGIN_GROUP, owner.group.as_bytes()));
+            fields.push(field(keys::MARK, mark.as_bytes()));
+            fields
+        }
+        _ => fields,
+    }
 }
 
 /// Whether `id` has the shape of a stream entry id (`<ms>-<seq>`), so it can be passed to a
@@ -404,22 +696,31 @@ mod tests {
             .collect()
     }
 
+    const OWNER: Owner<'static> = Owner {
+        stream: "s",
+        group: "g",
+        set: Some("s.delayed"),
+        secret: None,
+    };
+
+    /// A delivery's dead letter of the earlier release (no seal) written for `group`.
+    fn legacy_letter(group: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+        pairs(&[
+            ("payload", "{}"),
+            (keys::REASON, "the producer's own"),
+            (keys::REASON, "declined"),
+            (keys::ORIGIN_STREAM, "s"),
+            (keys::ORIGIN_GROUP, group),
+            (keys::ORIGIN_ID, "1-0"),
+            (keys::ENTRY_ID, "4-0"),
+            (keys::RETRY_COUNT, "2"),
+            (keys::DELIVERY_COUNT, "3"),
+        ])
+    }
+
     #[test]
     fn a_deliverys_dead_letter_keeps_the_producers_own_sluice_fields() {
-        let letter = DeadLetter::decode(
-            "5-0".into(),
-            pairs(&[
-                ("payload", "{}"),
-                (keys::REASON, "the producer's own"),
-                (keys::REASON, "declined"),
-                (keys::ORIGIN_STREAM, "s"),
-                (keys::ORIGIN_GROUP, "g"),
-                (keys::ORIGIN_ID, "1-0"),
-                (keys::ENTRY_ID, "4-0"),
-                (keys::RETRY_COUNT, "2"),
-                (keys::DELIVERY_COUNT, "3"),
-            ]),
-        );
+        let letter = DeadLetter::decode("5-0".into(), legacy_letter("g"), &OWNER);
         assert_eq!(letter.shape, Shape::Delivery);
         assert_eq!(letter.reason.as_deref(), Some("declined"));
         assert_eq!(letter.origin_id.as_deref(), Some("1-0"));
@@ -429,13 +730,72 @@ mod tests {
             pairs(&[("payload", "{}"), (keys::REASON, "the producer's own")])
         );
         assert!(letter.not_requeueable.is_none());
+        assert!(letter.ours);
+        assert!(!letter.trusted, "no secret, no trust");
         assert!(letter.reason_contains("DECLINED"));
         assert_eq!(letter.written_ms(), Some(5));
     }
 
     #[test]
+    fn another_groups_dead_letter_is_not_ours() {
+        let letter = DeadLetter::decode("5-0".into(), legacy_letter("other"), &OWNER);
+        assert!(!letter.ours);
+        assert!(
+            letter
+                .not_requeueable
+                .as_deref()
+                .is_some_and(|why| why.contains("group `other`")),
+            "{letter:?}"
+        );
+    }
+
+    #[test]
+    fn only_a_sealed_or_old_enough_dead_letter_has_a_trusted_origin() {
+        let secret = Secret::from_value("k").with_legacy_until(100);
+        let owner = Owner {
+            secret: Some(&secret),
+            ..OWNER
+        };
+        // The earlier release's form: trusted only on entries older than the upgrade.
+        assert!(DeadLetter::decode("99-0".into(), legacy_letter("g"), &owner).trusted);
+        assert!(!DeadLetter::decode("100-0".into(), legacy_letter("g"), &owner).trusted);
+        // This release's: the seal over stream, group, origin and the fields before it.
+        let own = pairs(&[("payload", "{}")]);
+        let digest = keys::fields_digest(&own);
+        let seal = |origin: &str| {
+            secret.seal(
+                Seal::DeadLetter,
+                &[b"s", b"g", origin.as_bytes(), digest.as_bytes()],
+            )
+        };
+        let sealed = |origin: &str, mark: &str| {
+            let mut fields = own.clone();
+            fields.extend(pairs(&[
+                (keys::REASON, "declined"),
+                (keys::ORIGIN_STREAM, "s"),
+                (keys::ORIGIN_GROUP, "g"),
+                (keys::ORIGIN_ID, origin),
+                (keys::ENTRY_ID, "4-0"),
+                (keys::RETRY_COUNT, "2"),
+                (keys::DELIVERY_COUNT, "3"),
+                (keys::MARK, mark),
+            ]));
+            fields
+        };
+        let good = DeadLetter::decode("500-0".into(), sealed("1-0", &seal("1-0")), &owner);
+        assert!(good.trusted && good.ours, "{good:?}");
+        // A forged origin under a real seal, or a made-up seal: not trusted, still requeueable
+        // (as a new entry of its own).
+        let forged = DeadLetter::decode("500-0".into(), sealed("7-0", &seal("1-0")), &owner);
+        assert!(!forged.trusted);
+        assert!(forged.not_requeueable.is_none());
+        let made_up = DeadLetter::decode("500-0".into(), sealed("1-0", &"0".repeat(40)), &owner);
+        assert!(!made_up.trusted);
+    }
+
+    #[test]
     fn foreign_entries_are_shown_but_not_requeued() {
-        let letter = DeadLetter::decode("1-0".into(), pairs(&[("x", "y")]));
+        let letter = DeadLetter::decode("1-0".into(), pairs(&[("x", "y")]), &OWNER);
         assert_eq!(letter.shape, Shape::Foreign);
         assert!(letter.not_requeueable.is_some());
     }

@@ -12,13 +12,18 @@ use redis::aio::ConnectionLike;
 use redis::{RedisResult, Script};
 
 use super::{BATCH, OperateError, Page};
-use crate::delayed::member::{ParkedEntry, decode};
 use crate::keys::{self, SubscriptionKeys};
+use crate::member::{ParkedEntry, decode};
 
 static RETRY_NOW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/retry_now.lua")));
-static DEAD_LETTER_NOW: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/dead_letter_now.lua")));
+/// `lua/dead_letter_now.lua`, behind the seal it shares with the sweep.
+static DEAD_LETTER_NOW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../keys/lua/seal.lua"),
+        include_str!("lua/dead_letter_now.lua")
+    ))
+});
 
 /// One parked retry with the set member it is stored as (what the operations act on).
 #[derive(Debug, Clone)]
@@ -227,6 +232,7 @@ pub async fn dead_letter_now<C: ConnectionLike>(
         let mut invocation = DEAD_LETTER_NOW.key(set);
         invocation
             .key(&*keys.dead_letter)
+            .key(keys.secret())
             .arg(reason)
             .arg(&*keys.stream)
             .arg(&*keys.group)
@@ -240,7 +246,11 @@ pub async fn dead_letter_now<C: ConnectionLike>(
             .arg(keys::DELIVERY_COUNT)
             .arg(keys::MEMBER)
             .arg(keys::ORIGIN_KEY)
-            .arg(keys.maxlen_arg());
+            .arg(keys::MARK)
+            .arg(keys::PACKED_FIELDS)
+            .arg(keys.maxlen_arg())
+            .arg(keys::Seal::DeadLetter.name())
+            .arg(keys::Seal::Member.name());
         for member in chunk {
             invocation.arg(member.as_slice());
         }

@@ -4,15 +4,17 @@
 //! XACK deletes nothing, and every delayed retry adds a copy of its entry when it comes back,
 //! so a consumed stream only grows. Capping it with `XADD MAXLEN` trims blindly by count: it can
 //! drop entries a slow group has not read, or entries still pending. Here, every `every` one host
-//! per stream (the holder of a lease key, renewed each run, in the stream's slot) runs
+//! per stream (the holder of the stream's lease key, renewed each run, in the stream's slot) runs
 //! `lua/trim.lua`, which in one atomic step:
 //! - finds what every group of the stream still needs (Sluice's groups and any other: from the
 //!   smallest of each group's oldest pending id and last-delivered id on);
 //! - trims below that, and only what is older than `keep_acked` (XTRIM MINID ~, bounded per run);
 //! - with `max_len`, trims every acknowledged entry while the stream is longer, and reports
 //!   (log line, `sluice_retention_blocked_total`) when what groups need keeps it longer;
+//! - compares ids exactly, as two decimal parts (`lua/ids.lua`): producers may write explicit
+//!   ids above 2^53, which a Lua number would round;
 //! - trims dead letters older than `dead_letter_retention.keep`;
-//! - records what it did (`sluice-retention-last:{tag}`), which `sluice status` shows.
+//! - records what it did (`sluice-retention-last:{tag}:<stream>`), which `sluice status` shows.
 //!
 //! Parked retries live in the delayed set, not the stream: trimming never touches them, and a
 //! retry whose original was trimmed comes back as a new entry like any other. Off by default:
@@ -28,19 +30,26 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Retention;
 use crate::keys::{SubscriptionKeys, hash_tag};
 
-static TRIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/trim.lua")));
+/// `lua/trim.lua`, behind the exact id comparisons it shares with the sweep (`lua/ids.lua`).
+static TRIM: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("lua/ids.lua"),
+        include_str!("lua/trim.lua")
+    ))
+});
 
 /// The most entries one run trims (from the stream, and from the dead-letter stream).
 pub const MAX_TRIM_PER_RUN: u64 = 100_000;
 
-/// The lease that makes one host at a time trim `stream`.
+/// The lease that makes one host at a time trim `stream`: one per stream (streams that share a
+/// hash tag are trimmed each by its own holder), in the stream's slot.
 pub fn lease_key(stream: &str) -> String {
-    format!("sluice-retention:{{{}}}", hash_tag(stream))
+    format!("sluice-retention:{{{}}}:{stream}", hash_tag(stream))
 }
 
-/// Where the last run's record of `stream` is kept.
+/// Where the last run's record of `stream` is kept (one per stream, in its slot).
 pub fn record_key(stream: &str) -> String {
-    format!("sluice-retention-last:{{{}}}", hash_tag(stream))
+    format!("sluice-retention-last:{{{}}}:{stream}", hash_tag(stream))
 }
 
 /// What one run did.

@@ -5,8 +5,9 @@
 //!   waiting, retries it with backoff while Redis is away, and reports each ack once it is in.
 //! - A dead letter runs `lua/dead_letter.lua`: if the entry is still pending, XADD to the
 //!   dead-letter stream with the entry's fields, the reason, the origin stream, group and id
-//!   (the entry the producer added), the id dead-lettered, the retry count and the delivery
-//!   count, and only then XACK. An entry with more fields than one XADD from a script can carry
+//!   (the entry the producer added), the id dead-lettered, the retry count, the delivery
+//!   count and, when the stream has a secret, the host's seal over the stream, group, origin id
+//!   and fields (what lets a requeue trust the origin id), and only then XACK. An entry with more fields than one XADD from a script can carry
 //!   has them packed into one `sluice-packed-fields` value (MessagePack), so it is recorded
 //!   whole.
 //!
@@ -74,6 +75,8 @@ pub struct Settler {
     dead_letter_maxlen: u64,
     conn: RedisHandle,
     delayed: Option<Arc<DelayedSet>>,
+    /// The stream's secret, which seals dead letters (none: they go unsealed).
+    secret: Option<Arc<keys::Secret>>,
     acks: mpsc::UnboundedSender<Vec<Ack>>,
     events: Events,
     /// Cancelled when the host must give up on Redis (a forced shutdown).
@@ -88,6 +91,7 @@ impl Settler {
         keys: &SubscriptionKeys,
         conn: RedisHandle,
         delayed: Option<Arc<DelayedSet>>,
+        secret: Option<Arc<keys::Secret>>,
         events: Events,
         abandon: CancellationToken,
     ) -> (
@@ -111,6 +115,7 @@ impl Settler {
                 dead_letter_maxlen: keys.maxlen_arg(),
                 conn,
                 delayed,
+                secret,
                 acks: tx,
                 events,
                 abandon,
@@ -136,9 +141,14 @@ impl Settler {
 
     /// The ack of `delivery`, to be queued with [`Self::ack_all`].
     pub fn ack_of(&self, delivery: &Delivery, digest: &Digest) -> Ack {
+        self.ack_as(delivery, digest, EventKind::Acked)
+    }
+
+    /// The ack of `delivery`, reported as `kind` once it is in Redis.
+    pub fn ack_as(&self, delivery: &Delivery, digest: &Digest, kind: EventKind) -> Ack {
         Ack {
             source: delivery.source,
-            event: self.event(delivery, digest, EventKind::Acked),
+            event: self.event(delivery, digest, kind),
         }
     }
 
@@ -233,12 +243,15 @@ impl Settler {
             .arg(&delivery.entry.id)
             .arg(self.dead_letter_maxlen);
         let fields = delivery.user_fields();
-        if fields.len() > keys::SCRIPT_MAX_FIELDS {
-            invocation.arg(keys::PACKED_FIELDS).arg(pack_fields(fields));
+        let packed;
+        let written: &[(Vec<u8>, Vec<u8>)] = if fields.len() > keys::SCRIPT_MAX_FIELDS {
+            packed = [(keys::PACKED_FIELDS.as_bytes().to_vec(), pack_fields(fields))];
+            &packed
         } else {
-            for (name, value) in fields {
-                invocation.arg(name.as_slice()).arg(value.as_slice());
-            }
+            fields
+        };
+        for (name, value) in written {
+            invocation.arg(name.as_slice()).arg(value.as_slice());
         }
         invocation
             .arg(keys::REASON)
@@ -255,6 +268,18 @@ impl Settler {
             .arg(&retry_count)
             .arg(keys::DELIVERY_COUNT)
             .arg(&delivery_count);
+        if let Some(secret) = &self.secret {
+            let digest = keys::fields_digest(written);
+            let parts: [&[u8]; 4] = [
+                self.stream.as_bytes(),
+                self.group.as_bytes(),
+                delivery.origin_id.as_bytes(),
+                digest.as_bytes(),
+            ];
+            invocation
+                .arg(keys::MARK)
+                .arg(secret.seal(keys::Seal::DeadLetter, &parts));
+        }
         let written = self
             .until_done(delivery, "dead-lettering", || {
                 let mut conn = self.conn.clone();

@@ -11,12 +11,12 @@
 //! 3. on a claiming subscription, take entries other consumers left idle for at least
 //!    `min_idle` (XAUTOCLAIM, walking the group's pending list with a cursor);
 //! 4. with a delayed-retry set, ask for a sweep pass (see [`crate::delayed`]), without waiting
-//!    for it: due retries are appended back onto the stream and read as new entries, by this
-//!    read if it blocks, else by the next;
+//!    for it: due retries are appended to the group's retry lane (or the stream's tail) and
+//!    read, by this read if it blocks, else by the next;
 //! 5. read new entries (XREADGROUP `>` with COUNT and BLOCK) on a connection of its own.
 //!
-//! With a retry lane (`retry_lane = true`, see [`crate::delayed`]) every step covers the lane
-//! as well as the stream, the lane first. Step 5 reads the lane on its own first and gives the
+//! With a retry lane (every subscription with a delayed set, unless `retry_lane = false`; see
+//! [`crate::delayed`]) every step covers the lane as well as the stream, the lane first. Step 5 reads the lane on its own first and gives the
 //! stream only the room left (one blocking XREADGROUP over both when the lane is empty), so a
 //! retry that comes due while a backlog waits in the stream is read at the next read; each
 //! entry is settled in the stream it was read from. A read woken because the timer's sweep
@@ -55,7 +55,6 @@
 //! subscription that has not read successfully for longer than its block time (plus a grace)
 //! makes the host not ready, with the reason.
 
-pub mod health;
 mod pending_retry;
 pub mod read;
 mod slots;
@@ -75,10 +74,10 @@ use tokio_util::task::TaskTracker;
 use crate::delayed::DelayedSet;
 use crate::delivery::{Delivery, Entry, Source};
 use crate::dispatch::{Dispatcher, Settled};
+use crate::health::ReadHealth;
 use crate::keys::Secret;
 use crate::redis_conn::{ErrorClass, Reader, ReconnectBackoff, RedisHandle};
 use crate::settle::Ack;
-pub use health::ReadHealth;
 use read::ReadEntry;
 use slots::{Slots, Taken};
 
@@ -710,11 +709,11 @@ impl Subscription {
         let delivery = Delivery::new(
             &self.plan.stream,
             &self.plan.group,
+            source,
             entry,
             delivery_count,
             self.secret.as_deref(),
-        )
-        .from_source(source);
+        );
         let this = self.clone();
         // The tracker counts deliveries, not tasks: shutdown waits for each to settle.
         let tracked = self.tracker.token();

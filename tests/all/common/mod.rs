@@ -208,7 +208,7 @@ pub fn polyglot() -> &'static Polyglot {
     })
 }
 
-/// Write `toml` (with `{fixture}`, `{bank}`, `{bank_manual}`, `{bank_python}`, `{bank_js}` and
+/// Write `toml` (with `{fixture}`, `{fixture_v2}`, `{bank}`, `{bank_manual}`, `{bank_python}`, `{bank_js}` and
 /// `{other_world}` replaced by component paths) to a file in `dir`.
 pub fn write_config(dir: &Path, name: &str, toml: &str) -> PathBuf {
     let g = guests();
@@ -231,6 +231,7 @@ pub fn write_config(dir: &Path, name: &str, toml: &str) -> PathBuf {
         toml = format!("admin_token_file = \"{}\"\n{toml}", token.display());
     }
     let text = toml
+        .replace("{fixture_v2}", &g.fixture_v2.display().to_string())
         .replace("{fixture}", &g.fixture.display().to_string())
         .replace("{bank_manual}", &g.bank_manual.display().to_string())
         .replace("{bank}", &g.bank.display().to_string())
@@ -578,15 +579,30 @@ pub async fn wait_acked(conn: &(impl ConnectionLike + Clone), stream: &str, grou
     .await;
 }
 
-/// The dead letters of `stream` (in `<stream>.dead-letter`) once there are at least `n`.
+/// The default dead-letter stream of group `g` (every test subscription's) on `stream`.
+pub fn dead_letter_key(stream: &str) -> String {
+    sluice_descriptor::default_dead_letter(stream, "g")
+}
+
+/// The dead letters of `stream` (in group `g`'s default dead-letter stream) once there are at
+/// least `n`.
 pub async fn wait_dead_letters(
     conn: &(impl ConnectionLike + Clone),
     stream: &str,
     n: usize,
 ) -> Vec<(String, Vec<(String, String)>)> {
-    let key = format!("{stream}.dead-letter");
+    wait_dead_letters_in(conn, &dead_letter_key(stream), n).await
+}
+
+/// The entries of the dead-letter stream `key` once there are at least `n`.
+pub async fn wait_dead_letters_in(
+    conn: &(impl ConnectionLike + Clone),
+    key: &str,
+    n: usize,
+) -> Vec<(String, Vec<(String, String)>)> {
+    let key = key.to_owned();
     wait_for(
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         &format!("{n} dead letters in {key}"),
         || {
             let mut conn = conn.clone();
@@ -600,19 +616,24 @@ pub async fn wait_dead_letters(
     .await
 }
 
+/// All entries of a stream as Redis sends them.
+pub async fn raw_entries(conn: &mut impl ConnectionLike, stream: &str) -> Vec<RawEntry> {
+    redis::cmd("XRANGE")
+        .arg(stream)
+        .arg("-")
+        .arg("+")
+        .query_async(conn)
+        .await
+        .expect("XRANGE")
+}
+
 /// All entries of a stream as (id, fields).
 pub async fn entries(
     conn: &mut impl ConnectionLike,
     stream: &str,
 ) -> Vec<(String, Vec<(String, String)>)> {
     // Fields are bytes; tests compare text, so bytes that are not UTF-8 are shown lossily.
-    let reply: Vec<RawEntry> = redis::cmd("XRANGE")
-        .arg(stream)
-        .arg("-")
-        .arg("+")
-        .query_async(conn)
-        .await
-        .expect("XRANGE");
+    let reply = raw_entries(conn, stream).await;
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     reply
         .into_iter()
@@ -623,12 +644,12 @@ pub async fn entries(
         .collect()
 }
 
-/// The entries of `stream`'s default dead-letter stream (`<stream>.dead-letter`).
+/// The entries of group `g`'s default dead-letter stream on `stream`.
 pub async fn dead_lettered(
     conn: &mut impl ConnectionLike,
     stream: &str,
 ) -> Vec<(String, Vec<(String, String)>)> {
-    entries(conn, &format!("{stream}.dead-letter")).await
+    entries(conn, &dead_letter_key(stream)).await
 }
 
 /// The `sluice-reason` of the dead letter in `dead` whose origin is `origin`.
@@ -675,6 +696,46 @@ pub async fn read_as(conn: &mut impl ConnectionLike, consumer: &str, stream: &st
         ],
     )
     .await;
+}
+
+/// Read up to `count` new entries of `stream` as `consumer` of `group` (a consumer the test
+/// plays), and acknowledge the first `ack` of them; their ids.
+pub async fn read_and_ack(
+    conn: &mut impl ConnectionLike,
+    stream: &str,
+    group: &str,
+    count: usize,
+    ack: usize,
+) -> Vec<String> {
+    let reply: redis::Value = cmd(
+        conn,
+        &[
+            "XREADGROUP",
+            "GROUP",
+            group,
+            "tester",
+            "COUNT",
+            &count.to_string(),
+            "STREAMS",
+            stream,
+            ">",
+        ],
+    )
+    .await;
+    let read: redis::streams::StreamReadReply =
+        redis::FromRedisValue::from_redis_value(reply).unwrap_or_default();
+    let ids: Vec<String> = read
+        .keys
+        .into_iter()
+        .flat_map(|k| k.ids)
+        .map(|e| e.id)
+        .collect();
+    if ack > 0 {
+        let mut words = vec!["XACK", stream, group];
+        words.extend(ids.iter().take(ack).map(String::as_str));
+        let _: u64 = cmd(conn, &words).await;
+    }
+    ids
 }
 
 /// Run one Redis command given as words.
@@ -800,7 +861,90 @@ pub async fn http_exchange(
     (status, head, body)
 }
 
+/// The delayed set of `keys`, with no ttl and [`test_secret`], as a host would run it: for tests
+/// that park and sweep directly.
+pub async fn delayed_set(
+    redis: &Redis,
+    keys: &sluice_host::keys::SubscriptionKeys,
+) -> sluice_host::delayed::DelayedSet {
+    let conn = sluice_host::redis_conn::RedisHandle::connect(&redis.url(), &Default::default())
+        .await
+        .expect("connect");
+    sluice_host::delayed::DelayedSet::new(keys, None, test_secret(), conn, &Default::default())
+        .expect("the keys name a delayed set")
+}
+
 /// A stream secret for sets and deliveries a test builds by hand.
 pub fn test_secret() -> std::sync::Arc<sluice_host::keys::Secret> {
     std::sync::Arc::new(sluice_host::keys::Secret::from_value("test-secret"))
+}
+
+/// A retry copy in a retry lane, decoded from the member it carries.
+#[derive(Debug, Clone)]
+pub struct LaneCopy {
+    /// Its id in the lane.
+    pub id: String,
+    /// The origin id it brings back.
+    pub origin_id: String,
+    /// The retry count it brings back.
+    pub retry_count: u32,
+    /// When it was due (`sluice-due-ms`).
+    pub due_ms: i64,
+    /// The entry's fields, as text.
+    pub fields: Vec<(String, String)>,
+    /// Whether it carries the host's seal.
+    pub sealed: bool,
+}
+
+/// The retry copies in the lane of delayed set `set`.
+pub async fn lane_copies(conn: &mut impl ConnectionLike, set: &str) -> Vec<LaneCopy> {
+    let reply = raw_entries(conn, &sluice_host::keys::lane_key(set)).await;
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    reply
+        .into_iter()
+        .filter_map(|(id, fields)| {
+            let value = |name: &str| {
+                fields
+                    .iter()
+                    .find(|(n, _)| n == name.as_bytes())
+                    .map(|(_, v)| v.clone())
+            };
+            let due_ms = text(&value("sluice-due-ms")?).parse::<f64>().ok()? as i64;
+            let parked = sluice_host::member::decode(&value("sluice-parked")?, due_ms).ok()?;
+            Some(LaneCopy {
+                id,
+                origin_id: parked.origin_id,
+                retry_count: parked.retry_count,
+                due_ms,
+                fields: parked
+                    .fields
+                    .iter()
+                    .map(|(n, v)| (text(n), text(v)))
+                    .collect(),
+                sealed: value("sluice-mark").is_some(),
+            })
+        })
+        .collect()
+}
+
+/// The lane copy bringing back `origin`, once there is one.
+pub async fn wait_lane_copy(
+    conn: &(impl ConnectionLike + Clone),
+    set: &str,
+    origin: &str,
+) -> LaneCopy {
+    wait_for(
+        Duration::from_secs(30),
+        &format!("a copy of {origin} in the lane of {set}"),
+        || {
+            let mut conn = conn.clone();
+            async move {
+                lane_copies(&mut conn, set)
+                    .await
+                    .into_iter()
+                    .find(|c| c.origin_id == origin)
+            }
+        },
+    )
+    .await
 }

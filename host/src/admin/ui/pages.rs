@@ -140,6 +140,11 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer) -> Markup {
         cards.push(html! {
             div.card {
                 h2 { "Stream " code { (labels.stream) } ", group " code { (labels.group) } }
+                @if let Some(first) = parts.first() {
+                    @for warning in &first.warnings {
+                        p.bad { "Warning: " (warning) }
+                    }
+                }
                 div.grid {
                     div.stat { b { (outcomes[0]) } span { "acked" } }
                     div.stat { b { (outcomes[1]) } span { "retried" } }

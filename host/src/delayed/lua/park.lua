@@ -9,7 +9,10 @@
 -- ARGV[4]  the set's ttl in milliseconds, 0 for none
 -- ARGV[5]  the retry count the entry will carry when it comes back (already raised by one)
 -- ARGV[6]  the id of the entry the producer first added (kept through every park)
--- ARGV[7..] the entry's fields: name, value, name, value, ...
+-- ARGV[7]  the subscription's stream (KEYS[1] may be its retry lane): with the group, the
+--          member's owner, which every sweep checks
+-- ARGV[8..] the entry's fields: name, value, name, value, ... (any number: they are packed
+--          into the member, never unpacked into one command)
 --
 -- Scores are due times in wall-clock epoch milliseconds taken from the Redis server's clock
 -- (TIME), so hosts whose clocks drift still agree on what is due.
@@ -36,10 +39,10 @@ local due = now + tonumber(ARGV[3])
 -- clock, and the host's timer would be that much late.
 local wait_us = due * 1000 - (tonumber(time[1]) * 1000000 + tonumber(time[2]))
 local fields = {}
-for i = 7, #ARGV do
+for i = 8, #ARGV do
   fields[#fields + 1] = ARGV[i]
 end
-local member = cmsgpack.pack({ARGV[2], tonumber(ARGV[5]), fields, ARGV[6]})
+local member = cmsgpack.pack({ARGV[2], tonumber(ARGV[5]), fields, ARGV[6], ARGV[7], ARGV[1]})
 redis.call('ZADD', KEYS[2], due, member)
 local ttl = tonumber(ARGV[4])
 if ttl > 0 then

@@ -1,43 +1,65 @@
--- Move the entries that are due from the delayed-retry set back onto the stream, atomically
--- per call: each due member is appended under a new id (*) with its bookkeeping, and removed
--- from the set, so two hosts sweeping one set never both move an entry.
+-- Move the entries that are due from the delayed-retry set to where the subscription's group
+-- reads them again, atomically per call: each due member is appended under a new id (*) with its
+-- bookkeeping and a seal, and removed from the set, so two hosts sweeping one set never both move
+-- an entry.
 --
--- KEYS[1]  where due entries go: the stream, or the subscription's retry lane
--- KEYS[2]  the delayed-retry sorted set
--- KEYS[3]  the dead-letter stream: a member that cannot go back onto the stream goes there
---          instead of blocking every sweep after it
+-- KEYS[1]  where due entries go: the subscription's retry lane (the default), or its stream
+-- KEYS[2]  the delayed-retry set
+-- KEYS[3]  the dead-letter stream: a member that cannot go back goes there instead of blocking
+--          every sweep after it
 -- ARGV[1]  the most entries to move in this pass
--- ARGV[2]  the stream's secret, which keys the mark over the bookkeeping
+-- ARGV[2]  the stream's secret, which keys the seals
 -- ARGV[3]  the set's ttl in milliseconds, 0 for none
 -- ARGV[4]  the most fields one XADD from this script may carry
--- ARGV[5..12] the bookkeeping field names, in order: retry count, origin id, due time, mark,
---          member, reason, origin key, origin stream (from the host's keys module)
--- ARGV[13] trim the dead-letter stream to about this many entries (MAXLEN ~), 0 for never
--- ARGV[14] the subscription's stream: the name the mark covers and dead letters record as
---          their origin, whether KEYS[1] is that stream or its lane
+-- ARGV[5..15] field names, in order: retry count, origin id, due time, mark, member, reason,
+--          origin key, origin stream, origin group, packed fields, parked (the host's keys module)
+-- ARGV[16] trim the dead-letter stream to about this many entries (MAXLEN ~), 0 for never
+-- ARGV[17] the subscription's stream: the name the seals cover and dead letters record as their
+--          origin, whether KEYS[1] is that stream or the lane
+-- ARGV[18] the subscription's group
+-- ARGV[19] 1 to move due entries to the stream's tail even while other groups read the stream
+--          (other_groups_see_retries), 0 to hold them then
+-- ARGV[20..23] the seals' uses: lane, tail, member (the host's keys module)
 --
--- A lane (KEYS[1] is not ARGV[14]) is the host's own stream, so the sweep keeps it short:
--- before adding to it, it trims every entry below the oldest one some group of the lane still
--- has pending or has not read yet (XTRIM MINID), i.e. only what every group has acknowledged.
+-- Only members of this subscription move: a member names the stream and group that parked it,
+-- and one that names another subscription is dead-lettered raw with a reason naming both (never
+-- delivered to this subscription's handler). Members of earlier releases name no owner and are
+-- taken as this set's.
 --
--- A re-added entry carries the member's fields, then exactly four bookkeeping fields: retry
--- count, origin id (the entry the producer first added), due time (server clock, epoch ms), and
--- a mark, sha1(secret .. sha1(secret .. message)) in hex over the other three and the stream
--- name. The host trusts the bookkeeping only when the mark verifies, so a producer that writes
--- such fields itself changes nothing.
+-- To the lane (KEYS[1] is not ARGV[17]): the copy is three fields, the member itself (which
+-- carries the entry's fields, however many, and its bookkeeping), the due time, and a seal over
+-- the stream, the group, the member and the due time. Only this group reads the lane, so no other
+-- group ever sees a retry. The lane is the host's own stream, so the sweep keeps it short: before
+-- adding to it, it trims every entry below the oldest one some group of the lane still has
+-- pending or has not read yet (XTRIM MINID), i.e. only what every group has acknowledged.
 --
--- A member is dead-lettered, raw, with a reason, when it is not a member the park script wrote,
--- when it has more fields than one XADD can carry, or when Redis refuses the XADD. If even the
--- dead-letter write fails the member stays in the set and is counted as stuck.
+-- To the stream's tail (the seed's design, on explicit opt-in): the copy is the member's fields,
+-- then exactly five bookkeeping fields: retry count, origin id, due time (server clock, epoch ms),
+-- the group that parked it, and a seal over the stream, that group, the origin id, the retry
+-- count, the due time and the digest of the fields before them. An entry with more fields than
+-- one XADD can carry goes with them packed into one value. While another group reads the stream
+-- and ARGV[19] is 0, nothing moves: the pass answers which group it saw (the host holds retries
+-- then, and says so), since that group would read every retry as a new entry of its own.
+--
+-- The host trusts a copy's bookkeeping only when its seal verifies: a producer that writes such
+-- fields itself, or copies a seal onto other fields, changes nothing.
+--
+-- A member is dead-lettered, raw, with a reason (and a seal over the set, stream, group and the
+-- member) when it is not a member the park script wrote, when it belongs to another
+-- subscription, or when Redis refuses the XADD. If even the dead-letter write fails the member
+-- stays in the set and is counted as stuck.
 --
 -- "Now" is the Redis server's clock (TIME), the same clock parking used. With a ttl, the set's
 -- expiry moves to `ttl` after its latest due time (or after now), as the park script does.
 --
--- Reply: {moved, wait_us, now_ms, dead_lettered, stuck}: wait_us is how long after the pass
--- ended (server clock, microseconds) the earliest member left is due, 0 if it is due already,
--- -1 if the set is empty.
+-- Reply: {moved, wait_us, now_ms, dead_lettered, stuck, held_by}: wait_us is how long after the
+-- pass ended (server clock, microseconds) the earliest member left is due, 0 if it is due already,
+-- -1 if the set is empty; held_by is the other group that held this pass's retries ('' if none
+-- did), or, with ARGV[19] = 1, the other group the pass moved retries past.
 local F_RETRY, F_ORIGIN, F_DUE, F_MARK = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local F_MEMBER, F_REASON, F_ORIGIN_KEY, F_ORIGIN_STREAM = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
+local F_ORIGIN_GROUP, F_PACKED, F_PARKED = ARGV[13], ARGV[14], ARGV[15]
+local SEAL_LANE, SEAL_TAIL, SEAL_MEMBER = ARGV[20], ARGV[21], ARGV[22]
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0,
@@ -45,15 +67,9 @@ local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIM
 local secret = ARGV[2]
 local max_fields = tonumber(ARGV[4])
 local moved, dead, stuck = 0, 0, 0
-local stream = ARGV[14]
-
--- Stream ids compare as two numbers, ms then sequence.
-local function id_less(a, b)
-  local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
-  local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
-  ams, bms = tonumber(ams), tonumber(bms)
-  return ams < bms or (ams == bms and tonumber(aseq) < tonumber(bseq))
-end
+local stream, group = ARGV[17], ARGV[18]
+local to_lane = KEYS[1] ~= stream
+local held_by = ''
 
 -- Drop the lane's entries that every group of the lane has read and acknowledged.
 local function trim_lane()
@@ -63,15 +79,14 @@ local function trim_lane()
   end
   local floor
   for _, flat in ipairs(groups) do
-    local group = {}
+    local g = {}
     for i = 1, #flat, 2 do
-      group[flat[i]] = flat[i + 1]
+      g[flat[i]] = flat[i + 1]
     end
     -- Nothing pending: everything up to the last id read is acknowledged.
-    local ms, seq = string.match(group['last-delivered-id'], '^(%d+)-(%d+)$')
-    local keep = ms .. '-' .. string.format('%.0f', tonumber(seq) + 1)
-    if tonumber(group['pending']) > 0 then
-      keep = redis.call('XPENDING', KEYS[1], group['name'])[2]
+    local keep = id_after(g['last-delivered-id'])
+    if tonumber(g['pending']) > 0 then
+      keep = redis.call('XPENDING', KEYS[1], g['name'])[2]
     end
     if floor == nil or id_less(keep, floor) then
       floor = keep
@@ -82,17 +97,40 @@ local function trim_lane()
   end
 end
 
-if #due > 0 and KEYS[1] ~= stream then
-  trim_lane()
+-- The first group of the stream other than this one, or nil.
+local function other_group()
+  local groups = redis.pcall('XINFO', 'GROUPS', stream)
+  if type(groups) ~= 'table' or groups.err then
+    return nil
+  end
+  for _, flat in ipairs(groups) do
+    for i = 1, #flat, 2 do
+      if flat[i] == 'name' and flat[i + 1] ~= group then
+        return flat[i + 1]
+      end
+    end
+  end
+  return nil
 end
 
-local function dead_letter(member, reason)
-  local args = {KEYS[3]}
-  if tonumber(ARGV[13]) > 0 then
-    args = {KEYS[3], 'MAXLEN', '~', ARGV[13]}
+if #due > 0 and to_lane then
+  trim_lane()
+end
+if #due > 0 and not to_lane then
+  held_by = other_group() or ''
+  if held_by ~= '' and ARGV[19] ~= '1' then
+    due = {}
   end
+end
+
+local function dead_letter(member, reason, owner_stream, owner_group)
+  local args = {KEYS[3]}
+  if tonumber(ARGV[16]) > 0 then
+    args = {KEYS[3], 'MAXLEN', '~', ARGV[16]}
+  end
+  local mark = seal(secret, {SEAL_MEMBER, KEYS[2], owner_stream, owner_group, member})
   for _, v in ipairs({'*', F_MEMBER, member, F_REASON, reason, F_ORIGIN_KEY, KEYS[2],
-      F_ORIGIN_STREAM, stream}) do
+      F_ORIGIN_STREAM, owner_stream, F_ORIGIN_GROUP, owner_group, F_MARK, mark}) do
     args[#args + 1] = v
   end
   local written = redis.pcall('XADD', unpack(args))
@@ -104,39 +142,52 @@ local function dead_letter(member, reason)
   return true
 end
 
+-- The copy at the stream's tail: the fields (packed past what one XADD carries), then the
+-- bookkeeping and its seal.
+local function tail_copy(fields, origin, retry, score)
+  local args = {KEYS[1], '*'}
+  local own = fields
+  if #fields / 2 > max_fields then
+    own = {F_PACKED, cmsgpack.pack(fields)}
+  end
+  for _, v in ipairs(own) do
+    args[#args + 1] = v
+  end
+  local mark = seal(secret, {SEAL_TAIL, stream, group, origin, retry, score, fields_digest(own)})
+  for _, v in ipairs({F_RETRY, retry, F_ORIGIN, origin, F_DUE, score, F_ORIGIN_GROUP, group,
+      F_MARK, mark}) do
+    args[#args + 1] = v
+  end
+  return redis.pcall('XADD', unpack(args))
+end
+
 for i = 1, #due, 2 do
   local member, score = due[i], due[i + 1]
   local done
   local ok, parked = pcall(cmsgpack.unpack, member)
   if not (ok and type(parked) == 'table' and type(parked[1]) == 'string'
       and type(parked[2]) == 'number' and type(parked[3]) == 'table') then
-    done = dead_letter(member, 'unreadable delayed-retry set member (not written by Sluice)')
-  elseif #parked[3] / 2 > max_fields then
-    done = dead_letter(member, 'cannot re-add a retry with ' .. (#parked[3] / 2) ..
-      ' fields: one XADD from a script carries at most ' .. max_fields)
+    done = dead_letter(member, 'unreadable delayed-retry set member (not written by Sluice)',
+      stream, group)
+  elseif parked[5] ~= nil and (parked[5] ~= stream or parked[6] ~= group) then
+    local owner_stream, owner_group = tostring(parked[5]), tostring(parked[6])
+    done = dead_letter(member, 'parked by stream `' .. owner_stream .. '` group `' ..
+      owner_group .. '`, not by this set\'s subscription (stream `' .. stream .. '` group `' ..
+      group .. '`): not delivered to this subscription\'s handler', stream, group)
   else
-    local origin = parked[4]
-    if type(origin) ~= 'string' then
-      origin = parked[1]
+    local added
+    if to_lane then
+      local mark = seal(secret, {SEAL_LANE, stream, group, member, score})
+      added = redis.pcall('XADD', KEYS[1], '*', F_PARKED, member, F_DUE, score, F_MARK, mark)
+    else
+      local origin = parked[4]
+      if type(origin) ~= 'string' then
+        origin = parked[1]
+      end
+      added = tail_copy(parked[3], origin, tostring(parked[2]), score)
     end
-    local retry = tostring(parked[2])
-    local message = #stream .. ':' .. stream .. ':' .. origin .. ':' .. retry .. ':' .. score
-    local mark = redis.sha1hex(secret .. redis.sha1hex(secret .. message))
-    local args = {KEYS[1], '*'}
-    for _, v in ipairs(parked[3]) do
-      args[#args + 1] = v
-    end
-    args[#args + 1] = F_RETRY
-    args[#args + 1] = retry
-    args[#args + 1] = F_ORIGIN
-    args[#args + 1] = origin
-    args[#args + 1] = F_DUE
-    args[#args + 1] = score
-    args[#args + 1] = F_MARK
-    args[#args + 1] = mark
-    local added = redis.pcall('XADD', unpack(args))
     if type(added) == 'table' and added.err then
-      done = dead_letter(member, 'cannot re-add the retry to the stream: ' .. added.err)
+      done = dead_letter(member, 'cannot re-add the retry: ' .. added.err, stream, group)
     else
       moved = moved + 1
       done = true
@@ -162,4 +213,4 @@ if #first == 2 then
   -- Kept within what the reply's integer holds whatever score a stranger wrote.
   wait_us = math.min(math.max(0, wait_us), 2 ^ 53)
 end
-return {moved, wait_us, now, dead, stuck}
+return {moved, wait_us, now, dead, stuck, held_by}

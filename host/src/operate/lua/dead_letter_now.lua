@@ -3,26 +3,33 @@
 --
 -- KEYS[1]  the delayed-retry set
 -- KEYS[2]  the dead-letter stream
+-- KEYS[3]  the stream's secret (may not exist: then nothing is sealed)
 -- ARGV[1]  the reason
 -- ARGV[2]  the stream and ARGV[3] the group the retries belong to (recorded with them)
 -- ARGV[4]  the most fields one XADD from this script may carry
--- ARGV[5..13] field names: reason, origin stream, origin group, origin id, entry id, retry
---          count, delivery count, member, origin key (from the host's keys module)
--- ARGV[14] trim the dead-letter stream to about this many entries (MAXLEN ~), 0 for never
--- ARGV[15..] members
+-- ARGV[5..15] field names: reason, origin stream, origin group, origin id, entry id, retry
+--          count, delivery count, member, origin key, mark, packed fields (the host's keys module)
+-- ARGV[16] trim the dead-letter stream to about this many entries (MAXLEN ~), 0 for never
+-- ARGV[17..18] the seals' uses: dead letter, member
+-- ARGV[19..] members
 --
--- A member the park script wrote becomes a dead letter like the dispatcher's (its fields, then
--- the bookkeeping), so it can be requeued; anything else (or one with too many fields) is kept
--- raw under the member field, as the sweep does.
+-- A member the park script wrote for this subscription becomes a dead letter like the
+-- dispatcher's (its fields, packed past what one XADD carries, then the bookkeeping and the
+-- seal), so it can be requeued with its origin id; anything else (unreadable, or parked by
+-- another subscription) is kept raw under the member field, as the sweep does.
 --
 -- Reply: how many members were dead-lettered (members no longer in the set are skipped).
 local F_REASON, F_STREAM, F_GROUP, F_ORIGIN, F_ENTRY = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local F_RETRY, F_DELIVERIES, F_MEMBER, F_KEY = ARGV[10], ARGV[11], ARGV[12], ARGV[13]
+local F_MARK, F_PACKED = ARGV[14], ARGV[15]
+local SEAL_DEAD_LETTER, SEAL_MEMBER = ARGV[17], ARGV[18]
+local stream, group = ARGV[2], ARGV[3]
 local max_fields = tonumber(ARGV[4])
+local secret = redis.call('GET', KEYS[3])
 local function xadd(values)
   local args = {KEYS[2]}
-  if tonumber(ARGV[14]) > 0 then
-    args = {KEYS[2], 'MAXLEN', '~', ARGV[14]}
+  if tonumber(ARGV[16]) > 0 then
+    args = {KEYS[2], 'MAXLEN', '~', ARGV[16]}
   end
   args[#args + 1] = '*'
   for _, v in ipairs(values) do
@@ -31,27 +38,45 @@ local function xadd(values)
   return redis.call('XADD', unpack(args))
 end
 local moved = 0
-for i = 15, #ARGV do
+for i = 19, #ARGV do
   local member = ARGV[i]
   if redis.call('ZSCORE', KEYS[1], member) then
     local ok, parked = pcall(cmsgpack.unpack, member)
-    if ok and type(parked) == 'table' and type(parked[1]) == 'string'
-        and type(parked[3]) == 'table' and #parked[3] / 2 <= max_fields then
+    local ours = ok and type(parked) == 'table' and type(parked[1]) == 'string'
+      and type(parked[3]) == 'table'
+      and (parked[5] == nil or (parked[5] == stream and parked[6] == group))
+    if ours then
       local origin = parked[4]
-      if type(origin) ~= 'string' then
+      if type(origin) ~= 'string' or origin == '' then
         origin = parked[1]
       end
+      local own = parked[3]
+      if #own / 2 > max_fields then
+        own = {F_PACKED, cmsgpack.pack(own)}
+      end
       local values = {}
-      for _, v in ipairs(parked[3]) do
+      for _, v in ipairs(own) do
         values[#values + 1] = v
       end
-      for _, v in ipairs({F_REASON, ARGV[1], F_STREAM, ARGV[2], F_GROUP, ARGV[3], F_ORIGIN, origin,
+      for _, v in ipairs({F_REASON, ARGV[1], F_STREAM, stream, F_GROUP, group, F_ORIGIN, origin,
           F_ENTRY, parked[1], F_RETRY, tostring(parked[2]), F_DELIVERIES, '0'}) do
         values[#values + 1] = v
       end
+      if secret then
+        values[#values + 1] = F_MARK
+        values[#values + 1] = seal(secret, {SEAL_DEAD_LETTER, stream, group, origin,
+          fields_digest(own)})
+      end
       xadd(values)
     else
-      xadd({F_MEMBER, member, F_REASON, ARGV[1], F_KEY, KEYS[1], F_STREAM, ARGV[2]})
+      local raw = {F_MEMBER, member, F_REASON, ARGV[1], F_KEY, KEYS[1], F_STREAM, stream}
+      if secret then
+        for _, v in ipairs({F_GROUP, group, F_MARK,
+            seal(secret, {SEAL_MEMBER, KEYS[1], stream, group, member})}) do
+          raw[#raw + 1] = v
+        end
+      end
+      xadd(raw)
     end
     redis.call('ZREM', KEYS[1], member)
     moved = moved + 1

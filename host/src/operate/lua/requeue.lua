@@ -1,40 +1,70 @@
--- Put one dead letter back onto its subscription's stream and remove it from the dead-letter
+-- Put one dead letter back to its subscription's group and remove it from the dead-letter
 -- stream, atomically: a crash at any instant leaves it in exactly one of the two places.
 --
--- KEYS[1]  the stream
+-- KEYS[1]  where it goes: the group's retry lane, or (retry_lane = false, or no delayed set)
+--          the stream
 -- KEYS[2]  the dead-letter stream
 -- KEYS[3]  the stream's secret (may not exist)
 -- ARGV[1]  the dead letter's id
--- ARGV[2]  the origin id to keep ('' when unknown)
--- ARGV[3..6] the bookkeeping field names, in order: retry count, origin id, due time, mark
--- ARGV[7..] the fields to add: name, value, ... (the entry's own fields and the requeue record)
+-- ARGV[2]  the origin id to keep ('' when it cannot be trusted: the copy is its own origin)
+-- ARGV[3]  the subscription's stream, ARGV[4] its group (what the seal covers)
+-- ARGV[5]  'lane' or 'tail': the form of the copy
+-- ARGV[6..12] field names, in order: retry count, origin id, due time, origin group, mark,
+--          parked, packed fields (from the host's keys module)
+-- ARGV[13..14] the seals' uses: lane, tail
+-- ARGV[15] the most fields one XADD from this script may carry
+-- ARGV[16..] the fields to add: name, value, ... (the entry's own fields and the requeue record)
 --
--- With a secret and an origin id, the copy ends with the sweep's trusted bookkeeping: retry
--- count 0, the origin id, "due" now, and the mark over them, so the handler sees the producer's
--- origin id again and a fresh attempt count. Without them it is a plain new entry.
+-- Into the lane: the copy is what the sweep writes there, a member (the dead letter's id, retry
+-- count 0, the fields, the origin id or '', the stream and group), "due" now, and the seal over
+-- them. Onto the stream with a secret and a trusted origin id: the fields, then the tail
+-- bookkeeping (retry count 0, the origin id, "due" now, the group) and its seal, so the handler
+-- sees the producer's origin id again and a fresh attempt count. Otherwise a plain new entry.
+-- Fields past what one XADD carries go packed into one value.
 --
 -- The dead letter is checked first (another operator or host may have requeued or deleted it:
 -- nothing is written then), added second, deleted last: if the XADD fails the script stops
 -- before the XDEL and the dead letter stays.
 --
 -- Reply: the new entry's id, or false when the dead letter was no longer there.
+local F_RETRY, F_ORIGIN, F_DUE, F_GROUP = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local F_MARK, F_PARKED, F_PACKED = ARGV[10], ARGV[11], ARGV[12]
+local SEAL_LANE, SEAL_TAIL = ARGV[13], ARGV[14]
+local stream, group, origin = ARGV[3], ARGV[4], ARGV[2]
 if #redis.call('XRANGE', KEYS[2], ARGV[1], ARGV[1]) == 0 then
   return false
 end
-local args = {KEYS[1], '*'}
-for i = 7, #ARGV do
-  args[#args + 1] = ARGV[i]
+local fields = {}
+for i = 16, #ARGV do
+  fields[#fields + 1] = ARGV[i]
 end
 local secret = redis.call('GET', KEYS[3])
-if secret and ARGV[2] ~= '' then
-  local time = redis.call('TIME')
-  local now = string.format('%.0f', tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000))
-  local message = #KEYS[1] .. ':' .. KEYS[1] .. ':' .. ARGV[2] .. ':0:' .. now
-  local mark = redis.sha1hex(secret .. redis.sha1hex(secret .. message))
-  for _, v in ipairs({ARGV[3], '0', ARGV[4], ARGV[2], ARGV[5], now, ARGV[6], mark}) do
+local time = redis.call('TIME')
+local now = string.format('%.0f', tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000))
+local id
+if ARGV[5] == 'lane' then
+  if not secret then
+    return redis.error_reply('NOSECRET the stream has no secret to seal a lane copy with')
+  end
+  local member = cmsgpack.pack({ARGV[1], 0, fields, origin, stream, group})
+  local mark = seal(secret, {SEAL_LANE, stream, group, member, now})
+  id = redis.call('XADD', KEYS[1], '*', F_PARKED, member, F_DUE, now, F_MARK, mark)
+else
+  local own = fields
+  if #fields / 2 > tonumber(ARGV[15]) then
+    own = {F_PACKED, cmsgpack.pack(fields)}
+  end
+  local args = {KEYS[1], '*'}
+  for _, v in ipairs(own) do
     args[#args + 1] = v
   end
+  if secret and origin ~= '' then
+    local mark = seal(secret, {SEAL_TAIL, stream, group, origin, '0', now, fields_digest(own)})
+    for _, v in ipairs({F_RETRY, '0', F_ORIGIN, origin, F_DUE, now, F_GROUP, group, F_MARK, mark}) do
+      args[#args + 1] = v
+    end
+  end
+  id = redis.call('XADD', unpack(args))
 end
-local id = redis.call('XADD', unpack(args))
 redis.call('XDEL', KEYS[2], ARGV[1])
 return id

@@ -2,8 +2,8 @@
 -- atomic step, by whichever host holds the stream's retention lease.
 --
 -- KEYS[1]  the stream
--- KEYS[2]  the lease (a string: the holder's name, with an expiry)
--- KEYS[3]  the last run's record (a hash: at_ms, trimmed, threshold, length, blocked, holder)
+-- KEYS[2]  the stream's lease (a string: the holder's name, with an expiry)
+-- KEYS[3]  the stream's last run's record (a hash: at_ms, trimmed, threshold, length, blocked, holder)
 -- KEYS[4]  the dead-letter stream
 -- ARGV[1]  this host's name for the lease
 -- ARGV[2]  the lease's length in milliseconds
@@ -21,6 +21,8 @@
 -- `max_len` lets the run trim everything acknowledged, however young, while the stream is longer;
 -- when even that leaves it longer, the run says so (blocked) and keeps the entries.
 --
+-- Ids are compared exactly (`ids.lua`, loaded in front of this script), never as Lua numbers.
+--
 -- Trimming is approximate (MINID ~): Redis drops whole nodes only, so it may keep a few more
 -- entries than allowed, never fewer; LIMIT bounds the work of one run.
 --
@@ -33,16 +35,6 @@ end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-
-local function parse(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
-local function less(a, b)
-  local am, as = parse(a)
-  local bm, bs = parse(b)
-  return am < bm or (am == bm and as < bs)
-end
 
 local dead_trimmed = 0
 if tonumber(ARGV[5]) > 0 then
@@ -70,11 +62,11 @@ for _, g in ipairs(groups) do
   local limit = last
   if pending > 0 then
     local oldest = redis.call('XPENDING', KEYS[1], name)[2]
-    if less(oldest, limit) then
+    if id_less(oldest, limit) then
       limit = oldest
     end
   end
-  if needed == nil or less(limit, needed) then
+  if needed == nil or id_less(limit, needed) then
     needed = limit
   end
 end
@@ -84,7 +76,7 @@ if needed ~= nil then
   threshold = needed
   local aged = string.format('%.0f', math.max(0, now - tonumber(ARGV[3]))) .. '-0'
   local capped = tonumber(ARGV[4]) > 0 and length > tonumber(ARGV[4])
-  if not capped and less(aged, threshold) then
+  if not capped and id_less(aged, threshold) then
     threshold = aged
   end
   trimmed = redis.call('XTRIM', KEYS[1], 'MINID', '~', threshold, 'LIMIT', tonumber(ARGV[6]))

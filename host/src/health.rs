@@ -1,5 +1,6 @@
 //! How a subscription's reads are going, for readiness: when the last read succeeded and what
-//! the last failure was.
+//! the last failure was; and whether its due retries are held back (see
+//! [`ReadHealth::retries_held`]).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -11,6 +12,8 @@ pub struct ReadHealth {
     /// (a healthy read returns within it) plus a grace for a reconnect.
     tolerance: Duration,
     state: Mutex<State>,
+    /// Why due retries are held in the delayed set, if they are.
+    held: Mutex<Option<String>>,
 }
 
 #[derive(Debug)]
@@ -31,6 +34,16 @@ impl ReadHealth {
                 failing_since: None,
                 last_error: None,
             }),
+            held: Mutex::new(None),
+        }
+    }
+
+    /// The delayed set's sweep holds due retries back, for `why` (`None`: it moves them
+    /// again). Retries are safe in the set meanwhile, but they do not come back, which is
+    /// something to fix: readiness says so.
+    pub fn retries_held(&self, why: Option<String>) {
+        if let Ok(mut held) = self.held.lock() {
+            *held = why;
         }
     }
 
@@ -51,8 +64,12 @@ impl ReadHealth {
         }
     }
 
-    /// Why the subscription is not ready: reads have failed for longer than the tolerance.
+    /// Why the subscription is not ready: reads have failed for longer than the tolerance, or
+    /// its due retries are held back.
     pub fn problem(&self) -> Option<String> {
+        if let Some(why) = self.held.lock().ok().and_then(|h| h.clone()) {
+            return Some(why);
+        }
         let state = self.state.lock().ok()?;
         // Failing since after the last success, so this also bounds the time since it.
         (state.failing_since?.elapsed() > self.tolerance).then(|| {

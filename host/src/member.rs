@@ -1,5 +1,11 @@
-//! Reading what waits in a delayed-retry set: the members `lua/park.lua` writes, decoded, for
-//! `sluice parked` and for tests.
+//! What waits in a delayed-retry set: the members `delayed/lua/park.lua` writes, decoded (for `sluice
+//! parked`, the reader of the retry lane, and tests), and encoded as the script does (for tools
+//! and tests that fill a set by hand).
+//!
+//! A member is a MessagePack array `[entry id, retry count, [name, value, ...], origin id,
+//! stream, group]`: unique per entry (the id), enough to rebuild it whatever its number of
+//! fields, and naming the subscription it belongs to. Members of earlier releases lack the
+//! stream and group (and the oldest the origin id, which is then the entry id).
 
 use redis::RedisResult;
 use redis::aio::ConnectionLike;
@@ -17,6 +23,9 @@ pub struct ParkedEntry {
     pub due_ms: i64,
     /// Its fields (bytes, names included).
     pub fields: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The stream and group whose subscription parked it (`None` for a member of an earlier
+    /// release, which did not say).
+    pub owner: Option<(String, String)>,
 }
 
 /// Why a member could not be decoded.
@@ -24,8 +33,7 @@ pub struct ParkedEntry {
 #[error("delayed-set member is not a Sluice parked entry: {0}")]
 pub struct MemberError(String);
 
-/// Decode one member: a MessagePack array `[entry id, retry count, [name, value, ...], origin
-/// id]` (members parked before origins were kept have no fourth item: the entry is the origin).
+/// Decode one member (see the module's documentation for its forms).
 pub fn decode(member: &[u8], due_ms: i64) -> Result<ParkedEntry, MemberError> {
     let value =
         rmpv::decode::read_value(&mut &member[..]).map_err(|e| MemberError(e.to_string()))?;
@@ -57,6 +65,10 @@ pub fn decode(member: &[u8], due_ms: i64) -> Result<ParkedEntry, MemberError> {
         Some(first) => text(first, "origin id")?,
         None => entry_id.clone(),
     };
+    let owner = match (parts.get(4), parts.get(5)) {
+        (Some(stream), Some(group)) => Some((text(stream, "stream")?, text(group, "group")?)),
+        _ => None,
+    };
     let retry_count = count
         .as_u64()
         .or_else(|| count.as_f64().map(|f| f as u64))
@@ -77,6 +89,7 @@ pub fn decode(member: &[u8], due_ms: i64) -> Result<ParkedEntry, MemberError> {
         retry_count,
         due_ms,
         fields,
+        owner,
     })
 }
 
@@ -103,24 +116,63 @@ pub async fn list<C: ConnectionLike>(
     Ok((entries, now_ms))
 }
 
-/// Encode a member exactly as `lua/park.lua` does (Lua's cmsgpack writes every string, text or
-/// not, as a MessagePack str), for tools that fill a set in bulk (the benchmark's drain
-/// scenario) and for tests.
-pub fn encode(entry_id: &str, retry_count: u32, fields: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
-    fn raw_str(out: &mut Vec<u8>, bytes: &[u8]) {
-        let _ = rmp::encode::write_str_len(out, bytes.len() as u32);
-        out.extend_from_slice(bytes);
+/// A member as `lua/park.lua` writes it, for tools that fill a set by hand (the benchmark's
+/// drain scenario) and for tests.
+#[derive(Debug, Clone)]
+pub struct NewMember<'a> {
+    /// The id of the entry parked.
+    pub entry_id: &'a str,
+    /// The retry count it comes back with.
+    pub retry_count: u32,
+    /// Its fields.
+    pub fields: &'a [(Vec<u8>, Vec<u8>)],
+    /// The id of the entry the producer added.
+    pub origin_id: &'a str,
+    /// The subscription's stream.
+    pub stream: &'a str,
+    /// The subscription's group.
+    pub group: &'a str,
+}
+
+fn raw_str(out: &mut Vec<u8>, bytes: &[u8]) {
+    let _ = rmp::encode::write_str_len(out, bytes.len() as u32);
+    out.extend_from_slice(bytes);
+}
+
+fn fields_array(out: &mut Vec<u8>, fields: &[(Vec<u8>, Vec<u8>)]) {
+    let _ = rmp::encode::write_array_len(out, (fields.len() * 2) as u32);
+    for (name, value) in fields {
+        raw_str(out, name);
+        raw_str(out, value);
     }
-    // Writing to a Vec cannot fail.
+}
+
+impl NewMember<'_> {
+    /// The member's bytes, exactly as the script writes them (Lua's cmsgpack writes every
+    /// string, text or not, as a MessagePack str).
+    pub fn encode(&self) -> Vec<u8> {
+        // Writing to a Vec cannot fail.
+        let mut out = Vec::new();
+        let _ = rmp::encode::write_array_len(&mut out, 6);
+        raw_str(&mut out, self.entry_id.as_bytes());
+        let _ = rmp::encode::write_uint(&mut out, u64::from(self.retry_count));
+        fields_array(&mut out, self.fields);
+        raw_str(&mut out, self.origin_id.as_bytes());
+        raw_str(&mut out, self.stream.as_bytes());
+        raw_str(&mut out, self.group.as_bytes());
+        out
+    }
+}
+
+/// Encode a member as the first release's park script did (`[entry id, retry count, fields]`,
+/// the entry being its own origin, no owner): what upgrade tests and the drain benchmark fill a
+/// set with.
+pub fn encode_legacy(entry_id: &str, retry_count: u32, fields: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
     let mut out = Vec::new();
     let _ = rmp::encode::write_array_len(&mut out, 3);
     raw_str(&mut out, entry_id.as_bytes());
     let _ = rmp::encode::write_uint(&mut out, u64::from(retry_count));
-    let _ = rmp::encode::write_array_len(&mut out, (fields.len() * 2) as u32);
-    for (name, value) in fields {
-        raw_str(&mut out, name);
-        raw_str(&mut out, value);
-    }
+    fields_array(&mut out, fields);
     out
 }
 
@@ -131,11 +183,28 @@ mod tests {
     #[test]
     fn encode_and_decode_round_trip() {
         let fields = vec![(vec![0xfe, b'p'], vec![0xff, 0x00, b'x'])];
-        let member = encode("1-0", 3, &fields);
+        let member = encode_legacy("1-0", 3, &fields);
         let entry = decode(&member, 42).unwrap();
         assert_eq!(entry.origin_id, "1-0");
         assert_eq!(entry.retry_count, 3);
         assert_eq!(entry.fields, fields);
         assert_eq!(entry.due_ms, 42);
+        assert_eq!(entry.owner, None);
+        let member = NewMember {
+            entry_id: "2-0",
+            retry_count: 1,
+            fields: &fields,
+            origin_id: "1-0",
+            stream: "s",
+            group: "g",
+        }
+        .encode();
+        let entry = decode(&member, 7).unwrap();
+        assert_eq!(
+            (entry.entry_id.as_str(), entry.origin_id.as_str()),
+            ("2-0", "1-0")
+        );
+        assert_eq!(entry.owner, Some(("s".into(), "g".into())));
+        assert_eq!(entry.fields, fields);
     }
 }

@@ -1,0 +1,196 @@
+//! Upgrading from the earlier release: the state its hosts left in Redis (parked members without
+//! an owner, lane and stream copies with its marks, dead letters in the stream's shared default
+//! dead-letter stream) is written here in its formats, byte for byte, and a host of this release
+//! brings each entry back once, with its origin id and retry count, and lists and requeues the
+//! dead letters.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use sluice_host::EventKind;
+use sluice_host::keys::Secret;
+use sluice_host::member;
+use sluice_host::operate::dead_letters;
+
+use crate::common::*;
+
+const T: Duration = Duration::from_secs(60);
+
+/// A member of the earlier release that kept the origin: `[entry id, retry count, fields,
+/// origin id]`, strings as MessagePack str (as Lua's cmsgpack writes them).
+fn member_with_origin(
+    entry: &str,
+    retry: u32,
+    fields: &[(Vec<u8>, Vec<u8>)],
+    origin: &str,
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    let str = |out: &mut Vec<u8>, b: &[u8]| {
+        rmp::encode::write_str_len(out, b.len() as u32).unwrap();
+        out.extend_from_slice(b);
+    };
+    rmp::encode::write_array_len(&mut out, 4).unwrap();
+    str(&mut out, entry.as_bytes());
+    rmp::encode::write_uint(&mut out, u64::from(retry)).unwrap();
+    rmp::encode::write_array_len(&mut out, (fields.len() * 2) as u32).unwrap();
+    for (name, value) in fields {
+        str(&mut out, name);
+        str(&mut out, value);
+    }
+    str(&mut out, origin.as_bytes());
+    out
+}
+
+/// `payload` and the earlier release's four bookkeeping fields with its mark.
+fn old_copy(secret: &Secret, stream: &str, origin: &str, retry: &str) -> Vec<(String, String)> {
+    let due = "1700000000000";
+    vec![
+        ("payload".into(), Control::Ack.to_string()),
+        ("sluice-retry-count".into(), retry.into()),
+        ("sluice-origin-id".into(), origin.into()),
+        ("sluice-due-ms".into(), due.into()),
+        (
+            "sluice-mark".into(),
+            secret.legacy_mark(stream, origin, retry, due),
+        ),
+    ]
+}
+
+async fn xadd(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    fields: &[(String, String)],
+) -> String {
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(key).arg("*");
+    for (n, v) in fields {
+        cmd.arg(n).arg(v);
+    }
+    cmd.query_async(conn).await.unwrap()
+}
+
+/// An earlier release's dead letter of a delivery (seven bookkeeping fields, no seal).
+fn old_dead_letter(group: &str, origin: &str) -> Vec<(String, String)> {
+    [
+        ("payload", Control::Ack.to_string()),
+        ("sluice-reason", "gateway down".to_owned()),
+        ("sluice-origin-stream", "old".to_owned()),
+        ("sluice-origin-group", group.to_owned()),
+        ("sluice-origin-id", origin.to_owned()),
+        ("sluice-entry-id", origin.to_owned()),
+        ("sluice-retry-count", "3".to_owned()),
+        ("sluice-delivery-count", "1".to_owned()),
+    ]
+    .into_iter()
+    .map(|(n, v)| (n.to_owned(), v))
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_releases_state_comes_back_once() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let (stream, set, lane) = ("old", "old.delayed", "old.delayed.lane");
+    // The stream's secret, as an earlier host made it.
+    let _: () = cmd(&mut conn, &["SET", "sluice-secret:{old}", "earlier-secret"]).await;
+    let secret = Secret::from_value("earlier-secret");
+    let ack = vec![(b"payload".to_vec(), Control::Ack.to_string().into_bytes())];
+    // Parked: a first-release member (no origin: the entry is its own) due already, and one
+    // with an origin due shortly.
+    let _: i64 = redis::cmd("ZADD")
+        .arg(set)
+        .arg(1)
+        .arg(member::encode_legacy("1-1", 1, &ack))
+        .arg(1)
+        .arg(member_with_origin("2-2", 2, &ack, "2-1"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // A lane copy (`retry_lane = true` then) and a stream copy, marked the earlier way, unread.
+    create_group(&mut conn, lane, "g", "0").await;
+    create_group(&mut conn, stream, "g", "0").await;
+    let on_lane = xadd(&mut conn, lane, &old_copy(&secret, stream, "3-1", "1")).await;
+    let on_stream = xadd(&mut conn, stream, &old_copy(&secret, stream, "5-1", "4")).await;
+    // Dead letters in the stream's shared default dead-letter stream: this group's, another
+    // group's, and a raw member the sweep gave up on.
+    let legacy = "old.dead-letter";
+    let mine = xadd(&mut conn, legacy, &old_dead_letter("g", "6-1")).await;
+    let theirs = xadd(&mut conn, legacy, &old_dead_letter("other", "7-1")).await;
+    let member_letter: String = redis::cmd("XADD")
+        .arg(legacy)
+        .arg("*")
+        .arg("sluice-member")
+        .arg(member_with_origin("8-2", 1, &ack, "8-1"))
+        .arg("sluice-reason")
+        .arg("cannot re-add")
+        .arg("sluice-origin-key")
+        .arg(set)
+        .arg("sluice-origin-stream")
+        .arg(stream)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    // A host of this release, with the defaults (lane, per-group dead letters).
+    let mut host = start_fixture(&redis, Sub::fixture(stream).delayed(set)).await;
+    let mut acked: HashMap<String, (u32, usize)> = HashMap::new();
+    let expected = [("1-1", 1), ("2-1", 2), ("3-1", 1), ("5-1", 4)];
+    while acked.values().map(|(_, n)| n).sum::<usize>() < expected.len() {
+        let event = host
+            .event(T, "the earlier release's retries", |e| {
+                e.kind == EventKind::Acked
+            })
+            .await;
+        let seen = acked
+            .entry(event.origin_id.clone())
+            .or_insert((event.retry_count, 0));
+        seen.1 += 1;
+    }
+    for (origin, retry) in expected {
+        assert_eq!(acked.get(origin), Some(&(retry, 1)), "{origin}: {acked:?}");
+    }
+    let _ = (on_lane, on_stream);
+    assert_eq!(parked(&mut conn, set).await, 0);
+    wait_for(T, "nothing pending", || {
+        let mut conn = conn.clone();
+        async move {
+            (pending(&mut conn, stream, "g").await == 0 && pending(&mut conn, lane, "g").await == 0)
+                .then_some(())
+        }
+    })
+    .await;
+
+    // The group's dead letters moved to its own dead-letter stream; the other group's stayed.
+    let own = dead_letter_key(stream);
+    wait_dead_letters_in(&conn, &own, 2).await;
+    let left: Vec<String> = entries(&mut conn, legacy)
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(left, [theirs], "{mine} and {member_letter} moved");
+    let keys = sluice_host::keys::SubscriptionKeys::new(stream, "g", &own, Some(set))
+        .with_retry_lane(true);
+    let page = dead_letters::list(&mut conn, &keys, None, 10, None, 1)
+        .await
+        .unwrap();
+    assert_eq!(page.items.len(), 2, "{:?}", page.items);
+    // Both were written before the upgrade: their origins are trusted, and a requeue keeps them.
+    for letter in page.items {
+        assert!(letter.trusted, "{letter:?}");
+        let origin = letter.origin_id.clone().unwrap();
+        let dead_letters::Requeued::To(new) = dead_letters::requeue(&mut conn, &keys, &letter)
+            .await
+            .unwrap()
+        else {
+            panic!("gone")
+        };
+        let event = host
+            .event(T, "the requeued dead letter", |e| e.id == new)
+            .await;
+        assert_eq!(event.kind, EventKind::Acked);
+        assert_eq!(event.origin_id, origin);
+        assert_eq!(event.retry_count, 0);
+    }
+    host.stop().await.unwrap();
+}
