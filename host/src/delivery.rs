@@ -174,9 +174,14 @@ fn tail_copy(stream: &str, group: &str, entry: &Entry, secret: &Secret) -> Optio
     if parked_by != group {
         return Some(Trust::OtherGroup(parked_by.to_owned()));
     }
+    // A requeued dead letter whose origin was not trusted has none: the copy is its own origin.
+    let origin_id = match std::str::from_utf8(origin).ok()? {
+        "" => entry.id.clone(),
+        origin => origin.to_owned(),
+    };
     let bookkeeping = Bookkeeping {
         retry_count: std::str::from_utf8(retry).ok()?.parse().ok()?,
-        origin_id: std::str::from_utf8(origin).ok()?.to_owned(),
+        origin_id,
         due_ms: std::str::from_utf8(due).ok()?.parse::<f64>().ok()? as i64,
     };
     let fields = match own {

@@ -2,10 +2,12 @@
 //! parked`, the reader of the retry lane, and tests), and encoded as the script does (for tools
 //! and tests that fill a set by hand).
 //!
-//! A member is a MessagePack array `[entry id, retry count, [name, value, ...], origin id,
-//! stream, group]`: unique per entry (the id), enough to rebuild it whatever its number of
-//! fields, and naming the subscription it belongs to. Members of earlier releases lack the
-//! stream and group (and the oldest the origin id, which is then the entry id).
+//! A member is a MessagePack array `[stream, group, entry id, retry count, [name, value, ...],
+//! origin id]`: naming the subscription it belongs to first (a sweep tells its own by their
+//! first bytes), unique per entry (the id), and enough to rebuild it whatever its number of
+//! fields. The origin id may be empty: the entry is then its own origin. Members of earlier
+//! releases are `[entry id, retry count, [name, value, ...], origin id]` (the oldest without the
+//! origin id), naming no owner. `delayed/lua/member.lua` reads both forms the same way.
 
 use redis::RedisResult;
 use redis::aio::ConnectionLike;
@@ -48,11 +50,23 @@ pub fn decode(member: &[u8], due_ms: i64) -> Result<ParkedEntry, MemberError> {
             _ => None,
         }
     };
-    let (Some(origin), Some(count), Some(rmpv::Value::Array(flat))) =
-        (parts.first(), parts.get(1), parts.get(2))
+    // This release's form names its owner first; an earlier one starts with the entry id and
+    // the retry count (a number).
+    let owned = parts.len() == 6
+        && matches!(
+            parts.get(1),
+            Some(rmpv::Value::String(_) | rmpv::Value::Binary(_))
+        );
+    let (owner, rest) = if owned {
+        (Some((&parts[0], &parts[1])), &parts[2..])
+    } else {
+        (None, &parts[..])
+    };
+    let (Some(id), Some(count), Some(rmpv::Value::Array(flat))) =
+        (rest.first(), rest.get(1), rest.get(2))
     else {
         return Err(MemberError(
-            "expected [origin id, retry count, fields]".into(),
+            "expected [stream, group, entry id, retry count, fields, origin id]".into(),
         ));
     };
     let text = |v: &rmpv::Value, what: &str| {
@@ -60,14 +74,19 @@ pub fn decode(member: &[u8], due_ms: i64) -> Result<ParkedEntry, MemberError> {
             .and_then(|b| String::from_utf8(b).ok())
             .ok_or_else(|| MemberError(format!("{what} is not text")))
     };
-    let entry_id = text(origin, "entry id")?;
-    let origin_id = match parts.get(3) {
-        Some(first) => text(first, "origin id")?,
-        None => entry_id.clone(),
+    let entry_id = text(id, "entry id")?;
+    let origin_id = match rest.get(3) {
+        Some(origin) => text(origin, "origin id")?,
+        None => String::new(),
     };
-    let owner = match (parts.get(4), parts.get(5)) {
-        (Some(stream), Some(group)) => Some((text(stream, "stream")?, text(group, "group")?)),
-        _ => None,
+    let origin_id = if origin_id.is_empty() && !owned {
+        entry_id.clone()
+    } else {
+        origin_id
+    };
+    let owner = match owner {
+        Some((stream, group)) => Some((text(stream, "stream")?, text(group, "group")?)),
+        None => None,
     };
     let retry_count = count
         .as_u64()
@@ -154,12 +173,12 @@ impl NewMember<'_> {
         // Writing to a Vec cannot fail.
         let mut out = Vec::new();
         let _ = rmp::encode::write_array_len(&mut out, 6);
+        raw_str(&mut out, self.stream.as_bytes());
+        raw_str(&mut out, self.group.as_bytes());
         raw_str(&mut out, self.entry_id.as_bytes());
         let _ = rmp::encode::write_uint(&mut out, u64::from(self.retry_count));
         fields_array(&mut out, self.fields);
         raw_str(&mut out, self.origin_id.as_bytes());
-        raw_str(&mut out, self.stream.as_bytes());
-        raw_str(&mut out, self.group.as_bytes());
         out
     }
 }

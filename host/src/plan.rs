@@ -58,6 +58,19 @@ pub enum PlanError {
     /// other's retries or dead letters.
     #[error(transparent)]
     SharedKey(Box<SharedKey>),
+    /// A subscription sends retries to the tail of a stream another subscription of the plan
+    /// reads as another group.
+    #[error(
+        "stream `{stream}` is read by groups `{group}` and `{other_group}`, and retry_lane = false sends group `{group}`'s due retries to the stream's tail, where `{other_group}` would read each as a new entry: remove retry_lane = false (retries then wait in the group's own lane), or set other_groups_see_retries = true to accept it"
+    )]
+    TailWithOtherGroup {
+        /// The stream.
+        stream: String,
+        /// The group whose retries go to the tail.
+        group: String,
+        /// The other group.
+        other_group: String,
+    },
     /// The operator's floor for retry delays is above the longest delay.
     #[error(
         "{} (component {}): min_delay ({}) is longer than max_delay ({}): no retry delay satisfies both",
@@ -343,6 +356,7 @@ impl Plan {
             });
         }
         check_keys(&subscriptions)?;
+        check_tail_readers(&subscriptions)?;
         Ok(Self {
             subscriptions,
             shutdown_timeout: config.shutdown_timeout,
@@ -566,6 +580,30 @@ impl Plan {
         }
         out
     }
+}
+
+/// Refuse a subscription whose retries go to its stream's tail (`retry_lane = false`, without
+/// `other_groups_see_retries`) when another subscription of the plan reads that stream as
+/// another group; other hosts' groups are checked in Redis at start and at every sweep.
+fn check_tail_readers(subscriptions: &[SubscriptionPlan]) -> Result<(), PlanError> {
+    for sub in subscriptions {
+        let to_tail =
+            sub.stream.delayed_retry.is_some() && !sub.retry_lane && !sub.other_groups_see_retries;
+        if !to_tail {
+            continue;
+        }
+        if let Some(other) = subscriptions
+            .iter()
+            .find(|o| o.stream.stream == sub.stream.stream && o.stream.group != sub.stream.group)
+        {
+            return Err(PlanError::TailWithOtherGroup {
+                stream: sub.stream.stream.clone(),
+                group: sub.stream.group.clone(),
+                other_group: other.stream.group.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// What one key is for one subscription.

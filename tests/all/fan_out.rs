@@ -261,6 +261,18 @@ async fn tail_retries_are_refused_while_another_group_reads_the_stream() {
             && log.contains("other_groups_see_retries = true"),
         "{log}"
     );
+    // Refused at load when the config itself has another group on the stream.
+    let dir = tempfile::tempdir().unwrap();
+    let config = TestConfig::of(tail())
+        .and(member_of("shared-tail", "audit"))
+        .to_string();
+    write_config(dir.path(), "sluice.toml", &config);
+    let (ok, _, stderr) = run_sluice(&["check", "sluice.toml"], dir.path());
+    assert!(!ok, "check passed");
+    assert!(
+        stderr.contains("stream `shared-tail` is read by groups `g` and `audit`"),
+        "{stderr}"
+    );
     // `sluice check` says where retries go.
     let dir = tempfile::tempdir().unwrap();
     let config = TestConfig::of(tail().set("other_groups_see_retries", true)).to_string();

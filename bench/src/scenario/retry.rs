@@ -298,6 +298,7 @@ impl Bench {
         let stop = CancellationToken::new();
         let redis_cpu = super::throughput::redis_cpu_seconds(&mut conn).await?;
         let host_cpu = super::throughput::process_cpu_seconds();
+        let calls_before = super::throughput::command_calls(&mut conn).await?;
         let started = Instant::now();
         let task = tokio::spawn(service.run(None, stop.clone()));
         // Moved back: the set is empty.
@@ -314,9 +315,15 @@ impl Bench {
         let elapsed = started.elapsed();
         let redis_cpu = super::throughput::redis_cpu_seconds(&mut conn).await? - redis_cpu;
         let host_cpu = super::throughput::process_cpu_seconds() - host_cpu;
+        let calls = super::throughput::command_calls(&mut conn).await?;
         stop.cancel();
         task.await?.context("the host failed")?;
         let mut report = Report::new("drain", n, elapsed);
+        let per_1k = |calls: u64| calls as f64 * 1000.0 / n as f64;
+        report.extra.extend([
+            ("x_reads_per_1k", per_1k(calls.0 - calls_before.0)),
+            ("x_xacks_per_1k", per_1k(calls.1 - calls_before.1)),
+        ]);
         // Where the time goes: Redis's CPU (the sweep's Lua is most of it) and this process's
         // (the host, and the harness polling every 2 ms), as a share of one core.
         let secs = elapsed.as_secs_f64();

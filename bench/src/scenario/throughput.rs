@@ -241,7 +241,9 @@ async fn read_and_ack(
 }
 
 /// How many XREADGROUP and XACK calls Redis has served so far (INFO commandstats).
-async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> Result<(u64, u64)> {
+pub(super) async fn command_calls(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> Result<(u64, u64)> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)

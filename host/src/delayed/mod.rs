@@ -74,12 +74,13 @@ static PARK: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
-/// `lua/sweep.lua`, behind the exact stream-id comparisons it shares with retention and the
-/// seal it shares with the operations on dead letters.
+/// `lua/sweep.lua`, behind the exact stream-id comparisons it shares with retention, the seal it
+/// shares with the operations on dead letters, and the member reader it shares with them.
 static SWEEP: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("../retention/lua/ids.lua"),
         include_str!("../keys/lua/seal.lua"),
+        include_str!("lua/member.lua"),
         include_str!("lua/sweep.lua")
     ))
 });

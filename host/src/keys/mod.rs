@@ -95,32 +95,29 @@ pub fn claim_key(key: &str) -> String {
     format!("sluice-claim:{key}")
 }
 
-/// What a seal covers: the parts, each length-prefixed, so that no two lists of parts read the
-/// same. Lua builds the same bytes (`keys/lua/seal.lua`).
-fn seal_message(parts: &[&[u8]]) -> Vec<u8> {
-    let mut message = Vec::with_capacity(parts.iter().map(|p| p.len() + 8).sum());
+/// A list of byte strings as MessagePack: an array of str, each with the shortest header, as
+/// Lua's `cmsgpack.pack` writes a table of strings (so Rust and the scripts hash the same bytes;
+/// every part's length is in it, so no two lists read the same).
+fn packed_strs<'a>(parts: impl ExactSizeIterator<Item = &'a [u8]>) -> Vec<u8> {
+    let mut out = Vec::new();
+    // Writing to a Vec cannot fail.
+    let _ = rmp::encode::write_array_len(&mut out, parts.len() as u32);
     for part in parts {
-        message.extend_from_slice(part.len().to_string().as_bytes());
-        message.push(b':');
-        message.extend_from_slice(part);
+        let _ = rmp::encode::write_str_len(&mut out, part.len() as u32);
+        out.extend_from_slice(part);
     }
-    message
+    out
 }
 
 /// The digest of a list of fields that a seal covers instead of the fields themselves: SHA-1
-/// (hex) of each name and value, length-prefixed, in order. Lua computes the same
-/// (`keys/lua/seal.lua`).
+/// (hex) of every name and value in order, packed as `keys/lua/seal.lua` packs them.
 pub fn fields_digest(fields: &[(Vec<u8>, Vec<u8>)]) -> String {
     use sha1::Digest as _;
-    let mut hasher = sha1::Sha1::new();
-    for (name, value) in fields {
-        for part in [name, value] {
-            hasher.update(part.len().to_string().as_bytes());
-            hasher.update(b":");
-            hasher.update(part);
-        }
-    }
-    hex::encode(hasher.finalize())
+    let flat = fields
+        .iter()
+        .flat_map(|(name, value)| [name.as_slice(), value.as_slice()]);
+    let flat: Vec<&[u8]> = flat.collect();
+    hex::encode(sha1::Sha1::digest(packed_strs(flat.into_iter())))
 }
 
 /// What a seal is for: the first part of every seal, so a seal made for one use never verifies
@@ -156,8 +153,8 @@ impl Seal {
 /// a seal covers the fields it sits with, a seal copied onto other fields verifies for none.
 ///
 /// A seal is `sha1(secret ‖ sha1(secret ‖ message))` in hex, the message being the use and the
-/// parts it covers, each length-prefixed: a keyed hash Redis's Lua can compute
-/// (`redis.sha1hex`), with the outer round against length extension.
+/// parts it covers packed as MessagePack (an array of str): a keyed hash Redis's Lua can compute
+/// (`redis.sha1hex`, `cmsgpack.pack`), with the outer round against length extension.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret {
     value: String,
@@ -246,12 +243,11 @@ impl Secret {
     /// The seal for `use_` over `parts`.
     pub fn seal(&self, use_: Seal, parts: &[&[u8]]) -> String {
         use sha1::Digest as _;
-        let mut all: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
-        all.push(use_.name().as_bytes());
-        all.extend_from_slice(parts);
+        let all = std::iter::once(use_.name().as_bytes()).chain(parts.iter().copied());
+        let all: Vec<&[u8]> = all.collect();
         let inner = sha1::Sha1::new()
             .chain_update(self.value.as_bytes())
-            .chain_update(seal_message(&all))
+            .chain_update(packed_strs(all.into_iter()))
             .finalize();
         let outer = sha1::Sha1::new()
             .chain_update(self.value.as_bytes())

@@ -21,6 +21,7 @@ static RETRY_NOW: LazyLock<Script> =
 static DEAD_LETTER_NOW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("../keys/lua/seal.lua"),
+        include_str!("../delayed/lua/member.lua"),
         include_str!("lua/dead_letter_now.lua")
     ))
 });

@@ -203,7 +203,9 @@ impl Subscription {
         // read, where the re-read after a failure does not look. Looked for after a reconnect.
         let mut unanswered: Vec<(Source, Vec<String>)> = Vec::new();
         // A lane read that filled its room may have left due retries in the lane: those are
-        // read as soon as a slot for them frees, not at the next sweep that moves something.
+        // read as soon as slots for them free (half the slots kept for due retries, so a lane
+        // holding thousands is read in batches, not an entry at a time), not at the next sweep
+        // that moves something.
         let mut lane_more = false;
         let mut backoff = ReconnectBackoff::default();
         loop {
@@ -225,10 +227,12 @@ impl Subscription {
                     None => break,
                 },
                 taken = async {
-                    if !lane_more {
+                    if lane_more {
+                        self.slots.for_lane(self.slots.lane_batch(floor)).await
+                    } else {
                         lane_filled.await;
+                        self.slots.for_lane(1).await
                     }
-                    self.slots.for_lane().await
                 } => match taken {
                     Some(taken) => taken,
                     None => break,

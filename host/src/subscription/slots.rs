@@ -26,6 +26,8 @@ pub(super) struct Slots {
     reserved: Option<Arc<Semaphore>>,
     /// How many slots `shared` has in all.
     shared_total: usize,
+    /// How many slots `reserved` has in all.
+    reserved_total: usize,
 }
 
 /// The slots one read holds: the most entries it may start.
@@ -85,6 +87,7 @@ impl Slots {
             shared: Arc::new(Semaphore::new(shared_total)),
             reserved: (reserve > 0).then(|| Arc::new(Semaphore::new(reserve))),
             shared_total,
+            reserved_total: reserve,
         }
     }
 
@@ -108,18 +111,31 @@ impl Slots {
         })
     }
 
-    /// Wait for one slot a due retry may take: a reserved one if the lane has a reserve.
-    pub(super) async fn for_lane(&self) -> Option<Taken> {
+    /// How many slots a read of a lane that still holds due retries waits for: half the
+    /// reserve (at least one), or without a reserve the stream's `floor`.
+    pub(super) fn lane_batch(&self, floor: usize) -> usize {
+        match &self.reserved {
+            Some(_) => (self.reserved_total / 2).max(1),
+            None => floor,
+        }
+    }
+
+    /// Wait for `n` slots a due retry may take: reserved ones if the lane has a reserve.
+    pub(super) async fn for_lane(&self, n: usize) -> Option<Taken> {
         let mut taken = match &self.reserved {
             Some(reserved) => {
-                let reserved = reserved.clone().acquire_owned().await.ok()?;
+                let reserved = reserved
+                    .clone()
+                    .acquire_many_owned(n.clamp(1, self.reserved_total) as u32)
+                    .await
+                    .ok()?;
                 Taken {
                     shared: None,
                     reserved: Some(reserved),
                     for_lane: true,
                 }
             }
-            None => self.shared(1).await?,
+            None => self.shared(n.clamp(1, self.shared_total)).await?,
         };
         taken.for_lane = true;
         Some(taken)

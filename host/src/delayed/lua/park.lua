@@ -11,6 +11,10 @@
 -- ARGV[6]  the id of the entry the producer first added (kept through every park)
 -- ARGV[7]  the subscription's stream (KEYS[1] may be its retry lane): with the group, the
 --          member's owner, which every sweep checks
+--
+-- The member is MessagePack {stream, group, entry id, retry count, {name, value, ...}, origin
+-- id} (see delayed/lua/member.lua): the owner first, so a sweep tells its own members by their
+-- first bytes.
 -- ARGV[8..] the entry's fields: name, value, name, value, ... (any number: they are packed
 --          into the member, never unpacked into one command)
 --
@@ -42,7 +46,7 @@ local fields = {}
 for i = 8, #ARGV do
   fields[#fields + 1] = ARGV[i]
 end
-local member = cmsgpack.pack({ARGV[2], tonumber(ARGV[5]), fields, ARGV[6], ARGV[7], ARGV[1]})
+local member = cmsgpack.pack({ARGV[7], ARGV[1], ARGV[2], tonumber(ARGV[5]), fields, ARGV[6]})
 redis.call('ZADD', KEYS[2], due, member)
 local ttl = tonumber(ARGV[4])
 if ttl > 0 then

@@ -21,10 +21,10 @@
 --          (other_groups_see_retries), 0 to hold them then
 -- ARGV[20..23] the seals' uses: lane, tail, member (the host's keys module)
 --
--- Only members of this subscription move: a member names the stream and group that parked it,
--- and one that names another subscription is dead-lettered raw with a reason naming both (never
--- delivered to this subscription's handler). Members of earlier releases name no owner and are
--- taken as this set's.
+-- Only members of this subscription move: a member names the stream and group that parked it
+-- (its first bytes, see delayed/lua/member.lua), and one that names another subscription is
+-- dead-lettered raw with a reason naming both (never delivered to this subscription's handler).
+-- Members of earlier releases name no owner and are taken as this set's.
 --
 -- To the lane (KEYS[1] is not ARGV[17]): the copy is three fields, the member itself (which
 -- carries the entry's fields, however many, and its bookkeeping), the due time, and a seal over
@@ -161,31 +161,32 @@ local function tail_copy(fields, origin, retry, score)
   return redis.pcall('XADD', unpack(args))
 end
 
+local own_prefix = member_prefix(stream, group)
 for i = 1, #due, 2 do
   local member, score = due[i], due[i + 1]
-  local done
-  local ok, parked = pcall(cmsgpack.unpack, member)
-  if not (ok and type(parked) == 'table' and type(parked[1]) == 'string'
-      and type(parked[2]) == 'number' and type(parked[3]) == 'table') then
-    done = dead_letter(member, 'unreadable delayed-retry set member (not written by Sluice)',
-      stream, group)
-  elseif parked[5] ~= nil and (parked[5] ~= stream or parked[6] ~= group) then
-    local owner_stream, owner_group = tostring(parked[5]), tostring(parked[6])
-    done = dead_letter(member, 'parked by stream `' .. owner_stream .. '` group `' ..
-      owner_group .. '`, not by this set\'s subscription (stream `' .. stream .. '` group `' ..
-      group .. '`): not delivered to this subscription\'s handler', stream, group)
+  local done, added
+  if to_lane and string.sub(member, 1, #own_prefix) == own_prefix then
+    -- This subscription's own member: it moves as it is, sealed (the reader unpacks it).
+    local mark = seal(secret, {SEAL_LANE, stream, group, member, score})
+    added = redis.pcall('XADD', KEYS[1], '*', F_PARKED, member, F_DUE, score, F_MARK, mark)
   else
-    local added
-    if to_lane then
+    local id, retry, fields, origin, owner_stream, owner_group = read_member(member)
+    if not id then
+      done = dead_letter(member, 'unreadable delayed-retry set member (not written by Sluice)',
+        stream, group)
+    elseif owner_stream ~= nil and (owner_stream ~= stream or owner_group ~= group) then
+      done = dead_letter(member, 'parked by stream `' .. tostring(owner_stream) .. '` group `' ..
+        tostring(owner_group) .. '`, not by this set\'s subscription (stream `' .. stream ..
+        '` group `' .. group .. '`): not delivered to this subscription\'s handler', stream, group)
+    elseif to_lane then
+      -- An earlier release's member (no owner): this set's, moved as it is.
       local mark = seal(secret, {SEAL_LANE, stream, group, member, score})
       added = redis.pcall('XADD', KEYS[1], '*', F_PARKED, member, F_DUE, score, F_MARK, mark)
     else
-      local origin = parked[4]
-      if type(origin) ~= 'string' then
-        origin = parked[1]
-      end
-      added = tail_copy(parked[3], origin, tostring(parked[2]), score)
+      added = tail_copy(fields, origin, tostring(retry), score)
     end
+  end
+  if added ~= nil then
     if type(added) == 'table' and added.err then
       done = dead_letter(member, 'cannot re-add the retry: ' .. added.err, stream, group)
     else

@@ -1,26 +1,21 @@
 -- Shared by the scripts that seal what the host writes (delayed/lua/sweep.lua,
--- operate/lua/requeue.lua, operate/lua/dead_letter_now.lua, operate/lua/move_dead_letter.lua),
--- which are loaded with this text in front of them. The host computes the same in Rust
--- (`keys::Secret::seal`, `keys::fields_digest`).
+-- operate/lua/requeue.lua, operate/lua/dead_letter_now.lua), which are loaded with this text in
+-- front of them. The host computes the same in Rust (`keys::Secret::seal`,
+-- `keys::fields_digest`).
+--
+-- A list of strings is hashed as its MessagePack form (`cmsgpack.pack`: an array of str, every
+-- length in it), which is unambiguous, and much cheaper in Lua than building the message by
+-- hand.
 
 -- The seal of `parts` (a list of strings, the use first) with `secret`:
--- sha1(secret .. sha1(secret .. message)) in hex, the message being every part length-prefixed
--- (`<length>:<part>`).
+-- sha1(secret .. sha1(secret .. pack(parts))) in hex.
 local function seal(secret, parts)
-  local message = {}
-  for _, part in ipairs(parts) do
-    message[#message + 1] = #part .. ':' .. part
-  end
-  return redis.sha1hex(secret .. redis.sha1hex(secret .. table.concat(message)))
+  return redis.sha1hex(secret .. redis.sha1hex(secret .. cmsgpack.pack(parts)))
 end
 
 -- The digest of a flat list of fields (name, value, name, value, ...) a seal covers: sha1 in hex
--- of every name and value length-prefixed.
+-- of the list packed.
 local function fields_digest(flat)
-  local message = {}
-  for _, part in ipairs(flat) do
-    message[#message + 1] = #part .. ':' .. part
-  end
-  return redis.sha1hex(table.concat(message))
+  return redis.sha1hex(cmsgpack.pack(flat))
 end
 

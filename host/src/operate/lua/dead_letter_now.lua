@@ -41,16 +41,11 @@ local moved = 0
 for i = 19, #ARGV do
   local member = ARGV[i]
   if redis.call('ZSCORE', KEYS[1], member) then
-    local ok, parked = pcall(cmsgpack.unpack, member)
-    local ours = ok and type(parked) == 'table' and type(parked[1]) == 'string'
-      and type(parked[3]) == 'table'
-      and (parked[5] == nil or (parked[5] == stream and parked[6] == group))
+    local id, retry, fields, origin, owner_stream, owner_group = read_member(member)
+    local ours = id ~= nil and (owner_stream == nil or (owner_stream == stream
+      and owner_group == group))
     if ours then
-      local origin = parked[4]
-      if type(origin) ~= 'string' or origin == '' then
-        origin = parked[1]
-      end
-      local own = parked[3]
+      local own = fields
       if #own / 2 > max_fields then
         own = {F_PACKED, cmsgpack.pack(own)}
       end
@@ -59,7 +54,7 @@ for i = 19, #ARGV do
         values[#values + 1] = v
       end
       for _, v in ipairs({F_REASON, ARGV[1], F_STREAM, stream, F_GROUP, group, F_ORIGIN, origin,
-          F_ENTRY, parked[1], F_RETRY, tostring(parked[2]), F_DELIVERIES, '0'}) do
+          F_ENTRY, id, F_RETRY, tostring(retry), F_DELIVERIES, '0'}) do
         values[#values + 1] = v
       end
       if secret then

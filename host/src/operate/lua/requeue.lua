@@ -15,11 +15,12 @@
 -- ARGV[15] the most fields one XADD from this script may carry
 -- ARGV[16..] the fields to add: name, value, ... (the entry's own fields and the requeue record)
 --
--- Into the lane: the copy is what the sweep writes there, a member (the dead letter's id, retry
--- count 0, the fields, the origin id or '', the stream and group), "due" now, and the seal over
--- them. Onto the stream with a secret and a trusted origin id: the fields, then the tail
--- bookkeeping (retry count 0, the origin id, "due" now, the group) and its seal, so the handler
--- sees the producer's origin id again and a fresh attempt count. Otherwise a plain new entry.
+-- Into the lane: the copy is what the sweep writes there, a member (the stream and group, the
+-- dead letter's id, retry count 0, the fields, the origin id or ''), "due" now, and the seal over
+-- them. Onto the stream with a secret: the fields, then the tail bookkeeping (retry count 0, the
+-- origin id or '', "due" now, the group) and its seal, so the handler sees the producer's origin
+-- id again and a fresh attempt count, and the stream's other Sluice groups leave it to this one.
+-- Without a secret: a plain new entry.
 -- Fields past what one XADD carries go packed into one value.
 --
 -- The dead letter is checked first (another operator or host may have requeued or deleted it:
@@ -46,7 +47,7 @@ if ARGV[5] == 'lane' then
   if not secret then
     return redis.error_reply('NOSECRET the stream has no secret to seal a lane copy with')
   end
-  local member = cmsgpack.pack({ARGV[1], 0, fields, origin, stream, group})
+  local member = cmsgpack.pack({stream, group, ARGV[1], 0, fields, origin})
   local mark = seal(secret, {SEAL_LANE, stream, group, member, now})
   id = redis.call('XADD', KEYS[1], '*', F_PARKED, member, F_DUE, now, F_MARK, mark)
 else
@@ -58,7 +59,7 @@ else
   for _, v in ipairs(own) do
     args[#args + 1] = v
   end
-  if secret and origin ~= '' then
+  if secret then
     local mark = seal(secret, {SEAL_TAIL, stream, group, origin, '0', now, fields_digest(own)})
     for _, v in ipairs({F_RETRY, '0', F_ORIGIN, origin, F_DUE, now, F_GROUP, group, F_MARK, mark}) do
       args[#args + 1] = v
