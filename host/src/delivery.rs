@@ -17,7 +17,9 @@
 //! | earlier release's copy | either | the entry's fields, then retry count, origin id, due time, mark | stream, origin, count, due time; trusted only on entries written before this release took over (plus a grace) |
 //!
 //! A tail copy another group parked is that group's retry: this group acknowledges it without
-//! handling it ([`Trust::OtherGroup`]). Anything else named `sluice-*` is the producer's data:
+//! handling it ([`Trust::OtherGroup`]). An entry in the lane that is none of these was not
+//! written by the host: it is dead-lettered without being handled ([`Delivery::stray`]).
+//! Anything else named `sluice-*` is the producer's data:
 //! it is handed to the handler and kept when the entry is parked or dead-lettered, and it never
 //! changes how the host counts attempts.
 
@@ -167,9 +169,19 @@ fn tail_copy(stream: &str, group: &str, entry: &Entry, secret: &Secret) -> Optio
         due,
         digest.as_bytes(),
     ];
-    if !secret.verify(keys::Seal::Tail, &parts, value(4)) {
+    // Which seal verifies says whether the fields are packed (too many for one XADD), so a
+    // producer's own field of that name is never unpacked.
+    let packed = match own {
+        [(name, packed)] if name == keys::PACKED_FIELDS.as_bytes() => Some(packed),
+        _ => None,
+    };
+    let unpack = if secret.verify(keys::Seal::Tail, &parts, value(4)) {
+        false
+    } else if packed.is_some() && secret.verify(keys::Seal::TailPacked, &parts, value(4)) {
+        true
+    } else {
         return None;
-    }
+    };
     let parked_by = std::str::from_utf8(parked_by).ok()?;
     if parked_by != group {
         return Some(Trust::OtherGroup(parked_by.to_owned()));
@@ -184,23 +196,21 @@ fn tail_copy(stream: &str, group: &str, entry: &Entry, secret: &Secret) -> Optio
         origin_id,
         due_ms: std::str::from_utf8(due).ok()?.parse::<f64>().ok()? as i64,
     };
-    let fields = match own {
-        [(name, packed)] if name == keys::PACKED_FIELDS.as_bytes() => {
-            Fields::Unpacked(unpack_fields(packed)?)
-        }
-        _ => Fields::Leading(own.len()),
+    let fields = match packed.filter(|_| unpack) {
+        Some(packed) => Fields::Unpacked(unpack_fields(packed)?),
+        None => Fields::Leading(own.len()),
     };
     Some(Trust::Own(bookkeeping, fields))
 }
 
 /// A copy of the earlier release: the fields, then retry count, origin id, due time and its
-/// mark, on an entry old enough to carry one.
-fn legacy_copy(stream: &str, entry: &Entry, secret: &Secret) -> Option<Trust> {
+/// mark, on an entry of `key` that was there before this release first used it.
+fn legacy_copy(stream: &str, key: &str, entry: &Entry, secret: &Secret) -> Option<Trust> {
     let names = [keys::RETRY_COUNT, keys::ORIGIN_ID, keys::DUE_MS, keys::MARK];
     let (own, tail) = before_tail(&entry.fields, &names)?;
     let text = |i: usize| std::str::from_utf8(&tail[i].1).ok();
     let (retry, origin, due, mark) = (text(0)?, text(1)?, text(2)?, text(3)?);
-    if !secret.verify_legacy(&entry.id, [stream, origin, retry, due], mark) {
+    if !secret.verify_legacy(key, &entry.id, [stream, origin, retry, due], mark) {
         return None;
     }
     let bookkeeping = Bookkeeping {
@@ -211,11 +221,12 @@ fn legacy_copy(stream: &str, entry: &Entry, secret: &Secret) -> Option<Trust> {
     Some(Trust::Own(bookkeeping, Fields::Leading(own.len())))
 }
 
-/// What the bookkeeping of `entry`, read from `source`, is worth to `group` of `stream`.
+/// What the bookkeeping of `entry`, read from `source` (whose key is `key`), is worth to `group`
+/// of `stream`.
 pub fn trust(
     stream: &str,
     group: &str,
-    source: Source,
+    (source, key): (Source, &str),
     entry: &Entry,
     secret: Option<&Secret>,
 ) -> Trust {
@@ -227,7 +238,7 @@ pub fn trust(
         Source::Stream => tail_copy(stream, group, entry, secret),
     };
     current
-        .or_else(|| legacy_copy(stream, entry, secret))
+        .or_else(|| legacy_copy(stream, key, entry, secret))
         .unwrap_or(Trust::Plain)
 }
 
@@ -275,6 +286,9 @@ pub struct Delivery {
     /// Set on a tail copy another group of the stream parked: that group's retry, which this
     /// group acknowledges without handling.
     pub other_group: Option<String>,
+    /// Set on an entry of the retry lane that is no copy the host wrote (no valid seal): the
+    /// lane is the host's own, so it is dead-lettered without being handled.
+    pub stray: bool,
     /// How many leading fields are the producer's (the rest is verified bookkeeping).
     user_len: usize,
     /// When dispatch took its handler version (set by the dispatcher).
@@ -282,17 +296,17 @@ pub struct Delivery {
 }
 
 impl Delivery {
-    /// Wrap an entry read from `source` (the stream or its lane) by `group` of `stream`;
-    /// bookkeeping counts only if its seal verifies with the stream's `secret`.
+    /// Wrap an entry read from `source` (the stream or its lane, whose key is `key`) by `group`
+    /// of `stream`; bookkeeping counts only if its seal verifies with the stream's `secret`.
     pub fn new(
         stream: &str,
         group: &str,
-        source: Source,
+        (source, key): (Source, &str),
         mut entry: Entry,
         delivery_count: u64,
         secret: Option<&Secret>,
     ) -> Self {
-        let trust = trust(stream, group, source, &entry, secret);
+        let trust = trust(stream, group, (source, key), &entry, secret);
         let (bookkeeping, other_group) = match trust {
             Trust::Own(bookkeeping, Fields::Leading(n)) => (Some((bookkeeping, n)), None),
             Trust::Own(bookkeeping, Fields::Unpacked(fields)) => {
@@ -303,6 +317,7 @@ impl Delivery {
             Trust::OtherGroup(group) => (None, Some(group)),
             Trust::Plain => (None, None),
         };
+        let stray = bookkeeping.is_none() && other_group.is_none() && source == Source::Lane;
         // Only worth a scan of every field when someone reads debug lines.
         if bookkeeping.is_none()
             && tracing::enabled!(tracing::Level::DEBUG)
@@ -329,6 +344,7 @@ impl Delivery {
                 .map_or_else(|| entry.id.clone(), |b| b.origin_id.clone()),
             due_ms: bookkeeping.as_ref().map(|b| b.due_ms),
             other_group,
+            stray,
             user_len,
             entry,
             delivery_count: delivery_count.max(1),
@@ -348,22 +364,4 @@ impl Delivery {
     }
 }
 
-/// Order stream ids numerically (`ms-seq`).
-pub fn cmp_ids(a: &str, b: &str) -> std::cmp::Ordering {
-    fn parts(id: &str) -> (u64, u64) {
-        let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
-        (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
-    }
-    parts(a).cmp(&parts(b))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::cmp_ids;
-
-    #[test]
-    fn ids_compare_numerically() {
-        assert_eq!(cmp_ids("10-0", "9-5"), std::cmp::Ordering::Greater);
-        assert_eq!(cmp_ids("9-10", "9-9"), std::cmp::Ordering::Greater);
-    }
-}
+pub use crate::keys::cmp_ids;

@@ -143,6 +143,23 @@ impl Dispatcher {
             };
             return Settled::Ack(self.settler.ack_as(&delivery, digest, kind));
         }
+        if delivery.stray {
+            // Only the host writes the lane: this entry is not one of its copies.
+            let reason = "an entry in the retry lane that Sluice did not write (no valid seal): dead-lettered without being handled";
+            tracing::warn!(id = %delivery.entry.id, "{reason}");
+            return self
+                .settler
+                .dead_letter(&delivery, digest, reason)
+                .await
+                .map_or_else(
+                    |err| {
+                        self.metrics.settle_errors.inc();
+                        tracing::error!(%err, "cannot dead-letter the stray lane entry; it stays pending");
+                        Settled::RetryPending(self.failure_delay(delivery.delivery_count))
+                    },
+                    |_| Settled::Done,
+                );
+        }
         self.record_lateness(&delivery);
         let m = &self.metrics;
         m.in_flight.inc();

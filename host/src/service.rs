@@ -53,8 +53,11 @@ pub enum RunError {
         others: Vec<String>,
     },
     /// The stream's secret could not be read or created.
-    #[error("cannot read or create the secret of stream `{stream}` in Redis")]
-    Secret {
+    #[error(transparent)]
+    Secret(#[from] crate::keys::SecretError),
+    /// Redis could not say which groups read the stream.
+    #[error("cannot list the consumer groups of stream `{stream}`")]
+    Groups {
         /// The stream.
         stream: String,
         /// What Redis said.
@@ -94,6 +97,23 @@ struct StartedPartition {
     admin: crate::admin::AdminSubscription,
 }
 
+/// The lane of `keys` and how many entries of its group it holds (pending or unread), when it
+/// holds any.
+async fn lane_work(
+    conn: &redis_conn::RedisHandle,
+    keys: &SubscriptionKeys,
+) -> Option<(String, u64)> {
+    let lane = keys.lane.as_deref()?;
+    let group = crate::inspect::group(&mut conn.clone(), lane, &keys.group)
+        .await
+        .ok()
+        .flatten()?;
+    // An unknown lag (Redis cannot tell after deletions) may hide unread entries: read it.
+    let unread = group.lag.unwrap_or(1);
+    let work = group.pending as u64 + unread as u64;
+    (work > 0).then(|| (lane.to_owned(), work))
+}
+
 /// How often a subscription looks for dead letters an earlier release's host put in the
 /// stream's shared default dead-letter stream (only hosts of that release still write there,
 /// during a rolling upgrade).
@@ -103,10 +123,22 @@ const MIGRATE_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 /// stream, at start and then every [`MIGRATE_EVERY`], each pass from where the last ended.
 async fn migrate_dead_letters(keys: SubscriptionKeys, mut conn: redis_conn::RedisHandle) {
     let mut cursor: Option<String> = None;
+    let mut warned = false;
     loop {
         match crate::operate::dead_letters::migrate_legacy(&mut conn, &keys, cursor.as_deref())
             .await
         {
+            Ok(done) if !done.readers.is_empty() => {
+                if !warned {
+                    tracing::warn!(
+                        from = keys.legacy_dead_letter.as_deref().unwrap_or_default(),
+                        to = %keys.dead_letter,
+                        readers = %done.readers.join(", "),
+                        "an earlier release dead-lettered this group's entries to the stream's shared dead-letter stream, which consumer groups read: they stay there; this group dead-letters to its own stream now (point those readers at it, or set dead_letter to the old name)"
+                    );
+                    warned = true;
+                }
+            }
             Ok(done) => {
                 if done.moved > 0 {
                     tracing::info!(
@@ -202,22 +234,38 @@ impl Service {
         stop: &CancellationToken,
         abandon: &CancellationToken,
     ) -> Result<StartedPartition, RunError> {
-        let keys = SubscriptionKeys::of(s)
+        let mut keys = SubscriptionKeys::of(s)
             .with_dead_letter_maxlen(sub.dead_letter_maxlen)
             .with_retry_lane(sub.retry_lane);
+        // Retries to the tail, but a lane left with work from when they went there: read it
+        // until it is empty, so nothing stays stranded in it.
+        if s.delayed_retry.is_some()
+            && !sub.retry_lane
+            && let Some(work) = lane_work(conn, &keys.with_retry_lane_clone()).await
+        {
+            tracing::warn!(
+                stream = %s.stream,
+                group = %s.group,
+                lane = %work.0,
+                entries = work.1,
+                "retry_lane = false, but the retry lane still holds retries of this group (written while it was on): reading them too"
+            );
+            keys = keys.with_retry_lane(true);
+        }
         crate::keys::check_same_slot(&mut conn.clone(), &keys).await?;
         crate::keys::claim(&mut conn.clone(), &keys).await?;
-        let secret = if s.delayed_retry.is_some() {
-            crate::keys::Secret::load_or_create(&mut conn.clone(), &s.stream)
-                .await
-                .map(Some)
-        } else {
-            crate::keys::Secret::load(&mut conn.clone(), &s.stream).await
-        }
-        .map_err(|error| RunError::Secret {
-            stream: s.stream.clone(),
-            error,
-        })?
+        // The secret, made with the subscription's set; and which entries of its streams were
+        // there before this release first used them (only those may carry the earlier
+        // release's unsealed bookkeeping).
+        let own_keys = keys.own_streams();
+        let own_keys: Vec<&str> = own_keys.iter().map(String::as_str).collect();
+        let secret = crate::keys::Secret::load_with(
+            &mut conn.clone(),
+            &s.stream,
+            &own_keys,
+            s.delayed_retry.is_some(),
+        )
+        .await?
         .map(Arc::new);
         if s.delayed_retry.is_some() && !sub.retry_lane {
             self.check_tail_readers(sub, s, conn).await?;
@@ -230,6 +278,7 @@ impl Service {
                     |set| {
                         Arc::new(
                             set.with_other_groups_see_retries(sub.other_groups_see_retries)
+                                .sweeping_to_tail(!sub.retry_lane)
                                 .with_health(health.clone()),
                         )
                     },
@@ -329,7 +378,7 @@ impl Service {
     ) -> Result<(), RunError> {
         let groups = crate::inspect::groups(&mut conn.clone(), &s.stream)
             .await
-            .map_err(|error| RunError::Secret {
+            .map_err(|error| RunError::Groups {
                 stream: s.stream.clone(),
                 error,
             })?;

@@ -180,7 +180,11 @@ async fn retry_after_without_a_set_redelivers_after_the_delay() {
     keys.sort();
     assert_eq!(
         keys,
-        ["pending-retry", "sluice-claim:pending-retry.g.dead-letter"],
+        [
+            "pending-retry",
+            "sluice-claim:pending-retry",
+            "sluice-claim:pending-retry.g.dead-letter"
+        ],
         "no delayed set without the descriptor (only the claim of its dead-letter stream)"
     );
     host.stop().await.expect("clean stop");

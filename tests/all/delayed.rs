@@ -238,7 +238,7 @@ async fn park_directly(redis: &Redis, stream: &str, n: usize, delay: Duration) -
             id,
             fields: vec![(b"payload".to_vec(), b"{}".to_vec())],
         };
-        let delivery = Delivery::new(stream, "g", Default::default(), entry, 1, None);
+        let delivery = Delivery::new(stream, "g", (Default::default(), stream), entry, 1, None);
         set.park(&delivery, delay).await.unwrap();
     }
     set
@@ -584,7 +584,14 @@ async fn without_the_descriptor_no_key_is_created_and_no_sweep_runs() {
         .await;
     let mut keys: Vec<String> = cmd(&mut conn, &["KEYS", "*"]).await;
     keys.sort();
-    assert_eq!(keys, ["plain", "sluice-claim:plain.g.dead-letter"]);
+    assert_eq!(
+        keys,
+        [
+            "plain",
+            "sluice-claim:plain",
+            "sluice-claim:plain.g.dead-letter"
+        ]
+    );
     let stats: String = cmd(&mut conn, &["INFO", "commandstats"]).await;
     assert!(stats.contains("cmdstat_xreadgroup"), "{stats}");
     // Only the start-up claim of the dead-letter stream ran a script: no park, no sweep.

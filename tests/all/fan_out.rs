@@ -190,8 +190,9 @@ async fn a_replayed_tail_is_not_trusted() {
     assert_eq!(event.retry_count, 0);
 
     // The earlier release's mark (stream, origin, count and due time only) appended to a new
-    // entry: trusted only on entries written before this release took over the stream.
-    let secret = Secret::load(&mut conn, "replay-tail")
+    // entry: trusted only on entries that were in the stream before this release first used
+    // it (none here), even with an explicit id below everything.
+    let secret = Secret::load(&mut conn, "replay-tail", &["replay-tail"])
         .await
         .unwrap()
         .unwrap();
@@ -210,28 +211,6 @@ async fn a_replayed_tail_is_not_trusted() {
         .arg("1000")
         .arg("sluice-mark")
         .arg(&legacy);
-    // As if the upgrade had happened long ago.
-    let _: () = cmd(
-        &mut conn,
-        &[
-            "SET",
-            &sluice_host::keys::legacy_marks_key("replay-tail"),
-            "1",
-        ],
-    )
-    .await;
-    let secret = Secret::load(&mut conn, "replay-tail")
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(!secret.trusts_legacy("2-0"));
-    // The host read its deadline at start: restart it so it reads the new one.
-    host.stop().await.unwrap();
-    let mut host = start_fixture(
-        &redis,
-        member_of("replay-tail", "g").set("retry_lane", false),
-    )
-    .await;
     let old: String = old_form.query_async(&mut conn).await.unwrap();
     let event = host
         .event(T, "the entry with an old mark", |e| e.id == old)
@@ -427,6 +406,35 @@ async fn a_shared_set_key_is_refused_in_a_config_and_across_hosts() {
         ) && log.contains("DEL sluice-claim:keys.delayed"),
         "{log}"
     );
+    // A stream is claimed too: no subscription may dead-letter into a stream others read...
+    let mut into_stream =
+        HostProcess::run(&redis, Sub::fixture("elsewhere").set("dead_letter", "keys"));
+    assert!(!into_stream.wait_exit().await.success());
+    let log = into_stream.log_text();
+    assert!(
+        log.contains("`keys` is the stream of the subscriptions to stream `keys`"),
+        "{log}"
+    );
+    // ... nor read another's set or lane as its stream; reading another's dead letters as a
+    // stream is fine (a subscription that handles dead letters).
+    let mut reads_lane = HostProcess::run(
+        &redis,
+        Sub::fixture("keys.delayed.lane").set("group", "spy"),
+    );
+    assert!(!reads_lane.wait_exit().await.success());
+    assert!(
+        reads_lane
+            .log_text()
+            .contains("`keys.delayed.lane` is the retry lane of stream `keys` group `a`"),
+        "{}",
+        reads_lane.log_text()
+    );
+    let dead_letter_reader = start_fixture(
+        &redis,
+        Sub::fixture(&sluice_descriptor::default_dead_letter("keys", "a")).set("group", "dlq"),
+    )
+    .await;
+    dead_letter_reader.stop().await.unwrap();
     // Another host of the first subscription shares its keys.
     let mut conn = redis.conn().await;
     let same = start_fixture(&redis, shared("a").set("consumer", "a-2")).await;
@@ -475,7 +483,8 @@ async fn a_foreign_member_is_dead_lettered_not_delivered() {
         "{reason}"
     );
     assert_eq!(parked(&mut conn, "owned.g.delayed").await, 0);
-    // Shown to the operator, not requeueable.
+    // Shown to the operator; requeueable, as an entry of its own (its origin is not vouched
+    // for).
     let keys = sluice_host::keys::SubscriptionKeys::new(
         "owned",
         "g",
@@ -486,13 +495,10 @@ async fn a_foreign_member_is_dead_lettered_not_delivered() {
         .await
         .unwrap();
     assert_eq!(page.items.len(), 1);
+    let letter = &page.items[0];
     assert!(
-        page.items[0]
-            .not_requeueable
-            .as_deref()
-            .is_some_and(|why| why.contains("parked by stream `elsewhere`")),
-        "{:?}",
-        page.items[0]
+        letter.not_requeueable.is_none() && !letter.trusted,
+        "{letter:?}"
     );
     // Nothing but the real entry reached the handler.
     assert!(
@@ -514,29 +520,34 @@ async fn a_forged_dead_letter_is_not_requeued_with_its_origin() {
     let real = add(&mut conn, "sealed", &report).await;
     let dead = wait_dead_letters(&conn, "sealed", 1).await;
     assert!(field(&dead[0].1, "sluice-mark").is_some(), "{dead:?}");
-    // A forged one naming this subscription and the real entry's origin id (the idempotency
-    // key), with a made-up seal.
-    let forged: String = redis::cmd("XADD")
-        .arg(dead_letter_key("sealed"))
-        .arg("*")
-        .arg("payload")
-        .arg(report.to_string())
-        .arg("sluice-reason")
-        .arg("forged")
-        .arg("sluice-origin-stream")
-        .arg("sealed")
-        .arg("sluice-origin-group")
-        .arg("g")
-        .arg("sluice-origin-id")
-        .arg(&real)
-        .arg("sluice-entry-id")
-        .arg(&real)
-        .arg("sluice-retry-count")
-        .arg("0")
-        .arg("sluice-delivery-count")
-        .arg("1")
-        .arg("sluice-mark")
-        .arg("0".repeat(40))
+    // Forged ones naming this subscription and the real entry's origin id (the idempotency
+    // key): with a made-up seal, and in the earlier release's unsealed form (trusted only on
+    // entries that were there before this release first used the stream: none here).
+    let forge = |stream: &str, id: &str, mark: Option<String>| {
+        let mut xadd = redis::cmd("XADD");
+        xadd.arg(dead_letter_key(stream)).arg(id);
+        for (name, value) in [
+            ("payload", report.to_string()),
+            ("sluice-reason", "forged".to_owned()),
+            ("sluice-origin-stream", stream.to_owned()),
+            ("sluice-origin-group", "g".to_owned()),
+            ("sluice-origin-id", real.clone()),
+            ("sluice-entry-id", real.clone()),
+            ("sluice-retry-count", "0".to_owned()),
+            ("sluice-delivery-count", "1".to_owned()),
+        ] {
+            xadd.arg(name).arg(value);
+        }
+        if let Some(mark) = mark {
+            xadd.arg("sluice-mark").arg(mark);
+        }
+        xadd
+    };
+    let made_up: String = forge("sealed", "*", Some("0".repeat(40)))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let unsealed: String = forge("sealed", "*", None)
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -548,7 +559,7 @@ async fn a_forged_dead_letter_is_not_requeued_with_its_origin() {
     )
     .with_retry_lane(true);
     use sluice_host::operate::dead_letters;
-    for (id, trusted) in [(&dead[0].0, true), (&forged, false)] {
+    for (id, trusted) in [(&dead[0].0, true), (&made_up, false), (&unsealed, false)] {
         let letter = dead_letters::get(&mut conn, &keys, id)
             .await
             .unwrap()
@@ -566,6 +577,28 @@ async fn a_forged_dead_letter_is_not_requeued_with_its_origin() {
         assert_eq!(event.origin_id, origin, "trusted: {trusted}");
         assert_eq!(event.retry_count, 0);
     }
+    host.stop().await.unwrap();
+    // A dead-letter stream that did not exist when this release first used it: an unsealed
+    // dead letter written there with an explicit id below everything is not trusted either.
+    let other = member_of("virgin", "g");
+    let mut host = start_fixture(&redis, other).await;
+    let first = add(&mut conn, "virgin", &Control::Ack).await;
+    host.event(T, "the host reading", |e| e.id == first).await;
+    let old_id: String = forge("virgin", "1-1", None)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let keys = sluice_host::keys::SubscriptionKeys::new(
+        "virgin",
+        "g",
+        &dead_letter_key("virgin"),
+        Some("virgin.g.delayed"),
+    );
+    let letter = dead_letters::get(&mut conn, &keys, &old_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(letter.ours && !letter.trusted, "{letter:?}");
     host.stop().await.unwrap();
 }
 
@@ -743,4 +776,67 @@ async fn wide_entries_park_and_come_back_with_retry_count_one() {
         assert!(names.contains("f4999"), "{stream}");
     }
     host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_field_named_like_packed_fields_stays_the_producers() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    // The producer's only field is called `sluice-packed-fields`, as the tail copy of a wide
+    // entry calls its packed fields: it must come back as it is, with its bookkeeping trusted.
+    let sub = member_of("named", "g")
+        .set("retry_lane", false)
+        .set("payload_field", "sluice-packed-fields");
+    let mut host = start_fixture(&redis, sub).await;
+    let control = Control::Attempts {
+        each: vec![
+            Control::Retry { ms: 50, times: 9 },
+            Control::Report { key: "none".into() },
+        ],
+    };
+    let id: String = cmd(
+        &mut conn,
+        &[
+            "XADD",
+            "named",
+            "*",
+            "sluice-packed-fields",
+            &control.to_string(),
+        ],
+    )
+    .await;
+    let event = host
+        .event(T, "the report", |e| {
+            e.origin_id == id && matches!(e.kind, EventKind::DeadLettered { .. })
+        })
+        .await;
+    let EventKind::DeadLettered { reason } = &event.kind else {
+        unreachable!()
+    };
+    assert_eq!(event.retry_count, 1, "{reason}");
+    assert!(reason.ends_with("fields=sluice-packed-fields"), "{reason}");
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_legacy_record_is_named_and_the_secret_never_printed() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let _: () = cmd(
+        &mut conn,
+        &["SET", "sluice-secret:{broken}", "do-not-print-me"],
+    )
+    .await;
+    let record = sluice_host::keys::legacy_marks_key("broken");
+    let _: () = cmd(&mut conn, &["SET", &record, "not a hash"]).await;
+    let mut host = HostProcess::run(&redis, member_of("broken", "g"));
+    assert!(!host.wait_exit().await.success());
+    let log = host.log_text();
+    assert!(
+        log.contains(
+            "cannot read or create the secret of stream `broken` (`sluice-secret:{broken}`)"
+        ),
+        "{log}"
+    );
+    assert!(!log.contains("do-not-print-me"), "{log}");
 }

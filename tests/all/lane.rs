@@ -390,7 +390,11 @@ async fn lane_entries_a_gone_consumer_left_are_taken_over_and_claimed() {
     for stream in ["takeover", "claiming"] {
         let lane = format!("{stream}.delayed.lane");
         create_group(&mut conn, &lane, "g", "0").await;
-        stranded.insert(stream, add(&mut conn, &lane, &Control::Ack).await);
+        let set = format!("{stream}.delayed");
+        stranded.insert(
+            stream,
+            sealed_lane_copy(&mut conn, stream, &set, &Control::Ack).await,
+        );
         read_as(&mut conn, "old-pod", &lane, ">").await;
         assert_eq!(pending(&mut conn, &lane, "g").await, 1);
     }
@@ -476,10 +480,10 @@ async fn bookkeeping_written_into_the_lane_by_hand_is_not_trusted() {
             .query_async(&mut conn)
             .await
             .unwrap();
-        // Not trusted: a plain entry of its own, which the handler cannot decode (no payload).
+        // Not a copy the host wrote: dead-lettered without being handled.
         let event = host.event(T, "the forged entry", |e| e.id == forged).await;
         assert!(
-            matches!(event.kind, EventKind::DeadLettered { .. }),
+            matches!(&event.kind, EventKind::DeadLettered { reason } if reason.contains("Sluice did not write")),
             "{event:?}"
         );
         assert_eq!(event.retry_count, 0, "the forged count is not trusted");
@@ -506,7 +510,10 @@ async fn bookkeeping_written_into_the_lane_by_hand_is_not_trusted() {
         .await
         .unwrap();
     let event = host.event(T, "the forged entry", |e| e.id == forged).await;
-    assert_eq!(event.kind, EventKind::Acked, "{event:?}");
+    assert!(
+        matches!(&event.kind, EventKind::DeadLettered { reason } if reason.contains("Sluice did not write")),
+        "{event:?}"
+    );
     assert_eq!(event.retry_count, 0);
     assert_eq!(event.origin_id, forged);
     wait_lane_pending(&conn, "forge.delayed.lane", 0).await;
@@ -567,4 +574,48 @@ async fn lane_trimming_is_exact_above_2_pow_53() {
         &ids[200..],
         "only what the group acknowledged went"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_left_behind_is_drained_after_retry_lane_is_turned_off() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    // Retries a host of the group moved into the lane while `retry_lane` was on, unread.
+    let lane = sluice_host::keys::lane_key("leftover.delayed");
+    create_group(&mut conn, &lane, "g", "0").await;
+    let mut left = std::collections::HashSet::new();
+    for _ in 0..3 {
+        left.insert(
+            sealed_lane_copy(&mut conn, "leftover", "leftover.delayed", &Control::Ack).await,
+        );
+    }
+    // A host with the lane turned off still reads it until nothing of the group is left there.
+    let sub = with_lane("leftover").set("retry_lane", false);
+    let mut host = start_fixture(&redis, TestConfig::of(sub)).await;
+    while !left.is_empty() {
+        let event = host
+            .event(T, "the lane's retries", |e| left.contains(&e.id))
+            .await;
+        assert_eq!(event.kind, EventKind::Acked, "{event:?}");
+        assert_eq!(event.retry_count, 1);
+        left.remove(&event.id);
+    }
+    wait_lane_pending(&conn, &lane, 0).await;
+    // New retries go to the stream's tail.
+    let id = add(&mut conn, "leftover", &Control::Retry { ms: 50, times: 1 }).await;
+    let back = host
+        .event(T, "a new retry", |e| {
+            e.origin_id == id && e.kind == EventKind::Acked
+        })
+        .await;
+    let on_stream: Vec<String> = entries(&mut conn, "leftover")
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert!(
+        on_stream.contains(&back.id),
+        "the retry came back at the tail"
+    );
+    host.stop().await.unwrap();
 }

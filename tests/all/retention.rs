@@ -255,3 +255,45 @@ async fn streams_that_share_a_hash_tag_are_each_trimmed() {
     );
     host.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_groups_dead_letters_are_trimmed_under_their_own_lease() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let stream = "dl-keep";
+    // Two groups of one stream, in two hosts, each with its own dead-letter stream holding 300
+    // dead letters from long ago (explicit old ids: Redis trims them by id).
+    for group in ["a", "b"] {
+        let key = sluice_descriptor::default_dead_letter(stream, group);
+        for i in 1..=300 {
+            let id = format!("{i}-1");
+            let _: String = cmd(&mut conn, &["XADD", &key, &id, "f", "v"]).await;
+        }
+    }
+    let sub = |group: &str| {
+        Sub::fixture(stream)
+            .set("group", group)
+            .set("consumer", format!("host-{group}"))
+            .set("dead_letter_retention", Raw(r#"{ keep = "1s" }"#))
+            .set(
+                "retention",
+                Raw(r#"{ keep_acked = "1h", every = "100ms" }"#),
+            )
+    };
+    let a = start_fixture(&redis, sub("a")).await;
+    let b = start_fixture(&redis, sub("b")).await;
+    for group in ["a", "b"] {
+        let key = sluice_descriptor::default_dead_letter(stream, group);
+        wait_for(T, &format!("{key} trimmed"), || {
+            let mut conn = conn.clone();
+            let key = key.clone();
+            async move {
+                let n: usize = cmd(&mut conn, &["XLEN", &key]).await;
+                (n < 300).then_some(())
+            }
+        })
+        .await;
+    }
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}

@@ -69,12 +69,17 @@ async fn xadd(
     cmd.query_async(conn).await.unwrap()
 }
 
-/// An earlier release's dead letter of a delivery (seven bookkeeping fields, no seal).
+/// An earlier release's dead letter of a delivery on `old` (seven bookkeeping fields, no seal).
 fn old_dead_letter(group: &str, origin: &str) -> Vec<(String, String)> {
+    old_dead_letter_of("old", group, origin)
+}
+
+/// An earlier release's dead letter of a delivery on `stream`.
+fn old_dead_letter_of(stream: &str, group: &str, origin: &str) -> Vec<(String, String)> {
     [
         ("payload", Control::Ack.to_string()),
         ("sluice-reason", "gateway down".to_owned()),
-        ("sluice-origin-stream", "old".to_owned()),
+        ("sluice-origin-stream", stream.to_owned()),
         ("sluice-origin-group", group.to_owned()),
         ("sluice-origin-id", origin.to_owned()),
         ("sluice-entry-id", origin.to_owned()),
@@ -193,4 +198,31 @@ async fn an_earlier_releases_state_comes_back_once() {
         assert_eq!(event.retry_count, 0);
     }
     host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_dead_letter_stream_that_others_read_is_left_to_them() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    // An earlier release's shared dead-letter stream, read by another service's group.
+    let legacy = "read.dead-letter";
+    let mine = xadd(&mut conn, legacy, &old_dead_letter_of("read", "g", "1-1")).await;
+    create_group(&mut conn, legacy, "dlq", "0").await;
+    let host = HostProcess::run(&redis, Sub::fixture("read").delayed("read.delayed"));
+    wait_for(T, "the host to say it leaves them", || {
+        let log = host.log_text();
+        async move { log.contains("which consumer groups read").then_some(()) }
+    })
+    .await;
+    let left: Vec<String> = entries(&mut conn, legacy)
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(left, [mine], "not moved from under its readers");
+    assert!(
+        entries(&mut conn, &dead_letter_key("read"))
+            .await
+            .is_empty()
+    );
 }

@@ -37,7 +37,7 @@ pub(crate) async fn time_handler(
                 .into_bytes(),
         )],
     };
-    let delivery = Delivery::new("bench", "g", Default::default(), entry, 1, None);
+    let delivery = Delivery::new("bench", "g", (Default::default(), "bench"), entry, 1, None);
     let component = runtime.load(component)?;
     let limits = Limits {
         isolation,

@@ -99,8 +99,13 @@ pub async fn parked(
                         due_in
                     );
                 }
-                let more = if (entries.len() as u64) < total {
+                let more = if (entries.len() as u64) < total && entries.len() >= limit {
                     format!(" (showing the first {}: raise --limit)", entries.len())
+                } else if (entries.len() as u64) < total {
+                    format!(
+                        " (showing {}: the others are not retries Sluice parked; the next sweep that finds them due dead-letters them raw)",
+                        entries.len()
+                    )
                 } else {
                     String::new()
                 };

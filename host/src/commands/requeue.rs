@@ -94,8 +94,8 @@ pub async fn requeue(request: RequeueRequest) -> Result<String> {
                     Ok(Requeued::To(id)) => {
                         done += 1;
                         bar.inc(1);
-                        let _ =
-                            writeln!(out, "requeued {} onto `{}` as {id}", letter.id, keys.stream);
+                        let into = keys.lane.as_deref().unwrap_or(&keys.stream);
+                        let _ = writeln!(out, "requeued {} into `{into}` as {id}", letter.id);
                     }
                     Ok(Requeued::Gone) => {
                         gone += 1;

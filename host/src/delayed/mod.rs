@@ -166,6 +166,9 @@ pub struct DelayedSet {
     has_offset: AtomicBool,
     /// With retries to the stream's tail: move them even while other groups read the stream.
     other_groups_see_retries: bool,
+    /// Due retries go to the stream's tail (`retry_lane = false`), even when the subscription
+    /// still reads a lane (to drain what an earlier configuration left there).
+    to_tail: bool,
     /// Where a pass that holds retries back says why (the subscription's readiness).
     health: Option<Arc<crate::health::ReadHealth>>,
     /// The other group the last warning named, so a pass that sees it again says nothing.
@@ -209,6 +212,7 @@ impl DelayedSet {
             clock_offset_ms: AtomicI64::new(0),
             has_offset: AtomicBool::new(false),
             other_groups_see_retries: false,
+            to_tail: false,
             health: None,
             warned_group: Mutex::new(None),
         })
@@ -219,6 +223,20 @@ impl DelayedSet {
     pub fn with_other_groups_see_retries(mut self, allowed: bool) -> Self {
         self.other_groups_see_retries = allowed;
         self
+    }
+
+    /// The same set, moving due retries to the stream's tail instead of the lane.
+    pub fn sweeping_to_tail(mut self, to_tail: bool) -> Self {
+        self.to_tail = to_tail;
+        self
+    }
+
+    /// Where due retries go: the lane, or the stream's tail.
+    fn target(&self) -> &str {
+        match &self.lane {
+            Some(lane) if !self.to_tail => lane,
+            _ => &self.stream,
+        }
     }
 
     /// The same set, saying in `health` when it holds retries back.
@@ -297,7 +315,7 @@ impl DelayedSet {
     /// The sweep script's invocation for this set.
     fn sweep_invocation(&self) -> ScriptInvocation<'static> {
         use keys::Seal;
-        let mut invocation = SWEEP.key(self.lane.as_deref().unwrap_or(&self.stream));
+        let mut invocation = SWEEP.key(self.target());
         invocation
             .key(&*self.key)
             .key(&*self.dead_letter)
@@ -322,7 +340,12 @@ impl DelayedSet {
             .arg(&*self.stream)
             .arg(&*self.group)
             .arg(u8::from(self.other_groups_see_retries))
-            .arg(&[Seal::Lane.name(), Seal::Tail.name(), Seal::Member.name()]);
+            .arg(&[
+                Seal::Lane.name(),
+                Seal::Tail.name(),
+                Seal::Member.name(),
+                Seal::TailPacked.name(),
+            ]);
         invocation
     }
 
@@ -366,7 +389,7 @@ impl DelayedSet {
                 "delayed-set members can go neither back onto the stream nor to the dead-letter stream; they stay in the set"
             );
         }
-        if moved > 0 && self.lane.is_some() {
+        if moved > 0 && self.lane.is_some() && !self.to_tail {
             self.lane_filled.notify_one();
         }
         if moved > 0 {

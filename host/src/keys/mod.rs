@@ -75,18 +75,13 @@ pub fn secret_key(stream: &str) -> String {
     format!("sluice-secret:{{{}}}", hash_tag(stream))
 }
 
-/// Until when (server clock, epoch ms) marks of the earlier release's form are trusted on
-/// `stream`: an entry whose id is older than that value. Set once, by the first host of this
-/// release to start on the stream, to then plus [`LEGACY_MARK_GRACE`].
+/// Which entries of a subscription's streams were there before this release first used them: a
+/// hash, key name -> the last id the key had then (`0-0`: it did not exist). Only those entries
+/// may carry the earlier release's unsealed bookkeeping (its copies' marks, its dead letters):
+/// Redis gives every later entry a greater id, whoever adds it. In the stream's hash slot.
 pub fn legacy_marks_key(stream: &str) -> String {
     format!("sluice-legacy-marks:{{{}}}:{stream}", hash_tag(stream))
 }
-
-/// How long after the first host of this release started on a stream the earlier release's
-/// marks are still trusted on new entries: the time a rolling upgrade may take, while hosts of
-/// the earlier release still write copies. Copies written later by such a host are handled as
-/// new entries (their origin id and retry count are not trusted).
-pub const LEGACY_MARK_GRACE: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Where the owner of `key` (a delayed set, a retry lane, a dead-letter stream) is recorded:
 /// the first subscription to use the key claims it, and a different one is refused at start.
@@ -129,8 +124,14 @@ pub enum Seal {
     /// A retry copy at the stream's tail: over the stream, the group that parked it, origin id,
     /// retry count, due time and the digest of the copy's fields.
     Tail,
+    /// The same, when the copy carries the fields packed into one (too many for one XADD): a
+    /// use of its own, so a producer's field that happens to be called `sluice-packed-fields`
+    /// is never unpacked.
+    TailPacked,
     /// A dead letter: over the stream, group, origin id and the digest of its fields.
     DeadLetter,
+    /// The same, with the fields packed into one.
+    DeadLetterPacked,
     /// A parked member the host dead-lettered raw: over its set, stream, group and the member.
     Member,
 }
@@ -141,7 +142,9 @@ impl Seal {
         match self {
             Seal::Lane => "lane",
             Seal::Tail => "tail",
+            Seal::TailPacked => "tail-packed",
             Seal::DeadLetter => "dead-letter",
+            Seal::DeadLetterPacked => "dead-letter-packed",
             Seal::Member => "member",
         }
     }
@@ -155,11 +158,14 @@ impl Seal {
 /// A seal is `sha1(secret ‖ sha1(secret ‖ message))` in hex, the message being the use and the
 /// parts it covers packed as MessagePack (an array of str): a keyed hash Redis's Lua can compute
 /// (`redis.sha1hex`, `cmsgpack.pack`), with the outer round against length extension.
+///
+/// With the secret come the legacy cutoffs (see [`legacy_marks_key`]): which entries, per key,
+/// may carry the earlier release's unsealed bookkeeping.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret {
     value: String,
-    /// Marks of the earlier release's form are trusted on entries older than this (epoch ms).
-    legacy_until_ms: Option<i64>,
+    /// Key name -> the last id it had when this release first used it.
+    legacy: std::collections::HashMap<String, String>,
 }
 
 impl std::fmt::Debug for Secret {
@@ -168,70 +174,146 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// `lua/secret.lua`: the stream's secret and its legacy-marks deadline, made by the first host.
-static LOAD_OR_CREATE: std::sync::LazyLock<redis::Script> =
+/// `lua/secret.lua`: the stream's secret and the legacy cutoffs of a subscription's keys.
+static LOAD: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/secret.lua")));
 
+/// Why the stream's secret could not be read or made. Never says the secret.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    /// Redis refused or could not be reached.
+    #[error("cannot read or create the secret of stream `{stream}` (`{key}`)")]
+    Redis {
+        /// The stream.
+        stream: String,
+        /// The secret's key.
+        key: String,
+        /// What Redis said.
+        #[source]
+        error: redis::RedisError,
+    },
+    /// The secret's key or the legacy record holds something else than this release writes.
+    #[error(
+        "the secret of stream `{stream}` or its legacy record (`{key}`, `{record}`) holds a value Sluice did not write; delete both for the host to make them anew (the bookkeeping of retries on their way and the origin of dead letters will not be trusted)"
+    )]
+    Malformed {
+        /// The stream.
+        stream: String,
+        /// The secret's key.
+        key: String,
+        /// The legacy record's key.
+        record: String,
+    },
+}
+
 impl Secret {
-    /// The stream's secret, created (SET NX) by whichever host comes first, with the moment
-    /// until which the earlier release's marks are trusted (set by the first host of this
-    /// release).
-    pub async fn load_or_create<C: redis::aio::ConnectionLike>(
+    /// The stream's secret, created (SET NX) by whichever host comes first when `create`; and
+    /// the legacy cutoffs of `keys` (the subscription's stream, lane and dead-letter streams),
+    /// recorded the first time a host of this release uses each. `None` when there is no secret
+    /// and `create` is false (a subscription without a set never creates one).
+    pub async fn load_with<C: redis::aio::ConnectionLike>(
         conn: &mut C,
         stream: &str,
-    ) -> redis::RedisResult<Self> {
+        keys: &[&str],
+        create: bool,
+    ) -> Result<Option<Self>, SecretError> {
         let mut bytes = [0u8; 20];
-        getrandom::fill(&mut bytes).map_err(|e| {
-            redis::RedisError::from((
+        getrandom::fill(&mut bytes).map_err(|e| SecretError::Redis {
+            stream: stream.to_owned(),
+            key: secret_key(stream),
+            error: redis::RedisError::from((
                 redis::ErrorKind::Client,
                 "no randomness for the stream secret",
                 e.to_string(),
-            ))
+            )),
         })?;
-        let grace_ms = LEGACY_MARK_GRACE.as_millis() as u64;
-        let (value, until): (String, i64) = LOAD_OR_CREATE
-            .key(secret_key(stream))
+        let mut invocation = LOAD.key(secret_key(stream));
+        invocation
             .key(legacy_marks_key(stream))
             .arg(hex::encode(bytes))
-            .arg(grace_ms)
-            .invoke_async(conn)
-            .await?;
-        Ok(Self {
-            value,
-            legacy_until_ms: Some(until),
-        })
+            .arg(u8::from(create));
+        for key in keys {
+            invocation.key(*key);
+        }
+        let reply: redis::Value =
+            invocation
+                .invoke_async(conn)
+                .await
+                .map_err(|error| SecretError::Redis {
+                    stream: stream.to_owned(),
+                    key: secret_key(stream),
+                    error,
+                })?;
+        // Parsed by hand: a conversion error would print the value, and this one is the secret.
+        let malformed = || SecretError::Malformed {
+            stream: stream.to_owned(),
+            key: secret_key(stream),
+            record: legacy_marks_key(stream),
+        };
+        let text = |v: &redis::Value| match v {
+            redis::Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+            redis::Value::SimpleString(s) => Some(s.clone()),
+            _ => None,
+        };
+        let redis::Value::Array(items) = reply else {
+            return Err(malformed());
+        };
+        let Some((first, cutoffs)) = items.split_first() else {
+            return Err(malformed());
+        };
+        let value = match first {
+            redis::Value::Nil | redis::Value::Boolean(false) => return Ok(None),
+            v => text(v).ok_or_else(malformed)?,
+        };
+        let mut legacy = std::collections::HashMap::new();
+        for (key, cutoff) in keys.iter().zip(cutoffs) {
+            let cutoff = text(cutoff)
+                .filter(|c| is_stream_id(c))
+                .ok_or_else(malformed)?;
+            legacy.insert((*key).to_owned(), cutoff);
+        }
+        Ok(Some(Self { value, legacy }))
     }
 
-    /// The stream's secret if some host with a delayed-retry set made one; a subscription
-    /// without a set never creates the key (a set, and what it costs, is opt-in).
+    /// The stream's secret, created by whichever host comes first, with the legacy cutoffs of
+    /// `keys` (see [`Self::load_with`]).
+    pub async fn load_or_create<C: redis::aio::ConnectionLike>(
+        conn: &mut C,
+        stream: &str,
+        keys: &[&str],
+    ) -> Result<Self, SecretError> {
+        Self::load_with(conn, stream, keys, true)
+            .await?
+            .ok_or_else(|| SecretError::Malformed {
+                stream: stream.to_owned(),
+                key: secret_key(stream),
+                record: legacy_marks_key(stream),
+            })
+    }
+
+    /// The stream's secret if some host with a delayed-retry set made one, with the legacy
+    /// cutoffs of `keys`; a subscription without a set never creates the key (a set, and what
+    /// it costs, is opt-in).
     pub async fn load<C: redis::aio::ConnectionLike>(
         conn: &mut C,
         stream: &str,
-    ) -> redis::RedisResult<Option<Self>> {
-        let (value, until): (Option<String>, Option<i64>) = redis::pipe()
-            .cmd("GET")
-            .arg(secret_key(stream))
-            .cmd("GET")
-            .arg(legacy_marks_key(stream))
-            .query_async(conn)
-            .await?;
-        Ok(value.map(|value| Self {
-            value,
-            legacy_until_ms: until,
-        }))
+        keys: &[&str],
+    ) -> Result<Option<Self>, SecretError> {
+        Self::load_with(conn, stream, keys, false).await
     }
 
-    /// A secret with a known value (tests), trusting no mark of the earlier release.
+    /// A secret with a known value (tests), trusting no bookkeeping of the earlier release.
     pub fn from_value(value: &str) -> Self {
         Self {
             value: value.to_owned(),
-            legacy_until_ms: None,
+            legacy: std::collections::HashMap::new(),
         }
     }
 
-    /// The same secret, trusting the earlier release's marks on entries older than `until_ms`.
-    pub fn with_legacy_until(mut self, until_ms: i64) -> Self {
-        self.legacy_until_ms = Some(until_ms);
+    /// The same secret, trusting the earlier release's bookkeeping on the entries of `key` up to
+    /// id `cutoff` (tests).
+    pub fn with_legacy_cutoff(mut self, key: &str, cutoff: &str) -> Self {
+        self.legacy.insert(key.to_owned(), cutoff.to_owned());
         self
     }
 
@@ -271,30 +353,46 @@ impl Secret {
         hex::encode(sha1::Sha1::digest(format!("{}{inner}", self.value)))
     }
 
-    /// Whether an entry with id `entry_id` may carry a mark of the earlier release's form: it
-    /// was written before this release's hosts took over the stream (plus the grace).
-    pub fn trusts_legacy(&self, entry_id: &str) -> bool {
-        let written_ms = entry_id
-            .split_once('-')
-            .and_then(|(ms, _)| ms.parse::<i64>().ok());
-        matches!((self.legacy_until_ms, written_ms), (Some(until), Some(ms)) if ms < until)
+    /// Whether entry `entry_id` of `key` was there before this release first used the key, so
+    /// it may carry the earlier release's unsealed bookkeeping.
+    pub fn trusts_legacy(&self, key: &str, entry_id: &str) -> bool {
+        self.legacy
+            .get(key)
+            .is_some_and(|cutoff| cutoff != "0-0" && cmp_ids(entry_id, cutoff).is_le())
     }
 
-    /// Whether `mark` is the earlier release's mark over this bookkeeping, on an entry (`entry_id`)
-    /// old enough to carry one.
+    /// Whether `mark` is the earlier release's mark over this bookkeeping, on entry `entry_id` of
+    /// `key`, old enough to carry one.
     pub fn verify_legacy(
         &self,
+        key: &str,
         entry_id: &str,
         [stream, origin, retry, due]: [&str; 4],
         mark: &str,
     ) -> bool {
         use subtle::ConstantTimeEq as _;
-        if !self.trusts_legacy(entry_id) {
+        if !self.trusts_legacy(key, entry_id) {
             return false;
         }
         let expected = self.legacy_mark(stream, origin, retry, due);
         expected.as_bytes().ct_eq(mark.as_bytes()).into()
     }
+}
+
+/// Order stream ids numerically (`ms-seq`, each part up to 2^64 - 1).
+pub fn cmp_ids(a: &str, b: &str) -> std::cmp::Ordering {
+    fn parts(id: &str) -> (u64, u64) {
+        let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+        (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+    }
+    parts(a).cmp(&parts(b))
+}
+
+/// Whether `text` is a stream id (`<ms>-<seq>`, decimal).
+fn is_stream_id(text: &str) -> bool {
+    let number = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+    text.split_once('-')
+        .is_some_and(|(ms, seq)| number(ms) && number(seq))
 }
 
 /// A subscription's keys that Redis Cluster would put on different slots.
@@ -383,6 +481,11 @@ impl SubscriptionKeys {
         self
     }
 
+    /// A copy of these keys with the retry lane next to the delayed set (if there is one).
+    pub fn with_retry_lane_clone(&self) -> Self {
+        self.clone().with_retry_lane(true)
+    }
+
     /// The same keys, with the dead-letter stream trimmed to about `maxlen` entries.
     pub fn with_dead_letter_maxlen(mut self, maxlen: Option<u64>) -> Self {
         self.dead_letter_maxlen = maxlen;
@@ -399,6 +502,17 @@ impl SubscriptionKeys {
         secret_key(&self.stream)
     }
 
+    /// The streams whose entries may carry the subscription's bookkeeping: the stream, the
+    /// retry lane, the dead-letter stream, and the earlier release's default dead-letter stream
+    /// (see [`Secret::load_with`]).
+    pub fn own_streams(&self) -> Vec<String> {
+        let mut keys = vec![self.stream.to_string()];
+        keys.extend(self.lane.as_deref().map(str::to_owned));
+        keys.push(self.dead_letter.to_string());
+        keys.extend(self.legacy_dead_letter.as_deref().map(str::to_owned));
+        keys
+    }
+
     /// Every key a script touches together with the stream (which is not in the list): on a
     /// Redis Cluster they must share its slot.
     pub fn with_stream(&self) -> Vec<String> {
@@ -413,7 +527,7 @@ impl SubscriptionKeys {
 /// A key another subscription claimed first.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "`{key}` is the {role} of {owner}, and this subscription (stream `{stream}` group `{group}`) would use it as its {our_role}: each would take or trim the other's retries or dead letters; give this subscription a key of its own (or, if {owner} no longer exists, delete its claim: DEL {claim})"
+    "`{key}` is the {role} of {owner}, and this subscription (stream `{stream}` group `{group}`) would use it as its {our_role}: one would take, trim or read the other's entries; give this subscription a key of its own (or, if {owner} no longer exists, delete its claim: DEL {claim}; retries it left parked in a set are then dead-lettered by this subscription, where they can be requeued)"
 )]
 pub struct Claimed {
     /// The key.
@@ -447,43 +561,64 @@ pub enum ClaimError {
 static CLAIM: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/claim.lua")));
 
-/// A subscription as its claims name it: the stream and group, as JSON.
-fn owner_of(stream: &str, group: &str) -> String {
-    serde_json::json!({ "stream": stream, "group": group }).to_string()
+/// What a stream read by subscriptions is, in its claim.
+const STREAM_ROLE: &str = "stream";
+/// What a dead-letter stream is, in its claim (another subscription may read it as a stream).
+const DEAD_LETTER_ROLE: &str = "dead-letter stream";
+
+/// Who claims a key, as the claims name it (JSON): the stream, and the group for the keys only
+/// one subscription may use.
+fn owner_of(stream: &str, group: Option<&str>) -> String {
+    match group {
+        Some(group) => serde_json::json!({ "stream": stream, "group": group }),
+        None => serde_json::json!({ "stream": stream }),
+    }
+    .to_string()
 }
 
 /// The subscription a claim's owner names, for a message.
 fn describe_owner(owner: &str) -> String {
-    let parsed: Option<(String, String)> = serde_json::from_str::<serde_json::Value>(owner)
-        .ok()
-        .and_then(|v| {
-            Some((
-                v.get("stream")?.as_str()?.to_owned(),
-                v.get("group")?.as_str()?.to_owned(),
-            ))
-        });
-    match parsed {
-        Some((stream, group)) => format!("stream `{stream}` group `{group}`"),
-        None => format!("the subscription recorded as {owner:?}"),
+    let parsed = serde_json::from_str::<serde_json::Value>(owner).ok();
+    let field = |name: &str| {
+        parsed
+            .as_ref()
+            .and_then(|v| v.get(name)?.as_str().map(str::to_owned))
+    };
+    match (field("stream"), field("group")) {
+        (Some(stream), Some(group)) => format!("stream `{stream}` group `{group}`"),
+        (Some(stream), None) => format!("the subscriptions to stream `{stream}`"),
+        _ => format!("the subscription recorded as {owner:?}"),
     }
 }
 
-/// Claim the keys only this subscription may use (its delayed set, retry lane and dead-letter
-/// stream) in Redis: the first subscription to use a key owns it, across hosts and configs, and
-/// a different one is refused here, before it reads, with an error naming both. Every host of
-/// one subscription (one stream and group) shares them.
+/// Claim the keys of this subscription in Redis: its stream (shared by every group that reads
+/// it), and the keys only it may use (its delayed set, retry lane and dead-letter stream). The
+/// first to use a key owns it, across hosts and configs, and a different one is refused here,
+/// before it reads, with an error naming both. Every host of one subscription (one stream and
+/// group) shares them.
 pub async fn claim<C: redis::aio::ConnectionLike>(
     conn: &mut C,
     keys: &SubscriptionKeys,
 ) -> Result<(), ClaimError> {
-    let mut owned: Vec<(&str, &'static str)> = vec![(&keys.dead_letter, "dead-letter stream")];
-    owned.extend(keys.delayed.as_deref().map(|k| (k, "delayed-retry set")));
-    owned.extend(keys.lane.as_deref().map(|k| (k, "retry lane")));
+    let (stream, group) = (&*keys.stream, &*keys.group);
+    let mut owned: Vec<(&str, &'static str, Option<&str>)> = vec![
+        (stream, STREAM_ROLE, None),
+        (&keys.dead_letter, DEAD_LETTER_ROLE, Some(group)),
+    ];
+    owned.extend(
+        keys.delayed
+            .as_deref()
+            .map(|k| (k, "delayed-retry set", Some(group))),
+    );
+    owned.extend(keys.lane.as_deref().map(|k| (k, "retry lane", Some(group))));
     let mut invocation = CLAIM.prepare_invoke();
-    invocation.arg(owner_of(&keys.stream, &keys.group));
-    for (key, role) in &owned {
-        invocation.key(claim_key(key)).arg(*role);
+    for (key, role, group) in &owned {
+        invocation
+            .key(claim_key(key))
+            .arg(owner_of(stream, *group))
+            .arg(*role);
     }
+    invocation.arg(DEAD_LETTER_ROLE).arg(STREAM_ROLE);
     let conflict: Vec<redis::Value> = invocation.invoke_async(conn).await?;
     let [index, owner, role] = conflict.as_slice() else {
         return Ok(());
@@ -497,14 +632,14 @@ pub async fn claim<C: redis::aio::ConnectionLike>(
         redis::Value::Int(i) => usize::try_from(*i).unwrap_or(1).saturating_sub(1),
         _ => 0,
     };
-    let (key, our_role) = owned.get(i).copied().unwrap_or(owned[0]);
+    let (key, our_role, _) = owned.get(i).copied().unwrap_or(owned[0]);
     Err(Claimed {
         key: key.to_owned(),
         role: text(role),
         owner: describe_owner(&text(owner)),
         our_role,
-        stream: keys.stream.to_string(),
-        group: keys.group.to_string(),
+        stream: stream.to_owned(),
+        group: group.to_owned(),
         claim: claim_key(key),
     }
     .into())

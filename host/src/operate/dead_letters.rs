@@ -28,8 +28,8 @@
 
 use std::sync::LazyLock;
 
+use redis::Script;
 use redis::aio::ConnectionLike;
-use redis::{RedisResult, Script};
 
 use super::{BATCH, OperateError, Page};
 use crate::keys::{self, Seal, Secret, SubscriptionKeys};
@@ -82,6 +82,8 @@ pub struct Owner<'a> {
     pub set: Option<&'a str>,
     /// Its stream's secret, if one exists.
     pub secret: Option<&'a Secret>,
+    /// The dead-letter stream the letters are read from.
+    pub key: &'a str,
 }
 
 impl<'a> Owner<'a> {
@@ -92,6 +94,7 @@ impl<'a> Owner<'a> {
             group: &keys.group,
             set: keys.delayed.as_deref(),
             secret,
+            key: &keys.dead_letter,
         }
     }
 }
@@ -190,26 +193,43 @@ impl DeadLetter {
         let written = &fields[..n - tail_len];
         let (stream, group, origin_id) = (value(1), value(2), value(3));
         let ours = stream == owner.stream && group == owner.group;
+        let packed_form =
+            matches!(written, [(name, _)] if name.as_slice() == keys::PACKED_FIELDS.as_bytes());
+        // Which seal verifies says whether the fields are packed; without one (an earlier
+        // release's dead letter), a lone `sluice-packed-fields` field is taken as packed.
+        let sealed_as = if sealed && ours {
+            owner.secret.and_then(|secret| {
+                let digest = keys::fields_digest(written);
+                let parts: [&[u8]; 4] = [
+                    stream.as_bytes(),
+                    group.as_bytes(),
+                    origin_id.as_bytes(),
+                    digest.as_bytes(),
+                ];
+                [Seal::DeadLetter, Seal::DeadLetterPacked]
+                    .into_iter()
+                    .find(|use_| secret.verify(*use_, &parts, &tail[7].1))
+            })
+        } else {
+            None
+        };
         let trusted = ours
-            && owner.secret.is_some_and(|secret| {
-                if sealed {
-                    let digest = keys::fields_digest(written);
-                    let parts: [&[u8]; 4] = [
-                        stream.as_bytes(),
-                        group.as_bytes(),
-                        origin_id.as_bytes(),
-                        digest.as_bytes(),
-                    ];
-                    secret.verify(Seal::DeadLetter, &parts, &tail[7].1)
-                } else {
-                    secret.trusts_legacy(&id)
+            && match sealed_as {
+                Some(_) => true,
+                None => {
+                    !sealed
+                        && owner
+                            .secret
+                            .is_some_and(|s| s.trusts_legacy(owner.key, &id))
                 }
-            });
+            };
+        let unpack = match sealed_as {
+            Some(use_) => use_ == Seal::DeadLetterPacked,
+            None => packed_form,
+        };
         let mut own = written.to_vec();
         let mut not_requeueable = None;
-        if let [(name, packed)] = own.as_slice()
-            && name.as_slice() == keys::PACKED_FIELDS.as_bytes()
-        {
+        if unpack && let [(_, packed)] = written {
             match crate::delivery::unpack_fields(packed) {
                 Some(unpacked) => own = unpacked,
                 None => not_requeueable = Some("its packed fields do not decode".to_owned()),
@@ -257,7 +277,9 @@ impl DeadLetter {
             })
         });
         let legacy = fields.len() == LEGACY_MEMBER_LAYOUT.len()
-            && owner.secret.is_some_and(|secret| secret.trusts_legacy(&id));
+            && owner
+                .secret
+                .is_some_and(|secret| secret.trusts_legacy(owner.key, &id));
         let origin = Some((stream.clone(), group.clone().unwrap_or_default()));
         match crate::member::decode(&fields[0].1, 0) {
             Ok(parked) => {
@@ -265,18 +287,14 @@ impl DeadLetter {
                     .owner
                     .as_ref()
                     .is_none_or(|(s, g)| *s == stream && group.as_deref().is_none_or(|o| o == g));
-                let not_requeueable = if !ours {
-                    Some(format!(
+                // Another subscription's member that reached this set (a set shared under an
+                // earlier release, or a subscription renamed): requeueable here, as an entry of
+                // its own (its origin is not this subscription's to vouch for).
+                let not_requeueable = (!ours).then(|| {
+                    format!(
                         "it came from delayed set `{set}` of stream `{stream}`, not from this subscription's"
-                    ))
-                } else if !belongs {
-                    let (s, g) = parked.owner.clone().unwrap_or_default();
-                    Some(format!(
-                        "it was parked by stream `{s}` group `{g}`, not by this subscription"
-                    ))
-                } else {
-                    None
-                };
+                    )
+                });
                 Self {
                     id,
                     shape: Shape::Member,
@@ -362,7 +380,7 @@ pub async fn list<C: ConnectionLike>(
         return Err(OperateError::Cursor(c.to_owned()));
     }
     let limit = limit.max(1);
-    let secret = Secret::load(conn, &keys.stream).await?;
+    let secret = load_secret(conn, keys).await?;
     let owner = Owner::of(keys, secret.as_ref());
     let mut from = cursor.map_or("+".to_owned(), |c| format!("({c}"));
     let mut items = Vec::new();
@@ -427,13 +445,23 @@ pub async fn requeueable<C: ConnectionLike>(
     Ok((letters, more))
 }
 
+/// The stream's secret, with the legacy cutoffs of the subscription's streams.
+async fn load_secret<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &SubscriptionKeys,
+) -> Result<Option<Secret>, OperateError> {
+    let own = keys.own_streams();
+    let own: Vec<&str> = own.iter().map(String::as_str).collect();
+    Ok(Secret::load(conn, &keys.stream, &own).await?)
+}
+
 /// The dead letter `id`, if it is there (another subscription's too, marked as not
 /// requeueable and not [`DeadLetter::ours`]).
 pub async fn get<C: ConnectionLike>(
     conn: &mut C,
     keys: &SubscriptionKeys,
     id: &str,
-) -> RedisResult<Option<DeadLetter>> {
+) -> Result<Option<DeadLetter>, OperateError> {
     if !is_entry_id(id) {
         return Ok(None);
     }
@@ -446,7 +474,7 @@ pub async fn get<C: ConnectionLike>(
     let Some((id, fields)) = found.into_iter().next() else {
         return Ok(None);
     };
-    let secret = Secret::load(conn, &keys.stream).await?;
+    let secret = load_secret(conn, keys).await?;
     Ok(Some(DeadLetter::decode(
         id,
         fields,
@@ -506,7 +534,11 @@ pub async fn requeue<C: ConnectionLike>(
             keys::PARKED,
             keys::PACKED_FIELDS,
         ])
-        .arg(&[Seal::Lane.name(), Seal::Tail.name()])
+        .arg(&[
+            Seal::Lane.name(),
+            Seal::Tail.name(),
+            Seal::TailPacked.name(),
+        ])
         .arg(keys::SCRIPT_MAX_FIELDS);
     for (name, value) in &letter.fields {
         invocation.arg(name.as_slice()).arg(value.as_slice());
@@ -516,7 +548,7 @@ pub async fn requeue<C: ConnectionLike>(
         // No host of the subscription has run yet to make the stream's secret, which seals
         // the lane copy: make it as a host would, and try once more.
         Err(err) if err.code() == Some(NO_SECRET) => {
-            Secret::load_or_create(conn, &keys.stream).await?;
+            Secret::load_or_create(conn, &keys.stream, &[]).await?;
             invocation.invoke_async(conn).await?
         }
         other => other?,
@@ -533,8 +565,8 @@ pub async fn delete<C: ConnectionLike>(
     conn: &mut C,
     keys: &SubscriptionKeys,
     ids: &[String],
-) -> RedisResult<usize> {
-    let secret = Secret::load(conn, &keys.stream).await?;
+) -> Result<usize, OperateError> {
+    let secret = load_secret(conn, keys).await?;
     let owner = Owner::of(keys, secret.as_ref());
     let mut deleted = 0;
     for chunk in ids.chunks(BATCH) {
@@ -574,6 +606,9 @@ pub struct Migrated {
     pub moved: usize,
     /// Where the next pass starts (the last id looked at).
     pub cursor: Option<String>,
+    /// Consumer groups that read the earlier stream (a service that handles dead letters):
+    /// then nothing is moved from under them.
+    pub readers: Vec<String>,
 }
 
 /// Move this subscription's dead letters from the stream's default dead-letter stream of an
@@ -582,7 +617,8 @@ pub struct Migrated {
 /// release lists and requeues them. Those whose origin the earlier release could vouch for
 /// (written before this release took over) are sealed on the way; the others keep their
 /// fields and are requeued as new entries. Other groups' dead letters, and entries no
-/// subscription wrote, stay where they are.
+/// subscription wrote, stay where they are; and nothing moves while a consumer group reads the
+/// earlier stream (another service handling dead letters would lose them).
 pub async fn migrate_legacy<C: ConnectionLike>(
     conn: &mut C,
     keys: &SubscriptionKeys,
@@ -591,12 +627,19 @@ pub async fn migrate_legacy<C: ConnectionLike>(
     let Some(legacy) = keys.legacy_dead_letter.as_deref() else {
         return Ok(Migrated::default());
     };
-    let secret = Secret::load(conn, &keys.stream).await?;
-    let owner = Owner::of(keys, secret.as_ref());
-    let mut done = Migrated {
-        moved: 0,
-        cursor: cursor.map(str::to_owned),
+    let secret = load_secret(conn, keys).await?;
+    let owner = Owner {
+        key: legacy,
+        ..Owner::of(keys, secret.as_ref())
     };
+    let mut done = Migrated {
+        cursor: cursor.map(str::to_owned),
+        ..Migrated::default()
+    };
+    done.readers = crate::inspect::groups(conn, legacy).await?;
+    if !done.readers.is_empty() {
+        return Ok(done);
+    }
     loop {
         let from = done
             .cursor
@@ -654,7 +697,14 @@ fn resealed(
                 origin.as_bytes(),
                 digest.as_bytes(),
             ];
-            let mark = secret.seal(Seal::DeadLetter, &parts);
+            let packed =
+                matches!(written, [(name, _)] if name.as_slice() == keys::PACKED_FIELDS.as_bytes());
+            let use_ = if packed {
+                Seal::DeadLetterPacked
+            } else {
+                Seal::DeadLetter
+            };
+            let mark = secret.seal(use_, &parts);
             fields.push(field(keys::MARK, mark.as_bytes()));
             fields
         }
@@ -701,6 +751,7 @@ mod tests {
         group: "g",
         set: Some("s.delayed"),
         secret: None,
+        key: "s.g.dead-letter",
     };
 
     /// A delivery's dead letter of the earlier release (no seal) written for `group`.
@@ -751,14 +802,20 @@ mod tests {
 
     #[test]
     fn only_a_sealed_or_old_enough_dead_letter_has_a_trusted_origin() {
-        let secret = Secret::from_value("k").with_legacy_until(100);
+        // The dead-letter stream's last id when this release first used it: 99-0.
+        let secret = Secret::from_value("k").with_legacy_cutoff("s.g.dead-letter", "99-0");
         let owner = Owner {
             secret: Some(&secret),
             ..OWNER
         };
-        // The earlier release's form: trusted only on entries older than the upgrade.
+        // The earlier release's form: trusted only on entries that were there before.
         assert!(DeadLetter::decode("99-0".into(), legacy_letter("g"), &owner).trusted);
-        assert!(!DeadLetter::decode("100-0".into(), legacy_letter("g"), &owner).trusted);
+        assert!(!DeadLetter::decode("99-1".into(), legacy_letter("g"), &owner).trusted);
+        let elsewhere = Owner {
+            key: "other.dead-letter",
+            ..owner
+        };
+        assert!(!DeadLetter::decode("1-0".into(), legacy_letter("g"), &elsewhere).trusted);
         // This release's: the seal over stream, group, origin and the fields before it.
         let own = pairs(&[("payload", "{}")]);
         let digest = keys::fields_digest(&own);

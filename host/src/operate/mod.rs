@@ -29,6 +29,9 @@ pub enum OperateError {
     /// Redis refused or could not be reached.
     #[error("Redis: {}", crate::redis_conn::ErrorClass::of(.0).describe())]
     Redis(#[from] redis::RedisError),
+    /// The stream's secret could not be read.
+    #[error(transparent)]
+    Secret(#[from] crate::keys::SecretError),
     /// The dead letter cannot go back onto the stream as it is.
     #[error("dead letter {id} cannot be requeued: {why}")]
     NotRequeueable {

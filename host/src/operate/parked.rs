@@ -251,7 +251,8 @@ pub async fn dead_letter_now<C: ConnectionLike>(
             .arg(keys::PACKED_FIELDS)
             .arg(keys.maxlen_arg())
             .arg(keys::Seal::DeadLetter.name())
-            .arg(keys::Seal::Member.name());
+            .arg(keys::Seal::Member.name())
+            .arg(keys::Seal::DeadLetterPacked.name());
         for member in chunk {
             invocation.arg(member.as_slice());
         }

@@ -13,7 +13,8 @@
 //!   (log line, `sluice_retention_blocked_total`) when what groups need keeps it longer;
 //! - compares ids exactly, as two decimal parts (`lua/ids.lua`): producers may write explicit
 //!   ids above 2^53, which a Lua number would round;
-//! - trims dead letters older than `dead_letter_retention.keep`;
+//! - trims dead letters older than `dead_letter_retention.keep`, under a lease of the dead-letter
+//!   stream's own (every group of a stream has its dead letters, and its own `keep`);
 //! - records what it did (`sluice-retention-last:{tag}:<stream>`), which `sluice status` shows.
 //!
 //! Parked retries live in the delayed set, not the stream: trimming never touches them, and a
@@ -41,8 +42,9 @@ static TRIM: LazyLock<Script> = LazyLock::new(|| {
 /// The most entries one run trims (from the stream, and from the dead-letter stream).
 pub const MAX_TRIM_PER_RUN: u64 = 100_000;
 
-/// The lease that makes one host at a time trim `stream`: one per stream (streams that share a
-/// hash tag are trimmed each by its own holder), in the stream's slot.
+/// The lease that makes one host at a time trim `stream` (a stream, or a dead-letter stream):
+/// one per stream (streams that share a hash tag are trimmed each by its own holder), in the
+/// stream's slot.
 pub fn lease_key(stream: &str) -> String {
     format!("sluice-retention:{{{}}}:{stream}", hash_tag(stream))
 }
@@ -55,8 +57,12 @@ pub fn record_key(stream: &str) -> String {
 /// What one run did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Run {
-    /// Another host holds the lease: it trims.
-    NotHolder,
+    /// Another host holds the stream's lease: it trims the stream (this host may still have
+    /// trimmed its own dead letters, under their lease).
+    NotHolder {
+        /// Dead letters trimmed.
+        dead_trimmed: u64,
+    },
     /// This host trimmed.
     Trimmed {
         /// Entries trimmed from the stream.
@@ -129,6 +135,7 @@ impl Trimmer {
             .key(lease_key(&self.keys.stream))
             .key(record_key(&self.keys.stream))
             .key(&*self.keys.dead_letter)
+            .key(lease_key(&self.keys.dead_letter))
             .arg(&self.holder)
             .arg(ms(self.every * 3))
             .arg(keep_acked)
@@ -139,7 +146,7 @@ impl Trimmer {
             .invoke_async(&mut conn)
             .await?;
         if held == 0 {
-            return Ok(Run::NotHolder);
+            return Ok(Run::NotHolder { dead_trimmed });
         }
         self.trimmed.inc_by(trimmed);
         if blocked == 1 {
@@ -192,7 +199,15 @@ impl Trimmer {
                         );
                     }
                 }
-                Ok(Run::NotHolder) => {}
+                Ok(Run::NotHolder { dead_trimmed }) => {
+                    if dead_trimmed > 0 {
+                        tracing::info!(
+                            dead_letter = %self.keys.dead_letter,
+                            dead_trimmed,
+                            "retention trimmed old dead letters"
+                        );
+                    }
+                }
                 Err(err) => tracing::warn!(
                     stream = %self.keys.stream,
                     %err,

@@ -276,9 +276,12 @@ impl Settler {
                 delivery.origin_id.as_bytes(),
                 digest.as_bytes(),
             ];
-            invocation
-                .arg(keys::MARK)
-                .arg(secret.seal(keys::Seal::DeadLetter, &parts));
+            let use_ = if written.len() == fields.len() {
+                keys::Seal::DeadLetter
+            } else {
+                keys::Seal::DeadLetterPacked
+            };
+            invocation.arg(keys::MARK).arg(secret.seal(use_, &parts));
         }
         let written = self
             .until_done(delivery, "dead-lettering", || {

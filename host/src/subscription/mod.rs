@@ -713,7 +713,7 @@ impl Subscription {
         let delivery = Delivery::new(
             &self.plan.stream,
             &self.plan.group,
-            source,
+            (source, self.plan.key(source)),
             entry,
             delivery_count,
             self.secret.as_deref(),

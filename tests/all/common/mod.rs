@@ -874,6 +874,48 @@ pub async fn delayed_set(
         .expect("the keys name a delayed set")
 }
 
+/// Put a retry copy of `control` into the retry lane of group `g` of `stream` (delayed set
+/// `set`), exactly as the sweep writes one (sealed with the stream's secret, made if missing):
+/// for tests that need lane entries a host did not move itself. Its id.
+pub async fn sealed_lane_copy(
+    conn: &mut impl ConnectionLike,
+    stream: &str,
+    set: &str,
+    control: &Control,
+) -> String {
+    use sluice_host::keys::{Seal, Secret};
+    let secret = Secret::load_or_create(conn, stream, &[])
+        .await
+        .expect("secret");
+    let fields = vec![(b"payload".to_vec(), control.to_string().into_bytes())];
+    let member = sluice_host::member::NewMember {
+        entry_id: "1-1",
+        retry_count: 1,
+        fields: &fields,
+        origin_id: "1-1",
+        stream,
+        group: "g",
+    }
+    .encode();
+    let due = "1";
+    let mark = secret.seal(
+        Seal::Lane,
+        &[stream.as_bytes(), b"g", &member, due.as_bytes()],
+    );
+    redis::cmd("XADD")
+        .arg(sluice_host::keys::lane_key(set))
+        .arg("*")
+        .arg("sluice-parked")
+        .arg(member)
+        .arg("sluice-due-ms")
+        .arg(due)
+        .arg("sluice-mark")
+        .arg(mark)
+        .query_async(conn)
+        .await
+        .expect("XADD")
+}
+
 /// A stream secret for sets and deliveries a test builds by hand.
 pub fn test_secret() -> std::sync::Arc<sluice_host::keys::Secret> {
     std::sync::Arc::new(sluice_host::keys::Secret::from_value("test-secret"))

@@ -19,7 +19,8 @@
 -- ARGV[18] the subscription's group
 -- ARGV[19] 1 to move due entries to the stream's tail even while other groups read the stream
 --          (other_groups_see_retries), 0 to hold them then
--- ARGV[20..23] the seals' uses: lane, tail, member (the host's keys module)
+-- ARGV[20..23] the seals' uses: lane, tail, member, tail with packed fields (the host's keys
+--          module)
 --
 -- Only members of this subscription move: a member names the stream and group that parked it
 -- (its first bytes, see delayed/lua/member.lua), and one that names another subscription is
@@ -37,7 +38,8 @@
 -- then exactly five bookkeeping fields: retry count, origin id, due time (server clock, epoch ms),
 -- the group that parked it, and a seal over the stream, that group, the origin id, the retry
 -- count, the due time and the digest of the fields before them. An entry with more fields than
--- one XADD can carry goes with them packed into one value. While another group reads the stream
+-- one XADD can carry goes with them packed into one value, under a seal of its own use (so a
+-- producer's own field of that name is never taken for packed fields). While another group reads the stream
 -- and ARGV[19] is 0, nothing moves: the pass answers which group it saw (the host holds retries
 -- then, and says so), since that group would read every retry as a new entry of its own.
 --
@@ -59,7 +61,7 @@
 local F_RETRY, F_ORIGIN, F_DUE, F_MARK = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local F_MEMBER, F_REASON, F_ORIGIN_KEY, F_ORIGIN_STREAM = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
 local F_ORIGIN_GROUP, F_PACKED, F_PARKED = ARGV[13], ARGV[14], ARGV[15]
-local SEAL_LANE, SEAL_TAIL, SEAL_MEMBER = ARGV[20], ARGV[21], ARGV[22]
+local SEAL_LANE, SEAL_TAIL, SEAL_MEMBER, SEAL_TAIL_PACKED = ARGV[20], ARGV[21], ARGV[22], ARGV[23]
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0,
@@ -146,14 +148,14 @@ end
 -- bookkeeping and its seal.
 local function tail_copy(fields, origin, retry, score)
   local args = {KEYS[1], '*'}
-  local own = fields
+  local own, use = fields, SEAL_TAIL
   if #fields / 2 > max_fields then
-    own = {F_PACKED, cmsgpack.pack(fields)}
+    own, use = {F_PACKED, cmsgpack.pack(fields)}, SEAL_TAIL_PACKED
   end
   for _, v in ipairs(own) do
     args[#args + 1] = v
   end
-  local mark = seal(secret, {SEAL_TAIL, stream, group, origin, retry, score, fields_digest(own)})
+  local mark = seal(secret, {use, stream, group, origin, retry, score, fields_digest(own)})
   for _, v in ipairs({F_RETRY, retry, F_ORIGIN, origin, F_DUE, score, F_ORIGIN_GROUP, group,
       F_MARK, mark}) do
     args[#args + 1] = v

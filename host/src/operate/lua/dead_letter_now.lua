@@ -10,8 +10,8 @@
 -- ARGV[5..15] field names: reason, origin stream, origin group, origin id, entry id, retry
 --          count, delivery count, member, origin key, mark, packed fields (the host's keys module)
 -- ARGV[16] trim the dead-letter stream to about this many entries (MAXLEN ~), 0 for never
--- ARGV[17..18] the seals' uses: dead letter, member
--- ARGV[19..] members
+-- ARGV[17..19] the seals' uses: dead letter, member, dead letter with packed fields
+-- ARGV[20..] members
 --
 -- A member the park script wrote for this subscription becomes a dead letter like the
 -- dispatcher's (its fields, packed past what one XADD carries, then the bookkeeping and the
@@ -22,7 +22,7 @@
 local F_REASON, F_STREAM, F_GROUP, F_ORIGIN, F_ENTRY = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local F_RETRY, F_DELIVERIES, F_MEMBER, F_KEY = ARGV[10], ARGV[11], ARGV[12], ARGV[13]
 local F_MARK, F_PACKED = ARGV[14], ARGV[15]
-local SEAL_DEAD_LETTER, SEAL_MEMBER = ARGV[17], ARGV[18]
+local SEAL_DEAD_LETTER, SEAL_MEMBER, SEAL_DEAD_LETTER_PACKED = ARGV[17], ARGV[18], ARGV[19]
 local stream, group = ARGV[2], ARGV[3]
 local max_fields = tonumber(ARGV[4])
 local secret = redis.call('GET', KEYS[3])
@@ -38,16 +38,16 @@ local function xadd(values)
   return redis.call('XADD', unpack(args))
 end
 local moved = 0
-for i = 19, #ARGV do
+for i = 20, #ARGV do
   local member = ARGV[i]
   if redis.call('ZSCORE', KEYS[1], member) then
     local id, retry, fields, origin, owner_stream, owner_group = read_member(member)
     local ours = id ~= nil and (owner_stream == nil or (owner_stream == stream
       and owner_group == group))
     if ours then
-      local own = fields
+      local own, use = fields, SEAL_DEAD_LETTER
       if #own / 2 > max_fields then
-        own = {F_PACKED, cmsgpack.pack(own)}
+        own, use = {F_PACKED, cmsgpack.pack(own)}, SEAL_DEAD_LETTER_PACKED
       end
       local values = {}
       for _, v in ipairs(own) do
@@ -59,8 +59,7 @@ for i = 19, #ARGV do
       end
       if secret then
         values[#values + 1] = F_MARK
-        values[#values + 1] = seal(secret, {SEAL_DEAD_LETTER, stream, group, origin,
-          fields_digest(own)})
+        values[#values + 1] = seal(secret, {use, stream, group, origin, fields_digest(own)})
       end
       xadd(values)
     else

@@ -11,9 +11,9 @@
 -- ARGV[5]  'lane' or 'tail': the form of the copy
 -- ARGV[6..12] field names, in order: retry count, origin id, due time, origin group, mark,
 --          parked, packed fields (from the host's keys module)
--- ARGV[13..14] the seals' uses: lane, tail
--- ARGV[15] the most fields one XADD from this script may carry
--- ARGV[16..] the fields to add: name, value, ... (the entry's own fields and the requeue record)
+-- ARGV[13..15] the seals' uses: lane, tail, tail with packed fields
+-- ARGV[16] the most fields one XADD from this script may carry
+-- ARGV[17..] the fields to add: name, value, ... (the entry's own fields and the requeue record)
 --
 -- Into the lane: the copy is what the sweep writes there, a member (the stream and group, the
 -- dead letter's id, retry count 0, the fields, the origin id or ''), "due" now, and the seal over
@@ -30,13 +30,13 @@
 -- Reply: the new entry's id, or false when the dead letter was no longer there.
 local F_RETRY, F_ORIGIN, F_DUE, F_GROUP = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local F_MARK, F_PARKED, F_PACKED = ARGV[10], ARGV[11], ARGV[12]
-local SEAL_LANE, SEAL_TAIL = ARGV[13], ARGV[14]
+local SEAL_LANE, SEAL_TAIL, SEAL_TAIL_PACKED = ARGV[13], ARGV[14], ARGV[15]
 local stream, group, origin = ARGV[3], ARGV[4], ARGV[2]
 if #redis.call('XRANGE', KEYS[2], ARGV[1], ARGV[1]) == 0 then
   return false
 end
 local fields = {}
-for i = 16, #ARGV do
+for i = 17, #ARGV do
   fields[#fields + 1] = ARGV[i]
 end
 local secret = redis.call('GET', KEYS[3])
@@ -51,16 +51,16 @@ if ARGV[5] == 'lane' then
   local mark = seal(secret, {SEAL_LANE, stream, group, member, now})
   id = redis.call('XADD', KEYS[1], '*', F_PARKED, member, F_DUE, now, F_MARK, mark)
 else
-  local own = fields
-  if #fields / 2 > tonumber(ARGV[15]) then
-    own = {F_PACKED, cmsgpack.pack(fields)}
+  local own, use = fields, SEAL_TAIL
+  if #fields / 2 > tonumber(ARGV[16]) then
+    own, use = {F_PACKED, cmsgpack.pack(fields)}, SEAL_TAIL_PACKED
   end
   local args = {KEYS[1], '*'}
   for _, v in ipairs(own) do
     args[#args + 1] = v
   end
   if secret then
-    local mark = seal(secret, {SEAL_TAIL, stream, group, origin, '0', now, fields_digest(own)})
+    local mark = seal(secret, {use, stream, group, origin, '0', now, fields_digest(own)})
     for _, v in ipairs({F_RETRY, '0', F_ORIGIN, origin, F_DUE, now, F_GROUP, group, F_MARK, mark}) do
       args[#args + 1] = v
     end

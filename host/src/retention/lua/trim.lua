@@ -1,10 +1,13 @@
 -- Trim what every consumer group of a stream has acknowledged, older than `keep_acked`, in one
--- atomic step, by whichever host holds the stream's retention lease.
+-- atomic step, by whichever host holds the stream's retention lease; and a subscription's dead
+-- letters older than their `keep`, by whichever host holds the dead-letter stream's lease (one
+-- per dead-letter stream: every group of a stream has its own).
 --
 -- KEYS[1]  the stream
 -- KEYS[2]  the stream's lease (a string: the holder's name, with an expiry)
 -- KEYS[3]  the stream's last run's record (a hash: at_ms, trimmed, threshold, length, blocked, holder)
 -- KEYS[4]  the dead-letter stream
+-- KEYS[5]  the dead-letter stream's lease
 -- ARGV[1]  this host's name for the lease
 -- ARGV[2]  the lease's length in milliseconds
 -- ARGV[3]  keep_acked in milliseconds
@@ -26,20 +29,30 @@
 -- Trimming is approximate (MINID ~): Redis drops whole nodes only, so it may keep a few more
 -- entries than allowed, never fewer; LIMIT bounds the work of one run.
 --
--- Reply: {held (1, or 0 when another host holds the lease), trimmed, length after,
+-- Reply: {held (1, or 0 when another host holds the stream's lease), trimmed, length after,
 -- blocked (1/0), threshold id ('' when nothing could be trimmed), dead letters trimmed}.
-local holder = redis.call('GET', KEYS[2])
-if holder and holder ~= ARGV[1] then
-  return {0, 0, 0, 0, '', 0}
+
+-- Whether this host holds `lease` (taking it when it is free, renewing it when it is ours).
+local function hold(lease)
+  local holder = redis.call('GET', lease)
+  if holder and holder ~= ARGV[1] then
+    return false
+  end
+  redis.call('SET', lease, ARGV[1], 'PX', ARGV[2])
+  return true
 end
-redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 
 local dead_trimmed = 0
-if tonumber(ARGV[5]) > 0 then
+if tonumber(ARGV[5]) > 0 and hold(KEYS[5]) then
   local oldest = string.format('%.0f', math.max(0, now - tonumber(ARGV[5]))) .. '-0'
   dead_trimmed = redis.call('XTRIM', KEYS[4], 'MINID', '~', oldest, 'LIMIT', tonumber(ARGV[6]))
+end
+
+if not hold(KEYS[2]) then
+  return {0, 0, 0, 0, '', dead_trimmed}
 end
 
 local length = redis.call('XLEN', KEYS[1])
