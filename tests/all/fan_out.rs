@@ -277,6 +277,15 @@ async fn tail_retries_are_refused_while_another_group_reads_the_stream() {
     .await;
     let plain = read_plain(&mut conn, "shared-tail").await;
     assert_eq!(plain.len(), 2, "the entry and its retry copy: {plain:?}");
+    // The page says it too.
+    let admin = host.admin().await;
+    let cookie = log_in(admin).await;
+    let (code, _, page) = http_exchange(admin, "GET", "/ui/", &[("Cookie", &cookie)], b"").await;
+    assert_eq!(code, 200, "{page}");
+    assert!(
+        page.contains("Warning: retry_lane = false with other_groups_see_retries"),
+        "{page}"
+    );
     host.stop().await.unwrap();
 
     // A group that appears while the host runs: due retries are held in the set (not lost, not

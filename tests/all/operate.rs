@@ -731,3 +731,69 @@ async fn a_requeued_entry_keeps_its_origin_id_for_the_handler() {
     assert!(reason.contains("sluice-requeued-from"), "{reason}");
     host.stop().await.unwrap();
 }
+
+/// Dead letters an operator makes of parked retries are sealed by the script (plain and, for an
+/// entry of thousands of fields, packed), so a requeue keeps their origin id and every field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_lettered_parked_retries_are_sealed_and_requeued_whole_with_their_origin() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(&redis, sub("sealnow")).await;
+    let first = add(&mut conn, "sealnow", &Control::Ack).await;
+    host.event(T, "the host reading", |e| e.id == first).await;
+    let k = keys("sealnow").with_retry_lane(true);
+    let small = vec![(b"payload".to_vec(), Control::Ack.to_string().into_bytes())];
+    let mut wide = small.clone();
+    wide.extend((0..4000).map(|i| (format!("f{i}").into_bytes(), b"v".to_vec())));
+    let mut members = Vec::new();
+    for (origin, fields) in [("7-1", &small), ("8-1", &wide)] {
+        let member = sluice_host::member::NewMember {
+            entry_id: origin,
+            retry_count: 2,
+            fields,
+            origin_id: origin,
+            stream: "sealnow",
+            group: "g",
+        }
+        .encode();
+        // Due in an hour: only the operator moves them.
+        let due = sluice_host::inspect::server_now_ms(&mut conn)
+            .await
+            .unwrap()
+            + 3_600_000;
+        let _: i64 = redis::cmd("ZADD")
+            .arg("sealnow.delayed")
+            .arg(due)
+            .arg(&member)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        members.push(member);
+    }
+    let moved = parked::dead_letter_now(&mut conn, &k, &members, "operator")
+        .await
+        .unwrap();
+    assert_eq!(moved, 2);
+    let page = dead_letters::list(&mut conn, &k, None, 10, None, 1)
+        .await
+        .unwrap();
+    assert_eq!(page.items.len(), 2);
+    for letter in &page.items {
+        assert!(
+            letter.trusted && letter.not_requeueable.is_none(),
+            "{letter:?}"
+        );
+        let origin = letter.origin_id.clone().unwrap();
+        let expected = if origin == "8-1" { 4001 } else { 1 };
+        assert_eq!(letter.fields.len(), expected, "{origin}: every field");
+        let dead_letters::Requeued::To(new) =
+            dead_letters::requeue(&mut conn, &k, letter).await.unwrap()
+        else {
+            panic!("gone")
+        };
+        let event = host.event(T, "the requeued retry", |e| e.id == new).await;
+        assert_eq!(event.kind, EventKind::Acked);
+        assert_eq!(event.origin_id, origin, "the origin id kept");
+    }
+    host.stop().await.unwrap();
+}
