@@ -28,6 +28,19 @@ async fn wait_lane_pending(conn: &redis::aio::MultiplexedConnection, lane: &str,
     .await;
 }
 
+/// The event of `forged`, a lane entry the host did not write: dead-lettered unhandled,
+/// with neither its claimed retry count nor its claimed origin trusted.
+async fn dead_lettered_as_unwritten(host: &mut TestHost, forged: &str) -> Event {
+    let event = host.event(T, "the forged entry", |e| e.id == forged).await;
+    assert!(
+        matches!(&event.kind, EventKind::DeadLettered { reason } if reason.contains("Sluice did not write")),
+        "{event:?}"
+    );
+    assert_eq!(event.retry_count, 0, "the forged count is not trusted");
+    assert_eq!(event.origin_id, forged, "nor the real origin");
+    event
+}
+
 /// The next `n` acks of `host`, in the order they came; a park is allowed only of
 /// `parked` (an origin id), any other outcome fails the test.
 async fn acks_in_order(host: &mut TestHost, n: usize, parked: Option<&str>) -> Vec<Event> {
@@ -481,13 +494,7 @@ async fn bookkeeping_written_into_the_lane_by_hand_is_not_trusted() {
             .await
             .unwrap();
         // Not a copy the host wrote: dead-lettered without being handled.
-        let event = host.event(T, "the forged entry", |e| e.id == forged).await;
-        assert!(
-            matches!(&event.kind, EventKind::DeadLettered { reason } if reason.contains("Sluice did not write")),
-            "{event:?}"
-        );
-        assert_eq!(event.retry_count, 0, "the forged count is not trusted");
-        assert_eq!(event.origin_id, forged, "nor the real origin");
+        let event = dead_lettered_as_unwritten(&mut host, &forged).await;
         assert_eq!(
             &*event.stream, "forge",
             "settled for the subscription's stream"
@@ -509,13 +516,7 @@ async fn bookkeeping_written_into_the_lane_by_hand_is_not_trusted() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let event = host.event(T, "the forged entry", |e| e.id == forged).await;
-    assert!(
-        matches!(&event.kind, EventKind::DeadLettered { reason } if reason.contains("Sluice did not write")),
-        "{event:?}"
-    );
-    assert_eq!(event.retry_count, 0);
-    assert_eq!(event.origin_id, forged);
+    dead_lettered_as_unwritten(&mut host, &forged).await;
     wait_lane_pending(&conn, "forge.delayed.lane", 0).await;
     assert_eq!(parked(&mut conn, "forge.delayed").await, 0);
     host.stop().await.unwrap();
