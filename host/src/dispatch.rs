@@ -183,6 +183,8 @@ impl Dispatcher {
         });
         let elapsed_us = elapsed.as_micros() as u64;
         if let Err(failure) = &result {
+            let (failure, _) =
+                outcome::bounded_text(&failure.to_string(), outcome::MAX_REASON_BYTES);
             tracing::warn!(%failure, elapsed_us, "attempt failed");
         }
         let previous = delivery.previous_attempts();
@@ -192,8 +194,11 @@ impl Dispatcher {
                 tracing::debug!(elapsed_us, "ack");
                 Ok(Settled::Ack(self.settler.ack_of(&delivery, digest)))
             }
-            Action::DeadLetter { reason } => {
-                tracing::warn!(%reason, elapsed_us, "dead-lettering");
+            Action::DeadLetter { reason, cut } => {
+                if cut {
+                    m.reasons_cut.inc();
+                }
+                tracing::warn!(%reason, elapsed_us, cut, "dead-lettering");
                 self.settler
                     .dead_letter(&delivery, digest, &reason)
                     .await

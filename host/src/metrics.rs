@@ -31,6 +31,7 @@
 //! | `sluice_stream_length` | gauge | entries in the stream (scrape time) |
 //! | `sluice_stream_bytes` | gauge | the stream's memory, MEMORY USAGE sampled (scrape time) |
 //! | `sluice_stream_oldest_age_seconds` | gauge | age of the stream's oldest entry (scrape time) |
+//! | `sluice_reasons_cut_total` | counter | dead-letter reasons longer than 4 KiB, stored and logged cut to it |
 //! | `sluice_guest_log_dropped_total` | counter | guest log lines dropped or truncated by the per-delivery log budget |
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -120,6 +121,8 @@ pub struct Metrics {
     pub other_groups_retries: Family<SubLabels, Counter>,
     /// Guest log lines dropped or truncated by the log budget.
     pub guest_log_dropped: Family<SubLabels, Counter>,
+    /// Dead-letter reasons cut to their bound.
+    pub reasons_cut: Family<SubLabels, Counter>,
 }
 
 fn seconds_histogram() -> Histogram {
@@ -290,6 +293,12 @@ impl Default for Metrics {
                 "Guest log lines dropped or truncated by the per-delivery log budget",
                 Family::default(),
             ),
+            reasons_cut: registered(
+                &mut registry,
+                "reasons_cut",
+                "Dead-letter reasons longer than 4 KiB, stored and logged cut to it",
+                Family::default(),
+            ),
             registry,
         }
     }
@@ -354,6 +363,7 @@ impl Metrics {
             clamped: self.retry_delay_clamped.get_or_create(labels).clone(),
             settle_errors: self.settle_errors.get_or_create(labels).clone(),
             other_groups_retries: self.other_groups_retries.get_or_create(labels).clone(),
+            reasons_cut: self.reasons_cut.get_or_create(labels).clone(),
             deliveries: self.deliveries.clone(),
             labels: labels.clone(),
             outcomes: Default::default(),
@@ -384,6 +394,8 @@ pub struct DeliveryMetrics {
     pub settle_errors: Counter,
     /// Other groups' retry copies acknowledged unhandled.
     pub other_groups_retries: Counter,
+    /// Dead-letter reasons cut to their bound.
+    pub reasons_cut: Counter,
     deliveries: Family<OutcomeLabels, Counter>,
     labels: SubLabels,
     /// One counter per outcome, created on its first use (an outcome that never happened

@@ -521,7 +521,7 @@ impl Service {
                 "stopped reading; waiting for in-flight deliveries"
             );
         }
-        let deadline = tokio::time::Instant::now() + timeout;
+        let deadline = tokio::time::Instant::now() + timeout.min(sluice_descriptor::MAX_DURATION);
         let drained = tokio::time::timeout_at(deadline, deliveries.wait())
             .await
             .is_ok();

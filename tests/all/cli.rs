@@ -348,10 +348,51 @@ fn bad_configurations_are_refused_with_errors_naming_the_problem() {
             "ttl 3600s is shorter than the longest delay 7200s",
         ),
     ];
-    for (name, toml, expected) in cases {
+    let huge = "300000000000y";
+    let long = "s".repeat(4 << 20);
+    let bounded = [
+        (
+            "handler_timeout.toml",
+            TestConfig::of(Sub::as_built("{fixture}").set("handler_timeout", huge)).to_string(),
+            "subscription[0].handler_timeout",
+        ),
+        (
+            "gone.toml",
+            TestConfig::of(Sub::as_built("{fixture}").set("consumer_gone_after", huge)).to_string(),
+            "subscription[0].consumer_gone_after",
+        ),
+        (
+            "shutdown.toml",
+            format!(
+                "shutdown_timeout = \"{huge}\"\n{}",
+                TestConfig::of(Sub::as_built("{fixture}"))
+            ),
+            "shutdown_timeout",
+        ),
+        (
+            "stream.toml",
+            TestConfig::of(Sub::as_built("{fixture}").set("stream", long.as_str())).to_string(),
+            "stream is 4194304 bytes long",
+        ),
+        (
+            "newline.toml",
+            TestConfig::of(Sub::as_built("{fixture}").set("group", "g\nINFO forged")).to_string(),
+            "control character",
+        ),
+    ];
+    let bounded = bounded
+        .iter()
+        .map(|(name, toml, expected)| (*name, toml, *expected));
+    for (name, toml, expected) in cases.into_iter().chain(bounded) {
         let path = write_config(d, name, toml);
         let (ok, _, stderr) = run_sluice(&["check", path.to_str().unwrap()], d);
         assert!(!ok, "{name} was accepted");
+        assert!(!stderr.contains("panicked"), "{name}: {stderr}");
+        assert!(
+            stderr.len() < 4096,
+            "{name}: {} bytes of error",
+            stderr.len()
+        );
         assert!(
             stderr.contains(expected),
             "{name}: expected {expected:?} in:\n{stderr}"

@@ -457,6 +457,73 @@ async fn a_log_flood_is_cut_to_the_budget_and_cannot_forge_host_lines() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_dead_letter_reason_is_cut_counted_and_logged_cut() {
+    // Five small entries whose handler answers a 40 MiB reason each: before the bound, Redis
+    // grew by 250 MB and the log by 210 MB.
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let host = HostProcess::run(
+        &redis,
+        TestConfig::of(Sub::fixture("amp").set("memory_limit", "256MiB")),
+    );
+    let forged = "2026-01-01T00:00:00.000000Z  INFO sluice_host: forged";
+    for _ in 0..5 {
+        add(
+            &mut conn,
+            "amp",
+            &Control::DeadLong {
+                prefix: forged.to_owned(),
+                bytes: 40 << 20,
+            },
+        )
+        .await;
+    }
+    let dead = wait_dead_letters(&conn, "amp", 5).await;
+    for (_, fields) in &dead {
+        let reason = field(fields, "sluice-reason").unwrap();
+        assert!(
+            reason.len() <= 4096 + 16,
+            "a reason of {} bytes",
+            reason.len()
+        );
+        assert!(
+            reason.starts_with(forged) && reason.ends_with("…[cut]"),
+            "{reason:.200}"
+        );
+        assert!(!reason.contains('\n'), "the newline is escaped");
+    }
+    let (_, metrics) = http_get(host.admin_addr().await, "/metrics").await;
+    let cut: u64 = metrics
+        .lines()
+        .find(|l| l.starts_with("sluice_reasons_cut_total{stream=\"amp\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert_eq!(cut, 5, "{metrics}");
+    let used: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let used: u64 = used
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap();
+    assert!(used < 64 << 20, "Redis holds {used} bytes");
+    let log = host.log_text();
+    assert!(
+        log.len() < 1 << 20,
+        "the host log grew by {} bytes",
+        log.len()
+    );
+    assert!(
+        !log.lines().any(|l| l.starts_with("2026-01-01T00:00:00")),
+        "a guest forged a host log line"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_guest_is_held_to_the_same_sandbox() {
     // Python brings a whole interpreter, with `open`, `os.environ`, `socket`: none of it
     // reaches the host, HTTP reaches only the grant, and memory and time are bounded.

@@ -64,6 +64,43 @@ pub const DEFAULT_BACKOFF: Backoff = Backoff {
 /// The most partitions one subscription may have.
 pub const MAX_PARTITIONS: u32 = 1024;
 
+/// The longest name (stream, group, consumer, key, field) a descriptor may hold, in bytes. A
+/// name is repeated in every metric series, log line and page row of its subscription: one
+/// 4 MiB stream name once made a single `/metrics` scrape take 440 MB.
+pub const MAX_NAME_BYTES: usize = 256;
+/// The most entries one read may ask for: a read's reply is held whole in memory.
+pub const MAX_COUNT: usize = 10_000;
+/// The longest duration any descriptor or configuration value may hold (ten years): longer
+/// ones are surely mistakes, and every deadline computed from them must fit a clock.
+pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// `name` if it is short enough and free of control characters, the reason otherwise.
+pub fn check_name(field: &'static str, name: &str) -> Result<(), DescriptorError> {
+    if name.len() > MAX_NAME_BYTES {
+        return Err(DescriptorError::NameTooLong {
+            field,
+            len: name.len(),
+            start: shown(name),
+        });
+    }
+    if name.chars().any(char::is_control) {
+        return Err(DescriptorError::ControlInName {
+            field,
+            name: name.escape_default().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// The first characters of a name too long to print whole.
+fn shown(name: &str) -> String {
+    name.chars()
+        .take(32)
+        .collect::<String>()
+        .escape_default()
+        .to_string()
+}
+
 /// The Redis key of `name` (the stream, its delayed set or its dead-letter stream) in partition
 /// `partition` of a subscription to `stream`: `<name>:{<stream>:<partition>}`.
 ///
@@ -316,6 +353,46 @@ impl RedisStream {
     /// Fill in the defaults and check the result, so a bad descriptor is refused before any
     /// task starts.
     pub fn resolve(&self) -> Result<ResolvedStream, DescriptorError> {
+        // Names first, so no later message prints a name of any length.
+        check_name("stream", &self.stream)?;
+        for (field, name) in [
+            ("group", self.group.as_deref()),
+            ("consumer", self.consumer.as_deref()),
+            ("dead_letter", self.dead_letter.as_deref()),
+            ("payload_field", self.payload_field.as_deref()),
+            (
+                "delayed_retry key",
+                self.delayed_retry.as_ref().map(DelayedRetry::key),
+            ),
+        ] {
+            if let Some(name) = name {
+                check_name(field, name)?;
+            }
+        }
+        let ttl = self.delayed_retry.as_ref().and_then(|d| match d {
+            DelayedRetry::DurableZset { ttl, .. } => *ttl,
+        });
+        for (field, value) in [
+            ("block", self.block),
+            ("claim_min_idle", self.claim_min_idle),
+            ("max_delay", self.max_delay),
+            (
+                "failure_backoff.initial",
+                self.failure_backoff.map(|b| b.initial),
+            ),
+            ("failure_backoff.max", self.failure_backoff.map(|b| b.max)),
+            ("delayed_retry ttl", ttl),
+        ] {
+            if let Some(value) = value
+                && value > MAX_DURATION
+            {
+                return Err(DescriptorError::DurationTooLong {
+                    stream: self.stream.clone(),
+                    field,
+                    value,
+                });
+            }
+        }
         let stream = self.stream.trim();
         if stream.is_empty() {
             return Err(DescriptorError::EmptyStream);
@@ -331,8 +408,11 @@ impl RedisStream {
             });
         }
         let count = self.count.unwrap_or(DEFAULT_COUNT);
-        if count == 0 {
-            return Err(DescriptorError::ZeroCount(stream.to_owned()));
+        if count == 0 || count > MAX_COUNT {
+            return Err(DescriptorError::Count {
+                stream: stream.to_owned(),
+                count,
+            });
         }
         let block = self.block.unwrap_or(DEFAULT_BLOCK);
         if block.is_zero() {
@@ -508,9 +588,48 @@ pub enum DescriptorError {
         /// The blank field.
         field: &'static str,
     },
-    /// `count` is zero.
-    #[error("subscription to `{0}`: count must be at least 1")]
-    ZeroCount(String),
+    /// `count` is zero or above [`MAX_COUNT`].
+    #[error("subscription to `{stream}`: count must be between 1 and {MAX_COUNT}, not {count}")]
+    Count {
+        /// The subscription's stream.
+        stream: String,
+        /// The count given.
+        count: usize,
+    },
+    /// A name is longer than [`MAX_NAME_BYTES`].
+    #[error(
+        "the subscription's {field} is {len} bytes long (`{start}…`); names are at most {MAX_NAME_BYTES} bytes"
+    )]
+    NameTooLong {
+        /// Which name.
+        field: &'static str,
+        /// Its length in bytes.
+        len: usize,
+        /// Its first characters, escaped.
+        start: String,
+    },
+    /// A name holds a control character (a newline, an escape).
+    #[error("the subscription's {field} `{name}` holds a control character")]
+    ControlInName {
+        /// Which name.
+        field: &'static str,
+        /// The name, escaped.
+        name: String,
+    },
+    /// A duration is longer than [`MAX_DURATION`].
+    #[error(
+        "subscription to `{stream}`: {field} of {} is longer than the most any duration may be ({} days)",
+        humanize(*value),
+        MAX_DURATION.as_secs() / 86_400
+    )]
+    DurationTooLong {
+        /// The subscription's stream.
+        stream: String,
+        /// Which duration.
+        field: &'static str,
+        /// What was given.
+        value: Duration,
+    },
     /// `block` is zero, which Redis reads as "block forever".
     #[error("subscription to `{0}`: block must be longer than 0 (Redis reads BLOCK 0 as forever)")]
     ZeroBlock(String),
@@ -636,6 +755,88 @@ mod tests {
             .partitions(MAX_PARTITIONS + 1)
             .resolve();
         assert!(too_many.is_err());
+    }
+
+    #[test]
+    fn names_counts_and_durations_are_bounded() {
+        let long = "s".repeat(4 << 20);
+        let err = RedisStream::new(long.as_str())
+            .group("g")
+            .resolve()
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("stream is 4194304 bytes long"), "{text}");
+        assert!(
+            text.len() < 300,
+            "the message prints the name: {} bytes",
+            text.len()
+        );
+        let err = RedisStream::new("s")
+            .group("g\nINFO forged")
+            .resolve()
+            .unwrap_err();
+        assert!(err.to_string().contains("group `g\\nINFO forged`"), "{err}");
+        for (field, sub) in [
+            (
+                "consumer",
+                RedisStream::new("s").group("g").consumer(long.as_str()),
+            ),
+            (
+                "dead_letter",
+                RedisStream::new("s").group("g").dead_letter(long.as_str()),
+            ),
+            (
+                "payload_field",
+                RedisStream::new("s")
+                    .group("g")
+                    .payload_field(long.as_str()),
+            ),
+            (
+                "delayed_retry key",
+                RedisStream::new("s")
+                    .group("g")
+                    .delayed_retry(DelayedRetry::durable_zset(long.as_str())),
+            ),
+        ] {
+            let err = sub.resolve().unwrap_err().to_string();
+            assert!(err.contains(field) && err.len() < 300, "{err}");
+        }
+        let ok = RedisStream::new("s".repeat(MAX_NAME_BYTES)).group("g");
+        assert!(ok.resolve().is_ok());
+        let count = RedisStream::new("s")
+            .group("g")
+            .count(MAX_COUNT + 1)
+            .resolve();
+        assert!(
+            count
+                .unwrap_err()
+                .to_string()
+                .contains("between 1 and 10000")
+        );
+        let century = Duration::from_secs(100 * 365 * 86_400);
+        for (field, sub) in [
+            ("block", RedisStream::new("s").group("g").block(century)),
+            (
+                "max_delay",
+                RedisStream::new("s").group("g").max_delay(century),
+            ),
+            (
+                "failure_backoff.max",
+                RedisStream::new("s").group("g").failure_backoff(Backoff {
+                    initial: Duration::from_secs(1),
+                    max: century,
+                }),
+            ),
+            (
+                "delayed_retry ttl",
+                RedisStream::new("s")
+                    .group("g")
+                    .delayed_retry(DelayedRetry::durable_zset("k").with_ttl(century)),
+            ),
+        ] {
+            let err = sub.resolve().unwrap_err().to_string();
+            assert!(err.contains(field) && err.contains("3650 days"), "{err}");
+        }
     }
 
     #[test]

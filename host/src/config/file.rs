@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
-use sluice_descriptor::{Backoff, DelayedRetry, Overrides};
+use sluice_descriptor::{Backoff, DelayedRetry, MAX_DURATION, Overrides};
 
 use super::allow::{AllowedHost, EntryError};
 use super::{ConfigError, Isolation, Limits, RedisAccess, SubscriptionConfig, TokenSource};
@@ -718,14 +718,23 @@ impl Validator<'_> {
         Ok(size)
     }
 
+    /// A duration of at most [`MAX_DURATION`]: every deadline computed from it fits a clock.
     fn duration(&self, key: &str, value: &str) -> Result<Duration, ConfigError> {
-        humantime::parse_duration(value).map_err(|e| {
+        let duration = humantime::parse_duration(value).map_err(|e| {
             self.invalid(
                 key,
                 value,
                 &format!("{e} (write durations like \"500ms\", \"30s\" or \"1h\")"),
             )
-        })
+        })?;
+        if duration > MAX_DURATION {
+            let most = format!(
+                "is longer than the most any duration may be ({} days)",
+                MAX_DURATION.as_secs() / 86_400
+            );
+            return Err(self.invalid(key, value, &most));
+        }
+        Ok(duration)
     }
 
     fn opt_duration(

@@ -398,7 +398,9 @@ impl DelayedSet {
         // What this pass saw replaces what this host knew (anything earlier has been moved),
         // unless a park of this host registered its due time while the pass was on its way:
         // that park may have run in Redis after the pass, unseen by it, so its wake stays.
-        let at = next_due_in.map(|d| Instant::now() + d);
+        // A due time from Redis is bounded before it meets the clock (a broken reply must not
+        // overflow it).
+        let at = next_due_in.map(|d| Instant::now() + d.min(sluice_descriptor::MAX_DURATION));
         if let Ok(mut wake) = self.next_wake.lock() {
             wake.at = if wake.parks == parks_before {
                 at
@@ -482,7 +484,7 @@ impl DelayedSet {
     /// Wake the timer at `delay` from now unless it wakes earlier already; a park's due time
     /// (counted, see [`Wake::parks`]).
     fn wake_in(&self, delay: Duration) {
-        let at = Instant::now() + delay;
+        let at = Instant::now() + delay.min(sluice_descriptor::MAX_DURATION);
         if let Ok(mut wake) = self.next_wake.lock() {
             wake.parks += 1;
             if wake.at.is_none_or(|current| at < current) {

@@ -195,22 +195,7 @@ pub const MAX_LOG_LINE: usize = 4096;
 /// `text` cut to at most `max` bytes (on a character boundary) with control characters escaped
 /// (`\n`, `\r`, `\u{1b}`, ...), so it stays one line of the host's log.
 fn sanitize(text: &str, max: usize) -> String {
-    let mut end = max.min(text.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    let mut out = String::with_capacity(end + 8);
-    for c in text[..end].chars() {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    if end < text.len() {
-        out.push_str("…[cut]");
-    }
-    out
+    crate::outcome::bounded_text(text, max).0
 }
 
 impl WasiView for GuestState {

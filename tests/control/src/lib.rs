@@ -116,6 +116,14 @@ pub enum Control {
         /// The size of each map's value.
         bytes: u64,
     },
+    /// Dead-letter with a reason of `bytes` bytes made in the guest, starting with `prefix`
+    /// and holding a newline (a small entry, a huge reason).
+    DeadLong {
+        /// What the reason starts with.
+        prefix: String,
+        /// The filler after the prefix.
+        bytes: u64,
+    },
     /// Log `lines` lines of `bytes` bytes, each starting with `prefix`, then ack.
     LogFlood {
         /// How many lines.
