@@ -133,13 +133,41 @@ export class Delivery {
 
 class DecodeError extends Error {}
 
+/** The deepest nesting of arrays and objects a payload may have: the engine's parser recurses,
+ * and a payload nested thousands deep exhausts the component's stack (a trap, retried for
+ * ever) before JSON.parse could throw. */
+const MAX_JSON_DEPTH = 256;
+
+function nestedTooDeeply(text) {
+  let depth = 0;
+  let inString = false;
+  let escaped = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (inString) {
+      if (escaped) escaped = false;
+      else if (c === 92) escaped = true; // backslash
+      else if (c === 34) inString = false; // quote
+    } else if (c === 34) {
+      inString = true;
+    } else if (c === 91 || c === 123) {
+      if (++depth > MAX_JSON_DEPTH) return true;
+    } else if (c === 93 || c === 125) {
+      depth--;
+    }
+  }
+  return false;
+}
+
 function decode(delivery, shape) {
   const field = config.get("sluice.payload-field", "payload");
   const raw = delivery.field(field);
   if (raw === undefined) throw new DecodeError(`undecodable payload: the entry has no \`${field}\` field`);
   let value;
   try {
-    value = JSON.parse(new TextDecoder().decode(raw));
+    const text = new TextDecoder().decode(raw);
+    if (nestedTooDeeply(text)) throw new Error(`nested more than ${MAX_JSON_DEPTH} deep`);
+    value = JSON.parse(text);
   } catch (err) {
     throw new DecodeError(`undecodable payload: field \`${field}\` is not valid JSON: ${err.message}`);
   }
@@ -149,7 +177,8 @@ function decode(delivery, shape) {
       throw new DecodeError(`undecodable payload: field \`${field}\` is not a valid ${name}: expected an object`);
     }
     for (const key of shape.required ?? []) {
-      if (!(key in value)) {
+      // Own properties only: `in` would take inherited names (`constructor`, `toString`).
+      if (!Object.prototype.hasOwnProperty.call(value, key)) {
         throw new DecodeError(`undecodable payload: field \`${field}\` is not a valid ${name}: missing field \`${key}\``);
       }
     }

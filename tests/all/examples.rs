@@ -49,6 +49,16 @@ async fn run_form(redis: &Redis, component: &str, stream: &str) -> Vec<(String, 
     let large = add(&mut conn, stream, &payment("large", 500_000)).await;
     let declined = add(&mut conn, stream, &payment("declined", 0)).await;
     let bad = add(&mut conn, stream, &serde_json::json!({"id": "bad"})).await;
+    // JSON nested deeper than any decoder recurses: undecodable, dead-lettered (not retried).
+    let nested = format!("{}{}", "[".repeat(5_000), "]".repeat(5_000));
+    let deep: String = redis::cmd("XADD")
+        .arg(stream)
+        .arg("*")
+        .arg("payload")
+        .arg(&nested)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let mut seen = Vec::new();
     let mut describe = |label: &str, e: &sluice_host::Event| {
         let kind = match &e.kind {
@@ -60,7 +70,7 @@ async fn run_form(redis: &Redis, component: &str, stream: &str) -> Vec<(String, 
         };
         seen.push((label.to_owned(), e.retry_count, kind));
     };
-    for _ in 0..4 {
+    for _ in 0..5 {
         let e = host.event(T, "the first attempts", |_| true).await;
         let label = if e.id == small {
             "small"
@@ -70,6 +80,8 @@ async fn run_form(redis: &Redis, component: &str, stream: &str) -> Vec<(String, 
             "declined"
         } else if e.id == bad {
             "bad"
+        } else if e.id == deep {
+            "deep"
         } else {
             "?"
         };
@@ -110,6 +122,12 @@ fn comparable(seen: &[(String, u32, String)]) -> Vec<(String, u32, String)> {
                     "{what}"
                 );
                 "dead: undecodable, missing field `account`".to_owned()
+            } else if label == "deep" {
+                assert!(
+                    what.starts_with("dead: undecodable payload: field `payload`"),
+                    "{what}"
+                );
+                "dead: undecodable".to_owned()
             } else {
                 what.clone()
             };
@@ -128,7 +146,7 @@ async fn every_form_and_language_behaves_the_same() {
     assert_eq!(macro_form, manual_form);
     assert_eq!(comparable(&macro_form), comparable(&python), "Python");
     assert_eq!(comparable(&macro_form), comparable(&js), "JavaScript");
-    assert_eq!(macro_form.len(), 5);
+    assert_eq!(macro_form.len(), 6);
     assert!(
         macro_form.contains(&("small".into(), 0, "acked".into())),
         "{macro_form:?}"
@@ -145,5 +163,22 @@ async fn every_form_and_language_behaves_the_same() {
     assert!(
         declined.contains("declined the charge: 400") && declined.contains("must be positive"),
         "{declined}"
+    );
+}
+
+#[test]
+fn the_js_sdk_checks_required_fields_by_their_own_names() {
+    // `in` would take inherited names (`constructor`) as present fields.
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk/js/test/decode.mjs");
+    let out = std::process::Command::new("node")
+        .arg(&script)
+        .output()
+        .expect("run node");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }

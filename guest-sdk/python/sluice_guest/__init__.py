@@ -30,8 +30,10 @@ Build with ``sluice build`` (componentize-py against the ``sluice:handler/handle
 """
 
 from dataclasses import MISSING, dataclass, fields as dataclass_fields, is_dataclass
+import itertools
 import json
 import math
+import re
 from typing import Any, Callable, List, Optional, Tuple
 
 from . import config, _log
@@ -202,15 +204,39 @@ class DecodeError(Exception):
     message."""
 
 
+# The deepest nesting of arrays and objects a payload may have: the JSON decoder recurses in C,
+# and a payload nested thousands deep exhausts the component's stack (a trap, retried for ever)
+# before Python could raise RecursionError.
+_MAX_JSON_DEPTH = 256
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_NOT_BRACKET = re.compile(rb"[^\[\]{}]")
+
+
+def _nested_too_deeply(raw: bytes) -> bool:
+    if raw.count(b"[") + raw.count(b"{") <= _MAX_JSON_DEPTH:
+        return False
+    brackets = _NOT_BRACKET.sub(b"", _JSON_STRING.sub(b"", raw))
+    steps = (1 if b in (0x5B, 0x7B) else -1 for b in brackets)
+    return max(itertools.accumulate(steps), default=0) > _MAX_JSON_DEPTH
+
+
 def _decode(delivery: Delivery, into: Optional[type]) -> Any:
     field = config.get("sluice.payload-field") or "payload"
     raw = delivery.field(field)
     if raw is None:
         raise DecodeError(f"undecodable payload: the entry has no `{field}` field")
+    if _nested_too_deeply(bytes(raw)):
+        raise DecodeError(
+            f"undecodable payload: field `{field}` is not valid JSON: "
+            f"nested more than {_MAX_JSON_DEPTH} deep")
     try:
         value = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as err:
         raise DecodeError(f"undecodable payload: field `{field}` is not valid JSON: {err}")
+    except RecursionError:
+        # Nested deeper than the interpreter recurses: no retry can decode it.
+        raise DecodeError(
+            f"undecodable payload: field `{field}` is not valid JSON: nested too deeply")
     if into is None:
         return value
     name = into.__name__

@@ -400,25 +400,39 @@ fn subscription(
         Some("off") => Some(None),
         Some(text) => Some(Some(v.duration(&key("consumer_gone_after"), text)?)),
     };
+    let redis = match &sub.redis {
+        Some(redis) => Some(redis.resolve(v, &key("redis"))?),
+        None => shared.redis.clone(),
+    };
+    let redis_access = redis_access(
+        v,
+        base,
+        &key(""),
+        RawAccess {
+            username: &sub.redis_username,
+            password_file: &sub.redis_password_file,
+            ca_file: &sub.redis_ca_file,
+            cert_file: &sub.redis_cert_file,
+            key_file: &sub.redis_key_file,
+        },
+        &shared.redis_access,
+    )?;
+    if let Some(url) = &redis
+        && url.starts_with("redis+sentinel://")
+        && redis_access.has_tls_files()
+    {
+        // Sentinel connections here do not carry TLS: better no start than a password sent
+        // in clear text to whichever master the sentinels name.
+        return Err(v.invalid(
+            &key("redis"),
+            &crate::redis_conn::redact(url),
+            "TLS files (redis_ca_file, redis_cert_file) are not supported behind Sentinel: connect to the master with rediss:// or drop the TLS files",
+        ));
+    }
     Ok(SubscriptionConfig {
         component,
-        redis: match &sub.redis {
-            Some(redis) => Some(redis.resolve(v, &key("redis"))?),
-            None => shared.redis.clone(),
-        },
-        redis_access: redis_access(
-            v,
-            base,
-            &key(""),
-            RawAccess {
-                username: &sub.redis_username,
-                password_file: &sub.redis_password_file,
-                ca_file: &sub.redis_ca_file,
-                cert_file: &sub.redis_cert_file,
-                key_file: &sub.redis_key_file,
-            },
-            &shared.redis_access,
-        )?,
+        redis,
+        redis_access,
         overrides: overrides(v, &key, &sub, shared)?,
         limits,
         values: values(v, &key, sub.config)?,
@@ -799,6 +813,20 @@ mod tests {
             .unwrap();
         let text = crate::chain::chain(&err);
         assert!(text.contains("blok"), "{text}");
+    }
+
+    #[test]
+    fn tls_files_behind_sentinel_are_refused() {
+        let dir = std::env::temp_dir().join(format!("sluice-sentinel-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("ca.pem"), b"-----BEGIN CERTIFICATE-----").unwrap();
+        let text = format!(
+            "redis = \"redis+sentinel://10.0.0.1:26379/mymaster\"\nredis_ca_file = \"{}\"\n[[subscription]]\ncomponent = \"COMPONENT\"\n",
+            dir.join("ca.pem").display()
+        );
+        let err = parse(&text).err().unwrap().to_string();
+        assert!(err.contains("not supported behind Sentinel"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
