@@ -149,14 +149,18 @@ impl HandlerSlot {
         (self.swaps.get(), self.refusals.get())
     }
 
+    fn info_labels(&self, digest: &Digest) -> HandlerLabels {
+        HandlerLabels {
+            stream: self.labels.stream.clone(),
+            group: self.labels.group.clone(),
+            digest: digest.to_string(),
+        }
+    }
+
     fn mark_serving(&self, digest: &Digest, serving: bool) {
         self.metrics
             .handler_info
-            .get_or_create(&HandlerLabels {
-                stream: self.labels.stream.clone(),
-                group: self.labels.group.clone(),
-                digest: digest.to_string(),
-            })
+            .get_or_create(&self.info_labels(digest))
             .set(i64::from(serving));
     }
 
@@ -191,11 +195,23 @@ impl HandlerSlot {
         version.handler.activate();
         let old = self.current.swap(version.clone());
         old.handler.retire();
-        if let Ok(mut previous) = self.previous.lock() {
-            *previous = Some(old.clone());
-        }
+        let dropped = self
+            .previous
+            .lock()
+            .ok()
+            .and_then(|mut previous| previous.replace(old.clone()));
         self.mark_serving(&old.digest, false);
         self.mark_serving(&version.digest, true);
+        // Only the serving and the rollback digest keep a series: one per upload would grow
+        // `/metrics` without end.
+        if let Some(dropped) = dropped
+            && dropped.digest != version.digest
+            && dropped.digest != old.digest
+        {
+            self.metrics
+                .handler_info
+                .remove(&self.info_labels(&dropped.digest));
+        }
         self.swaps.inc();
         tracing::info!(
             stream = %self.labels.stream,

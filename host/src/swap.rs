@@ -127,6 +127,15 @@ impl SwapControl {
         bytes: Vec<u8>,
         force: bool,
     ) -> Result<Arc<Version>, SwapError> {
+        let serving = self.slot.current();
+        if serving.digest == crate::digest::Digest::of(&bytes) {
+            // What serves already: nothing to compile, and the rollback target stays.
+            tracing::info!(
+                digest = serving.digest.short(),
+                "upload is the serving component; nothing swapped"
+            );
+            return Ok(serving);
+        }
         let result = self.check(origin, bytes, force).await;
         match result {
             Ok(version) => {

@@ -218,6 +218,68 @@ async fn rollback_restores_the_previous_digest_at_once() {
     host.stop().await.unwrap();
 }
 
+/// `component` with a custom section named `tag` appended: the same code under another digest.
+fn relabelled(component: &[u8], tag: &str) -> Vec<u8> {
+    assert!(tag.len() < 100);
+    let mut out = component.to_vec();
+    out.push(0); // a custom section
+    out.push(1 + tag.len() as u8); // its size (one LEB128 byte): the name's length and the name
+    out.push(tag.len() as u8);
+    out.extend_from_slice(tag.as_bytes());
+    out
+}
+
+async fn handler_info_series(admin: std::net::SocketAddr) -> Vec<String> {
+    let (_, metrics) = http_get(admin, "/metrics").await;
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(r#"sluice_handler_info{stream="sw""#))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_keep_two_series_and_re_uploading_the_serving_component_changes_nothing() {
+    let redis = Redis::start();
+    let mut host = start_fixture(&redis, sw()).await;
+    let admin = host.admin().await;
+    let (v0, _) = current(admin).await;
+    let v1 = std::fs::read(&guests().fixture_v2).unwrap();
+    let (status, body) = put_handler(admin, &v1, "").await;
+    assert_eq!(status, 200, "{body}");
+    let (v1_digest, _) = current(admin).await;
+    // Re-uploading what serves is a no-op: the rollback target stays the version before.
+    let (status, body) = put_handler(admin, &v1, "").await;
+    assert_eq!(status, 200, "{body}");
+    let (_, listing) = http_get(admin, "/v1/subscriptions").await;
+    let listing: serde_json::Value = serde_json::from_str(&listing).unwrap();
+    assert_eq!(listing[0]["digest"], v1_digest.as_str());
+    assert_eq!(listing[0]["previous_digest"], v0.as_str(), "{listing}");
+    assert_eq!(listing[0]["swaps"], 1, "{listing}");
+    // Six more distinct uploads: only the serving and the rollback digest keep a series.
+    let base = std::fs::read(&guests().fixture).unwrap();
+    let mut last = String::new();
+    for i in 0..6 {
+        let (status, body) = put_handler(admin, &relabelled(&base, &format!("v{i}")), "").await;
+        assert_eq!(status, 200, "{body}");
+        last = current(admin).await.0;
+    }
+    let series = handler_info_series(admin).await;
+    assert_eq!(series.len(), 2, "{series:?}");
+    assert!(
+        series
+            .iter()
+            .any(|l| l.contains(&last) && l.ends_with(" 1")),
+        "{series:?}"
+    );
+    assert!(series.iter().all(|l| !l.contains(&v0)), "{series:?}");
+    let (status, body) =
+        http_request(admin, "POST", "/v1/subscriptions/sw/g/rollback", &[], b"").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(handler_info_series(admin).await.len(), 2);
+    host.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_needs_a_token_beyond_loopback_and_caps_uploads() {
     let dir = tempfile::tempdir().unwrap();
