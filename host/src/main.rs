@@ -429,6 +429,9 @@ fn main() -> ExitCode {
             }
         }
     });
+    // Blocking work still running (a compile cut off by a deadline) must not hold the exit:
+    // dropping the runtime would wait for it.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -509,11 +509,25 @@ impl Service {
         if let (Some(addr), Some(sub)) = (protected, self.plan.subscriptions.first()) {
             sub.component.runtime().protected().remove(addr);
         }
+        // The shutdown deadline counts from the signal: whatever the readers, watchers and
+        // deliveries still do has that long in all.
+        let timeout = self.plan.shutdown_timeout;
+        let deadline = tokio::time::Instant::now() + timeout.min(sluice_descriptor::MAX_DURATION);
         tracing::info!("stopping: no new reads");
-        while readers.join_next().await.is_some() {}
+        let joined = tokio::time::timeout_at(deadline, async {
+            while readers.join_next().await.is_some() {}
+        })
+        .await
+        .is_ok();
+        if !joined {
+            tracing::warn!(
+                left = readers.len(),
+                "readers and watchers did not stop by the shutdown deadline; abandoned"
+            );
+            readers.abort_all();
+        }
         deliveries.close();
         let in_flight = deliveries.len();
-        let timeout = self.plan.shutdown_timeout;
         if in_flight > 0 {
             tracing::info!(
                 in_flight,
@@ -521,7 +535,6 @@ impl Service {
                 "stopped reading; waiting for in-flight deliveries"
             );
         }
-        let deadline = tokio::time::Instant::now() + timeout.min(sluice_descriptor::MAX_DURATION);
         let drained = tokio::time::timeout_at(deadline, deliveries.wait())
             .await
             .is_ok();

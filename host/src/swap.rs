@@ -256,7 +256,14 @@ pub async fn watch(
             continue;
         }
         tracing::info!(path = %path.display(), "component file changed; swapping");
-        // A refusal is logged and counted by `swap`; the current handler keeps serving.
-        let _ = control.swap(path.clone(), bytes, false).await;
+        // A refusal is logged and counted by `swap`; the current handler keeps serving. A stop
+        // cuts a swap short (its compile or descriptor call), which then never takes effect.
+        tokio::select! {
+            _ = control.swap(path.clone(), bytes, false) => {}
+            () = stop.cancelled() => {
+                tracing::info!(path = %path.display(), "stopping: the swap in progress is abandoned");
+                return;
+            }
+        }
     }
 }

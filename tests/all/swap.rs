@@ -559,3 +559,70 @@ async fn a_swap_under_full_load_costs_no_attempt() {
     assert_eq!(dead_lettered(&mut conn, "sw").await.len(), 0);
     host.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_export_that_waits_is_timed_out_everywhere() {
+    // The hang build's subscription() sleeps an hour in WASI: a host call, where epoch
+    // interruption cannot stop it. `check` must fail, the watcher must refuse it and take a
+    // good file after it, and SIGTERM must end the process within shutdown_timeout.
+    let hang = guests().fixture_hang.display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(
+        dir.path(),
+        "hang.toml",
+        &TestConfig::of(Sub::new(&hang, "hang")).to_string(),
+    );
+    let (ok, _, stderr) = run_sluice(&["check", path.to_str().unwrap()], dir.path());
+    assert!(!ok);
+    assert!(
+        stderr.contains("subscription() export did not return within 5s"),
+        "{stderr}"
+    );
+
+    let redis = Redis::start();
+    let file = dir.path().join("handler.wasm");
+    let v1 = std::fs::read(&guests().fixture).unwrap();
+    let v2 = std::fs::read(&guests().fixture_v2).unwrap();
+    let hung = std::fs::read(&guests().fixture_hang).unwrap();
+    std::fs::write(&file, &v1).unwrap();
+    let config = TestConfig::of(Sub::new(&file.display().to_string(), "sw"))
+        .set("watch_interval", "100ms")
+        .set("shutdown_timeout", "5s");
+    let mut host = HostProcess::run(&redis, config);
+    let admin = host.admin_addr().await;
+    let (v1_digest, _) = current(admin).await;
+    std::fs::write(&file, &hung).unwrap();
+    wait_for(T, "the waiting component to be refused", || async move {
+        (current(admin).await.1 >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(current(admin).await.0, v1_digest);
+    assert!(
+        host.log_text().contains("did not return within 5s"),
+        "{}",
+        host.log_text()
+    );
+    // The watcher is not wedged: a good file after it is taken.
+    std::fs::write(&file, &v2).unwrap();
+    wait_for(T, "v2 to be swapped in", || {
+        let v1_digest = v1_digest.clone();
+        async move { (current(admin).await.0 != v1_digest).then_some(()) }
+    })
+    .await;
+    // A stop while the watcher waits in the export: the process still ends.
+    std::fs::write(&file, &hung).unwrap();
+    wait_for(T, "the watcher to start the swap", || {
+        let log = host.log_text();
+        async move { (log.matches("component file changed; swapping").count() >= 3).then_some(()) }
+    })
+    .await;
+    host.terminate();
+    let status = host.wait_exit().await;
+    assert!(status.success(), "{status:?}: {}", host.log_text());
+    assert!(
+        host.log_text()
+            .contains("the swap in progress is abandoned"),
+        "{}",
+        host.log_text()
+    );
+}

@@ -160,15 +160,22 @@ impl LoadedComponent {
         let _slot = self.runtime.instance_slot().await;
         let mut store = new_store(&self.runtime, Arc::from([]), limits, Arc::default());
         store.data_mut().deadline = Some(Instant::now() + DESCRIPTOR_TIMEOUT);
-        let handler = self
-            .pre
-            .instantiate_async(&mut store)
+        // The epoch deadline stops a guest that computes; one waiting in a host call (a WASI
+        // sleep) is stopped by the timer, and its store dropped with it.
+        let call = async {
+            let handler = self
+                .pre
+                .instantiate_async(&mut store)
+                .await
+                .map_err(failed)?;
+            handler.call_subscription(&mut store).await.map_err(failed)
+        };
+        let subscription = tokio::time::timeout(DESCRIPTOR_TIMEOUT + super::EPOCH_TICK, call)
             .await
-            .map_err(failed)?;
-        let subscription = handler
-            .call_subscription(&mut store)
-            .await
-            .map_err(failed)?;
+            .map_err(|_| RuntimeError::DescriptorTimeout {
+                path: self.path.clone(),
+                after: DESCRIPTOR_TIMEOUT,
+            })??;
         Ok(from_wit(subscription))
     }
 }

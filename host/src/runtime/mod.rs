@@ -118,6 +118,15 @@ pub enum RuntimeError {
         /// What went wrong.
         source: WasmtimeCause,
     },
+    /// The component's `subscription` export did not return in time (it waits in a host call
+    /// or computes for ever).
+    #[error("{}: its subscription() export did not return within {after:?}", path.display())]
+    DescriptorTimeout {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The limit.
+        after: std::time::Duration,
+    },
 }
 
 /// How big to make the pooling instance allocator: enough slots for every instance that can

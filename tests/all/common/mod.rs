@@ -44,6 +44,8 @@ fn cargo() -> String {
 pub struct Guests {
     pub fixture: PathBuf,
     pub fixture_v2: PathBuf,
+    /// The fixture whose `subscription()` waits for an hour in a WASI sleep.
+    pub fixture_hang: PathBuf,
     pub bank: PathBuf,
     pub bank_manual: PathBuf,
     pub other_world: PathBuf,
@@ -64,6 +66,7 @@ pub fn guests() -> &'static Guests {
                 "bank-payments-manual",
             ])
             .args(["-p", "sluice-other-world", "-p", "sluice-fixture-v2"])
+            .args(["-p", "sluice-fixture-hang"])
             .status()
             .expect("cargo runs");
         assert!(status.success(), "building the guest components failed");
@@ -71,6 +74,7 @@ pub fn guests() -> &'static Guests {
         Guests {
             fixture: dir.join("sluice_fixture.wasm"),
             fixture_v2: dir.join("sluice_fixture_v2.wasm"),
+            fixture_hang: dir.join("sluice_fixture_hang.wasm"),
             bank: dir.join("bank_payments.wasm"),
             bank_manual: dir.join("bank_payments_manual.wasm"),
             other_world: dir.join("sluice_other_world.wasm"),
