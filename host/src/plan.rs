@@ -28,6 +28,19 @@ pub enum PlanError {
         /// What is wrong (in the message itself, not repeated as a source).
         problem: DescriptorError,
     },
+    /// The component asks for more partitions than a component may.
+    #[error(
+        "{} (component {}): the component asks for {asked} partitions; a component may ask for at most {MAX_COMPONENT_PARTITIONS} (set partitions in the config to allow up to {})",
+        origin.display(), component.display(), sluice_descriptor::MAX_PARTITIONS
+    )]
+    ComponentPartitions {
+        /// Where the subscription was configured.
+        origin: PathBuf,
+        /// The component.
+        component: PathBuf,
+        /// What it asked for.
+        asked: u32,
+    },
     /// Two subscriptions would read as the same consumer of the same group.
     #[error(
         "two subscriptions read stream `{stream}` as consumer `{consumer}` of group `{group}`; give one a different group or consumer"
@@ -115,6 +128,25 @@ pub struct SharedKey {
 /// `retry_after(0)` would keep one entry cycling for ever. The operator's `max_retries` in the
 /// config is not capped.
 pub const MAX_COMPONENT_RETRIES: u32 = 100;
+
+/// The most partitions a component's own descriptor may ask for: each partition is a read
+/// loop, a connection and a set of metric series, and one component asking for 1,024 once
+/// opened 1,030 connections and made `/metrics` 9 MB. The operator's `partitions` in the
+/// config may go up to [`sluice_descriptor::MAX_PARTITIONS`]. Refused, not capped: producers
+/// write to as many partitions as the count says, and a smaller count would never read some.
+pub const MAX_COMPONENT_PARTITIONS: u32 = 64;
+
+/// `Err(asked)` when a component's own descriptor asks for more partitions than
+/// [`MAX_COMPONENT_PARTITIONS`] and the operator did not set the count.
+pub fn check_component_partitions(
+    overrides: &sluice_descriptor::Overrides,
+    partitions: u32,
+) -> Result<(), u32> {
+    if overrides.partitions.is_none() && partitions > MAX_COMPONENT_PARTITIONS {
+        return Err(partitions);
+    }
+    Ok(())
+}
 
 /// One subscription, ready to run.
 #[derive(Debug, Clone)]
@@ -267,6 +299,13 @@ impl Plan {
                     max_delay,
                 });
             }
+            check_component_partitions(&sub.overrides, stream.partitions).map_err(|asked| {
+                PlanError::ComponentPartitions {
+                    origin: sub.origin.clone(),
+                    component: sub.component.clone(),
+                    asked,
+                }
+            })?;
             let mut warnings = Vec::new();
             let mut stream = stream;
             if sub.overrides.max_retries.is_none() && stream.max_retries > MAX_COMPONENT_RETRIES {
@@ -668,4 +707,21 @@ fn check_keys(subscriptions: &[SubscriptionPlan]) -> Result<(), PlanError> {
 
 fn human(d: Duration) -> String {
     humantime::format_duration(d).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_component_asks_for_at_most_64_partitions_unless_the_operator_sets_them() {
+        let none = sluice_descriptor::Overrides::default();
+        assert_eq!(check_component_partitions(&none, 64), Ok(()));
+        assert_eq!(check_component_partitions(&none, 1024), Err(1024));
+        let operator = sluice_descriptor::Overrides {
+            partitions: Some(1024),
+            ..Default::default()
+        };
+        assert_eq!(check_component_partitions(&operator, 1024), Ok(()));
+    }
 }

@@ -62,6 +62,12 @@ pub enum SwapError {
         /// The new descriptor's count.
         new: u32,
     },
+    /// Its descriptor asks for more partitions than a component may.
+    #[error(
+        "the new component asks for {0} partitions; a component may ask for at most {max} (set partitions in the config)",
+        max = crate::plan::MAX_COMPONENT_PARTITIONS
+    )]
+    TooManyPartitions(u32),
     /// There is nothing to roll back to.
     #[error(transparent)]
     NoPrevious(#[from] NoPrevious),
@@ -170,6 +176,8 @@ impl SwapControl {
             .await?
             .overlay(&self.overrides)
             .resolve()?;
+        crate::plan::check_component_partitions(&self.overrides, descriptor.partitions)
+            .map_err(SwapError::TooManyPartitions)?;
         let running = self.slot.labels();
         if !force && (descriptor.stream != running.stream || descriptor.group != running.group) {
             return Err(SwapError::Changed {
