@@ -14,6 +14,8 @@ pub struct ReadHealth {
     state: Mutex<State>,
     /// Why due retries are held in the delayed set, if they are.
     held: Mutex<Option<String>>,
+    /// Why the read loop is down (it ended or panicked and waits to be restarted), if it is.
+    down: Mutex<Option<String>>,
 }
 
 #[derive(Debug)]
@@ -35,6 +37,15 @@ impl ReadHealth {
                 last_error: None,
             }),
             held: Mutex::new(None),
+            down: Mutex::new(None),
+        }
+    }
+
+    /// The read loop ended without being asked to, for `why` (`None`: it runs again). Not
+    /// ready at once: nothing reads the subscription until it is back.
+    pub fn loop_down(&self, why: Option<String>) {
+        if let Ok(mut down) = self.down.lock() {
+            *down = why;
         }
     }
 
@@ -67,6 +78,9 @@ impl ReadHealth {
     /// Why the subscription is not ready: reads have failed for longer than the tolerance, or
     /// its due retries are held back.
     pub fn problem(&self) -> Option<String> {
+        if let Some(why) = self.down.lock().ok().and_then(|d| d.clone()) {
+            return Some(why);
+        }
         if let Some(why) = self.held.lock().ok().and_then(|h| h.clone()) {
             return Some(why);
         }

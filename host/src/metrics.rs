@@ -17,6 +17,7 @@
 //! | `sluice_sweep_duration_seconds` | histogram | duration of a sweep pass |
 //! | `sluice_retry_lateness_seconds` | histogram | handled time minus due time of a parked retry, both by the Redis server's clock |
 //! | `sluice_retry_over_ttl_total` | counter | retries asked for longer than the set's ttl |
+//! | `sluice_read_loop_restarts_total` | counter | read loops that ended or panicked without a stop, and were started again |
 //! | `sluice_redis_reconnects_total` | counter | reads that had to reconnect to Redis |
 //! | `sluice_dead_letter_entries` | gauge | length of the dead-letter stream (scrape time) |
 //! | `sluice_handler_info{digest}` | gauge | 1 for the handler digest currently serving, 0 for earlier ones |
@@ -105,6 +106,8 @@ pub struct Metrics {
     pub retry_over_ttl: Family<SubLabels, Counter>,
     /// Reconnections of the read loop.
     pub reconnects: Family<SubLabels, Counter>,
+    /// Read loops restarted after they ended or panicked.
+    pub read_loop_restarts: Family<SubLabels, Counter>,
     /// Which handler serves.
     pub handler_info: Family<HandlerLabels, Gauge>,
     /// Hot swaps and rollbacks.
@@ -243,6 +246,12 @@ impl Default for Metrics {
                 &mut registry,
                 "redis_reconnects",
                 "Times the read loop reconnected to Redis",
+                Family::default(),
+            ),
+            read_loop_restarts: registered(
+                &mut registry,
+                "read_loop_restarts",
+                "Read loops that ended or panicked without a stop, and were started again",
                 Family::default(),
             ),
             handler_info: registered(

@@ -472,7 +472,12 @@ impl Service {
                         }
                     });
                 }
-                readers.spawn(started.subscription.run());
+                let restarts = self
+                    .metrics
+                    .read_loop_restarts
+                    .get_or_create(&crate::metrics::Metrics::labels(&part.stream, &part.group))
+                    .clone();
+                readers.spawn(started.subscription.supervise(restarts));
             }
         }
 

@@ -451,6 +451,36 @@ async fn entries_a_lost_take_over_reply_made_ours_are_handled_without_a_restart(
     host.stop().await.unwrap();
 }
 
+/// A read reply no Redis sends (an empty header line, an absurd count): a protocol error, the
+/// connection dropped and made again, the entry read again from the pending list and handled.
+/// It once panicked the read loop, which then never read again while the host looked ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_garbled_read_reply_is_an_error_the_read_loop_survives() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let proxy =
+        CutProxy::garbling(format!("127.0.0.1:{}", redis.server.port()), b"POISON-7f3a").await;
+    let toml = TestConfig::of(Sub::fixture("garbled")).to_string();
+    let mut host = TestHost::start_at(&proxy.url(), &toml).await;
+    let poisoned: String = redis::cmd("XADD")
+        .arg("garbled")
+        .arg("*")
+        .arg("payload")
+        .arg(r#"{"mode":"ack","tag":"POISON-7f3a"}"#)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let event = host
+        .event(T, "the garbled entry, read again", |e| e.id == poisoned)
+        .await;
+    assert_eq!(event.kind, EventKind::Acked, "{event:?}");
+    assert!(proxy.has_cut(), "the reply was never garbled");
+    let next = add(&mut conn, "garbled", &Control::Ack).await;
+    host.event(T, "the next entry", |e| e.id == next).await;
+    assert_eq!(pending(&mut conn, "garbled", "g").await, 0);
+    host.stop().await.unwrap();
+}
+
 /// A read that fails the same way every time (the stream key replaced by a string) is retried
 /// with growing pauses, not every 50 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

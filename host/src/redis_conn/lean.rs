@@ -40,6 +40,8 @@ pub struct LeanConn {
     db: i64,
     /// A request was cut off: the socket may hold the rest of its reply.
     broken: bool,
+    /// How far the reply at the start of `buf` is framed.
+    framing: Framing,
 }
 
 /// Whether `info` can be served by a [`LeanConn`]: a TCP address without TLS, RESP2.
@@ -78,29 +80,51 @@ fn int(line: &[u8]) -> Result<i64, RedisError> {
         .ok_or_else(|| protocol_error("a length that is not a number"))
 }
 
-/// The length of the first whole RESP2 reply in `buf`, or `None` while it is incomplete.
-fn frame_len(buf: &[u8]) -> Result<Option<usize>, RedisError> {
-    let mut at = 0;
-    // Values still to read: arrays add their elements.
-    let mut left: u64 = 1;
-    while left > 0 {
-        left -= 1;
+/// How far framing the reply at the start of the buffer has come: the values before `at` are
+/// whole, `left` values (at least the one at `at`) are still to come. Kept between reads, so
+/// a reply that arrives in many reads is walked once, not once per read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Framing {
+    at: usize,
+    left: u64,
+}
+
+impl Framing {
+    const START: Self = Self { at: 0, left: 1 };
+}
+
+/// The length of the first whole RESP2 reply in `buf`, or `None` while it is incomplete
+/// (then `state` says where to go on once more bytes came). A reply Redis could not have sent
+/// (an empty or unknown header, a length past any buffer) is a protocol error, never a panic.
+fn frame_len(buf: &[u8], state: &mut Framing) -> Result<Option<usize>, RedisError> {
+    while state.left > 0 {
+        let at = state.at;
         let Some(end) = line_end(buf, at) else {
             return Ok(None);
         };
-        let (kind, line) = (buf[at], &buf[at + 1..end]);
-        at = end + 2;
+        let (Some(&kind), Some(line)) = (buf.get(at), buf.get(at + 1..end)) else {
+            return Err(protocol_error("an empty header line"));
+        };
+        let mut next = end + 2;
         match kind {
             b'+' | b'-' | b':' => {}
             b'$' => {
                 if let Ok(n) = usize::try_from(int(line)?) {
-                    if buf.len() < at + n + 2 {
+                    let Some(after) = next.checked_add(n).and_then(|a| a.checked_add(2)) else {
+                        return Err(protocol_error("a bulk length past any buffer"));
+                    };
+                    if buf.len() < after {
                         return Ok(None);
                     }
-                    at += n + 2;
+                    next = after;
                 }
             }
-            b'*' => left += u64::try_from(int(line)?).unwrap_or(0),
+            b'*' => {
+                state.left = state
+                    .left
+                    .checked_add(u64::try_from(int(line)?).unwrap_or(0))
+                    .ok_or_else(|| protocol_error("an array length past any buffer"))?;
+            }
             other => {
                 return Err(protocol_error(&format!(
                     "a reply starting with {:?}",
@@ -108,8 +132,10 @@ fn frame_len(buf: &[u8]) -> Result<Option<usize>, RedisError> {
                 )));
             }
         }
+        state.left -= 1;
+        state.at = next;
     }
-    Ok(Some(at))
+    Ok(Some(state.at))
 }
 
 /// A cursor over one whole reply.
@@ -122,15 +148,26 @@ impl<'a> Frame<'a> {
     /// `<kind><integer>\r\n`; a whole frame always has the line.
     fn header(&mut self, kind: u8) -> Result<i64, RedisError> {
         let end = line_end(self.buf, self.at).ok_or_else(|| protocol_error("a cut-off reply"))?;
-        if self.buf[self.at] != kind {
+        let (Some(&found), Some(line)) = (self.buf.get(self.at), self.buf.get(self.at + 1..end))
+        else {
+            return Err(protocol_error("an empty header line"));
+        };
+        if found != kind {
             return Err(protocol_error(&format!(
                 "{:?} where {:?} was expected",
-                self.buf[self.at] as char, kind as char
+                found as char, kind as char
             )));
         }
-        let n = int(&self.buf[self.at + 1..end])?;
+        let n = int(line)?;
         self.at = end + 2;
         Ok(n)
+    }
+
+    /// A count from the reply, bounded by what the frame could hold (each element takes at
+    /// least `min_bytes`): a count is only used to reserve room, and a broken one must not
+    /// make the reservation fail.
+    fn room_for(&self, count: usize, min_bytes: usize) -> usize {
+        count.min(self.buf.len() / min_bytes)
     }
 
     /// An array's length; `None` for a nil array.
@@ -142,7 +179,11 @@ impl<'a> Frame<'a> {
     fn bulk(&mut self) -> Result<&'a [u8], RedisError> {
         let n = usize::try_from(self.header(b'$')?)
             .map_err(|_| protocol_error("a nil where bytes were expected"))?;
-        let bytes = &self.buf[self.at..self.at + n];
+        let bytes = self
+            .at
+            .checked_add(n)
+            .and_then(|end| self.buf.get(self.at..end))
+            .ok_or_else(|| protocol_error("a bulk string past the reply"))?;
         self.at += n + 2;
         Ok(bytes)
     }
@@ -163,14 +204,15 @@ fn parse_read<T>(
         f.array()?;
         let stream = f.bulk()?;
         let n = f.array()?.unwrap_or(0);
-        out.reserve(n);
+        // An entry takes at least `*2\r\n$1\r\nx\r\n*-1\r\n`.
+        out.reserve(f.room_for(n, 16));
         for _ in 0..n {
             f.array()?;
             let id = String::from_utf8(f.bulk()?.to_vec())
                 .map_err(|_| protocol_error("an entry id that is not UTF-8"))?;
             let fields = match f.array()? {
                 Some(flat) => {
-                    let mut fields = Vec::with_capacity(flat / 2);
+                    let mut fields = Vec::with_capacity(f.room_for(flat / 2, 8));
                     for _ in 0..flat / 2 {
                         let name = f.bulk()?.to_vec();
                         fields.push((name, f.bulk()?.to_vec()));
@@ -222,6 +264,7 @@ impl LeanConn {
             timeout: connect_timeout,
             db: settings.db(),
             broken: false,
+            framing: Framing::START,
         };
         if let Some(password) = settings.password() {
             let mut auth = redis::cmd("AUTH");
@@ -284,7 +327,8 @@ impl LeanConn {
             self.tcp.write_all(&self.out).await?;
             for _ in 0..replies {
                 let len = loop {
-                    if let Some(len) = frame_len(&self.buf)? {
+                    if let Some(len) = frame_len(&self.buf, &mut self.framing)? {
+                        self.framing = Framing::START;
                         break len;
                     }
                     self.buf.reserve(READ_CHUNK);
@@ -358,19 +402,82 @@ mod tests {
 
     const REPLY: &[u8] = b"*2\r\n*2\r\n$1\r\ns\r\n*2\r\n*2\r\n$3\r\n1-0\r\n*2\r\n$1\r\na\r\n$2\r\nxy\r\n*2\r\n$3\r\n2-0\r\n*-1\r\n*2\r\n$4\r\nlane\r\n*1\r\n*2\r\n$3\r\n3-0\r\n*0\r\n";
 
+    /// Frame `buf` from the start, in one go.
+    fn framed(buf: &[u8]) -> Result<Option<usize>, RedisError> {
+        frame_len(buf, &mut Framing::START)
+    }
+
     #[test]
     fn a_reply_is_framed_only_when_it_is_whole() {
         for cut in 0..REPLY.len() {
-            assert_eq!(frame_len(&REPLY[..cut]).unwrap(), None, "cut at {cut}");
+            assert_eq!(framed(&REPLY[..cut]).unwrap(), None, "cut at {cut}");
         }
         let mut two = REPLY.to_vec();
         two.extend_from_slice(b"+OK\r\n");
-        assert_eq!(frame_len(&two).unwrap(), Some(REPLY.len()));
-        assert_eq!(frame_len(b"$-1\r\n").unwrap(), Some(5));
-        assert_eq!(frame_len(b"-NOGROUP no\r\n").unwrap(), Some(13));
+        assert_eq!(framed(&two).unwrap(), Some(REPLY.len()));
+        assert_eq!(framed(b"$-1\r\n").unwrap(), Some(5));
+        assert_eq!(framed(b"-NOGROUP no\r\n").unwrap(), Some(13));
         // A bulk string may hold "\r" and "\r\n" itself.
-        assert_eq!(frame_len(b"$4\r\n\r\n\r\n\r\n").unwrap(), Some(10));
-        assert!(frame_len(b"?what\r\n").is_err());
+        assert_eq!(framed(b"$4\r\n\r\n\r\n\r\n").unwrap(), Some(10));
+        assert!(framed(b"?what\r\n").is_err());
+    }
+
+    #[test]
+    fn framing_goes_on_where_it_stopped() {
+        // Byte by byte, as the slowest socket would deliver it: the same length at the end.
+        let mut state = Framing::START;
+        for cut in 0..REPLY.len() {
+            assert_eq!(frame_len(&REPLY[..cut], &mut state).unwrap(), None);
+        }
+        assert_eq!(frame_len(REPLY, &mut state).unwrap(), Some(REPLY.len()));
+    }
+
+    #[test]
+    fn replies_no_redis_sends_are_errors_not_panics() {
+        for bad in [
+            &b"\r\n"[..],
+            b"*1\r\n\r\n",
+            b"*9223372036854775807\r\n*9223372036854775807\r\n*9223372036854775807\r\n",
+            b"$9223372036854775807\r\n",
+            b"$18446744073709551615\r\n",
+        ] {
+            let _ = framed(bad);
+            let _ = parse_read(bad, |_, id, _| id);
+        }
+        assert!(framed(b"\r\n").is_err());
+        assert!(framed(b"*1\r\n\r\n").is_err());
+        // Counts far beyond the reply: refused when the reply runs out, nothing reserved.
+        let huge = b"*1\r\n*2\r\n$1\r\ns\r\n*4611686018427387903\r\n*2\r\n$3\r\n1-0\r\n*4611686018427387903\r\n";
+        assert!(parse_read(huge, |_, id, _| id).is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn random_and_mutated_replies_never_panic(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
+            flips in proptest::collection::vec((0..REPLY.len(), proptest::prelude::any::<u8>()), 0..6),
+            cut in 0..=REPLY.len(),
+        ) {
+            let _ = framed(&bytes);
+            let _ = parse_read(&bytes, |_, id, _| id);
+            let mut mutated = REPLY.to_vec();
+            for (at, byte) in flips {
+                mutated[at] = byte;
+            }
+            mutated.truncate(cut.max(1));
+            if let Ok(Some(len)) = framed(&mutated) {
+                let _ = parse_read(&mutated[..len], |_, id, _| id);
+            }
+            let _ = parse_read(&mutated, |_, id, _| id);
+            // Resumed framing agrees with framing in one go.
+            let mut state = Framing::START;
+            let half = mutated.len() / 2;
+            let first = frame_len(&mutated[..half], &mut state);
+            if matches!(first, Ok(None)) {
+                let resumed = frame_len(&mutated, &mut state).ok();
+                proptest::prop_assert_eq!(resumed, framed(&mutated).ok());
+            }
+        }
     }
 
     #[test]

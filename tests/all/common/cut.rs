@@ -1,7 +1,8 @@
 //! A TCP proxy in front of a test Redis that loses one reply on purpose: the first command
 //! whose request holds a marker (e.g. `XCLAIM`) reaches Redis and runs there, then the
 //! connection is closed before its reply gets back. This is the failure a host cannot tell
-//! from a lost network: Redis did the work, the host never heard.
+//! from a lost network: Redis did the work, the host never heard. Or one that garbles a
+//! reply: the first reply that holds a marker reaches the host as bytes no Redis sends.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,6 +22,16 @@ impl CutProxy {
     /// Proxy to the Redis on `upstream` (host:port), cutting the reply to the first request
     /// that contains `marker`.
     pub async fn start(upstream: String, marker: &'static [u8]) -> Self {
+        Self::with(upstream, marker, false).await
+    }
+
+    /// Proxy to the Redis on `upstream`, replacing the first reply chunk that contains
+    /// `marker` with an empty header line and an absurd count (the connection stays open).
+    pub async fn garbling(upstream: String, marker: &'static [u8]) -> Self {
+        Self::with(upstream, marker, true).await
+    }
+
+    async fn with(upstream: String, marker: &'static [u8], garble: bool) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let port = listener.local_addr().expect("proxy address").port();
         let cut = Arc::new(AtomicBool::new(false));
@@ -30,7 +41,11 @@ impl CutProxy {
                 let Ok(server) = TcpStream::connect(&upstream).await else {
                     continue;
                 };
-                tokio::spawn(relay(client, server, marker, done.clone()));
+                if garble {
+                    tokio::spawn(relay_garbling(client, server, marker, done.clone()));
+                } else {
+                    tokio::spawn(relay(client, server, marker, done.clone()));
+                }
             }
         });
         Self { port, cut, task }
@@ -70,6 +85,42 @@ async fn relay(client: TcpStream, server: TcpStream, marker: &[u8], done: Arc<At
     // Whichever side ends first ends the other: both halves of both sockets are dropped.
     tokio::select! {
         () = requests => {}
+        () = replies => {}
+    }
+}
+
+/// Relay one connection both ways, garbling the first reply chunk that holds `marker`.
+async fn relay_garbling(
+    client: TcpStream,
+    server: TcpStream,
+    marker: &[u8],
+    done: Arc<AtomicBool>,
+) {
+    let (mut client_rx, mut client_tx) = client.into_split();
+    let (mut server_rx, mut server_tx) = server.into_split();
+    let requests = tokio::io::copy(&mut client_rx, &mut server_tx);
+    let replies = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match server_rx.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let chunk = &buf[..n];
+            let garbled: &[u8] = if chunk.windows(marker.len()).any(|w| w == marker)
+                && !done.swap(true, Ordering::AcqRel)
+            {
+                b"*1\r\n\r\n*9223372036854775807\r\n"
+            } else {
+                chunk
+            };
+            if client_tx.write_all(garbled).await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = requests => {}
         () = replies => {}
     }
 }

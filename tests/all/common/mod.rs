@@ -313,7 +313,15 @@ impl TestHost {
             match tokio::time::timeout_at(deadline, self.events.recv()).await {
                 Ok(Ok(event)) if pred(&event) => return event,
                 Ok(Ok(_)) => continue,
-                Ok(Err(err)) => panic!("event stream failed while waiting for {what}: {err}"),
+                Ok(Err(err)) => {
+                    // The host ended: say how.
+                    let ended = if self.task.is_finished() {
+                        format!("{:?}", (&mut self.task).await)
+                    } else {
+                        "still running".to_owned()
+                    };
+                    panic!("event stream failed while waiting for {what}: {err} (host: {ended})")
+                }
                 Err(_) => panic!("timed out after {timeout:?} waiting for {what}"),
             }
         }
