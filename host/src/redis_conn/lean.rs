@@ -404,7 +404,8 @@ mod tests {
 
     /// Frame `buf` from the start, in one go.
     fn framed(buf: &[u8]) -> Result<Option<usize>, RedisError> {
-        frame_len(buf, &mut Framing::START)
+        let mut state = Framing::START;
+        frame_len(buf, &mut state)
     }
 
     #[test]
