@@ -254,7 +254,7 @@ impl Plan {
     ) -> Result<Self, PlanError> {
         let mut subscriptions: Vec<SubscriptionPlan> = Vec::new();
         for sub in &config.subscriptions {
-            let component = runtime.load(&sub.component)?;
+            let component = runtime.load(&sub.component).await?;
             let descriptor = component.descriptor().await?.overlay(&sub.overrides);
             let stream = descriptor
                 .resolve()

@@ -71,9 +71,9 @@ pub enum SwapError {
     /// There is nothing to roll back to.
     #[error(transparent)]
     NoPrevious(#[from] NoPrevious),
-    /// Compiling was cut off.
-    #[error("compilation did not finish")]
-    Interrupted(#[source] tokio::task::JoinError),
+    /// A deadline cut the check off (the compile, the descriptor call).
+    #[error("the swap was cut off: {0}")]
+    Interrupted(String),
 }
 
 impl SwapError {
@@ -142,7 +142,14 @@ impl SwapControl {
             );
             return Ok(serving);
         }
+        // A swap whose future is dropped half-way (the admin request's deadline, a stop) is
+        // a refusal too: counted and logged, its compile killed with it.
+        let mut cut_off = CutOff {
+            slot: &self.slot,
+            armed: true,
+        };
         let result = self.check(origin, bytes, force).await;
+        cut_off.armed = false;
         match result {
             Ok(version) => {
                 self.slot.publish(version.clone());
@@ -167,13 +174,15 @@ impl SwapControl {
         bytes: Vec<u8>,
         force: bool,
     ) -> Result<Arc<Version>, SwapError> {
-        let runtime = self.runtime.clone();
-        let component = tokio::task::spawn_blocking(move || runtime.load_bytes(&origin, &bytes))
+        let component = self
+            .runtime
+            .load_bytes(&origin, &bytes)
             .await
-            .map_err(SwapError::Interrupted)??;
+            .map_err(interrupted_or_refused)?;
         let descriptor = component
             .descriptor()
-            .await?
+            .await
+            .map_err(interrupted_or_refused)?
             .overlay(&self.overrides)
             .resolve()?;
         crate::plan::check_component_partitions(&self.overrides, descriptor.partitions)
@@ -205,6 +214,35 @@ impl SwapControl {
     /// Put the previous version back.
     pub fn rollback(&self) -> Result<Arc<Version>, SwapError> {
         Ok(self.slot.rollback()?)
+    }
+}
+
+/// Counts a swap that never finished as refused, when dropped still armed.
+struct CutOff<'a> {
+    slot: &'a HandlerSlot,
+    armed: bool,
+}
+
+impl Drop for CutOff<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.slot.count_refusal();
+            tracing::warn!(
+                stream = %self.slot.labels().stream,
+                group = %self.slot.labels().group,
+                "swap cut off before it finished (a deadline or a stop); the current handler keeps serving"
+            );
+        }
+    }
+}
+
+/// A deadline's refusal as [`SwapError::Interrupted`], any other as the refusal it is.
+fn interrupted_or_refused(err: RuntimeError) -> SwapError {
+    match err {
+        RuntimeError::CompileInterrupted { .. } | RuntimeError::DescriptorTimeout { .. } => {
+            SwapError::Interrupted(err.to_string())
+        }
+        other => SwapError::Component(other),
     }
 }
 

@@ -179,15 +179,11 @@ fn compiled_components_are_cached_on_disk() {
             .set("cache_dir", "cache")
             .to_string(),
     );
-    // Compiled artifacts with their modification times; wasmtime's cache also keeps `.stats`
-    // files and cleanup locks, written in the background whenever an entry is used.
+    // Compiled artifacts with their modification times (the key beside them is not one).
     let artifacts = |d: &std::path::Path| {
         let mut found: Vec<_> = walk(d)
             .into_iter()
-            .filter(|p| {
-                let name = p.file_name().unwrap().to_string_lossy();
-                !name.starts_with('.') && !name.ends_with(".stats")
-            })
+            .filter(|p| p.file_name().unwrap() != "cache-key")
             .map(|p| {
                 let modified = std::fs::metadata(&p).unwrap().modified().unwrap();
                 (p, modified)
@@ -211,6 +207,33 @@ fn compiled_components_are_cached_on_disk() {
         artifacts(&cache),
         first,
         "the second run reuses it: no new or rewritten artifact"
+    );
+    // Private: the directory 0700, its key 0600.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&cache), 0o700);
+    assert_eq!(mode(&cache.join("cache-key")), 0o600);
+    // A changed artifact (its code overwritten with breakpoints) is not run: it fails its
+    // keyed hash, is removed and compiled again.
+    let artifact = &first[0].0;
+    let mut bytes = std::fs::read(artifact).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle - 2048..middle + 2048].fill(0xCC);
+    std::fs::write(artifact, &bytes).unwrap();
+    let (ok, _, stderr) = run_sluice(&["check", path.to_str().unwrap()], dir.path());
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("does not carry this host's keyed hash"),
+        "{stderr}"
+    );
+    assert_ne!(std::fs::read(artifact).unwrap(), bytes, "compiled anew");
+    // A cache others may write is refused.
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (ok, _, stderr) = run_sluice(&["check", path.to_str().unwrap()], dir.path());
+    assert!(!ok);
+    assert!(
+        stderr.contains("is open to other users (mode 777)"),
+        "{stderr}"
     );
 }
 

@@ -301,15 +301,22 @@ async fn outbound_http_reaches_granted_hosts_only_and_is_time_bounded() {
     );
 }
 
-#[test]
-fn only_components_that_import_wasi_http_are_linked_with_it() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_components_that_import_wasi_http_are_linked_with_it() {
     // The fixture's v1 build sends HTTP, its v2 build does not: the host links `wasi:http` for
     // the first only (each definition costs fresh instances time), and both run (swap tests).
     let runtime = sluice_host::runtime::Runtime::new(None, Default::default()).unwrap();
-    assert!(runtime.load(&guests().fixture).unwrap().imports_wasi_http());
+    assert!(
+        runtime
+            .load(&guests().fixture)
+            .await
+            .unwrap()
+            .imports_wasi_http()
+    );
     assert!(
         !runtime
             .load(&guests().fixture_v2)
+            .await
             .unwrap()
             .imports_wasi_http()
     );

@@ -626,3 +626,113 @@ async fn a_subscription_export_that_waits_is_timed_out_everywhere() {
         host.log_text()
     );
 }
+
+/// A component whose one core function nests `loops` loops over `locals` locals: compile
+/// time grows with the square of their product (300 × 300, 4.7 KB, once took 33 s).
+fn compile_bomb(loops: usize, locals: usize) -> Vec<u8> {
+    let mut body = String::new();
+    for _ in 0..loops {
+        body.push_str("(loop ");
+        for l in 0..locals.min(2) {
+            body.push_str(&format!(
+                "(local.set {l} (i32.add (local.get {l}) (i32.const 1))) "
+            ));
+        }
+    }
+    body.push_str(&")".repeat(loops));
+    let text = format!(
+        "(component (core module (func (export \"f\") (local {}) {body})))",
+        "i32 ".repeat(locals)
+    );
+    wat::parse_str(&text).expect("a valid component")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compile_bomb_is_refused_by_its_shape_before_it_is_compiled() {
+    let redis = Redis::start();
+    let mut host = start_fixture(&redis, sw()).await;
+    let admin = host.admin().await;
+    let (digest, refusals) = current(admin).await;
+    let bomb = compile_bomb(300, 300);
+    assert!(bomb.len() < 8 << 10, "a small file: {} bytes", bomb.len());
+    let (status, body) = put_handler(admin, &bomb, "").await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("nests loops more than 64 deep"), "{body}");
+    // Shallower, with more locals: the product is what counts.
+    let (status, body) = put_handler(admin, &compile_bomb(40, 3000), "").await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body.contains("nests loops 40 deep over 3000 locals"),
+        "{body}"
+    );
+    assert_eq!(current(admin).await, (digest, refusals + 2));
+    // A shape within the bounds goes on to the compiler process, and is then refused for
+    // what it is (not a handler).
+    let (status, body) = put_handler(admin, &compile_bomb(8, 64), "").await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body.contains("does not implement the sluice:handler/handler world"),
+        "{body}"
+    );
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_during_a_compile_kills_the_compiler_process() {
+    // A Python component compiles for seconds; the host is stopped while its compiler child
+    // runs: the host exits and the child dies with it, by PID.
+    let python = polyglot().python.clone();
+    let redis = Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("handler.wasm");
+    std::fs::copy(&guests().fixture, &file).unwrap();
+    let config = TestConfig::of(Sub::new(&file.display().to_string(), "sw"))
+        .set("watch_interval", "100ms")
+        .set("cache_dir", "fresh-cache")
+        .set("shutdown_timeout", "5s");
+    let mut host = HostProcess::run(&redis, config);
+    host.admin_addr().await;
+    let tmp = dir.path().join("handler.wasm.tmp");
+    std::fs::copy(&python, &tmp).unwrap();
+    std::fs::rename(&tmp, &file).unwrap();
+    let compiler = wait_for(T, "the compiler process", || {
+        let found = compiler_children(host.pid());
+        async move { found.first().copied() }
+    })
+    .await;
+    host.terminate();
+    let status = host.wait_exit().await;
+    assert!(status.success(), "{status:?}: {}", host.log_text());
+    wait_for(T, "the compiler process to be gone", || async move {
+        let gone = match std::fs::read_to_string(format!("/proc/{compiler}/stat")) {
+            Err(_) => true,
+            // A zombie waiting for its reaper is gone too.
+            Ok(stat) => stat
+                .rsplit(')')
+                .next()
+                .is_some_and(|s| s.trim_start().starts_with('Z')),
+        };
+        gone.then_some(())
+    })
+    .await;
+}
+
+/// The `sluice __compile` children of process `pid`.
+fn compiler_children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .filter(|child| {
+            std::fs::read(format!("/proc/{child}/cmdline"))
+                .is_ok_and(|cmd| cmd.windows(9).any(|w| w == b"__compile"))
+        })
+        .collect()
+}

@@ -45,11 +45,13 @@ impl Bench {
                 ..RuntimeOptions::default()
             };
             let started = Instant::now();
-            Runtime::new(Some(cache.path()), options)?.load(&component)?;
+            Runtime::new(Some(cache.path()), options)?
+                .load(&component)
+                .await?;
             let cold = started.elapsed();
             let started = Instant::now();
             let runtime = Runtime::new(Some(cache.path()), options)?;
-            runtime.load(&component)?;
+            runtime.load(&component).await?;
             let cached = started.elapsed();
             let took = time_handler(&runtime, &component, Isolation::PerDelivery, fresh).await?;
             let isolated = self

@@ -38,7 +38,7 @@ pub(crate) async fn time_handler(
         )],
     };
     let delivery = Delivery::new("bench", "g", (Default::default(), "bench"), entry, 1, None);
-    let component = runtime.load(component)?;
+    let component = runtime.load(component).await?;
     let limits = Limits {
         isolation,
         ..Limits::default()

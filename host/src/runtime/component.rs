@@ -1,4 +1,5 @@
-//! Loading a component: read, digest, compile (through wasmtime's on-disk cache), check it
+//! Loading a component: read, digest, compile (in a child process, see [`super::compile`],
+//! or from the host's vouched-for cache), check it
 //! against the handler world, and read the descriptor it exports.
 
 use std::path::{Path, PathBuf};
@@ -38,16 +39,18 @@ impl std::fmt::Debug for LoadedComponent {
     }
 }
 
-pub(super) fn load(runtime: &Runtime, path: &Path) -> Result<LoadedComponent, RuntimeError> {
-    let bytes = std::fs::read(path).map_err(|source| RuntimeError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    load_bytes(runtime, path, &bytes)
+pub(super) async fn load(runtime: &Runtime, path: &Path) -> Result<LoadedComponent, RuntimeError> {
+    let bytes = tokio::fs::read(path)
+        .await
+        .map_err(|source| RuntimeError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+    load_bytes(runtime, path, &bytes).await
 }
 
-/// Compile and check `bytes`; `path` names them in errors and logs.
-pub(super) fn load_bytes(
+/// Compile (or take from the cache) and check `bytes`; `path` names them in errors and logs.
+pub(super) async fn load_bytes(
     runtime: &Runtime,
     path: &Path,
     bytes: &[u8],
@@ -55,7 +58,9 @@ pub(super) fn load_bytes(
     let digest = Digest::of(bytes);
     let started = Instant::now();
     let mib = bytes.len() as f64 / (1024.0 * 1024.0);
-    if bytes.len() >= LARGE_COMPONENT {
+    let cached = runtime.artifacts().and_then(|cache| cache.get(&digest));
+    let compiled = cached.is_none();
+    if compiled && bytes.len() >= LARGE_COMPONENT {
         // Python and JavaScript components carry their interpreter: tens of MB, seconds to
         // compile the first time.
         tracing::info!(
@@ -63,23 +68,30 @@ pub(super) fn load_bytes(
             "loading a {mib:.1} MiB component: compiling it takes seconds the first time, later starts read it from the cache"
         );
     }
-    let misses = runtime.cache_misses();
-    let component = Component::new(runtime.engine(), bytes).map_err(|e| {
-        let pool = format!("{e:#}").contains("pooling allocator");
-        let source = super::cause(e);
-        if pool {
-            RuntimeError::TooBig {
-                path: path.to_owned(),
-                source,
+    let artifact = match cached {
+        Some(artifact) => artifact,
+        None => runtime.compiler().compile(path, bytes).await?,
+    };
+    // SAFETY: the artifact is native code for this engine's settings, made by this host's
+    // own compiler process from `bytes`, or read back from a cache whose keyed hash (a key
+    // only this host holds) vouches that this host wrote it. wasmtime checks the settings.
+    #[allow(unsafe_code)]
+    let component =
+        unsafe { Component::deserialize(runtime.engine(), &artifact) }.map_err(|e| {
+            let pool = format!("{e:#}").contains("pooling allocator");
+            let source = super::cause(e);
+            if pool {
+                RuntimeError::TooBig {
+                    path: path.to_owned(),
+                    source,
+                }
+            } else {
+                RuntimeError::Compile {
+                    path: path.to_owned(),
+                    source,
+                }
             }
-        } else {
-            RuntimeError::Compile {
-                path: path.to_owned(),
-                source,
-            }
-        }
-    })?;
-    let compiled = !runtime.caches() || runtime.cache_misses() > misses;
+        })?;
     let took = started.elapsed();
     if compiled && (bytes.len() >= LARGE_COMPONENT || took >= Duration::from_secs(1)) {
         tracing::info!(
@@ -87,7 +99,7 @@ pub(super) fn load_bytes(
             digest = digest.short(),
             "compiled the {mib:.1} MiB component in {:.1}s{}",
             took.as_secs_f64(),
-            if runtime.caches() { " (cached for the next start)" } else { "" }
+            if runtime.artifacts().is_some() { " (cached for the next start)" } else { "" }
         );
     }
     let wrong_world = |e: wasmtime::Error| RuntimeError::WrongWorld {
@@ -103,6 +115,10 @@ pub(super) fn load_bytes(
         .instantiate_pre(&component)
         .map_err(wrong_world)?;
     let pre = bindings::HandlerPre::new(instance_pre).map_err(wrong_world)?;
+    // Only what passed every check is kept for the next start.
+    if compiled && let Some(cache) = runtime.artifacts() {
+        cache.put(&digest, &artifact);
+    }
     tracing::debug!(
         component = %path.display(),
         digest = digest.short(),

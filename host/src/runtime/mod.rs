@@ -16,6 +16,7 @@
 //! [`EPOCH_TICK`]; at each tick a running guest yields to the async executor (so a busy guest
 //! never starves other tasks) and traps once its delivery's deadline has passed.
 
+pub mod compile;
 pub mod component;
 pub mod guest;
 pub mod http;
@@ -26,8 +27,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use wasmtime::Engine;
 use wasmtime::component::Linker;
-use wasmtime::{Cache, CacheConfig, Engine};
 
 pub use component::LoadedComponent;
 pub use instance::WasmHandler;
@@ -118,6 +119,33 @@ pub enum RuntimeError {
         /// What went wrong.
         source: WasmtimeCause,
     },
+    /// The compiled-component cache directory may be written by others (or its key read).
+    #[error(
+        "the compiled-component cache {} is open to other users (mode {mode:o}): compiled code there runs as this host; make it private (chmod 700 the directory, 600 its key) or choose another cache_dir",
+        path.display()
+    )]
+    CacheDirOpen {
+        /// The directory or key file.
+        path: std::path::PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// The component was refused before or while compiling (its shape, a compile limit).
+    #[error("{} was not compiled: {why}", path.display())]
+    CompileRefused {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        why: String,
+    },
+    /// Compiling was cut off by its deadline.
+    #[error("{} was not compiled: {why}", path.display())]
+    CompileInterrupted {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Which deadline.
+        why: String,
+    },
     /// The component's `subscription` export did not return in time (it waits in a host call
     /// or computes for ever).
     #[error("{}: its subscription() export did not return within {after:?}", path.display())]
@@ -195,8 +223,9 @@ pub struct Runtime {
     /// before it is created and holds it while it lives, so creating one waits for room instead
     /// of failing with the pool's concurrency limit.
     slots: Option<Arc<tokio::sync::Semaphore>>,
-    /// The compiled-component cache, to tell a compile from a cache hit in the logs.
-    cache: Option<Cache>,
+    /// Compiled components kept on disk, each vouched for by this host's keyed hash.
+    artifacts: Option<compile::ArtifactCache>,
+    compiler: compile::Compiler,
     protected: http::Protected,
     _ticker: Arc<Ticker>,
 }
@@ -206,8 +235,7 @@ impl Runtime {
     /// the cache), fuel metering if asked, and, given a sizing, the pooling instance allocator (a fresh instance then
     /// costs a fraction of an on-demand one: memory and tables are reused, not mapped anew).
     pub fn new(cache_dir: Option<&Path>, options: RuntimeOptions) -> Result<Self, RuntimeError> {
-        let mut config = wasmtime::Config::new();
-        config.consume_fuel(options.fuel);
+        let mut config = engine_config(&options);
         if let Some(pool) = options.pool {
             let mut pooling = wasmtime::PoolingAllocationConfig::new();
             pooling
@@ -226,26 +254,11 @@ impl Runtime {
                 .pagemap_scan(wasmtime::Enabled::Auto);
             config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pooling));
         }
-        config.epoch_interruption(!options.no_epoch);
-        // Sluice's world is synchronous WASI 0.2; the component-model concurrency machinery
-        // only costs time on every call.
-        config.concurrency_support(false);
-        config.max_wasm_stack(1024 * 1024);
-        let mut compiled_cache = None;
-        if let Some(dir) = cache_dir {
-            let unusable = |source| RuntimeError::CacheDir {
-                path: dir.to_owned(),
-                source,
-            };
-            std::fs::create_dir_all(dir).map_err(unusable)?;
-            let dir = dir.canonicalize().map_err(unusable)?;
-            let mut cache_config = CacheConfig::new();
-            cache_config.with_directory(dir);
-            let cache = Cache::new(cache_config).map_err(|e| RuntimeError::Engine(cause(e)))?;
-            compiled_cache = Some(cache.clone());
-            config.cache(Some(cache));
-        }
         let engine = Engine::new(&config).map_err(|e| RuntimeError::Engine(cause(e)))?;
+        let artifacts = match cache_dir {
+            Some(dir) => Some(compile::ArtifactCache::open(dir, engine_tag(&engine))?),
+            None => None,
+        };
         let (plain, http_linker) =
             guest::linkers(&engine).map_err(|e| RuntimeError::Engine(cause(e)))?;
         let ticker = Ticker::start(engine.clone());
@@ -257,20 +270,21 @@ impl Runtime {
             slots: options
                 .pool
                 .map(|p| Arc::new(tokio::sync::Semaphore::new(p.instances as usize))),
-            cache: compiled_cache,
+            artifacts,
+            compiler: compile::Compiler::new(compile::child_args(&options)),
             protected: http::Protected::default(),
             _ticker: Arc::new(ticker),
         })
     }
 
-    /// Compiles so far that the cache could not answer (0 without a cache).
-    pub(crate) fn cache_misses(&self) -> usize {
-        self.cache.as_ref().map_or(0, Cache::cache_misses)
+    /// Where compiled components are kept between starts, if anywhere.
+    pub(crate) fn artifacts(&self) -> Option<&compile::ArtifactCache> {
+        self.artifacts.as_ref()
     }
 
-    /// Whether compiled components are cached on disk.
-    pub(crate) fn caches(&self) -> bool {
-        self.cache.is_some()
+    /// Compiles components in child processes, one at a time.
+    pub(crate) fn compiler(&self) -> &compile::Compiler {
+        &self.compiler
     }
 
     /// Wait for room for one more instance (with the pooling allocator); the permit is the
@@ -308,15 +322,42 @@ impl Runtime {
     }
 
     /// Load, compile (or fetch from the cache) and check a component.
-    pub fn load(&self, path: &Path) -> Result<LoadedComponent, RuntimeError> {
-        component::load(self, path)
+    pub async fn load(&self, path: &Path) -> Result<LoadedComponent, RuntimeError> {
+        component::load(self, path).await
     }
 
     /// Compile and check a component given as bytes (an upload); `origin` names it in errors.
-    /// Compilation is CPU-bound: call it off the async executor (`spawn_blocking`).
-    pub fn load_bytes(&self, origin: &Path, bytes: &[u8]) -> Result<LoadedComponent, RuntimeError> {
-        component::load_bytes(self, origin, bytes)
+    /// The compile runs in a child process (see [`compile`]).
+    pub async fn load_bytes(
+        &self,
+        origin: &Path,
+        bytes: &[u8],
+    ) -> Result<LoadedComponent, RuntimeError> {
+        component::load_bytes(self, origin, bytes).await
     }
+}
+
+/// The engine settings compiled code depends on, shared by the host and its compiling child
+/// (which adds no instance allocator and no cache).
+pub(crate) fn engine_config(options: &RuntimeOptions) -> wasmtime::Config {
+    let mut config = wasmtime::Config::new();
+    config.consume_fuel(options.fuel);
+    config.epoch_interruption(!options.no_epoch);
+    // Sluice's world is synchronous WASI 0.2; the component-model concurrency machinery
+    // only costs time on every call.
+    config.concurrency_support(false);
+    config.max_wasm_stack(1024 * 1024);
+    config
+}
+
+/// Names `engine`'s compile settings and this build, so a cached artifact is only tried by
+/// an engine that can run it.
+fn engine_tag(engine: &Engine) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut hasher);
+    env!("CARGO_PKG_VERSION").hash(&mut hasher);
+    format!("{:016x}", hasher.finish())
 }
 
 /// Advances the engine's epoch every [`EPOCH_TICK`] until dropped.
