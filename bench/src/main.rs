@@ -96,6 +96,8 @@ fn guest(name: &str) -> Result<PathBuf> {
 
 #[tokio::main]
 async fn main() -> Result<()> {
+    // Components are compiled in child processes of this executable.
+    sluice_host::runtime::compile::serve_compiles();
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -4,8 +4,15 @@
 //! process, listening on a free loopback port, with its data (AOF on, so parked retries survive
 //! a restart) in a local directory, `.sluice/dev-redis` by default. It writes its URL to `url`
 //! in that directory so the other subcommands and the demo's producer find it, and it is
-//! stopped (SIGTERM, then SIGKILL) when the host exits. If a dev server from an earlier run in
-//! the same directory still answers, it is reused and left running.
+//! stopped (SIGTERM, then SIGKILL) when the host exits, and killed by the kernel if the host
+//! dies without stopping it. If a dev server of the same directory still runs (another host
+//! process uses it), it is reused and left running.
+//!
+//! Private to the user who runs it: the directory is 0700; the server wants a password made
+//! at random for the directory (kept in a 0600 file there, given to the server in a 0600
+//! config file, never on its command line); and a server on the recorded port is reused only
+//! when it refuses a wrong password and accepts that one, so another program listening on a
+//! stale port is never taken for it.
 //!
 //! The tests use the same type to start their own servers.
 
@@ -36,6 +43,14 @@ pub enum DevRedisError {
     /// No free port was found.
     #[error("cannot find a free loopback port: {0}")]
     Port(std::io::Error),
+    /// Its password or config file could not be written or read.
+    #[error("cannot keep the dev Redis password in {}", path.display())]
+    Secret {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
     /// It started but did not answer in time.
     #[error("redis-server did not accept connections within {START_TIMEOUT:?}; see {}", log.display())]
     Timeout {
@@ -51,6 +66,9 @@ pub struct DevRedis {
     port: u16,
     dir: PathBuf,
     aof: bool,
+    /// The password the server wants, if it wants one.
+    password: Option<String>,
+    die_with_host: bool,
 }
 
 /// Options for [`DevRedis::start`].
@@ -62,6 +80,12 @@ pub struct DevRedisOptions {
     pub reuse: bool,
     /// Extra `--name value` arguments for redis-server.
     pub extra_args: Vec<(String, String)>,
+    /// Require the directory's password (tests and benchmarks, on throw-away directories,
+    /// go without).
+    pub password: bool,
+    /// Have the kernel kill the server when the thread that starts it ends (`sluice run`
+    /// starts it from its main thread; tests share servers across threads).
+    pub die_with_host: bool,
 }
 
 impl Default for DevRedisOptions {
@@ -70,6 +94,8 @@ impl Default for DevRedisOptions {
             aof: true,
             reuse: true,
             extra_args: Vec::new(),
+            password: true,
+            die_with_host: true,
         }
     }
 }
@@ -77,24 +103,36 @@ impl Default for DevRedisOptions {
 impl DevRedis {
     /// Start (or reuse) a server whose data lives in `dir`.
     pub fn start(dir: &Path, options: &DevRedisOptions) -> Result<Self, DevRedisError> {
-        std::fs::create_dir_all(dir).map_err(|source| DevRedisError::Dir {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        let dir_err = |source| DevRedisError::Dir {
             dir: dir.to_owned(),
             source,
-        })?;
-        let dir = dir.canonicalize().map_err(|source| DevRedisError::Dir {
-            dir: dir.to_owned(),
-            source,
-        })?;
+        };
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(dir_err)?;
+        let dir = dir.canonicalize().map_err(dir_err)?;
+        // An existing directory from an earlier release may be open to others: close it.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(dir_err)?;
+        let password = if options.password {
+            Some(password(&dir)?)
+        } else {
+            None
+        };
         if options.reuse
             && let Some(port) = read_port(&dir)
-            && ping(port)
+            && answers_as_ours(port, password.as_deref())
         {
-            tracing::info!(port, dir = %dir.display(), "reusing the dev redis-server from an earlier run");
+            tracing::info!(port, dir = %dir.display(), "reusing the dev redis-server of this directory");
             return Ok(Self {
                 child: None,
                 port,
                 dir,
                 aof: options.aof,
+                password,
+                die_with_host: options.die_with_host,
             });
         }
         let port = free_port().map_err(DevRedisError::Port)?;
@@ -103,6 +141,8 @@ impl DevRedis {
             port,
             dir,
             aof: options.aof,
+            password,
+            die_with_host: options.die_with_host,
         };
         this.spawn(&options.extra_args)?;
         Ok(this)
@@ -111,6 +151,17 @@ impl DevRedis {
     fn spawn(&mut self, extra_args: &[(String, String)]) -> Result<(), DevRedisError> {
         let log = self.dir.join("redis.log");
         let mut cmd = Command::new("redis-server");
+        if let Some(password) = &self.password {
+            // In a private file: a command line is readable by every user of the machine.
+            let conf = self.dir.join("redis.conf");
+            write_private(&conf, format!("requirepass {password}\n").as_bytes()).map_err(
+                |source| DevRedisError::Secret {
+                    path: conf.clone(),
+                    source,
+                },
+            )?;
+            cmd.arg(&conf);
+        }
         cmd.arg("--port")
             .arg(self.port.to_string())
             .args(["--bind", "127.0.0.1", "--save", "", "--daemonize", "no"])
@@ -123,23 +174,24 @@ impl DevRedis {
         for (name, value) in extra_args {
             cmd.arg(format!("--{name}")).arg(value);
         }
-        let child = cmd
-            .stdin(Stdio::null())
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(DevRedisError::NotInstalled)?;
+            .stderr(Stdio::null());
+        if self.die_with_host {
+            die_with_parent(&mut cmd);
+        }
+        let child = cmd.spawn().map_err(DevRedisError::NotInstalled)?;
         self.child = Some(child);
         let deadline = Instant::now() + START_TIMEOUT;
-        while !ping(self.port) {
+        while !answers_as_ours(self.port, self.password.as_deref()) {
             if Instant::now() > deadline || self.exited() {
                 self.stop();
                 return Err(DevRedisError::Timeout { log });
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let _ = std::fs::write(self.dir.join("url"), self.url());
-        tracing::info!(url = %self.url(), dir = %self.dir.display(), aof = self.aof, "started a private dev redis-server");
+        let _ = write_private(&self.dir.join("url"), self.url().as_bytes());
+        tracing::info!(url = %crate::redis_conn::redact(&self.url()), dir = %self.dir.display(), aof = self.aof, "started a private dev redis-server");
         Ok(())
     }
 
@@ -156,9 +208,12 @@ impl DevRedis {
         self.spawn(&[])
     }
 
-    /// The server's URL.
+    /// The server's URL, with its password when it wants one.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match &self.password {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
     }
 
     /// The server's port.
@@ -211,10 +266,15 @@ impl Drop for DevRedis {
     }
 }
 
-/// The URL of a dev server that an earlier `sluice run` left in `dir`, if it answers.
+/// The URL of the dev server `sluice run` keeps in `dir`, if it answers as that server.
 pub fn running_url(dir: &Path) -> Option<String> {
     let port = read_port(dir)?;
-    ping(port).then(|| format!("redis://127.0.0.1:{port}"))
+    let password = std::fs::read_to_string(dir.join(PASSWORD_FILE)).ok();
+    let password = password.as_deref().map(str::trim);
+    answers_as_ours(port, password).then(|| match password {
+        Some(password) => format!("redis://:{password}@127.0.0.1:{port}"),
+        None => format!("redis://127.0.0.1:{port}"),
+    })
 }
 
 fn read_port(dir: &Path) -> Option<u16> {
@@ -222,8 +282,103 @@ fn read_port(dir: &Path) -> Option<u16> {
     url.trim().rsplit(':').next()?.parse().ok()
 }
 
+/// The file in a dev directory that holds the server's password.
+const PASSWORD_FILE: &str = "password";
+
+/// The directory's password, made (128 bits at random, in a 0600 file) if it has none.
+fn password(dir: &Path) -> Result<String, DevRedisError> {
+    let path = dir.join(PASSWORD_FILE);
+    let secret = |source| DevRedisError::Secret {
+        path: path.clone(),
+        source,
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(text) if text.trim().len() >= 32 => return Ok(text.trim().to_owned()),
+        Ok(_) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => return Err(secret(err)),
+    }
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| secret(std::io::Error::other(format!("no randomness: {e}"))))?;
+    let password: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    write_private(&path, password.as_bytes()).map_err(secret)?;
+    Ok(password)
+}
+
+/// Write `bytes` to `path`, readable and writable by this user only.
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    file.write_all(bytes)
+}
+
+/// Have the kernel kill the server when the thread that started it ends: a host killed
+/// with SIGKILL leaves no server behind. Started from the host's main thread, which lives as
+/// long as the host.
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    #[allow(unsafe_code)]
+    // SAFETY: the closure runs in the child between fork and exec and only makes one
+    // async-signal-safe system call (prctl).
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)
+        });
+    }
+}
+
 fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Whether the server on `port` is this directory's: with a `password`, it refuses a wrong
+/// one and takes the right one (a program that says yes to anything is not taken for it);
+/// without, it answers PING.
+fn answers_as_ours(port: u16, password: Option<&str>) -> bool {
+    match password {
+        None => ping(port),
+        Some(password) => {
+            exchange(port, b"AUTH sluice-not-the-password\r\n").is_some_and(|r| r.starts_with(b"-"))
+                && exchange(port, format!("AUTH {password}\r\nPING\r\n").as_bytes())
+                    .is_some_and(|r| r.starts_with(b"+OK\r\n+PONG"))
+        }
+    }
+}
+
+/// Send `request` to the server on `port` and return what it answers first.
+fn exchange(port: u16, request: &[u8]) -> Option<Vec<u8>> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect_timeout(
+        &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_millis(200),
+    )
+    .ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .ok()?;
+    stream.write_all(request).ok()?;
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 64];
+    // Both replies of a pipelined request come in one or two reads.
+    while reply.len() < 12 {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => reply.extend_from_slice(&buf[..n]),
+        }
+        if !request.ends_with(b"PING\r\n") {
+            break;
+        }
+    }
+    (!reply.is_empty()).then_some(reply)
 }
 
 /// Whether a Redis server answers PING on the port (with PONG, or NOAUTH when it wants a

@@ -265,10 +265,7 @@ fn init_tracing(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuar
 fn main() -> ExitCode {
     // The host's own compiling child (see `sluice_host::runtime::compile`): not a command for
     // people, so not in the help.
-    let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("__compile") {
-        return sluice_host::runtime::compile::child_main(&args[2..]);
-    }
+    sluice_host::runtime::compile::serve_compiles();
     let cli = Cli::parse();
     let _logs = init_tracing(cli.log_format);
     let runtime = match tokio::runtime::Runtime::new() {

@@ -145,3 +145,109 @@ async fn concurrent_partial_uploads_are_refused_beyond_one() {
     drop(streams);
     host.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_tokens_wait_their_turn_and_are_logged_sparingly() {
+    let redis = Redis::start();
+    let host = HostProcess::run(&redis, TestConfig::of(Sub::fixture("guess")));
+    let admin = host.admin_addr().await;
+    let path = "/v1/subscriptions/guess/g/rollback";
+    let started = tokio::time::Instant::now();
+    let guesses: Vec<_> = (0..4)
+        .map(|i| {
+            let auth = format!("Bearer guess-{i}");
+            tokio::spawn(async move {
+                http_request(
+                    admin,
+                    "POST",
+                    path,
+                    &[("Authorization", auth.as_str())],
+                    b"",
+                )
+                .await
+                .0
+            })
+        })
+        .collect();
+    for guess in guesses {
+        assert_eq!(guess.await.unwrap(), 401);
+    }
+    // One at a time, a second each: four parallel guesses take four seconds, not one.
+    assert!(
+        started.elapsed() >= Duration::from_millis(3_500),
+        "{:?}",
+        started.elapsed()
+    );
+    // The right token does not wait behind them.
+    let auth = format!("Bearer {TEST_TOKEN}");
+    let (status, _) = http_request(
+        admin,
+        "POST",
+        path,
+        &[("Authorization", auth.as_str())],
+        b"",
+    )
+    .await;
+    assert_eq!(status, 409, "nothing to roll back to, but let in");
+    let lines = host.log_text().matches("wrong or missing token").count();
+    assert!((1..=2).contains(&lines), "{lines} log lines for 4 guesses");
+}
+
+#[test]
+fn a_guessable_admin_token_is_refused_with_how_to_make_one() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let redis = Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("weak-token");
+    std::fs::write(&token, "hunter2\n").unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let path = write_config(
+        dir.path(),
+        "weak.toml",
+        &TestConfig::of(Sub::fixture("weak"))
+            .set("admin_token_file", token.display().to_string())
+            .to_string(),
+    );
+    let (ok, _, stderr) = run_sluice(
+        &["run", path.to_str().unwrap(), "--redis", &redis.url()],
+        dir.path(),
+    );
+    assert!(!ok);
+    assert!(
+        stderr.contains("bits of randomness") && stderr.contains("openssl rand -hex 32"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_cookie_less_requests_does_not_evict_the_operators_session() {
+    let redis = Redis::start();
+    let mut host = start_fixture(
+        &redis,
+        TestConfig::of(Sub::fixture("flood-ui")).no_admin_token(),
+    )
+    .await;
+    let admin = host.admin().await;
+    let (_, head, _) = http_exchange(admin, "GET", "/ui/", &[], b"").await;
+    let cookie = head
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("set-cookie: ")
+                .or_else(|| l.strip_prefix("Set-Cookie: "))
+        })
+        .and_then(|c| c.split(';').next())
+        .unwrap()
+        .to_owned();
+    // The operator keeps using the page.
+    let (_, head, _) = http_exchange(admin, "GET", "/ui/", &[("Cookie", &cookie)], b"").await;
+    assert!(!head.to_ascii_lowercase().contains("set-cookie"), "{head}");
+    for _ in 0..1_100 {
+        http_exchange(admin, "GET", "/ui/", &[], b"").await;
+    }
+    let (_, head, _) = http_exchange(admin, "GET", "/ui/", &[("Cookie", &cookie)], b"").await;
+    assert!(
+        !head.to_ascii_lowercase().contains("set-cookie"),
+        "the operator's session was evicted: {head}"
+    );
+    host.stop().await.unwrap();
+}

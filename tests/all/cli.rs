@@ -506,3 +506,129 @@ fn check_says_what_a_ttl_means_and_wants_a_margin_over_max_delay() {
     let (ok, _, err) = run_sluice(&["check", path.to_str().unwrap()], d);
     assert!(!ok && err.contains("plus a margin of 60s"), "{err}");
 }
+
+/// The processes whose parent is `pid`, with their command lines.
+fn children_of(pid: u32) -> Vec<(u32, String)> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .filter_map(|child| {
+            let cmd = std::fs::read(format!("/proc/{child}/cmdline")).ok()?;
+            Some((child, String::from_utf8_lossy(&cmd).replace('\0', " ")))
+        })
+        .collect()
+}
+
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|s| s.trim_start().starts_with('Z')),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dev_redis_is_private_dies_with_its_host_and_is_not_taken_from_a_stranger() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(
+        dir.path(),
+        "sluice.toml",
+        &TestConfig::of(Sub::fixture("dev")).to_string(),
+    );
+    let mut host = HostProcess::spawn(&["run", path.to_str().unwrap()], dir.path());
+    let dev = dir.path().join(".sluice/dev-redis");
+    let url_file = dev.join("url");
+    let url = wait_for(T, "the dev redis url", || {
+        let url_file = url_file.clone();
+        async move { std::fs::read_to_string(&url_file).ok() }
+    })
+    .await;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dev), 0o700);
+    for file in ["password", "url", "redis.conf"] {
+        assert_eq!(mode(&dev.join(file)), 0o600, "{file}");
+    }
+    let password = std::fs::read_to_string(dev.join("password")).unwrap();
+    assert!(password.trim().len() >= 32 && url.contains(password.trim()));
+    // Without the password, nothing.
+    let port: u16 = url.trim().rsplit(':').next().unwrap().parse().unwrap();
+    let bare = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+    let mut bare = bare.get_multiplexed_async_connection().await.unwrap();
+    let refused: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut bare).await;
+    assert!(
+        refused.unwrap_err().to_string().contains("NOAUTH"),
+        "a password is required"
+    );
+    // Not on the server's command line, which every user can read.
+    let server = wait_for(T, "the redis-server child", || {
+        let found = children_of(host.pid())
+            .into_iter()
+            .find(|(_, cmd)| cmd.contains("redis-server"));
+        async move { found }
+    })
+    .await;
+    assert!(!server.1.contains(password.trim()), "{}", server.1);
+    assert!(
+        !host.log_text().contains(password.trim()),
+        "the log holds the password"
+    );
+    // A host killed outright takes its server with it.
+    host.kill();
+    wait_for(T, "the dev server to die with its host", || {
+        let pid = server.0;
+        async move { gone(pid).then_some(()) }
+    })
+    .await;
+    // A stranger on the stale port that says yes to anything is not taken for the server.
+    let stranger = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = answered.clone();
+    let fake = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut socket, _)) = stranger.accept().await {
+            seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = socket.read(&mut buf).await {
+                    if n == 0 || socket.write_all(b"+OK\r\n+PONG\r\n").await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let mut again = HostProcess::spawn(&["run", path.to_str().unwrap()], dir.path());
+    let url = wait_for(T, "a new dev redis url", || {
+        let url_file = url_file.clone();
+        async move {
+            std::fs::read_to_string(&url_file)
+                .ok()
+                .filter(|u| !u.trim().ends_with(&format!(":{port}")))
+        }
+    })
+    .await;
+    assert!(
+        answered.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "the stranger was asked"
+    );
+    let client = redis::Client::open(url.trim()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let id = add(&mut conn, "dev", &Control::Ack).await;
+    wait_acked(&conn, "dev", "g", &id).await;
+    again.terminate();
+    assert!(again.wait_exit().await.success(), "{}", again.log_text());
+    fake.abort();
+}

@@ -317,7 +317,7 @@ async fn the_guest_sees_its_config_values_and_the_delivery() {
     assert_eq!(
         reason,
         format!(
-            "stream=report group=g retry_count=0 delivery_count=1 origin={id} config=eu-west fields=payload"
+            "stream=report group=g retry_count=0 delivery_count=1 origin={id} config=eu-west field_count=1 last_field=payload fields=payload"
         )
     );
     host.stop().await.expect("clean stop");

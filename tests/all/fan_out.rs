@@ -776,13 +776,11 @@ async fn wide_entries_park_and_come_back_with_retry_count_one() {
             reason.contains("retry_count=1 delivery_count=1"),
             "{stream}: {reason}"
         );
-        let names = reason.split("fields=").nth(1).unwrap();
-        assert_eq!(
-            names.split(',').count(),
-            FIELDS + 1,
-            "{stream}: every field came back"
+        // The reason is cut at 4 KiB; the count and the last name say the whole came back.
+        assert!(
+            reason.contains(&format!("field_count={} last_field=f4999 ", FIELDS + 1)),
+            "{stream}: every field came back: {reason:.300}"
         );
-        assert!(names.contains("f4999"), "{stream}");
     }
     host.stop().await.unwrap();
 }

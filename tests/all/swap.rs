@@ -301,7 +301,7 @@ async fn the_api_needs_a_token_beyond_loopback_and_caps_uploads() {
     let redis = Redis::start();
     use std::os::unix::fs::PermissionsExt as _;
     let token = dir.path().join("token");
-    std::fs::write(&token, "s3cret\n").unwrap();
+    std::fs::write(&token, "s3cret-0b1f2e3d4c5a69788796a5b4c3d2e1f0\n").unwrap();
     std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
     let guarded = TestConfig::of(sw())
         .set("admin", "0.0.0.0:0")
@@ -329,7 +329,10 @@ async fn the_api_needs_a_token_beyond_loopback_and_caps_uploads() {
         .0,
         401
     );
-    let auth = [("Authorization", "Bearer s3cret")];
+    let auth = [(
+        "Authorization",
+        "Bearer s3cret-0b1f2e3d4c5a69788796a5b4c3d2e1f0",
+    )];
     assert_eq!(
         http_request(admin, "POST", path, &auth, b"").await.0,
         409,

@@ -32,6 +32,8 @@ impl Masters {
             let options = DevRedisOptions {
                 aof: false,
                 reuse: false,
+                password: false,
+                die_with_host: false,
                 extra_args: vec![
                     ("cluster-enabled".into(), "yes".into()),
                     ("cluster-port".into(), bus.to_string()),

@@ -180,6 +180,8 @@ impl Bench {
         let options = DevRedisOptions {
             aof: false,
             reuse: false,
+            password: false,
+            die_with_host: false,
             extra_args: Vec::new(),
         };
         let redis = DevRedis::start(dir.path(), &options)?;

@@ -70,6 +70,58 @@ pub(super) fn host_allowed(headers: &HeaderMap, bound: SocketAddr) -> Result<(),
     ))
 }
 
+/// The port of an origin's authority: written, or its scheme's default.
+fn origin_port(scheme: &str, authority: &str) -> Option<u16> {
+    let after_host = match authority.rfind(']') {
+        Some(end) => &authority[end + 1..],
+        None => authority,
+    };
+    match after_host.rsplit_once(':') {
+        Some((_, port)) => port.parse().ok(),
+        None => match scheme {
+            "http" => Some(80),
+            "https" => Some(443),
+            _ => None,
+        },
+    }
+}
+
+/// How long a wrong token or login waits before it is answered; wrong ones wait one after
+/// another, so guesses go at about one a second however many connections make them.
+pub(super) const FAILURE_DELAY: std::time::Duration = std::time::Duration::from_secs(1);
+/// At most one log line per this long about refused tokens, with how many there were.
+const FAILURE_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Wrong tokens and logins, answered slowly and logged sparingly.
+#[derive(Default)]
+pub(super) struct Throttle {
+    turn: tokio::sync::Mutex<()>,
+    log: std::sync::Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+impl Throttle {
+    /// A wrong token for `what`: wait this refusal's turn, then log (at most every
+    /// [`FAILURE_LOG_EVERY`], counting the rest).
+    pub(super) async fn refused(&self, what: &str) {
+        let turn = self.turn.lock().await;
+        tokio::time::sleep(FAILURE_DELAY).await;
+        drop(turn);
+        let Ok(mut log) = self.log.lock() else {
+            return;
+        };
+        log.1 += 1;
+        let due = log.0.is_none_or(|at| at.elapsed() >= FAILURE_LOG_EVERY);
+        if due {
+            tracing::warn!(
+                what,
+                refused = log.1,
+                "admin: wrong or missing token (refusals since the last such line)"
+            );
+            *log = (Some(std::time::Instant::now()), 0);
+        }
+    }
+}
+
 /// Refuse what a browser marks as coming from another site (CSRF).
 pub(super) fn not_cross_site(headers: &HeaderMap, bound: SocketAddr) -> Result<(), Refusal> {
     let fetch_site = headers
@@ -78,11 +130,12 @@ pub(super) fn not_cross_site(headers: &HeaderMap, bound: SocketAddr) -> Result<(
         .unwrap_or("none");
     let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
     let foreign_origin = origin.is_some_and(|origin| {
-        let authority = origin
-            .split_once("://")
-            .map_or(origin, |(_, rest)| rest)
-            .trim_end_matches('/');
-        origin == "null" || !names_this_server(authority, bound)
+        let (scheme, authority) = origin.split_once("://").unwrap_or(("", origin));
+        let authority = authority.trim_end_matches('/');
+        // Another server on the same host name is another site: the port must be ours.
+        origin == "null"
+            || !names_this_server(authority, bound)
+            || origin_port(scheme, authority) != Some(bound.port())
     });
     if foreign_origin || matches!(fetch_site, "cross-site" | "same-site") {
         tracing::warn!(

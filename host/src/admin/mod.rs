@@ -116,6 +116,8 @@ struct AdminState {
     max_upload: usize,
     bound: SocketAddr,
     uploads: Arc<tokio::sync::Semaphore>,
+    /// Wrong tokens, for the API and the page's login alike.
+    throttle: Arc<guard::Throttle>,
 }
 
 /// The handler API's settings.
@@ -169,6 +171,7 @@ pub async fn serve(
         max_upload: options.max_upload,
         bound,
         uploads: Arc::new(tokio::sync::Semaphore::new(1)),
+        throttle: Arc::default(),
     };
     let api = Router::new()
         .route("/v1/subscriptions", get(list_handler))
@@ -424,6 +427,9 @@ async fn guard_api(
         .and_then(|()| authorized(&state, request.headers(), &what, mutating))
         .and_then(|()| guard::declared_size(request.headers(), state.max_upload));
     if let Err(refusal) = checked {
+        if refusal.0 == StatusCode::UNAUTHORIZED {
+            state.throttle.refused(&what).await;
+        }
         return refusal.into_response();
     }
     let _upload = if request.method() == axum::http::Method::PUT {
@@ -480,10 +486,7 @@ fn authorized(
     if given.is_some_and(|given| guard::same_secret(given, token)) {
         return Ok(());
     }
-    tracing::warn!(
-        call = what,
-        "admin call refused: missing or wrong bearer token"
-    );
+    // Logged by the throttle, which also makes the answer wait.
     Err((
         StatusCode::UNAUTHORIZED,
         "missing or wrong bearer token\n".to_owned(),

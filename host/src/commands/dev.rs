@@ -35,14 +35,11 @@ pub async fn dev(dir: &Path, redis: Option<&str>) -> Result<()> {
         }
     })
     .context("cannot watch the project's files")?;
-    for (path, recursive) in project.sources() {
-        let mode = if recursive {
-            notify::RecursiveMode::Recursive
-        } else {
-            notify::RecursiveMode::NonRecursive
-        };
+    // Each directory on its own: a recursive watch would follow links and walk into
+    // environments and data. A directory made later is not watched until the next start.
+    for path in project.sources() {
         watcher
-            .watch(&path, mode)
+            .watch(&path, notify::RecursiveMode::NonRecursive)
             .with_context(|| format!("cannot watch {}", path.display()))?;
     }
     // The host needs a component to start: build until one builds.

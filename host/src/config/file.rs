@@ -425,7 +425,7 @@ fn subscription(
         // in clear text to whichever master the sentinels name.
         return Err(v.invalid(
             &key("redis"),
-            &crate::redis_conn::redact(url),
+            "redis+sentinel://…",
             "TLS files (redis_ca_file, redis_cert_file) are not supported behind Sentinel: connect to the master with rediss:// or drop the TLS files",
         ));
     }

@@ -165,36 +165,79 @@ impl Project {
             .join(format!("{}.wasm", self.name()))
     }
 
-    /// What `sluice dev` watches, and whether recursively: the sources a build reads, never
-    /// `target/` (builds write there) or caches.
-    pub fn sources(&self) -> Vec<(PathBuf, bool)> {
+    /// What `sluice dev` watches: the directories (each on its own, none recursively) and
+    /// files a build reads, never `target/`, caches, virtual environments, directories
+    /// without sources (data), or anything behind a link (a link to `/` would watch the
+    /// machine).
+    pub fn sources(&self) -> Vec<PathBuf> {
         let mut paths = match self.lang {
-            Lang::Rust => vec![
-                (self.dir.join("src"), true),
-                (self.dir.join("Cargo.toml"), false),
-            ],
-            Lang::Js => vec![(self.dir.join("src"), true)],
+            Lang::Rust => {
+                let mut paths = vec![self.dir.join("Cargo.toml")];
+                self.source_dirs(&self.dir.join("src"), 0, &mut paths);
+                paths
+            }
+            Lang::Js => {
+                let mut paths = Vec::new();
+                self.source_dirs(&self.dir.join("src"), 0, &mut paths);
+                paths
+            }
             Lang::Python => {
-                let mut paths = vec![(self.dir.clone(), false)];
-                if let Ok(entries) = std::fs::read_dir(&self.dir) {
-                    paths.extend(
-                        entries
-                            .flatten()
-                            .map(|e| e.path())
-                            .filter(|p| p.is_dir() && !self.is_ignored_dir(p))
-                            .map(|p| (p, true)),
-                    );
+                let mut paths = vec![self.dir.clone()];
+                for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+                    if self.is_source_dir(&entry) {
+                        self.source_dirs(&entry.path(), 1, &mut paths);
+                    }
                 }
                 paths
             }
         };
-        paths.retain(|(p, _)| p.exists());
+        paths.retain(|p| p.exists());
         paths
+    }
+
+    /// `dir` and the directories under it that may hold sources, at most
+    /// [`MAX_WATCHED_DIRS`] in all and [`MAX_WATCH_DEPTH`] deep.
+    fn source_dirs(&self, dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
+        if depth > MAX_WATCH_DEPTH || out.len() >= MAX_WATCHED_DIRS || !dir.is_dir() {
+            return;
+        }
+        out.push(dir.to_owned());
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if self.is_source_dir(&entry) {
+                self.source_dirs(&entry.path(), depth + 1, out);
+            }
+        }
+    }
+
+    /// Whether a directory entry is a real directory a build may read sources from.
+    fn is_source_dir(&self, entry: &std::fs::DirEntry) -> bool {
+        // `file_type` does not follow links: a linked directory is not one.
+        let real_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        let path = entry.path();
+        if !real_dir || self.is_ignored_dir(&path) || path.join("pyvenv.cfg").exists() {
+            return false;
+        }
+        match self.lang {
+            // A package (or a namespace of modules): it holds Python files.
+            Lang::Python => std::fs::read_dir(&path)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| {
+                    e.path().extension().is_some_and(|x| x == "py")
+                        || e.path().join("__init__.py").is_file()
+                }),
+            Lang::Rust | Lang::Js => true,
+        }
     }
 
     fn is_ignored_dir(&self, dir: &Path) -> bool {
         dir.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-            n.starts_with('.') || matches!(n, "target" | "__pycache__" | "node_modules")
+            n.starts_with('.')
+                || matches!(
+                    n,
+                    "target" | "__pycache__" | "node_modules" | "venv" | "env" | "site-packages"
+                )
         })
     }
 
@@ -214,6 +257,11 @@ impl Project {
         }
     }
 }
+
+/// The most directories `sluice dev` watches.
+pub const MAX_WATCHED_DIRS: usize = 1000;
+/// How deep under a source root `sluice dev` watches.
+pub const MAX_WATCH_DEPTH: usize = 8;
 
 /// `name` as a Rust/Python identifier: `-` and other punctuation become `_`.
 pub fn identifier(name: &str) -> String {
@@ -249,5 +297,58 @@ mod tests {
         assert!(r.is_source(Path::new("/r/src/lib.rs")));
         assert!(r.is_source(Path::new("/r/Cargo.toml")));
         assert!(!r.is_source(Path::new("/r/target/debug/x.rs")));
+    }
+
+    #[test]
+    fn dev_watches_sources_not_environments_data_or_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("app");
+        let mk = |p: &str| std::fs::create_dir_all(root.join(p)).unwrap();
+        let touch = |p: &str| std::fs::write(root.join(p), b"").unwrap();
+        for d in [
+            "pkg/sub",
+            "venv/lib",
+            ".venv",
+            "data/2026",
+            "target/sluice",
+            "src/deep",
+        ] {
+            mk(d);
+        }
+        touch("app.py");
+        touch("pkg/__init__.py");
+        touch("pkg/sub/m.py");
+        touch("venv/pyvenv.cfg");
+        touch("venv/lib/x.py");
+        touch("data/2026/readings.csv");
+        std::os::unix::fs::symlink("/", root.join("linked")).unwrap();
+        std::os::unix::fs::symlink("/", root.join("src/linked")).unwrap();
+        let python = Project {
+            dir: root.clone(),
+            lang: Lang::Python,
+        };
+        let mut watched = python.sources();
+        watched.sort();
+        assert_eq!(
+            watched,
+            vec![root.clone(), root.join("pkg"), root.join("pkg/sub")],
+            "{watched:?}"
+        );
+        touch("Cargo.toml");
+        let rust = Project {
+            dir: root.clone(),
+            lang: Lang::Rust,
+        };
+        let mut watched = rust.sources();
+        watched.sort();
+        assert_eq!(
+            watched,
+            vec![
+                root.join("Cargo.toml"),
+                root.join("src"),
+                root.join("src/deep")
+            ],
+            "{watched:?}"
+        );
     }
 }

@@ -383,15 +383,34 @@ impl Compiler {
     }
 }
 
-/// The `sluice` binary that compiles: this process when it is `sluice`, else a `sluice` next
-/// to it or one directory up (tests and benchmarks are built beside it), or what
-/// `SLUICE_COMPILER` names.
+/// Set by [`serve_compiles`]: this executable compiles.
+static THIS_EXECUTABLE_COMPILES: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+
+/// For every binary that hosts components (`sluice` itself, a benchmark): call first in
+/// `main`. In a compiling child (`<exe> __compile ...`) it compiles and exits the process;
+/// otherwise it makes this executable the one whose children compile.
+pub fn serve_compiles() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("__compile") {
+        let code = child_main(&args[2..]);
+        std::process::exit(if code == std::process::ExitCode::SUCCESS {
+            0
+        } else {
+            2
+        });
+    }
+    let _ = THIS_EXECUTABLE_COMPILES.set(());
+}
+
+/// The binary that compiles: this one when it serves compiles (see [`serve_compiles`]),
+/// else a `sluice` next to it or one directory up (test binaries are built beside it), or
+/// what `SLUICE_COMPILER` names.
 fn locate() -> Result<PathBuf, String> {
     if let Some(named) = std::env::var_os("SLUICE_COMPILER") {
         return Ok(PathBuf::from(named));
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
-    if exe.file_name().is_some_and(|n| n == "sluice") {
+    if THIS_EXECUTABLE_COMPILES.get().is_some() {
         return Ok(exe);
     }
     let dir = exe.parent().unwrap_or(Path::new("."));

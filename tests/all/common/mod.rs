@@ -118,6 +118,8 @@ impl Redis {
         let options = DevRedisOptions {
             aof,
             reuse: false,
+            password: false,
+            die_with_host: false,
             extra_args: extra
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -772,7 +774,7 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 }
 
 /// The admin token of every test host (see [`write_config`]).
-pub const TEST_TOKEN: &str = "test-admin-token";
+pub const TEST_TOKEN: &str = "test-admin-token-5f2c9a1e7b3d4c6f8a0b";
 
 /// An HTTP request to a test host's admin API, with [`TEST_TOKEN`] unless `headers` carry an
 /// `Authorization` of their own: (status, body).

@@ -50,6 +50,12 @@ struct Session {
     csrf: String,
     created: Instant,
     can_act: bool,
+    /// When it was last presented.
+    last_used: Instant,
+    /// Requests that presented it after the one that made it.
+    returns: u64,
+    /// What the viewer's last action came to, shown once on the next page.
+    flash: Option<String>,
 }
 
 /// Who is looking at a page: their CSRF token and whether actions are shown.
@@ -59,6 +65,8 @@ pub(super) struct Viewer {
     can_act: bool,
     /// Whether they logged in with the token (show "log out").
     logged_in: bool,
+    /// The session's id, where the result of an action is kept for the next page.
+    id: String,
 }
 
 fn random_hex() -> String {
@@ -74,20 +82,27 @@ fn random_hex() -> String {
 impl Sessions {
     fn create(&self, can_act: bool) -> (String, Session) {
         let id = random_hex();
+        let now = Instant::now();
         let session = Session {
             csrf: random_hex(),
-            created: Instant::now(),
+            created: now,
             can_act,
+            last_used: now,
+            returns: 0,
+            flash: None,
         };
         if let Ok(mut all) = self.inner.lock() {
             all.retain(|_, s| s.created.elapsed() < SESSION_TTL);
+            // Full: the least recently used of the sessions nobody came back with goes first
+            // (a flood of cookie-less requests makes only those), then the least recently
+            // used of all. An operator's session, used again and again, stays.
             if all.len() >= MAX_SESSIONS
-                && let Some(oldest) = all
+                && let Some(evicted) = all
                     .iter()
-                    .min_by_key(|(_, s)| s.created)
+                    .min_by_key(|(_, s)| (s.returns > 0, s.last_used))
                     .map(|(k, _)| k.clone())
             {
-                all.remove(&oldest);
+                all.remove(&evicted);
             }
             if !id.is_empty() {
                 all.insert(id.clone(), session.clone());
@@ -97,9 +112,28 @@ impl Sessions {
     }
 
     fn get(&self, id: &str) -> Option<Session> {
-        let all = self.inner.lock().ok()?;
-        let session = all.get(id)?;
-        (session.created.elapsed() < SESSION_TTL).then(|| session.clone())
+        let mut all = self.inner.lock().ok()?;
+        let session = all.get_mut(id)?;
+        if session.created.elapsed() >= SESSION_TTL {
+            return None;
+        }
+        session.last_used = Instant::now();
+        session.returns += 1;
+        Some(session.clone())
+    }
+
+    /// Keep `message` for the session's next page.
+    fn set_flash(&self, id: &str, message: String) {
+        if let Ok(mut all) = self.inner.lock()
+            && let Some(session) = all.get_mut(id)
+        {
+            session.flash = Some(message);
+        }
+    }
+
+    /// The message kept for the session's next page, once.
+    fn take_flash(&self, id: &str) -> Option<String> {
+        self.inner.lock().ok()?.get_mut(id)?.flash.take()
     }
 
     fn remove(&self, id: &str) {
@@ -165,25 +199,24 @@ pub(super) async fn guard_ui(
     }
     let existing =
         session_cookie(request.headers()).and_then(|id| state.sessions.get(&id).map(|s| (id, s)));
-    let (session, new_cookie, logged_in) = match existing {
-        Some((_, session)) => (session, None, state.token.is_some()),
+    let (id, session, new_cookie, logged_in) = match existing {
+        Some((id, session)) => (id, session, false, state.token.is_some()),
         None if state.token.is_some() => return Redirect::to("/ui/login").into_response(),
         None => {
             let (id, session) = state
                 .sessions
                 .create(state.open_on_loopback && !state.read_only);
-            (session, Some(id), false)
+            (id, session, true, false)
         }
     };
     request.extensions_mut().insert(Viewer {
         csrf: session.csrf,
         can_act: session.can_act && !state.read_only,
         logged_in,
+        id: id.clone(),
     });
     let mut response = next.run(request).await;
-    if let Some(id) = new_cookie
-        && let Ok(value) = set_cookie(&id).parse()
-    {
+    if new_cookie && let Ok(value) = set_cookie(&id).parse() {
         response.headers_mut().append(header::SET_COOKIE, value);
     }
     response
@@ -223,7 +256,7 @@ async fn log_in(
         return Redirect::to("/ui/").into_response();
     };
     if !guard::same_secret(form.token.trim(), token) {
-        tracing::warn!("admin page login refused: wrong token");
+        state.throttle.refused("admin page login").await;
         return (
             StatusCode::UNAUTHORIZED,
             Html(pages::login(Some("That is not the admin token.")).into_string()),
@@ -306,7 +339,6 @@ async fn overview(
 struct PageQuery {
     cursor: Option<String>,
     reason: Option<String>,
-    done: Option<String>,
 }
 
 async fn parked_page(
@@ -342,7 +374,7 @@ async fn parked_page(
                 now_ms,
                 total,
                 &page,
-                q.done.as_deref(),
+                state.sessions.take_flash(&viewer.id).as_deref(),
             )
             .into_string(),
         )
@@ -375,8 +407,15 @@ async fn dead_letters_page(
     .await;
     match listing {
         Ok((total, page)) => Html(
-            pages::dead_letters(&viewer, &keys, total, &page, reason, q.done.as_deref())
-                .into_string(),
+            pages::dead_letters(
+                &viewer,
+                &keys,
+                total,
+                &page,
+                reason,
+                state.sessions.take_flash(&viewer.id).as_deref(),
+            )
+            .into_string(),
         )
         .into_response(),
         Err(err) => unavailable(err),
@@ -418,12 +457,14 @@ async fn act(
         Err(page) => return *page,
     };
     let mut conn = sub.conn.clone();
+    // The result is kept in the session for the next page, never put in a link: a link
+    // anyone can make would put any text in the banner.
     let back = |page: &str, done: &str| {
+        state.sessions.set_flash(&viewer.id, done.to_owned());
         let to = format!(
-            "/ui/s/{}/{}/{page}?done={}",
+            "/ui/s/{}/{}/{page}",
             pages::segment(&stream),
             pages::segment(&group),
-            pages::segment(done)
         );
         Redirect::to(&to).into_response()
     };
