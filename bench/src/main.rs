@@ -98,6 +98,7 @@ fn guest(name: &str) -> Result<PathBuf> {
 async fn main() -> Result<()> {
     // Components are compiled in child processes of this executable.
     sluice_host::runtime::compile::serve_compiles();
+    sluice_host::memory::give_back_big_allocations();
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -357,6 +357,15 @@ impl Delivery {
         &self.entry.fields[..self.user_len]
     }
 
+    /// The entry's size as `max_entry_bytes` counts it: its fields' names and values.
+    pub fn entry_bytes(&self) -> u64 {
+        self.entry
+            .fields
+            .iter()
+            .map(|(name, value)| (name.len() + value.len()) as u64)
+            .sum()
+    }
+
     /// Attempts of this message that came before this one: each park-and-re-add and each
     /// earlier delivery of this entry id. This is what `max_retries` is compared with.
     pub fn previous_attempts(&self) -> u64 {

@@ -160,6 +160,27 @@ impl Dispatcher {
                     |_| Settled::Done,
                 );
         }
+        let bytes = delivery.entry_bytes();
+        if bytes > self.policy.max_entry_bytes {
+            // Held whole only long enough to move it: the handler never gets it.
+            let reason = format!(
+                "the entry is {bytes} bytes, more than max_entry_bytes ({}): dead-lettered without being handled",
+                self.policy.max_entry_bytes
+            );
+            tracing::warn!(id = %delivery.entry.id, "{reason}");
+            return self
+                .settler
+                .dead_letter(&delivery, digest, &reason)
+                .await
+                .map_or_else(
+                    |err| {
+                        self.metrics.settle_errors.inc();
+                        tracing::error!(%err, "cannot dead-letter the oversized entry; it stays pending");
+                        Settled::RetryPending(self.failure_delay(delivery.delivery_count))
+                    },
+                    |_| Settled::Done,
+                );
+        }
         self.record_lateness(&delivery);
         let m = &self.metrics;
         m.in_flight.inc();

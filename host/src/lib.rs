@@ -50,6 +50,7 @@
 //!   records which subscription owns a key, [`redis_conn`] opens connections and
 //!   classifies Redis errors, [`devredis`] starts a private `redis-server` when none is
 //!   configured, and [`events`] reports each settled delivery to observers (tests, the bench).
+//! - [`memory`] makes big buffers (a big entry's) go back to the kernel when freed.
 
 mod admin;
 pub mod chain;
@@ -66,6 +67,7 @@ mod health;
 pub mod inspect;
 pub mod keys;
 pub mod member;
+pub mod memory;
 mod metrics;
 pub mod operate;
 pub mod outcome;

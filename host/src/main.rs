@@ -266,6 +266,7 @@ fn main() -> ExitCode {
     // The host's own compiling child (see `sluice_host::runtime::compile`): not a command for
     // people, so not in the help.
     sluice_host::runtime::compile::serve_compiles();
+    sluice_host::memory::give_back_big_allocations();
     let cli = Cli::parse();
     let _logs = init_tracing(cli.log_format);
     let runtime = match tokio::runtime::Runtime::new() {

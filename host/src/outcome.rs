@@ -98,6 +98,8 @@ pub struct Policy {
     pub max_delay: Option<Duration>,
     /// The shortest delay a retry waits; shorter requests (and backoffs) are raised to it.
     pub min_delay: Duration,
+    /// The largest entry handed to the handler; larger ones are dead-lettered unhandled.
+    pub max_entry_bytes: u64,
 }
 
 impl Policy {
@@ -193,6 +195,7 @@ mod tests {
         },
         max_delay: None,
         min_delay: Duration::from_millis(1),
+        max_entry_bytes: u64::MAX,
     };
 
     #[test]

@@ -299,6 +299,7 @@ impl Service {
             failure_backoff: s.failure_backoff,
             max_delay: s.max_delay,
             min_delay: sub.min_delay,
+            max_entry_bytes: sub.limits.max_entry_bytes,
         };
         let labels = crate::metrics::Metrics::labels(&s.stream, &s.group);
         let admin = crate::admin::AdminSubscription {
@@ -330,6 +331,7 @@ impl Service {
             gone_after: sub.consumer_gone_after,
             max_in_flight: sub.limits.max_in_flight,
             lane_slots: sub.retry_lane_slots,
+            largest_entry: Arc::default(),
         };
         let subscription = Subscription::new(
             read_plan,

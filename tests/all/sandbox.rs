@@ -611,3 +611,71 @@ async fn a_python_guest_is_held_to_the_same_sandbox() {
         "nothing connected to the socket"
     );
 }
+
+/// The resident memory of process `pid`, in bytes.
+fn resident(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+        * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_over_max_entry_bytes_are_dead_lettered_unhandled_and_their_memory_given_back() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let host = HostProcess::run(&redis, TestConfig::of(Sub::fixture("big")));
+    host.admin_addr().await;
+    let first = add(&mut conn, "big", &Control::Ack).await;
+    wait_acked(&conn, "big", "g", &first).await;
+    let before = resident(host.pid());
+    // Five 20 MB entries in one read (count 64), each over the 8 MiB default.
+    let mut big = Vec::new();
+    for _ in 0..5 {
+        let id: String = redis::cmd("XADD")
+            .arg("big")
+            .arg("*")
+            .arg("payload")
+            .arg(Control::Ack.to_string())
+            .arg("blob")
+            .arg(vec![b'x'; 20 << 20])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        big.push(id);
+    }
+    let small = add(&mut conn, "big", &Control::Ack).await;
+    wait_acked(&conn, "big", "g", &small).await;
+    let dead = wait_dead_letters(&conn, "big", 5).await;
+    for (_, fields) in &dead {
+        let reason = field(fields, "sluice-reason").unwrap();
+        assert!(
+            reason.contains(
+                "more than max_entry_bytes (8388608): dead-lettered without being handled"
+            ),
+            "{reason}"
+        );
+        let origin = field(fields, "sluice-origin-id").unwrap();
+        assert!(big.iter().any(|id| id == origin), "{origin}");
+        assert_eq!(
+            field(fields, "blob").map(str::len),
+            Some(20 << 20),
+            "kept whole"
+        );
+    }
+    assert!(
+        !host.log_text().contains("attempt failed"),
+        "the handler never got them"
+    );
+    // The 100 MB reply's buffer is given back.
+    let after = resident(host.pid());
+    assert!(
+        after < before + (60 << 20),
+        "resident {before} before, {after} after"
+    );
+}

@@ -115,6 +115,7 @@ struct RawSubscription {
     host_memory_limit: Option<String>,
     log_lines: Option<u32>,
     log_bytes: Option<String>,
+    max_entry_bytes: Option<String>,
     fuel: Option<u64>,
     #[serde(default)]
     allowed_outbound_hosts: Vec<String>,
@@ -632,6 +633,9 @@ fn limits(
     }
     if let Some(b) = &sub.log_bytes {
         limits.log_bytes = v.size(&key("log_bytes"), b)?;
+    }
+    if let Some(b) = &sub.max_entry_bytes {
+        limits.max_entry_bytes = v.size_at_least(&key("max_entry_bytes"), b, 1024, "1KiB")?;
     }
     if let Some(fuel) = sub.fuel {
         limits.fuel = Some(at_least_one("fuel", fuel)?);

@@ -54,6 +54,7 @@
 //! | `handler_timeout`        | wall-clock limit of one delivery                            | `10s` |
 //! | `memory_limit`           | linear-memory cap per instance, e.g. `"64MiB"`              | `64MiB` |
 //! | `host_memory_limit`      | what the host holds for an instance: resource handles (one per 32KiB) and HTTP header maps (32KiB each) | `8MiB` |
+//! | `max_entry_bytes` | the largest entry given to the handler; a larger one is dead-lettered unhandled | `8MiB` |
 //! | `log_lines`, `log_bytes` | guest log budget per delivery (past it lines are dropped and counted) | `100`, `64KiB` |
 //! | `fuel`                   | deterministic instruction budget per delivery               | unmetered |
 //! | `allowed_outbound_hosts` | hosts the guest may send HTTP requests to, e.g. `["https://*.example.com", "http://127.0.0.1:8080"]` | none |
@@ -108,6 +109,9 @@ pub const DEFAULT_HOST_MEMORY_LIMIT: u64 = 8 * 1024 * 1024;
 pub const DEFAULT_LOG_LINES: u32 = 100;
 /// Guest log bytes one delivery may write.
 pub const DEFAULT_LOG_BYTES: u64 = 64 * 1024;
+/// The largest entry handed to a handler, in bytes (its fields' names and values): a larger
+/// one is dead-lettered unhandled, with a reason saying so.
+pub const DEFAULT_MAX_ENTRY_BYTES: u64 = 8 * 1024 * 1024;
 
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
@@ -197,6 +201,8 @@ pub struct Limits {
     pub log_lines: u32,
     /// Guest log bytes one delivery may write.
     pub log_bytes: u64,
+    /// The largest entry handed to the handler, in bytes.
+    pub max_entry_bytes: u64,
     /// Fuel (roughly, wasm instructions) one delivery may burn; `None` leaves it unmetered.
     pub fuel: Option<u64>,
     /// Where the guest may send HTTP requests, and how long each may take. A grant, not a
@@ -215,6 +221,7 @@ impl Default for Limits {
             host_memory_limit: DEFAULT_HOST_MEMORY_LIMIT,
             log_lines: DEFAULT_LOG_LINES,
             log_bytes: DEFAULT_LOG_BYTES,
+            max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
             fuel: None,
             outbound_http: OutboundHttp::default(),
         }

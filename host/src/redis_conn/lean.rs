@@ -341,6 +341,10 @@ impl LeanConn {
                 };
                 each(&self.buf[..len]);
                 self.buf.drain(..len);
+                // A big reply leaves a big buffer: give the memory back once it is read.
+                if self.buf.capacity() > 4 * READ_CHUNK && self.buf.len() <= READ_CHUNK {
+                    self.buf.shrink_to(READ_CHUNK);
+                }
             }
             Ok(())
         };

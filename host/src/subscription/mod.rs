@@ -103,6 +103,9 @@ pub struct ReadPlan {
     pub max_in_flight: usize,
     /// Of those, how many only retry-lane entries may take (see `slots.rs`; 0 without a lane).
     pub lane_slots: usize,
+    /// The largest entry of the latest read, in bytes: the next read asks for no more entries
+    /// of that size than [`read::MAX_READ_BYTES`] holds.
+    pub largest_entry: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl ReadPlan {

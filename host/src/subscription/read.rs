@@ -64,8 +64,39 @@ pub async fn create_group_at<C: ConnectionLike>(
     }
 }
 
+/// What one read's reply should hold at most, in bytes: the next read asks for fewer
+/// entries when the latest ones were big (four 100 MB entries in one reply once took the
+/// host to 873 MB).
+pub const MAX_READ_BYTES: usize = 64 << 20;
+
+/// `count`, or fewer when the latest read's largest entry says that many would pass
+/// [`MAX_READ_BYTES`]; at least one.
+fn budgeted(who: &ReadPlan, count: usize) -> usize {
+    let largest = who.largest_entry.load(std::sync::atomic::Ordering::Relaxed);
+    match MAX_READ_BYTES.checked_div(largest) {
+        Some(fits) => count.min(fits.max(1)),
+        None => count,
+    }
+}
+
+/// Remember the largest entry of a read, for the next read's budget.
+fn note_sizes(who: &ReadPlan, entries: &[ReadEntry]) {
+    let largest = entries
+        .iter()
+        .map(|e| {
+            e.fields.as_ref().map_or(0, |fields| {
+                fields.iter().map(|(n, v)| n.len() + v.len()).sum::<usize>()
+            })
+        })
+        .max()
+        .unwrap_or(0);
+    who.largest_entry
+        .store(largest, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// XREADGROUP from each source at its id (`>` for new entries, an id to read this consumer's
-/// pending ones), in one command; up to `count` entries from each, in the order of `from`.
+/// pending ones), in one command; up to `count` entries from each (fewer when entries are
+/// big, see [`MAX_READ_BYTES`]), in the order of `from`.
 pub async fn read_group(
     conn: &mut Reader,
     who: &ReadPlan,
@@ -73,20 +104,22 @@ pub async fn read_group(
     block: Option<Duration>,
     from: &[(Source, &str)],
 ) -> RedisResult<Vec<ReadEntry>> {
-    let cmd = read_group_cmd(who, count, block, from);
+    let cmd = read_group_cmd(who, budgeted(who, count), block, from);
     let lane = who.lane.as_deref();
-    if let Reader::Lean(lean) = conn {
+    let entries = if let Reader::Lean(lean) = conn {
         // Parsed where it is read, straight into entries.
-        return lean
-            .read_entries(&cmd, |stream, id, fields| ReadEntry {
-                id,
-                source: source_named(stream, lane),
-                fields,
-            })
-            .await;
-    }
-    let reply: Value = cmd.query_async(conn).await?;
-    parse_read_reply(reply, lane)
+        lean.read_entries(&cmd, |stream, id, fields| ReadEntry {
+            id,
+            source: source_named(stream, lane),
+            fields,
+        })
+        .await?
+    } else {
+        let reply: Value = cmd.query_async(conn).await?;
+        parse_read_reply(reply, lane)?
+    };
+    note_sizes(who, &entries);
+    Ok(entries)
 }
 
 fn read_group_cmd(
