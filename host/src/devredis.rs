@@ -123,7 +123,7 @@ impl DevRedis {
         };
         if options.reuse
             && let Some(port) = read_port(&dir)
-            && answers_as_ours(port, password.as_deref())
+            && answers_as_ours(&dir, port, password.as_deref())
         {
             tracing::info!(port, dir = %dir.display(), "reusing the dev redis-server of this directory");
             return Ok(Self {
@@ -183,7 +183,10 @@ impl DevRedis {
         let child = cmd.spawn().map_err(DevRedisError::NotInstalled)?;
         self.child = Some(child);
         let deadline = Instant::now() + START_TIMEOUT;
-        while !answers_as_ours(self.port, self.password.as_deref()) {
+        if let Some(child) = &self.child {
+            let _ = write_private(&self.dir.join(PID_FILE), child.id().to_string().as_bytes());
+        }
+        while !answers_as_ours(&self.dir, self.port, self.password.as_deref()) {
             if Instant::now() > deadline || self.exited() {
                 self.stop();
                 return Err(DevRedisError::Timeout { log });
@@ -271,7 +274,7 @@ pub fn running_url(dir: &Path) -> Option<String> {
     let port = read_port(dir)?;
     let password = std::fs::read_to_string(dir.join(PASSWORD_FILE)).ok();
     let password = password.as_deref().map(str::trim);
-    answers_as_ours(port, password).then(|| match password {
+    answers_as_ours(dir, port, password).then(|| match password {
         Some(password) => format!("redis://:{password}@127.0.0.1:{port}"),
         None => format!("redis://127.0.0.1:{port}"),
     })
@@ -340,18 +343,60 @@ fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// Whether the server on `port` is this directory's: with a `password`, it refuses a wrong
-/// one and takes the right one (a program that says yes to anything is not taken for it);
-/// without, it answers PING.
-fn answers_as_ours(port: u16, password: Option<&str>) -> bool {
+/// The file in a dev directory that holds the server's process id.
+const PID_FILE: &str = "pid";
+
+/// Whether the server on `port` is this directory's: with a `password`, the process recorded
+/// in the directory is ours and holds the socket listening on the port (checked in `/proc`,
+/// before the password is sent anywhere: a program squatting the port never sees it), and it
+/// takes the password; without one, it answers PING.
+fn answers_as_ours(dir: &Path, port: u16, password: Option<&str>) -> bool {
     match password {
         None => ping(port),
         Some(password) => {
+            let recorded = std::fs::read_to_string(dir.join(PID_FILE))
+                .ok()
+                .and_then(|p| p.trim().parse::<u32>().ok());
+            if !recorded.is_some_and(|pid| listens_on(pid, port)) {
+                return false;
+            }
             exchange(port, b"AUTH sluice-not-the-password\r\n").is_some_and(|r| r.starts_with(b"-"))
                 && exchange(port, format!("AUTH {password}\r\nPING\r\n").as_bytes())
                     .is_some_and(|r| r.starts_with(b"+OK\r\n+PONG"))
         }
     }
+}
+
+/// Whether process `pid` runs as this user and holds the socket listening on loopback `port`.
+fn listens_on(pid: u32, port: u16) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let ours = std::fs::metadata(format!("/proc/{pid}"))
+        .is_ok_and(|m| m.uid() == nix::unistd::geteuid().as_raw());
+    if !ours {
+        return false;
+    }
+    // /proc/net/tcp: "sl local_address rem_address st ... inode"; 0A is LISTEN.
+    let wanted = format!("0100007F:{port:04X}");
+    let inodes: Vec<String> = std::fs::read_to_string("/proc/net/tcp")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            (cols.get(1) == Some(&wanted.as_str()) && cols.get(3) == Some(&"0A"))
+                .then(|| cols.get(9).map(|i| format!("socket:[{i}]")))
+                .flatten()
+        })
+        .collect();
+    if inodes.is_empty() {
+        return false;
+    }
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .any(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
 }
 
 /// Send `request` to the server on `port` and return what it answers first.

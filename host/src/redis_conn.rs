@@ -73,6 +73,11 @@ pub enum ConnError {
         "redis_ca_file / redis_cert_file are set, but {0} does not use TLS: write rediss:// to connect with TLS"
     )]
     TlsWithoutRediss(String),
+    /// TLS files were given for a Sentinel URL, where they would be ignored.
+    #[error(
+        "TLS files (redis_ca_file, redis_cert_file) are not supported behind Sentinel ({0}): connect to the master with rediss:// or drop the TLS files"
+    )]
+    TlsBehindSentinel(String),
 }
 
 /// A client for `url`, logging in and verifying TLS as `access` says.
@@ -315,6 +320,11 @@ impl RedisHandle {
         let route = match Target::parse(configured) {
             Target::Cluster(urls) => Self::cluster_route(&urls, access, &name).await?,
             Target::Sentinel(target) => {
+                // Whichever way the URL came (config, --redis, SLUICE_REDIS_URL): no TLS files
+                // behind Sentinel, or the password would go in clear text.
+                if access.has_tls_files() {
+                    return Err(ConnError::TlsBehindSentinel(name));
+                }
                 let mut sentinel = sentinel_client(&target, access, &name)?;
                 let client = sentinel.async_get_client().await.map_err(connect_err)?;
                 let manager = manager(&client).await?;

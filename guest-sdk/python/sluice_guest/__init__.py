@@ -208,7 +208,9 @@ class DecodeError(Exception):
 # and a payload nested thousands deep exhausts the component's stack (a trap, retried for ever)
 # before Python could raise RecursionError.
 _MAX_JSON_DEPTH = 256
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+# A string, or an unterminated one to the end: every match moves past its quote, so the scan
+# is linear however the quotes and backslashes fall.
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"?', re.S)
 _NOT_BRACKET = re.compile(rb"[^\[\]{}]")
 
 

@@ -154,6 +154,9 @@ pub struct ArtifactCache {
     engine_tag: String,
 }
 
+/// The most compiled components a cache keeps.
+pub const MAX_CACHED: usize = 32;
+
 /// The file in a cache directory that holds its key.
 const KEY_FILE: &str = "cache-key";
 
@@ -286,6 +289,27 @@ impl ArtifactCache {
             let _ = std::fs::remove_file(&tmp);
             tracing::warn!(path = %path.display(), %err, "cannot cache the compiled component; the next start compiles it again");
         }
+        self.evict();
+    }
+
+    /// Keep at most [`MAX_CACHED`] artifacts, the most recently written: uploads and
+    /// rebuilds would otherwise fill the disk.
+    fn evict(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let mut artifacts: Vec<(std::time::SystemTime, PathBuf)> = entries
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
+            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+            .collect();
+        if artifacts.len() <= MAX_CACHED {
+            return;
+        }
+        artifacts.sort();
+        for (_, path) in &artifacts[..artifacts.len() - MAX_CACHED] {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
@@ -411,7 +435,10 @@ fn locate() -> Result<PathBuf, String> {
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
     if THIS_EXECUTABLE_COMPILES.get().is_some() {
-        return Ok(exe);
+        // The running image, even after the file on disk was replaced by an upgrade (whose
+        // artifacts this engine could not load).
+        let running = PathBuf::from("/proc/self/exe");
+        return Ok(if running.exists() { running } else { exe });
     }
     let dir = exe.parent().unwrap_or(Path::new("."));
     let tried = [dir.join("sluice"), dir.join("../sluice")];
@@ -437,13 +464,17 @@ pub fn child_main(args: &[String]) -> std::process::ExitCode {
         return std::process::ExitCode::from(2);
     }
     let cpu = COMPILE_CPU.as_secs();
-    if let Err(err) = setrlimit(Resource::RLIMIT_CPU, cpu, cpu.saturating_add(1)).and_then(|()| {
-        setrlimit(
-            Resource::RLIMIT_AS,
-            COMPILE_ADDRESS_SPACE,
-            COMPILE_ADDRESS_SPACE,
-        )
-    }) {
+    // No core dump of a compile killed at its limits (it could be gigabytes).
+    if let Err(err) = setrlimit(Resource::RLIMIT_CORE, 0, 0)
+        .and_then(|()| setrlimit(Resource::RLIMIT_CPU, cpu, cpu.saturating_add(1)))
+        .and_then(|()| {
+            setrlimit(
+                Resource::RLIMIT_AS,
+                COMPILE_ADDRESS_SPACE,
+                COMPILE_ADDRESS_SPACE,
+            )
+        })
+    {
         eprintln!("cannot limit the compiler: {err}");
         return std::process::ExitCode::from(2);
     }

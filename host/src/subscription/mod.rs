@@ -122,6 +122,15 @@ impl ReadPlan {
 }
 
 /// A running subscription.
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The first wait before a read loop that ended is started again; it doubles up to
 /// [`SUPERVISE_BACKOFF_MAX`].
 const SUPERVISE_BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -201,9 +210,14 @@ impl Subscription {
         restarts: prometheus_client::metrics::counter::Counter,
     ) {
         let mut backoff = SUPERVISE_BACKOFF_MIN;
+        let mut restarted = false;
         loop {
             let started = tokio::time::Instant::now();
-            let ended = tokio::spawn(self.clone().run()).await;
+            let task = tokio::spawn(self.clone().run(restarted));
+            // Aborting the supervisor (a stop past its grace) aborts the loop it runs.
+            let _abort = AbortOnDrop(task.abort_handle());
+            let ended = task.await;
+            restarted = true;
             if self.stop.is_cancelled() {
                 return;
             }
@@ -241,7 +255,11 @@ impl Subscription {
         }
     }
 
-    pub async fn run(self: Arc<Self>) {
+    /// Read and dispatch until the stop. `restarted`: an earlier run of this loop ended
+    /// unexpectedly, and its deliveries may still be running: own pending entries are read
+    /// again only from after the newest id that run read (as after a reconnect), so none is
+    /// handed out twice at once.
+    pub async fn run(self: Arc<Self>, restarted: bool) {
         let plan = &self.plan;
         tracing::info!(
             stream = %plan.stream,
@@ -254,7 +272,11 @@ impl Subscription {
             return;
         }
         let mut reader: Option<Reader> = None;
-        let mut own_pending = self.every_source_at("0");
+        let mut own_pending = if restarted {
+            self.after_last_read()
+        } else {
+            self.every_source_at("0")
+        };
         let mut claim_cursor = self.every_source_at("0-0");
         // Ids a take-over claimed whose reply never came (the connection failed): they may be
         // pending to this consumer with nobody here handling them, below the newest id it

@@ -79,8 +79,13 @@ fn budgeted(who: &ReadPlan, count: usize) -> usize {
     }
 }
 
-/// Remember the largest entry of a read, for the next read's budget.
+/// Remember the largest entry of a read, for the next reads' budget: an empty read says
+/// nothing (it keeps what was known), and a read of smaller entries only halves it, so one
+/// idle read or one small entry does not open the next read to `count` big ones.
 fn note_sizes(who: &ReadPlan, entries: &[ReadEntry]) {
+    if entries.is_empty() {
+        return;
+    }
     let largest = entries
         .iter()
         .map(|e| {
@@ -90,8 +95,9 @@ fn note_sizes(who: &ReadPlan, entries: &[ReadEntry]) {
         })
         .max()
         .unwrap_or(0);
+    let known = who.largest_entry.load(std::sync::atomic::Ordering::Relaxed);
     who.largest_entry
-        .store(largest, std::sync::atomic::Ordering::Relaxed);
+        .store(largest.max(known / 2), std::sync::atomic::Ordering::Relaxed);
 }
 
 /// XREADGROUP from each source at its id (`>` for new entries, an id to read this consumer's
