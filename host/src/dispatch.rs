@@ -146,19 +146,7 @@ impl Dispatcher {
         if delivery.stray {
             // Only the host writes the lane: this entry is not one of its copies.
             let reason = "an entry in the retry lane that Sluice did not write (no valid seal): dead-lettered without being handled";
-            tracing::warn!(id = %delivery.entry.id, "{reason}");
-            return self
-                .settler
-                .dead_letter(&delivery, digest, reason)
-                .await
-                .map_or_else(
-                    |err| {
-                        self.metrics.settle_errors.inc();
-                        tracing::error!(%err, "cannot dead-letter the stray lane entry; it stays pending");
-                        Settled::RetryPending(self.failure_delay(delivery.delivery_count))
-                    },
-                    |_| Settled::Done,
-                );
+            return self.dead_letter_unhandled(&delivery, digest, reason).await;
         }
         let bytes = delivery.entry_bytes();
         if bytes > self.policy.max_entry_bytes {
@@ -167,19 +155,7 @@ impl Dispatcher {
                 "the entry is {bytes} bytes, more than max_entry_bytes ({}): dead-lettered without being handled",
                 self.policy.max_entry_bytes
             );
-            tracing::warn!(id = %delivery.entry.id, "{reason}");
-            return self
-                .settler
-                .dead_letter(&delivery, digest, &reason)
-                .await
-                .map_or_else(
-                    |err| {
-                        self.metrics.settle_errors.inc();
-                        tracing::error!(%err, "cannot dead-letter the oversized entry; it stays pending");
-                        Settled::RetryPending(self.failure_delay(delivery.delivery_count))
-                    },
-                    |_| Settled::Done,
-                );
+            return self.dead_letter_unhandled(&delivery, digest, &reason).await;
         }
         self.record_lateness(&delivery);
         let m = &self.metrics;
@@ -253,6 +229,25 @@ impl Dispatcher {
             );
             Settled::RetryPending(delay)
         })
+    }
+
+    /// Dead-letter an entry the handler must not get, for `reason`; it stays pending (and
+    /// comes back after the failure backoff) while Redis refuses.
+    async fn dead_letter_unhandled(
+        &self,
+        delivery: &Delivery,
+        digest: &Digest,
+        reason: &str,
+    ) -> Settled {
+        tracing::warn!(id = %delivery.entry.id, "{reason}");
+        match self.settler.dead_letter(delivery, digest, reason).await {
+            Ok(_) => Settled::Done,
+            Err(err) => {
+                self.metrics.settle_errors.inc();
+                tracing::error!(%err, "cannot dead-letter the entry; it stays pending");
+                Settled::RetryPending(self.failure_delay(delivery.delivery_count))
+            }
+        }
     }
 
     /// Park the entry for `delay` (with a delayed-retry set) or leave it pending.

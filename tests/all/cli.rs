@@ -507,36 +507,6 @@ fn check_says_what_a_ttl_means_and_wants_a_margin_over_max_delay() {
     assert!(!ok && err.contains("plus a margin of 60s"), "{err}");
 }
 
-/// The processes whose parent is `pid`, with their command lines.
-fn children_of(pid: u32) -> Vec<(u32, String)> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-        .flat_map(|c| {
-            c.split_whitespace()
-                .filter_map(|p| p.parse::<u32>().ok())
-                .collect::<Vec<_>>()
-        })
-        .filter_map(|child| {
-            let cmd = std::fs::read(format!("/proc/{child}/cmdline")).ok()?;
-            Some((child, String::from_utf8_lossy(&cmd).replace('\0', " ")))
-        })
-        .collect()
-}
-
-fn gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit(')')
-            .next()
-            .is_some_and(|s| s.trim_start().starts_with('Z')),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dev_redis_is_private_dies_with_its_host_and_is_not_taken_from_a_stranger() {
     use std::os::unix::fs::PermissionsExt;
@@ -591,9 +561,13 @@ async fn the_dev_redis_is_private_dies_with_its_host_and_is_not_taken_from_a_str
     })
     .await;
     // A stranger on the stale port that says yes to anything is not taken for the server.
-    let stranger = tokio::net::TcpListener::bind(("127.0.0.1", port))
-        .await
-        .unwrap();
+    // (A background child the server forked, an AOF rewrite, may hold the port a moment.)
+    let stranger = wait_for(T, "the stale port to be free", || async move {
+        tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .ok()
+    })
+    .await;
     let heard = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
     let seen = heard.clone();
     let fake = tokio::spawn(async move {

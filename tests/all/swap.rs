@@ -699,8 +699,11 @@ async fn a_stop_during_a_compile_kills_the_compiler_process() {
     std::fs::copy(&python, &tmp).unwrap();
     std::fs::rename(&tmp, &file).unwrap();
     let compiler = wait_for(T, "the compiler process", || {
-        let found = compiler_children(host.pid());
-        async move { found.first().copied() }
+        let found = children_of(host.pid())
+            .into_iter()
+            .find(|(_, cmd)| cmd.contains("__compile"))
+            .map(|(pid, _)| pid);
+        async move { found }
     })
     .await;
     host.terminate();
@@ -718,24 +721,4 @@ async fn a_stop_during_a_compile_kills_the_compiler_process() {
         gone.then_some(())
     })
     .await;
-}
-
-/// The `sluice __compile` children of process `pid`.
-fn compiler_children(pid: u32) -> Vec<u32> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-        .flat_map(|c| {
-            c.split_whitespace()
-                .filter_map(|p| p.parse::<u32>().ok())
-                .collect::<Vec<_>>()
-        })
-        .filter(|child| {
-            std::fs::read(format!("/proc/{child}/cmdline"))
-                .is_ok_and(|cmd| cmd.windows(9).any(|w| w == b"__compile"))
-        })
-        .collect()
 }

@@ -1009,3 +1009,34 @@ pub async fn wait_lane_copy(
     )
     .await
 }
+
+/// The processes whose parent is `pid`, with their command lines.
+pub fn children_of(pid: u32) -> Vec<(u32, String)> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .filter_map(|child| {
+            let cmd = std::fs::read(format!("/proc/{child}/cmdline")).ok()?;
+            Some((child, String::from_utf8_lossy(&cmd).replace('\0', " ")))
+        })
+        .collect()
+}
+
+/// Whether process `pid` has ended (a zombie waiting for its reaper counts).
+pub fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|s| s.trim_start().starts_with('Z')),
+    }
+}
