@@ -80,7 +80,7 @@ fn packaged_sdk(dir: &Path) -> PathBuf {
         .status()
         .expect("cargo package runs");
     assert!(status.success(), "cargo package of the SDK crates");
-    let packaged = root().join("target/package");
+    let packaged = target_dir().join("package");
     let crates = dir.join("crates");
     std::fs::create_dir_all(&crates).unwrap();
     for name in ["sluice-descriptor", "sluice-guest-macros", "sluice-guest"] {

@@ -30,7 +30,8 @@ pub fn root() -> PathBuf {
         .to_owned()
 }
 
-fn target_dir() -> PathBuf {
+/// Where cargo builds: `CARGO_TARGET_DIR`, or the workspace's `target`.
+pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join("target"))
