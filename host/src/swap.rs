@@ -298,9 +298,7 @@ pub async fn watch(
                 continue;
             }
         };
-        if control.slot().current().digest == crate::digest::Digest::of(&bytes) {
-            continue;
-        }
+        // A file that holds what serves already is a no-op inside `swap`.
         tracing::info!(path = %path.display(), "component file changed; swapping");
         // A refusal is logged and counted by `swap`; the current handler keeps serving. A stop
         // cuts a swap short (its compile or descriptor call), which then never takes effect.

@@ -10,21 +10,29 @@ use crate::common::*;
 
 const T: Duration = Duration::from_secs(30);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_without_a_url_starts_a_private_redis_and_stops_it_on_sigterm() {
-    let dir = tempfile::tempdir().unwrap();
+/// `sluice run` in `dir` on the fixture's `dev` stream without a Redis URL: the host, its
+/// config, and the URL of the private server it started.
+async fn run_on_dev_redis(dir: &std::path::Path) -> (HostProcess, std::path::PathBuf, String) {
     let path = write_config(
-        dir.path(),
+        dir,
         "sluice.toml",
         &TestConfig::of(Sub::fixture("dev")).to_string(),
     );
-    let mut host = HostProcess::spawn(&["run", path.to_str().unwrap()], dir.path());
-    let url_file = dir.path().join(".sluice/dev-redis/url");
+    let host = HostProcess::spawn(&["run", path.to_str().unwrap()], dir);
+    let url_file = dir.join(".sluice/dev-redis/url");
     let url = wait_for(T, "the dev redis url", || {
         let url_file = url_file.clone();
         async move { std::fs::read_to_string(&url_file).ok() }
     })
     .await;
+    (host, path, url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_without_a_url_starts_a_private_redis_and_stops_it_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut host, _, url) = run_on_dev_redis(dir.path()).await;
+    let url_file = dir.path().join(".sluice/dev-redis/url");
     let client = redis::Client::open(url.trim()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let aof: Vec<String> = cmd(&mut conn, &["CONFIG", "GET", "appendonly"]).await;
@@ -511,19 +519,9 @@ fn check_says_what_a_ttl_means_and_wants_a_margin_over_max_delay() {
 async fn the_dev_redis_is_private_dies_with_its_host_and_is_not_taken_from_a_stranger() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
-    let path = write_config(
-        dir.path(),
-        "sluice.toml",
-        &TestConfig::of(Sub::fixture("dev")).to_string(),
-    );
-    let mut host = HostProcess::spawn(&["run", path.to_str().unwrap()], dir.path());
+    let (mut host, path, url) = run_on_dev_redis(dir.path()).await;
     let dev = dir.path().join(".sluice/dev-redis");
     let url_file = dev.join("url");
-    let url = wait_for(T, "the dev redis url", || {
-        let url_file = url_file.clone();
-        async move { std::fs::read_to_string(&url_file).ok() }
-    })
-    .await;
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&dev), 0o700);
     for file in ["password", "url", "redis.conf"] {
