@@ -529,6 +529,9 @@ pub enum Reader {
     Node(MultiplexedConnection),
     /// To the cluster, routed by the stream's slot.
     Cluster(ClusterConnection),
+    /// The handle's shared connection, for reads that never block: a partition whose waits
+    /// one blocking read serves for all (see [`crate::subscription::shared_read`]).
+    Shared(RedisHandle),
 }
 
 impl ConnectionLike for Reader {
@@ -537,6 +540,7 @@ impl ConnectionLike for Reader {
             Self::Lean(c) => c.req_packed_command(cmd),
             Self::Node(c) => c.req_packed_command(cmd),
             Self::Cluster(c) => c.req_packed_command(cmd),
+            Self::Shared(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -550,6 +554,7 @@ impl ConnectionLike for Reader {
             Self::Lean(c) => c.req_packed_commands(cmd, offset, count),
             Self::Node(c) => c.req_packed_commands(cmd, offset, count),
             Self::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Self::Shared(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
 
@@ -558,6 +563,7 @@ impl ConnectionLike for Reader {
             Self::Lean(c) => c.get_db(),
             Self::Node(c) => c.get_db(),
             Self::Cluster(_) => 0,
+            Self::Shared(c) => c.get_db(),
         }
     }
 }

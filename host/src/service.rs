@@ -237,6 +237,7 @@ impl Service {
         deliveries: &TaskTracker,
         stop: &CancellationToken,
         abandon: &CancellationToken,
+        shared: Option<Arc<crate::subscription::SharedRead>>,
     ) -> Result<StartedPartition, RunError> {
         let mut keys = SubscriptionKeys::of(s)
             .with_dead_letter_maxlen(sub.dead_letter_maxlen)
@@ -347,6 +348,7 @@ impl Service {
                 stop: stop.clone(),
                 secret,
                 health,
+                shared,
             },
             &self.metrics,
         );
@@ -457,9 +459,30 @@ impl Service {
                 ));
             }
             swap_controls.push(control);
+            // Partitions on one node wait for new entries in one blocking read, so that
+            // connections do not grow with them; on a cluster each has a slot of its own.
+            let shared = (sub.stream.partitions > 1 && !conn.is_cluster()).then(|| {
+                let shared = Arc::new(crate::subscription::SharedRead::new(
+                    conn.clone(),
+                    sub.stream.group.as_str().into(),
+                    sub.consumer.as_str().into(),
+                    sub.stream.block,
+                ));
+                readers.spawn(shared.clone().run(stop.clone()));
+                shared
+            });
             for part in sub.stream.partitioned() {
                 let started = self
-                    .start_partition(sub, &part, &conn, &slot, &deliveries, &stop, &abandon)
+                    .start_partition(
+                        sub,
+                        &part,
+                        &conn,
+                        &slot,
+                        &deliveries,
+                        &stop,
+                        &abandon,
+                        shared.clone(),
+                    )
                     .await?;
                 admin_subscriptions.push(started.admin);
                 ackers.spawn(started.acker);

@@ -567,3 +567,103 @@ async fn reads_cut_off_by_killed_connections_lose_nothing() {
     println!("{N} entries acked through {kills} kills ({events} ack events)");
     host.stop().await.unwrap();
 }
+
+/// The host's connections to the test Redis, and how many of them are blocked in a command
+/// (CLIENT LIST, without the test's own connection).
+async fn host_clients(conn: &mut redis::aio::MultiplexedConnection) -> (usize, usize) {
+    let list: String = cmd(conn, &["CLIENT", "LIST", "TYPE", "normal"]).await;
+    let me: i64 = cmd(conn, &["CLIENT", "ID"]).await;
+    let others: Vec<&str> = list
+        .lines()
+        .filter(|l| !l.starts_with(&format!("id={me} ")))
+        .collect();
+    let blocked = others
+        .iter()
+        .filter(|l| {
+            l.split(' ')
+                .any(|w| w.starts_with("flags=") && w.contains('b'))
+        })
+        .count();
+    (others.len(), blocked)
+}
+
+/// Partitions on one Redis node wait for new entries in one blocking read (issue 27: 1,024
+/// partitions once opened 1,030 connections). 48 partitions with a 60 s block: the host holds
+/// a few connections, one of them blocked; an entry added to an idle partition is handled at
+/// once, and so is the next one there (the shared read is cut and made again over the keys of
+/// whoever waits, not left to its block time); a retry comes back through its partition's
+/// lane; every entry is handled once, in the partition it was added to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_on_one_node_wait_in_one_blocking_read() {
+    const PARTITIONS: u32 = 48;
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(
+        &redis,
+        Sub::fixture("parts")
+            .set("partitions", PARTITIONS as i64)
+            .set("block", "60s")
+            .delayed("parts.delayed"),
+    )
+    .await;
+    let part = |p: u32| sluice_descriptor::partition_key("parts", "parts", p);
+    // Every partition handles entries, several rounds of them.
+    let mut added = std::collections::HashMap::new();
+    for round in 0..5 {
+        for p in 0..PARTITIONS {
+            let id = add(&mut conn, &part(p), &Control::Ack).await;
+            added.insert((part(p), id), round);
+        }
+    }
+    while !added.is_empty() {
+        let event = host
+            .event(T, "the entries of every partition", |e| {
+                added.contains_key(&(e.stream.to_string(), e.id.clone()))
+            })
+            .await;
+        assert_eq!(event.kind, EventKind::Acked, "{event:?}");
+        added.remove(&(event.stream.to_string(), event.id));
+    }
+    // Idle now: one blocked read for all 48, and a few connections in all.
+    let (clients, blocked) = wait_for(T, "one blocked read", || {
+        let mut conn = conn.clone();
+        async move {
+            let (clients, blocked) = host_clients(&mut conn).await;
+            (blocked == 1).then_some((clients, blocked))
+        }
+    })
+    .await;
+    assert!(
+        clients <= 4,
+        "{clients} connections ({blocked} blocked) for {PARTITIONS} partitions"
+    );
+    // Entries one after another in idle partitions, each handled long before the 60 s block
+    // would end the read that was waiting when it came.
+    for p in [3, 3, 17, 3, 47] {
+        let started = Instant::now();
+        let id = add(&mut conn, &part(p), &Control::Ack).await;
+        let event = host
+            .event(T, "an entry in an idle partition", |e| e.id == id)
+            .await;
+        assert_eq!(
+            (event.kind, &*event.stream),
+            (EventKind::Acked, part(p).as_str())
+        );
+        println!("partition {p}: handled in {:?}", started.elapsed());
+    }
+    // A retry parks and comes back through its own partition's lane.
+    let id = add(&mut conn, &part(9), &Control::Retry { ms: 300, times: 1 }).await;
+    let event = host
+        .event(T, "the retry's second attempt", |e| {
+            e.origin_id == id && e.kind == EventKind::Acked
+        })
+        .await;
+    assert_eq!(event.retry_count, 1, "{event:?}");
+    assert_eq!(&*event.stream, part(9), "{event:?}");
+    let (clients, _) = host_clients(&mut conn).await;
+    assert!(clients <= 4, "{clients} connections after the retry");
+    for p in 0..PARTITIONS {
+        assert_eq!(pending(&mut conn, &part(p), "g").await, 0, "partition {p}");
+    }
+    host.stop().await.expect("clean stop");
+}

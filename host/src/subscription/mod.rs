@@ -57,6 +57,7 @@
 
 mod pending_retry;
 pub mod read;
+pub mod shared_read;
 mod slots;
 
 use std::collections::{HashMap, HashSet};
@@ -79,6 +80,7 @@ use crate::keys::Secret;
 use crate::redis_conn::{ErrorClass, Reader, ReconnectBackoff, RedisHandle};
 use crate::settle::Ack;
 use read::ReadEntry;
+pub use shared_read::SharedRead;
 use slots::{Slots, Taken};
 
 /// What a subscription needs to know about where and how to read.
@@ -156,6 +158,9 @@ pub struct Subscription {
     last_read: Mutex<HashMap<Source, String>>,
     /// When to look for gone consumers next.
     next_rescue: Mutex<tokio::time::Instant>,
+    /// The blocking read this partition shares with the subscription's other partitions, if
+    /// it waits there rather than on a connection of its own.
+    shared: Option<Arc<SharedRead>>,
 }
 
 /// What a subscription shares with the rest of the host.
@@ -168,6 +173,8 @@ pub struct SubscriptionParts {
     pub secret: Option<Arc<Secret>>,
     /// Where the read loop reports how its reads go.
     pub health: Arc<ReadHealth>,
+    /// The blocking read shared by the subscription's partitions (none: one of its own).
+    pub shared: Option<Arc<SharedRead>>,
 }
 
 impl Subscription {
@@ -197,6 +204,7 @@ impl Subscription {
             health: parts.health,
             last_read: Mutex::new(HashMap::new()),
             next_rescue: Mutex::new(tokio::time::Instant::now()),
+            shared: parts.shared,
         })
     }
 
@@ -271,6 +279,10 @@ impl Subscription {
         if !self.create_group().await {
             return;
         }
+        if let Some(shared) = &self.shared {
+            // What a wait of the last run had read is pending by now, and re-read below.
+            shared.settled(plan).await;
+        }
         let mut reader: Option<Reader> = None;
         let mut own_pending = if restarted {
             self.after_last_read()
@@ -324,6 +336,7 @@ impl Subscription {
                 Some(conn) => conn,
                 // Only a successful read resets the backoff: a server that accepts connections
                 // but refuses every read must not be asked 20 times a second.
+                None if self.shared.is_some() => reader.insert(Reader::Shared(self.conn.clone())),
                 None => match self.conn.reader(plan.block).await {
                     Ok(conn) => reader.insert(conn),
                     Err(err) => {
@@ -592,10 +605,26 @@ impl Subscription {
         let left = taken.stream().min(room - entries.len());
         if left > 0 {
             let more = if entries.is_empty() {
-                // Nothing to do yet: wait on the stream and the lane both (a blocked read is
-                // answered with the entries of whichever gets some first).
-                let newest: Vec<(Source, &str)> = plan.sources().map(|s| (s, ">")).collect();
-                read::read_group(conn, plan, left, Some(plan.block), &newest).await?
+                match &self.shared {
+                    // Nothing to do yet: wait on the stream and the lane both (a blocked read
+                    // is answered with the entries of whichever gets some first).
+                    None => {
+                        let newest: Vec<(Source, &str)> =
+                            plan.sources().map(|s| (s, ">")).collect();
+                        read::read_group(conn, plan, left, Some(plan.block), &newest).await?
+                    }
+                    // With the other partitions, once the stream too is found empty.
+                    Some(shared) => {
+                        let found =
+                            read::read_group(conn, plan, left, None, &[(Source::Stream, ">")])
+                                .await?;
+                        if found.is_empty() {
+                            shared.wait(plan, left).await?
+                        } else {
+                            found
+                        }
+                    }
+                }
             } else {
                 read::read_group(conn, plan, left, None, &[(Source::Stream, ">")]).await?
             };

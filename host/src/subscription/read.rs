@@ -2,6 +2,7 @@
 //! [`Entry`]s (fields kept in stream order, as bytes).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
@@ -71,7 +72,7 @@ pub const MAX_READ_BYTES: usize = 64 << 20;
 
 /// `count`, or fewer when the latest read's largest entry says that many would pass
 /// [`MAX_READ_BYTES`]; at least one.
-fn budgeted(who: &ReadPlan, count: usize) -> usize {
+pub(super) fn budgeted(who: &ReadPlan, count: usize) -> usize {
     let largest = who.largest_entry.load(std::sync::atomic::Ordering::Relaxed);
     match MAX_READ_BYTES.checked_div(largest) {
         Some(fits) => count.min(fits.max(1)),
@@ -82,7 +83,7 @@ fn budgeted(who: &ReadPlan, count: usize) -> usize {
 /// Remember the largest entry of a read, for the next reads' budget: an empty read says
 /// nothing (it keeps what was known), and a read of smaller entries only halves it, so one
 /// idle read or one small entry does not open the next read to `count` big ones.
-fn note_sizes(who: &ReadPlan, entries: &[ReadEntry]) {
+pub(super) fn note_sizes(who: &ReadPlan, entries: &[ReadEntry]) {
     if entries.is_empty() {
         return;
     }
@@ -151,6 +152,62 @@ fn read_group_cmd(
         cmd.arg(*id);
     }
     cmd
+}
+
+/// XREADGROUP `>` over `keys` at once, blocking up to `block`: the one read that serves the
+/// waiting partitions of a subscription (see `shared_read.rs`). Each entry comes with the index
+/// in `keys` of the key it was read from and its source there; a reply naming a key that was
+/// not asked for is an error.
+pub async fn read_new_from(
+    conn: &mut Reader,
+    group: &str,
+    consumer: &str,
+    count: usize,
+    block: Duration,
+    keys: &[(Arc<str>, Source)],
+) -> RedisResult<Vec<(usize, ReadEntry)>> {
+    let mut cmd = redis::cmd("XREADGROUP");
+    cmd.arg("GROUP")
+        .arg(group)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(count.max(1))
+        .arg("BLOCK")
+        .arg(block.as_millis().clamp(1, u128::from(u64::MAX)) as u64)
+        .arg("STREAMS");
+    for (key, _) in keys {
+        cmd.arg(&**key);
+    }
+    for _ in keys {
+        cmd.arg(">");
+    }
+    let index: HashMap<&[u8], (usize, Source)> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, (key, source))| (key.as_bytes(), (i, *source)))
+        .collect();
+    if let Reader::Lean(lean) = conn {
+        let mut stray = false;
+        let entries = lean
+            .read_entries(&cmd, |stream, id, fields| {
+                let (i, source) = index.get(stream).copied().unwrap_or_else(|| {
+                    stray = true;
+                    (0, Source::Stream)
+                });
+                (i, ReadEntry { id, source, fields })
+            })
+            .await?;
+        if stray {
+            return Err(unexpected(
+                "XREADGROUP stream name",
+                &Value::SimpleString("a stream that was not asked for".to_owned()),
+            ));
+        }
+        Ok(entries)
+    } else {
+        let reply: Value = cmd.query_async(conn).await?;
+        parse_read_reply_by(reply, |name| index.get(name).copied())
+    }
 }
 
 /// XAUTOCLAIM: take up to `count` entries idle for at least `min_idle` from any consumer.
@@ -410,35 +467,53 @@ fn source_named(name: &[u8], lane: Option<&str>) -> Source {
 }
 
 fn parse_read_reply(reply: Value, lane: Option<&str>) -> RedisResult<Vec<ReadEntry>> {
-    let source = |name: &Value| match name {
-        Value::BulkString(name) => source_named(name, lane),
-        Value::SimpleString(name) => source_named(name.as_bytes(), lane),
-        _ => Source::Stream,
+    parse_read_reply_by(reply, |name| Some(((), source_named(name, lane))))
+        .map(|entries| entries.into_iter().map(|((), e)| e).collect())
+}
+
+/// An XREADGROUP reply's entries, each with what `tag` makes of the name of the stream it
+/// came from (`None`: a stream that was not asked for, a reply not to be trusted).
+fn parse_read_reply_by<T: Copy>(
+    reply: Value,
+    mut tag: impl FnMut(&[u8]) -> Option<(T, Source)>,
+) -> RedisResult<Vec<(T, ReadEntry)>> {
+    let mut tagged = |name: &Value| {
+        let bytes = match name {
+            Value::BulkString(name) => Some(name.as_slice()),
+            Value::SimpleString(name) => Some(name.as_bytes()),
+            _ => None,
+        };
+        bytes
+            .and_then(&mut tag)
+            .ok_or_else(|| unexpected("XREADGROUP stream name", name))
+    };
+    let mut out = Vec::new();
+    let mut add = |name: &Value, entries: Value| -> RedisResult<()> {
+        let (t, source) = tagged(name)?;
+        out.extend(parse_entries(entries, source)?.into_iter().map(|e| (t, e)));
+        Ok(())
     };
     match reply {
-        Value::Nil => Ok(Vec::new()),
+        Value::Nil => {}
         Value::Array(streams) => {
-            let mut out = Vec::new();
             for stream in streams {
                 let Value::Array(pair) = stream else {
                     return Err(unexpected("XREADGROUP stream", &stream));
                 };
                 let mut pair = pair.into_iter();
                 if let (Some(name), Some(entries)) = (pair.next(), pair.next()) {
-                    out.extend(parse_entries(entries, source(&name))?);
+                    add(&name, entries)?;
                 }
             }
-            Ok(out)
         }
         Value::Map(streams) => {
-            let mut out = Vec::new();
             for (name, entries) in streams {
-                out.extend(parse_entries(entries, source(&name))?);
+                add(&name, entries)?;
             }
-            Ok(out)
         }
-        other => Err(unexpected("XREADGROUP", &other)),
+        other => return Err(unexpected("XREADGROUP", &other)),
     }
+    Ok(out)
 }
 
 /// A list of `[id, [field, value, ...] | nil]` read from `source`.
@@ -490,6 +565,31 @@ mod tests {
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    /// The shared read's reply: each entry tagged with the key it came from; a reply that
+    /// names a key nobody asked for is refused, not handed to some partition.
+    #[test]
+    fn tags_entries_by_key_and_refuses_strange_keys() {
+        let reply = |name: &str| {
+            Value::Array(vec![Value::Array(vec![
+                bulk(name),
+                Value::Array(vec![Value::Array(vec![
+                    bulk("1-0"),
+                    Value::Array(vec![bulk("a"), bulk("1")]),
+                ])]),
+            ])])
+        };
+        let keys = |name: &[u8]| match name {
+            b"p:{p:0}" => Some((0usize, Source::Stream)),
+            b"p.lane:{p:1}" => Some((3usize, Source::Lane)),
+            _ => None,
+        };
+        let tagged = parse_read_reply_by(reply("p.lane:{p:1}"), keys).unwrap();
+        assert_eq!(tagged.len(), 1);
+        assert_eq!((tagged[0].0, tagged[0].1.source), (3, Source::Lane));
+        let err = parse_read_reply_by(reply("elsewhere"), keys).unwrap_err();
+        assert!(err.to_string().contains("stream name"), "{err}");
     }
 
     #[test]
