@@ -13,7 +13,9 @@
 //! 4. with a delayed-retry set, ask for a sweep pass (see [`crate::delayed`]), without waiting
 //!    for it: due retries are appended to the group's retry lane (or the stream's tail) and
 //!    read, by this read if it blocks, else by the next;
-//! 5. read new entries (XREADGROUP `>` with COUNT and BLOCK) on a connection of its own.
+//! 5. read new entries (XREADGROUP `>` with COUNT and BLOCK) on a connection of its own; a
+//!    partition on one Redis node reads on the shared connection instead, and waits with the
+//!    subscription's other partitions in one blocking read (`shared_read.rs`).
 //!
 //! With a retry lane (every subscription with a delayed set, unless `retry_lane = false`; see
 //! [`crate::delayed`]) every step covers the lane as well as the stream, the lane first. Step 5 reads the lane on its own first and gives the
