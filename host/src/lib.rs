@@ -6,8 +6,8 @@
 //!
 //! 1. [`subscription`] (`subscription/`) reads: it creates the group, re-reads this consumer's
 //!    own pending entries after a restart, takes over those of a consumer that is gone, claims
-//!    idle entries on a claiming subscription, and reads new entries with XREADGROUP (the partitions of a subscription on one node
-//!    wait in one blocking read).
+//!    idle entries on a claiming subscription, and reads new entries with XREADGROUP (the
+//!    partitions of a subscription on one node wait in one blocking read).
 //! 2. [`delivery`] (`delivery.rs`) is what one read entry becomes: its id, fields as bytes, and
 //!    the bookkeeping a delayed retry carries (checked against the stream's secret).
 //! 3. [`dispatch`] (`dispatch.rs`) takes the delivery, runs the subscription's current
