@@ -129,10 +129,12 @@ impl Browser {
             if self.eval(js).await == json!(true) {
                 return;
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for {what}"
-            );
+            if tokio::time::Instant::now() >= deadline {
+                let at = self
+                    .eval("location.href + '\\n' + document.body.outerHTML.slice(0, 2000)")
+                    .await;
+                panic!("timed out waiting for {what}; the page is at {at}");
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -313,5 +315,33 @@ async fn an_operator_logs_in_and_requeues_a_dead_letter_in_a_browser() {
     let shot = browser.screenshot("after-requeue").await;
     eprintln!("screenshots in {}", shot.parent().unwrap().display());
     assert_eq!(dead_lettered(&mut conn, "payments").await.len(), 1);
+
+    // The session's key is in this origin's storage; the cookie alone (what any server on
+    // this host name gets from the browser) fetches the empty loader page.
+    assert_eq!(
+        browser
+            .eval("(localStorage.getItem('sluice-key') || '').length")
+            .await,
+        json!(64)
+    );
+    assert_eq!(
+        browser
+            .eval(
+                "fetch('/ui/s/payments/g/dead-letters').then(r => r.text())\
+                 .then(t => t.includes('data-loader') && !t.includes('gateway'))"
+            )
+            .await,
+        json!(true)
+    );
+    // Logging out ends the session and forgets the key.
+    browser
+        .eval("document.querySelector('form[action=\"/ui/logout\"] button').click(); true")
+        .await;
+    browser
+        .wait_until(
+            "location.pathname === '/ui/login' && localStorage.getItem('sluice-key') === null",
+            "the login form after logging out",
+        )
+        .await;
     host.stop().await.unwrap();
 }

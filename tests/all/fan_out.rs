@@ -279,8 +279,8 @@ async fn tail_retries_are_refused_while_another_group_reads_the_stream() {
     assert_eq!(plain.len(), 2, "the entry and its retry copy: {plain:?}");
     // The page says it too.
     let admin = host.admin().await;
-    let cookie = log_in(admin).await;
-    let (code, _, page) = http_exchange(admin, "GET", "/ui/", &[("Cookie", &cookie)], b"").await;
+    let session = log_in(admin).await;
+    let (code, _, page) = http_exchange(admin, "GET", "/ui/", &session.headers(), b"").await;
     assert_eq!(code, 200, "{page}");
     assert!(
         page.contains("Warning: retry_lane = false with other_groups_see_retries"),

@@ -191,8 +191,8 @@ async fn a_lane_entry_pending_at_a_crash_is_settled_once_after_the_restart() {
     // The lane's pending copy counts as the subscription's pending work, in the metrics and
     // on the admin page.
     let admin = host.admin_addr().await;
-    let cookie = log_in(admin).await;
-    let (code, _, page) = http_exchange(admin, "GET", "/ui/", &[("Cookie", &cookie)], b"").await;
+    let session = log_in(admin).await;
+    let (code, _, page) = http_exchange(admin, "GET", "/ui/", &session.headers(), b"").await;
     assert_eq!(code, 200, "{page}");
     assert!(
         page.contains("1 of them in the retry lane crashlane.delayed.lane"),

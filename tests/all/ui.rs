@@ -10,23 +10,24 @@ use crate::common::*;
 
 const T: Duration = Duration::from_secs(60);
 
-/// POST an action form to the `web` subscription: (status, response head).
+/// POST an action form to the `web` subscription with `credentials` (the page's headers):
+/// (status, response head).
 async fn post_form(
     admin: SocketAddr,
-    cookie: Option<&str>,
+    credentials: &[(&str, &str)],
     origin: Option<&str>,
     body: &str,
 ) -> (u16, String) {
     let mut headers = vec![("Content-Type", "application/x-www-form-urlencoded")];
-    headers.extend(cookie.map(|c| ("Cookie", c)));
+    headers.extend_from_slice(credentials);
     headers.extend(origin.map(|o| ("Origin", o)));
     let (code, head, _) =
         http_exchange(admin, "POST", "/ui/s/web/g/act", &headers, body.as_bytes()).await;
     (code, head)
 }
 
-async fn page(admin: SocketAddr, path: &str, cookie: &str) -> (u16, String) {
-    http_request_bare(admin, "GET", path, &[("Cookie", cookie)], b"").await
+async fn page(admin: SocketAddr, path: &str, session: &PageSession) -> (u16, String) {
+    http_request_bare(admin, "GET", path, &session.headers(), b"").await
 }
 
 /// The CSRF token in a page's forms.
@@ -68,14 +69,14 @@ async fn the_page_needs_a_login_escapes_entries_and_refuses_forged_forms() {
     )
     .await;
     assert_eq!(code, 401);
-    let cookie = log_in(admin).await;
+    let session = log_in(admin).await;
 
-    let (code, overview) = page(admin, "/ui/", &cookie).await;
+    let (code, overview) = page(admin, "/ui/", &session).await;
     assert_eq!(code, 200, "{overview}");
     assert!(overview.contains("Stream <code>web</code>"), "{overview}");
     assert!(overview.contains("/ui/s/web/g/dead-letters"), "{overview}");
 
-    let (code, letters) = page(admin, "/ui/s/web/g/dead-letters", &cookie).await;
+    let (code, letters) = page(admin, "/ui/s/web/g/dead-letters", &session).await;
     assert_eq!(code, 200);
     assert!(
         !letters.contains(evil),
@@ -92,21 +93,21 @@ async fn the_page_needs_a_login_escapes_entries_and_refuses_forged_forms() {
 
     // A forged form (no or wrong CSRF token), or one posted from another site, does nothing.
     let forged = "0".repeat(64);
-    let (code, _) = post_form(admin, Some(&cookie), None, &form(&forged)).await;
+    let (code, _) = post_form(admin, &session.headers(), None, &form(&forged)).await;
     assert_eq!(code, 403);
     let cross = Some("http://evil.example");
-    let (code, _) = post_form(admin, Some(&cookie), cross, &form(&token)).await;
+    let (code, _) = post_form(admin, &session.headers(), cross, &form(&token)).await;
     assert_eq!(code, 403);
     // Another server on this host name (another port) is another site.
     let other_port = format!("http://127.0.0.1:{}", admin.port().wrapping_add(1).max(1));
-    let (code, _) = post_form(admin, Some(&cookie), Some(&other_port), &form(&token)).await;
+    let (code, _) = post_form(admin, &session.headers(), Some(&other_port), &form(&token)).await;
     assert_eq!(code, 403, "an origin on another port");
-    let (code, _) = post_form(admin, None, None, &form(&token)).await;
+    let (code, _) = post_form(admin, &[], None, &form(&token)).await;
     assert_eq!(code, 303, "no session: back to the login form");
     assert_eq!(dead_lettered(&mut conn, "web").await.len(), 1);
 
     // The real form requeues it; the handler runs it and acks.
-    let (code, head) = post_form(admin, Some(&cookie), None, &form(&token)).await;
+    let (code, head) = post_form(admin, &session.headers(), None, &form(&token)).await;
     assert_eq!(code, 303, "{head}");
     let location = header(&head, "location").unwrap().to_owned();
     assert_eq!(
@@ -117,14 +118,109 @@ async fn the_page_needs_a_login_escapes_entries_and_refuses_forged_forms() {
         e.kind == EventKind::Acked && e.origin_id == fixed
     })
     .await;
-    let (_, after) = page(admin, &location, &cookie).await;
+    let (_, after) = page(admin, &location, &session).await;
     assert!(after.contains("requeued"), "{after}");
     // Shown once; and no link can put text in the banner.
-    let (_, again) = page(admin, &location, &cookie).await;
+    let (_, again) = page(admin, &location, &session).await;
     assert!(!again.contains("class=\"flash\""), "{again}");
     let forged_banner = format!("{location}?done=Send%20your%20token%20to%20evil.example");
-    let (_, forged) = page(admin, &forged_banner, &cookie).await;
+    let (_, forged) = page(admin, &forged_banner, &session).await;
     assert!(!forged.contains("evil.example"), "{forged}");
+    assert!(dead_lettered(&mut conn, "web").await.is_empty());
+    host.stop().await.unwrap();
+}
+
+/// Browsers send a host name's cookies to every port of it, so another web server on the
+/// operator's machine gets the session cookie (issue 27). With the cookie alone it gets a page
+/// with no data and can do nothing; a wrong key is refused (and throttled like a wrong token);
+/// the key without the cookie is nothing either. No page may be framed or cached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_cookie_alone_shows_nothing_and_does_nothing() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(&redis, Sub::fixture("web").delayed("web.delayed")).await;
+    let admin = host.admin().await;
+    let kept = add(
+        &mut conn,
+        "web",
+        &Control::Dead {
+            reason: "card declined".into(),
+        },
+    )
+    .await;
+    wait_dead_letters(&conn, "web", 1).await;
+    let session = log_in(admin).await;
+    let (code, head, letters) = http_exchange(
+        admin,
+        "GET",
+        "/ui/s/web/g/dead-letters",
+        &session.headers(),
+        b"",
+    )
+    .await;
+    assert_eq!(code, 200, "{head}");
+    assert!(letters.contains(&kept) && letters.contains("card declined"));
+    let token = csrf(&letters);
+    for (name, value) in [("x-frame-options", "DENY"), ("cache-control", "no-store")] {
+        assert_eq!(header(&head, name), Some(value), "{head}");
+    }
+    let policy = header(&head, "content-security-policy").unwrap_or_default();
+    assert!(
+        policy.contains("frame-ancestors 'none'") && policy.contains("script-src 'self'"),
+        "{head}"
+    );
+
+    // What the other server has: the cookie. Every page is the loader, without any data.
+    let cookie_only = [("Cookie", session.cookie.as_str())];
+    for path in ["/ui/", "/ui/s/web/g/dead-letters", "/ui/s/web/g/parked"] {
+        let (code, body) = http_request_bare(admin, "GET", path, &cookie_only, b"").await;
+        assert_eq!(code, 200, "{path}: {body}");
+        assert!(body.contains("data-loader"), "{path}: {body}");
+        assert!(
+            !body.contains(&kept)
+                && !body.contains("card declined")
+                && !body.contains("name=\"csrf\"")
+                && !body.contains("Stream"),
+            "{path} shows data to the cookie alone: {body}"
+        );
+    }
+    // Nor can it act, even with a CSRF token it somehow had.
+    let id = dead_lettered(&mut conn, "web").await[0].0.clone();
+    let form = format!("csrf={token}&action=delete-dead&id={id}");
+    let (code, _) = post_form(admin, &cookie_only, None, &form).await;
+    assert_eq!(code, 403, "an action with the cookie alone");
+    // A guessed key is refused, after the throttle's wait, and tells the page to log in.
+    let wrong = [
+        ("Cookie", session.cookie.as_str()),
+        (
+            "x-sluice-key",
+            "0000000000000000000000000000000000000000000000000000000000000000",
+        ),
+    ];
+    let (code, head, body) = http_exchange(admin, "GET", "/ui/", &wrong, b"").await;
+    assert_eq!(code, 401, "{head}");
+    assert_eq!(header(&head, "x-sluice-login"), Some("1"));
+    assert!(!body.contains("Stream"), "{body}");
+    let (code, _) = post_form(admin, &wrong, None, &form).await;
+    assert_eq!(code, 401);
+    // The key alone (no cookie) is not a session.
+    let (code, head, _) = http_exchange(
+        admin,
+        "GET",
+        "/ui/",
+        &[("x-sluice-key", session.key.as_str())],
+        b"",
+    )
+    .await;
+    assert_eq!((code, header(&head, "location")), (303, Some("/ui/login")));
+    assert_eq!(
+        dead_lettered(&mut conn, "web").await.len(),
+        1,
+        "nothing done"
+    );
+    // The real page still works, and acts.
+    let (code, _) = post_form(admin, &session.headers(), None, &form).await;
+    assert_eq!(code, 303);
     assert!(dead_lettered(&mut conn, "web").await.is_empty());
     host.stop().await.unwrap();
 }
@@ -146,8 +242,8 @@ async fn read_only_hides_and_refuses_every_action() {
     )
     .await;
     wait_dead_letters(&conn, "ro", 1).await;
-    let cookie = log_in(admin).await;
-    let (code, letters) = page(admin, "/ui/s/ro/g/dead-letters", &cookie).await;
+    let session = log_in(admin).await;
+    let (code, letters) = page(admin, "/ui/s/ro/g/dead-letters", &session).await;
     assert_eq!(code, 200);
     assert!(letters.contains("kept"));
     assert!(
@@ -163,7 +259,8 @@ async fn read_only_hides_and_refuses_every_action() {
         "/ui/s/ro/g/act",
         &[
             ("Content-Type", "application/x-www-form-urlencoded"),
-            ("Cookie", &cookie),
+            ("Cookie", &session.cookie),
+            ("x-sluice-key", &session.key),
         ],
         format!("csrf={token}&action=delete-dead&id={id}").as_bytes(),
     )
@@ -219,7 +316,7 @@ async fn without_a_token_the_page_shows_but_does_not_act() {
     );
     let id = dead_lettered(&mut conn, "web").await[0].0.clone();
     let body = format!("csrf={}&action=delete-dead&id={id}", "0".repeat(64));
-    let (code, _) = post_form(admin, Some(&cookie), None, &body).await;
+    let (code, _) = post_form(admin, &[("Cookie", &cookie)], None, &body).await;
     assert_eq!(code, 403);
     assert_eq!(dead_lettered(&mut conn, "web").await.len(), 1);
     host.stop().await.unwrap();
@@ -248,15 +345,19 @@ async fn binary_values_show_as_hex_and_other_host_names_are_refused() {
         .await
         .unwrap();
     wait_dead_letters(&conn, "bin", 1).await;
-    let cookie = log_in(admin).await;
-    let (code, letters) = page(admin, "/ui/s/bin/g/dead-letters", &cookie).await;
+    let session = log_in(admin).await;
+    let (code, letters) = page(admin, "/ui/s/bin/g/dead-letters", &session).await;
     assert_eq!(code, 200);
     assert!(letters.contains("0xff003c73"), "{letters}");
     let (code, _) = http_request_bare(
         admin,
         "GET",
         "/ui/",
-        &[("Host", "evil.example"), ("Cookie", &cookie)],
+        &[
+            ("Host", "evil.example"),
+            ("Cookie", &session.cookie),
+            ("x-sluice-key", &session.key),
+        ],
         b"",
     )
     .await;

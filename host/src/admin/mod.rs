@@ -191,7 +191,7 @@ pub async fn serve(
         ));
     let page = ui::routes().layer(axum::middleware::from_fn_with_state(
         state.clone(),
-        ui::guard_ui,
+        ui::guard_ui_hardened,
     ));
     tokio::spawn(sample_outcomes(state.clone(), stop.clone()));
     let app = Router::new()

@@ -817,9 +817,24 @@ pub fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
     })
 }
 
-/// Log in with the test token; returns the `Cookie` header value.
-pub async fn log_in(admin: std::net::SocketAddr) -> String {
-    let (code, head, _) = http_exchange(
+/// A logged-in page session: the cookie and the key the page's script sends with it.
+pub struct PageSession {
+    /// The `Cookie` header's value.
+    pub cookie: String,
+    /// The `x-sluice-key` header's value.
+    pub key: String,
+}
+
+impl PageSession {
+    /// The headers the page's own requests carry.
+    pub fn headers(&self) -> Vec<(&str, &str)> {
+        vec![("Cookie", &self.cookie), ("x-sluice-key", &self.key)]
+    }
+}
+
+/// Log in with the test token, as the login form does.
+pub async fn log_in(admin: std::net::SocketAddr) -> PageSession {
+    let (code, head, body) = http_exchange(
         admin,
         "POST",
         "/ui/login",
@@ -827,17 +842,24 @@ pub async fn log_in(admin: std::net::SocketAddr) -> String {
         format!("token={TEST_TOKEN}").as_bytes(),
     )
     .await;
-    assert_eq!(code, 303, "{head}");
+    assert_eq!(code, 200, "{head}");
     let cookie = header(&head, "set-cookie").expect("a session cookie");
     assert!(
         cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
         "{cookie}"
     );
     assert!(
-        !cookie.contains(TEST_TOKEN),
-        "the token is never the cookie"
+        !cookie.contains(TEST_TOKEN) && !body.contains(TEST_TOKEN),
+        "the token is never the cookie or the key"
     );
-    cookie.split(';').next().unwrap().to_owned()
+    let at = body.find("data-key=\"").expect("the session's key") + 10;
+    let key = body[at..].split('"').next().unwrap().to_owned();
+    assert_eq!(key.len(), 64, "{body}");
+    assert!(!cookie.contains(&key), "the key is not in the cookie");
+    PageSession {
+        cookie: cookie.split(';').next().unwrap().to_owned(),
+        key,
+    }
 }
 
 /// One HTTP/1.1 exchange as it went over the wire: (status, response head, body).

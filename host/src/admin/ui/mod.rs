@@ -11,6 +11,16 @@
 //!   an HttpOnly, SameSite=Strict cookie naming a random session (the token itself is never in
 //!   the cookie). Without a token, a visitor gets a session at once; actions are allowed only
 //!   with `admin_open_on_loopback`, as for the API.
+//! - A logged-in session is the cookie **and** a key: browsers send a host name's cookies to
+//!   every port of it, so another web server on the operator's machine gets the cookie. The
+//!   key is handed to the page once, at login, kept in the browser's storage for this origin
+//!   (scheme, host and port: no other server can read it), and sent by the page's script as
+//!   the `x-sluice-key` header on every request. A navigation (which cannot carry a header)
+//!   gets a page with no data whose script fetches the real one with the key; a request with
+//!   the cookie but a wrong key is refused and throttled like a wrong token, one without a key
+//!   gets no data and no action.
+//! - No page may be framed (`frame-ancestors 'none'`), cached (`no-store`), or run a script
+//!   but the page's own (`script-src 'self'`).
 //! - `admin_read_only` hides every action and refuses it.
 //! - Every action is a POST carrying the session's CSRF token, and the admin server's
 //!   cross-site and DNS-rebinding checks apply to it as to the API.
@@ -36,6 +46,8 @@ const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 const MAX_SESSIONS: usize = 1024;
 /// The session cookie's name.
 const COOKIE: &str = "sluice_session";
+/// The header the page's script sends the session's key in.
+const KEY_HEADER: &str = "x-sluice-key";
 /// Rows per page.
 const PAGE: usize = 50;
 
@@ -47,6 +59,8 @@ pub(super) struct Sessions {
 
 #[derive(Clone)]
 struct Session {
+    /// What the page sends besides the cookie (see the module doc).
+    key: String,
     csrf: String,
     created: Instant,
     can_act: bool,
@@ -84,6 +98,7 @@ impl Sessions {
         let id = random_hex();
         let now = Instant::now();
         let session = Session {
+            key: random_hex(),
             csrf: random_hex(),
             created: now,
             can_act,
@@ -177,7 +192,7 @@ pub(super) fn routes() -> Router<AdminState> {
 }
 
 /// Every `/ui` request: find or make the viewer's session; send strangers to the login form.
-pub(super) async fn guard_ui(
+async fn guard_ui(
     State(state): State<AdminState>,
     mut request: axum::extract::Request,
     next: axum::middleware::Next,
@@ -200,7 +215,15 @@ pub(super) async fn guard_ui(
     let existing =
         session_cookie(request.headers()).and_then(|id| state.sessions.get(&id).map(|s| (id, s)));
     let (id, session, new_cookie, logged_in) = match existing {
-        Some((id, session)) => (id, session, false, state.token.is_some()),
+        Some((id, session)) if state.token.is_some() => {
+            let given = request.headers().get(KEY_HEADER).cloned();
+            let navigation = request.method() == axum::http::Method::GET;
+            if let Err(refusal) = keyed(&state, given, navigation, &session).await {
+                return *refusal;
+            }
+            (id, session, false, true)
+        }
+        Some((id, session)) => (id, session, false, false),
         None if state.token.is_some() => return Redirect::to("/ui/login").into_response(),
         None => {
             let (id, session) = state
@@ -218,6 +241,72 @@ pub(super) async fn guard_ui(
     let mut response = next.run(request).await;
     if new_cookie && let Ok(value) = set_cookie(&id).parse() {
         response.headers_mut().append(header::SET_COOKIE, value);
+    }
+    response
+}
+
+/// A logged-in session's request carries its key; a navigation, which cannot, gets the page
+/// that fetches it with the key; anything else is refused.
+async fn keyed(
+    state: &AdminState,
+    given: Option<header::HeaderValue>,
+    navigation: bool,
+    session: &Session,
+) -> Result<(), Box<Response>> {
+    match given {
+        Some(given) if guard::same_secret(given.to_str().unwrap_or(""), &session.key) => Ok(()),
+        Some(_) => {
+            state.throttle.refused("admin page session key").await;
+            Err(Box::new(
+                (
+                    StatusCode::UNAUTHORIZED,
+                    [("x-sluice-login", "1")],
+                    Html(
+                        pages::message("This page's session key is wrong: log in again.")
+                            .into_string(),
+                    ),
+                )
+                    .into_response(),
+            ))
+        }
+        None if navigation => Err(Box::new(
+            Html(pages::loader().into_string()).into_response(),
+        )),
+        None => Err(Box::new(forbidden(
+            "this request carries the session cookie but not the page's key: only the page itself may act; reload it",
+        ))),
+    }
+}
+
+/// What every `/ui` response says to the browser: never framed, never cached, no script but
+/// the page's own, no referrer to other sites (`no-referrer` would make the browser send
+/// `Origin: null` with the page's own forms, which the cross-site check refuses).
+fn harden(response: &mut Response) {
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (
+            header::CONTENT_SECURITY_POLICY,
+            "frame-ancestors 'none'; script-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'",
+        ),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::CACHE_CONTROL, "no-store"),
+        (header::REFERRER_POLICY, "same-origin"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+    ] {
+        headers.insert(name, header::HeaderValue::from_static(value));
+    }
+}
+
+/// [`guard_ui`] with [`harden`] on every answer.
+pub(super) async fn guard_ui_hardened(
+    state: State<AdminState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let under_ui = request.uri().path().starts_with("/ui");
+    let mut response = guard_ui(state, request, next).await;
+    if under_ui {
+        harden(&mut response);
     }
     response
 }
@@ -263,9 +352,10 @@ async fn log_in(
         )
             .into_response();
     }
-    let (id, _) = state.sessions.create(!state.read_only);
+    let (id, session) = state.sessions.create(!state.read_only);
     tracing::info!("admin page login");
-    let mut response = Redirect::to("/ui/").into_response();
+    // The key goes to this page once; its script keeps it in this origin's storage.
+    let mut response = Html(pages::welcome(&session.key).into_string()).into_response();
     if let Ok(value) = set_cookie(&id).parse() {
         response.headers_mut().append(header::SET_COOKIE, value);
     }

@@ -25,7 +25,8 @@ fn layout(title: &str, viewer: Option<&Viewer>, body: Markup) -> Markup {
                 title { (title) " · Sluice" }
                 link rel="stylesheet" href="/ui/style.css";
             }
-            body {
+            // A logged-in viewer's page: its script fetches links and forms with the key.
+            body data-keyed[viewer.is_some_and(|v| v.logged_in)] {
                 header {
                     a.brand href="/ui/" { "Sluice" }
                     a href="/ui/" { "Overview" }
@@ -46,13 +47,49 @@ fn layout(title: &str, viewer: Option<&Viewer>, body: Markup) -> Markup {
     }
 }
 
+/// A page with no data and only the script: what the script's fetch with the session's key
+/// replaces (the page a navigation gets), or, with `key`, where the key is handed over at
+/// login.
+fn bare(key: Option<&str>) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { "Sluice" }
+                link rel="stylesheet" href="/ui/style.css";
+            }
+            body data-loader data-key=[key] {
+                main {
+                    p.muted { "Loading…" }
+                    noscript {
+                        p { "The admin page needs JavaScript: it keeps its session key where only this page can read it." }
+                    }
+                }
+                script src="/ui/script.js" {}
+            }
+        }
+    }
+}
+
+/// What a navigation of a logged-in viewer gets (see [`bare`]).
+pub(super) fn loader() -> Markup {
+    bare(None)
+}
+
+/// The answer to a good login: the session's key, for the script to keep.
+pub(super) fn welcome(key: &str) -> Markup {
+    bare(Some(key))
+}
+
 /// The login form, with an error after a wrong token.
 pub(super) fn login(error: Option<&str>) -> Markup {
     layout(
         "Log in",
         None,
         html! {
-            div.card.login {
+            div.card.login data-login {
                 h1 { "Sluice admin" }
                 p.muted { "Paste the admin token (the contents of admin_token_file)." }
                 @if let Some(error) = error { p.bad { (error) } }

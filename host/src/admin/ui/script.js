@@ -1,5 +1,53 @@
-// Countdowns to due times: the server's clock at render time, advanced by this page's clock.
+// The admin page's one script.
+//
+// A logged-in session is the cookie and a key (see the server's `admin/ui/mod.rs`): the key
+// lives in this origin's localStorage, which no server on another port can read, and goes with
+// every request as `x-sluice-key`. Pages of a logged-in viewer (`body[data-keyed]`) are
+// therefore fetched, not navigated to: links and forms are fetched with the key and the new
+// page's body replaces this one. A navigation gets a page with no data (`data-loader`) that
+// fetches the real one; the login answer (`data-key`) hands the key over once.
 (function () {
+  var KEY = 'sluice-key';
+
+  function storedKey() {
+    try { return window.localStorage.getItem(KEY); } catch (e) { return null; }
+  }
+  function forget() {
+    try { window.localStorage.removeItem(KEY); } catch (e) { /* nothing kept */ }
+  }
+  function keyed() { return document.body.hasAttribute('data-keyed'); }
+
+  // Put the page `text` (fetched from `url`) in place of this one.
+  function show(text, url, history_how) {
+    var doc = new DOMParser().parseFromString(text, 'text/html');
+    document.title = doc.title;
+    document.body.replaceWith(document.adoptNode(doc.body));
+    if (history_how === 'push') { window.history.pushState(null, '', url); }
+    if (history_how === 'replace') { window.history.replaceState(null, '', url); }
+    window.scrollTo(0, 0);
+    start();
+  }
+
+  function load(url, init, history_how) {
+    var key = storedKey();
+    if (!key) { window.location.replace('/ui/login'); return; }
+    init = init || {};
+    init.headers = { 'x-sluice-key': key };
+    init.credentials = 'same-origin';
+    window.fetch(url, init).then(function (response) {
+      if (response.headers.get('x-sluice-login')) {
+        forget();
+        window.location.replace('/ui/login');
+        return null;
+      }
+      return response.text().then(function (text) { show(text, response.url, history_how); });
+    }).catch(function (err) {
+      var main = document.querySelector('main');
+      if (main) { main.textContent = 'The admin server did not answer: ' + err; }
+    });
+  }
+
+  // Countdowns to due times: the server's clock at render time, advanced by this page's clock.
   var loaded = Date.now();
   function tick() {
     document.querySelectorAll('[data-due]').forEach(function (el) {
@@ -9,12 +57,52 @@
       el.textContent = 'in ' + (h ? h + 'h ' : '') + (h || m ? m + 'm ' : '') + (s % 60) + 's';
     });
   }
-  tick();
-  setInterval(tick, 1000);
-  // Ask before the actions that cannot be undone.
-  document.querySelectorAll('form[data-confirm]').forEach(function (form) {
-    form.addEventListener('submit', function (e) {
-      if (!window.confirm(form.dataset.confirm)) { e.preventDefault(); }
-    });
+
+  // What the page in place asks for.
+  function start() {
+    loaded = Date.now();
+    tick();
+    var body = document.body;
+    if (body.querySelector('[data-login]')) { forget(); return; }
+    if (body.hasAttribute('data-key')) {
+      try { window.localStorage.setItem(KEY, body.getAttribute('data-key')); } catch (e) { /* shown below */ }
+      body.removeAttribute('data-key');
+      load('/ui/', {}, 'replace');
+      return;
+    }
+    if (body.hasAttribute('data-loader')) { load(window.location.href, {}, 'replace'); }
+  }
+
+  document.addEventListener('click', function (e) {
+    if (!keyed() || e.defaultPrevented || e.button !== 0 || e.ctrlKey || e.metaKey || e.shiftKey || e.altKey) { return; }
+    var a = e.target.closest('a[href]');
+    if (!a || a.origin !== window.location.origin || a.pathname.indexOf('/ui') !== 0) { return; }
+    e.preventDefault();
+    load(a.href, {}, 'push');
   });
+
+  document.addEventListener('submit', function (e) {
+    var form = e.target;
+    // Ask before the actions that cannot be undone.
+    if (form.dataset.confirm && !window.confirm(form.dataset.confirm)) { e.preventDefault(); return; }
+    if (!keyed()) { return; }
+    e.preventDefault();
+    var data = new URLSearchParams(new FormData(form));
+    // Attributes, not properties: a field named "action" hides `form.action`.
+    var target = new URL(form.getAttribute('action') || '', window.location.href);
+    if ((form.getAttribute('method') || 'get').toLowerCase() === 'post') {
+      load(target.href, { method: 'POST', body: data }, 'push');
+    } else {
+      var url = target;
+      url.search = data.toString();
+      load(url.href, {}, 'push');
+    }
+  });
+
+  window.addEventListener('popstate', function () {
+    if (keyed()) { load(window.location.href, {}, 'none'); }
+  });
+
+  setInterval(tick, 1000);
+  start();
 })();
