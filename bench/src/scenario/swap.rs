@@ -15,7 +15,7 @@ impl Bench {
         let payload = sluice_fixture_control::Control::Ack.to_string();
         self.fill(stream, n, |_| payload.clone()).await?;
         let toml = format!(
-            "admin = \"127.0.0.1:0\"\nwatch_interval = \"off\"\n[[subscription]]\ncomponent = {:?}\nstream = {stream:?}\ngroup = \"g\"\ncount = 128\nmax_in_flight = 128\nblock = \"100ms\"\ndelayed_retry = \"none\"\n",
+            "admin = \"127.0.0.1:0\"\nadmin_open_on_loopback = true\nwatch_interval = \"off\"\n[[subscription]]\ncomponent = {:?}\nstream = {stream:?}\ngroup = \"g\"\ncount = 128\nmax_in_flight = 128\nblock = \"100ms\"\ndelayed_retry = \"none\"\n",
             self.fixture.display().to_string()
         );
         let service = self.service(&toml).await?;
