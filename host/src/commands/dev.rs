@@ -25,27 +25,11 @@ pub async fn dev(dir: &Path, redis: Option<&str>) -> Result<()> {
             config.display()
         );
     }
-    let (tx, mut changes) = tokio::sync::mpsc::unbounded_channel::<PathBuf>();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        // Reads (a build opening the sources) are not changes.
-        if let Some(event) = event.ok().filter(|e| !e.kind.is_access()) {
-            for path in event.paths {
-                let _ = tx.send(path);
-            }
-        }
-    })
-    .context("cannot watch the project's files")?;
-    // Each directory on its own: a recursive watch would follow links and walk into
-    // environments and data. A directory made later is not watched until the next start.
-    for path in project.sources() {
-        watcher
-            .watch(&path, notify::RecursiveMode::NonRecursive)
-            .with_context(|| format!("cannot watch {}", path.display()))?;
-    }
+    let (mut watched, mut changes) = watch(&project)?;
     // The host needs a component to start: build until one builds.
     while let Err(err) = rebuild(&project).await {
         eprintln!("{err:#}\nwaiting for a change to build again");
-        next_change(&project, &mut changes).await;
+        next_change(&project, &mut watched, &mut changes).await;
     }
     // The host takes new builds through its component-file watcher.
     let loaded = crate::config::Config::load(std::slice::from_ref(&config))
@@ -68,7 +52,7 @@ pub async fn dev(dir: &Path, redis: Option<&str>) -> Result<()> {
     );
     loop {
         tokio::select! {
-            () = next_change(&project, &mut changes) => {
+            () = next_change(&project, &mut watched, &mut changes) => {
                 match rebuild(&project).await {
                     Ok(()) => eprintln!("the host swaps the new build in"),
                     Err(err) => eprintln!("{err:#}\nthe last good handler keeps serving"),
@@ -79,9 +63,81 @@ pub async fn dev(dir: &Path, redis: Option<&str>) -> Result<()> {
     }
 }
 
-/// Wait for a change to a source, then for the burst of writes to settle.
+/// Watch `project`'s sources: each directory on its own (a recursive watch would follow
+/// links and walk into environments and data); a directory made later is watched once it
+/// appears, if it may hold sources (see [`Project::may_hold_sources`]).
+fn watch(project: &Project) -> Result<(Watched, tokio::sync::mpsc::UnboundedReceiver<PathBuf>)> {
+    let (tx, changes) = tokio::sync::mpsc::unbounded_channel::<PathBuf>();
+    let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        // Reads (a build opening the sources) are not changes.
+        if let Some(event) = event.ok().filter(|e| !e.kind.is_access()) {
+            for path in event.paths {
+                let _ = tx.send(path);
+            }
+        }
+    })
+    .context("cannot watch the project's files")?;
+    let mut watched = Watched {
+        watcher,
+        dirs: std::collections::HashSet::new(),
+    };
+    watched.sync(project)?;
+    Ok((watched, changes))
+}
+
+/// The directories `sluice dev` watches, each on its own.
+struct Watched {
+    watcher: notify::RecommendedWatcher,
+    dirs: std::collections::HashSet<PathBuf>,
+}
+
+impl Watched {
+    /// Watch the project's source directories (at the start).
+    fn sync(&mut self, project: &Project) -> Result<()> {
+        for path in project.sources() {
+            self.watch(path)?;
+        }
+        Ok(())
+    }
+
+    /// Watch `path`, a directory made since the start, and those under it that may hold
+    /// sources (`mkdir -p` makes them before any watch sees them), at most
+    /// [`MAX_WATCHED_DIRS`](crate::project::MAX_WATCHED_DIRS) in all. True when one of them
+    /// already holds a source: written before its watch began, it is a change too.
+    fn add(&mut self, project: &Project, path: &Path) -> Result<bool> {
+        if self.dirs.contains(path) || !self.watch(path.to_owned())? {
+            return Ok(false);
+        }
+        let mut found_sources = false;
+        for entry in std::fs::read_dir(path).into_iter().flatten().flatten() {
+            let entry = entry.path();
+            if project.is_source(&entry) {
+                found_sources = true;
+            } else if project.may_hold_sources(&entry) {
+                found_sources |= self.add(project, &entry)?;
+            }
+        }
+        Ok(found_sources)
+    }
+
+    /// Watch one directory; false when it was watched already or the bound is reached.
+    fn watch(&mut self, path: PathBuf) -> Result<bool> {
+        if self.dirs.contains(&path) || self.dirs.len() >= crate::project::MAX_WATCHED_DIRS {
+            return Ok(false);
+        }
+        self.watcher
+            .watch(&path, notify::RecursiveMode::NonRecursive)
+            .with_context(|| format!("cannot watch {}", path.display()))?;
+        self.dirs.insert(path);
+        Ok(true)
+    }
+}
+
+/// Wait for a change to a source, then for the burst of writes to settle. A directory that
+/// appears is watched from then on.
 async fn next_change(
     project: &Project,
+    watched: &mut Watched,
     changes: &mut tokio::sync::mpsc::UnboundedReceiver<PathBuf>,
 ) {
     loop {
@@ -90,6 +146,14 @@ async fn next_change(
                 eprintln!("{} changed", path.display());
                 break;
             }
+            Some(path) if project.may_hold_sources(&path) => match watched.add(project, &path) {
+                Ok(true) => {
+                    eprintln!("{} appeared with sources in it", path.display());
+                    break;
+                }
+                Ok(false) => continue,
+                Err(err) => eprintln!("{err:#}"),
+            },
             Some(_) => continue,
             None => std::future::pending::<()>().await,
         }
@@ -115,4 +179,42 @@ async fn rebuild(project: &Project) -> Result<()> {
         built.took.as_secs_f64()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A package made while `sluice dev` runs (empty at first, as `mkdir` makes it) is watched
+    /// from then on: a module written in it is a change.
+    #[tokio::test]
+    async fn a_package_made_while_watching_is_watched() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("app.py"), b"").unwrap();
+        let project = Project::detect(dir.path()).unwrap();
+        let (mut watched, mut changes) = watch(&project).unwrap();
+        let pkg = dir.path().canonicalize().unwrap().join("payments");
+        std::fs::create_dir(&pkg).unwrap();
+        std::fs::create_dir(pkg.join("deep")).unwrap();
+        // The directories appear before anything is in them; a module comes after.
+        let writer = tokio::spawn({
+            let module = pkg.join("deep/charge.py");
+            async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                std::fs::write(module, b"x = 1\n").unwrap();
+            }
+        });
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            next_change(&project, &mut watched, &mut changes),
+        )
+        .await
+        .expect("the module in the new package is a change");
+        writer.await.unwrap();
+        assert!(
+            watched.dirs.contains(&pkg.join("deep")),
+            "{:?}",
+            watched.dirs
+        );
+    }
 }

@@ -241,6 +241,29 @@ impl Project {
         })
     }
 
+    /// Whether `dir`, a directory made while `sluice dev` runs, may come to hold sources: a
+    /// real directory (not a link) where [`Self::sources`] looks, with no ignored name or
+    /// environment (`pyvenv.cfg`) on its way from the project's root. A Python package is
+    /// empty when it appears, so this does not ask for sources in it yet.
+    pub fn may_hold_sources(&self, dir: &Path) -> bool {
+        let Ok(rel) = dir.strip_prefix(&self.dir) else {
+            return false;
+        };
+        let real_dir = std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir());
+        if !real_dir
+            || rel.as_os_str().is_empty()
+            || rel.components().count() > MAX_WATCH_DEPTH + 1
+            || (matches!(self.lang, Lang::Rust | Lang::Js) && !rel.starts_with("src"))
+        {
+            return false;
+        }
+        let mut at = self.dir.clone();
+        rel.components().all(|part| {
+            at.push(part);
+            !self.is_ignored_dir(&at) && !at.join("pyvenv.cfg").exists()
+        })
+    }
+
     /// Whether a changed file is one a build reads.
     pub fn is_source(&self, path: &Path) -> bool {
         let Ok(rel) = path.strip_prefix(&self.dir) else {
@@ -350,5 +373,25 @@ mod tests {
             ],
             "{watched:?}"
         );
+        // Directories made later: watched where sources may go, never behind a link or in an
+        // environment, data only for Python (whose packages are empty when they appear).
+        for (project, dir, expected) in [
+            (&python, "data/2026", true),
+            (&python, "venv/lib", false),
+            (&python, ".venv", false),
+            (&python, "linked", false),
+            (&python, "target/sluice", false),
+            (&python, "", false),
+            (&rust, "src/deep", true),
+            (&rust, "src/linked", false),
+            (&rust, "data/2026", false),
+        ] {
+            assert_eq!(
+                project.may_hold_sources(&root.join(dir)),
+                expected,
+                "{dir} ({:?})",
+                project.lang
+            );
+        }
     }
 }

@@ -60,8 +60,14 @@ fn protocol_error(what: &str) -> RedisError {
 
 /// Where the line starting at `at` ends (the index of its `\r`), if it is whole.
 fn line_end(buf: &[u8], at: usize) -> Option<usize> {
+    line_end_from(buf, at, at)
+}
+
+/// [`line_end`], searching from `from` (at or after `at`): the bytes before it were searched
+/// already.
+fn line_end_from(buf: &[u8], at: usize, from: usize) -> Option<usize> {
     let rest = buf.get(at..)?;
-    let mut from = 0;
+    let mut from = from.saturating_sub(at);
     while let Some(i) = rest[from..].iter().position(|&b| b == b'\r') {
         let cr = from + i;
         match rest.get(cr + 1) {
@@ -87,11 +93,22 @@ fn int(line: &[u8]) -> Result<i64, RedisError> {
 struct Framing {
     at: usize,
     left: u64,
+    /// How far the line at `at` was searched for its end, so that a long line arriving in
+    /// many reads is searched once.
+    searched: usize,
 }
 
 impl Framing {
-    const START: Self = Self { at: 0, left: 1 };
+    const START: Self = Self {
+        at: 0,
+        left: 1,
+        searched: 0,
+    };
 }
+
+/// The longest header or simple-string line a reply may have: Redis's own are short (a
+/// number, an error message); an endless one is a protocol error, not a growing buffer.
+const MAX_LINE: usize = 1 << 20;
 
 /// The length of the first whole RESP2 reply in `buf`, or `None` while it is incomplete
 /// (then `state` says where to go on once more bytes came). A reply Redis could not have sent
@@ -99,7 +116,12 @@ impl Framing {
 fn frame_len(buf: &[u8], state: &mut Framing) -> Result<Option<usize>, RedisError> {
     while state.left > 0 {
         let at = state.at;
-        let Some(end) = line_end(buf, at) else {
+        let Some(end) = line_end_from(buf, at, state.searched.max(at)) else {
+            if buf.len().saturating_sub(at) > MAX_LINE {
+                return Err(protocol_error("a line longer than 1 MiB"));
+            }
+            // The last byte may be a `\r` whose `\n` is still to come.
+            state.searched = buf.len().saturating_sub(1).max(at);
             return Ok(None);
         };
         let (Some(&kind), Some(line)) = (buf.get(at), buf.get(at + 1..end)) else {
@@ -435,6 +457,26 @@ mod tests {
             assert_eq!(frame_len(&REPLY[..cut], &mut state).unwrap(), None);
         }
         assert_eq!(frame_len(REPLY, &mut state).unwrap(), Some(REPLY.len()));
+        // A long line in many reads, its "\r" and "\n" in different ones.
+        let mut line = b"+".to_vec();
+        line.extend(std::iter::repeat_n(b'x', 100_000));
+        line.extend_from_slice(b"\r\n");
+        let mut state = Framing::START;
+        for cut in (1..line.len()).step_by(4096).chain([line.len() - 1]) {
+            assert_eq!(frame_len(&line[..cut], &mut state).unwrap(), None);
+        }
+        assert!(state.searched > 90_000, "{state:?}");
+        assert_eq!(frame_len(&line, &mut state).unwrap(), Some(line.len()));
+    }
+
+    /// An endless line (a hostile server's) is an error once past 1 MiB, not a buffer that
+    /// grows and is searched again with every read.
+    #[test]
+    fn an_endless_line_is_an_error() {
+        let mut line = b"+".to_vec();
+        line.extend(std::iter::repeat_n(b'x', MAX_LINE + 1));
+        let err = framed(&line).unwrap_err();
+        assert!(err.to_string().contains("longer than 1 MiB"), "{err}");
     }
 
     #[test]

@@ -76,8 +76,37 @@ pub fn check_shape(bytes: &[u8]) -> Result<Shape, ShapeError> {
     use wasmparser::{Operator, Parser, Payload};
     let mut shape = Shape::default();
     let mut index = 0u64;
+    // Of the core module being read: each type's parameter count (0 for types that are not
+    // functions), and each defined function's type. Parameters are locals too.
+    let mut type_params: Vec<u64> = Vec::new();
+    let mut function_types: Vec<u32> = Vec::new();
     for payload in Parser::new(0).parse_all(bytes) {
         let body = match payload? {
+            Payload::Version {
+                encoding: wasmparser::Encoding::Module,
+                ..
+            } => {
+                type_params.clear();
+                function_types.clear();
+                continue;
+            }
+            Payload::TypeSection(types) => {
+                for group in types {
+                    for ty in group?.into_types() {
+                        type_params.push(match &ty.composite_type.inner {
+                            wasmparser::CompositeInnerType::Func(f) => f.params().len() as u64,
+                            _ => 0,
+                        });
+                    }
+                }
+                continue;
+            }
+            Payload::FunctionSection(functions) => {
+                for ty in functions {
+                    function_types.push(ty?);
+                }
+                continue;
+            }
             Payload::CodeSectionStart { .. } => {
                 index = 0;
                 continue;
@@ -87,6 +116,12 @@ pub fn check_shape(bytes: &[u8]) -> Result<Shape, ShapeError> {
         };
         let function = index;
         index += 1;
+        let params = usize::try_from(function)
+            .ok()
+            .and_then(|i| function_types.get(i))
+            .and_then(|&ty| type_params.get(ty as usize))
+            .copied()
+            .unwrap_or(0);
         shape.functions += 1;
         let size = body.range().len();
         shape.largest_body = shape.largest_body.max(size);
@@ -96,7 +131,7 @@ pub fn check_shape(bytes: &[u8]) -> Result<Shape, ShapeError> {
                 what: format!("is {size} bytes long (at most {MAX_FUNCTION_BYTES})"),
             });
         }
-        let mut locals = 0u64;
+        let mut locals = params;
         for group in body.get_locals_reader()? {
             locals = locals.saturating_add(u64::from(group?.0));
         }
@@ -104,7 +139,7 @@ pub fn check_shape(bytes: &[u8]) -> Result<Shape, ShapeError> {
         if locals > MAX_LOCALS {
             return Err(ShapeError::Bound {
                 function,
-                what: format!("declares {locals} locals (at most {MAX_LOCALS})"),
+                what: format!("has {locals} locals, parameters included (at most {MAX_LOCALS})"),
             });
         }
         let mut deepest = 0u32;
@@ -515,4 +550,36 @@ pub fn child_args(options: &super::RuntimeOptions) -> Vec<String> {
         args.push("--no-epoch".to_owned());
     }
     args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A core module in a component: one function with `params` i32 parameters and `locals`
+    /// locals, its body `loops` nested loops.
+    fn component(params: usize, locals: usize, loops: usize) -> Vec<u8> {
+        let body = format!("{}{}", "(loop ".repeat(loops), ")".repeat(loops));
+        let text = format!(
+            "(component (core module (func (param {}) (local {}) {body})))",
+            "i32 ".repeat(params),
+            "i32 ".repeat(locals)
+        );
+        wat::parse_str(&text).expect("a valid component")
+    }
+
+    /// Parameters are locals to the compiler: a function with 1,000 of them (the most wasm
+    /// allows) and no declared locals under 40 loops is the same bomb as 1,000 locals.
+    #[test]
+    fn parameters_count_as_locals() {
+        let shape = check_shape(&component(1000, 0, 8)).expect("within the bounds");
+        assert_eq!(shape.most_locals, 1000);
+        let err = check_shape(&component(1000, 0, 40)).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("nests loops 40 deep over 1000 locals"),
+            "{err}"
+        );
+        assert!(check_shape(&component(0, 0, 40)).is_ok());
+    }
 }
