@@ -667,3 +667,51 @@ async fn partitions_on_one_node_wait_in_one_blocking_read() {
     }
     host.stop().await.expect("clean stop");
 }
+
+/// The partitions of a subscription share one handler, and together may have more deliveries
+/// in flight than its share of instance slots (`max_in_flight + 1`): those wait for an
+/// instance to come back. They once waited for a slot that idle instances held, and the
+/// partitions stalled for good (found by the attack review of issue 27).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_beyond_the_handlers_instances_do_not_stall() {
+    const PARTITIONS: u32 = 4;
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(
+        &redis,
+        Sub::fixture("busy")
+            .set("partitions", PARTITIONS as i64)
+            .set("max_in_flight", 4),
+    )
+    .await;
+    let part = |p: u32| sluice_descriptor::partition_key("busy", "busy", p);
+    let mut adds = redis::pipe();
+    adds.atomic();
+    for p in 0..PARTITIONS {
+        for _ in 0..8 {
+            adds.cmd("XADD")
+                .arg(part(p))
+                .arg("*")
+                .arg("payload")
+                .arg(Control::Sleep { ms: 200 }.to_string());
+        }
+    }
+    let ids: Vec<String> = adds.query_async(&mut conn).await.unwrap();
+    // Ids are unique per stream only.
+    let mut left: std::collections::HashSet<(String, String)> = ids
+        .into_iter()
+        .enumerate()
+        .map(|(i, id)| (part(i as u32 / 8), id))
+        .collect();
+    assert_eq!(left.len(), 32);
+    while !left.is_empty() {
+        let event = host
+            .event(T, "every partition's waiting entries", |e| {
+                left.contains(&(e.stream.to_string(), e.id.clone()))
+            })
+            .await;
+        assert_eq!(event.kind, EventKind::Acked, "{event:?}");
+        left.remove(&(event.stream.to_string(), event.id));
+    }
+    host.stop().await.expect("clean stop");
+}

@@ -62,6 +62,8 @@ struct Instance {
     uses: u64,
     /// The runtime's instance slot this instance occupies, given back when it is dropped.
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// Its place in its handler's own share of instances (see [`WasmHandler::budget`]).
+    _budget: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// A component serving one subscription's deliveries.
@@ -72,6 +74,13 @@ pub struct WasmHandler {
     http: Arc<HttpGrant>,
     store_limits: Arc<StoreLimits>,
     idle: Mutex<Vec<Instance>>,
+    /// The instances this handler may hold at once, busy or idle: its share of the runtime's
+    /// slots (`max_in_flight + 1`). A subscription's partitions share one handler and may have
+    /// more deliveries in flight than that; those wait for an instance to come back instead of
+    /// waiting for a slot that idle instances hold (which once stalled partitions for good).
+    budget: Arc<tokio::sync::Semaphore>,
+    /// An instance was given back to `idle`.
+    returned: tokio::sync::Notify,
     retired: AtomicBool,
 }
 
@@ -84,6 +93,7 @@ impl WasmHandler {
         values: Vec<(String, String)>,
         counters: HandlerCounters,
     ) -> Self {
+        let share = limits.max_in_flight + 1;
         Self {
             http: Arc::new(HttpGrant {
                 policy: limits.outbound_http.clone(),
@@ -101,6 +111,8 @@ impl WasmHandler {
             limits,
             values: values.into(),
             idle: Mutex::new(Vec::new()),
+            budget: Arc::new(tokio::sync::Semaphore::new(share)),
+            returned: tokio::sync::Notify::new(),
             retired: AtomicBool::new(false),
         }
     }
@@ -110,7 +122,10 @@ impl WasmHandler {
         &self.component
     }
 
-    async fn instantiate(&self) -> Result<Instance, Failure> {
+    async fn instantiate(
+        &self,
+        budget: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Result<Instance, Failure> {
         let runtime = self.component.runtime();
         let slot = runtime.instance_slot().await;
         let mut store = new_store(
@@ -131,6 +146,7 @@ impl WasmHandler {
             handler,
             uses: 0,
             _slot: slot,
+            _budget: budget,
         })
     }
 
@@ -148,6 +164,24 @@ impl WasmHandler {
             && let Ok(mut idle) = self.idle.lock()
         {
             idle.push(instance);
+            drop(idle);
+            self.returned.notify_one();
+        }
+    }
+
+    /// An idle instance, or a new one once this handler's share has room, whichever comes
+    /// first.
+    async fn instance(&self) -> Result<Instance, Failure> {
+        loop {
+            if let Some(instance) = self.take_idle() {
+                return Ok(instance);
+            }
+            tokio::select! {
+                permit = self.budget.clone().acquire_owned() => {
+                    return self.instantiate(permit.ok()).await;
+                }
+                () = self.returned.notified() => {}
+            }
         }
     }
 
@@ -158,10 +192,7 @@ impl WasmHandler {
             Err(reason) => return Ok(Outcome::DeadLetter(reason)),
         };
         let request = to_wit(delivery, &fields);
-        let mut instance = match self.take_idle() {
-            Some(instance) => instance,
-            None => self.instantiate().await?,
-        };
+        let mut instance = self.instance().await?;
         {
             let state = instance.store.data_mut();
             state.deadline = Some(Instant::now() + self.limits.handler_timeout);
