@@ -715,3 +715,67 @@ async fn partitions_beyond_the_handlers_instances_do_not_stall() {
     }
     host.stop().await.expect("clean stop");
 }
+
+/// One partition's group destroyed while the partitions wait together: that partition makes
+/// it again and reads on; the others wait on, and an entry another partition is handling is
+/// not handed out a second time (found by the attack review of issue 27: every partition
+/// re-read its pending entries from the start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_whose_group_is_destroyed_does_not_make_the_others_repeat_work() {
+    const PARTITIONS: u32 = 4;
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(
+        &redis,
+        Sub::fixture("gone")
+            .set("partitions", PARTITIONS as i64)
+            .set("block", "20s"),
+    )
+    .await;
+    let part = |p: u32| sluice_descriptor::partition_key("gone", "gone", p);
+    // Every partition is reading (and then waiting) before the slow entry comes.
+    for p in 0..PARTITIONS {
+        let id = add(&mut conn, &part(p), &Control::Ack).await;
+        host.event(T, "a first entry in each partition", |e| e.id == id)
+            .await;
+    }
+    let slow = add(&mut conn, &part(0), &Control::Sleep { ms: 2_000 }).await;
+    wait_for(T, "the slow entry in flight", || {
+        let mut conn = conn.clone();
+        let key = part(0);
+        async move { (pending(&mut conn, &key, "g").await == 1).then_some(()) }
+    })
+    .await;
+    let _: () = redis::cmd("XGROUP")
+        .arg("DESTROY")
+        .arg(part(3))
+        .arg("g")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let event = host
+        .event(T, "the slow entry", |e| {
+            e.id == slow && *e.stream == part(0)
+        })
+        .await;
+    assert_eq!(
+        (event.kind.clone(), event.delivery_count),
+        (EventKind::Acked, 1),
+        "{event:?}"
+    );
+    // Partition 3 reads again, in a group made again after what it had read.
+    let later = add(&mut conn, &part(3), &Control::Ack).await;
+    host.event(T, "an entry in the partition whose group was gone", |e| {
+        e.id == later && *e.stream == part(3)
+    })
+    .await;
+    // Nothing else ran the slow entry: every delivery has settled once the host stopped.
+    let mut rest = host.events.resubscribe();
+    host.stop().await.expect("clean stop");
+    while let Ok(event) = rest.try_recv() {
+        assert!(
+            !(event.id == slow && *event.stream == part(0)),
+            "the slow entry was handled twice: {event:?}"
+        );
+    }
+}

@@ -380,8 +380,12 @@ impl Subscription {
                         // The stream or the group was deleted: make the group again (the
                         // connection is fine) and read on; the pause still applies, so a
                         // group deleted over and over is not recreated in a tight loop.
+                        // A group made again has no pending entries; one that still exists
+                        // (another partition's group was the one gone) has those this host
+                        // is handling, which must not be started twice: only entries after
+                        // the last read are looked for, as after a reconnect.
                         self.recreate_group().await;
-                        own_pending = self.every_source_at("0");
+                        own_pending = self.after_last_read();
                     } else {
                         reader = None;
                         self.reconnects.inc();

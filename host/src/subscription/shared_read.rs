@@ -204,6 +204,17 @@ impl SharedRead {
                 never = self.cut_when_changed(snapshot.generation, id) => match never {},
                 () = stop.cancelled() => return,
             };
+            if let Err(err) = &result
+                && ErrorClass::of(err) == ErrorClass::NoGroup
+            {
+                // One partition's group (or stream) is gone: that partition makes it again;
+                // the others wait on.
+                let gone = self.groups_gone(&snapshot).await;
+                if !gone.is_empty() {
+                    self.end_read_for(&gone, err);
+                    continue;
+                }
+            }
             if let Err(err) = &result {
                 self.conn.saw_error(err);
                 if ErrorClass::of(err) != ErrorClass::NoGroup {
@@ -291,6 +302,39 @@ impl SharedRead {
             tokio::time::sleep(again).await;
             again = (again * 2).min(CUT_AGAIN_MAX);
         }
+    }
+
+    /// The waiters (by ticket) of `snapshot` with a key that lacks the group; none when that
+    /// cannot be told (then every waiter gets the error).
+    async fn groups_gone(&self, snapshot: &Snapshot) -> HashSet<u64> {
+        let mut gone = HashSet::new();
+        let mut conn = self.conn.clone();
+        for ((key, _), owner) in snapshot.keys.iter().zip(&snapshot.owners) {
+            match crate::inspect::group(&mut conn, key, &self.group).await {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    gone.insert(*owner);
+                }
+                Err(_) => return HashSet::new(),
+            }
+        }
+        gone
+    }
+
+    /// End the read for the waiters in `gone` only, with `err`; the others wait on.
+    fn end_read_for(&self, gone: &HashSet<u64>, err: &RedisError) {
+        let mut state = self.lock();
+        state.reading.clear();
+        let waiting = std::mem::take(&mut state.waiting);
+        for w in waiting {
+            if gone.contains(&w.ticket) {
+                let _ = w.answer.send(Err(err.clone()));
+            } else {
+                state.waiting.push(w);
+            }
+        }
+        drop(state);
+        self.reads_ended.send_modify(|n| *n += 1);
     }
 
     /// Hand out what a read brought: each waiter its own entries, an empty answer to those
