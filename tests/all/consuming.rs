@@ -779,3 +779,33 @@ async fn a_partition_whose_group_is_destroyed_does_not_make_the_others_repeat_wo
         );
     }
 }
+
+/// A shared read serves at most 64 partitions (its cost grows with its keys each time it is
+/// made again): 130 partitions wait in three blocked reads, and an entry in the last one is
+/// handled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_read_serves_at_most_64_partitions() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(
+        &redis,
+        Sub::fixture("many")
+            .set("partitions", 130)
+            .set("block", "60s"),
+    )
+    .await;
+    let (clients, _) = wait_for(T, "three blocked reads", || {
+        let mut conn = conn.clone();
+        async move {
+            let (clients, blocked) = host_clients(&mut conn).await;
+            (blocked == 3).then_some((clients, blocked))
+        }
+    })
+    .await;
+    assert!(clients <= 6, "{clients} connections for 130 partitions");
+    let last = sluice_descriptor::partition_key("many", "many", 129);
+    let id = add(&mut conn, &last, &Control::Ack).await;
+    host.event(T, "an entry in the last partition", |e| e.id == id)
+        .await;
+    host.stop().await.expect("clean stop");
+}
