@@ -333,6 +333,24 @@ async fn an_operator_logs_in_and_requeues_a_dead_letter_in_a_browser() {
             .await,
         json!(true)
     );
+    // A link from another site: the browser leaves the SameSite=Strict cookie out of that
+    // navigation, so the server answers with the login form; the page, holding the key, tries
+    // it with the cookie (a fetch from the page sends it) and the operator stays logged in.
+    browser
+        .open(&format!(
+            "data:text/html,%3Ca%20id=go%20href={base}/ui/s/payments/g/dead-letters%3Ego%3C/a%3E"
+        ))
+        .await;
+    browser
+        .eval("document.getElementById('go').click(); true")
+        .await;
+    browser
+        .wait_until(
+            "location.pathname === '/ui/' && document.body.hasAttribute('data-keyed') \
+             && (localStorage.getItem('sluice-key') || '').length === 64",
+            "the overview after a link from another site",
+        )
+        .await;
     // Logging out ends the session and forgets the key.
     browser
         .eval("document.querySelector('form[action=\"/ui/logout\"] button').click(); true")

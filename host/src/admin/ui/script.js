@@ -25,7 +25,7 @@
     if (history_how === 'push') { window.history.pushState(null, '', url); }
     if (history_how === 'replace') { window.history.replaceState(null, '', url); }
     window.scrollTo(0, 0);
-    start();
+    start(true);
   }
 
   function load(url, init, history_how) {
@@ -58,12 +58,18 @@
     });
   }
 
-  // What the page in place asks for.
-  function start() {
+  // What the page in place asks for; `fetched`: it came from `load`, with the key.
+  function start(fetched) {
     loaded = Date.now();
     tick();
     var body = document.body;
-    if (body.querySelector('[data-login]')) { forget(); return; }
+    if (body.querySelector('[data-login]')) {
+      // Fetched with the key and still the login form: the session is over. Reached by a
+      // navigation, though, it may only mean the browser left the cookie out (a link from
+      // another site: SameSite=Strict); a fetch from here sends it, so try the key first.
+      if (fetched) { forget(); } else if (storedKey()) { load('/ui/', {}, 'replace'); }
+      return;
+    }
     if (body.hasAttribute('data-key')) {
       try { window.localStorage.setItem(KEY, body.getAttribute('data-key')); } catch (e) { /* shown below */ }
       body.removeAttribute('data-key');
@@ -104,5 +110,5 @@
   });
 
   setInterval(tick, 1000);
-  start();
+  start(false);
 })();
