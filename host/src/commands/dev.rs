@@ -120,6 +120,33 @@ impl Watched {
         Ok(found_sources)
     }
 
+    /// Follow what happened at `path`: a watched directory is watched afresh (deleted, its
+    /// watch died with it; made again, it needs a new one), a new one that may hold sources
+    /// is watched. True when such a directory already holds a source.
+    fn note(&mut self, project: &Project, path: &Path) -> bool {
+        let was_watched = self.dirs.contains(path);
+        if was_watched {
+            // An event about a watched path itself: it was made, moved, replaced or deleted
+            // (and may already be back, so its name says nothing). Watch it afresh, if it is
+            // there.
+            let _ = self.watcher.unwatch(path);
+            self.dirs.retain(|d| !d.starts_with(path));
+        }
+        if path.is_file() {
+            if was_watched && let Err(err) = self.watch(path.to_owned()) {
+                eprintln!("{err:#}");
+            }
+            return false;
+        }
+        if !path.is_dir() || !(was_watched || project.may_hold_sources(path)) {
+            return false;
+        }
+        self.add(project, path).unwrap_or_else(|err| {
+            eprintln!("{err:#}");
+            false
+        })
+    }
+
     /// Watch one directory; false when it was watched already or the bound is reached.
     fn watch(&mut self, path: PathBuf) -> Result<bool> {
         if self.dirs.contains(&path) || self.dirs.len() >= crate::project::MAX_WATCHED_DIRS {
@@ -143,26 +170,22 @@ async fn next_change(
     loop {
         match changes.recv().await {
             Some(path) if project.is_source(&path) => {
+                watched.note(project, &path);
                 eprintln!("{} changed", path.display());
                 break;
             }
-            Some(path) if project.may_hold_sources(&path) => match watched.add(project, &path) {
-                Ok(true) => {
+            Some(path) => {
+                if watched.note(project, &path) {
                     eprintln!("{} appeared with sources in it", path.display());
                     break;
                 }
-                Ok(false) => continue,
-                Err(err) => eprintln!("{err:#}"),
-            },
-            Some(_) => continue,
+            }
             None => std::future::pending::<()>().await,
         }
     }
-    loop {
-        match tokio::time::timeout(SETTLE, changes.recv()).await {
-            Ok(Some(_)) => continue,
-            _ => return,
-        }
+    // Directories still come and go while the burst settles (a branch switch).
+    while let Ok(Some(path)) = tokio::time::timeout(SETTLE, changes.recv()).await {
+        watched.note(project, &path);
     }
 }
 
@@ -216,5 +239,29 @@ mod tests {
             "{:?}",
             watched.dirs
         );
+
+        // Deleted and made again (a branch switch): watched again.
+        std::fs::remove_dir_all(&pkg).unwrap();
+        std::fs::create_dir(&pkg).unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            next_change(&project, &mut watched, &mut changes),
+        )
+        .await
+        .expect("the deleted module is a change");
+        let writer = tokio::spawn({
+            let module = pkg.join("refund.py");
+            async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                std::fs::write(module, b"x = 2\n").unwrap();
+            }
+        });
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            next_change(&project, &mut watched, &mut changes),
+        )
+        .await
+        .expect("a module in the package made again is a change");
+        writer.await.unwrap();
     }
 }
