@@ -809,3 +809,42 @@ async fn a_shared_read_serves_at_most_64_partitions() {
         .await;
     host.stop().await.expect("clean stop");
 }
+
+/// A Redis user whose ACL denies CLIENT UNBLOCK (it is `@dangerous`) cannot cut the shared
+/// read short: reads then block at most 100 ms, so an entry in an idle partition still waits
+/// that long at most, not the whole 60 s block (found by the attack review of issue 27).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_share_a_read_without_the_right_to_cut_it() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let _: () = cmd(
+        &mut conn,
+        &[
+            "ACL",
+            "SETUSER",
+            "limited",
+            "on",
+            ">limited-pw",
+            "~*",
+            "&*",
+            "+@all",
+            "-@dangerous",
+        ],
+    )
+    .await;
+    let url = redis
+        .url()
+        .replacen("redis://", "redis://limited:limited-pw@", 1);
+    let config =
+        TestConfig::of(Sub::fixture("acl").set("partitions", 4).set("block", "60s")).to_string();
+    let mut host = TestHost::start_at(&url, &config).await;
+    let part = |p: u32| sluice_descriptor::partition_key("acl", "acl", p);
+    for p in [1, 1, 2, 1] {
+        let id = add(&mut conn, &part(p), &Control::Ack).await;
+        let event = host
+            .event(T, "an entry in an idle partition", |e| e.id == id)
+            .await;
+        assert_eq!(event.kind, EventKind::Acked);
+    }
+    host.stop().await.expect("clean stop");
+}

@@ -19,6 +19,12 @@
 //! consumer: a restarted loop first waits until no read covering its keys is in flight
 //! ([`SharedRead::settled`]), then re-reads its pending entries from after its last read.
 //!
+//! Cutting needs `CLIENT ID` and `CLIENT UNBLOCK` (`@dangerous`) in the Redis user's ACL;
+//! without them reads block at most 100 ms, so a partition waits that long at most to be taken
+//! in, and the log says so once. A partition whose group is gone (NOGROUP ends the whole read)
+//! gets the error alone; the others wait on. One read serves at most 64 partitions (see
+//! `service.rs`): its cost grows with its keys each time it is made again.
+//!
 //! Only on one Redis node (or the master behind Sentinel): on a cluster every partition has a
 //! slot of its own and a command's keys must share one, so there each partition keeps its own
 //! blocking read.
@@ -39,6 +45,8 @@ use crate::redis_conn::{ErrorClass, Reader, RedisHandle};
 
 /// How long a cut waits for more partitions to come back to wait.
 const CUT_GATHER: Duration = Duration::from_millis(1);
+/// The longest a read blocks when this Redis user may not cut it short.
+const UNCUT_BLOCK: Duration = Duration::from_millis(100);
 /// The longest wait between two cuts of a read that must end (see the module doc).
 const CUT_AGAIN_MAX: Duration = Duration::from_millis(100);
 
@@ -54,6 +62,8 @@ pub struct SharedRead {
     changed: Notify,
     /// Counts the reads that ended, so a restarted partition can wait out the one in flight.
     reads_ended: watch::Sender<u64>,
+    /// Whether the log said that reads cannot be cut short.
+    warned: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -115,6 +125,7 @@ impl SharedRead {
             state: Mutex::new(State::default()),
             changed: Notify::new(),
             reads_ended: watch::Sender::new(0),
+            warned: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -169,7 +180,7 @@ impl SharedRead {
 
     /// Serve the waiting partitions until `stop`.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
-        let mut reader: Option<(Reader, i64)> = None;
+        let mut reader: Option<(Reader, Option<i64>)> = None;
         loop {
             let snapshot = loop {
                 if let Some(snapshot) = self.snapshot() {
@@ -190,18 +201,29 @@ impl SharedRead {
                     }
                 },
             };
+            let block = if id.is_some() {
+                snapshot.block
+            } else {
+                snapshot.block.min(UNCUT_BLOCK)
+            };
             let read = read::read_new_from(
                 conn,
                 &self.group,
                 &self.consumer,
                 snapshot.count,
-                snapshot.block,
+                block,
                 &snapshot.keys,
             );
             let id = *id;
+            let cut = async {
+                match id {
+                    Some(id) => match self.cut_when_changed(snapshot.generation, id).await {},
+                    None => std::future::pending::<()>().await,
+                }
+            };
             let result = tokio::select! {
                 result = read => result,
-                never = self.cut_when_changed(snapshot.generation, id) => match never {},
+                () = cut => continue,
                 () = stop.cancelled() => return,
             };
             if let Err(err) = &result
@@ -232,16 +254,42 @@ impl SharedRead {
     }
 
     /// A connection of its own for the blocking read, and its client id (what CLIENT UNBLOCK
-    /// names).
-    async fn connect(&self) -> RedisResult<(Reader, i64)> {
+    /// names) when this Redis user may cut reads short: without `CLIENT ID` and `CLIENT
+    /// UNBLOCK` in its ACL, reads block at most [`UNCUT_BLOCK`], and the log says why once.
+    async fn connect(&self) -> RedisResult<(Reader, Option<i64>)> {
         let mut reader = self.conn.reader(self.block).await.map_err(|err| {
             RedisError::from(std::io::Error::other(crate::chain::chain(&err).to_string()))
         })?;
-        let id: i64 = redis::cmd("CLIENT")
+        let id: RedisResult<i64> = redis::cmd("CLIENT")
             .arg("ID")
             .query_async(&mut reader)
-            .await?;
-        Ok((reader, id))
+            .await;
+        let may_cut = match id {
+            // Not blocked yet: a permitted cut answers 0.
+            Ok(id) => redis::cmd("CLIENT")
+                .arg("UNBLOCK")
+                .arg(id)
+                .arg("TIMEOUT")
+                .query_async::<i64>(&mut self.conn.clone())
+                .await
+                .map(|_| id),
+            Err(err) => Err(err),
+        };
+        match may_cut {
+            Ok(id) => Ok((reader, Some(id))),
+            Err(err) if err.code() == Some("NOPERM") => {
+                if !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(
+                        group = %self.group,
+                        %err,
+                        "this Redis user may not run CLIENT ID or CLIENT UNBLOCK, which the partitions' shared read needs to take in a partition at once: reads block at most {} ms instead, so an entry may wait that long (grant `+client|id +client|unblock`)",
+                        UNCUT_BLOCK.as_millis()
+                    );
+                }
+                Ok((reader, None))
+            }
+            Err(err) => Err(err),
+        }
     }
 
     /// What the next read covers (marked as in flight), or `None` while no partition waits.
