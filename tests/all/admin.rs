@@ -217,6 +217,14 @@ fn a_guessable_admin_token_is_refused_with_how_to_make_one() {
         stderr.contains("bits of randomness") && stderr.contains("openssl rand -hex 32"),
         "{stderr}"
     );
+    // `check` says it before anything starts, also of a repeated pattern.
+    std::fs::write(&token, "a1".repeat(16)).unwrap();
+    let (ok, _, stderr) = run_sluice(
+        &["check", path.to_str().unwrap(), "--redis", &redis.url()],
+        dir.path(),
+    );
+    assert!(!ok, "{stderr}");
+    assert!(stderr.contains("bits of randomness"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

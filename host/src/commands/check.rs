@@ -3,12 +3,16 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 
 use super::plan;
 
 /// `sluice check`: validate everything and print the resolved plan.
 pub async fn check(paths: &[PathBuf], redis: Option<&str>) -> Result<String> {
     let plan = plan(paths, redis).await?;
+    // What `run` refuses at start, `check` refuses too: an unreadable or guessable token.
+    if let Some(token) = &plan.admin_token {
+        token.read().context("the admin token")?;
+    }
     Ok(plan.render())
 }
