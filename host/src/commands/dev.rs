@@ -208,8 +208,33 @@ async fn rebuild(project: &Project) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// The next change seen by `next_change`, within a minute, while `module` is written a
+    /// moment later (the directories appear before anything is in them).
+    async fn change_with(
+        project: &Project,
+        watched: &mut Watched,
+        changes: &mut tokio::sync::mpsc::UnboundedReceiver<PathBuf>,
+        module: Option<PathBuf>,
+        what: &str,
+    ) {
+        let writer = tokio::spawn(async move {
+            if let Some(module) = module {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                std::fs::write(module, b"x = 1\n").unwrap();
+            }
+        });
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            next_change(project, watched, changes),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{what}"));
+        writer.await.unwrap();
+    }
+
     /// A package made while `sluice dev` runs (empty at first, as `mkdir` makes it) is watched
-    /// from then on: a module written in it is a change.
+    /// from then on: a module written in it is a change; so it is after it was deleted and
+    /// made again (a branch switch).
     #[tokio::test]
     async fn a_package_made_while_watching_is_watched() {
         let dir = tempfile::tempdir().unwrap();
@@ -219,49 +244,21 @@ mod tests {
         let pkg = dir.path().canonicalize().unwrap().join("payments");
         std::fs::create_dir(&pkg).unwrap();
         std::fs::create_dir(pkg.join("deep")).unwrap();
-        // The directories appear before anything is in them; a module comes after.
-        let writer = tokio::spawn({
-            let module = pkg.join("deep/charge.py");
-            async move {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                std::fs::write(module, b"x = 1\n").unwrap();
-            }
-        });
-        tokio::time::timeout(
-            Duration::from_secs(60),
-            next_change(&project, &mut watched, &mut changes),
-        )
-        .await
-        .expect("the module in the new package is a change");
-        writer.await.unwrap();
+        let module = Some(pkg.join("deep/charge.py"));
+        let what = "the module in the new package is a change";
+        change_with(&project, &mut watched, &mut changes, module, what).await;
         assert!(
             watched.dirs.contains(&pkg.join("deep")),
             "{:?}",
             watched.dirs
         );
 
-        // Deleted and made again (a branch switch): watched again.
         std::fs::remove_dir_all(&pkg).unwrap();
         std::fs::create_dir(&pkg).unwrap();
-        tokio::time::timeout(
-            Duration::from_secs(60),
-            next_change(&project, &mut watched, &mut changes),
-        )
-        .await
-        .expect("the deleted module is a change");
-        let writer = tokio::spawn({
-            let module = pkg.join("refund.py");
-            async move {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                std::fs::write(module, b"x = 2\n").unwrap();
-            }
-        });
-        tokio::time::timeout(
-            Duration::from_secs(60),
-            next_change(&project, &mut watched, &mut changes),
-        )
-        .await
-        .expect("a module in the package made again is a change");
-        writer.await.unwrap();
+        let what = "the deleted module is a change";
+        change_with(&project, &mut watched, &mut changes, None, what).await;
+        let module = Some(pkg.join("refund.py"));
+        let what = "a module in the package made again is a change";
+        change_with(&project, &mut watched, &mut changes, module, what).await;
     }
 }

@@ -15,16 +15,23 @@ pub(super) fn segment(text: &str) -> String {
     percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
+/// Every page's head: its title and the stylesheet.
+fn head(title: &str) -> Markup {
+    html! {
+        head {
+            meta charset="utf-8";
+            meta name="viewport" content="width=device-width, initial-scale=1";
+            title { (title) }
+            link rel="stylesheet" href="/ui/style.css";
+        }
+    }
+}
+
 fn layout(title: &str, viewer: Option<&Viewer>, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                title { (title) " · Sluice" }
-                link rel="stylesheet" href="/ui/style.css";
-            }
+            (head(&format!("{title} · Sluice")))
             // A logged-in viewer's page: its script fetches links and forms with the key.
             body data-keyed[viewer.is_some_and(|v| v.logged_in)] {
                 header {
@@ -54,12 +61,7 @@ fn bare(key: Option<&str>) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                title { "Sluice" }
-                link rel="stylesheet" href="/ui/style.css";
-            }
+            (head("Sluice"))
             body data-loader data-key=[key] {
                 main {
                     p.muted { "Loading…" }
