@@ -135,21 +135,34 @@ fn read_group_cmd(
     block: Option<Duration>,
     from: &[(Source, &str)],
 ) -> redis::Cmd {
+    let from = from.iter().map(|(source, id)| (who.key(*source), *id));
+    xreadgroup_cmd(&who.group, &who.consumer, count, block, from)
+}
+
+/// XREADGROUP for `consumer` of `group`, up to `count` entries from each `(key, id)`.
+fn xreadgroup_cmd<'a>(
+    group: &str,
+    consumer: &str,
+    count: usize,
+    block: Option<Duration>,
+    from: impl Iterator<Item = (&'a str, &'a str)> + Clone,
+) -> redis::Cmd {
     let mut cmd = redis::cmd("XREADGROUP");
     cmd.arg("GROUP")
-        .arg(&*who.group)
-        .arg(&*who.consumer)
+        .arg(group)
+        .arg(consumer)
         .arg("COUNT")
-        .arg(count);
+        .arg(count.max(1));
     if let Some(block) = block {
-        cmd.arg("BLOCK").arg(block.as_millis().max(1) as u64);
+        cmd.arg("BLOCK")
+            .arg(u64::try_from(block.as_millis()).unwrap_or(u64::MAX).max(1));
     }
     cmd.arg("STREAMS");
-    for (source, _) in from {
-        cmd.arg(who.key(*source));
+    for (key, _) in from.clone() {
+        cmd.arg(key);
     }
     for (_, id) in from {
-        cmd.arg(*id);
+        cmd.arg(id);
     }
     cmd
 }
@@ -166,21 +179,8 @@ pub async fn read_new_from(
     block: Duration,
     keys: &[(Arc<str>, Source)],
 ) -> RedisResult<Vec<(usize, ReadEntry)>> {
-    let mut cmd = redis::cmd("XREADGROUP");
-    cmd.arg("GROUP")
-        .arg(group)
-        .arg(consumer)
-        .arg("COUNT")
-        .arg(count.max(1))
-        .arg("BLOCK")
-        .arg(block.as_millis().clamp(1, u128::from(u64::MAX)) as u64)
-        .arg("STREAMS");
-    for (key, _) in keys {
-        cmd.arg(&**key);
-    }
-    for _ in keys {
-        cmd.arg(">");
-    }
+    let from = keys.iter().map(|(key, _)| (&**key, ">"));
+    let cmd = xreadgroup_cmd(group, consumer, count, Some(block), from);
     let index: HashMap<&[u8], (usize, Source)> = keys
         .iter()
         .enumerate()

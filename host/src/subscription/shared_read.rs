@@ -371,16 +371,22 @@ impl SharedRead {
 
     /// End the read for the waiters in `gone` only, with `err`; the others wait on.
     fn end_read_for(&self, gone: &HashSet<u64>, err: &RedisError) {
+        self.hand_out(|w| {
+            if !gone.contains(&w.ticket) {
+                return Some(w);
+            }
+            let _ = w.answer.send(Err(err.clone()));
+            None
+        });
+    }
+
+    /// End the read in flight: each waiter is answered by `answer` (which gives back those
+    /// that wait on), and a restarted partition waiting for it to end is told.
+    fn hand_out(&self, mut answer: impl FnMut(Waiter) -> Option<Waiter>) {
         let mut state = self.lock();
         state.reading.clear();
         let waiting = std::mem::take(&mut state.waiting);
-        for w in waiting {
-            if gone.contains(&w.ticket) {
-                let _ = w.answer.send(Err(err.clone()));
-            } else {
-                state.waiting.push(w);
-            }
-        }
+        state.waiting = waiting.into_iter().filter_map(&mut answer).collect();
         drop(state);
         self.reads_ended.send_modify(|n| *n += 1);
     }
@@ -388,48 +394,45 @@ impl SharedRead {
     /// Hand out what a read brought: each waiter its own entries, an empty answer to those
     /// whose block time is over, the error to every waiter if it failed.
     fn end_read(&self, snapshot: &Snapshot, result: RedisResult<Vec<(usize, ReadEntry)>>) {
-        let mut state = self.lock();
-        state.reading.clear();
-        let waiting = std::mem::take(&mut state.waiting);
-        match result {
-            Ok(entries) => {
-                let mut by_owner: HashMap<u64, Vec<ReadEntry>> = HashMap::new();
-                for (key, entry) in entries {
-                    if let Some(owner) = snapshot.owners.get(key) {
-                        by_owner.entry(*owner).or_default().push(entry);
-                    }
-                }
-                // Waiters whose block time is at least half over end with those whose time
-                // is up: an idle subscription's partitions then come back to wait together,
-                // not each on its own schedule, each time cutting the read of all the others.
-                let half_over = Instant::now() + self.block / 2;
-                for w in waiting {
-                    if let Some(entries) = by_owner.remove(&w.ticket) {
-                        read::note_sizes(&w.plan, &entries);
-                        let _ = w.answer.send(Ok(entries));
-                    } else if half_over >= w.deadline || w.answer.is_closed() {
-                        let _ = w.answer.send(Ok(Vec::new()));
-                    } else {
-                        state.waiting.push(w);
-                    }
-                }
-                for (_, entries) in by_owner {
-                    // Its partition stopped waiting while the read was answered: the entries
-                    // are pending to this consumer; a restarted loop re-reads them.
-                    tracing::info!(
-                        group = %self.group,
-                        count = entries.len(),
-                        "entries read for a partition that stopped waiting stay pending to this consumer"
-                    );
-                }
-            }
+        let entries = match result {
+            Ok(entries) => entries,
             Err(err) => {
-                for w in waiting {
+                self.hand_out(|w| {
                     let _ = w.answer.send(Err(err.clone()));
-                }
+                    None
+                });
+                return;
+            }
+        };
+        let mut by_owner: HashMap<u64, Vec<ReadEntry>> = HashMap::new();
+        for (key, entry) in entries {
+            if let Some(owner) = snapshot.owners.get(key) {
+                by_owner.entry(*owner).or_default().push(entry);
             }
         }
-        drop(state);
-        self.reads_ended.send_modify(|n| *n += 1);
+        // Waiters whose block time is at least half over end with those whose time is up: an
+        // idle subscription's partitions then come back to wait together, not each on its own
+        // schedule, each time cutting the read of all the others.
+        let half_over = Instant::now() + self.block / 2;
+        self.hand_out(|w| {
+            if let Some(entries) = by_owner.remove(&w.ticket) {
+                read::note_sizes(&w.plan, &entries);
+                let _ = w.answer.send(Ok(entries));
+            } else if half_over >= w.deadline || w.answer.is_closed() {
+                let _ = w.answer.send(Ok(Vec::new()));
+            } else {
+                return Some(w);
+            }
+            None
+        });
+        for (_, entries) in by_owner {
+            // Its partition stopped waiting while the read was answered: the entries are
+            // pending to this consumer; a restarted loop re-reads them.
+            tracing::info!(
+                group = %self.group,
+                count = entries.len(),
+                "entries read for a partition that stopped waiting stay pending to this consumer"
+            );
+        }
     }
 }
