@@ -587,6 +587,24 @@ async fn host_clients(conn: &mut redis::aio::MultiplexedConnection) -> (usize, u
     (others.len(), blocked)
 }
 
+/// Wait until each of `entries` (stream, id: ids are unique per stream only) is acked, each
+/// once.
+async fn each_acked_once(
+    host: &mut TestHost,
+    mut entries: std::collections::HashSet<(String, String)>,
+    what: &str,
+) {
+    while !entries.is_empty() {
+        let event = host
+            .event(T, what, |e| {
+                entries.contains(&(e.stream.to_string(), e.id.clone()))
+            })
+            .await;
+        assert_eq!(event.kind, EventKind::Acked, "{event:?}");
+        entries.remove(&(event.stream.to_string(), event.id));
+    }
+}
+
 /// Partitions on one Redis node wait for new entries in one blocking read (issue 27: 1,024
 /// partitions once opened 1,030 connections). 48 partitions with a 60 s block: the host holds
 /// a few connections, one of them blocked; an entry added to an idle partition is handled at
@@ -615,15 +633,8 @@ async fn partitions_on_one_node_wait_in_one_blocking_read() {
             added.insert((part(p), id), round);
         }
     }
-    while !added.is_empty() {
-        let event = host
-            .event(T, "the entries of every partition", |e| {
-                added.contains_key(&(e.stream.to_string(), e.id.clone()))
-            })
-            .await;
-        assert_eq!(event.kind, EventKind::Acked, "{event:?}");
-        added.remove(&(event.stream.to_string(), event.id));
-    }
+    let added = added.into_keys().collect();
+    each_acked_once(&mut host, added, "the entries of every partition").await;
     // Idle now: one blocked read for all 48, and a few connections in all.
     let (clients, blocked) = wait_for(T, "one blocked read", || {
         let mut conn = conn.clone();
@@ -698,21 +709,13 @@ async fn partitions_beyond_the_handlers_instances_do_not_stall() {
     }
     let ids: Vec<String> = adds.query_async(&mut conn).await.unwrap();
     // Ids are unique per stream only.
-    let mut left: std::collections::HashSet<(String, String)> = ids
+    let left: std::collections::HashSet<(String, String)> = ids
         .into_iter()
         .enumerate()
         .map(|(i, id)| (part(i as u32 / 8), id))
         .collect();
     assert_eq!(left.len(), 32);
-    while !left.is_empty() {
-        let event = host
-            .event(T, "every partition's waiting entries", |e| {
-                left.contains(&(e.stream.to_string(), e.id.clone()))
-            })
-            .await;
-        assert_eq!(event.kind, EventKind::Acked, "{event:?}");
-        left.remove(&(event.stream.to_string(), event.id));
-    }
+    each_acked_once(&mut host, left, "every partition's waiting entries").await;
     host.stop().await.expect("clean stop");
 }
 
