@@ -213,11 +213,18 @@ export function subscriber(descriptor, handler, options = {}) {
         return outcome;
       } catch (err) {
         // The host fails the attempt (and retries with backoff); say why first.
-        hostLog("error", `handler threw: ${err && err.stack ? err.stack : err}`, [["sluice.panic", "true"]]);
+        hostLog("error", `threw ${describe(err)}`, [["sluice.panic", "true"], ["sluice.trace", String(err?.stack ?? "")]]);
         throw err;
       }
     },
   };
+}
+
+/** What was thrown, in one line: its type and message, and where, when the stack says. */
+function describe(err) {
+  if (!(err instanceof Error)) return `${typeof err} ${String(err)}`;
+  const where = /(\w[\w.\/-]*\.m?js):(\d+):(\d+)/.exec(String(err.stack ?? ""));
+  return `${err.name}: ${err.message}${where ? ` (${where[1].split("/").pop()}:${where[2]}:${where[3]})` : ""}`;
 }
 
 /**

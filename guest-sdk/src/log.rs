@@ -91,7 +91,7 @@ pub(crate) fn install() {
                 .unwrap_or_else(|| "non-string panic payload".to_owned());
             wit::log(
                 wit::Level::Error,
-                &format!("guest panicked{location}: {payload}"),
+                &format!("panicked{location}: {payload}"),
                 &[("sluice.panic".to_owned(), "true".to_owned())],
             );
         }));

@@ -170,7 +170,9 @@ impl Dispatcher {
             Ok(Outcome::Ack) => HandlerResult::Ack,
             Ok(Outcome::RetryAfter(_)) => HandlerResult::Retry,
             Ok(Outcome::DeadLetter(_)) => HandlerResult::DeadLetter,
-            Err(Failure::Trap(_) | Failure::Instantiate(_)) => HandlerResult::Trap,
+            Err(Failure::Trap(_) | Failure::Raised { .. } | Failure::Instantiate(_)) => {
+                HandlerResult::Trap
+            }
             Err(
                 Failure::Timeout(_)
                 | Failure::MemoryLimit { .. }
@@ -179,13 +181,27 @@ impl Dispatcher {
             ) => HandlerResult::Limit,
         });
         let elapsed_us = elapsed.as_micros() as u64;
+        let previous = delivery.previous_attempts();
+        let action = outcome::decide(&result, previous, &self.policy);
+        // A failed attempt is logged once: what failed first, its traceback as lines after it.
+        let trace = result.as_ref().err().and_then(Failure::trace);
         if let Err(failure) = &result {
             let (failure, _) =
                 outcome::bounded_text(&failure.to_string(), outcome::MAX_REASON_BYTES);
-            tracing::warn!(%failure, elapsed_us, "attempt failed");
+            let then = match &action {
+                Action::DeadLetter { .. } => "dead-lettering",
+                _ => "retrying",
+            };
+            match trace {
+                Some(trace) => tracing::warn!(
+                    %failure,
+                    elapsed_us,
+                    "attempt failed; {then}\n{}",
+                    indented(trace)
+                ),
+                None => tracing::warn!(%failure, elapsed_us, "attempt failed; {then}"),
+            }
         }
-        let previous = delivery.previous_attempts();
-        let action = outcome::decide(&result, previous, &self.policy);
         let settled = match action {
             Action::Ack => {
                 tracing::debug!(elapsed_us, "ack");
@@ -195,9 +211,14 @@ impl Dispatcher {
                 if cut {
                     m.reasons_cut.inc();
                 }
-                tracing::warn!(%reason, elapsed_us, cut, "dead-lettering");
+                if result.is_ok() {
+                    tracing::warn!(%reason, elapsed_us, cut, "dead-lettering");
+                } else {
+                    // The failure's line above said it already.
+                    tracing::debug!(%reason, elapsed_us, cut, "dead-lettering");
+                }
                 self.settler
-                    .dead_letter(&delivery, digest, &reason)
+                    .dead_letter(&delivery, digest, &reason, trace)
                     .await
                     .map(|_| Settled::Done)
             }
@@ -240,7 +261,11 @@ impl Dispatcher {
         reason: &str,
     ) -> Settled {
         tracing::warn!(id = %delivery.entry.id, "{reason}");
-        match self.settler.dead_letter(delivery, digest, reason).await {
+        match self
+            .settler
+            .dead_letter(delivery, digest, reason, None)
+            .await
+        {
             Ok(_) => Settled::Done,
             Err(err) => {
                 self.metrics.settle_errors.inc();
@@ -258,13 +283,24 @@ impl Dispatcher {
         delay: Duration,
         cause: String,
     ) -> Result<Settled, SettleError> {
+        let delay_ms = delay.as_millis() as u64;
         if self.settler.has_delayed_set() {
-            tracing::info!(delay_ms = delay.as_millis() as u64, %cause, "parking for a delayed retry");
+            tracing::info!(delay_ms, "parking for a delayed retry");
             self.settler.park(delivery, digest, delay, cause).await?;
             return Ok(Settled::Done);
         }
-        tracing::info!(delay_ms = delay.as_millis() as u64, %cause, "retry stays pending");
+        tracing::info!(delay_ms, "retry stays pending");
         self.settler.retry_pending(delivery, digest, delay, cause);
         Ok(Settled::RetryPending(delay))
     }
+}
+
+/// A guest's traceback for the log: each line indented under the failure, so none starts where
+/// a line of the host's would.
+fn indented(trace: &str) -> String {
+    trace
+        .lines()
+        .map(|line| format!("    | {line}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }

@@ -83,6 +83,17 @@ mod shutdown;
 mod subscription;
 mod swap;
 
+/// What `sluice --version` says: the crate's version, the commit it was built from and the WIT
+/// package its guests build against (a handler built for another WIT package is refused).
+pub const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("SLUICE_COMMIT"),
+    ", WIT ",
+    env!("SLUICE_WIT_PACKAGE"),
+    ")"
+);
+
 pub use config::Config;
 pub use events::{Event, EventKind};
 pub use plan::{Plan, SubscriptionPlan};

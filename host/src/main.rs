@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 #[derive(Parser)]
 #[command(
     name = "sluice",
-    version,
+    version = sluice_host::LONG_VERSION,
     about = "Run WebAssembly handlers on Redis Streams consumer groups"
 )]
 struct Cli {
@@ -41,6 +41,10 @@ enum Command {
         /// was built from, if it is still there.
         #[arg(long, env = "SLUICE_SDK_PATH")]
         sdk_path: Option<PathBuf>,
+        /// What the handler does: `ack` acks (and retries once on request); `http` calls an
+        /// HTTP API and parks a durable retry when the call fails.
+        #[arg(long, value_enum, default_value_t = sluice_host::project::Template::Ack)]
+        template: sluice_host::project::Template,
     },
     /// Build the handler project in a directory (cargo, componentize-py or componentize-js)
     /// into target/<name>.wasm, and print that path.
@@ -62,7 +66,7 @@ enum Command {
     /// Run the subscriptions of config files and/or components until SIGTERM or ctrl-c.
     Run {
         /// `.toml` configs and/or `.wasm` components (a component alone runs its own descriptor).
-        #[arg(required = true)]
+        #[arg(default_value = "sluice.toml")]
         paths: Vec<PathBuf>,
         /// Redis URL for every subscription (overrides the configs; default: a private dev server).
         #[arg(long, env = "SLUICE_REDIS_URL")]
@@ -72,7 +76,7 @@ enum Command {
     /// time and time left, oldest first.
     Parked {
         /// `.toml` configs and/or `.wasm` components.
-        #[arg(required = true)]
+        #[arg(default_value = "sluice.toml")]
         paths: Vec<PathBuf>,
         /// Only the subscription to this stream.
         #[arg(long)]
@@ -91,7 +95,7 @@ enum Command {
     /// unread counts, parked entries and the next due time, dead letters and the handler digest.
     Status {
         /// `.toml` configs and/or `.wasm` components.
-        #[arg(required = true)]
+        #[arg(default_value = "sluice.toml")]
         paths: Vec<PathBuf>,
         /// One JSON object per subscription, one per line.
         #[arg(long)]
@@ -129,7 +133,7 @@ enum Command {
     /// List dead letters, newest first: id, time, origin id, retries, reason and fields.
     DeadLetters {
         /// `.toml` configs and/or `.wasm` components.
-        #[arg(required = true)]
+        #[arg(default_value = "sluice.toml")]
         paths: Vec<PathBuf>,
         /// Only the subscription to this stream (or this one partition).
         #[arg(long)]
@@ -153,15 +157,13 @@ enum Command {
     /// Put dead letters back onto their stream (attempts reset; the entry records where it came
     /// from); each one moves in one atomic step.
     Requeue {
-        /// The `.toml` config or `.wasm` component of the subscription.
-        path: PathBuf,
-        /// Dead-letter ids to requeue.
+        /// The subscription's `.toml` config or `.wasm` component (default: ./sluice.toml),
+        /// then the dead-letter ids to requeue.
         #[arg(
-            value_name = "DEAD_LETTER_ID",
-            required_unless_present = "all",
-            conflicts_with = "all"
+            value_name = "[CONFIG] DEAD_LETTER_ID",
+            required_unless_present = "all"
         )]
-        ids: Vec<String>,
+        args: Vec<String>,
         /// Requeue every dead letter (of `--stream`, whose reason contains `--reason`).
         #[arg(long)]
         all: bool,
@@ -180,15 +182,10 @@ enum Command {
     },
     /// Make parked retries due now; the next sweep of a running host moves them back.
     RetryNow {
-        /// The `.toml` config or `.wasm` component of the subscription.
-        path: PathBuf,
-        /// Origin ids of the parked retries.
-        #[arg(
-            value_name = "ORIGIN_ID",
-            required_unless_present = "all",
-            conflicts_with = "all"
-        )]
-        ids: Vec<String>,
+        /// The subscription's `.toml` config or `.wasm` component (default: ./sluice.toml),
+        /// then the origin ids of the parked retries.
+        #[arg(value_name = "[CONFIG] ORIGIN_ID", required_unless_present = "all")]
+        args: Vec<String>,
         /// Every parked retry that is not yet due.
         #[arg(long)]
         all: bool,
@@ -202,7 +199,7 @@ enum Command {
     /// Delete dead letters or parked retries for good (poison entries).
     Delete {
         /// `.toml` configs and/or `.wasm` components.
-        #[arg(required = true)]
+        #[arg(default_value = "sluice.toml")]
         paths: Vec<PathBuf>,
         /// Dead-letter ids to delete.
         #[arg(
@@ -222,15 +219,81 @@ enum Command {
         #[arg(long, env = "SLUICE_REDIS_URL")]
         redis: Option<String>,
     },
+    /// Add a test entry to a stream of the project: the JSON object's fields become the
+    /// entry's fields (a nested value is written as JSON), or, for a subscription with a
+    /// payload field, the whole object goes in that field.
+    Send {
+        /// The stream (may be left out when the config has one subscription), then the entry
+        /// as a JSON object.
+        #[arg(value_name = "[STREAM] JSON", num_args = 1..=2, required = true)]
+        args: Vec<String>,
+        /// The project's config.
+        #[arg(long, default_value = "sluice.toml")]
+        config: PathBuf,
+        /// Redis URL (default: the subscription's, else the dev server of a running `sluice dev`).
+        #[arg(long, env = "SLUICE_REDIS_URL")]
+        redis: Option<String>,
+    },
+    /// The Python and JavaScript build tools: where each is found, or install the pinned
+    /// versions into the per-user tools directory.
+    Tools {
+        #[command(subcommand)]
+        action: Option<ToolsAction>,
+    },
+    /// The compiled-component cache.
+    Cache {
+        #[command(subcommand)]
+        action: CacheAction,
+    },
     /// Validate configs and components and print the resolved plan, without running anything.
     Check {
         /// `.toml` configs and/or `.wasm` components.
-        #[arg(required = true)]
+        #[arg(default_value = "sluice.toml")]
         paths: Vec<PathBuf>,
         /// Redis URL for every subscription (overrides the configs).
         #[arg(long, env = "SLUICE_REDIS_URL")]
         redis: Option<String>,
     },
+}
+
+#[derive(Subcommand)]
+enum ToolsAction {
+    /// Install componentize-py and componentize-js (pinned versions, through pip and npm)
+    /// into the per-user tools directory (`SLUICE_TOOLS_DIR`, else ~/.local/share/sluice/tools).
+    Install,
+}
+
+#[derive(Subcommand)]
+enum CacheAction {
+    /// Remove compiled components not used for a while.
+    Prune {
+        /// The cache directory (default: the config's `cache_dir`, else .sluice/cache).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Remove what was not used for this long (`0s`: everything).
+        #[arg(long, default_value = "7d")]
+        older_than: String,
+    },
+}
+
+/// `[CONFIG] ID...`: the first argument is the config when it names a `.toml` or `.wasm`
+/// file, else every argument is an id and the config is ./sluice.toml.
+fn config_and_ids(mut args: Vec<String>, all: bool) -> anyhow::Result<(PathBuf, Vec<String>)> {
+    let is_config = args
+        .first()
+        .is_some_and(|a| a.ends_with(".toml") || a.ends_with(".wasm"));
+    let config = if is_config {
+        PathBuf::from(args.remove(0))
+    } else {
+        PathBuf::from("sluice.toml")
+    };
+    if all && !args.is_empty() {
+        anyhow::bail!("give ids or --all, not both");
+    }
+    if !all && args.is_empty() {
+        anyhow::bail!("give at least one id, or --all");
+    }
+    Ok((config, args))
 }
 
 /// Log to stderr through a writer thread, so a slow terminal or pipe never blocks the async
@@ -282,7 +345,43 @@ fn main() -> ExitCode {
                 name,
                 lang,
                 sdk_path,
-            } => sluice_host::commands::new(&name, lang, sdk_path.as_deref()),
+                template,
+            } => sluice_host::commands::new(&name, lang, template, sdk_path.as_deref()),
+            Command::Send {
+                args,
+                config,
+                redis,
+            } => {
+                let (stream, json) = match args.as_slice() {
+                    [json] => (None, json.clone()),
+                    [stream, json] => (Some(stream.clone()), json.clone()),
+                    _ => anyhow::bail!("give [STREAM] JSON"),
+                };
+                let added = sluice_host::commands::send(
+                    &config,
+                    redis.as_deref(),
+                    stream.as_deref(),
+                    &json,
+                )
+                .await?;
+                println!("{added}");
+                Ok(())
+            }
+            Command::Tools { action } => {
+                let report = match action {
+                    None => sluice_host::commands::tools_list(),
+                    Some(ToolsAction::Install) => sluice_host::commands::tools_install()?,
+                };
+                print!("{report}");
+                Ok(())
+            }
+            Command::Cache {
+                action: CacheAction::Prune { dir, older_than },
+            } => {
+                let done = sluice_host::commands::cache_prune(dir.as_deref(), &older_than)?;
+                print!("{done}");
+                Ok(())
+            }
             Command::Build { dir } => sluice_host::commands::build(&dir).map(|_| ()),
             Command::Dev { dir, redis } => sluice_host::commands::dev(&dir, redis.as_deref()).await,
             Command::Run { paths, redis } => {
@@ -365,14 +464,14 @@ fn main() -> ExitCode {
                 Ok(())
             }
             Command::Requeue {
-                path,
-                ids,
+                args,
                 all,
                 reason,
                 dry_run,
                 stream,
                 redis,
             } => {
+                let (path, ids) = config_and_ids(args, all)?;
                 let done = sluice_host::commands::requeue(sluice_host::commands::RequeueRequest {
                     paths: vec![path],
                     redis,
@@ -387,12 +486,12 @@ fn main() -> ExitCode {
                 Ok(())
             }
             Command::RetryNow {
-                path,
-                ids,
+                args,
                 all,
                 stream,
                 redis,
             } => {
+                let (path, ids) = config_and_ids(args, all)?;
                 let done = sluice_host::commands::retry_now(
                     &[path],
                     redis.as_deref(),

@@ -64,6 +64,16 @@ pub enum Failure {
     /// The guest trapped (a panic, an out-of-bounds access, an abort).
     #[error("guest trapped: {0}")]
     Trap(String),
+    /// The handler failed with an error it reported first (a Rust panic, a Python or
+    /// JavaScript exception): `error` says what and where in one line, `trace` is the
+    /// traceback, when the language has one.
+    #[error("handler {error}")]
+    Raised {
+        /// The short form: "raised ValueError: boom (app.py:12 in handle)".
+        error: String,
+        /// The traceback, one line per frame, bounded.
+        trace: Option<String>,
+    },
     /// The delivery ran past its time limit.
     #[error("handler exceeded its time limit of {0:?}")]
     Timeout(Duration),
@@ -100,6 +110,16 @@ pub struct Policy {
     pub min_delay: Duration,
     /// The largest entry handed to the handler; larger ones are dead-lettered unhandled.
     pub max_entry_bytes: u64,
+}
+
+impl Failure {
+    /// The traceback the guest gave with its error, if any.
+    pub fn trace(&self) -> Option<&str> {
+        match self {
+            Failure::Raised { trace, .. } => trace.as_deref(),
+            _ => None,
+        }
+    }
 }
 
 impl Policy {

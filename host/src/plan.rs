@@ -342,7 +342,7 @@ impl Plan {
             let size = std::fs::metadata(&sub.component).map_or(0, |m| m.len());
             if sub.limits.isolation == Isolation::PerDelivery && size >= 4 << 20 {
                 warnings.push(format!(
-                    "isolation = \"per-delivery\" with a {:.1} MiB component (an interpreter snapshot, as Python and JavaScript components are): every delivery instantiates it anew, which costs milliseconds (hundreds of deliveries per second, see BENCHMARKS.md); reused instances cost tens of microseconds",
+                    "isolation = \"per-delivery\" with a {:.1} MiB component (an interpreter snapshot, as Python and JavaScript components are): every delivery instantiates it anew, which costs milliseconds (hundreds of deliveries per second, see docs/src/benchmarks-journal.md); reused instances cost tens of microseconds",
                     size as f64 / (1024.0 * 1024.0)
                 ));
             }

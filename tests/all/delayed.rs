@@ -558,7 +558,7 @@ async fn traps_and_failure_backoff_use_the_set_and_max_retries_counts_parks() {
         panic!("{first:?}")
     };
     assert_eq!(*delay, Duration::from_millis(200));
-    assert!(cause.contains("guest trapped"), "{cause}");
+    assert!(cause.contains("handler panicked at"), "{cause}");
     let second = host.event(T, "the second attempt", |e| e.id != id).await;
     assert_eq!(second.retry_count, 1);
     let EventKind::DeadLettered { reason } = &second.kind else {

@@ -1,6 +1,6 @@
 //! Several services on one stream: each consumer group's retries stay with it (no copies for the
 //! others), keys are never shared between subscriptions, the host's bookkeeping cannot be
-//! replayed onto other entries, and no entry can grow Redis by retrying. See docs/threats.md.
+//! replayed onto other entries, and no entry can grow Redis by retrying. See docs/src/security-model.md.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

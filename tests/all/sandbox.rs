@@ -134,7 +134,7 @@ async fn deep_recursion_traps_cleanly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_is_reported_with_its_message() {
     let fault = fault(Sub::fixture("panics"), Control::Trap).await;
-    both_say(&fault, "guest panicked at");
+    both_say(&fault, "handler panicked at");
     both_say(&fault, "fixture trap on attempt 1");
 }
 

@@ -193,6 +193,8 @@ impl Bench {
             pool: Some(pool),
             fuel: false,
             no_epoch: false,
+            cache_max_size: None,
+            quick_compile: false,
         };
         let runtime = Runtime::new(Some(&dir.path().join("cache")), options)?;
         Ok(Self {

@@ -75,6 +75,8 @@ impl Bench {
                 pool,
                 fuel: false,
                 no_epoch,
+                cache_max_size: None,
+                quick_compile: false,
             };
             let runtime = Runtime::new(None, options)?;
             let took = time_handler(&runtime, &self.fixture, isolation, n).await?;

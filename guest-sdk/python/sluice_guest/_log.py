@@ -44,6 +44,10 @@ def install() -> None:
         _installed = True
 
 
-def panic(message: str) -> None:
-    """Tell the host why this attempt is about to fail (it names it in the log and metrics)."""
-    _wit.log(_wit.Level.ERROR, message, [("sluice.panic", "true")])
+def panic(message: str, trace: str = "") -> None:
+    """Tell the host why this attempt is about to fail (it names it in the log, the metrics
+    and a dead letter): ``message`` in one line, ``trace`` the traceback."""
+    fields = [("sluice.panic", "true")]
+    if trace:
+        fields.append(("sluice.trace", trace))
+    _wit.log(_wit.Level.ERROR, message, fields)

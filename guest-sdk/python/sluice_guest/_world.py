@@ -2,6 +2,7 @@
 the function under ``@subscriber``. ``sluice build`` names this module's ``WitWorld`` as the
 component's implementation."""
 
+import os
 import traceback
 
 import wit_world
@@ -26,8 +27,14 @@ class WitWorld(wit_world.WitWorld):
         try:
             return _wit_outcome(sdk._run(d))
         except Exception as err:
-            # The host fails the attempt (and retries with backoff); say why first.
-            _log.panic(f"handler raised {type(err).__name__}: {err}\n{traceback.format_exc()}")
+            # The host fails the attempt (and retries with backoff); say why first: the
+            # exception and where it was raised on one line, the traceback apart.
+            where = ""
+            frames = traceback.extract_tb(err.__traceback__)
+            if frames:
+                last = frames[-1]
+                where = f" ({os.path.basename(last.filename)}:{last.lineno} in {last.name})"
+            _log.panic(f"raised {type(err).__name__}: {err}{where}", traceback.format_exc())
             raise
 
     def subscription(self) -> t.Subscription:

@@ -21,8 +21,15 @@ pub fn build(dir: &Path) -> Result<PathBuf> {
             dir.display()
         )
     })?;
+    let how = if built.unchanged {
+        "up to date with the sources"
+    } else if built.reused {
+        "the component of an earlier build of these same sources"
+    } else {
+        "built"
+    };
     eprintln!(
-        "built in {:.1}s ({:.1} MB)",
+        "{how} in {:.1}s ({:.1} MB)",
         built.took.as_secs_f64(),
         built.size as f64 / 1e6
     );

@@ -83,6 +83,18 @@ pub async fn dead_letters(query: DeadLetterQuery) -> Result<String> {
                 }
                 let _ = writeln!(out, "      {} = {value}", printable(name));
             }
+            match (&letter.trace, query.ids.is_empty()) {
+                (Some(trace), false) => {
+                    let _ = writeln!(out, "      traceback:");
+                    for line in trace.lines() {
+                        let _ = writeln!(out, "        {}", printable(line.as_bytes()));
+                    }
+                }
+                (Some(_), true) => {
+                    let _ = writeln!(out, "      (a traceback: --id {} shows it)", letter.id);
+                }
+                (None, _) => {}
+            }
         }
         let more = if page.next.is_some() {
             " (more: raise --limit)"

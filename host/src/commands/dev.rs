@@ -43,7 +43,12 @@ pub async fn dev(dir: &Path, redis: Option<&str>) -> Result<()> {
     let mut host = {
         let config = config.clone();
         let redis = redis.map(str::to_owned);
-        tokio::spawn(async move { super::run(&[config], redis.as_deref()).await })
+        let dev = super::run::Dev {
+            project: project.dir.clone(),
+        };
+        tokio::spawn(
+            async move { super::run::run_with(&[config], redis.as_deref(), Some(dev)).await },
+        )
     };
     eprintln!(
         "serving {}; watching {} for changes",
@@ -54,7 +59,8 @@ pub async fn dev(dir: &Path, redis: Option<&str>) -> Result<()> {
         tokio::select! {
             () = next_change(&project, &mut watched, &mut changes) => {
                 match rebuild(&project).await {
-                    Ok(()) => eprintln!("the host swaps the new build in"),
+                    Ok(true) => eprintln!("the host swaps the new build in"),
+                    Ok(false) => {}
                     Err(err) => eprintln!("{err:#}\nthe last good handler keeps serving"),
                 }
             }
@@ -189,19 +195,29 @@ async fn next_change(
     }
 }
 
-async fn rebuild(project: &Project) -> Result<()> {
+/// Build; true when a new component is in place.
+async fn rebuild(project: &Project) -> Result<bool> {
     let p = project.clone();
     eprintln!("building…");
     let built = tokio::task::spawn_blocking(move || build::build(&p))
         .await
         .context("the build task failed")?
         .context("the build failed")?;
-    eprintln!(
-        "built {} in {:.1}s",
-        built.path.display(),
-        built.took.as_secs_f64()
-    );
-    Ok(())
+    if built.unchanged {
+        eprintln!("{} is up to date with the sources", built.path.display());
+    } else if built.reused {
+        eprintln!(
+            "took {} from an earlier build of these same sources",
+            built.path.display()
+        );
+    } else {
+        eprintln!(
+            "built {} in {:.1}s",
+            built.path.display(),
+            built.took.as_secs_f64()
+        );
+    }
+    Ok(!built.unchanged)
 }
 
 #[cfg(test)]

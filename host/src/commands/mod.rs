@@ -3,6 +3,7 @@
 //! dispatches them; what several share (building the plan, finding Redis) is here.
 
 mod build;
+mod cache;
 mod check;
 mod dead_letters;
 mod delete;
@@ -12,14 +13,17 @@ mod parked;
 mod requeue;
 mod retry_now;
 mod run;
+mod send;
 mod status;
 mod swap;
+mod tools;
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 
 pub use build::build;
+pub use cache::cache_prune;
 pub use check::check;
 pub use dead_letters::{DeadLetterQuery, dead_letters};
 pub use delete::{Deletion, delete};
@@ -29,8 +33,10 @@ pub use parked::parked;
 pub use requeue::{RequeueRequest, requeue};
 pub use retry_now::retry_now;
 pub use run::run;
+pub use send::send;
 pub use status::status;
 pub use swap::{SwapRequest, swap};
+pub use tools::{tools_install, tools_list};
 
 use crate::config::Config;
 use crate::plan::Plan;
@@ -41,18 +47,60 @@ pub const DEV_REDIS_DIR: &str = ".sluice/dev-redis";
 
 /// Load the configuration and every component, and resolve the subscriptions.
 pub(crate) async fn plan(paths: &[PathBuf], redis: Option<&str>) -> Result<Plan> {
+    plan_of(&load(paths)?, redis, false).await
+}
+
+/// [`plan`] of a loaded configuration; `quick_compile` for `sluice dev`.
+pub(crate) async fn plan_of(
+    config: &Config,
+    redis: Option<&str>,
+    quick_compile: bool,
+) -> Result<Plan> {
+    let options = crate::runtime::RuntimeOptions {
+        quick_compile,
+        ..crate::runtime::RuntimeOptions::for_config(config)
+    };
+    let runtime = Runtime::new(Some(&config.cache_dir), options)
+        .context("cannot start the WebAssembly runtime")?;
+    Plan::build(config, &runtime, redis)
+        .await
+        .context("cannot build the plan")
+}
+
+/// Load the configuration of `paths`; the default (./sluice.toml) missing says what to give.
+pub(crate) fn load(paths: &[PathBuf]) -> Result<Config> {
     if paths.is_empty() {
         anyhow::bail!("give at least one config (.toml) or component (.wasm)");
     }
-    let config = Config::load(paths).context("invalid configuration")?;
-    let runtime = Runtime::new(
-        Some(&config.cache_dir),
-        crate::runtime::RuntimeOptions::for_config(&config),
-    )
-    .context("cannot start the WebAssembly runtime")?;
-    Plan::build(&config, &runtime, redis)
-        .await
-        .context("cannot build the plan")
+    if let [only] = paths
+        && only == Path::new("sluice.toml")
+        && !only.exists()
+    {
+        anyhow::bail!(
+            "no sluice.toml in {}: run this in a project's directory (`sluice new <name>` makes one) or give configs (.toml) or components (.wasm)",
+            std::env::current_dir()
+                .map(|d| d.display().to_string())
+                .unwrap_or_else(|_| "this directory".to_owned())
+        );
+    }
+    Config::load(paths).context("invalid configuration")
+}
+
+/// Load the configuration and reach the Redis of each subscription, before anything is
+/// compiled: a command that only reads Redis says "no Redis" at once.
+pub(crate) async fn plan_after_redis(paths: &[PathBuf], redis: Option<&str>) -> Result<Plan> {
+    let config = load(paths)?;
+    let mut reached = std::collections::HashSet::new();
+    for sub in &config.subscriptions {
+        let configured = redis.or(sub.redis.as_deref());
+        if !reached.insert(configured.map(str::to_owned)) {
+            continue;
+        }
+        let url = redis_url_for(configured)?;
+        let conn = crate::redis_conn::RedisHandle::connect(&url, &sub.redis_access).await?;
+        drop(conn);
+    }
+    plan(paths, redis).await
 }
 
 /// The Redis URL for commands that only talk to Redis: `--redis`, else the subscription's own,

@@ -1,29 +1,62 @@
 //! `sluice run`: the service in the foreground, with a private dev Redis when none is
-//! configured.
+//! configured. `sluice dev` runs the same, in its dev mode (see [`Dev`]).
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 use tokio_util::sync::CancellationToken;
 
-use super::{DEV_REDIS_DIR, plan};
+use super::{DEV_REDIS_DIR, plan_of};
 use crate::devredis::{DevRedis, DevRedisOptions};
 use crate::service::Service;
 
+/// How `sluice dev` runs the host: the dev Redis in the project's own directory, page and API
+/// actions allowed on a loopback admin server without a token, and a banner that says where
+/// everything is.
+#[derive(Debug, Clone)]
+pub struct Dev {
+    /// The project's directory (its `.sluice/` holds the dev Redis).
+    pub project: PathBuf,
+}
+
+/// How often `sluice dev`'s host looks for a new build.
+const DEV_WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// `sluice run`: run every subscription until a signal, then drain and stop.
 pub async fn run(paths: &[PathBuf], redis: Option<&str>) -> Result<()> {
-    let plan = plan(paths, redis).await?;
-    let mut dev = if plan.needs_dev_redis() {
-        let dev = DevRedis::start(Path::new(DEV_REDIS_DIR), &DevRedisOptions::default())
+    run_with(paths, redis, None).await
+}
+
+/// [`run`], in dev mode when `dev` is given.
+pub async fn run_with(paths: &[PathBuf], redis: Option<&str>, dev: Option<Dev>) -> Result<()> {
+    let mut config = super::load(paths)?;
+    if dev.is_some() {
+        // A new build is taken a quarter of a second after it lands, not a second.
+        config.watch_interval = config.watch_interval.map(|i| i.min(DEV_WATCH_INTERVAL));
+    }
+    let mut plan = plan_of(&config, redis, dev.is_some()).await?;
+    let dev_dir = dev.as_ref().map_or_else(
+        || PathBuf::from(DEV_REDIS_DIR),
+        |d| d.project.join(DEV_REDIS_DIR),
+    );
+    let mut dev_redis = if plan.needs_dev_redis() {
+        let dev = DevRedis::start(&dev_dir, &DevRedisOptions::default())
             .context("cannot start the private dev Redis")?;
         Some(dev)
     } else {
         None
     };
-    let dev_url = dev.as_ref().map(DevRedis::url);
+    if dev.is_some() {
+        // In dev the page's buttons work on loopback without a token (the admin server takes
+        // this only on a loopback address); a configured token or read-only mode still rules.
+        plan.admin_open_on_loopback |= plan.admin_token.is_none() && !plan.admin_read_only;
+        eprint!("{}", banner(&plan, dev_redis.as_ref(), redis, &dev_dir));
+    }
+    let dev_url = dev_redis.as_ref().map(DevRedis::url);
     let service = Service::new(plan);
     let stop = CancellationToken::new();
-    let dev_pid = dev.as_ref().and_then(DevRedis::pid);
+    let dev_pid = dev_redis.as_ref().and_then(DevRedis::pid);
     crate::shutdown::on_signals(stop.clone(), move || {
         if let Some(pid) = dev_pid {
             let _ = nix::sys::signal::kill(
@@ -34,7 +67,7 @@ pub async fn run(paths: &[PathBuf], redis: Option<&str>) -> Result<()> {
         std::process::exit(130);
     });
     let result = service.run(dev_url, stop).await;
-    if let Some(dev) = dev.as_mut() {
+    if let Some(dev) = dev_redis.as_mut() {
         dev.stop();
     }
     match result {
@@ -44,4 +77,79 @@ pub async fn run(paths: &[PathBuf], redis: Option<&str>) -> Result<()> {
         ) => Err(err).context("the host did not stop cleanly"),
         Err(err) => Err(err).context("the host could not start"),
     }
+}
+
+/// What `sluice dev` prints first: what it serves, where, and how to try it.
+fn banner(
+    plan: &crate::plan::Plan,
+    dev_redis: Option<&DevRedis>,
+    redis: Option<&str>,
+    dev_dir: &Path,
+) -> String {
+    let mut out = String::from("\nsluice dev\n");
+    for sub in &plan.subscriptions {
+        let _ = writeln!(
+            out,
+            "  stream     {} (group {}{})",
+            sub.stream.stream,
+            sub.stream.group,
+            if sub.stream.partitions > 1 {
+                format!(", {} partitions", sub.stream.partitions)
+            } else {
+                String::new()
+            }
+        );
+    }
+    match (dev_redis, redis) {
+        (Some(dev), _) => {
+            let _ = writeln!(
+                out,
+                "  redis      redis://127.0.0.1:{} (private dev server; password in {}/password)\n             redis-cli -p {} --askpass",
+                dev.port(),
+                dev_dir.display(),
+                dev.port()
+            );
+        }
+        (None, Some(url)) => {
+            let _ = writeln!(out, "  redis      {}", crate::redis_conn::redact(url));
+        }
+        (None, None) => {
+            for url in plan
+                .subscriptions
+                .iter()
+                .filter_map(|s| s.redis.as_deref())
+                .collect::<std::collections::BTreeSet<_>>()
+            {
+                let _ = writeln!(out, "  redis      {}", crate::redis_conn::redact(url));
+            }
+        }
+    }
+    match plan.admin {
+        Some(addr) => {
+            let actions = if plan.admin_read_only {
+                "read-only (admin_read_only = true)"
+            } else if plan.admin_token.is_some() {
+                "actions after logging in with the admin token"
+            } else if addr.ip().is_loopback() {
+                "actions allowed without a token: dev mode, loopback only"
+            } else {
+                "read-only: set admin_token_file to act"
+            };
+            let _ = writeln!(out, "  admin page http://{addr}/ui/ ({actions})");
+        }
+        None => out.push_str("  admin page off (admin = \"off\")\n"),
+    }
+    let example = match plan.subscriptions.as_slice() {
+        [_] => "sluice send '{\"id\":\"1\"}'".to_owned(),
+        subs => format!(
+            "sluice send {} '{{\"id\":\"1\"}}'",
+            subs.first()
+                .map_or("<stream>", |s| s.stream.stream.as_str())
+        ),
+    };
+    let _ = writeln!(
+        out,
+        "  try it     {example}   (in another terminal, in this directory)\n"
+    );
+    out
 }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 
-use super::{plan, redis_url_for};
+use super::{plan_after_redis, redis_url_for};
 use crate::inspect;
 
 /// One subscription's state, as `sluice status` reports it.
@@ -63,7 +63,7 @@ struct ConsumerStatus {
 /// `sluice status`: for each subscription, the group's consumers and pending counts, parked
 /// entries and the next due time, the dead-letter stream's length and the handler's digest.
 pub async fn status(paths: &[PathBuf], redis: Option<&str>, json: bool) -> Result<String> {
-    let plan = plan(paths, redis).await?;
+    let plan = plan_after_redis(paths, redis).await?;
     let mut rows = Vec::new();
     for sub in &plan.subscriptions {
         let url = redis_url_for(sub.redis.as_deref())?;

@@ -28,6 +28,7 @@ struct RawConfig {
     admin_token_file: Option<PathBuf>,
     admin_token_env: Option<String>,
     admin_max_upload: Option<String>,
+    cache_max_size: Option<String>,
     admin_open_on_loopback: Option<bool>,
     admin_read_only: Option<bool>,
     watch_interval: Option<String>,
@@ -169,6 +170,7 @@ pub(super) struct Globals {
     pub(super) admin: Option<Option<std::net::SocketAddr>>,
     pub(super) admin_token: Option<TokenSource>,
     pub(super) admin_max_upload: Option<u64>,
+    pub(super) cache_max_size: Option<u64>,
     pub(super) admin_open_on_loopback: Option<bool>,
     pub(super) admin_read_only: Option<bool>,
     pub(super) watch_interval: Option<Option<Duration>>,
@@ -193,6 +195,11 @@ impl Globals {
             &mut self.admin_max_upload,
             other.admin_max_upload,
             "admin_max_upload",
+        )?;
+        merge(
+            &mut self.cache_max_size,
+            other.cache_max_size,
+            "cache_max_size",
         )?;
         merge(
             &mut self.admin_open_on_loopback,
@@ -322,6 +329,11 @@ fn globals(v: &Validator<'_>, base: &Path, raw: &RawConfig) -> Result<Globals, C
             .admin_max_upload
             .as_deref()
             .map(|text| v.size("admin_max_upload", text))
+            .transpose()?,
+        cache_max_size: raw
+            .cache_max_size
+            .as_deref()
+            .map(|text| v.size("cache_max_size", text))
             .transpose()?,
         admin_open_on_loopback: raw.admin_open_on_loopback,
         admin_read_only: raw.admin_read_only,

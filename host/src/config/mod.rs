@@ -315,6 +315,9 @@ pub struct Config {
     pub subscriptions: Vec<SubscriptionConfig>,
     /// Where compiled components are cached.
     pub cache_dir: PathBuf,
+    /// The most the compiled-component cache holds, in bytes; the least recently used go
+    /// first.
+    pub cache_max_size: u64,
     /// How long a shutdown waits for in-flight deliveries.
     pub shutdown_timeout: Duration,
     /// Where the admin HTTP server listens; `None` turns it off.
@@ -382,6 +385,9 @@ impl Config {
             cache_dir: globals
                 .cache_dir
                 .unwrap_or_else(|| PathBuf::from(".sluice/cache")),
+            cache_max_size: globals
+                .cache_max_size
+                .unwrap_or(crate::runtime::compile::DEFAULT_CACHE_MAX_SIZE),
             shutdown_timeout: globals.shutdown_timeout.unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT),
             admin: globals.admin.unwrap_or(DEFAULT_ADMIN.parse().ok()),
             admin_token: globals.admin_token,

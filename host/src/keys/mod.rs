@@ -48,6 +48,9 @@ pub const ORIGIN_STREAM: &str = "sluice-origin-stream";
 pub const ORIGIN_GROUP: &str = "sluice-origin-group";
 /// Why an entry was dead-lettered.
 pub const REASON: &str = "sluice-reason";
+/// The traceback of the failure that dead-lettered an entry, when its handler gave one; the
+/// last field of the dead letter.
+pub const TRACE: &str = "sluice-trace";
 /// How many times Redis had delivered the entry when it was dead-lettered.
 pub const DELIVERY_COUNT: &str = "sluice-delivery-count";
 

@@ -139,12 +139,29 @@ pub struct DeadLetter {
     /// Whether its origin id can be trusted: the host's seal verifies, or the earlier release
     /// wrote it before this one took over. A requeue keeps only a trusted origin id.
     pub trusted: bool,
+    /// The traceback of the failure that dead-lettered it, when the handler gave one.
+    pub trace: Option<String>,
 }
 
 impl DeadLetter {
     /// Decode the entry `id` of a dead-letter stream with `fields` as Redis returned them, for
     /// the subscription `owner`.
-    pub fn decode(id: String, fields: Vec<(Vec<u8>, Vec<u8>)>, owner: &Owner<'_>) -> Self {
+    pub fn decode(id: String, mut fields: Vec<(Vec<u8>, Vec<u8>)>, owner: &Owner<'_>) -> Self {
+        // A traceback comes last, after the bookkeeping.
+        let trace = match fields.last() {
+            Some((name, value)) if name.as_slice() == keys::TRACE.as_bytes() => {
+                let trace = String::from_utf8_lossy(value).into_owned();
+                fields.pop();
+                Some(trace)
+            }
+            _ => None,
+        };
+        let mut letter = Self::decode_layout(id, fields, owner);
+        letter.trace = trace;
+        letter
+    }
+
+    fn decode_layout(id: String, fields: Vec<(Vec<u8>, Vec<u8>)>, owner: &Owner<'_>) -> Self {
         let names_are = |part: &[(Vec<u8>, Vec<u8>)], names: &[&str]| {
             part.len() == names.len()
                 && part
@@ -174,6 +191,7 @@ impl DeadLetter {
             origin: None,
             ours: true,
             trusted: false,
+            trace: None,
         }
     }
 
@@ -253,6 +271,7 @@ impl DeadLetter {
             origin: Some((stream, group)),
             ours,
             trusted,
+            trace: None,
         }
     }
 
@@ -308,6 +327,7 @@ impl DeadLetter {
                     origin,
                     ours,
                     trusted: ours && belongs && (sealed || legacy),
+                    trace: None,
                 }
             }
             Err(err) => Self {
@@ -323,6 +343,7 @@ impl DeadLetter {
                 origin,
                 ours,
                 trusted: false,
+                trace: None,
             },
         }
     }
@@ -348,6 +369,7 @@ impl DeadLetter {
             "requeueable": self.not_requeueable.is_none(),
             "not_requeueable": self.not_requeueable,
             "origin_trusted": self.trusted,
+            "trace": self.trace,
             "fields": super::fields_json(&self.fields),
         })
     }

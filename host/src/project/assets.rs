@@ -66,6 +66,10 @@ pub const PYTHON_SDK: &[(&str, &str)] = &[
     ),
 ];
 
+/// The Rust SDK's crates (`guest/`, `macros/`, `descriptor/`), with manifests that stand
+/// alone; `sluice new` writes them into a Rust project's `sluice-sdk/` (see `build.rs`).
+pub const RUST_SDK: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/sdk_files.rs"));
+
 /// The JavaScript module `sluice_guest.js`.
 pub const JS_SDK: &str = include_str!("../../../guest-sdk/js/sluice_guest.js");
 

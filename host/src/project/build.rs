@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::tools::{self, Tool};
 use super::{Lang, Project, ProjectError, assets, io};
 
 /// A finished build.
@@ -20,6 +21,10 @@ pub struct Built {
     pub size: u64,
     /// How long the build took.
     pub took: Duration,
+    /// The component of an earlier build of the same sources was given again.
+    pub reused: bool,
+    /// The component in place was already this one (it was not written again).
+    pub unchanged: bool,
 }
 
 /// The toolchain programs a build runs.
@@ -27,22 +32,20 @@ pub struct Built {
 pub struct Tools {
     /// cargo (`CARGO`, else `cargo` on PATH).
     pub cargo: PathBuf,
-    /// componentize-py (`SLUICE_COMPONENTIZE_PY`, else on PATH).
+    /// componentize-py (see [`tools`] for where it is looked for).
     pub componentize_py: PathBuf,
-    /// componentize-js (`SLUICE_COMPONENTIZE_JS`, else on PATH).
+    /// componentize-js (see [`tools`]).
     pub componentize_js: PathBuf,
 }
 
 impl Tools {
-    /// From the environment variables, else PATH.
+    /// `CARGO` (else `cargo` on PATH), and the Python and JavaScript tools where
+    /// [`tools::find`] finds them.
     pub fn from_env() -> Self {
-        let program = |var: &str, tool: &str| {
-            std::env::var_os(var).map_or_else(|| PathBuf::from(tool), PathBuf::from)
-        };
         Self {
-            cargo: program("CARGO", "cargo"),
-            componentize_py: program("SLUICE_COMPONENTIZE_PY", "componentize-py"),
-            componentize_js: program("SLUICE_COMPONENTIZE_JS", "componentize-js"),
+            cargo: std::env::var_os("CARGO").map_or_else(|| PathBuf::from("cargo"), PathBuf::from),
+            componentize_py: tools::find(Tool::ComponentizePy).program(Tool::ComponentizePy),
+            componentize_js: tools::find(Tool::ComponentizeJs).program(Tool::ComponentizeJs),
         }
     }
 
@@ -97,24 +100,60 @@ pub fn build(project: &Project) -> Result<Built, ProjectError> {
 }
 
 /// Build `project` into `target/<name>.wasm` with `tools`.
+///
+/// componentize-py and componentize-js seed the interpreter snapshot they take with random
+/// numbers (hash seeds), so two runs over the same sources never give the same bytes. Their
+/// components are therefore kept by the hash of what the build read ([`Inputs`]): the same
+/// sources give the same component again, its digest is the same, and the host's compile
+/// cache hits. Rust builds are reproducible by themselves (cargo decides what to rebuild).
+/// A component equal to the one in place is not written again.
 pub fn build_with(project: &Project, tools: &Tools) -> Result<Built, ProjectError> {
     let started = Instant::now();
     let target = project.dir.join("target");
     std::fs::create_dir_all(&target).map_err(io(&target))?;
     let output = project.output();
     let partial = target.join(format!(".{}.wasm.partial", project.name()));
-    match project.lang {
-        Lang::Rust => rust(project, &tools.cargo, &partial)?,
-        Lang::Python => python(project, &tools.componentize_py, &partial)?,
-        Lang::Js => js(project, &tools.componentize_js, &partial)?,
+    let inputs = match project.lang {
+        Lang::Rust => None,
+        Lang::Python => Inputs::of(project, &tools.componentize_py),
+        Lang::Js => Inputs::of(project, &tools.componentize_js),
+    };
+    let kept = inputs.as_ref().and_then(Inputs::kept);
+    let reused = kept.is_some();
+    match (&kept, project.lang) {
+        (Some(kept), _) => {
+            std::fs::copy(kept, &partial).map_err(io(kept))?;
+        }
+        (None, Lang::Rust) => rust(project, &tools.cargo, &partial)?,
+        (None, Lang::Python) => python(project, &tools.componentize_py, &partial)?,
+        (None, Lang::Js) => js(project, &tools.componentize_js, &partial)?,
     }
-    std::fs::rename(&partial, &output).map_err(io(&output))?;
+    if let Some(inputs) = inputs.as_ref().filter(|_| !reused) {
+        inputs.keep(&partial);
+    }
+    let unchanged = same_file_contents(&partial, &output);
+    if unchanged {
+        std::fs::remove_file(&partial).map_err(io(&partial))?;
+    } else {
+        std::fs::rename(&partial, &output).map_err(io(&output))?;
+    }
     let size = std::fs::metadata(&output).map_err(io(&output))?.len();
     Ok(Built {
         path: output,
         size,
         took: started.elapsed(),
+        reused,
+        unchanged,
     })
+}
+
+fn same_file_contents(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(ma), Ok(mb)) if ma.len() == mb.len() => {
+            matches!((std::fs::read(a), std::fs::read(b)), (Ok(x), Ok(y)) if x == y)
+        }
+        _ => false,
+    }
 }
 
 /// The build's scratch directory, emptied first.
@@ -202,7 +241,7 @@ fn python(project: &Project, tool: &Path, out: &Path) -> Result<(), ProjectError
         .arg(&project.dir)
         .arg("-o")
         .arg(out);
-    run(command, tool, "pip install componentize-py==0.25.1")
+    run(command, tool, tools::INSTALL_HINT)
 }
 
 fn js(project: &Project, tool: &Path, out: &Path) -> Result<(), ProjectError> {
@@ -219,11 +258,7 @@ fn js(project: &Project, tool: &Path, out: &Path) -> Result<(), ProjectError> {
         .arg(&wit)
         .args(["--world-name", "handler", "-o"])
         .arg(out);
-    run(
-        command,
-        tool,
-        "npm install -g @bytecodealliance/componentize-js (or @bytecodealliance/jco, which brings it)",
-    )
+    run(command, tool, tools::INSTALL_HINT)
 }
 
 /// Copy the JavaScript sources (not `node_modules`; a linked directory is not followed, so a
@@ -248,4 +283,129 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), ProjectError> {
         }
     }
     Ok(())
+}
+
+/// What a build read: a hash over every file of the project a build may read (all but
+/// `target/`, `.sluice/`, hidden and cache directories, environments and `node_modules`), the
+/// toolchain program and this `sluice` (whose SDKs and WIT go into every build).
+#[derive(Debug, Clone)]
+pub struct Inputs {
+    project: Project,
+    hash: String,
+}
+
+/// Past this many files or bytes the inputs are not hashed (the build always runs).
+const MAX_INPUT_FILES: usize = 10_000;
+const MAX_INPUT_BYTES: u64 = 256 << 20;
+/// How many earlier components a project keeps (`.sluice/builds/`).
+const KEPT_BUILDS: usize = 8;
+
+impl Inputs {
+    /// The project's inputs now, for a build with `tool`; `None` when there are too many to
+    /// hash.
+    pub fn of(project: &Project, tool: &Path) -> Option<Self> {
+        use sha2::Digest as _;
+        let mut files = Vec::new();
+        collect_inputs(&project.dir, 0, &mut files)?;
+        files.sort();
+        let mut hasher = sha2::Sha256::new();
+        hasher.update(crate::LONG_VERSION.as_bytes());
+        hasher.update(project.lang.to_string().as_bytes());
+        // The toolchain: which program, and which build of it.
+        hasher.update(tool.as_os_str().as_encoded_bytes());
+        if let Ok(meta) = std::fs::metadata(tool) {
+            hasher.update(meta.len().to_le_bytes());
+            if let Ok(modified) = meta.modified() {
+                hasher.update(format!("{modified:?}").as_bytes());
+            }
+        }
+        let mut bytes = 0u64;
+        for file in files {
+            // A link may name a device or a huge file: only regular files, read within the
+            // bound.
+            let meta = std::fs::metadata(&file).ok()?;
+            bytes += meta.len();
+            if !meta.is_file() || bytes > MAX_INPUT_BYTES {
+                return None;
+            }
+            let mut text = Vec::new();
+            std::io::Read::read_to_end(
+                &mut std::io::Read::take(std::fs::File::open(&file).ok()?, meta.len()),
+                &mut text,
+            )
+            .ok()?;
+            let rel = file.strip_prefix(&project.dir).ok()?;
+            hasher.update(rel.as_os_str().as_encoded_bytes());
+            hasher.update([0]);
+            hasher.update((text.len() as u64).to_le_bytes());
+            hasher.update(&text);
+        }
+        Some(Self {
+            project: project.clone(),
+            hash: hex::encode(hasher.finalize()),
+        })
+    }
+
+    fn dir(&self) -> PathBuf {
+        self.project.dir.join(".sluice/builds")
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir().join(format!("{}.wasm", self.hash))
+    }
+
+    /// The component an earlier build of these inputs made, if it is kept (marked used).
+    pub fn kept(&self) -> Option<PathBuf> {
+        let path = self.path();
+        let file = std::fs::File::options().write(true).open(&path).ok()?;
+        let _ = file.set_modified(std::time::SystemTime::now());
+        Some(path)
+    }
+
+    /// Keep `component` as what these inputs build, and at most [`KEPT_BUILDS`] in all.
+    pub fn keep(&self, component: &Path) {
+        use std::os::unix::fs::DirBuilderExt;
+        let dir = self.dir();
+        let _ = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir);
+        let tmp = dir.join(format!(".{}.partial", self.hash));
+        if std::fs::copy(component, &tmp).is_err() || std::fs::rename(&tmp, self.path()).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+            return;
+        }
+        crate::runtime::compile::evict_files(&dir, "wasm", KEPT_BUILDS, u64::MAX, None);
+    }
+}
+
+/// The files under `dir` a build may read; `None` past [`MAX_INPUT_FILES`] or too deep.
+fn collect_inputs(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> Option<()> {
+    if depth > 16 {
+        return None;
+    }
+    for entry in std::fs::read_dir(dir).ok()? {
+        let entry = entry.ok()?;
+        let path = entry.path();
+        let kind = entry.file_type().ok()?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if kind.is_dir() {
+            let skip = name.starts_with('.')
+                || matches!(
+                    name.as_ref(),
+                    "target" | "__pycache__" | "node_modules" | "venv" | "env" | "site-packages"
+                )
+                || path.join("pyvenv.cfg").exists();
+            if !skip {
+                collect_inputs(&path, depth + 1, out)?;
+            }
+        } else if kind.is_file() || kind.is_symlink() {
+            out.push(path);
+            if out.len() > MAX_INPUT_FILES {
+                return None;
+            }
+        }
+    }
+    Some(())
 }

@@ -14,6 +14,7 @@
 pub mod assets;
 pub mod build;
 pub mod scaffold;
+pub mod tools;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -37,6 +38,15 @@ impl fmt::Display for Lang {
             Lang::Js => "js",
         })
     }
+}
+
+/// What a new project's handler does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Template {
+    /// Acks each entry; an entry that asks for it is retried once, durably, after 5 s.
+    Ack,
+    /// Calls an HTTP API for each entry; a failed call parks a durable retry.
+    Http,
 }
 
 /// Why a project could not be made or built. Each names the file or tool to look at.
@@ -66,7 +76,7 @@ pub enum ProjectError {
         name: String,
     },
     /// A build tool is not installed.
-    #[error("{tool} was not found ({hint})")]
+    #[error("{tool} was not found: {hint}")]
     ToolMissing {
         /// The program.
         tool: String,

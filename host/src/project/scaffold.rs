@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{Lang, ProjectError, identifier, io};
+use super::{Lang, ProjectError, Template, assets, identifier, io};
 
 /// Where a Rust project finds the SDK until `sluice-guest` is on crates.io.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,12 +64,24 @@ fn package_name(dir: &Path) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// Write a new `lang` project named `name` into `parent/name`; returns its directory.
+/// Where a new Rust project takes the guest SDK from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SdkSource {
+    /// A copy in the project's own `sluice-sdk/`, from this binary: the project builds
+    /// wherever it is moved or cloned.
+    Vendored,
+    /// The crates of a checkout (SDK development), named by paths relative to the project.
+    Checkout(SdkCrates),
+}
+
+/// Write a new `lang` project named `name` from `template` into `parent/name`; returns its
+/// directory.
 pub fn new_project(
     parent: &Path,
     name: &str,
     lang: Lang,
-    sdk: Option<&SdkCrates>,
+    template: Template,
+    sdk: &SdkSource,
 ) -> Result<PathBuf, ProjectError> {
     let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
         && name
@@ -84,36 +96,72 @@ pub fn new_project(
     if dir.exists() {
         return Err(ProjectError::Exists { path: dir });
     }
+    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
     let ident = identifier(name);
     let fill = |text: &str| {
         text.replace("{name}", name)
             .replace("{ident}", &ident)
             .replace("{lang}", &lang.to_string())
     };
-    let mut files: Vec<(&str, String)> = vec![
-        ("sluice.toml", fill(SLUICE_TOML)),
-        ("README.md", fill(README)),
+    let toml = match template {
+        Template::Ack => SLUICE_TOML,
+        Template::Http => SLUICE_TOML_HTTP,
+    };
+    let mut files: Vec<(String, String)> = vec![
+        ("sluice.toml".into(), fill(toml)),
+        ("README.md".into(), fill(README)),
     ];
+    // Build outputs and what `sluice dev` keeps (compile cache, dev Redis data).
+    let ignored = "target/\n.sluice/\n";
     match lang {
         Lang::Rust => {
             let patch = match sdk {
-                Some(sdk) => format!(
-                    "# sluice-guest is not on crates.io yet: take it from a checkout (or use\n# `git = \"...\"` instead of `path`). Remove this table once it is published.\n[patch.crates-io]\nsluice-guest = {{ path = {:?} }}\nsluice-guest-macros = {{ path = {:?} }}\nsluice-descriptor = {{ path = {:?} }}\n",
-                    sdk.guest, sdk.macros, sdk.descriptor
-                ),
-                None => "# sluice-guest is not on crates.io yet: point it at a checkout of Sluice, e.g.\n# [patch.crates-io]\n# sluice-guest = { path = \"/path/to/sluice/guest-sdk\" }\n# sluice-guest-macros = { path = \"/path/to/sluice/guest-sdk/macros\" }\n# sluice-descriptor = { path = \"/path/to/sluice/guest-sdk/descriptor\" }\n".to_owned(),
+                SdkSource::Vendored => {
+                    for (file, text) in assets::RUST_SDK {
+                        files.push((format!("{VENDORED_SDK}/{file}"), (*text).to_owned()));
+                    }
+                    let at = |c: &str| format!("{VENDORED_SDK}/{c}");
+                    patch_table(
+                        "sluice-guest is not on crates.io yet: this project carries the SDK it builds\n# against in sluice-sdk/ (from the `sluice` that made it).",
+                        &at("guest"),
+                        &at("macros"),
+                        &at("descriptor"),
+                    )
+                }
+                SdkSource::Checkout(sdk) => {
+                    let dir = dir.canonicalize().map_err(io(&dir))?;
+                    let rel = |p: &Path| relative(&dir, p).display().to_string();
+                    patch_table(
+                        "sluice-guest from a checkout of Sluice, relative to this project.",
+                        &rel(&sdk.guest),
+                        &rel(&sdk.macros),
+                        &rel(&sdk.descriptor),
+                    )
+                }
             };
-            files.push(("Cargo.toml", fill(CARGO_TOML) + "\n" + &patch));
-            files.push(("src/lib.rs", fill(RUST_HANDLER)));
-            files.push((".gitignore", "target/\n".to_owned()));
+            files.push(("Cargo.toml".into(), fill(CARGO_TOML) + "\n" + &patch));
+            let handler = match template {
+                Template::Ack => RUST_HANDLER,
+                Template::Http => RUST_HANDLER_HTTP,
+            };
+            files.push(("src/lib.rs".into(), fill(handler)));
+            files.push((".gitignore".into(), ignored.to_owned()));
         }
         Lang::Python => {
-            files.push(("app.py", fill(PYTHON_HANDLER)));
-            files.push((".gitignore", "target/\n__pycache__/\n".to_owned()));
+            let handler = match template {
+                Template::Ack => PYTHON_HANDLER,
+                Template::Http => PYTHON_HANDLER_HTTP,
+            };
+            files.push(("app.py".into(), fill(handler)));
+            files.push((".gitignore".into(), format!("{ignored}__pycache__/\n")));
         }
         Lang::Js => {
-            files.push(("src/app.js", fill(JS_HANDLER)));
-            files.push((".gitignore", "target/\nnode_modules/\n".to_owned()));
+            let handler = match template {
+                Template::Ack => JS_HANDLER,
+                Template::Http => JS_HANDLER_HTTP,
+            };
+            files.push(("src/app.js".into(), fill(handler)));
+            files.push((".gitignore".into(), format!("{ignored}node_modules/\n")));
         }
     }
     for (file, text) in files {
@@ -124,6 +172,30 @@ pub fn new_project(
         std::fs::write(&path, text).map_err(io(&path))?;
     }
     Ok(dir)
+}
+
+/// The directory of a Rust project that holds its copy of the SDK.
+pub const VENDORED_SDK: &str = "sluice-sdk";
+
+fn patch_table(why: &str, guest: &str, macros: &str, descriptor: &str) -> String {
+    format!(
+        "# {why}\n# Remove this table once sluice-guest is published.\n[patch.crates-io]\nsluice-guest = {{ path = {guest:?} }}\nsluice-guest-macros = {{ path = {macros:?} }}\nsluice-descriptor = {{ path = {descriptor:?} }}\n"
+    )
+}
+
+/// `to` as a path relative to the directory `from` (both absolute).
+fn relative(from: &Path, to: &Path) -> PathBuf {
+    let from: Vec<_> = from.components().collect();
+    let to: Vec<_> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut rel = PathBuf::new();
+    for _ in common..from.len() {
+        rel.push("..");
+    }
+    for part in &to[common..] {
+        rel.push(part);
+    }
+    rel
 }
 
 const SLUICE_TOML: &str = r#"# How the host runs this handler. `sluice build` writes the component; `sluice run sluice.toml`
@@ -142,17 +214,15 @@ greeting = "hello"
 
 const README: &str = r#"# {name}
 
-A Sluice handler in {lang} for the Redis stream `{name}`:
-it acks each entry; an entry whose payload has `"retry": true` is retried once, after 5 s,
-waiting in the Redis sorted set `{name}.delayed` (a retry there survives any crash).
+A Sluice handler in {lang} for the Redis stream `{name}`; retries wait in the Redis sorted
+set `{name}.delayed`, so a retry survives any crash. See `sluice.toml` for how it runs.
 
 ```sh
 sluice build              # builds target/{ident}.wasm
-sluice check sluice.toml  # what the host will do with it
+sluice check              # what the host will do with it (reads ./sluice.toml)
 sluice dev                # dev Redis + host; rebuilds and hot-swaps on every save
+sluice send '{"id":"1"}'  # (in another terminal) add an entry; `sluice dev` shows it handled
 ```
-
-Then add an entry: `redis-cli -p <port from sluice dev> XADD {name} '*' payload '{"id":"1","retry":true}'`.
 "#;
 
 const CARGO_TOML: &str = r#"[package]
@@ -243,6 +313,150 @@ export const { handle, subscription } = subscriber(
     }
     log.info(`${config.get("greeting", "")}: handled`, { id: event.id, origin: delivery.originId });
     return ack();
+  },
+);
+"#;
+
+const SLUICE_TOML_HTTP: &str = r#"# How the host runs this handler. `sluice build` writes the component; `sluice run` (or
+# `sluice dev`) runs it. With no `redis` key the host starts a private dev redis-server; set
+# `redis = "redis://host:6379"` for a real one.
+
+[[subscription]]
+component = "target/{ident}.wasm"
+# The only hosts this handler may call: any other request fails as denied.
+allowed_outbound_hosts = ["http://127.0.0.1:8080"]
+
+# Values the handler reads with its SDK's config API.
+[subscription.config]
+api_url = "http://127.0.0.1:8080/events"
+"#;
+
+const RUST_HANDLER_HTTP: &str = r#"//! The {name} handler: posts each event to an HTTP API. A call that fails for a while (no
+//! answer, a timeout, a 5xx or a 429) parks a durable retry in the Redis sorted set
+//! `{name}.delayed`, later each time; a refusal (another 4xx) dead-letters the entry, since
+//! sending it again would be refused again.
+
+use serde::{Deserialize, Serialize};
+use sluice_guest::http::Request;
+use sluice_guest::prelude::*;
+
+/// What producers put in an entry's `payload` field, as JSON.
+#[derive(Debug, Deserialize, Serialize)]
+struct Event {
+    id: String,
+    #[serde(default)]
+    message: String,
+}
+
+#[subscriber(
+    RedisStream::new("{name}")
+        .group("{name}")
+        .delayed_retry(DelayedRetry::durable_zset("{name}.delayed"))
+)]
+async fn handle(event: &Event, delivery: &Delivery) -> HandlerOutcome {
+    let url = sluice_guest::config::get("api_url")
+        .unwrap_or_else(|| "http://127.0.0.1:8080/events".to_owned());
+    // 10 s, 20 s, 40 s, ... at most 10 minutes; after max_retries the entry is dead-lettered.
+    let later = Duration::from_secs((10u64 << delivery.previous_attempts().min(6)).min(600));
+    let sent = Request::post(&url)
+        // The API can drop a repeat: a retry after a timeout may follow a call that worked.
+        .header("idempotency-key", &event.id)
+        .json(event)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await;
+    match sent {
+        Ok(response) if response.is_success() => HandlerOutcome::ack(),
+        Ok(response) if response.status() == 429 || response.status() >= 500 => {
+            tracing::warn!(event.id, status = response.status(), "the API is failing; retrying later");
+            HandlerOutcome::retry_after(later)
+        }
+        Ok(response) => HandlerOutcome::dead_letter(format!(
+            "{url} refused the event: {} {}",
+            response.status(),
+            response.text()
+        )),
+        Err(err) if err.is_denied() => HandlerOutcome::dead_letter(err.to_string()),
+        Err(err) => {
+            tracing::warn!(event.id, %err, "the API did not answer; retrying later");
+            HandlerOutcome::retry_after(later)
+        }
+    }
+}
+"#;
+
+const PYTHON_HANDLER_HTTP: &str = r#""""The {name} handler: posts each event to an HTTP API. A call that fails for a while (no
+answer, a timeout, a 5xx or a 429) parks a durable retry in the Redis sorted set
+`{name}.delayed`, later each time; a refusal (another 4xx) dead-letters the entry, since sending
+it again would be refused again."""
+
+import logging
+
+from sluice_guest import (DelayedRetry, Delivery, RedisStream, ack, config, dead_letter, http,
+                          retry_after, subscriber)
+
+log = logging.getLogger("{ident}")
+
+
+@subscriber(
+    RedisStream("{name}")
+    .group("{name}")
+    .delayed_retry(DelayedRetry.durable_zset("{name}.delayed"))
+)
+def handle(event: dict, delivery: Delivery):
+    url = config.get("api_url", "http://127.0.0.1:8080/events")
+    # 10 s, 20 s, 40 s, ... at most 10 minutes; after max_retries the entry is dead-lettered.
+    later = min(10 * 2 ** min(delivery.previous_attempts, 6), 600)
+    try:
+        # The API can drop a repeat: a retry after a timeout may follow a call that worked.
+        response = http.post(url, json=event, timeout=5.0,
+                             headers={"idempotency-key": str(event.get("id", ""))})
+    except http.HttpError as err:
+        if err.is_denied():
+            return dead_letter(str(err))
+        log.warning("the API did not answer (%s); retrying in %s s", err, later)
+        return retry_after(later)
+    if response.ok:
+        return ack()
+    if response.status == 429 or response.status >= 500:
+        log.warning("the API answered %s; retrying in %s s", response.status, later)
+        return retry_after(later)
+    return dead_letter(f"{url} refused the event: {response.status} {response.text()}")
+"#;
+
+const JS_HANDLER_HTTP: &str = r#"// The {name} handler: posts each event to an HTTP API. A call that fails for a while (no
+// answer, a timeout, a 5xx or a 429) parks a durable retry in the Redis sorted set
+// `{name}.delayed`, later each time; a refusal (another 4xx) dead-letters the entry, since
+// sending it again would be refused again.
+
+import { subscriber, RedisStream, DelayedRetry, ack, retryAfter, deadLetter, config, log, fetchWithTimeout } from "./sluice_guest.js";
+
+export const { handle, subscription } = subscriber(
+  new RedisStream("{name}")
+    .group("{name}")
+    .delayedRetry(DelayedRetry.durableZset("{name}.delayed")),
+  async (event, delivery) => {
+    const url = config.get("api_url", "http://127.0.0.1:8080/events");
+    // 10 s, 20 s, 40 s, ... at most 10 minutes; after max_retries the entry is dead-lettered.
+    const later = Math.min(10 * 2 ** Math.min(delivery.previousAttempts, 6), 600);
+    let response;
+    try {
+      // The API can drop a repeat: a retry after a timeout may follow a call that worked.
+      response = await fetchWithTimeout(url, {
+        method: "POST",
+        headers: { "content-type": "application/json", "idempotency-key": String(event.id ?? "") },
+        body: JSON.stringify(event),
+      }, 5);
+    } catch (err) {
+      log.warn(`the API did not answer (${err.message}); retrying in ${later} s`, { id: event.id });
+      return retryAfter(later);
+    }
+    if (response.ok) return ack();
+    if (response.status === 429 || response.status >= 500) {
+      log.warn(`the API answered ${response.status}; retrying in ${later} s`, { id: event.id });
+      return retryAfter(later);
+    }
+    return deadLetter(`${url} refused the event: ${response.status} ${await response.text()}`);
   },
 );
 "#;

@@ -187,10 +187,16 @@ pub struct ArtifactCache {
     key: Arc<[u8; 32]>,
     /// Names the engine's settings and this build: an artifact of another is never tried.
     engine_tag: String,
+    /// The most its artifacts may take, in bytes.
+    max_size: u64,
 }
 
 /// The most compiled components a cache keeps.
 pub const MAX_CACHED: usize = 32;
+
+/// The most a cache holds by default, in bytes (`cache_max_size`): Python and JavaScript
+/// components compile to tens of megabytes each.
+pub const DEFAULT_CACHE_MAX_SIZE: u64 = 2 << 30;
 
 /// The file in a cache directory that holds its key.
 const KEY_FILE: &str = "cache-key";
@@ -268,7 +274,14 @@ impl ArtifactCache {
             dir,
             key: Arc::new(key),
             engine_tag,
+            max_size: DEFAULT_CACHE_MAX_SIZE,
         })
+    }
+
+    /// Hold at most `bytes` of artifacts (at least the one just written).
+    pub fn with_max_size(mut self, bytes: u64) -> Self {
+        self.max_size = bytes;
+        self
     }
 
     fn path(&self, digest: &Digest) -> PathBuf {
@@ -296,6 +309,11 @@ impl ArtifactCache {
             let _ = std::fs::remove_file(&path);
             return None;
         }
+        // Used now: eviction and `sluice cache prune` go by the last use.
+        let _ = std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
         Some(artifact.to_vec())
     }
 
@@ -327,25 +345,60 @@ impl ArtifactCache {
         self.evict();
     }
 
-    /// Keep at most [`MAX_CACHED`] artifacts, the most recently written: uploads and
-    /// rebuilds would otherwise fill the disk.
+    /// Keep at most [`MAX_CACHED`] artifacts and [`Self::with_max_size`] bytes, the most
+    /// recently used: uploads and rebuilds would otherwise fill the disk.
     fn evict(&self) {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            return;
-        };
-        let mut artifacts: Vec<(std::time::SystemTime, PathBuf)> = entries
-            .flatten()
-            .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
-            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
-            .collect();
-        if artifacts.len() <= MAX_CACHED {
-            return;
-        }
-        artifacts.sort();
-        for (_, path) in &artifacts[..artifacts.len() - MAX_CACHED] {
-            let _ = std::fs::remove_file(path);
+        evict(&self.dir, MAX_CACHED, self.max_size, None);
+    }
+}
+
+/// Remove the least recently used artifacts in `dir` until at most `count` and `bytes` are
+/// left, and every one not used since `unused_since`; returns how many and how many bytes
+/// went. The most recently used one stays whatever its size (it was just written).
+pub fn evict(
+    dir: &Path,
+    count: usize,
+    bytes: u64,
+    unused_since: Option<std::time::SystemTime>,
+) -> (usize, u64) {
+    evict_files(dir, "cwasm", count, bytes, unused_since)
+}
+
+/// [`evict`] for the files of `dir` with extension `ext`.
+pub fn evict_files(
+    dir: &Path,
+    ext: &str,
+    count: usize,
+    bytes: u64,
+    unused_since: Option<std::time::SystemTime>,
+) -> (usize, u64) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return (0, 0);
+    };
+    let mut artifacts: Vec<(std::time::SystemTime, u64, PathBuf)> = entries
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == ext))
+        .filter_map(|e| {
+            let meta = e.metadata().ok()?;
+            Some((meta.modified().ok()?, meta.len(), e.path()))
+        })
+        .collect();
+    // Newest first: keep from the front.
+    artifacts.sort_by_key(|a| std::cmp::Reverse(a.0));
+    let (mut kept_count, mut kept_bytes) = (0usize, 0u64);
+    let (mut removed, mut freed) = (0usize, 0u64);
+    for (used, size, path) in artifacts {
+        let stale = unused_since.is_some_and(|since| used < since);
+        let fits = kept_count < count && (kept_count == 0 || kept_bytes + size <= bytes);
+        if fits && !stale {
+            kept_count += 1;
+            kept_bytes += size;
+        } else if std::fs::remove_file(&path).is_ok() {
+            removed += 1;
+            freed += size;
         }
     }
+    (removed, freed)
 }
 
 /// Runs compiles in child processes, one at a time.
@@ -517,6 +570,8 @@ pub fn child_main(args: &[String]) -> std::process::ExitCode {
         pool: None,
         fuel: args.iter().any(|a| a == "--fuel"),
         no_epoch: args.iter().any(|a| a == "--no-epoch"),
+        quick_compile: args.iter().any(|a| a == "--quick-compile"),
+        ..Default::default()
     };
     let mut bytes = Vec::new();
     if let Err(err) = std::io::stdin().read_to_end(&mut bytes) {
@@ -548,6 +603,9 @@ pub fn child_args(options: &super::RuntimeOptions) -> Vec<String> {
     }
     if options.no_epoch {
         args.push("--no-epoch".to_owned());
+    }
+    if options.quick_compile {
+        args.push("--quick-compile".to_owned());
     }
     args
 }

@@ -75,8 +75,9 @@ pub struct GuestState {
     pub(crate) deadline: Option<Instant>,
     /// Set when the epoch callback interrupted the guest for running past `deadline`.
     pub(crate) timed_out: bool,
-    /// The last panic message the guest SDK reported before trapping.
-    pub(crate) panic_message: Option<String>,
+    /// The last panic message the guest SDK reported before trapping (an exception's type
+    /// and message, where it was raised), and its traceback, if it sent one.
+    pub(crate) panic_message: Option<(String, Option<String>)>,
     limits: Arc<StoreLimits>,
     pub(crate) log: LogBudget,
 }
@@ -198,6 +199,31 @@ fn sanitize(text: &str, max: usize) -> String {
     crate::outcome::bounded_text(text, max).0
 }
 
+/// The most of a traceback the host keeps (in the log and the dead letter).
+pub const MAX_TRACE: usize = 16 * 1024;
+
+/// A guest's traceback as lines: each line escaped on its own (so none can pass for a log
+/// line of the host's), at most [`MAX_TRACE`] bytes in all.
+fn trace_lines(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let left = MAX_TRACE.saturating_sub(out.len());
+        if left == 0 {
+            out.push_str("…[cut]");
+            break;
+        }
+        let (line, cut) = crate::outcome::bounded_text(line.trim_end(), left);
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&line);
+        if cut {
+            break;
+        }
+    }
+    out
+}
+
 impl WasiView for GuestState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView {
@@ -272,8 +298,14 @@ impl bindings::sluice::handler::log::Host for GuestState {
             .iter()
             .any(|(k, v)| k == "sluice.panic" && v == "true")
         {
-            // Kept apart from the budget: it names why the attempt failed.
-            self.panic_message = Some(sanitize(&message, MAX_LOG_LINE));
+            // Kept apart from the budget: it names why the attempt failed, and the host logs
+            // it once, with the failure (not here as well).
+            let trace = fields
+                .iter()
+                .find(|(k, _)| k == "sluice.trace")
+                .map(|(_, t)| trace_lines(t));
+            self.panic_message = Some((sanitize(&message, MAX_LOG_LINE), trace));
+            return;
         }
         let size = message.len()
             + fields

@@ -257,7 +257,11 @@ impl WasmHandler {
             .map(|t| t.to_string())
             .unwrap_or_else(|| err.root_cause().to_string());
         match &state.panic_message {
-            Some(panic) => Failure::Trap(format!("{panic} ({trap})")),
+            // What the guest said it was: the trap that followed (`unreachable`) adds nothing.
+            Some((error, trace)) => Failure::Raised {
+                error: error.clone(),
+                trace: trace.clone(),
+            },
             None => Failure::Trap(trap),
         }
     }

@@ -199,6 +199,12 @@ pub struct RuntimeOptions {
     /// Turn epoch interruption off. Only for measuring what it costs: without it a handler's
     /// time limit is not enforced.
     pub no_epoch: bool,
+    /// The most the compiled-component cache holds, in bytes (`None`:
+    /// [`compile::DEFAULT_CACHE_MAX_SIZE`]).
+    pub cache_max_size: Option<u64>,
+    /// Compile without Cranelift's optimisations (`sluice dev`): an interpreter component
+    /// compiles about a quarter faster and runs slower, which a dev loop does not feel.
+    pub quick_compile: bool,
 }
 
 impl RuntimeOptions {
@@ -208,6 +214,8 @@ impl RuntimeOptions {
             pool: Some(PoolSizing::for_config(config)),
             fuel: config.subscriptions.iter().any(|s| s.limits.fuel.is_some()),
             no_epoch: false,
+            cache_max_size: Some(config.cache_max_size),
+            quick_compile: false,
         }
     }
 }
@@ -256,7 +264,13 @@ impl Runtime {
         }
         let engine = Engine::new(&config).map_err(|e| RuntimeError::Engine(cause(e)))?;
         let artifacts = match cache_dir {
-            Some(dir) => Some(compile::ArtifactCache::open(dir, engine_tag(&engine))?),
+            Some(dir) => Some(
+                compile::ArtifactCache::open(dir, engine_tag(&engine))?.with_max_size(
+                    options
+                        .cache_max_size
+                        .unwrap_or(compile::DEFAULT_CACHE_MAX_SIZE),
+                ),
+            ),
             None => None,
         };
         let (plain, http_linker) =
@@ -347,6 +361,9 @@ pub(crate) fn engine_config(options: &RuntimeOptions) -> wasmtime::Config {
     // only costs time on every call.
     config.concurrency_support(false);
     config.max_wasm_stack(1024 * 1024);
+    if options.quick_compile {
+        config.cranelift_opt_level(wasmtime::OptLevel::None);
+    }
     config
 }
 

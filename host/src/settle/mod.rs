@@ -232,6 +232,7 @@ impl Settler {
         delivery: &Delivery,
         digest: &Digest,
         reason: &str,
+        trace: Option<&str>,
     ) -> Result<bool, SettleError> {
         let retry_count = delivery.retry_count.to_string();
         let delivery_count = delivery.delivery_count.to_string();
@@ -282,6 +283,10 @@ impl Settler {
                 keys::Seal::DeadLetterPacked
             };
             invocation.arg(keys::MARK).arg(secret.seal(use_, &parts));
+        }
+        // After the bookkeeping (and outside the seal): the traceback, when there is one.
+        if let Some(trace) = trace {
+            invocation.arg(keys::TRACE).arg(trace);
         }
         let written = self
             .until_done(delivery, "dead-lettering", || {

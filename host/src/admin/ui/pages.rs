@@ -38,7 +38,9 @@ fn layout(title: &str, viewer: Option<&Viewer>, body: Markup) -> Markup {
                     a.brand href="/ui/" { "Sluice" }
                     a href="/ui/" { "Overview" }
                     @if let Some(viewer) = viewer {
-                        @if !viewer.can_act { span.muted { "read-only" } }
+                        @if !viewer.can_act {
+                            span.muted title="Actions need an admin token (admin_token_file or admin_token_env, then log in) or admin_open_on_loopback = true; `sluice dev` allows them on loopback" { "read-only ⓘ" }
+                        }
                         @if viewer.logged_in {
                             form method="post" action="/ui/logout" {
                                 input type="hidden" name="csrf" value=(viewer.csrf);
@@ -474,7 +476,12 @@ pub(super) fn dead_letters(
                         @let hidden = [("id", l.id.clone())];
                         tr {
                             td.nowrap { (l.written_ms().map(format_ms).unwrap_or_default()) br; span.muted { code { (l.id) } } }
-                            td { span.badge { (l.reason.as_deref().unwrap_or("(not written by Sluice)")) } }
+                            td {
+                                span.badge { (l.reason.as_deref().unwrap_or("(not written by Sluice)")) }
+                                @if let Some(trace) = &l.trace {
+                                    details.trace { summary { "traceback" } pre { (trace) } }
+                                }
+                            }
                             td { code { (l.origin_id.as_deref().unwrap_or("-")) } }
                             td { (l.retry_count.map_or("-".to_owned(), |n| n.to_string())) }
                             td { (fields(&l.fields)) }
