@@ -135,7 +135,7 @@ impl DevRedis {
                 die_with_host: options.die_with_host,
             });
         }
-        let port = free_port().map_err(DevRedisError::Port)?;
+        let port = pick_port(&dir).map_err(DevRedisError::Port)?;
         let mut this = Self {
             child: None,
             port,
@@ -340,6 +340,21 @@ fn die_with_parent(cmd: &mut Command) {
                 .map_err(std::io::Error::from)
         });
     }
+}
+
+/// The port for a new server of `dir`: the one it had last time, else one its path picks
+/// (between 20000 and 29999), when free; else any free one. A project's dev Redis keeps one
+/// address between runs, as far as the machine lets it.
+fn pick_port(dir: &Path) -> std::io::Result<u16> {
+    use sha2::Digest as _;
+    let hash = sha2::Sha256::digest(dir.as_os_str().as_encoded_bytes());
+    let derived = 20_000 + u16::from_be_bytes([hash[0], hash[1]]) % 10_000;
+    for port in [read_port(dir), Some(derived)].into_iter().flatten() {
+        if port >= 1024 && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    free_port()
 }
 
 fn free_port() -> std::io::Result<u16> {

@@ -194,9 +194,8 @@ impl Dispatcher {
             };
             match trace {
                 Some(trace) => tracing::warn!(
-                    %failure,
                     elapsed_us,
-                    "attempt failed; {then}\n{}",
+                    "attempt failed; {then}: {failure}\n{}",
                     indented(trace)
                 ),
                 None => tracing::warn!(%failure, elapsed_us, "attempt failed; {then}"),

@@ -36,9 +36,9 @@ enum Command {
         /// The handler's language.
         #[arg(long, value_enum, default_value_t = sluice_host::project::Lang::Rust)]
         lang: sluice_host::project::Lang,
-        /// Rust: take sluice-guest from this checkout's guest-sdk directory (or a directory of
-        /// unpacked SDK crates) until it is on crates.io. Default: the checkout this sluice
-        /// was built from, if it is still there.
+        /// Rust: take sluice-guest from this directory (a checkout's guest-sdk, for work on the
+        /// SDK), written as a path relative to the project. Default: a copy of the SDK in the
+        /// project's own sluice-sdk/, from this sluice.
         #[arg(long, env = "SLUICE_SDK_PATH")]
         sdk_path: Option<PathBuf>,
         /// What the handler does: `ack` acks (and retries once on request); `http` calls an
@@ -219,9 +219,8 @@ enum Command {
         #[arg(long, env = "SLUICE_REDIS_URL")]
         redis: Option<String>,
     },
-    /// Add a test entry to a stream of the project: the JSON object's fields become the
-    /// entry's fields (a nested value is written as JSON), or, for a subscription with a
-    /// payload field, the whole object goes in that field.
+    /// Add a test entry to a stream of the project: the JSON object goes into the
+    /// subscription's payload field (on a partitioned stream, in the partition its `id` picks).
     Send {
         /// The stream (may be left out when the config has one subscription), then the entry
         /// as a JSON object.

@@ -3,6 +3,7 @@ the function under ``@subscriber``. ``sluice build`` names this module's ``WitWo
 component's implementation."""
 
 import os
+import re
 import traceback
 
 import wit_world
@@ -34,7 +35,10 @@ class WitWorld(wit_world.WitWorld):
             if frames:
                 last = frames[-1]
                 where = f" ({os.path.basename(last.filename)}:{last.lineno} in {last.name})"
-            _log.panic(f"raised {type(err).__name__}: {err}{where}", traceback.format_exc())
+            # The build mounts each source directory as /0, /1, ...: name files as the project
+            # does.
+            trace = re.sub(r'File "/\d+/', 'File "', traceback.format_exc())
+            _log.panic(f"raised {type(err).__name__}: {err}{where}", trace)
             raise
 
     def subscription(self) -> t.Subscription:

@@ -10,59 +10,13 @@
 //! before any task starts: unknown keys, bad durations and sizes, and missing files are errors
 //! that name the key or the file.
 //!
-//! | key (top level)        | meaning                                                       | default |
-//! |------------------------|---------------------------------------------------------------|---------|
-//! | `redis`                | Redis URL for every subscription of this file (`rediss://` for TLS, `redis+sentinel://h:p,h:p/master` behind Sentinel), or a list of a cluster's nodes (`["redis://a:7000", "redis://b:7001"]`); a password in it is redacted everywhere | a private dev `redis-server` |
-//! | `redis_username`, `redis_password_file` | the ACL user and a file holding its password (not readable by every user) | the URL's |
-//! | `redis_ca_file`        | PEM certificates to trust for `rediss://` instead of the system roots | system roots |
-//! | `redis_cert_file`, `redis_key_file` | this host's client certificate and key (PEM), for servers that require them | none |
-//! | `consumer`             | consumer name for every subscription of this file             | `sluice-<hostname>` |
-//! | `cache_dir`            | where compiled components are cached                          | `.sluice/cache` |
-//! | `shutdown_timeout`     | how long a shutdown waits for in-flight deliveries            | `10s` |
-//! | `admin`                | address of the admin HTTP server (metrics, health), or `"off"` | `127.0.0.1:9187` |
-//! | `admin_token_file`, `admin_token_env` | where the admin API's bearer token is; required beyond loopback | none |
-//! | `admin_max_upload`     | largest component the admin API accepts                       | `64MiB` |
-//! | `admin_read_only`      | the admin API and web page only show: swaps, requeues, deletes and the other actions are refused and hidden | `false` |
-//! | `admin_open_on_loopback` | let swaps and rollbacks through without a token (loopback binds only) | `false`: they need the token |
-//! | `watch_interval`       | how often component files are checked for a new version, or `"off"` | `1s` |
-//!
-//! | key (`[[subscription]]`) | meaning                                                     | default |
-//! |--------------------------|-------------------------------------------------------------|---------|
-//! | `component`              | path of the `.wasm` component (relative to the TOML file)   | required |
-//! | `redis`, `redis_*`, `consumer` | as above, for this subscription only                  | the file's |
-//! | `stream`, `group`        | override the descriptor's stream and group                  | the descriptor's |
-//! | `claim_min_idle`         | make it a claiming subscription (XAUTOCLAIM after this idle) | the descriptor's |
-//! | `consumer_gone_after`    | on a non-claiming subscription, take over the pending entries of another consumer idle this long (a host that came back under another name, or never came back), or `"off"` | `max(60s, 2 × handler_timeout + block)` |
-//! | `block`, `count`         | XREADGROUP BLOCK and COUNT                                  | `1s`, `64` |
-//! | `dead_letter`            | dead-letter stream (one subscription's own: two may not share one) | `<stream>.<group>.dead-letter` |
-//! | `max_retries`            | failed attempts before dead-lettering; a component's own value is capped at 100 (`crate::plan::MAX_COMPONENT_RETRIES`), this key is not | the component's, else `8` |
-//! | `min_delay`              | the shortest wait of any retry (`retry_after(0)` and backoffs included), at least `1ms` | `1ms` |
-//! | `payload_field`          | entry field holding the JSON payload                        | `payload` |
-//! | `max_delay`              | longest delay the handler asks for (checked against ttl)    | unset |
-//! | `failure_backoff`        | `{ initial = "500ms", max = "1m" }` after a trap            | as shown |
-//! | `delayed_retry`          | `{ key = "...", ttl = "1h" }`, or `"none"` to drop the descriptor's | the descriptor's |
-//! | `retry_lane`             | `true`: due retries go to the group's own retry lane (`<key>.lane`, next to the delayed set, same hash tag), which only this group reads and which the reader serves before the stream. `false`: to the stream's tail, where every group of the stream reads them as new entries; refused at start (and held at sweep time) while another group reads the stream, unless `other_groups_see_retries` (see `crate::delayed`). Set it alike on every host of the group | `true` (with a delayed set) |
-//! | `retry_lane_slots`       | handler slots kept for due retries, which new stream entries never take, so a retry due behind a backlog of slow handlers starts at once (less than `max_in_flight`) | an eighth of `max_in_flight` (none below 8) |
-//! | `other_groups_see_retries` | with `retry_lane = false`: run although other consumer groups read the stream; each of them then reads every retry as a new entry (Sluice groups skip each other's retries; other services do not). Warned about in the log, `sluice check` and the page | `false`: refused |
-//! | `partitions`             | read this many partitions of the stream, each with its own hash tag (`<key>:{<stream>:<n>}`) | the descriptor's, else `1` |
-//! | `dead_letter_maxlen`     | trim the dead-letter stream to about this many entries (XADD MAXLEN ~): the oldest dead letters are dropped for good | never trimmed |
-//! | `retention`              | `{ keep_acked = "1h", max_len = 1000000, every = "10s" }`: trim entries every consumer group of the stream has acknowledged, older than `keep_acked`; never one a group has pending or unread (see `crate::retention`) | off: the stream grows until producers cap it |
-//! | `dead_letter_retention`  | `{ keep = "30d" }`: trim dead letters older than this | kept for ever |
-//! | `max_in_flight`          | deliveries handled at once                                  | `16` |
-//! | `isolation`              | `"reuse"` instances, or a fresh one `"per-delivery"`        | `reuse` |
-//! | `recycle_after`          | deliveries before a reused instance is replaced             | `10000` |
-//! | `handler_timeout`        | wall-clock limit of one delivery                            | `10s` |
-//! | `memory_limit`           | linear-memory cap per instance, e.g. `"64MiB"`              | `64MiB` |
-//! | `host_memory_limit`      | what the host holds for an instance: resource handles (one per 32KiB) and HTTP header maps (32KiB each) | `8MiB` |
-//! | `max_entry_bytes` | the largest entry given to the handler; a larger one is dead-lettered unhandled | `8MiB` |
-//! | `log_lines`, `log_bytes` | guest log budget per delivery (past it lines are dropped and counted) | `100`, `64KiB` |
-//! | `fuel`                   | deterministic instruction budget per delivery               | unmetered |
-//! | `allowed_outbound_hosts` | hosts the guest may send HTTP requests to, e.g. `["https://*.example.com", "http://127.0.0.1:8080"]` | none |
-//! | `http_timeout`           | longest an HTTP request may wait to connect, for a response, or between body chunks | `handler_timeout` |
-//! | `[subscription.config]`  | string values the guest can read                            | empty |
+//! Every key, what it does and its default are in one table, [`reference::KEYS`]: a test
+//! checks it against the keys the parser accepts, and the book's configuration reference is
+//! written from it.
 
 pub mod allow;
 mod file;
+pub mod reference;
 mod token;
 
 use std::collections::BTreeMap;

@@ -245,6 +245,7 @@ fn python(project: &Project, tool: &Path, out: &Path) -> Result<(), ProjectError
 }
 
 fn js(project: &Project, tool: &Path, out: &Path) -> Result<(), ProjectError> {
+    check_js_syntax(project)?;
     let wit = wit(project)?;
     let src = scratch(project, "js")?;
     copy_tree(&project.dir.join("src"), &src)?;
@@ -259,6 +260,83 @@ fn js(project: &Project, tool: &Path, out: &Path) -> Result<(), ProjectError> {
         .args(["--world-name", "handler", "-o"])
         .arg(out);
     run(command, tool, tools::INSTALL_HINT)
+}
+
+/// Check each JavaScript source's syntax with Node (which componentize-js runs on) before
+/// componentize-js, whose parser says only how many errors it found: the first error, with
+/// its file, line, column and message, as cargo shows one. Without a Node that can check an
+/// ES module, nothing is checked here.
+fn check_js_syntax(project: &Project) -> Result<(), ProjectError> {
+    let mut files = Vec::new();
+    js_sources(&project.dir.join("src"), 0, &mut files);
+    files.sort();
+    for file in files {
+        let Ok(output) = Command::new("node")
+            .arg("--experimental-default-type=module")
+            .arg("--check")
+            .arg(&file)
+            .stdin(Stdio::null())
+            .output()
+        else {
+            return Ok(());
+        };
+        if output.status.success() {
+            continue;
+        }
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if let Some(error) = parse_node_syntax_error(&stderr, &file, &project.dir) {
+            return Err(error);
+        }
+        // Not a syntax error it could report (an old Node without the flag): leave it to
+        // componentize-js.
+        return Ok(());
+    }
+    Ok(())
+}
+
+fn js_sources(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
+    if depth > crate::project::MAX_WATCH_DEPTH || out.len() > 1000 {
+        return;
+    }
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
+        if kind.is_dir() && entry.file_name() != "node_modules" {
+            js_sources(&path, depth + 1, out);
+        } else if kind.is_file() && path.extension().is_some_and(|e| e == "js" || e == "mjs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Node's report of a syntax error (`<file>:<line>`, the line, a caret under the column, a
+/// blank line, `SyntaxError: <message>`) as a [`ProjectError::JsSyntax`].
+fn parse_node_syntax_error(stderr: &str, file: &Path, root: &Path) -> Option<ProjectError> {
+    let lines: Vec<&str> = stderr.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with(&*file.to_string_lossy()))?;
+    let line_no: u32 = lines[at].rsplit(':').next()?.trim().parse().ok()?;
+    let source = lines.get(at + 1).copied().unwrap_or_default();
+    let column = lines
+        .get(at + 2)
+        .and_then(|caret| caret.find('^'))
+        .map_or(1, |c| c + 1);
+    let message = lines
+        .iter()
+        .find(|l| l.starts_with("SyntaxError:"))?
+        .trim_start_matches("SyntaxError:")
+        .trim()
+        .to_owned();
+    Some(ProjectError::JsSyntax {
+        file: file.strip_prefix(root).unwrap_or(file).to_owned(),
+        line: line_no,
+        column: column as u32,
+        message,
+        text: source.chars().take(200).collect(),
+    })
 }
 
 /// Copy the JavaScript sources (not `node_modules`; a linked directory is not followed, so a

@@ -91,6 +91,25 @@ pub enum ProjectError {
         /// How it exited.
         status: std::process::ExitStatus,
     },
+    /// A JavaScript source does not parse.
+    #[error(
+        "syntax error: {message}\n  --> {}:{line}:{column}\n   |\n   | {text}\n   | {:>width$}",
+        file.display(),
+        "^",
+        width = *column as usize
+    )]
+    JsSyntax {
+        /// The file, relative to the project.
+        file: PathBuf,
+        /// Its line (from 1).
+        line: u32,
+        /// Its column (from 1).
+        column: u32,
+        /// What is wrong.
+        message: String,
+        /// The line's text.
+        text: String,
+    },
     /// cargo built no component.
     #[error(
         "cargo built no .wasm for {}: set `crate-type = [\"cdylib\"]` in its [lib] section",

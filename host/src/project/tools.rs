@@ -4,7 +4,8 @@
 //!
 //! Each tool is looked for, in order: its environment variable (`SLUICE_COMPONENTIZE_PY`,
 //! `SLUICE_COMPONENTIZE_JS`), the per-user tools directory ([`tools_dir`]), the `target/tools`
-//! of the checkout this binary was built from (what `scripts/setup` installs), then PATH.
+//! of the checkout this binary was built from (what `scripts/setup` installs; not when
+//! `SLUICE_TOOLS_DIR` names the directory), then PATH.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -110,7 +111,10 @@ pub fn find(tool: Tool) -> Found {
     if let Some(p) = tools_dir().map(|d| tool.under(&d)).filter(|p| p.is_file()) {
         return Found::UserDir(p);
     }
+    // A tools directory named outright is the only one looked in.
+    let named_dir = std::env::var_os("SLUICE_TOOLS_DIR").is_some_and(|d| !d.is_empty());
     if let Some(p) = checkout_tools()
+        .filter(|_| !named_dir)
         .map(|d| tool.under(&d))
         .filter(|p| p.is_file())
     {

@@ -1,0 +1,401 @@
+//! The configuration's keys, in one table: the parser's test checks it against the keys the
+//! parser accepts, and `docs/src/reference/configuration.md` is written from it (a test fails
+//! when the page and the table differ; `SLUICE_BLESS=1` rewrites the page).
+
+use std::fmt::Write as _;
+
+/// Where a key goes in a config file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// At the top of the file: the whole host (or every subscription of the file).
+    Top,
+    /// In a `[[subscription]]` table.
+    Subscription,
+}
+
+/// One row of the reference: keys documented together, what they do, their default.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyDoc {
+    /// Where the keys go.
+    pub scope: Scope,
+    /// The keys.
+    pub keys: &'static [&'static str],
+    /// What they do (Markdown).
+    pub meaning: &'static str,
+    /// What holds when they are not set (Markdown).
+    pub default: &'static str,
+}
+
+/// Every key a config file may have.
+pub const KEYS: &[KeyDoc] = &[
+    KeyDoc {
+        scope: Scope::Top,
+        keys: &["redis"],
+        meaning: "Redis URL for every subscription of this file (`rediss://` for TLS, `redis+sentinel://h:p,h:p/master` behind Sentinel), or a list of a cluster's nodes (`[\"redis://a:7000\", \"redis://b:7001\"]`); a password in it is redacted everywhere",
+        default: "a private dev `redis-server`",
+    },
+    KeyDoc {
+        scope: Scope::Top,
+        keys: &["redis_username", "redis_password_file"],
+        meaning: "the ACL user and a file holding its password (not readable by every user)",
+        default: "the URL's",
+    },
+    KeyDoc {
+        scope: Scope::Top,
+        keys: &["redis_ca_file"],
+        meaning: "PEM certificates to trust for `rediss://` instead of the system roots",
+        default: "system roots",
+    },
+    KeyDoc {
+        scope: Scope::Top,
+        keys: &["redis_cert_file", "redis_key_file"],
+        meaning: "this host's client certificate and key (PEM), for servers that require them",
+        default: "none",
+    },
+    KeyDoc {
+        scope: Scope::Top,
+        keys: &["consumer"],
+        meaning: "consumer name for every subscription of this file",
+        default: "`sluice-<hostname>`",
+    },
+    KeyDoc {
+        scope: Scope::Top,
+        keys: &["cache_dir"],
+        meaning: "where compiled components are cached",
+        default: "`.sluice/cache`",
+    },
+    KeyDoc {
+        scope: Scope::Top,
+        keys: &["shutdown_timeout"],
+        meaning: "how long a shutdown waits for in-flight deliveries",
+        default: "`10s`",
+    },
+    KeyDoc {
+        scope: Scope::Top,
+        keys: &["admin"],
+        meaning: "address of the admin HTTP server (metrics, health), or `\"off\"`",
+        default: "`127.0.0.1:9187`",
+    },
+    KeyDoc {
+        scope: Scope::Top,
+        keys: &["admin_token_file", "admin_token_env"],
+        meaning: "where the admin API's bearer token is; required beyond loopback",
+        default: "none",
+    },
+    KeyDoc {
+        scope: Scope::Top,
+        keys: &["cache_max_size"],
+        meaning: "the most the compiled-component cache holds; the least recently used go first (also at most 32 components). `sluice cache prune` empties what was not used lately",
+        default: "`2GiB`",
+    },
+    KeyDoc {
+        scope: Scope::Top,
+        keys: &["admin_max_upload"],
+        meaning: "largest component the admin API accepts",
+        default: "`64MiB`",
+    },
+    KeyDoc {
+        scope: Scope::Top,
+        keys: &["admin_read_only"],
+        meaning: "the admin API and web page only show: swaps, requeues, deletes and the other actions are refused and hidden",
+        default: "`false`",
+    },
+    KeyDoc {
+        scope: Scope::Top,
+        keys: &["admin_open_on_loopback"],
+        meaning: "let swaps and rollbacks through without a token (loopback binds only)",
+        default: "`false`: they need the token",
+    },
+    KeyDoc {
+        scope: Scope::Top,
+        keys: &["watch_interval"],
+        meaning: "how often component files are checked for a new version, or `\"off\"`",
+        default: "`1s`",
+    },
+    KeyDoc {
+        scope: Scope::Top,
+        keys: &["subscription"],
+        meaning: "`[[subscription]]`: one table per subscription, with the keys below",
+        default: "none: a config names at least one",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["component"],
+        meaning: "path of the `.wasm` component (relative to the TOML file)",
+        default: "required",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &[
+            "redis",
+            "redis_username",
+            "redis_password_file",
+            "redis_ca_file",
+            "redis_cert_file",
+            "redis_key_file",
+            "consumer",
+        ],
+        meaning: "as above, for this subscription only",
+        default: "the file's",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["stream", "group"],
+        meaning: "override the descriptor's stream and group",
+        default: "the descriptor's",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["claim_min_idle"],
+        meaning: "make it a claiming subscription (XAUTOCLAIM after this idle)",
+        default: "the descriptor's",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["consumer_gone_after"],
+        meaning: "on a non-claiming subscription, take over the pending entries of another consumer idle this long (a host that came back under another name, or never came back), or `\"off\"`",
+        default: "`max(60s, 2 × handler_timeout + block)`",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["block", "count"],
+        meaning: "XREADGROUP BLOCK and COUNT",
+        default: "`1s`, `64`",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["dead_letter"],
+        meaning: "dead-letter stream (one subscription's own: two may not share one)",
+        default: "`<stream>.<group>.dead-letter`",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["max_retries"],
+        meaning: "failed attempts before dead-lettering; a component's own value is capped at 100 (`crate::plan::MAX_COMPONENT_RETRIES`), this key is not",
+        default: "the component's, else `8`",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["min_delay"],
+        meaning: "the shortest wait of any retry (`retry_after(0)` and backoffs included), at least `1ms`",
+        default: "`1ms`",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["payload_field"],
+        meaning: "entry field holding the JSON payload",
+        default: "`payload`",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["max_delay"],
+        meaning: "longest delay the handler asks for (checked against ttl)",
+        default: "unset",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["failure_backoff"],
+        meaning: "`{ initial = \"500ms\", max = \"1m\" }` after a trap",
+        default: "as shown",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["delayed_retry"],
+        meaning: "`{ key = \"...\", ttl = \"1h\" }`, or `\"none\"` to drop the descriptor's",
+        default: "the descriptor's",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["retry_lane"],
+        meaning: "`true`: due retries go to the group's own retry lane (`<key>.lane`, next to the delayed set, same hash tag), which only this group reads and which the reader serves before the stream. `false`: to the stream's tail, where every group of the stream reads them as new entries; refused at start (and held at sweep time) while another group reads the stream, unless `other_groups_see_retries` (see `crate::delayed`). Set it alike on every host of the group",
+        default: "`true` (with a delayed set)",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["retry_lane_slots"],
+        meaning: "handler slots kept for due retries, which new stream entries never take, so a retry due behind a backlog of slow handlers starts at once (less than `max_in_flight`)",
+        default: "an eighth of `max_in_flight` (none below 8)",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["other_groups_see_retries"],
+        meaning: "with `retry_lane = false`: run although other consumer groups read the stream; each of them then reads every retry as a new entry (Sluice groups skip each other's retries; other services do not). Warned about in the log, `sluice check` and the page",
+        default: "`false`: refused",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["partitions"],
+        meaning: "read this many partitions of the stream, each with its own hash tag (`<key>:{<stream>:<n>}`)",
+        default: "the descriptor's, else `1`",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["dead_letter_maxlen"],
+        meaning: "trim the dead-letter stream to about this many entries (XADD MAXLEN ~): the oldest dead letters are dropped for good",
+        default: "never trimmed",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["retention"],
+        meaning: "`{ keep_acked = \"1h\", max_len = 1000000, every = \"10s\" }`: trim entries every consumer group of the stream has acknowledged, older than `keep_acked`; never one a group has pending or unread (see `crate::retention`)",
+        default: "off: the stream grows until producers cap it",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["dead_letter_retention"],
+        meaning: "`{ keep = \"30d\" }`: trim dead letters older than this",
+        default: "kept for ever",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["max_in_flight"],
+        meaning: "deliveries handled at once",
+        default: "`16`",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["isolation"],
+        meaning: "`\"reuse\"` instances, or a fresh one `\"per-delivery\"`",
+        default: "`reuse`",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["recycle_after"],
+        meaning: "deliveries before a reused instance is replaced",
+        default: "`10000`",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["handler_timeout"],
+        meaning: "wall-clock limit of one delivery",
+        default: "`10s`",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["memory_limit"],
+        meaning: "linear-memory cap per instance, e.g. `\"64MiB\"`",
+        default: "`64MiB`",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["host_memory_limit"],
+        meaning: "what the host holds for an instance: resource handles (one per 32KiB) and HTTP header maps (32KiB each)",
+        default: "`8MiB`",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["max_entry_bytes"],
+        meaning: "the largest entry given to the handler; a larger one is dead-lettered unhandled",
+        default: "`8MiB`",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["log_lines", "log_bytes"],
+        meaning: "guest log budget per delivery (past it lines are dropped and counted)",
+        default: "`100`, `64KiB`",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["fuel"],
+        meaning: "deterministic instruction budget per delivery",
+        default: "unmetered",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["allowed_outbound_hosts"],
+        meaning: "hosts the guest may send HTTP requests to, e.g. `[\"https://*.example.com\", \"http://127.0.0.1:8080\"]`",
+        default: "none",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["http_timeout"],
+        meaning: "longest an HTTP request may wait to connect, for a response, or between body chunks",
+        default: "`handler_timeout`",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["config"],
+        meaning: "`[subscription.config]`: string values the guest can read",
+        default: "empty",
+    },
+];
+
+/// The configuration reference page of the book.
+pub fn markdown() -> String {
+    let mut out = String::from(
+        "# Configuration reference\n\n<!-- generated: do not edit; the host's config table writes this file (host/src/config/reference.rs, `SLUICE_BLESS=1 cargo test -p sluice-host reference`) -->\n\nA `sluice.toml` holds keys for the whole host at its top and one `[[subscription]]` table per subscription. Durations are written like `\"500ms\"`, `\"10s\"`, `\"1h\"`; sizes like `\"64MiB\"`. Unknown keys are errors that name the key. A subscription's keys override what its component's descriptor says. See [an example config](example-config.md).\n",
+    );
+    for (scope, title) in [
+        (Scope::Top, "Top level"),
+        (Scope::Subscription, "In `[[subscription]]`"),
+    ] {
+        let _ = write!(
+            out,
+            "\n## {title}\n\n| key | meaning | default |\n|-----|---------|---------|\n"
+        );
+        for row in KEYS.iter().filter(|r| r.scope == scope) {
+            let keys = row
+                .keys
+                .iter()
+                .map(|k| format!("`{k}`"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let _ = writeln!(out, "| {keys} | {} | {} |", row.meaning, row.default);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The keys the parser's raw shape accepts at `scope`, from its own unknown-key error.
+    fn accepted(scope: Scope) -> Vec<String> {
+        let text = match scope {
+            Scope::Top => "not_a_key = 1\n",
+            Scope::Subscription => "[[subscription]]\ncomponent = \"x.wasm\"\nnot_a_key = 1\n",
+        };
+        let err = super::super::file::parse_str(text).expect_err("an unknown key is refused");
+        let (_, expected) = err
+            .split_once("expected one of")
+            .unwrap_or_else(|| panic!("{err}"));
+        let mut keys: Vec<String> = expected
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    #[test]
+    fn the_table_names_every_key_the_parser_accepts_and_no_other() {
+        for scope in [Scope::Top, Scope::Subscription] {
+            let mut documented: Vec<String> = KEYS
+                .iter()
+                .filter(|r| r.scope == scope)
+                .flat_map(|r| r.keys.iter().map(|k| (*k).to_owned()))
+                .collect();
+            documented.sort();
+            assert_eq!(documented, accepted(scope), "{scope:?}");
+        }
+    }
+
+    #[test]
+    fn the_reference_page_is_written_from_the_table() {
+        let page = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../docs/src/reference/configuration.md");
+        let want = markdown();
+        if std::env::var_os("SLUICE_BLESS").is_some() {
+            std::fs::write(&page, &want).unwrap();
+        }
+        let have = std::fs::read_to_string(&page).unwrap_or_default();
+        assert!(
+            have == want,
+            "{} differs from the config table: run `SLUICE_BLESS=1 cargo test -p sluice-host reference` and commit it",
+            page.display()
+        );
+    }
+}
