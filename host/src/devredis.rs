@@ -462,3 +462,33 @@ fn ping(port: u16) -> bool {
     let mut buf = [0u8; 7];
     matches!(stream.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG") || buf[..n].starts_with(b"-NOAUTH"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A project's dev server comes back on the port it had, while that port is free.
+    #[test]
+    fn a_restarted_dev_server_keeps_its_port() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = DevRedisOptions {
+            aof: false,
+            reuse: false,
+            extra_args: Vec::new(),
+            password: true,
+            die_with_host: false,
+        };
+        let mut first = DevRedis::start(dir.path(), &options).unwrap();
+        let port = first.port();
+        first.stop();
+        let mut second = DevRedis::start(dir.path(), &options).unwrap();
+        assert_eq!(second.port(), port);
+        second.stop();
+        // Taken by something else meanwhile: another free port, not a failure.
+        let squatter = TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let mut third = DevRedis::start(dir.path(), &options).unwrap();
+        assert_ne!(third.port(), port);
+        third.stop();
+        drop(squatter);
+    }
+}

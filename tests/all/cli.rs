@@ -187,14 +187,16 @@ fn compiled_components_are_cached_on_disk() {
             .set("cache_dir", "cache")
             .to_string(),
     );
-    // Compiled artifacts with their modification times (the key beside them is not one).
+    // Compiled artifacts with their inodes (a rewrite is a new file, renamed into place) and
+    // sizes; the key beside them is not one. A use marks the time, which eviction goes by.
     let artifacts = |d: &std::path::Path| {
+        use std::os::unix::fs::MetadataExt;
         let mut found: Vec<_> = walk(d)
             .into_iter()
             .filter(|p| p.file_name().unwrap() != "cache-key")
             .map(|p| {
-                let modified = std::fs::metadata(&p).unwrap().modified().unwrap();
-                (p, modified)
+                let meta = std::fs::metadata(&p).unwrap();
+                (p, meta.ino(), meta.len())
             })
             .collect();
         found.sort();
@@ -243,6 +245,73 @@ fn compiled_components_are_cached_on_disk() {
         stderr.contains("is open to other users (mode 777)"),
         "{stderr}"
     );
+}
+
+/// `sluice cache prune` removes what was not used for the given time, and leaves the rest.
+#[test]
+fn cache_prune_removes_what_was_not_used_lately() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(
+        dir.path(),
+        "sluice.toml",
+        &TestConfig::of(Sub::as_built("{fixture}"))
+            .set("cache_dir", "cache")
+            .to_string(),
+    );
+    let (ok, _, stderr) = run_sluice(&["check", path.to_str().unwrap()], dir.path());
+    assert!(ok, "{stderr}");
+    let cache = dir.path().join("cache");
+    let compiled = || {
+        walk(&cache)
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "cwasm"))
+            .count()
+    };
+    assert_eq!(compiled(), 1);
+    // Used just now: a week's prune keeps it; the config in the directory names the cache.
+    let (ok, out, err) = run_sluice(&["cache", "prune"], dir.path());
+    assert!(
+        ok && out.contains("removed 0 compiled components"),
+        "{out}{err}"
+    );
+    assert_eq!(compiled(), 1);
+    let (ok, out, err) = run_sluice(&["cache", "prune", "--older-than", "0s"], dir.path());
+    assert!(
+        ok && out.contains("removed 1 compiled component "),
+        "{out}{err}"
+    );
+    assert_eq!(compiled(), 0);
+    assert!(cache.join("cache-key").is_file(), "the key stays");
+    let (ok, _, err) = run_sluice(&["cache", "prune", "--older-than", "soon"], dir.path());
+    assert!(!ok && err.contains("--older-than soon"), "{err}");
+}
+
+/// `sluice status` asks Redis first: with no Redis there, it says so at once, before it
+/// compiles anything (a Python component takes seconds).
+#[test]
+fn status_asks_redis_before_compiling() {
+    let dir = tempfile::tempdir().unwrap();
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let path = write_config(
+        dir.path(),
+        "sluice.toml",
+        &format!(
+            "cache_dir = \"cache\"\nredis = \"redis://127.0.0.1:{port}\"\n{}",
+            TestConfig::of(Sub::as_built("{fixture}"))
+        ),
+    );
+    let (ok, _, err) = run_sluice(&["status", path.to_str().unwrap()], dir.path());
+    assert!(!ok && err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    let compiled = walk(&dir.path().join("cache"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "cwasm"))
+        .count();
+    assert_eq!(compiled, 0, "nothing was compiled");
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {

@@ -117,9 +117,91 @@ fn a_new_rust_project_builds_against_the_packaged_sdk() {
     new_build_check(parent.path(), "orders-rs", "rust", &env);
     let manifest = std::fs::read_to_string(parent.path().join("orders-rs/Cargo.toml")).unwrap();
     assert!(
-        manifest.contains("sluice-guest = \"0.1\"") && manifest.contains(&sdk),
-        "by version, patched to the packaged crates: {manifest}"
+        manifest.contains("sluice-guest = \"0.1\"")
+            && manifest.contains("path = \"../crates/sluice-guest-0.1.0\"")
+            && !manifest.contains(&sdk),
+        "by version, patched to the packaged crates by a path relative to the project: {manifest}"
     );
+}
+
+/// A Rust project carries the SDK it builds against: moved to another directory (another
+/// machine, a clone), it builds there, and nothing in it names the checkout `sluice` was
+/// built from. The `http` template builds too.
+#[test]
+fn a_new_rust_project_carries_its_sdk_and_builds_where_it_is_moved() {
+    let parent = tempfile::tempdir().unwrap();
+    let target = root().join("target/scaffold").display().to_string();
+    let env = [("CARGO_TARGET_DIR", target.as_str())];
+    sluice(
+        &["new", "calls-api", "--lang", "rust", "--template", "http"],
+        parent.path(),
+        &env,
+    );
+    let checkout = root().canonicalize().unwrap().display().to_string();
+    for file in ["Cargo.toml", ".gitignore", "sluice.toml"] {
+        let text = std::fs::read_to_string(parent.path().join("calls-api").join(file)).unwrap();
+        assert!(
+            !text.contains(&checkout),
+            "{file} names the checkout: {text}"
+        );
+    }
+    let ignored = std::fs::read_to_string(parent.path().join("calls-api/.gitignore")).unwrap();
+    assert!(
+        ignored.lines().any(|l| l == ".sluice/") && ignored.lines().any(|l| l == "target/"),
+        "{ignored}"
+    );
+    let elsewhere = tempfile::tempdir().unwrap();
+    let moved = elsewhere.path().join("calls-api");
+    std::fs::rename(parent.path().join("calls-api"), &moved).unwrap();
+    sluice(&["build"], &moved, &env);
+    let check = sluice(&["check"], &moved, &env);
+    assert!(
+        check.contains("stream `calls-api`, group `calls-api`")
+            && check.contains("http://127.0.0.1:8080"),
+        "{check}"
+    );
+}
+
+/// A JavaScript syntax error names the file, line and column and says what is wrong, as cargo
+/// does, instead of componentize-js's count of errors.
+#[test]
+fn a_javascript_syntax_error_points_at_the_line() {
+    let parent = tempfile::tempdir().unwrap();
+    sluice(&["new", "typo-js", "--lang", "js"], parent.path(), &[]);
+    let dir = parent.path().join("typo-js");
+    let app = dir.join("src/app.js");
+    let source = std::fs::read_to_string(&app).unwrap();
+    let (line, _) = source
+        .lines()
+        .enumerate()
+        .find(|(_, l)| l.trim() == "return ack();")
+        .unwrap();
+    std::fs::write(&app, source.replace("return ack();", "return ack(;")).unwrap();
+    let (ok, _, err) = run_sluice_with(&["build"], &dir, &[]);
+    assert!(!ok, "{err}");
+    let at = format!("--> src/app.js:{}:", line + 1);
+    assert!(
+        err.contains("syntax error: Unexpected token ';'") && err.contains(&at),
+        "{err}"
+    );
+    assert!(!err.contains("encountered [1] errors"), "{err}");
+}
+
+/// Without the Python tools, a build names the one command that installs them.
+#[test]
+fn a_missing_toolchain_names_the_command_that_installs_it() {
+    let parent = tempfile::tempdir().unwrap();
+    sluice(&["new", "no-tools", "--lang", "python"], parent.path(), &[]);
+    let empty = parent.path().join("no-tools-dir").display().to_string();
+    let (ok, _, err) = run_sluice_with(
+        &["build"],
+        &parent.path().join("no-tools"),
+        &[
+            ("SLUICE_TOOLS_DIR", empty.as_str()),
+            ("PATH", "/usr/bin:/bin"),
+        ],
+    );
+    assert!(!ok && err.contains("run `sluice tools install`"), "{err}");
 }
 
 /// The digest `/metrics` says serves `stream` now.
@@ -254,4 +336,52 @@ fn a_big_component_runs_on_defaults_compiles_once_and_names_the_limit_to_raise()
         !ok && small.contains("raise `memory_limit`") && small.contains("minimum byte size"),
         "{small}"
     );
+}
+
+/// A JavaScript handler that throws: the attempt fails with the error's type, message and
+/// place in one line (the dead letter's reason), and the stack is kept apart, in the dead
+/// letter's `sluice-trace` field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_javascript_exception_names_its_type_message_and_line() {
+    let parent = tempfile::tempdir().unwrap();
+    sluice(&["new", "throws-js", "--lang", "js"], parent.path(), &[]);
+    let dir = parent.path().join("throws-js");
+    let app = dir.join("src/app.js");
+    let source = std::fs::read_to_string(&app).unwrap();
+    let thrown = source.replace(
+        "    return ack();\n",
+        "    throw new TypeError(`no account ${event.id}`);\n",
+    );
+    assert_ne!(source, thrown);
+    std::fs::write(&app, thrown).unwrap();
+    sluice(&["build"], &dir, &[]);
+    let component = dir.join("target/throws_js.wasm").display().to_string();
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let host = HostProcess::run(
+        &redis,
+        TestConfig::of(Sub::new(&component, "throws-js").set("max_retries", 0)),
+    );
+    wait_for(SLOW_BUILD, "the host to serve", || {
+        let log = host.log_text();
+        async move { log.contains("admin server listening").then_some(()) }
+    })
+    .await;
+    let id = add(&mut conn, "throws-js", &serde_json::json!({"id": "acct-9"})).await;
+    let dead = wait_dead_letters(&conn, "throws-js", 1).await;
+    let fields = &dead[0].1;
+    assert_eq!(field(fields, "sluice-origin-id"), Some(id.as_str()));
+    let reason = field(fields, "sluice-reason").unwrap();
+    assert!(
+        reason.contains("last attempt: handler threw TypeError: no account acct-9 (app.js:"),
+        "{reason}"
+    );
+    let trace = field(fields, "sluice-trace").unwrap_or_default();
+    assert!(trace.contains("app.js:"), "the stack, apart: {trace}");
+    let log = host.log_text();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("TypeError: no account acct-9"))
+        .collect();
+    assert_eq!(lines.len(), 1, "logged once: {lines:?}");
 }

@@ -574,6 +574,10 @@ async fn a_python_guest_is_held_to_the_same_sandbox() {
         ),
         ("alloc", serde_json::json!({"attack": "alloc"})),
         ("loop", serde_json::json!({"attack": "loop"})),
+        (
+            "raise",
+            serde_json::json!({"attack": "raise", "account": "acct-7"}),
+        ),
     ];
     // The interpreter component compiles before the host reads (seconds alone, much more on a
     // loaded machine): the deliveries' deadline starts once it serves.
@@ -598,9 +602,52 @@ async fn a_python_guest_is_held_to_the_same_sandbox() {
                 why.starts_with("denied") && why.contains("denied by the host"),
                 "{name}: {why}"
             ),
+            // The short form: the exception, where it was raised; the traceback apart.
+            "raise" => {
+                assert!(
+                    why.contains(
+                        "last attempt: handler raised ValueError: no account acct-7\\n2026-01-01T00:00:00Z  INFO forged (app.py:"
+                    ) && why.ends_with("in charge)"),
+                    "{name}: {why}"
+                );
+                let letter = dead
+                    .iter()
+                    .find(|(_, f)| field(f, "sluice-origin-id") == Some(id.as_str()))
+                    .map(|(_, f)| f)
+                    .unwrap();
+                let trace = field(letter, "sluice-trace").unwrap_or_default();
+                assert!(
+                    trace.starts_with("Traceback (most recent call last):")
+                        && trace.contains("File \"app.py\", line")
+                        && trace.contains("in charge")
+                        && trace.lines().count() >= 4,
+                    "the traceback, as lines, in its own field: {trace}"
+                );
+            }
             _ => assert!(why.starts_with("denied"), "{name}: {why}"),
         }
     }
+    // The exception is logged once, with its traceback as lines under it; no line of it can
+    // pass for one of the host's.
+    let log = _host.log_text();
+    let failures: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("handler raised ValueError: no account acct-7"))
+        .collect();
+    assert_eq!(failures.len(), 1, "logged once per attempt: {failures:?}");
+    assert!(
+        failures[0].contains("attempt failed; dead-lettering"),
+        "{}",
+        failures[0]
+    );
+    assert!(
+        log.contains("    | Traceback (most recent call last):"),
+        "the traceback under it"
+    );
+    assert!(
+        !log.lines().any(|l| l.starts_with("2026-01-01T00:00:00Z")),
+        "a guest forged a host log line"
+    );
     assert_eq!(
         other.hits(),
         0,

@@ -47,6 +47,16 @@ pub async fn run_with(paths: &[PathBuf], redis: Option<&str>, dev: Option<Dev>) 
     } else {
         None
     };
+    if dev.is_some()
+        && let Some(addr) = plan.admin
+        && (addr.port() == 0 || std::net::TcpListener::bind(addr).is_err())
+    {
+        // Another dev session holds the port (or the config asks for any): take a free one,
+        // so the banner can name it.
+        if let Ok(free) = std::net::TcpListener::bind((addr.ip(), 0)).and_then(|l| l.local_addr()) {
+            plan.admin = Some(free);
+        }
+    }
     if dev.is_some() {
         // In dev the page's buttons work on loopback without a token (the admin server takes
         // this only on a loopback address); a configured token or read-only mode still rules.

@@ -29,6 +29,10 @@ use sluice_descriptor::Overrides;
 use allow::OutboundHttp;
 pub use token::{PrivateFileError, TokenError, TokenSource, read_private};
 
+/// The most the compiled-component cache holds by default, in bytes (`cache_max_size`):
+/// Python and JavaScript components compile to tens of megabytes each.
+pub const DEFAULT_CACHE_MAX_SIZE: u64 = 2 << 30;
+
 /// The largest component the admin API accepts when the config does not say.
 pub const DEFAULT_ADMIN_MAX_UPLOAD: u64 = 64 * 1024 * 1024;
 /// How often component files are checked for a new version when the config does not say.
@@ -339,9 +343,7 @@ impl Config {
             cache_dir: globals
                 .cache_dir
                 .unwrap_or_else(|| PathBuf::from(".sluice/cache")),
-            cache_max_size: globals
-                .cache_max_size
-                .unwrap_or(crate::runtime::compile::DEFAULT_CACHE_MAX_SIZE),
+            cache_max_size: globals.cache_max_size.unwrap_or(DEFAULT_CACHE_MAX_SIZE),
             shutdown_timeout: globals.shutdown_timeout.unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT),
             admin: globals.admin.unwrap_or(DEFAULT_ADMIN.parse().ok()),
             admin_token: globals.admin_token,

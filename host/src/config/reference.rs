@@ -171,7 +171,7 @@ pub const KEYS: &[KeyDoc] = &[
     KeyDoc {
         scope: Scope::Subscription,
         keys: &["max_retries"],
-        meaning: "failed attempts before dead-lettering; a component's own value is capped at 100 (`crate::plan::MAX_COMPONENT_RETRIES`), this key is not",
+        meaning: "failed attempts before dead-lettering; a component's own value is capped at 100, this key is not",
         default: "the component's, else `8`",
     },
     KeyDoc {
@@ -207,7 +207,7 @@ pub const KEYS: &[KeyDoc] = &[
     KeyDoc {
         scope: Scope::Subscription,
         keys: &["retry_lane"],
-        meaning: "`true`: due retries go to the group's own retry lane (`<key>.lane`, next to the delayed set, same hash tag), which only this group reads and which the reader serves before the stream. `false`: to the stream's tail, where every group of the stream reads them as new entries; refused at start (and held at sweep time) while another group reads the stream, unless `other_groups_see_retries` (see `crate::delayed`). Set it alike on every host of the group",
+        meaning: "`true`: due retries go to the group's own retry lane (`<key>.lane`, next to the delayed set, same hash tag), which only this group reads and which the reader serves before the stream. `false`: to the stream's tail, where every group of the stream reads them as new entries; refused at start (and held at sweep time) while another group reads the stream, unless `other_groups_see_retries` (see [Several services on one stream](../concepts/fan-out.md)). Set it alike on every host of the group",
         default: "`true` (with a delayed set)",
     },
     KeyDoc {
@@ -237,7 +237,7 @@ pub const KEYS: &[KeyDoc] = &[
     KeyDoc {
         scope: Scope::Subscription,
         keys: &["retention"],
-        meaning: "`{ keep_acked = \"1h\", max_len = 1000000, every = \"10s\" }`: trim entries every consumer group of the stream has acknowledged, older than `keep_acked`; never one a group has pending or unread (see `crate::retention`)",
+        meaning: "`{ keep_acked = \"1h\", max_len = 1000000, every = \"10s\" }`: trim entries every consumer group of the stream has acknowledged, older than `keep_acked`; never one a group has pending or unread (see [Stream retention](../operating/retention.md))",
         default: "off: the stream grows until producers cap it",
     },
     KeyDoc {

@@ -330,12 +330,19 @@ fn parse_node_syntax_error(stderr: &str, file: &Path, root: &Path) -> Option<Pro
         .trim_start_matches("SyntaxError:")
         .trim()
         .to_owned();
+    // The project's own text, shown on a terminal: no control characters from it.
+    let shown = |text: &str, max: usize| -> String {
+        text.chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .take(max)
+            .collect()
+    };
     Some(ProjectError::JsSyntax {
         file: file.strip_prefix(root).unwrap_or(file).to_owned(),
         line: line_no,
         column: column as u32,
-        message,
-        text: source.chars().take(200).collect(),
+        message: shown(&message, 500),
+        text: shown(source, 200),
     })
 }
 

@@ -194,9 +194,7 @@ pub struct ArtifactCache {
 /// The most compiled components a cache keeps.
 pub const MAX_CACHED: usize = 32;
 
-/// The most a cache holds by default, in bytes (`cache_max_size`): Python and JavaScript
-/// components compile to tens of megabytes each.
-pub const DEFAULT_CACHE_MAX_SIZE: u64 = 2 << 30;
+pub use crate::config::DEFAULT_CACHE_MAX_SIZE;
 
 /// The file in a cache directory that holds its key.
 const KEY_FILE: &str = "cache-key";
@@ -407,6 +405,77 @@ pub struct Compiler {
     exe: Result<PathBuf, String>,
     args: Vec<String>,
     turn: Arc<tokio::sync::Semaphore>,
+    /// Where compiled functions are kept between compiles, and the key that signs them.
+    functions: Option<(PathBuf, Arc<[u8; 32]>)>,
+}
+
+/// The most a cache's compiled functions take ([`FunctionStore`]), in bytes.
+pub const FUNCTIONS_MAX_SIZE: u64 = 1 << 30;
+
+/// Cranelift's incremental cache on disk: one file per compiled function, named by a hash of
+/// its key (the function's code and the compiler's settings), holding the compiled bytes and a
+/// keyed hash (HMAC-SHA256 with the cache's key) over the key and the bytes. A file that does
+/// not verify is not used: compiled code from the cache runs as the host, so only code this
+/// host's compiler wrote is taken. A rebuild of an interpreter component changes a few of its
+/// thousands of functions; the rest come from here.
+#[derive(Debug)]
+struct FunctionStore {
+    dir: PathBuf,
+    key: [u8; 32],
+}
+
+impl FunctionStore {
+    fn path(&self, key: &[u8]) -> PathBuf {
+        use sha2::Digest as _;
+        self.dir
+            .join(format!("{}.fn", hex::encode(Sha256::digest(key))))
+    }
+
+    fn tag(&self, key: &[u8], value: &[u8]) -> Option<Hmac<Sha256>> {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.key).ok()?;
+        mac.update(&(key.len() as u64).to_le_bytes());
+        mac.update(key);
+        mac.update(value);
+        Some(mac)
+    }
+}
+
+impl wasmtime::CacheStore for FunctionStore {
+    fn get(&self, key: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
+        let path = self.path(key);
+        let mut stored = std::fs::read(&path).ok()?;
+        let at = stored.len().checked_sub(32)?;
+        let tag = stored.split_off(at);
+        self.tag(key, &stored)?.verify_slice(&tag).ok()?;
+        // Used now: eviction goes by the last use.
+        let _ = std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+        Some(std::borrow::Cow::Owned(stored))
+    }
+
+    fn insert(&self, key: &[u8], mut value: Vec<u8>) -> bool {
+        use std::os::unix::fs::OpenOptionsExt;
+        let Some(tag) = self.tag(key, &value) else {
+            return false;
+        };
+        value.extend_from_slice(&tag.finalize().into_bytes());
+        let path = self.path(key);
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(&value))
+            .and_then(|()| std::fs::rename(&tmp, &path));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written.is_ok()
+    }
 }
 
 impl std::fmt::Debug for Compiler {
@@ -424,7 +493,24 @@ impl Compiler {
             exe: locate(),
             args,
             turn: Arc::new(tokio::sync::Semaphore::new(1)),
+            functions: None,
         }
+    }
+
+    /// Keep compiled functions in `cache`'s `functions/` directory, so a component that
+    /// shares most of its code with one compiled before compiles in a fraction of the time
+    /// (`sluice dev`). Without it (a directory that cannot be made), compiles are whole.
+    pub fn with_functions(mut self, cache: &ArtifactCache) -> Self {
+        use std::os::unix::fs::DirBuilderExt;
+        let dir = cache.dir.join("functions");
+        let made = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir);
+        if made.is_ok() {
+            self.functions = Some((dir, cache.key.clone()));
+        }
+        self
     }
 
     /// Compile `bytes` (named `path` in errors) into an artifact for an engine built like
@@ -441,9 +527,16 @@ impl Compiler {
             .acquire()
             .await
             .map_err(|_| refused("the compiler is shutting down".to_owned()))?;
-        let mut child = tokio::process::Command::new(&exe)
-            .arg("__compile")
-            .args(&self.args)
+        let mut command = tokio::process::Command::new(&exe);
+        command.arg("__compile").args(&self.args);
+        let mut input = Vec::with_capacity(bytes.len() + 32);
+        if let Some((dir, key)) = &self.functions {
+            // The key goes first on stdin: never on a command line, which others can read.
+            command.arg("--functions").arg(dir);
+            input.extend_from_slice(key.as_slice());
+        }
+        input.extend_from_slice(bytes);
+        let mut child = command
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -455,13 +548,15 @@ impl Compiler {
             .stdin
             .take()
             .ok_or_else(|| refused("no stdin".to_owned()))?;
-        let input = bytes.to_vec();
         let feed = tokio::spawn(async move {
             use tokio::io::AsyncWriteExt;
             let _ = stdin.write_all(&input).await;
         });
         let output = tokio::time::timeout(COMPILE_WALL, child.wait_with_output()).await;
         feed.abort();
+        if let Some((dir, _)) = &self.functions {
+            evict_files(dir, "fn", usize::MAX, FUNCTIONS_MAX_SIZE, None);
+        }
         let output = match output {
             Ok(Ok(output)) => output,
             Ok(Err(e)) => return Err(refused(format!("the compiler failed: {e}"))),
@@ -578,8 +673,27 @@ pub fn child_main(args: &[String]) -> std::process::ExitCode {
         eprintln!("cannot read the component: {err}");
         return std::process::ExitCode::from(2);
     }
-    let compiled = wasmtime::Engine::new(&super::engine_config(&options))
-        .and_then(|engine| engine.precompile_component(&bytes));
+    let mut config = super::engine_config(&options);
+    if let Some(at) = args.iter().position(|a| a == "--functions") {
+        let (Some(dir), true) = (args.get(at + 1), bytes.len() >= 32) else {
+            eprintln!("--functions needs a directory and the key first on stdin");
+            return std::process::ExitCode::from(2);
+        };
+        let rest = bytes.split_off(32);
+        let mut key = [0u8; 32];
+        key.copy_from_slice(&bytes);
+        bytes = rest;
+        let store = FunctionStore {
+            dir: PathBuf::from(dir),
+            key,
+        };
+        if let Err(err) = config.enable_incremental_compilation(Arc::new(store)) {
+            eprintln!("{err:#}");
+            return std::process::ExitCode::from(2);
+        }
+    }
+    let compiled =
+        wasmtime::Engine::new(&config).and_then(|engine| engine.precompile_component(&bytes));
     match compiled {
         Ok(artifact) => match std::io::stdout().write_all(&artifact) {
             Ok(()) => std::process::ExitCode::SUCCESS,

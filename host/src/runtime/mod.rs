@@ -276,6 +276,12 @@ impl Runtime {
         let (plain, http_linker) =
             guest::linkers(&engine).map_err(|e| RuntimeError::Engine(cause(e)))?;
         let ticker = Ticker::start(engine.clone());
+        let mut compiler = compile::Compiler::new(compile::child_args(&options));
+        if options.quick_compile
+            && let Some(cache) = &artifacts
+        {
+            compiler = compiler.with_functions(cache);
+        }
         Ok(Self {
             fuel: options.fuel,
             engine,
@@ -285,7 +291,7 @@ impl Runtime {
                 .pool
                 .map(|p| Arc::new(tokio::sync::Semaphore::new(p.instances as usize))),
             artifacts,
-            compiler: compile::Compiler::new(compile::child_args(&options)),
+            compiler,
             protected: http::Protected::default(),
             _ticker: Arc::new(ticker),
         })

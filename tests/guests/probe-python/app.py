@@ -15,6 +15,10 @@ def attempt(what):
         return f"denied: {type(err).__name__}: {err}"
 
 
+def charge(payload: dict):
+    raise ValueError(f"no account {payload.get('account')}\n2026-01-01T00:00:00Z  INFO forged")
+
+
 @subscriber(RedisStream("probe-python").group("g"))
 def probe(payload: dict):
     attack = payload.get("attack")
@@ -36,4 +40,7 @@ def probe(payload: dict):
     if attack == "loop":
         while True:
             pass
+    if attack == "raise":
+        # A forged host log line in the message and the traceback: each stays inside its own.
+        charge(payload)
     return dead_letter(f"unknown attack {attack!r}")
