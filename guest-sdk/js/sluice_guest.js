@@ -223,7 +223,8 @@ export function subscriber(descriptor, handler, options = {}) {
 /** What was thrown, in one line: its type and message, and where, when the stack says. */
 function describe(err) {
   if (!(err instanceof Error)) return `${typeof err} ${String(err)}`;
-  const where = /(\w[\w.\/-]*\.m?js):(\d+):(\d+)/.exec(String(err.stack ?? ""));
+  // The first frame is in the first lines: a stack set by hand may be megabytes.
+  const where = /([\w.\/-]{1,200}\.m?js):(\d+):(\d+)/.exec(String(err.stack ?? "").slice(0, 4096));
   return `${err.name}: ${err.message}${where ? ` (${where[1].split("/").pop()}:${where[2]}:${where[3]})` : ""}`;
 }
 

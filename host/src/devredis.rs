@@ -194,6 +194,11 @@ impl DevRedis {
             std::thread::sleep(Duration::from_millis(20));
         }
         let _ = write_private(&self.dir.join("url"), self.url().as_bytes());
+        // Outlives a clean stop (which removes `url`): the next start asks for it first.
+        let _ = write_private(
+            &self.dir.join(LAST_PORT_FILE),
+            self.port.to_string().as_bytes(),
+        );
         tracing::info!(url = %crate::redis_conn::redact(&self.url()), dir = %self.dir.display(), aof = self.aof, "started a private dev redis-server");
         Ok(())
     }
@@ -285,6 +290,9 @@ fn read_port(dir: &Path) -> Option<u16> {
     url.trim().rsplit(':').next()?.parse().ok()
 }
 
+/// The file in a dev directory that holds the port its server last had.
+const LAST_PORT_FILE: &str = "last-port";
+
 /// The file in a dev directory that holds the server's password.
 const PASSWORD_FILE: &str = "password";
 
@@ -349,7 +357,10 @@ fn pick_port(dir: &Path) -> std::io::Result<u16> {
     use sha2::Digest as _;
     let hash = sha2::Sha256::digest(dir.as_os_str().as_encoded_bytes());
     let derived = 20_000 + u16::from_be_bytes([hash[0], hash[1]]) % 10_000;
-    for port in [read_port(dir), Some(derived)].into_iter().flatten() {
+    let last = std::fs::read_to_string(dir.join(LAST_PORT_FILE))
+        .ok()
+        .and_then(|p| p.trim().parse::<u16>().ok());
+    for port in [read_port(dir), last, Some(derived)].into_iter().flatten() {
         if port >= 1024 && TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return Ok(port);
         }
@@ -481,8 +492,12 @@ mod tests {
         let mut first = DevRedis::start(dir.path(), &options).unwrap();
         let port = first.port();
         first.stop();
+        assert!(
+            !dir.path().join("url").exists(),
+            "a clean stop forgets the URL"
+        );
         let mut second = DevRedis::start(dir.path(), &options).unwrap();
-        assert_eq!(second.port(), port);
+        assert_eq!(second.port(), port, "but not the port");
         second.stop();
         // Taken by something else meanwhile: another free port, not a failure.
         let squatter = TcpListener::bind(("127.0.0.1", port)).unwrap();

@@ -196,7 +196,7 @@ impl Dispatcher {
                 Some(trace) => tracing::warn!(
                     elapsed_us,
                     "attempt failed; {then}: {failure}\n{}",
-                    indented(trace)
+                    outcome::indented(trace)
                 ),
                 None => tracing::warn!(%failure, elapsed_us, "attempt failed; {then}"),
             }
@@ -292,14 +292,4 @@ impl Dispatcher {
         self.settler.retry_pending(delivery, digest, delay, cause);
         Ok(Settled::RetryPending(delay))
     }
-}
-
-/// A guest's traceback for the log: each line indented under the failure, so none starts where
-/// a line of the host's would.
-fn indented(trace: &str) -> String {
-    trace
-        .lines()
-        .map(|line| format!("    | {line}"))
-        .collect::<Vec<_>>()
-        .join("\n")
 }

@@ -112,6 +112,16 @@ pub struct Policy {
     pub max_entry_bytes: u64,
 }
 
+/// A guest's traceback for the log: each line indented under the failure, so none starts where
+/// a line of the host's would.
+pub fn indented(trace: &str) -> String {
+    trace
+        .lines()
+        .map(|line| format!("    | {line}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 impl Failure {
     /// The traceback the guest gave with its error, if any.
     pub fn trace(&self) -> Option<&str> {

@@ -271,13 +271,13 @@ fn cache_prune_removes_what_was_not_used_lately() {
     // Used just now: a week's prune keeps it; the config in the directory names the cache.
     let (ok, out, err) = run_sluice(&["cache", "prune"], dir.path());
     assert!(
-        ok && out.contains("removed 0 compiled components"),
+        ok && out.contains("removed 0 compiled components and"),
         "{out}{err}"
     );
     assert_eq!(compiled(), 1);
     let (ok, out, err) = run_sluice(&["cache", "prune", "--older-than", "0s"], dir.path());
     assert!(
-        ok && out.contains("removed 1 compiled component "),
+        ok && out.contains("removed 1 compiled component and"),
         "{out}{err}"
     );
     assert_eq!(compiled(), 0);

@@ -241,6 +241,13 @@ async fn sluice_dev_rebuilds_and_swaps_and_keeps_the_last_good_build() {
         async move { log.contains("admin server listening").then_some(()) }
     })
     .await;
+    // On a Redis of the user's (`--redis`), dev does not open the page's actions.
+    assert!(
+        host.log_text()
+            .contains("read-only: set admin_token_file to act"),
+        "{}",
+        host.log_text()
+    );
     let admin = host.admin_addr().await;
     let mut c = conn.clone();
     let first = add(&mut c, "devloop", &serde_json::json!({"id": "1"})).await;

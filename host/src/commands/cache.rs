@@ -30,10 +30,19 @@ pub fn cache_prune(dir: Option<&Path>, older_than: &str) -> Result<String> {
         .checked_sub(age)
         .unwrap_or(std::time::UNIX_EPOCH);
     let (removed, freed) = compile::evict(&dir, usize::MAX, u64::MAX, Some(since));
+    // And `sluice dev`'s compiled functions.
+    let (functions, functions_freed) = compile::evict_files(
+        &dir.join("functions"),
+        "fn",
+        usize::MAX,
+        u64::MAX,
+        Some(since),
+    );
     Ok(format!(
-        "{}: removed {removed} compiled component{} ({:.1} MB) not used for {older_than}\n",
+        "{}: removed {removed} compiled component{} and {functions} compiled function{} ({:.1} MB) not used for {older_than}\n",
         dir.display(),
         if removed == 1 { "" } else { "s" },
-        freed as f64 / 1e6
+        if functions == 1 { "" } else { "s" },
+        (freed + functions_freed) as f64 / 1e6
     ))
 }

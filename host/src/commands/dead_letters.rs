@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 
-use super::{format_ms, plan, targets};
+use super::{format_ms, plan_after_redis, targets};
 use crate::operate::dead_letters;
 use crate::operate::printable;
 
@@ -29,7 +29,7 @@ pub struct DeadLetterQuery {
 
 /// `sluice dead-letters`.
 pub async fn dead_letters(query: DeadLetterQuery) -> Result<String> {
-    let plan = plan(&query.paths, query.redis.as_deref()).await?;
+    let plan = plan_after_redis(&query.paths, query.redis.as_deref()).await?;
     let mut out = String::new();
     for mut target in targets(&plan, query.stream.as_deref()).await? {
         let keys = &target.keys;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 
-use super::{plan, targets};
+use super::{plan_after_redis, targets};
 use crate::operate::{dead_letters, parked};
 
 /// What to delete.
@@ -23,7 +23,7 @@ pub async fn delete(
     stream: Option<&str>,
     what: Deletion,
 ) -> Result<String> {
-    let plan = plan(paths, redis).await?;
+    let plan = plan_after_redis(paths, redis).await?;
     let mut out = String::new();
     let mut total = 0;
     for mut target in targets(&plan, stream).await? {

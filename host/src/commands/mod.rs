@@ -69,6 +69,14 @@ pub(crate) async fn plan_of(
 
 /// Load the configuration of `paths`; the default (./sluice.toml) missing says what to give.
 pub(crate) fn load(paths: &[PathBuf]) -> Result<Config> {
+    // A dev server may be running beside the config, when the command runs elsewhere.
+    if let Some(dir) = paths
+        .iter()
+        .find(|p| p.extension().is_some_and(|e| e == "toml"))
+        .and_then(|p| p.parent())
+    {
+        let _ = CONFIG_DEV_REDIS.set(dir.join(DEV_REDIS_DIR));
+    }
     if paths.is_empty() {
         anyhow::bail!("give at least one config (.toml) or component (.wasm)");
     }
@@ -87,7 +95,9 @@ pub(crate) fn load(paths: &[PathBuf]) -> Result<Config> {
 }
 
 /// Load the configuration and reach the Redis of each subscription, before anything is
-/// compiled: a command that only reads Redis says "no Redis" at once.
+/// compiled: a command that only reads Redis says "no Redis" at once. Such a command needs
+/// only the components' descriptors, so it compiles them as `sluice dev` does (quickly, and
+/// into the cache entries `sluice dev` made).
 pub(crate) async fn plan_after_redis(paths: &[PathBuf], redis: Option<&str>) -> Result<Plan> {
     let config = load(paths)?;
     let mut reached = std::collections::HashSet::new();
@@ -100,7 +110,7 @@ pub(crate) async fn plan_after_redis(paths: &[PathBuf], redis: Option<&str>) -> 
         let conn = crate::redis_conn::RedisHandle::connect(&url, &sub.redis_access).await?;
         drop(conn);
     }
-    plan(paths, redis).await
+    plan_of(&config, redis, true).await
 }
 
 /// The Redis URL for commands that only talk to Redis: `--redis`, else the subscription's own,
@@ -109,10 +119,15 @@ pub(crate) fn redis_url_for(configured: Option<&str>) -> Result<String> {
     if let Some(url) = configured {
         return Ok(url.to_owned());
     }
-    crate::devredis::running_url(Path::new(DEV_REDIS_DIR)).context(
-        "no Redis URL is configured and no dev redis-server from `sluice run` is running here; pass --redis <url>",
-    )
+    crate::devredis::running_url(Path::new(DEV_REDIS_DIR))
+        .or_else(|| CONFIG_DEV_REDIS.get().and_then(|d| crate::devredis::running_url(d)))
+        .context(
+            "no Redis URL is configured and no dev redis-server of `sluice dev` or `sluice run` is running here or beside the config; pass --redis <url>",
+        )
 }
+
+/// The dev server's directory beside the config a command loaded (see [`load`]).
+static CONFIG_DEV_REDIS: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 
 pub(crate) use crate::operate::format_ms;
 

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 
-use super::{format_ms, plan, redis_url_for};
+use super::{format_ms, plan_after_redis, redis_url_for};
 
 /// `sluice parked`: what waits in each delayed-retry set, oldest first, at most `limit` per
 /// set (read as one page: a set of millions is never read whole).
@@ -16,7 +16,7 @@ pub async fn parked(
     limit: usize,
 ) -> Result<String> {
     use sluice_descriptor::DelayedRetry;
-    let plan = plan(paths, redis).await?;
+    let plan = plan_after_redis(paths, redis).await?;
     let mut out = String::new();
     let mut seen = 0;
     for sub in &plan.subscriptions {

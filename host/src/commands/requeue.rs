@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use anyhow::{Context as _, Result};
 
-use super::{interrupted, plan, progress, targets};
+use super::{interrupted, plan_after_redis, progress, targets};
 use crate::operate::BATCH;
 use crate::operate::dead_letters::{self, Requeued};
 
@@ -33,7 +33,7 @@ pub async fn requeue(request: RequeueRequest) -> Result<String> {
     if request.all != request.ids.is_empty() {
         anyhow::bail!("name the dead letters to requeue by id, or pass --all (not both)");
     }
-    let plan = plan(&request.paths, request.redis.as_deref()).await?;
+    let plan = plan_after_redis(&request.paths, request.redis.as_deref()).await?;
     let stop = interrupted();
     let bar = progress("requeueing");
     let mut out = String::new();

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use anyhow::{Context as _, Result};
 
-use super::{interrupted, plan, progress, targets};
+use super::{interrupted, plan_after_redis, progress, targets};
 use crate::operate::parked;
 
 /// `sluice retry-now`: the parked retries with these origin ids, or with `all` every one that
@@ -21,7 +21,7 @@ pub async fn retry_now(
     if all != origins.is_empty() {
         anyhow::bail!("name the parked retries by origin id, or pass --all (not both)");
     }
-    let plan = plan(paths, redis).await?;
+    let plan = plan_after_redis(paths, redis).await?;
     let stop = interrupted();
     let bar = progress("making retries due");
     let mut out = String::new();

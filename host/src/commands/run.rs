@@ -57,11 +57,19 @@ pub async fn run_with(paths: &[PathBuf], redis: Option<&str>, dev: Option<Dev>) 
             plan.admin = Some(free);
         }
     }
+    // Every subscription on the private dev server: nothing else's data is at stake.
+    let private = dev_redis.is_some() && plan.subscriptions.iter().all(|s| s.redis.is_none());
     if dev.is_some() {
-        // In dev the page's buttons work on loopback without a token (the admin server takes
-        // this only on a loopback address); a configured token or read-only mode still rules.
-        plan.admin_open_on_loopback |= plan.admin_token.is_none() && !plan.admin_read_only;
-        eprint!("{}", banner(&plan, dev_redis.as_ref(), redis, &dev_dir));
+        // In dev, on the private dev server, the page's buttons work on loopback without a
+        // token (the admin server takes this only on a loopback address); a configured token
+        // or read-only mode still rules. On any other Redis, as `sluice run`.
+        if private {
+            plan.admin_open_on_loopback |= plan.admin_token.is_none() && !plan.admin_read_only;
+        }
+        eprint!(
+            "{}",
+            banner(&plan, dev_redis.as_ref(), redis, &dev_dir, paths)
+        );
     }
     let dev_url = dev_redis.as_ref().map(DevRedis::url);
     let service = Service::new(plan);
@@ -95,6 +103,7 @@ fn banner(
     dev_redis: Option<&DevRedis>,
     redis: Option<&str>,
     dev_dir: &Path,
+    paths: &[PathBuf],
 ) -> String {
     let mut out = String::from("\nsluice dev\n");
     for sub in &plan.subscriptions {
@@ -140,26 +149,37 @@ fn banner(
                 "read-only (admin_read_only = true)"
             } else if plan.admin_token.is_some() {
                 "actions after logging in with the admin token"
-            } else if addr.ip().is_loopback() {
-                "actions allowed without a token: dev mode, loopback only"
+            } else if plan.admin_open_on_loopback && addr.ip().is_loopback() {
+                "actions allowed without a token: dev mode on the private dev Redis, loopback only"
             } else {
-                "read-only: set admin_token_file to act"
+                "read-only: set admin_token_file to act (not opened in dev on a Redis of yours)"
             };
             let _ = writeln!(out, "  admin page http://{addr}/ui/ ({actions})");
         }
         None => out.push_str("  admin page off (admin = \"off\")\n"),
     }
-    let example = match plan.subscriptions.as_slice() {
-        [_] => "sluice send '{\"id\":\"1\"}'".to_owned(),
+    let stream = match plan.subscriptions.as_slice() {
+        [_] => String::new(),
         subs => format!(
-            "sluice send {} '{{\"id\":\"1\"}}'",
+            "{} ",
             subs.first()
                 .map_or("<stream>", |s| s.stream.stream.as_str())
         ),
     };
+    let redis_arg = redis.map(|_| "--redis <url> ").unwrap_or_default();
+    let config = paths
+        .first()
+        // The default, ./sluice.toml, goes without saying.
+        .filter(|p| {
+            p.file_name().is_none_or(|n| n != "sluice.toml")
+                || p.parent()
+                    .is_some_and(|d| !d.as_os_str().is_empty() && d != Path::new("."))
+        })
+        .map(|p| format!("--config {} ", p.display()))
+        .unwrap_or_default();
     let _ = writeln!(
         out,
-        "  try it     {example}   (in another terminal, in this directory)\n"
+        "  try it     sluice send {config}{redis_arg}{stream}'{{\"id\":\"1\"}}'   (in another terminal)\n"
     );
     out
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{Context as _, Result};
 
-use super::{plan_of, redis_url_for};
+use super::{plan_after_redis, redis_url_for};
 
 /// The largest entry `sluice send` writes: a test entry, not a bulk load.
 const MAX_SEND_BYTES: usize = 1024 * 1024;
@@ -30,8 +30,8 @@ pub async fn send(
     if !value.is_object() {
         anyhow::bail!("the entry must be a JSON object, like '{{\"id\":\"1\"}}'; got {json}");
     }
-    // Compiled as `sluice dev` compiles (its cache then serves this too).
-    let plan = plan_of(&super::load(&[config.to_owned()])?, redis, true).await?;
+    // Redis first; compiled as `sluice dev` compiles (its cache then serves this too).
+    let plan = plan_after_redis(&[config.to_owned()], redis).await?;
     let sub = match stream {
         Some(name) => plan
             .subscriptions

@@ -85,7 +85,7 @@ pub const KEYS: &[KeyDoc] = &[
     KeyDoc {
         scope: Scope::Top,
         keys: &["cache_max_size"],
-        meaning: "the most the compiled-component cache holds; the least recently used go first (also at most 32 components). `sluice cache prune` empties what was not used lately",
+        meaning: "the most the compiled-component cache holds; the least recently used go first (also at most 32 components). Besides, `sluice dev` keeps compiled functions there (`functions/`, at most 1 GiB, least recently used first). `sluice cache prune` empties both of what was not used lately",
         default: "`2GiB`",
     },
     KeyDoc {

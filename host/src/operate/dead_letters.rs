@@ -148,17 +148,21 @@ impl DeadLetter {
     /// the subscription `owner`.
     pub fn decode(id: String, mut fields: Vec<(Vec<u8>, Vec<u8>)>, owner: &Owner<'_>) -> Self {
         // A traceback comes last, after the bookkeeping.
-        let trace = match fields.last() {
-            Some((name, value)) if name.as_slice() == keys::TRACE.as_bytes() => {
-                let trace = String::from_utf8_lossy(value).into_owned();
-                fields.pop();
-                Some(trace)
+        if let Some((name, value)) = fields.last()
+            && name.as_slice() == keys::TRACE.as_bytes()
+        {
+            let trace = String::from_utf8_lossy(value).into_owned();
+            let pair = fields.pop();
+            let mut letter = Self::decode_layout(id.clone(), fields.clone(), owner);
+            if letter.shape == Shape::Delivery {
+                letter.trace = Some(trace);
+                return letter;
             }
-            _ => None,
-        };
-        let mut letter = Self::decode_layout(id, fields, owner);
-        letter.trace = trace;
-        letter
+            // Not Sluice's layout with a traceback after it: the field is one of the entry's.
+            fields.extend(pair);
+            return Self::decode_layout(id, fields, owner);
+        }
+        Self::decode_layout(id, fields, owner)
     }
 
     fn decode_layout(id: String, fields: Vec<(Vec<u8>, Vec<u8>)>, owner: &Owner<'_>) -> Self {
@@ -807,6 +811,29 @@ mod tests {
         assert!(!letter.trusted, "no secret, no trust");
         assert!(letter.reason_contains("DECLINED"));
         assert_eq!(letter.written_ms(), Some(5));
+    }
+
+    /// A traceback after the bookkeeping is the letter's, not one of the entry's fields (a
+    /// requeue leaves it); on an entry Sluice did not write, the same field stays the entry's.
+    #[test]
+    fn a_traceback_is_kept_apart_only_after_sluices_bookkeeping() {
+        let mut fields = legacy_letter("g");
+        fields.extend(pairs(&[(keys::TRACE, "Traceback\n  File \"app.py\"")]));
+        let letter = DeadLetter::decode("5-0".into(), fields, &OWNER);
+        assert_eq!(letter.shape, Shape::Delivery);
+        assert_eq!(
+            letter.trace.as_deref(),
+            Some("Traceback\n  File \"app.py\"")
+        );
+        assert_eq!(
+            letter.fields,
+            pairs(&[("payload", "{}"), (keys::REASON, "the producer's own")])
+        );
+        let foreign = pairs(&[("payload", "{}"), (keys::TRACE, "mine")]);
+        let letter = DeadLetter::decode("6-0".into(), foreign.clone(), &OWNER);
+        assert_eq!(letter.shape, Shape::Foreign);
+        assert_eq!(letter.trace, None);
+        assert_eq!(letter.fields, foreign);
     }
 
     #[test]

@@ -337,8 +337,9 @@ fn parse_node_syntax_error(stderr: &str, file: &Path, root: &Path) -> Option<Pro
             .take(max)
             .collect()
     };
+    let file = file.strip_prefix(root).unwrap_or(file);
     Some(ProjectError::JsSyntax {
-        file: file.strip_prefix(root).unwrap_or(file).to_owned(),
+        file: PathBuf::from(shown(&file.to_string_lossy(), 300)),
         line: line_no,
         column: column as u32,
         message: shown(&message, 500),
@@ -370,9 +371,11 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), ProjectError> {
     Ok(())
 }
 
-/// What a build read: a hash over every file of the project a build may read (all but
-/// `target/`, `.sluice/`, hidden and cache directories, environments and `node_modules`), the
-/// toolchain program and this `sluice` (whose SDKs and WIT go into every build).
+/// What a build read: a hash over every file of the project (all but `target/`, `.sluice/`,
+/// `.git/`, `__pycache__/` and `node_modules/`, which no build reads: componentize-js gets a
+/// copy of `src/` without `node_modules`), the toolchain program, this `sluice`'s version and
+/// the SDKs and WIT it writes into every build. A Python build under an active virtual
+/// environment (`VIRTUAL_ENV`, whose packages componentize-py also reads) is not kept.
 #[derive(Debug, Clone)]
 pub struct Inputs {
     project: Project,
@@ -390,11 +393,21 @@ impl Inputs {
     /// hash.
     pub fn of(project: &Project, tool: &Path) -> Option<Self> {
         use sha2::Digest as _;
+        if project.lang == Lang::Python && std::env::var_os("VIRTUAL_ENV").is_some() {
+            return None;
+        }
         let mut files = Vec::new();
         collect_inputs(&project.dir, 0, &mut files)?;
         files.sort();
         let mut hasher = sha2::Sha256::new();
         hasher.update(crate::LONG_VERSION.as_bytes());
+        // What this binary writes into the build (a binary built from uncommitted changes has
+        // the version of its last commit).
+        for (name, text) in assets::WIT.iter().chain(assets::PYTHON_SDK) {
+            hasher.update(name.as_bytes());
+            hasher.update(text.as_bytes());
+        }
+        hasher.update(assets::JS_SDK.as_bytes());
         hasher.update(project.lang.to_string().as_bytes());
         // The toolchain: which program, and which build of it.
         hasher.update(tool.as_os_str().as_encoded_bytes());
@@ -476,12 +489,11 @@ fn collect_inputs(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> Option<()
         let name = entry.file_name();
         let name = name.to_string_lossy();
         if kind.is_dir() {
-            let skip = name.starts_with('.')
-                || matches!(
-                    name.as_ref(),
-                    "target" | "__pycache__" | "node_modules" | "venv" | "env" | "site-packages"
-                )
-                || path.join("pyvenv.cfg").exists();
+            // Only what no build reads: a package may be named `env` or `venv`, and a
+            // directory anywhere (but these) may hold a module.
+            let top = depth == 0;
+            let skip = matches!(name.as_ref(), ".git" | "__pycache__" | "node_modules")
+                || (top && matches!(name.as_ref(), "target" | ".sluice"));
             if !skip {
                 collect_inputs(&path, depth + 1, out)?;
             }
@@ -493,4 +505,36 @@ fn collect_inputs(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> Option<()
         }
     }
     Some(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every file a build may read is an input, whatever its directory is called (a package
+    /// named `env`); what no build reads (`target/`, `.sluice/`, `__pycache__/`) is not.
+    #[test]
+    fn inputs_cover_what_a_build_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        std::fs::create_dir_all(root.join("src/env")).unwrap();
+        std::fs::create_dir_all(root.join("src/__pycache__")).unwrap();
+        std::fs::create_dir_all(root.join("target")).unwrap();
+        std::fs::create_dir_all(root.join(".sluice")).unwrap();
+        std::fs::write(root.join("src/app.js"), "import { V } from './env/v.js';\n").unwrap();
+        std::fs::write(root.join("src/env/v.js"), "export const V = 'A';\n").unwrap();
+        let project = Project::detect(&root).unwrap();
+        let tool = Path::new("componentize-js");
+        let hash = || Inputs::of(&project, tool).unwrap().hash;
+        let first = hash();
+        std::fs::write(root.join("target/x.wasm"), "built").unwrap();
+        std::fs::write(root.join(".sluice/last"), "state").unwrap();
+        std::fs::write(root.join("src/__pycache__/x.pyc"), "cache").unwrap();
+        assert_eq!(hash(), first, "outputs and caches are not inputs");
+        std::fs::write(root.join("src/env/v.js"), "export const V = 'B';\n").unwrap();
+        assert_ne!(hash(), first, "a module in a directory named env is");
+        // A link to a device is not read: the build is not kept, rather than hang.
+        std::os::unix::fs::symlink("/dev/zero", root.join("src/zero.js")).unwrap();
+        assert!(Inputs::of(&project, tool).is_none());
+    }
 }

@@ -244,9 +244,18 @@ pub fn install_into(dir: &Path) -> Result<String, InstallError> {
         );
     } else {
         std::fs::create_dir_all(&js_dir).map_err(|e| InstallError::from(io(&js_dir)(e)))?;
+        // Its own package, and `--prefix`: npm would otherwise install into the nearest
+        // directory above with a package.json or node_modules (such as the home directory).
+        let manifest = js_dir.join("package.json");
+        if !manifest.is_file() {
+            std::fs::write(&manifest, "{\"private\": true}\n")
+                .map_err(|e| InstallError::from(io(&manifest)(e)))?;
+        }
         step(
             Command::new("npm")
                 .current_dir(&js_dir)
+                .arg("--prefix")
+                .arg(&js_dir)
                 .args([
                     "install",
                     "--silent",

@@ -303,7 +303,8 @@ impl bindings::sluice::handler::log::Host for GuestState {
             let trace = fields
                 .iter()
                 .find(|(k, _)| k == "sluice.trace")
-                .map(|(_, t)| trace_lines(t));
+                .map(|(_, t)| trace_lines(t))
+                .filter(|t| !t.trim().is_empty());
             self.panic_message = Some((sanitize(&message, MAX_LOG_LINE), trace));
             return;
         }

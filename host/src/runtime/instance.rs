@@ -236,6 +236,28 @@ impl WasmHandler {
     }
 
     fn classify(&self, err: &wasmtime::Error, state: &GuestState) -> Failure {
+        let failure = self.classify_limits(err, state);
+        // A limit ended the attempt, but the guest said something first (a MemoryError it
+        // caught too late): keep what it said in the log.
+        if !matches!(failure, Failure::Raised { .. })
+            && let Some((error, trace)) = &state.panic_message
+        {
+            match trace {
+                Some(trace) => tracing::warn!(
+                    target: "sluice::guest",
+                    "before it failed, the guest reported: {error}\n{}",
+                    crate::outcome::indented(trace)
+                ),
+                None => tracing::warn!(
+                    target: "sluice::guest",
+                    "before it failed, the guest reported: {error}"
+                ),
+            }
+        }
+        failure
+    }
+
+    fn classify_limits(&self, err: &wasmtime::Error, state: &GuestState) -> Failure {
         if state.timed_out {
             return Failure::Timeout(self.limits.handler_timeout);
         }
