@@ -225,7 +225,7 @@ function describe(err) {
   if (!(err instanceof Error)) return `${typeof err} ${String(err)}`;
   // The first frame is in the first lines: a stack set by hand may be megabytes.
   const where = /([\w.\/-]{1,200}\.m?js):(\d+):(\d+)/.exec(String(err.stack ?? "").slice(0, 4096));
-  return `${err.name}: ${err.message}${where ? ` (${where[1].split("/").pop()}:${where[2]}:${where[3]})` : ""}`;
+  return `${err.name}: ${err.message}${where ? ` (${where[1]}:${where[2]}:${where[3]})` : ""}`;
 }
 
 /**

@@ -380,11 +380,14 @@ async fn a_javascript_exception_names_its_type_message_and_line() {
     assert_eq!(field(fields, "sluice-origin-id"), Some(id.as_str()));
     let reason = field(fields, "sluice-reason").unwrap();
     assert!(
-        reason.contains("last attempt: handler threw TypeError: no account acct-9 (app.js:"),
+        reason.contains("last attempt: handler threw TypeError: no account acct-9 (src/app.js:"),
         "{reason}"
     );
     let trace = field(fields, "sluice-trace").unwrap_or_default();
-    assert!(trace.contains("app.js:"), "the stack, apart: {trace}");
+    assert!(
+        trace.contains("src/app.js:"),
+        "the stack, apart, naming the source: {trace}"
+    );
     let log = host.log_text();
     let lines: Vec<&str> = log
         .lines()

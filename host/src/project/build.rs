@@ -247,14 +247,19 @@ fn python(project: &Project, tool: &Path, out: &Path) -> Result<(), ProjectError
 fn js(project: &Project, tool: &Path, out: &Path) -> Result<(), ProjectError> {
     check_js_syntax(project)?;
     let wit = wit(project)?;
-    let src = scratch(project, "js")?;
+    // The copy is `src/` under the scratch directory, and componentize-js runs there: it names
+    // the sources relative to where it runs, so a stack says `src/app.js:12:5`, the user's
+    // own path.
+    let scratch = scratch(project, "js")?;
+    let src = scratch.join("src");
+    std::fs::create_dir_all(&src).map_err(io(&src))?;
     copy_tree(&project.dir.join("src"), &src)?;
     let sdk = src.join("sluice_guest.js");
     std::fs::write(&sdk, assets::JS_SDK).map_err(io(&sdk))?;
     let mut command = Command::new(tool);
     command
-        .current_dir(&project.dir)
-        .arg(src.join("app.js"))
+        .current_dir(&scratch)
+        .arg("src/app.js")
         .arg("--wit")
         .arg(&wit)
         .args(["--world-name", "handler", "-o"])
