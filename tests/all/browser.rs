@@ -37,11 +37,7 @@ impl Drop for Browser {
 impl Browser {
     async fn start() -> Self {
         let profile = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let child = Command::new("chromium")
             .args([
                 "--headless=new",

@@ -180,13 +180,7 @@ async fn parked_lists_what_waits_oldest_first_in_text_and_json() {
 #[test]
 fn compiled_components_are_cached_on_disk() {
     let dir = tempfile::tempdir().unwrap();
-    let path = write_config(
-        dir.path(),
-        "sluice.toml",
-        &TestConfig::of(Sub::as_built("{fixture}"))
-            .set("cache_dir", "cache")
-            .to_string(),
-    );
+    let path = fixture_with_cache(dir.path());
     // Compiled artifacts with their inodes (a rewrite is a new file, renamed into place) and
     // sizes; the key beside them is not one. A use marks the time, which eviction goes by.
     let artifacts = |d: &std::path::Path| {
@@ -251,13 +245,7 @@ fn compiled_components_are_cached_on_disk() {
 #[test]
 fn cache_prune_removes_what_was_not_used_lately() {
     let dir = tempfile::tempdir().unwrap();
-    let path = write_config(
-        dir.path(),
-        "sluice.toml",
-        &TestConfig::of(Sub::as_built("{fixture}"))
-            .set("cache_dir", "cache")
-            .to_string(),
-    );
+    let path = fixture_with_cache(dir.path());
     let (ok, _, stderr) = run_sluice(&["check", path.to_str().unwrap()], dir.path());
     assert!(ok, "{stderr}");
     let cache = dir.path().join("cache");
@@ -292,11 +280,7 @@ fn cache_prune_removes_what_was_not_used_lately() {
 fn status_asks_redis_before_compiling() {
     let dir = tempfile::tempdir().unwrap();
     // A port nothing listens on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let path = write_config(
         dir.path(),
         "sluice.toml",
@@ -312,6 +296,17 @@ fn status_asks_redis_before_compiling() {
         .filter(|p| p.extension().is_some_and(|e| e == "cwasm"))
         .count();
     assert_eq!(compiled, 0, "nothing was compiled");
+}
+
+/// A config in `dir` for the fixture, with its compile cache in `dir/cache`.
+fn fixture_with_cache(dir: &std::path::Path) -> std::path::PathBuf {
+    write_config(
+        dir,
+        "sluice.toml",
+        &TestConfig::of(Sub::as_built("{fixture}"))
+            .set("cache_dir", "cache")
+            .to_string(),
+    )
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {

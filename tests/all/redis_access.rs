@@ -80,11 +80,7 @@ struct TlsRedis {
 impl TlsRedis {
     async fn start(pki: &Pki, mtls: bool) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let log = dir.path().join("redis.log");
         let path = |name: &str| pki.path(name).display().to_string();
         let child = Command::new("redis-server")
@@ -332,11 +328,7 @@ impl SentinelSet {
         let dir = tempfile::tempdir().unwrap();
         let mut sentinels = Vec::new();
         for i in 0..3 {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
+            let port = free_port();
             let conf = dir.path().join(format!("sentinel-{i}.conf"));
             std::fs::write(
                 &conf,

@@ -317,27 +317,12 @@ impl ArtifactCache {
 
     /// Keep `artifact` for `digest`, with its keyed hash appended (written whole or not at all).
     pub fn put(&self, digest: &Digest, artifact: &[u8]) {
-        use std::os::unix::fs::OpenOptionsExt;
         let path = self.path(digest);
         let Some(mac) = self.keyed(artifact) else {
             return;
         };
         let tag = mac.finalize().into_bytes();
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        let written = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .and_then(|mut f| {
-                f.write_all(artifact)?;
-                f.write_all(&tag)?;
-                f.sync_all()
-            })
-            .and_then(|()| std::fs::rename(&tmp, &path));
-        if let Err(err) = written {
-            let _ = std::fs::remove_file(&tmp);
+        if let Err(err) = write_private(&path, &[artifact, &tag], true) {
             tracing::warn!(path = %path.display(), %err, "cannot cache the compiled component; the next start compiles it again");
         }
         self.evict();
@@ -399,6 +384,30 @@ pub fn evict_files(
     (removed, freed)
 }
 
+/// Write `parts` to `path`, readable by this user only, whole or not at all (a temporary file,
+/// then a rename); `sync` first when the file must survive a crash.
+fn write_private(path: &Path, parts: &[&[u8]], sync: bool) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| {
+            for part in parts {
+                f.write_all(part)?;
+            }
+            if sync { f.sync_all() } else { Ok(()) }
+        })
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
 /// Runs compiles in child processes, one at a time.
 #[derive(Clone)]
 pub struct Compiler {
@@ -455,26 +464,12 @@ impl wasmtime::CacheStore for FunctionStore {
         Some(std::borrow::Cow::Owned(stored))
     }
 
-    fn insert(&self, key: &[u8], mut value: Vec<u8>) -> bool {
-        use std::os::unix::fs::OpenOptionsExt;
+    fn insert(&self, key: &[u8], value: Vec<u8>) -> bool {
         let Some(tag) = self.tag(key, &value) else {
             return false;
         };
-        value.extend_from_slice(&tag.finalize().into_bytes());
-        let path = self.path(key);
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        let written = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .and_then(|mut f| f.write_all(&value))
-            .and_then(|()| std::fs::rename(&tmp, &path));
-        if written.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        written.is_ok()
+        let tag = tag.finalize().into_bytes();
+        write_private(&self.path(key), &[&value, &tag], false).is_ok()
     }
 }
 

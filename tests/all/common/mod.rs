@@ -526,6 +526,16 @@ pub fn run_sluice_with(args: &[&str], dir: &Path, env: &[(&str, &str)]) -> (bool
     )
 }
 
+/// A loopback port nothing listened on a moment ago (for a server a test starts, or for one
+/// that must not be there).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// XADD an entry whose `payload` field is `payload` as JSON (a [`Control`] for the fixture);
 /// returns its id.
 pub async fn add(
