@@ -364,3 +364,50 @@ async fn binary_values_show_as_hex_and_other_host_names_are_refused() {
     assert_eq!(code, 421, "a rebinding page cannot read the admin page");
     host.stop().await.unwrap();
 }
+
+/// A dead letter's traceback (what a Python or JavaScript exception leaves) is shown folded
+/// under its reason, as text: a traceback is the guest's, and never HTML.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letters_traceback_is_folded_and_escaped() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(&redis, Sub::fixture("tb")).await;
+    let admin = host.admin().await;
+    add(
+        &mut conn,
+        "tb",
+        &Control::DeadUntilRequeued {
+            reason: "gateway down".into(),
+        },
+    )
+    .await;
+    let dead = wait_dead_letters(&conn, "tb", 1).await;
+    // The same letter again, with a traceback after its bookkeeping, as an exception leaves it.
+    let mut copy = redis::cmd("XADD");
+    copy.arg(dead_letter_key("tb")).arg("*");
+    for (name, value) in &dead[0].1 {
+        copy.arg(name).arg(value);
+    }
+    copy.arg("sluice-trace").arg(
+        "Traceback (most recent call last):\n  File \"app.py\", line 6, in charge\n<script>alert(1)</script>",
+    );
+    let _: String = copy.query_async(&mut conn).await.unwrap();
+    let session = log_in(admin).await;
+    let (code, letters) = page(admin, "/ui/s/tb/g/dead-letters", &session).await;
+    assert_eq!(code, 200, "{letters}");
+    assert!(
+        letters.contains(
+            "<details class=\"trace\"><summary>traceback</summary><pre>Traceback (most recent call last):"
+        ),
+        "{letters}"
+    );
+    assert!(
+        letters.contains("&lt;script&gt;alert(1)") && !letters.contains("<script>alert(1)"),
+        "{letters}"
+    );
+    assert_eq!(
+        letters.matches("<details class=\"trace\">").count(),
+        1,
+        "only the letter with a traceback has one"
+    );
+}
