@@ -230,19 +230,18 @@ pub fn install_into(dir: &Path) -> Result<String, InstallError> {
     }
     let js = Tool::ComponentizeJs.under(dir);
     let js_dir = dir.join("js");
-    let js_version = std::fs::read_to_string(
-        js_dir.join("node_modules/@bytecodealliance/componentize-js/package.json"),
-    )
-    .ok()
-    .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
-    .and_then(|v| v["version"].as_str().map(str::to_owned));
-    if js.is_file() && js_version.as_deref() == Some(COMPONENTIZE_JS) {
+    // Asked by running it: an install cut short (files there, a dependency missing) is made
+    // again.
+    let js_version = installed_version(&js);
+    if js_version.as_deref() == Some(COMPONENTIZE_JS) {
         let _ = writeln!(
             out,
             "componentize-js {COMPONENTIZE_JS}: already in {}",
             js.display()
         );
     } else {
+        // What a cut-short install left is not built on.
+        let _ = std::fs::remove_dir_all(js_dir.join("node_modules"));
         std::fs::create_dir_all(&js_dir).map_err(|e| InstallError::from(io(&js_dir)(e)))?;
         // Its own package, and `--prefix`: npm would otherwise install into the nearest
         // directory above with a package.json or node_modules (such as the home directory).
@@ -278,7 +277,7 @@ pub fn install_into(dir: &Path) -> Result<String, InstallError> {
     Ok(out)
 }
 
-/// The version a componentize-py prints, if it runs.
+/// The version a componentize-py or componentize-js prints (its last word), if it runs.
 fn installed_version(program: &Path) -> Option<String> {
     let output = Command::new(program).arg("--version").output().ok()?;
     let text = String::from_utf8(output.stdout).ok()?;
