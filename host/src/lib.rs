@@ -82,6 +82,7 @@ mod settle;
 mod shutdown;
 mod subscription;
 mod swap;
+pub mod telemetry;
 
 /// What `sluice --version` says: the crate's version, the commit it was built from and the WIT
 /// package its guests build against (a handler built for another WIT package is refused).

@@ -299,28 +299,45 @@ fn config_and_ids(mut args: Vec<String>, all: bool) -> anyhow::Result<(PathBuf, 
 /// workers (lines are dropped, not waited for, if it falls far behind). The guard flushes what
 /// is queued when `main` returns.
 fn init_tracing(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // notify reports watches it could not remove (a build deleted the directory) at info.
-    let filter = match "notify=warn".parse() {
-        Ok(directive) => filter.add_directive(directive),
-        Err(_) => filter,
-    };
+    // notify reports watches it could not remove (a build deleted the directory) at info; the
+    // trace exporter's own HTTP and gRPC crates would trace their own exports.
+    for directive in [
+        "notify=warn",
+        "h2=warn",
+        "hyper=warn",
+        "hyper_util=warn",
+        "tonic=warn",
+        "tower=warn",
+        "reqwest=warn",
+        "opentelemetry=warn",
+        "opentelemetry_sdk=warn",
+        "opentelemetry_otlp=warn",
+    ] {
+        if let Ok(directive) = directive.parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(true)
         .finish(std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    // Traces: empty until the config says where they go (see `sluice_host::telemetry`).
+    let (otel, slot) =
+        tracing_subscriber::reload::Layer::new(None::<sluice_host::telemetry::OtelLayer>);
+    let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(writer);
+    let registry = tracing_subscriber::registry().with(otel).with(filter);
     match format {
-        LogFormat::Human => builder.init(),
-        LogFormat::Json => builder
-            .json()
-            .with_current_span(true)
-            .with_span_list(false)
+        LogFormat::Human => registry.with(fmt).init(),
+        LogFormat::Json => registry
+            .with(fmt.json().with_current_span(true).with_span_list(false))
             .init(),
     }
+    sluice_host::telemetry::set_slot(slot);
     guard
 }
 

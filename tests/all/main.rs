@@ -27,5 +27,6 @@ mod retention;
 mod sandbox;
 mod structure;
 mod swap;
+mod traces;
 mod ui;
 mod upgrade;

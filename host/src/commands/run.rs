@@ -72,6 +72,8 @@ pub async fn run_with(paths: &[PathBuf], redis: Option<&str>, dev: Option<Dev>) 
         );
     }
     let dev_url = dev_redis.as_ref().map(DevRedis::url);
+    let traces = crate::telemetry::start(config.telemetry.as_ref())
+        .context("cannot export traces as configured")?;
     let service = Service::new(plan);
     let stop = CancellationToken::new();
     let dev_pid = dev_redis.as_ref().and_then(DevRedis::pid);
@@ -85,6 +87,10 @@ pub async fn run_with(paths: &[PathBuf], redis: Option<&str>, dev: Option<Dev>) 
         std::process::exit(130);
     });
     let result = service.run(dev_url, stop).await;
+    if let Some(traces) = traces {
+        // The flush waits on the exporter's own thread: not on the runtime's.
+        let _ = tokio::task::spawn_blocking(move || traces.stop()).await;
+    }
     if let Some(dev) = dev_redis.as_mut() {
         dev.stop();
     }

@@ -32,6 +32,7 @@ struct RawConfig {
     admin_open_on_loopback: Option<bool>,
     admin_read_only: Option<bool>,
     watch_interval: Option<String>,
+    telemetry: Option<super::telemetry::RawTelemetry>,
     #[serde(default, rename = "subscription")]
     subscriptions: Vec<RawSubscription>,
 }
@@ -174,6 +175,7 @@ pub(super) struct Globals {
     pub(super) admin_open_on_loopback: Option<bool>,
     pub(super) admin_read_only: Option<bool>,
     pub(super) watch_interval: Option<Option<Duration>>,
+    pub(super) telemetry: Option<super::telemetry::Telemetry>,
 }
 
 impl Globals {
@@ -196,6 +198,7 @@ impl Globals {
             other.admin_max_upload,
             "admin_max_upload",
         )?;
+        merge(&mut self.telemetry, other.telemetry, "telemetry")?;
         merge(
             &mut self.cache_max_size,
             other.cache_max_size,
@@ -329,6 +332,11 @@ fn globals(v: &Validator<'_>, base: &Path, raw: &RawConfig) -> Result<Globals, C
         Some("off") => Some(None),
         Some(text) => Some(Some(v.positive("watch_interval", text, "or \"off\"")?)),
     };
+    let telemetry = raw
+        .telemetry
+        .as_ref()
+        .map(|t| t.check(v.path, base))
+        .transpose()?;
     Ok(Globals {
         cache_dir: raw.cache_dir.as_ref().map(|d| base.join(d)),
         shutdown_timeout: v.opt_duration("shutdown_timeout", &raw.shutdown_timeout)?,
@@ -347,6 +355,7 @@ fn globals(v: &Validator<'_>, base: &Path, raw: &RawConfig) -> Result<Globals, C
         admin_open_on_loopback: raw.admin_open_on_loopback,
         admin_read_only: raw.admin_read_only,
         watch_interval,
+        telemetry,
     })
 }
 

@@ -17,6 +17,7 @@
 pub mod allow;
 mod file;
 pub mod reference;
+pub mod telemetry;
 mod token;
 
 use std::collections::BTreeMap;
@@ -290,6 +291,8 @@ pub struct Config {
     pub admin_read_only: bool,
     /// How often component files are checked for a new version; `None` turns watching off.
     pub watch_interval: Option<Duration>,
+    /// Where traces go (`[telemetry]`); `None`: only where `OTEL_*` variables say, if anywhere.
+    pub telemetry: Option<telemetry::Telemetry>,
 }
 
 impl Config {
@@ -353,6 +356,7 @@ impl Config {
             watch_interval: globals
                 .watch_interval
                 .unwrap_or(Some(DEFAULT_WATCH_INTERVAL)),
+            telemetry: globals.telemetry,
         };
         config.check_admin(paths.first().cloned().unwrap_or_default())?;
         Ok(config)

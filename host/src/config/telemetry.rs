@@ -1,0 +1,287 @@
+//! The `[telemetry]` table: where traces go (OTLP over HTTP/protobuf or gRPC), with which
+//! credentials, sampled how, and the link template the page and the CLI turn a trace id into.
+//! Everything is checked here, with the bounds that keep a config from making the exporter
+//! (or the page) do something unbounded or unsafe.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::ConfigError;
+
+/// The most headers the headers file may hold (API keys, tenant ids).
+pub const MAX_HEADERS: usize = 32;
+/// The most resource attributes.
+pub const MAX_RESOURCE: usize = 64;
+/// The longest resource attribute value, and header value, in bytes.
+pub const MAX_VALUE_BYTES: usize = 1024;
+
+/// `[telemetry]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTelemetry {
+    endpoint: Option<String>,
+    protocol: Option<String>,
+    headers_file: Option<PathBuf>,
+    service_name: Option<String>,
+    sampling_ratio: Option<f64>,
+    #[serde(default)]
+    resource: BTreeMap<String, String>,
+    trace_url: Option<String>,
+}
+
+/// How spans travel to the collector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// OTLP/HTTP with protobuf bodies (`/v1/traces`).
+    HttpProtobuf,
+    /// OTLP/gRPC.
+    Grpc,
+}
+
+/// The checked `[telemetry]` table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Telemetry {
+    /// The collector; `None` leaves it to `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`.
+    pub endpoint: Option<String>,
+    /// How to reach it.
+    pub protocol: Protocol,
+    /// Headers sent with every export (from a private file: they are credentials).
+    pub headers: Vec<(String, String)>,
+    /// `service.name`.
+    pub service_name: String,
+    /// The share of new traces recorded, in millionths (a producer's sampled flag is
+    /// followed).
+    pub sampling_per_million: u32,
+    /// Further resource attributes.
+    pub resource: Vec<(String, String)>,
+    /// A link template with `{trace_id}`, for the page and the CLI.
+    pub trace_url: Option<String>,
+}
+
+/// The table's keys, for the configuration reference.
+pub const KEYS: &[&str] = &[
+    "endpoint",
+    "protocol",
+    "headers_file",
+    "service_name",
+    "sampling_ratio",
+    "resource",
+    "trace_url",
+];
+
+impl RawTelemetry {
+    /// Check every value; `base` is the config file's directory (for `headers_file`).
+    pub(super) fn check(&self, path: &Path, base: &Path) -> Result<Telemetry, ConfigError> {
+        let invalid = |key: &str, value: &str, reason: &str| ConfigError::Value {
+            path: path.to_owned(),
+            key: format!("telemetry.{key}"),
+            value: value.chars().take(200).collect(),
+            reason: reason.to_owned(),
+        };
+        if let Some(endpoint) = &self.endpoint {
+            let uri: http::Uri = endpoint
+                .parse()
+                .map_err(|e| invalid("endpoint", endpoint, &format!("not a URL: {e}")))?;
+            if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+                return Err(invalid(
+                    "endpoint",
+                    endpoint,
+                    "write an http:// or https:// URL with a host",
+                ));
+            }
+        }
+        let protocol = match self.protocol.as_deref() {
+            None | Some("http/protobuf") => Protocol::HttpProtobuf,
+            Some("grpc") => Protocol::Grpc,
+            Some(other) => {
+                return Err(invalid(
+                    "protocol",
+                    other,
+                    "write \"http/protobuf\" or \"grpc\"",
+                ));
+            }
+        };
+        let headers = match &self.headers_file {
+            None => Vec::new(),
+            Some(file) => {
+                let file = base.join(file);
+                let shown = file.display().to_string();
+                let text = super::read_private(&file).map_err(|e| {
+                    let why = match e {
+                        super::PrivateFileError::Io(err) => err.to_string(),
+                        super::PrivateFileError::WorldReadable => {
+                            "every user of the machine can read it: chmod 600 it".to_owned()
+                        }
+                    };
+                    invalid("headers_file", &shown, &why)
+                })?;
+                parse_headers(&text).map_err(|why| invalid("headers_file", &shown, &why))?
+            }
+        };
+        let sampling_ratio = self.sampling_ratio.unwrap_or(1.0);
+        if !(0.0..=1.0).contains(&sampling_ratio) {
+            return Err(invalid(
+                "sampling_ratio",
+                &sampling_ratio.to_string(),
+                "write a number from 0 to 1",
+            ));
+        }
+        if self.resource.len() > MAX_RESOURCE {
+            return Err(invalid(
+                "resource",
+                &format!("{} attributes", self.resource.len()),
+                &format!("at most {MAX_RESOURCE}"),
+            ));
+        }
+        for (key, value) in &self.resource {
+            if key.is_empty() || key.len() > 255 || value.len() > MAX_VALUE_BYTES {
+                return Err(invalid(
+                    "resource",
+                    key,
+                    &format!("a key of 1 to 255 bytes, a value of at most {MAX_VALUE_BYTES}"),
+                ));
+            }
+        }
+        if let Some(template) = &self.trace_url {
+            let web = template.starts_with("https://") || template.starts_with("http://");
+            if !web || !template.contains("{trace_id}") {
+                return Err(invalid(
+                    "trace_url",
+                    template,
+                    "write an http(s) URL with {trace_id} where the trace id goes",
+                ));
+            }
+        }
+        let service_name = self
+            .service_name
+            .clone()
+            .unwrap_or_else(|| "sluice".to_owned());
+        if service_name.is_empty() || service_name.len() > 255 {
+            return Err(invalid("service_name", &service_name, "1 to 255 bytes"));
+        }
+        Ok(Telemetry {
+            endpoint: self.endpoint.clone(),
+            protocol,
+            headers,
+            service_name,
+            sampling_per_million: (sampling_ratio * 1e6).round() as u32,
+            resource: self
+                .resource
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            trace_url: self.trace_url.clone(),
+        })
+    }
+}
+
+/// `name=value` lines (blank lines and `#` comments skipped); names as HTTP allows them.
+fn parse_headers(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut headers = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((name, value)) = line.split_once('=') else {
+            return Err(format!("line {}: write name=value", n + 1));
+        };
+        let (name, value) = (name.trim(), value.trim());
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err()
+            || http::HeaderValue::from_str(value).is_err()
+            || value.len() > MAX_VALUE_BYTES
+        {
+            return Err(format!(
+                "line {}: not a valid header (a name, and a value of at most {MAX_VALUE_BYTES} visible bytes)",
+                n + 1
+            ));
+        }
+        headers.push((name.to_ascii_lowercase(), value.to_owned()));
+        if headers.len() > MAX_HEADERS {
+            return Err(format!("more than {MAX_HEADERS} headers"));
+        }
+    }
+    Ok(headers)
+}
+
+impl Telemetry {
+    /// The share of new traces recorded, from 0 to 1.
+    pub fn sampling_ratio(&self) -> f64 {
+        f64::from(self.sampling_per_million) / 1e6
+    }
+
+    /// The link for `trace_id`, when a template is set and the id is a trace id (32 lowercase
+    /// hex digits, not all zero): nothing else ever enters the URL.
+    pub fn link(&self, trace_id: &str) -> Option<String> {
+        let valid = trace_id.len() == 32
+            && trace_id
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            && trace_id.bytes().any(|b| b != b'0');
+        self.trace_url
+            .as_ref()
+            .filter(|_| valid)
+            .map(|t| t.replace("{trace_id}", trace_id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(raw: RawTelemetry) -> Result<Telemetry, ConfigError> {
+        raw.check(Path::new("sluice.toml"), Path::new("."))
+    }
+
+    #[test]
+    fn values_are_checked_and_bounded() {
+        let ok = check(RawTelemetry {
+            endpoint: Some("http://127.0.0.1:4318".into()),
+            trace_url: Some("https://traces.example/t/{trace_id}".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(ok.protocol, Protocol::HttpProtobuf);
+        assert_eq!(ok.service_name, "sluice");
+        assert_eq!(ok.sampling_ratio(), 1.0);
+        let id = "4bf92f3577b34da6a3ce929d0e0e4736";
+        assert_eq!(
+            ok.link(id).as_deref(),
+            Some("https://traces.example/t/4bf92f3577b34da6a3ce929d0e0e4736")
+        );
+        for bad in [
+            "javascript:alert(1)",
+            "\"><script>",
+            &"0".repeat(32),
+            "ABCD",
+        ] {
+            assert_eq!(ok.link(bad), None, "{bad}");
+        }
+        for raw in [
+            RawTelemetry {
+                endpoint: Some("file:///etc/passwd".into()),
+                ..Default::default()
+            },
+            RawTelemetry {
+                protocol: Some("udp".into()),
+                ..Default::default()
+            },
+            RawTelemetry {
+                sampling_ratio: Some(1.5),
+                ..Default::default()
+            },
+            RawTelemetry {
+                trace_url: Some("javascript:{trace_id}".into()),
+                ..Default::default()
+            },
+        ] {
+            assert!(check(raw).is_err());
+        }
+        assert!(parse_headers("authorization=Bearer x\n# comment\n\nx-tenant = 7\n").is_ok());
+        assert!(parse_headers("bad header=1").is_err());
+        assert!(parse_headers("x=a\u{7}b").is_err());
+        assert!(parse_headers(&"x=1\n".repeat(MAX_HEADERS + 1)).is_err());
+    }
+}
