@@ -52,6 +52,8 @@
 //!   classifies Redis errors, [`devredis`] starts a private `redis-server` when none is
 //!   configured, and [`events`] reports each settled delivery to observers (tests, the bench).
 //! - [`memory`] makes big buffers (a big entry's) go back to the kernel when freed.
+//! - [`telemetry`] (`telemetry/`) exports the spans (each attempt's) over OTLP to a collector,
+//!   bounded, when `[telemetry]` or the `OTEL_*` variables name one.
 
 mod admin;
 pub mod chain;
