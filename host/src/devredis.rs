@@ -320,18 +320,7 @@ fn password(dir: &Path) -> Result<String, DevRedisError> {
 /// Write `bytes` to `path`, readable and writable by this user only, whole or not at all (a
 /// reader of the URL never sees half of it).
 fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let tmp = path.with_extension("tmp");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    file.write_all(bytes)?;
-    std::fs::rename(&tmp, path)
+    crate::private_file::write_private(path, &[bytes], false)
 }
 
 /// Have the kernel kill the server when the thread that started it ends: a host killed

@@ -51,7 +51,8 @@
 //!   records which subscription owns a key, [`redis_conn`] opens connections and
 //!   classifies Redis errors, [`devredis`] starts a private `redis-server` when none is
 //!   configured, and [`events`] reports each settled delivery to observers (tests, the bench).
-//! - [`memory`] makes big buffers (a big entry's) go back to the kernel when freed.
+//! - [`memory`] makes big buffers (a big entry's) go back to the kernel when freed, and
+//!   [`private_file`] writes files only this user may read, whole or not at all.
 //! - [`telemetry`] (`telemetry/`) exports the spans (each attempt's) over OTLP to a collector,
 //!   bounded, when `[telemetry]` or the `OTEL_*` variables name one.
 
@@ -75,6 +76,7 @@ mod metrics;
 pub mod operate;
 pub mod outcome;
 mod plan;
+mod private_file;
 pub mod project;
 pub mod redis_conn;
 pub mod retention;

@@ -23,6 +23,7 @@ use sha2::Sha256;
 
 use super::RuntimeError;
 use crate::digest::Digest;
+use crate::private_file::write_private;
 
 /// CPU time one compile may use (every compiler thread counted).
 pub const COMPILE_CPU: Duration = Duration::from_secs(120);
@@ -382,30 +383,6 @@ pub fn evict_files(
         }
     }
     (removed, freed)
-}
-
-/// Write `parts` to `path`, readable by this user only, whole or not at all (a temporary file,
-/// then a rename); `sync` first when the file must survive a crash.
-fn write_private(path: &Path, parts: &[&[u8]], sync: bool) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .and_then(|mut f| {
-            for part in parts {
-                f.write_all(part)?;
-            }
-            if sync { f.sync_all() } else { Ok(()) }
-        })
-        .and_then(|()| std::fs::rename(&tmp, path));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
 }
 
 /// Runs compiles in child processes, one at a time.
