@@ -34,6 +34,7 @@
 //! | `sluice_stream_oldest_age_seconds` | gauge | age of the stream's oldest entry (scrape time) |
 //! | `sluice_reasons_cut_total` | counter | dead-letter reasons longer than 4 KiB, stored and logged cut to it |
 //! | `sluice_guest_log_dropped_total` | counter | guest log lines dropped or truncated by the per-delivery log budget |
+//! | `sluice_trace_spans_dropped_total` | counter | spans dropped because the trace exporter's queue was full |
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -126,6 +127,9 @@ pub struct Metrics {
     pub guest_log_dropped: Family<SubLabels, Counter>,
     /// Dead-letter reasons cut to their bound.
     pub reasons_cut: Family<SubLabels, Counter>,
+    /// Spans dropped because the trace exporter's queue was full (synced from
+    /// [`crate::telemetry::dropped_total`] when scraped).
+    pub trace_spans_dropped: Counter,
 }
 
 fn seconds_histogram() -> Histogram {
@@ -308,6 +312,12 @@ impl Default for Metrics {
                 "Dead-letter reasons longer than 4 KiB, stored and logged cut to it",
                 Family::default(),
             ),
+            trace_spans_dropped: registered(
+                &mut registry,
+                "trace_spans_dropped",
+                "Spans dropped because the trace exporter's queue was full (the collector slow or away)",
+                Counter::default(),
+            ),
             registry,
         }
     }
@@ -381,6 +391,11 @@ impl Metrics {
 
     /// The Prometheus (OpenMetrics) text exposition.
     pub fn encode(&self) -> String {
+        let dropped = crate::telemetry::dropped_total();
+        let counted = self.trace_spans_dropped.get();
+        if dropped > counted {
+            self.trace_spans_dropped.inc_by(dropped - counted);
+        }
         let mut out = String::new();
         if let Err(err) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
             tracing::warn!(%err, "cannot encode metrics");

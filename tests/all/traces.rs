@@ -115,6 +115,12 @@ async fn each_attempt_is_exported_as_a_span_over_otlp_http() {
         "{}",
         host.log_text()
     );
+    // Nothing was dropped, and the metric says so.
+    let (_, metrics) = http_get(host.admin_addr().await, "/metrics").await;
+    assert!(
+        metrics.contains("sluice_trace_spans_dropped_total 0"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

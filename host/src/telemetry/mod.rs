@@ -44,6 +44,15 @@ pub type Slot = tracing_subscriber::reload::Handle<Option<OtelLayer>, tracing_su
 
 static SLOT: std::sync::OnceLock<Slot> = std::sync::OnceLock::new();
 
+/// Spans dropped since the process started (one exporter per process).
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// Spans dropped because the export queue was full, since the process started (the metric
+/// `sluice_trace_spans_dropped_total`).
+pub fn dropped_total() -> u64 {
+    DROPPED.load(Ordering::Relaxed)
+}
+
 /// Give the library the subscriber's slot (`main` calls this once, after it sets the
 /// subscriber up).
 pub fn set_slot(slot: Slot) {
@@ -232,6 +241,7 @@ impl SpanProcessor for Bounded {
         if self.queued.fetch_add(1, Ordering::AcqRel) >= MAX_QUEUED {
             self.queued.fetch_sub(1, Ordering::AcqRel);
             self.dropped.fetch_add(1, Ordering::Relaxed);
+            DROPPED.fetch_add(1, Ordering::Relaxed);
             return;
         }
         self.inner.on_end(span);
