@@ -19,6 +19,7 @@
 
 import { log as hostLog } from "sluice:handler/log@0.2.0";
 import { get as configGet, getAll as configGetAll } from "sluice:handler/config@0.2.0";
+import { traceparent as hostTraceparent } from "sluice:handler/trace@0.2.0";
 
 function ms(seconds) {
   if (!(seconds >= 0)) throw new RangeError(`a duration must be a number of seconds >= 0: ${seconds}`);
@@ -101,6 +102,22 @@ function emit(level, message, fields) {
 }
 
 /** Logging into the host's log, inside the delivery's span; `fields` is an object. */
+/**
+ * The trace the current attempt runs in (both undefined while the host exports no traces):
+ * `trace.id()` for the handler's own logs, `trace.traceparent()` to pass on by other means
+ * than `fetch` (whose requests the host puts in the trace by itself).
+ */
+export const trace = {
+  /** The attempt span's W3C `traceparent`: `00-<trace id>-<span id>-<flags>`. */
+  traceparent() {
+    return hostTraceparent() ?? undefined;
+  },
+  /** The trace id (32 lowercase hex digits): the same for every attempt of the entry. */
+  id() {
+    return this.traceparent()?.split("-")[1];
+  },
+};
+
 export const log = {
   debug: (message, fields) => emit("debug", message, fields),
   info: (message, fields) => emit("info", message, fields),

@@ -53,6 +53,7 @@ pub mod outcome;
 #[doc(hidden)]
 pub mod rt;
 pub mod time;
+pub mod trace;
 
 pub use delivery::{DecodeError, Delivery};
 pub use handler::{Context, FromConfig, Handle, State};

@@ -72,7 +72,20 @@ impl Dispatcher {
             retry_count = delivery.retry_count,
             delivery_count = delivery.delivery_count,
             digest = version.digest.short(),
+            origin_id = tracing::field::Empty,
+            attempt = tracing::field::Empty,
+            partition = tracing::field::Empty,
+            trace_id = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            retry_delay_ms = tracing::field::Empty,
+            reason = tracing::field::Empty,
+            time_limit_ms = tracing::field::Empty,
+            memory_bytes = tracing::field::Empty,
+            "otel.kind" = "consumer",
         );
+        if crate::telemetry::enabled() {
+            trace_attempt(&delivery, &span);
+        }
         self.run(delivery, &version).instrument(span).await
     }
 
@@ -201,6 +214,7 @@ impl Dispatcher {
                 None => tracing::warn!(%failure, elapsed_us, "attempt failed; {then}"),
             }
         }
+        Self::record(&action);
         let settled = match action {
             Action::Ack => {
                 tracing::debug!(elapsed_us, "ack");
@@ -274,6 +288,24 @@ impl Dispatcher {
         }
     }
 
+    /// Record what the attempt decided on its span.
+    fn record(action: &Action) {
+        let span = tracing::Span::current();
+        match action {
+            Action::Ack => {
+                span.record("outcome", "ack");
+            }
+            Action::Retry { delay, .. } => {
+                span.record("outcome", "retry");
+                span.record("retry_delay_ms", delay.as_millis() as u64);
+            }
+            Action::DeadLetter { reason, .. } => {
+                span.record("outcome", "dead-letter");
+                span.record("reason", crate::telemetry::bounded(reason).as_str());
+            }
+        }
+    }
+
     /// Park the entry for `delay` (with a delayed-retry set) or leave it pending.
     async fn retry(
         &self,
@@ -285,11 +317,138 @@ impl Dispatcher {
         let delay_ms = delay.as_millis() as u64;
         if self.settler.has_delayed_set() {
             tracing::info!(delay_ms, "parking for a delayed retry");
+            let parked_at = std::time::SystemTime::now();
             self.settler.park(delivery, digest, delay, cause).await?;
+            if crate::telemetry::enabled() {
+                trace_park(delivery, parked_at, delay);
+            }
             return Ok(Settled::Done);
         }
         tracing::info!(delay_ms, "retry stays pending");
         self.settler.retry_pending(delivery, digest, delay, cause);
         Ok(Settled::RetryPending(delay))
+    }
+}
+
+/// The partition a stream key is, when it is one (`name:{name:n}`, see
+/// `sluice_descriptor::partition_key`).
+fn partition_of(stream: &str) -> Option<u32> {
+    let (name, rest) = stream.split_once(":{")?;
+    let inner = rest.strip_suffix('}')?;
+    let (same, n) = inner.rsplit_once(':')?;
+    (same == name).then(|| n.parse().ok()).flatten()
+}
+
+/// Put the attempt's span into the entry's trace (see [`crate::telemetry::context`]), and
+/// write the spans that only the attempt can: the entry's root on its first delivery, and the
+/// sweep that brought a retry back.
+fn trace_attempt(delivery: &Delivery, span: &tracing::Span) {
+    use opentelemetry::KeyValue;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+    use crate::telemetry::{self, Whole, context::Parent};
+
+    let parent = telemetry::parent_of(
+        &delivery.stream,
+        &delivery.group,
+        &delivery.origin_id,
+        delivery.user_fields(),
+    );
+    span.record("origin_id", delivery.origin_id.as_str());
+    span.record("attempt", delivery.previous_attempts() + 1);
+    span.record("trace_id", parent.trace_id().as_str());
+    if let Some(n) = partition_of(&delivery.stream) {
+        span.record("partition", n);
+    }
+    let _ = span.set_parent(parent.context());
+    let sc = parent.span_context();
+    let now = std::time::SystemTime::now();
+    let basics = || {
+        vec![
+            KeyValue::new("stream", delivery.stream.clone()),
+            KeyValue::new("group", delivery.group.clone()),
+            KeyValue::new("origin_id", delivery.origin_id.clone()),
+        ]
+    };
+    // The entry's own trace starts with its wait in the stream, written by the first
+    // attempt's host (a requeue or a copy is never a first attempt).
+    if let Parent::Own(root) = &parent
+        && delivery.retry_count == 0
+        && delivery.delivery_count <= 1
+        && delivery.origin_id == delivery.entry.id
+        && let Some(added) = telemetry::id_time(&delivery.entry.id)
+    {
+        Whole {
+            name: "entry",
+            start: added,
+            end: now,
+            attributes: basics(),
+        }
+        .emit(root, Some(root.span_id()));
+    }
+    // A retry the sweep brought back: its wait from due to moved (the copy's id is the time
+    // the sweep added it).
+    if let (Some(due), Some(moved)) = (delivery.due_ms, telemetry::id_time(&delivery.entry.id)) {
+        let due_at = telemetry::ms_time(due);
+        let lateness = moved.duration_since(due_at).unwrap_or_default();
+        let mut attributes = basics();
+        attributes.extend([
+            KeyValue::new("due_ms", due),
+            KeyValue::new("lateness_ms", lateness.as_millis() as i64),
+            KeyValue::new("copy_id", delivery.entry.id.clone()),
+            KeyValue::new("retry_count", i64::from(delivery.retry_count)),
+        ]);
+        Whole {
+            name: "sweep",
+            start: due_at.min(moved),
+            end: moved,
+            attributes,
+        }
+        .emit(sc, None);
+    }
+}
+
+/// The parked wait of an entry this attempt parked: from now to its due time (as this host's
+/// clock sees it), a child of the attempt's span.
+fn trace_park(delivery: &Delivery, parked_at: std::time::SystemTime, delay: Duration) {
+    use opentelemetry::KeyValue;
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+    let cx = tracing::Span::current().context();
+    let attempt = cx.span().span_context().clone();
+    if !attempt.is_valid() {
+        return;
+    }
+    let due = parked_at + delay;
+    crate::telemetry::Whole {
+        name: "parked",
+        start: parked_at,
+        end: due,
+        attributes: vec![
+            KeyValue::new("stream", delivery.stream.clone()),
+            KeyValue::new("group", delivery.group.clone()),
+            KeyValue::new("origin_id", delivery.origin_id.clone()),
+            KeyValue::new("delay_ms", delay.as_millis() as i64),
+            KeyValue::new(
+                "due_ms",
+                due.duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_millis() as i64,
+            ),
+            KeyValue::new("retry_count", i64::from(delivery.retry_count) + 1),
+        ],
+    }
+    .emit(&attempt, None);
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn partitions_are_recognised_by_their_key() {
+        assert_eq!(super::partition_of("orders:{orders:3}"), Some(3));
+        assert_eq!(super::partition_of("orders"), None);
+        assert_eq!(super::partition_of("a:{b:3}"), None);
+        assert_eq!(super::partition_of("a:{a:x}"), None);
     }
 }

@@ -324,9 +324,8 @@ fn init_tracing(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuar
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(true)
         .finish(std::io::stderr());
-    // Traces: empty until the config says where they go (see `sluice_host::telemetry`).
-    let (otel, slot) =
-        tracing_subscriber::reload::Layer::new(None::<sluice_host::telemetry::OtelLayer>);
+    // Traces: off until the config says where they go (see `sluice_host::telemetry`).
+    let otel = sluice_host::telemetry::layer();
     let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(writer);
@@ -337,7 +336,6 @@ fn init_tracing(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuar
             .with(fmt.json().with_current_span(true).with_span_list(false))
             .init(),
     }
-    sluice_host::telemetry::set_slot(slot);
     guard
 }
 

@@ -34,7 +34,8 @@
 //! | `sluice_stream_oldest_age_seconds` | gauge | age of the stream's oldest entry (scrape time) |
 //! | `sluice_reasons_cut_total` | counter | dead-letter reasons longer than 4 KiB, stored and logged cut to it |
 //! | `sluice_guest_log_dropped_total` | counter | guest log lines dropped or truncated by the per-delivery log budget |
-//! | `sluice_trace_spans_dropped_total` | counter | spans dropped because the trace exporter's queue was full |
+//! | `sluice_trace_spans_dropped_total` | counter | spans dropped because the trace exporter's queue was full (or past an attempt's cap of request spans) |
+//! | `sluice_trace_context_rejected_total` | counter | producers' `traceparent`/`tracestate` fields ignored as invalid (the entry got a trace of its own) |
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -130,6 +131,9 @@ pub struct Metrics {
     /// Spans dropped because the trace exporter's queue was full (synced from
     /// [`crate::telemetry::dropped_total`] when scraped).
     pub trace_spans_dropped: Counter,
+    /// Producers' trace context fields ignored as invalid (synced from
+    /// [`crate::telemetry::context::rejected_total`] when scraped).
+    pub trace_context_rejected: Counter,
 }
 
 fn seconds_histogram() -> Histogram {
@@ -318,6 +322,12 @@ impl Default for Metrics {
                 "Spans dropped because the trace exporter's queue was full (the collector slow or away)",
                 Counter::default(),
             ),
+            trace_context_rejected: registered(
+                &mut registry,
+                "trace_context_rejected",
+                "Producers' traceparent/tracestate fields ignored as invalid (the entry got a trace of its own)",
+                Counter::default(),
+            ),
             registry,
         }
     }
@@ -395,6 +405,11 @@ impl Metrics {
         let counted = self.trace_spans_dropped.get();
         if dropped > counted {
             self.trace_spans_dropped.inc_by(dropped - counted);
+        }
+        let rejected = crate::telemetry::context::rejected_total();
+        let counted = self.trace_context_rejected.get();
+        if rejected > counted {
+            self.trace_context_rejected.inc_by(rejected - counted);
         }
         let mut out = String::new();
         if let Err(err) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {

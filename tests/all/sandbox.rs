@@ -224,6 +224,7 @@ async fn outbound_http_reaches_granted_hosts_only_and_is_time_bounded() {
         url: url.to_string(),
         body: "hello".into(),
         timeout_ms: 0,
+        traceparent: String::new(),
     };
     let allowed = add(
         &mut conn,
@@ -352,6 +353,7 @@ async fn a_guest_never_reaches_the_admin_api_whatever_its_grant() {
                 url: url.to_string(),
                 body: String::new(),
                 timeout_ms: 0,
+                traceparent: String::new(),
             },
         )
         .await;

@@ -1,13 +1,13 @@
 // The SDK's payload decoding, run under Node with the host's imports stubbed: `node decode.mjs`
 // exits 0 when every case holds. The `sluice:handler/*` modules only exist inside a component,
-// so a loader hook answers them with stubs (config empty, log dropped).
+// so a loader hook answers them with stubs (config empty, log dropped, no trace).
 import { register } from "node:module";
 import assert from "node:assert/strict";
 
 const stubs = `
 export async function resolve(specifier, context, next) {
   if (specifier.startsWith("sluice:handler/")) {
-    const body = "export function log() {} export function get() { return undefined; } export function getAll() { return []; }";
+    const body = "export function log() {} export function get() { return undefined; } export function getAll() { return []; } export function traceparent() { return undefined; }";
     return { url: "data:text/javascript," + encodeURIComponent(body), shortCircuit: true };
   }
   return next(specifier, context);

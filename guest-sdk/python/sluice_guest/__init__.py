@@ -36,11 +36,11 @@ import math
 import re
 from typing import Any, Callable, List, Optional, Tuple
 
-from . import config, _log
+from . import config, trace, _log
 
 __all__ = [
     "subscriber", "RedisStream", "DelayedRetry", "Backoff", "Delivery", "Outcome",
-    "ack", "retry_after", "dead_letter", "config", "http",
+    "ack", "retry_after", "dead_letter", "config", "http", "trace",
 ]
 
 

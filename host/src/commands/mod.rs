@@ -113,6 +113,29 @@ pub(crate) async fn plan_after_redis(paths: &[PathBuf], redis: Option<&str>) -> 
     plan_of(&config, redis, true).await
 }
 
+/// The traces of an operator's command (a requeue, a retry-now: spans in each entry's trace),
+/// exported while it runs when `[telemetry]` or the `OTEL_*` variables name a collector, and
+/// flushed when dropped.
+pub(crate) struct OperatorTraces(Option<crate::telemetry::Exporting>);
+
+impl OperatorTraces {
+    /// Start exporting as the configuration at `paths` says.
+    pub(crate) fn start(paths: &[PathBuf]) -> Result<Self> {
+        let config = load(paths)?;
+        let exporting = crate::telemetry::start(config.telemetry.as_ref())
+            .context("cannot export traces as configured")?;
+        Ok(Self(exporting))
+    }
+}
+
+impl Drop for OperatorTraces {
+    fn drop(&mut self) {
+        if let Some(exporting) = self.0.take() {
+            exporting.stop();
+        }
+    }
+}
+
 /// The Redis URL for commands that only talk to Redis: `--redis`, else the subscription's own,
 /// else a dev server started by an earlier `sluice run` in this directory.
 pub(crate) fn redis_url_for(configured: Option<&str>) -> Result<String> {

@@ -34,6 +34,7 @@ pub async fn requeue(request: RequeueRequest) -> Result<String> {
         anyhow::bail!("name the dead letters to requeue by id, or pass --all (not both)");
     }
     let plan = plan_after_redis(&request.paths, request.redis.as_deref()).await?;
+    let _traces = super::OperatorTraces::start(&request.paths)?;
     let stop = interrupted();
     let bar = progress("requeueing");
     let mut out = String::new();

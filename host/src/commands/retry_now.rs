@@ -22,6 +22,7 @@ pub async fn retry_now(
         anyhow::bail!("name the parked retries by origin id, or pass --all (not both)");
     }
     let plan = plan_after_redis(paths, redis).await?;
+    let _traces = super::OperatorTraces::start(paths)?;
     let stop = interrupted();
     let bar = progress("making retries due");
     let mut out = String::new();

@@ -542,6 +542,7 @@ pub async fn requeue<C: ConnectionLike>(
         .as_deref()
         .filter(|_| letter.trusted)
         .unwrap_or("");
+    let started = std::time::SystemTime::now();
     let mut invocation = REQUEUE.key(target);
     invocation
         .key(&*keys.dead_letter)
@@ -579,6 +580,20 @@ pub async fn requeue<C: ConnectionLike>(
         }
         other => other?,
     };
+    if let Some(new_id) = &id {
+        let origin = letter.origin_id.as_deref().unwrap_or(&letter.id);
+        crate::telemetry::operator_span(
+            "requeue",
+            (&keys.stream, &keys.group, origin),
+            &letter.fields,
+            started,
+            vec![
+                opentelemetry::KeyValue::new("dead_letter_id", letter.id.clone()),
+                opentelemetry::KeyValue::new("new_id", new_id.clone()),
+                opentelemetry::KeyValue::new("to", target.to_owned()),
+            ],
+        );
+    }
     Ok(id.map_or(Requeued::Gone, Requeued::To))
 }
 

@@ -182,6 +182,7 @@ pub async fn retry_now<C: ConnectionLike>(
 ) -> RedisResult<usize> {
     let mut moved = 0;
     for chunk in members.chunks(BATCH) {
+        let started = std::time::SystemTime::now();
         let mut invocation = RETRY_NOW.key(key);
         invocation.arg(0);
         for member in chunk {
@@ -189,6 +190,26 @@ pub async fn retry_now<C: ConnectionLike>(
         }
         let n: usize = invocation.invoke_async(conn).await?;
         moved += n;
+        if crate::telemetry::enabled() {
+            for member in chunk {
+                if let Ok(entry) = crate::member::decode(member, 0)
+                    && let Some((stream, group)) = &entry.owner
+                {
+                    let origin = if entry.origin_id.is_empty() {
+                        &entry.entry_id
+                    } else {
+                        &entry.origin_id
+                    };
+                    crate::telemetry::operator_span(
+                        "retry-now",
+                        (stream, group, origin),
+                        &entry.fields,
+                        started,
+                        vec![opentelemetry::KeyValue::new("set", key.to_owned())],
+                    );
+                }
+            }
+        }
     }
     Ok(moved)
 }

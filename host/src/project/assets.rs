@@ -57,6 +57,10 @@ pub const PYTHON_SDK: &[(&str, &str)] = &[
         include_str!("../../../guest-sdk/python/sluice_guest/http.py"),
     ),
     (
+        "sluice_guest/trace.py",
+        include_str!("../../../guest-sdk/python/sluice_guest/trace.py"),
+    ),
+    (
         "sluice_guest/_log.py",
         include_str!("../../../guest-sdk/python/sluice_guest/_log.py"),
     ),

@@ -104,11 +104,15 @@ impl GuestState {
             wasi: WasiCtxBuilder::new().build(),
             http: http_ctx,
             field_size_limit,
-            http_hooks: HttpHooks { grant: http },
+            http_hooks: HttpHooks {
+                grant: http,
+                spans: 0,
+            },
             table,
             limiter: Limiter {
                 memory_limit: limits.memory,
                 denied: None,
+                peak: 0,
             },
             values,
             deadline: None,
@@ -130,6 +134,7 @@ impl GuestState {
             bytes: self.limits.log_bytes,
             dropped: 0,
         };
+        self.http_hooks.spans = 0;
     }
 
     /// Why the host refused to hold more for the guest, if `err` says the resource table is
@@ -248,6 +253,8 @@ impl WasiHttpView for GuestState {
 pub(crate) struct Limiter {
     memory_limit: u64,
     pub(crate) denied: Option<(u64, u64)>,
+    /// The most linear memory the instance has grown to (its attempt span's `memory_bytes`).
+    pub(crate) peak: u64,
 }
 
 impl ResourceLimiter for Limiter {
@@ -262,6 +269,7 @@ impl ResourceLimiter for Limiter {
             self.denied = Some((self.memory_limit, desired));
             return Ok(false);
         }
+        self.peak = self.peak.max(desired);
         Ok(true)
     }
 
@@ -335,6 +343,22 @@ impl bindings::sluice::handler::log::Host for GuestState {
             Level::Warn => tracing::warn!(target: "sluice::guest", %fields, "{message}"),
             Level::Error => tracing::error!(target: "sluice::guest", %fields, "{message}"),
         }
+    }
+}
+
+impl bindings::sluice::handler::trace::Host for GuestState {
+    fn traceparent(&mut self) -> Option<String> {
+        use opentelemetry::trace::TraceContextExt as _;
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+        if !crate::telemetry::enabled() {
+            return None;
+        }
+        // The guest runs inside its delivery's span: the attempt's.
+        let cx = tracing::Span::current().context();
+        let sc = cx.span().span_context().clone();
+        sc.is_valid()
+            .then(|| crate::telemetry::context::traceparent(&sc))
     }
 }
 

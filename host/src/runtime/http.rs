@@ -136,10 +136,68 @@ async fn check_not_own(protected: &Protected, uri: &http::Uri) -> Result<(), Ref
     Ok(())
 }
 
+/// The most outbound requests of one attempt that get a span of their own; later ones go out
+/// in the attempt's trace (their `traceparent` names the attempt) without one, counted as
+/// dropped spans.
+pub const MAX_REQUEST_SPANS: u32 = 64;
+
 /// The `wasi:http` hooks of one store: the allow-list check and the capped timeouts in front
-/// of wasmtime-wasi-http's own client.
+/// of wasmtime-wasi-http's own client, and each request's span and `traceparent` header.
 pub(crate) struct HttpHooks {
     pub(crate) grant: Arc<HttpGrant>,
+    /// Requests of the current attempt that got a span.
+    pub(crate) spans: u32,
+}
+
+/// With traces exported: a span for the request (a child of the attempt's, while the attempt
+/// has some left) and the request's `traceparent` and `tracestate` set to it, whatever the
+/// guest put there.
+fn trace_request(spans: &mut u32, request: &mut http::Request<WasiBody>) -> Option<tracing::Span> {
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+    if !crate::telemetry::enabled() {
+        return None;
+    }
+    let span = if *spans < MAX_REQUEST_SPANS {
+        *spans += 1;
+        let method = request.method().as_str();
+        let span = tracing::info_span!(
+            "http request",
+            "otel.kind" = "client",
+            "otel.name" = method,
+            "http.request.method" = method,
+            "server.address" = request.uri().host().unwrap_or_default(),
+            "url.full" = crate::telemetry::bounded(&request.uri().to_string()).as_str(),
+            "http.response.status_code" = tracing::field::Empty,
+            "error.type" = tracing::field::Empty,
+            "otel.status_code" = tracing::field::Empty,
+        );
+        Some(span)
+    } else {
+        crate::telemetry::count_dropped();
+        None
+    };
+    let cx = span
+        .as_ref()
+        .map_or_else(|| tracing::Span::current().context(), |s| s.context());
+    let sc = cx.span().span_context().clone();
+    let headers = request.headers_mut();
+    headers.remove(crate::telemetry::context::TRACEPARENT);
+    headers.remove(crate::telemetry::context::TRACESTATE);
+    if sc.is_valid() {
+        if let Ok(value) = http::HeaderValue::from_str(&crate::telemetry::context::traceparent(&sc))
+        {
+            headers.insert(crate::telemetry::context::TRACEPARENT, value);
+        }
+        let state = sc.trace_state().header();
+        if !state.is_empty()
+            && let Ok(value) = http::HeaderValue::from_str(&state)
+        {
+            headers.insert(crate::telemetry::context::TRACESTATE, value);
+        }
+    }
+    span
 }
 
 type ResponseFuture = Box<
@@ -157,7 +215,7 @@ type ResponseFuture = Box<
 impl WasiHttpHooks for HttpHooks {
     fn send_request(
         &mut self,
-        request: http::Request<WasiBody>,
+        mut request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
         _fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
     ) -> ResponseFuture {
@@ -186,13 +244,32 @@ impl WasiHttpHooks for HttpHooks {
         let options = cap(&self.grant.policy, options);
         let protected = self.grant.protected.clone();
         let span = tracing::Span::current();
+        let request_span = trace_request(&mut self.spans, &mut request);
         Box::new(async move {
             use http_body_util::BodyExt;
             if let Err(why) = check_not_own(&protected, request.uri()).await {
+                if let Some(s) = &request_span {
+                    s.record("error.type", "denied");
+                }
                 return span.in_scope(|| denied(&request, &why));
             }
-            let (response, io) =
-                wasmtime_wasi_http::default_send_request(request, Some(options)).await?;
+            let sent = wasmtime_wasi_http::default_send_request(request, Some(options)).await;
+            if let Some(s) = &request_span {
+                match &sent {
+                    Ok((response, _)) => {
+                        s.record("http.response.status_code", response.status().as_u16());
+                    }
+                    Err(err) => {
+                        s.record(
+                            "error.type",
+                            crate::telemetry::bounded(&err.to_string()).as_str(),
+                        );
+                        s.record("otel.status_code", "error");
+                    }
+                }
+            }
+            drop(request_span);
+            let (response, io) = sent?;
             Ok((
                 response.map(BodyExt::boxed_unsync),
                 Box::new(io) as Box<dyn Future<Output = Result<(), HttpError>> + Send>,

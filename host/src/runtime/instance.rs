@@ -202,6 +202,12 @@ impl WasmHandler {
             state.reset_log_budget();
         }
         instance.store.set_epoch_deadline(1);
+        // On the attempt's span (the delivery's): the limits it ran under.
+        let span = tracing::Span::current();
+        span.record(
+            "time_limit_ms",
+            self.limits.handler_timeout.as_millis() as u64,
+        );
         if self.component.runtime().fuel_enabled() {
             let _ = instance
                 .store
@@ -216,6 +222,7 @@ impl WasmHandler {
         else {
             return Err(Failure::Timeout(self.limits.handler_timeout));
         };
+        span.record("memory_bytes", instance.store.data().limiter.peak);
         let dropped = instance.store.data().log.dropped;
         if dropped > 0 {
             tracing::warn!(

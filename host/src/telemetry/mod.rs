@@ -2,8 +2,11 @@
 //! spans the host already makes (each delivery's `delivery` span is its attempt's span).
 //!
 //! The `tracing` subscriber is set up before any config is read, so the OpenTelemetry layer
-//! waits in a `reload` slot ([`Slot`]) that [`start`] fills once the config says where traces
-//! go. Off unless `[telemetry]` or an `OTEL_EXPORTER_OTLP_*ENDPOINT` variable names a collector.
+//! ([`layer`]) is on it from the start, switched off (it sees no span, so it costs nothing)
+//! until [`start`] gives it an exporter. Off unless `[telemetry]` or an
+//! `OTEL_EXPORTER_OTLP_*ENDPOINT` variable names a collector. Spans the host knows whole (an
+//! entry's root, its parked wait, a sweep, an operator's action) go to the same exporter
+//! directly ([`Whole`]); [`context`] says which trace an entry belongs to.
 //!
 //! Bounded: spans wait in a queue of [`MAX_QUEUED`]; past it they are dropped and counted
 //! ([`Exporting::dropped`]), never waited for: a slow or dead collector never slows a delivery.
@@ -15,13 +18,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+pub mod context;
+
 use opentelemetry::KeyValue;
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{SpanContext, SpanId, SpanKind, TracerProvider as _};
 use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _, WithTonicConfig as _};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider, SpanData, SpanExporter,
-    SpanProcessor,
+    BatchConfigBuilder, BatchSpanProcessor, IdGenerator as _, RandomIdGenerator, Sampler,
+    SdkTracerProvider, ShouldSample as _, SpanData, SpanExporter, SpanProcessor,
 };
 
 use crate::config::telemetry::{Protocol, Telemetry};
@@ -33,19 +38,156 @@ pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest a graceful stop waits for queued spans to go out.
 pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The layer the subscriber holds for OpenTelemetry: empty until [`start`] fills it.
-pub type OtelLayer = tracing_opentelemetry::OpenTelemetryLayer<
-    tracing_subscriber::Registry,
-    opentelemetry_sdk::trace::Tracer,
->;
-
-/// Where [`start`] puts the layer (set once, by `main`).
-pub type Slot = tracing_subscriber::reload::Handle<Option<OtelLayer>, tracing_subscriber::Registry>;
-
-static SLOT: std::sync::OnceLock<Slot> = std::sync::OnceLock::new();
-
 /// Spans dropped since the process started (one exporter per process).
 static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// What the host's own spans (the ones not made through `tracing`: an entry's root, its parked
+/// wait, a sweep, an operator's action) need: where they go and how entries are sampled.
+struct Active {
+    processor: Arc<Bounded>,
+    sampler: Sampler,
+    parent_based: Sampler,
+    scope: opentelemetry::InstrumentationScope,
+    ids: RandomIdGenerator,
+}
+
+static ACTIVE: arc_swap::ArcSwapOption<Active> = arc_swap::ArcSwapOption::const_empty();
+
+/// Whether spans are exported (the host works out an entry's trace only then).
+pub fn enabled() -> bool {
+    ACTIVE.load().is_some()
+}
+
+/// Whether an entry's own trace (no producer's context) with this id is sampled, by the
+/// configured ratio (the same answer on every host).
+pub fn sampled(trace_id: opentelemetry::trace::TraceId) -> bool {
+    ACTIVE.load().as_ref().is_some_and(|a| {
+        matches!(
+            a.sampler
+                .should_sample(None, trace_id, "entry", &SpanKind::Consumer, &[], &[])
+                .decision,
+            opentelemetry_sdk::trace::SamplingDecision::RecordAndSample
+        )
+    })
+}
+
+/// The parent of an entry's spans, sampled by the configured ratio (see [`context`]).
+pub fn parent_of(
+    stream: &str,
+    group: &str,
+    origin_id: &str,
+    fields: &[(Vec<u8>, Vec<u8>)],
+) -> context::Parent {
+    context::parent_of(stream, group, origin_id, fields, sampled)
+}
+
+/// The longest attribute value the host's own spans carry; longer ones are cut (at a
+/// character boundary) and end with `…`.
+pub const MAX_ATTRIBUTE_BYTES: usize = 4096;
+
+/// `value` cut to [`MAX_ATTRIBUTE_BYTES`].
+pub fn bounded(value: &str) -> String {
+    if value.len() <= MAX_ATTRIBUTE_BYTES {
+        return value.to_owned();
+    }
+    let mut end = MAX_ATTRIBUTE_BYTES - '…'.len_utf8();
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &value[..end])
+}
+
+/// A span the host writes whole, with times it knows (an entry's wait in its stream or in
+/// the delayed set), rather than one it lives through.
+#[derive(Debug)]
+pub struct Whole {
+    /// Its name.
+    pub name: &'static str,
+    /// When it started.
+    pub start: std::time::SystemTime,
+    /// When it ended.
+    pub end: std::time::SystemTime,
+    /// What it records.
+    pub attributes: Vec<KeyValue>,
+}
+
+impl Whole {
+    /// Export it as a child of `parent` (only if `parent` is sampled); with `id`, under that
+    /// span id, without a parent (an entry's own root span, whose id is derived).
+    pub fn emit(self, parent: &SpanContext, id: Option<SpanId>) -> Option<SpanContext> {
+        let active = ACTIVE.load_full()?;
+        if !parent.is_sampled() {
+            return None;
+        }
+        let span_id = id.unwrap_or_else(|| active.ids.new_span_id());
+        let span_context = SpanContext::new(
+            parent.trace_id(),
+            span_id,
+            parent.trace_flags(),
+            false,
+            parent.trace_state().clone(),
+        );
+        let (parent_span_id, parent_span_is_remote) = match id {
+            Some(_) => (SpanId::INVALID, false),
+            None => (parent.span_id(), parent.is_remote()),
+        };
+        active.processor.on_end(SpanData {
+            span_context: span_context.clone(),
+            parent_span_id,
+            parent_span_is_remote,
+            span_kind: SpanKind::Internal,
+            name: self.name.into(),
+            start_time: self.start,
+            end_time: self.end.max(self.start),
+            attributes: self.attributes,
+            dropped_attributes_count: 0,
+            events: Default::default(),
+            links: Default::default(),
+            status: opentelemetry::trace::Status::Unset,
+            instrumentation_scope: active.scope.clone(),
+        });
+        Some(span_context)
+    }
+}
+
+/// An operator's action on an entry (a requeue, a retry-now), as a span of its own in the
+/// entry's trace, from `start` to now.
+pub fn operator_span(
+    name: &'static str,
+    entry: (&str, &str, &str),
+    fields: &[(Vec<u8>, Vec<u8>)],
+    start: std::time::SystemTime,
+    mut attributes: Vec<KeyValue>,
+) {
+    if !enabled() {
+        return;
+    }
+    let (stream, group, origin_id) = entry;
+    let parent = parent_of(stream, group, origin_id, fields);
+    attributes.extend([
+        KeyValue::new("stream", bounded(stream)),
+        KeyValue::new("group", bounded(group)),
+        KeyValue::new("origin_id", bounded(origin_id)),
+    ]);
+    Whole {
+        name,
+        start,
+        end: std::time::SystemTime::now(),
+        attributes,
+    }
+    .emit(parent.span_context(), None);
+}
+
+/// The time an entry id names (its milliseconds), if it is one.
+pub fn id_time(id: &str) -> Option<std::time::SystemTime> {
+    let ms: u64 = id.split_once('-')?.0.parse().ok()?;
+    std::time::UNIX_EPOCH.checked_add(Duration::from_millis(ms))
+}
+
+/// An epoch-milliseconds time.
+pub fn ms_time(ms: i64) -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
 
 /// Spans dropped because the export queue was full, since the process started (the metric
 /// `sluice_trace_spans_dropped_total`).
@@ -53,10 +195,100 @@ pub fn dropped_total() -> u64 {
     DROPPED.load(Ordering::Relaxed)
 }
 
-/// Give the library the subscriber's slot (`main` calls this once, after it sets the
-/// subscriber up).
-pub fn set_slot(slot: Slot) {
-    let _ = SLOT.set(slot);
+/// Count a span the host chose not to make (past a per-attempt cap).
+pub fn count_dropped() {
+    DROPPED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The provider every span goes through: made once, with the `tracing` layer, before any
+/// config is read; [`start`] later gives it somewhere to send spans and a sampling ratio
+/// (until then, and after [`Exporting::stop`], it samples nothing).
+fn provider() -> &'static SdkTracerProvider {
+    static PROVIDER: std::sync::OnceLock<SdkTracerProvider> = std::sync::OnceLock::new();
+    PROVIDER.get_or_init(|| {
+        SdkTracerProvider::builder()
+            .with_span_processor(Switch)
+            .with_sampler(Switch)
+            .build()
+    })
+}
+
+fn scope() -> opentelemetry::InstrumentationScope {
+    opentelemetry::InstrumentationScope::builder("sluice")
+        .with_version(env!("CARGO_PKG_VERSION"))
+        .build()
+}
+
+/// The `tracing` layer that makes OpenTelemetry spans of the host's spans (each delivery's
+/// `delivery` span is its attempt's span). It sees nothing while no exporter runs, so it costs
+/// nothing then. `main` puts it first on the registry; [`start`] turns it on.
+pub fn layer() -> impl tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync {
+    use tracing_subscriber::Layer as _;
+    tracing_opentelemetry::layer()
+        .with_tracer(provider().tracer_with_scope(scope()))
+        .with_location(false)
+        .with_threads(false)
+        .with_filter(tracing_subscriber::filter::dynamic_filter_fn(|_, _| {
+            enabled()
+        }))
+}
+
+/// Spans to the running exporter, if one runs.
+#[derive(Debug, Clone, Copy)]
+struct Switch;
+
+impl SpanProcessor for Switch {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
+        if let Some(active) = ACTIVE.load().as_ref() {
+            active.processor.on_start(span, cx);
+        }
+    }
+
+    fn on_end(&self, span: SpanData) {
+        if let Some(active) = ACTIVE.load().as_ref() {
+            active.processor.on_end(span);
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        match ACTIVE.load().as_ref() {
+            Some(active) => active.processor.force_flush(),
+            None => Ok(()),
+        }
+    }
+
+    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
+        // Each exporter is stopped by its own `Exporting::stop`.
+        Ok(())
+    }
+}
+
+impl opentelemetry_sdk::trace::ShouldSample for Switch {
+    fn should_sample(
+        &self,
+        parent_context: Option<&opentelemetry::Context>,
+        trace_id: opentelemetry::trace::TraceId,
+        name: &str,
+        span_kind: &SpanKind,
+        attributes: &[KeyValue],
+        links: &[opentelemetry::trace::Link],
+    ) -> opentelemetry_sdk::trace::SamplingResult {
+        match ACTIVE.load().as_ref() {
+            Some(active) => active.parent_based.should_sample(
+                parent_context,
+                trace_id,
+                name,
+                span_kind,
+                attributes,
+                links,
+            ),
+            None => opentelemetry_sdk::trace::SamplingResult {
+                decision: opentelemetry_sdk::trace::SamplingDecision::Drop,
+                attributes: Vec::new(),
+                trace_state: Default::default(),
+            },
+        }
+    }
 }
 
 /// Why traces cannot be exported as configured.
@@ -75,7 +307,7 @@ pub enum TelemetryError {
 /// Traces going out: stop it (it flushes) when the host stops.
 #[derive(Debug)]
 pub struct Exporting {
-    provider: SdkTracerProvider,
+    processor: Arc<Bounded>,
     dropped: Arc<AtomicU64>,
 }
 
@@ -87,7 +319,8 @@ impl Exporting {
 
     /// Export what is queued (for at most [`FLUSH_TIMEOUT`]) and stop.
     pub fn stop(self) {
-        if let Err(err) = self.provider.shutdown_with_timeout(FLUSH_TIMEOUT) {
+        ACTIVE.store(None);
+        if let Err(err) = self.processor.shutdown_with_timeout(FLUSH_TIMEOUT) {
             tracing::warn!(%err, "traces: the last spans were not all exported");
         }
     }
@@ -104,12 +337,10 @@ fn endpoint_named(config: Option<&Telemetry>) -> bool {
         .any(|v| std::env::var_os(v).is_some_and(|e| !e.is_empty()))
 }
 
-/// Start exporting, if the config or the environment names a collector; `None` otherwise
-/// (or when no subscriber slot was set, as in a library user's own program).
+/// Start exporting, if the config or the environment names a collector; `None` otherwise.
+/// Spans reach it through [`layer`] (which the program must have put on its subscriber) and
+/// the host's own spans directly.
 pub fn start(config: Option<&Telemetry>) -> Result<Option<Exporting>, TelemetryError> {
-    let Some(slot) = SLOT.get() else {
-        return Ok(None);
-    };
     if !endpoint_named(config) {
         return Ok(None);
     }
@@ -134,23 +365,6 @@ pub fn start(config: Option<&Telemetry>) -> Result<Option<Exporting>, TelemetryE
     };
     let dropped = Arc::new(AtomicU64::new(0));
     let queued = Arc::new(AtomicUsize::new(0));
-    let exporter = Counted {
-        inner: exporter(t, protocol)?,
-        queued: queued.clone(),
-    };
-    // The inner queue has room for more than the count lets in: only the count drops.
-    let batch = BatchSpanProcessor::builder(exporter)
-        .with_batch_config(
-            BatchConfigBuilder::default()
-                .with_max_queue_size(MAX_QUEUED * 2)
-                .build(),
-        )
-        .build();
-    let processor = Bounded {
-        inner: batch,
-        queued,
-        dropped: dropped.clone(),
-    };
     let resource = opentelemetry_sdk::Resource::builder()
         .with_service_name(t.service_name.clone())
         .with_attributes(
@@ -159,24 +373,39 @@ pub fn start(config: Option<&Telemetry>) -> Result<Option<Exporting>, TelemetryE
                 .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
         )
         .build();
-    let provider = SdkTracerProvider::builder()
-        .with_span_processor(processor)
-        .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
-            t.sampling_ratio(),
-        ))))
-        .with_resource(resource)
+    let mut exporter = Counted {
+        inner: exporter(t, protocol)?,
+        queued: queued.clone(),
+    };
+    // Set here: the processor is shared, so the provider cannot hand it the resource.
+    exporter.set_resource(&resource);
+    // The inner queue has room for more than the count lets in: only the count drops.
+    let batch = BatchSpanProcessor::builder(exporter)
+        .with_batch_config(
+            BatchConfigBuilder::default()
+                .with_max_queue_size(MAX_QUEUED * 2)
+                .build(),
+        )
         .build();
-    let tracer = provider.tracer("sluice");
-    let layer = tracing_opentelemetry::layer().with_tracer(tracer);
-    if let Err(err) = slot.reload(Some(layer)) {
-        tracing::warn!(%err, "traces: cannot attach the exporter to the log subscriber");
-    }
+    let processor = Arc::new(Bounded {
+        inner: batch,
+        queued,
+        dropped: dropped.clone(),
+    });
+    let ratio = Sampler::TraceIdRatioBased(t.sampling_ratio());
+    ACTIVE.store(Some(Arc::new(Active {
+        processor: processor.clone(),
+        parent_based: Sampler::ParentBased(Box::new(ratio.clone())),
+        sampler: ratio,
+        scope: scope(),
+        ids: RandomIdGenerator::default(),
+    })));
     tracing::info!(
         protocol = ?protocol,
         endpoint = t.endpoint.as_deref().unwrap_or("(from OTEL_* variables)"),
         "exporting traces"
     );
-    Ok(Some(Exporting { provider, dropped }))
+    Ok(Some(Exporting { processor, dropped }))
 }
 
 fn exporter(

@@ -385,8 +385,18 @@ impl RunDir {
 
     /// Start `sluice run` here.
     pub fn spawn(&self) -> HostProcess {
+        self.spawn_env(&[])
+    }
+
+    /// Start `sluice run` here with `env` added.
+    pub fn spawn_env(&self, env: &[(&str, &str)]) -> HostProcess {
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
-        HostProcess::spawn(&args, self.dir.path())
+        HostProcess::spawn_with(&args, self.dir.path(), env)
+    }
+
+    /// The directory (its `sluice.toml` is the config).
+    pub fn path(&self) -> &Path {
+        self.dir.path()
     }
 
     /// Start `sluice run` once; the process keeps the directory.

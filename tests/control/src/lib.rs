@@ -101,7 +101,13 @@ pub enum Control {
         /// The request's own timeout; 0 leaves it to the host.
         #[serde(default)]
         timeout_ms: u64,
+        /// A `traceparent` header the guest sets itself (empty: none).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        traceparent: String,
     },
+    /// Dead-letter with `traceparent=<the SDK's trace::traceparent()> trace_id=<trace::trace_id()>`
+    /// (`none` for either when the host exports no traces).
+    Traceparent,
     /// Attempt `n` (counting from 0: how many attempts came before) does what `each[n]` says,
     /// the last one for every later attempt, e.g. retry once, then spin, then ack.
     Attempts {
