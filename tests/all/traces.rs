@@ -199,9 +199,25 @@ async fn add_with(
 
 fn telemetry_at(receiver: &Receiver, protocol: &str) -> String {
     format!(
-        r#"{{ endpoint = "http://{}", protocol = "{protocol}", service_name = "billing", resource = {{ "deployment.environment" = "test" }} }}"#,
+        r#"{{ endpoint = "http://{}", protocol = "{protocol}", service_name = "billing", resource = {{ "deployment.environment" = "test" }}, trace_url = "https://traces.example/t/{{trace_id}}?x=1&y=2" }}"#,
         receiver.addr
     )
+}
+
+/// `sluice` with `args` (then the config and `--redis`), with spans exported fast; its
+/// standard output.
+async fn cli(args: &[&str], config: &std::path::Path, redis: &Redis) -> String {
+    let mut all: Vec<String> = vec![args[0].to_owned(), config.display().to_string()];
+    all.extend(args[1..].iter().map(|a| (*a).to_owned()));
+    all.extend(["--redis".to_owned(), redis.url()]);
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = all.iter().map(String::as_str).collect();
+        run_sluice_with(&args, std::path::Path::new("."), FAST_EXPORT)
+    })
+    .await
+    .unwrap();
+    assert!(ok, "sluice {args:?} failed: {out}{err}");
+    out
 }
 
 const PRODUCER: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -411,7 +427,7 @@ async fn a_requeued_dead_letter_comes_back_in_its_original_trace() {
         TestConfig::of(Sub::fixture("fixme").delayed("fixme.delayed"))
             .set("telemetry", Raw(&telemetry_at(&receiver, "http/protobuf"))),
     );
-    let _host = run.spawn_env(FAST_EXPORT);
+    let host = run.spawn_env(FAST_EXPORT);
     let id = add(
         &mut conn,
         "fixme",
@@ -423,22 +439,43 @@ async fn a_requeued_dead_letter_comes_back_in_its_original_trace() {
     wait_dead_letters(&conn, "fixme", 1).await;
     let dead = dead_lettered(&mut conn, "fixme").await;
     let letter = dead[0].0.clone();
-    // The operator's CLI exports its own span into the entry's trace.
+    let first = receiver
+        .wait_origin(&id, "the dead-lettering attempt", |spans| {
+            named(spans, "delivery").len() == 1
+        })
+        .await;
+    let trace_id = hex(&first[0].trace_id);
+    // Where operators look: `sluice dead-letters --json` and the page give the trace id and
+    // its link.
     let config = run.path().join("sluice.toml");
-    let args = [
-        "requeue".to_owned(),
-        config.display().to_string(),
-        letter.clone(),
-        "--redis".to_owned(),
-        redis.url(),
-    ];
-    let (ok, out, err) = tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        run_sluice_with(&args, std::path::Path::new("."), FAST_EXPORT)
-    })
-    .await
-    .unwrap();
-    assert!(ok && out.contains("requeued 1"), "{out}{err}");
+    let listed = cli(&["dead-letters", "--json"], &config, &redis).await;
+    let rows: serde_json::Value = serde_json::from_str(listed.lines().next().unwrap()).unwrap();
+    let row = if rows.is_array() { &rows[0] } else { &rows };
+    assert_eq!(row["trace_id"], trace_id.as_str(), "{listed}");
+    let link = format!("https://traces.example/t/{trace_id}?x=1&y=2");
+    assert_eq!(row["trace_link"], link.as_str(), "{listed}");
+    let human = cli(&["dead-letters"], &config, &redis).await;
+    assert!(human.contains(&format!("trace {trace_id}")), "{human}");
+    let admin = host.admin_addr().await;
+    let session = log_in(admin).await;
+    let (code, page) = http_request_bare(
+        admin,
+        "GET",
+        "/ui/s/fixme/g/dead-letters",
+        &session.headers(),
+        b"",
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert!(
+        page.contains(&format!(
+            r#"<a href="https://traces.example/t/{trace_id}?x=1&amp;y=2" rel="noopener noreferrer" target="_blank"><code>{trace_id}</code></a>"#
+        )),
+        "{page}"
+    );
+    // The operator's CLI exports its own span into the entry's trace.
+    let out = cli(&["requeue", &letter], &config, &redis).await;
+    assert!(out.contains("requeued 1"), "{out}");
     let spans = receiver
         .wait_origin(
             &id,
@@ -465,8 +502,7 @@ async fn a_requeued_dead_letter_comes_back_in_its_original_trace() {
     let acked = attempts.last().unwrap();
     assert!(spans.iter().all(|s| s.trace_id == attempts[0].trace_id));
     assert!(requeue.start_time_unix_nano < acked.start_time_unix_nano);
-    // The trace id is on the dead letter as `sluice dead-letters --json` shows it... (gone now,
-    // requeued): the root is the entry's own.
+    assert_eq!(hex(&acked.trace_id), trace_id);
     assert_eq!(
         named(&receiver.trace(&attempts[0].trace_id), "entry").len(),
         1

@@ -76,6 +76,19 @@ pub async fn dead_letters(query: DeadLetterQuery) -> Result<String> {
                     .as_deref()
                     .unwrap_or("(not written by Sluice)")
             );
+            if let Some(trace_id) = letter
+                .trace_id()
+                .filter(|_| crate::telemetry::traces_shown())
+            {
+                match crate::telemetry::trace_link(&trace_id) {
+                    Some(link) => {
+                        let _ = writeln!(out, "      trace {trace_id}  {link}");
+                    }
+                    None => {
+                        let _ = writeln!(out, "      trace {trace_id}");
+                    }
+                }
+            }
             for (name, value) in &letter.fields {
                 let mut value = printable(value);
                 if query.ids.is_empty() && value.chars().count() > 120 {

@@ -91,7 +91,9 @@ pub(crate) fn load(paths: &[PathBuf]) -> Result<Config> {
                 .unwrap_or_else(|_| "this directory".to_owned())
         );
     }
-    Config::load(paths).context("invalid configuration")
+    let config = Config::load(paths).context("invalid configuration")?;
+    crate::telemetry::set_config(config.telemetry.as_ref());
+    Ok(config)
 }
 
 /// Load the configuration and reach the Redis of each subscription, before anything is

@@ -352,6 +352,19 @@ impl DeadLetter {
         }
     }
 
+    /// The trace its deliveries were in (see [`crate::telemetry::context`]), when it says
+    /// whose it was.
+    pub fn trace_id(&self) -> Option<String> {
+        let (stream, group) = self.origin.as_ref()?;
+        let origin = self.origin_id.as_deref().or(self.entry_id.as_deref())?;
+        Some(crate::telemetry::context::trace_id_of(
+            stream,
+            group,
+            origin,
+            &self.fields,
+        ))
+    }
+
     /// When it was written (epoch ms, from its id).
     pub fn written_ms(&self) -> Option<i64> {
         self.id.split('-').next()?.parse().ok()
@@ -374,6 +387,8 @@ impl DeadLetter {
             "not_requeueable": self.not_requeueable,
             "origin_trusted": self.trusted,
             "trace": self.trace,
+            "trace_id": self.trace_id(),
+            "trace_link": self.trace_id().and_then(|t| crate::telemetry::trace_link(&t)),
             "fields": super::fields_json(&self.fields),
         })
     }

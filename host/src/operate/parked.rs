@@ -36,6 +36,21 @@ pub struct Parked {
 }
 
 impl Parked {
+    /// The trace its deliveries are in (see [`crate::telemetry::context`]), when the member
+    /// says whose it is.
+    pub fn trace_id(&self) -> Option<String> {
+        let e = &self.entry;
+        let (stream, group) = e.owner.as_ref()?;
+        let origin = if e.origin_id.is_empty() {
+            &e.entry_id
+        } else {
+            &e.origin_id
+        };
+        Some(crate::telemetry::context::trace_id_of(
+            stream, group, origin, &e.fields,
+        ))
+    }
+
     /// The retry as one JSON object (admin API), with how long until it is due from `now_ms`
     /// (server clock).
     pub fn to_json(&self, now_ms: i64) -> serde_json::Value {
@@ -47,6 +62,8 @@ impl Parked {
             "due_ms": e.due_ms,
             "due": super::format_ms(e.due_ms),
             "due_in_ms": e.due_ms - now_ms,
+            "trace_id": self.trace_id(),
+            "trace_link": self.trace_id().and_then(|t| crate::telemetry::trace_link(&t)),
             "fields": super::fields_json(&e.fields),
         })
     }

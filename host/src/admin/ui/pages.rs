@@ -370,6 +370,24 @@ fn action(
     }
 }
 
+/// An entry's trace id under its origin id, a link when `trace_url` is set; nothing when
+/// traces are neither exported nor linked.
+fn trace_cell(trace_id: Option<String>) -> Markup {
+    let Some(id) = trace_id.filter(|_| crate::telemetry::traces_shown()) else {
+        return html! {};
+    };
+    html! {
+        br;
+        span.muted.trace-id {
+            "trace "
+            @match crate::telemetry::trace_link(&id) {
+                Some(link) => a href=(link) rel="noopener noreferrer" target="_blank" { code { (id) } },
+                None => code { (id) },
+            }
+        }
+    }
+}
+
 /// The parked retries of one subscription, due order.
 pub(super) fn parked(
     viewer: &Viewer,
@@ -395,7 +413,7 @@ pub(super) fn parked(
                         @let e = &p.entry;
                         @let hidden = [("origin", e.origin_id.clone()), ("due_ms", e.due_ms.to_string())];
                         tr {
-                            td { code { (e.origin_id) } }
+                            td { code { (e.origin_id) } (trace_cell(p.trace_id())) }
                             td { span data-due=(e.due_ms) data-now=(now_ms) { } br; span.muted { (format_ms(e.due_ms)) } }
                             td { (e.retry_count) }
                             td { (fields(&e.fields)) }
@@ -482,7 +500,7 @@ pub(super) fn dead_letters(
                                     details.trace { summary { "traceback" } pre { (trace) } }
                                 }
                             }
-                            td { code { (l.origin_id.as_deref().unwrap_or("-")) } }
+                            td { code { (l.origin_id.as_deref().unwrap_or("-")) } (trace_cell(l.trace_id())) }
                             td { (l.retry_count.map_or("-".to_owned(), |n| n.to_string())) }
                             td { (fields(&l.fields)) }
                             @if viewer.can_act {
