@@ -402,6 +402,16 @@ async fn the_trace_survives_a_sigkill_between_attempts() {
         })
         .await;
     first.kill();
+    // While it waits, `sluice parked --json` names its trace.
+    let config = run.path().join("sluice.toml");
+    let parked = cli(&["parked", "--json"], &config, &redis).await;
+    let line: serde_json::Value = serde_json::from_str(parked.lines().next().unwrap()).unwrap();
+    let trace_id = hex(&named(&before, "delivery")[0].trace_id);
+    assert_eq!(
+        line["entries"][0]["trace_id"],
+        trace_id.as_str(),
+        "{parked}"
+    );
     let _second = run.spawn_env(FAST_EXPORT);
     let spans = receiver
         .wait_origin(&id, "the second host's attempt", |spans| {

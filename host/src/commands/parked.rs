@@ -48,12 +48,16 @@ pub async fn parked(
             let (now_ms, total, page) = read
                 .await
                 .with_context(|| format!("cannot read the delayed set `{key}`"))?;
+            let traces: Vec<Option<String>> = page.items.iter().map(|p| p.trace_id()).collect();
             let entries: Vec<_> = page.items.into_iter().map(|p| p.entry).collect();
             if json {
                 let rows: Vec<serde_json::Value> = entries
                 .iter()
-                .map(|e| {
+                .zip(&traces)
+                .map(|(e, trace_id)| {
                     serde_json::json!({
+                        "trace_id": trace_id,
+                        "trace_link": trace_id.as_deref().and_then(crate::telemetry::trace_link),
                         "entry_id": e.entry_id,
                         "retry_count": e.retry_count,
                         "due_ms": e.due_ms,
