@@ -49,6 +49,7 @@ const ALL: &[&str] = &[
     "ui",
     "retention",
     "languages",
+    "traces",
 ];
 
 #[derive(Parser)]
@@ -57,7 +58,7 @@ struct Args {
     /// Scenarios to run (default: all): ceiling, ceiling-server, ceiling-lean, native, wasm,
     /// wasm-isolated, retry,
     /// retry-backlog, retry-backlog-lane, drain, fan-out,
-    /// swap, sandbox, cluster, ui, retention, languages.
+    /// swap, sandbox, cluster, ui, retention, languages, traces.
     scenarios: Vec<String>,
     /// Print one JSON object per scenario per line instead of a table.
     #[arg(long)]
@@ -100,13 +101,24 @@ async fn main() -> Result<()> {
     sluice_host::runtime::compile::serve_compiles();
     sluice_host::memory::give_back_big_allocations();
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    {
+        use tracing_subscriber::Layer as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+        use tracing_subscriber::util::SubscriberInitExt as _;
+        // The traces scenario turns the OpenTelemetry layer on; the others leave it off.
+        // Spans are info level: the filter lets them through (to the OpenTelemetry layer, which
+        // is off unless a scenario starts it), the printed log stays at warn.
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        tracing_subscriber::registry()
+            .with(sluice_host::telemetry::layer())
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::stderr)
+                    .with_filter(filter),
+            )
+            .init();
+    }
     let mut wanted: Vec<&str> = if args.scenarios.is_empty() {
         ALL.to_vec()
     } else {
@@ -136,8 +148,9 @@ async fn main() -> Result<()> {
     let mut reports: Vec<Report> = Vec::new();
     for name in wanted {
         eprintln!("running {name}...");
-        if ["sandbox", "cluster", "retention", "languages"].contains(&name) {
+        if ["sandbox", "cluster", "retention", "languages", "traces"].contains(&name) {
             let reports_of = match name {
+                "traces" => bench.traces(args.messages, args.retries).await?,
                 "sandbox" => bench.sandbox(20_000).await?,
                 "cluster" => bench.cluster(args.messages).await?,
                 "languages" => bench.languages(args.messages / 5, 200).await?,

@@ -64,27 +64,40 @@ impl Dispatcher {
         // The version is taken once: a swap during this delivery does not change its handler.
         let version = self.slot.current();
         delivery.started = Some(std::time::SystemTime::now());
-        let span = tracing::info_span!(
-            "delivery",
-            stream = %delivery.stream,
-            group = %delivery.group,
-            id = %delivery.entry.id,
-            retry_count = delivery.retry_count,
-            delivery_count = delivery.delivery_count,
-            digest = version.digest.short(),
-            origin_id = tracing::field::Empty,
-            attempt = tracing::field::Empty,
-            partition = tracing::field::Empty,
-            trace_id = tracing::field::Empty,
-            outcome = tracing::field::Empty,
-            retry_delay_ms = tracing::field::Empty,
-            reason = tracing::field::Empty,
-            time_limit_ms = tracing::field::Empty,
-            memory_bytes = tracing::field::Empty,
-            "otel.kind" = "consumer",
-        );
-        if crate::telemetry::enabled() {
-            trace_attempt(&delivery, &span);
+        let parent = crate::telemetry::enabled().then(|| {
+            crate::telemetry::parent_of(
+                &delivery.stream,
+                &delivery.group,
+                &delivery.origin_id,
+                delivery.user_fields(),
+            )
+        });
+        let sampled = parent
+            .as_ref()
+            .is_some_and(|p| p.span_context().is_sampled());
+        let span = crate::telemetry::attempt_span(sampled, || {
+            tracing::info_span!(
+                "delivery",
+                stream = %delivery.stream,
+                group = %delivery.group,
+                id = %delivery.entry.id,
+                retry_count = delivery.retry_count,
+                delivery_count = delivery.delivery_count,
+                digest = version.digest.short(),
+                origin_id = tracing::field::Empty,
+                attempt = tracing::field::Empty,
+                partition = tracing::field::Empty,
+                trace_id = tracing::field::Empty,
+                outcome = tracing::field::Empty,
+                retry_delay_ms = tracing::field::Empty,
+                reason = tracing::field::Empty,
+                time_limit_ms = tracing::field::Empty,
+                memory_bytes = tracing::field::Empty,
+                "otel.kind" = "consumer",
+            )
+        });
+        if let Some(parent) = parent.filter(|_| sampled) {
+            trace_attempt(&delivery, &span, &parent);
         }
         self.run(delivery, &version).instrument(span).await
     }
@@ -214,7 +227,9 @@ impl Dispatcher {
                 None => tracing::warn!(%failure, elapsed_us, "attempt failed; {then}"),
             }
         }
-        Self::record(&action);
+        if crate::telemetry::enabled() {
+            Self::record(&action);
+        }
         let settled = match action {
             Action::Ack => {
                 tracing::debug!(elapsed_us, "ack");
@@ -342,18 +357,16 @@ fn partition_of(stream: &str) -> Option<u32> {
 /// Put the attempt's span into the entry's trace (see [`crate::telemetry::context`]), and
 /// write the spans that only the attempt can: the entry's root on its first delivery, and the
 /// sweep that brought a retry back.
-fn trace_attempt(delivery: &Delivery, span: &tracing::Span) {
+fn trace_attempt(
+    delivery: &Delivery,
+    span: &tracing::Span,
+    parent: &crate::telemetry::context::Parent,
+) {
     use opentelemetry::KeyValue;
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
     use crate::telemetry::{self, Whole, context::Parent};
 
-    let parent = telemetry::parent_of(
-        &delivery.stream,
-        &delivery.group,
-        &delivery.origin_id,
-        delivery.user_fields(),
-    );
     span.record("origin_id", delivery.origin_id.as_str());
     span.record("attempt", delivery.previous_attempts() + 1);
     span.record("trace_id", parent.trace_id().as_str());
@@ -372,7 +385,7 @@ fn trace_attempt(delivery: &Delivery, span: &tracing::Span) {
     };
     // The entry's own trace starts with its wait in the stream, written by the first
     // attempt's host (a requeue or a copy is never a first attempt).
-    if let Parent::Own(root) = &parent
+    if let Parent::Own(root) = parent
         && delivery.retry_count == 0
         && delivery.delivery_count <= 1
         && delivery.origin_id == delivery.entry.id

@@ -304,7 +304,7 @@ fn init_tracing(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuar
     let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // notify reports watches it could not remove (a build deleted the directory) at info; the
-    // trace exporter's own HTTP and gRPC crates would trace their own exports.
+    // trace exporter's own HTTP and gRPC crates would log each export.
     for directive in [
         "notify=warn",
         "h2=warn",
@@ -329,11 +329,18 @@ fn init_tracing(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuar
     let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(writer);
-    let registry = tracing_subscriber::registry().with(otel).with(filter);
+    // The filter is the log's: traces take the spans they need whatever RUST_LOG says.
+    use tracing_subscriber::Layer as _;
+    let registry = tracing_subscriber::registry().with(otel);
     match format {
-        LogFormat::Human => registry.with(fmt).init(),
+        LogFormat::Human => registry.with(fmt.with_filter(filter)).init(),
         LogFormat::Json => registry
-            .with(fmt.json().with_current_span(true).with_span_list(false))
+            .with(
+                fmt.json()
+                    .with_current_span(true)
+                    .with_span_list(false)
+                    .with_filter(filter),
+            )
             .init(),
     }
     guard

@@ -573,7 +573,27 @@ async fn outbound_requests_are_child_spans_and_carry_the_hosts_traceparent() {
     )
     .await;
     let asked = add(&mut conn, "web", &Control::Traceparent).await;
+    let logged = add(
+        &mut conn,
+        "web",
+        &Control::Log {
+            line: "charged p-17".into(),
+        },
+    )
+    .await;
     wait_dead_letters(&conn, "web", 2).await;
+    // What the handler logs is on its attempt's span.
+    let spans = receiver
+        .wait_origin(&logged, "the logging attempt", |spans| {
+            named(spans, "delivery").len() == 1
+        })
+        .await;
+    let events = &named(&spans, "delivery")[0].events;
+    assert!(
+        events.iter().any(|e| e.name.contains("fixture log line")
+            && e.attributes.iter().any(|a| format!("{:?}", a.value).contains("charged p-17"))),
+        "{events:#?}"
+    );
     let spans = receiver
         .wait_origin(&call, "the attempt and its request span", |spans| {
             named(spans, "delivery").len() == 1
@@ -658,5 +678,138 @@ async fn a_collector_that_is_not_there_changes_nothing_for_deliveries() {
     }
     for id in &ids {
         wait_acked(&conn, "untraced", "g", id).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_cannot_flood_its_trace_with_request_spans() {
+    let receiver = Receiver::start().await;
+    let (upstream, seen) = header_keeper().await;
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let grant = format!(r#"["http://{upstream}"]"#);
+    let run = RunDir::new(
+        &redis,
+        TestConfig::of(Sub::fixture("flood").set("allowed_outbound_hosts", Raw(&grant)))
+            .set("telemetry", Raw(&telemetry_at(&receiver, "http/protobuf"))),
+    );
+    let host = run.spawn_env(FAST_EXPORT);
+    let id = add(
+        &mut conn,
+        "flood",
+        &Control::HttpMany {
+            urls: vec![format!("http://{upstream}/hook"); 70],
+            sequential: true,
+        },
+    )
+    .await;
+    wait_dead_letters(&conn, "flood", 1).await;
+    let spans = receiver
+        .wait_origin(&id, "the attempt", |spans| {
+            named(spans, "delivery").len() == 1
+        })
+        .await;
+    let attempt = named(&spans, "delivery")[0].clone();
+    let requests = wait_for(SPAN_WAIT, "the request spans", || {
+        let requests: Vec<Span> = receiver
+            .trace(&attempt.trace_id)
+            .into_iter()
+            .filter(|s| s.parent_span_id == attempt.span_id && s.name == "POST")
+            .collect();
+        async move { (requests.len() >= 64).then_some(requests) }
+    })
+    .await;
+    assert_eq!(
+        requests.len(),
+        64,
+        "one span each for the first 64 requests"
+    );
+    // Every request still went out in the attempt's trace: the last six name the attempt.
+    let headers = seen.lock().unwrap().clone();
+    assert_eq!(headers.len(), 70);
+    let trace = hex(&attempt.trace_id);
+    assert!(
+        headers
+            .iter()
+            .all(|h| h.starts_with(&format!("00-{trace}-"))),
+        "{headers:?}"
+    );
+    let naming_attempt = headers
+        .iter()
+        .filter(|h| h.contains(&hex(&attempt.span_id)))
+        .count();
+    assert_eq!(naming_attempt, 6);
+    let (_, metrics) = http_get(host.admin_addr().await, "/metrics").await;
+    assert!(
+        metrics.contains("sluice_trace_spans_dropped_total 6"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sampling_ratio_keeps_whole_entries_and_follows_the_producer() {
+    let receiver = Receiver::start().await;
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let telemetry = format!(
+        r#"{{ endpoint = "http://{}", sampling_ratio = 0.0 }}"#,
+        receiver.addr
+    );
+    let run = RunDir::new(
+        &redis,
+        TestConfig::of(Sub::fixture("sampled").delayed("sampled.delayed"))
+            .set("telemetry", Raw(&telemetry)),
+    );
+    let _host = run.spawn_env(FAST_EXPORT);
+    let own = add(&mut conn, "sampled", &Control::Retry { ms: 100, times: 1 }).await;
+    let unsampled = "00-5bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+    let declined = add_with(
+        &mut conn,
+        "sampled",
+        &Control::Ack,
+        &[("traceparent", unsampled)],
+    )
+    .await;
+    // The producer sampled this one: its entry is traced whatever the ratio.
+    let wanted = add_with(
+        &mut conn,
+        "sampled",
+        &Control::Ack,
+        &[("traceparent", PRODUCER)],
+    )
+    .await;
+    let spans = receiver
+        .wait_origin(&wanted, "the producer-sampled entry", |spans| {
+            named(spans, "delivery").len() == 1
+        })
+        .await;
+    assert_eq!(hex(&spans[0].trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
+    // The others were handled (the retried one twice) and left no span at all.
+    wait_acked(&conn, "sampled", "g", &wanted).await;
+    wait_for(SPAN_WAIT, "the retried entry's copy acked", || {
+        let mut conn = conn.clone();
+        async move {
+            let parked: u64 = redis::cmd("ZCARD")
+                .arg("sampled.delayed")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let copies: u64 = redis::cmd("XLEN")
+                .arg("sampled.delayed.lane")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let pending = pending(&mut conn, "sampled.delayed.lane", "g").await;
+            (copies == 1 && parked == 0 && pending == 0).then_some(())
+        }
+    })
+    .await;
+    let all = receiver.spans();
+    for origin in [&own, &declined] {
+        assert!(
+            !all.iter()
+                .any(|(_, s)| attribute(s, "origin_id").as_deref() == Some(origin.as_str())),
+            "{origin} was not sampled"
+        );
     }
 }

@@ -8,6 +8,7 @@ mod retry;
 mod sandbox;
 mod swap;
 mod throughput;
+mod traces;
 mod ui;
 
 use std::fmt::Write as _;

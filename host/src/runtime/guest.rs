@@ -67,7 +67,7 @@ pub struct GuestState {
     http: WasiHttpCtx,
     /// What each HTTP header map may hold (0 without a grant).
     field_size_limit: usize,
-    http_hooks: HttpHooks,
+    pub(crate) http_hooks: HttpHooks,
     table: ResourceTable,
     pub(crate) limiter: Limiter,
     values: Arc<[(String, String)]>,
@@ -107,6 +107,7 @@ impl GuestState {
             http_hooks: HttpHooks {
                 grant: http,
                 spans: 0,
+                attempt: None,
             },
             table,
             limiter: Limiter {
@@ -135,6 +136,9 @@ impl GuestState {
             dropped: 0,
         };
         self.http_hooks.spans = 0;
+        // The attempt's span, for the requests' spans and `trace::traceparent`: the call
+        // starts inside it.
+        self.http_hooks.attempt = crate::telemetry::enabled().then(tracing::Span::current);
     }
 
     /// Why the host refused to hold more for the guest, if `err` says the resource table is
@@ -351,11 +355,7 @@ impl bindings::sluice::handler::trace::Host for GuestState {
         use opentelemetry::trace::TraceContextExt as _;
         use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-        if !crate::telemetry::enabled() {
-            return None;
-        }
-        // The guest runs inside its delivery's span: the attempt's.
-        let cx = tracing::Span::current().context();
+        let cx = self.http_hooks.attempt.as_ref()?.context();
         let sc = cx.span().span_context().clone();
         sc.is_valid()
             .then(|| crate::telemetry::context::traceparent(&sc))

@@ -147,22 +147,28 @@ pub(crate) struct HttpHooks {
     pub(crate) grant: Arc<HttpGrant>,
     /// Requests of the current attempt that got a span.
     pub(crate) spans: u32,
+    /// The current attempt's span, while traces are exported (taken when the call starts: a
+    /// hook may run inside spans of the HTTP crates).
+    pub(crate) attempt: Option<tracing::Span>,
 }
 
 /// With traces exported: a span for the request (a child of the attempt's, while the attempt
 /// has some left) and the request's `traceparent` and `tracestate` set to it, whatever the
 /// guest put there.
-fn trace_request(spans: &mut u32, request: &mut http::Request<WasiBody>) -> Option<tracing::Span> {
+fn trace_request(
+    spans: &mut u32,
+    attempt: Option<&tracing::Span>,
+    request: &mut http::Request<WasiBody>,
+) -> Option<tracing::Span> {
     use opentelemetry::trace::TraceContextExt as _;
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-    if !crate::telemetry::enabled() {
-        return None;
-    }
+    let attempt = attempt?;
     let span = if *spans < MAX_REQUEST_SPANS {
         *spans += 1;
         let method = request.method().as_str();
         let span = tracing::info_span!(
+            parent: attempt,
             "http request",
             "otel.kind" = "client",
             "otel.name" = method,
@@ -178,9 +184,7 @@ fn trace_request(spans: &mut u32, request: &mut http::Request<WasiBody>) -> Opti
         crate::telemetry::count_dropped();
         None
     };
-    let cx = span
-        .as_ref()
-        .map_or_else(|| tracing::Span::current().context(), |s| s.context());
+    let cx = span.as_ref().unwrap_or(attempt).context();
     let sc = cx.span().span_context().clone();
     let headers = request.headers_mut();
     headers.remove(crate::telemetry::context::TRACEPARENT);
@@ -244,7 +248,7 @@ impl WasiHttpHooks for HttpHooks {
         let options = cap(&self.grant.policy, options);
         let protected = self.grant.protected.clone();
         let span = tracing::Span::current();
-        let request_span = trace_request(&mut self.spans, &mut request);
+        let request_span = trace_request(&mut self.spans, self.attempt.as_ref(), &mut request);
         Box::new(async move {
             use http_body_util::BodyExt;
             if let Err(why) = check_not_own(&protected, request.uri()).await {

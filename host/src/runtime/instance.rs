@@ -202,12 +202,15 @@ impl WasmHandler {
             state.reset_log_budget();
         }
         instance.store.set_epoch_deadline(1);
-        // On the attempt's span (the delivery's): the limits it ran under.
+        // On the attempt's span (the delivery's), when traced: the limits it ran under.
+        let traced = crate::telemetry::enabled();
         let span = tracing::Span::current();
-        span.record(
-            "time_limit_ms",
-            self.limits.handler_timeout.as_millis() as u64,
-        );
+        if traced {
+            span.record(
+                "time_limit_ms",
+                self.limits.handler_timeout.as_millis() as u64,
+            );
+        }
         if self.component.runtime().fuel_enabled() {
             let _ = instance
                 .store
@@ -222,7 +225,11 @@ impl WasmHandler {
         else {
             return Err(Failure::Timeout(self.limits.handler_timeout));
         };
-        span.record("memory_bytes", instance.store.data().limiter.peak);
+        // The attempt's span ends with the attempt, not when the instance is next used.
+        instance.store.data_mut().http_hooks.attempt = None;
+        if traced {
+            span.record("memory_bytes", instance.store.data().limiter.peak);
+        }
         let dropped = instance.store.data().log.dropped;
         if dropped > 0 {
             tracing::warn!(

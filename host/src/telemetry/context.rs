@@ -334,3 +334,25 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod cost {
+    #[test]
+    #[ignore = "a measurement: cargo test --release -p sluice-host -- --ignored parent_cost --nocapture"]
+    fn parent_cost() {
+        let fields = vec![(b"payload".to_vec(), b"{\"n\":1}".to_vec())];
+        let started = std::time::Instant::now();
+        let mut sampled = 0;
+        for i in 0..1_000_000u64 {
+            let origin = format!("1700000000000-{i}");
+            let p = super::parent_of("payments", "billing", &origin, &fields, |t| {
+                (u128::from_be_bytes(t.to_bytes()) as u64).is_multiple_of(100)
+            });
+            sampled += usize::from(p.span_context().is_sampled());
+        }
+        eprintln!(
+            "{:?} per entry ({sampled} sampled)",
+            started.elapsed() / 1_000_000
+        );
+    }
+}

@@ -228,9 +228,56 @@ pub fn layer() -> impl tracing_subscriber::Layer<tracing_subscriber::Registry> +
         .with_tracer(provider().tracer_with_scope(scope()))
         .with_location(false)
         .with_threads(false)
-        .with_filter(tracing_subscriber::filter::dynamic_filter_fn(|_, _| {
-            enabled()
+        .with_filter(tracing_subscriber::filter::dynamic_filter_fn(|meta, cx| {
+            if !enabled() || !traced(meta) {
+                return false;
+            }
+            if meta.is_span() && meta.name() == ATTEMPT_SPAN {
+                return ATTEMPT_SAMPLED.get();
+            }
+            // Anything else only inside a sampled attempt (its requests, its log lines).
+            cx.lookup_current().is_some()
         }))
+}
+
+/// The name of an attempt's span (made by `dispatch`).
+pub const ATTEMPT_SPAN: &str = "delivery";
+
+thread_local! {
+    /// Whether the attempt span being made now is sampled (see [`attempt_span`]).
+    static ATTEMPT_SAMPLED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Make an attempt's span with `make`, seen by the OpenTelemetry layer only when `sampled`:
+/// an attempt that is not traced costs the layer nothing (no span data is built for it), which
+/// is what keeps a low sampling ratio cheap.
+pub fn attempt_span(sampled: bool, make: impl FnOnce() -> tracing::Span) -> tracing::Span {
+    ATTEMPT_SAMPLED.set(sampled);
+    let span = make();
+    ATTEMPT_SAMPLED.set(false);
+    span
+}
+
+/// The crates the exporter itself runs on: tracing their spans would trace every export.
+const EXPORTER_CRATES: &[&str] = &[
+    "h2",
+    "hyper",
+    "hyper_util",
+    "tonic",
+    "tower",
+    "reqwest",
+    "opentelemetry",
+];
+
+/// Whether a span or event goes into traces: `info` and above (attempts, requests, what the
+/// handler logs at info and above), except the exporter's own.
+fn traced(meta: &tracing::Metadata<'_>) -> bool {
+    *meta.level() <= tracing::Level::INFO
+        && !EXPORTER_CRATES.iter().any(|c| {
+            meta.target().strip_prefix(c).is_some_and(|rest| {
+                rest.is_empty() || rest.starts_with("::") || rest.starts_with('_')
+            })
+        })
 }
 
 /// Spans to the running exporter, if one runs.
