@@ -591,7 +591,9 @@ async fn outbound_requests_are_child_spans_and_carry_the_hosts_traceparent() {
     let events = &named(&spans, "delivery")[0].events;
     assert!(
         events.iter().any(|e| e.name.contains("fixture log line")
-            && e.attributes.iter().any(|a| format!("{:?}", a.value).contains("charged p-17"))),
+            && e.attributes
+                .iter()
+                .any(|a| format!("{:?}", a.value).contains("charged p-17"))),
         "{events:#?}"
     );
     let spans = receiver
@@ -812,4 +814,40 @@ async fn the_sampling_ratio_keeps_whole_entries_and_follows_the_producer() {
             "{origin} was not sampled"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdk_gives_the_handler_its_trace() {
+    let receiver = Receiver::start().await;
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let component = probe_python().display().to_string();
+    let run = RunDir::new(
+        &redis,
+        TestConfig::of(Sub::new(&component, "probe-python"))
+            .set("telemetry", Raw(&telemetry_at(&receiver, "http/protobuf"))),
+    );
+    let _host = run.spawn_env(FAST_EXPORT);
+    let id = add(
+        &mut conn,
+        "probe-python",
+        &serde_json::json!({ "attack": "trace" }),
+    )
+    .await;
+    wait_dead_letters(&conn, "probe-python", 1).await;
+    let spans = receiver
+        .wait_origin(&id, "the attempt", |spans| {
+            named(spans, "delivery").len() == 1
+        })
+        .await;
+    let attempt = named(&spans, "delivery")[0];
+    let dead = dead_lettered(&mut conn, "probe-python").await;
+    assert_eq!(
+        reason_of_origin(&dead, &id),
+        format!(
+            "trace_id={0} traceparent=00-{0}-{1}-01",
+            hex(&attempt.trace_id),
+            hex(&attempt.span_id)
+        )
+    );
 }

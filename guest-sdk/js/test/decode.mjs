@@ -13,7 +13,11 @@ export async function resolve(specifier, context, next) {
   return next(specifier, context);
 }`;
 register("data:text/javascript," + encodeURIComponent(stubs));
-const { subscriber, RedisStream } = await import("../sluice_guest.js");
+const { subscriber, RedisStream, trace } = await import("../sluice_guest.js");
+
+// Without a host that exports traces, there is no trace to name.
+assert.equal(trace.id(), undefined);
+assert.equal(trace.traceparent(), undefined);
 
 const seen = [];
 const component = subscriber(

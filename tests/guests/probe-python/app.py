@@ -5,7 +5,7 @@ import os
 import socket
 import time
 
-from sluice_guest import RedisStream, dead_letter, http, subscriber
+from sluice_guest import RedisStream, dead_letter, http, subscriber, trace
 
 
 def attempt(what):
@@ -22,6 +22,8 @@ def charge(payload: dict):
 @subscriber(RedisStream("probe-python").group("g"))
 def probe(payload: dict):
     attack = payload.get("attack")
+    if attack == "trace":
+        return dead_letter(f"trace_id={trace.trace_id()} traceparent={trace.traceparent()}")
     if attack == "hold":
         time.sleep(1)
         return dead_letter("held")
