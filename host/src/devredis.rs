@@ -144,6 +144,20 @@ impl DevRedis {
             password,
             die_with_host: options.die_with_host,
         };
+        // Another process may take the port between the check and the server's bind: then
+        // try a port the kernel picks, twice at most.
+        for _ in 0..2 {
+            match this.spawn(&options.extra_args) {
+                Err(DevRedisError::Timeout { log }) if port_was_taken(&log) => {
+                    tracing::debug!(
+                        port = this.port,
+                        "the port was taken meanwhile; another one"
+                    );
+                    this.port = free_port().map_err(DevRedisError::Port)?;
+                }
+                other => return other.map(|()| this),
+            }
+        }
         this.spawn(&options.extra_args)?;
         Ok(this)
     }
@@ -355,6 +369,11 @@ fn pick_port(dir: &Path) -> std::io::Result<u16> {
         }
     }
     free_port()
+}
+
+/// Whether the server's log says its port was in use.
+fn port_was_taken(log: &Path) -> bool {
+    std::fs::read_to_string(log).is_ok_and(|text| text.contains("Address already in use"))
 }
 
 fn free_port() -> std::io::Result<u16> {
