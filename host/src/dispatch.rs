@@ -72,9 +72,12 @@ impl Dispatcher {
                 delivery.user_fields(),
             )
         });
+        // Another group's copy or a stray is not this group's entry: no span of its trace.
         let sampled = parent
             .as_ref()
-            .is_some_and(|p| p.span_context().is_sampled());
+            .is_some_and(|p| p.span_context().is_sampled())
+            && delivery.other_group.is_none()
+            && !delivery.stray;
         let span = crate::telemetry::attempt_span(sampled, || {
             tracing::info_span!(
                 "delivery",
@@ -93,11 +96,22 @@ impl Dispatcher {
                 reason = tracing::field::Empty,
                 time_limit_ms = tracing::field::Empty,
                 memory_bytes = tracing::field::Empty,
-                "otel.kind" = "consumer",
+                "otel.kind" = tracing::field::Empty,
             )
         });
-        if let Some(parent) = parent.filter(|_| sampled) {
-            trace_attempt(&delivery, &span, &parent);
+        if let Some(parent) = parent {
+            if sampled {
+                trace_attempt(&delivery, &span, &parent);
+            }
+            let trace = crate::telemetry::AttemptTrace {
+                parent: parent.span_context().clone(),
+                span: sampled.then(|| span.clone()),
+            };
+            return crate::telemetry::in_attempt(
+                trace,
+                self.run(delivery, &version).instrument(span),
+            )
+            .await;
         }
         self.run(delivery, &version).instrument(span).await
     }
@@ -289,6 +303,12 @@ impl Dispatcher {
         reason: &str,
     ) -> Settled {
         tracing::warn!(id = %delivery.entry.id, "{reason}");
+        if crate::telemetry::enabled() {
+            Self::record(&Action::DeadLetter {
+                reason: reason.to_owned(),
+                cut: false,
+            });
+        }
         match self
             .settler
             .dead_letter(delivery, digest, reason, None)
@@ -345,6 +365,10 @@ impl Dispatcher {
     }
 }
 
+/// The longest wait in the stream an entry's root span shows; an id naming an older time (one
+/// the producer chose) starts the root at the first attempt.
+const MAX_QUEUED_FOR: Duration = Duration::from_secs(30 * 24 * 3600);
+
 /// The partition a stream key is, when it is one (`name:{name:n}`, see
 /// `sluice_descriptor::partition_key`).
 fn partition_of(stream: &str) -> Option<u32> {
@@ -367,6 +391,7 @@ fn trace_attempt(
 
     use crate::telemetry::{self, Whole, context::Parent};
 
+    span.record("otel.kind", "consumer");
     span.record("origin_id", delivery.origin_id.as_str());
     span.record("attempt", delivery.previous_attempts() + 1);
     span.record("trace_id", parent.trace_id().as_str());
@@ -391,6 +416,13 @@ fn trace_attempt(
         && delivery.origin_id == delivery.entry.id
         && let Some(added) = telemetry::id_time(&delivery.entry.id)
     {
+        // An id the producer chose may name any time: then the root starts with the attempt.
+        let added = if added > now || now.duration_since(added).unwrap_or_default() > MAX_QUEUED_FOR
+        {
+            now
+        } else {
+            added
+        };
         Whole {
             name: "entry",
             start: added,
@@ -401,7 +433,16 @@ fn trace_attempt(
     }
     // A retry the sweep brought back: its wait from due to moved (the copy's id is the time
     // the sweep added it).
-    if let (Some(due), Some(moved)) = (delivery.due_ms, telemetry::id_time(&delivery.entry.id)) {
+    // (A requeue into the lane carries a due time too, but no sweep moved it.)
+    let requeued = delivery
+        .user_fields()
+        .iter()
+        .any(|(n, _)| n.as_slice() == crate::keys::REQUEUED_FROM.as_bytes());
+    if let (Some(due), Some(moved), false) = (
+        delivery.due_ms,
+        telemetry::id_time(&delivery.entry.id),
+        requeued,
+    ) {
         let due_at = telemetry::ms_time(due);
         let lateness = moved.duration_since(due_at).unwrap_or_default();
         let mut attributes = basics();

@@ -236,7 +236,11 @@ async fn one_trace_follows_an_entry_through_two_parked_retries_to_its_ack() {
         )
         .set("telemetry", Raw(&telemetry_at(&receiver, "http/protobuf"))),
     );
-    let host = run.spawn_env(FAST_EXPORT);
+    // The config's protocol rules over a stray OTEL_EXPORTER_OTLP_PROTOCOL.
+    let host = run.spawn_env(&[
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+    ]);
     let id = add_with(
         &mut conn,
         "traced",
@@ -412,6 +416,9 @@ async fn the_trace_survives_a_sigkill_between_attempts() {
         trace_id.as_str(),
         "{parked}"
     );
+    // An operator makes it due now: a span of its own in the entry's trace.
+    let out = cli(&["retry-now", "--all"], &config, &redis).await;
+    assert!(out.contains('1'), "{out}");
     let _second = run.spawn_env(FAST_EXPORT);
     let spans = receiver
         .wait_origin(&id, "the second host's attempt", |spans| {
@@ -425,6 +432,19 @@ async fn the_trace_survives_a_sigkill_between_attempts() {
     assert_eq!(attribute(attempts[1], "outcome").as_deref(), Some("ack"));
     assert_eq!(attribute(attempts[1], "attempt").as_deref(), Some("2"));
     assert_eq!(named(&spans, "sweep").len(), 1);
+    let retry_now = wait_for(SPAN_WAIT, "the operator's retry-now span", || {
+        let found = receiver
+            .trace(&first_attempt.trace_id)
+            .into_iter()
+            .find(|s| s.name == "retry-now");
+        async move { found }
+    })
+    .await;
+    assert_eq!(retry_now.parent_span_id, first_attempt.parent_span_id);
+    assert_eq!(
+        attribute(&retry_now, "set").as_deref(),
+        Some("crash.delayed")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -751,16 +771,22 @@ async fn a_guest_cannot_flood_its_trace_with_request_spans() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sampling_ratio_keeps_whole_entries_and_follows_the_producer() {
     let receiver = Receiver::start().await;
+    let (upstream, seen) = header_keeper().await;
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let telemetry = format!(
         r#"{{ endpoint = "http://{}", sampling_ratio = 0.0 }}"#,
         receiver.addr
     );
+    let grant = format!(r#"["http://{upstream}"]"#);
     let run = RunDir::new(
         &redis,
-        TestConfig::of(Sub::fixture("sampled").delayed("sampled.delayed"))
-            .set("telemetry", Raw(&telemetry)),
+        TestConfig::of(
+            Sub::fixture("sampled")
+                .delayed("sampled.delayed")
+                .set("allowed_outbound_hosts", Raw(&grant)),
+        )
+        .set("telemetry", Raw(&telemetry)),
     );
     let _host = run.spawn_env(FAST_EXPORT);
     let own = add(&mut conn, "sampled", &Control::Retry { ms: 100, times: 1 }).await;
@@ -806,8 +832,34 @@ async fn the_sampling_ratio_keeps_whole_entries_and_follows_the_producer() {
         }
     })
     .await;
+    // Not sampled, still in its trace: the SDK and an outbound request name the entry's
+    // context, marked unsampled (the guest's own header replaced).
+    let asked = add(&mut conn, "sampled", &Control::Traceparent).await;
+    let call = add(
+        &mut conn,
+        "sampled",
+        &Control::Http {
+            url: format!("http://{upstream}/hook"),
+            body: "x".into(),
+            timeout_ms: 0,
+            traceparent: "00-11111111111111111111111111111111-2222222222222222-01".into(),
+        },
+    )
+    .await;
+    wait_dead_letters(&conn, "sampled", 2).await;
+    let dead = dead_lettered(&mut conn, "sampled").await;
+    let (trace, root) = own_root_of("sampled", "g", &asked);
+    assert_eq!(
+        reason_of_origin(&dead, &asked),
+        format!("traceparent=00-{trace}-{root}-00 trace_id={trace}")
+    );
+    let (trace, root) = own_root_of("sampled", "g", &call);
+    assert_eq!(
+        seen.lock().unwrap().clone(),
+        vec![format!("00-{trace}-{root}-00")]
+    );
     let all = receiver.spans();
-    for origin in [&own, &declined] {
+    for origin in [&own, &declined, &asked, &call] {
         assert!(
             !all.iter()
                 .any(|(_, s)| attribute(s, "origin_id").as_deref() == Some(origin.as_str())),
@@ -850,4 +902,10 @@ async fn the_python_sdk_gives_the_handler_its_trace() {
             hex(&attempt.span_id)
         )
     );
+}
+
+/// The trace id and root span id of an entry's own trace, as the host derives them.
+fn own_root_of(stream: &str, group: &str, origin: &str) -> (String, String) {
+    let (trace, span) = sluice_host::telemetry::context::own_ids(stream, group, origin);
+    (trace.to_string(), span.to_string())
 }

@@ -133,7 +133,8 @@ impl OperatorTraces {
 impl Drop for OperatorTraces {
     fn drop(&mut self) {
         if let Some(exporting) = self.0.take() {
-            exporting.stop();
+            // The flush needs the runtime (gRPC runs on it): block this worker only.
+            tokio::task::block_in_place(|| exporting.stop());
         }
     }
 }

@@ -234,6 +234,20 @@ pub async fn retry_now<C: ConnectionLike>(
 /// Make up to [`BATCH`] retries that are not yet due, due now; returns how many (0: none left).
 /// Call until it returns 0 to make every retry due: each call is one atomic batch.
 pub async fn retry_batch_now<C: ConnectionLike>(conn: &mut C, key: &str) -> RedisResult<usize> {
+    if crate::telemetry::enabled() {
+        // Named, so each gets its span in its entry's trace.
+        let now_ms = crate::inspect::server_now_ms(conn).await?;
+        let members: Vec<Vec<u8>> = redis::cmd("ZRANGEBYSCORE")
+            .arg(key)
+            .arg(format!("({now_ms}"))
+            .arg("+inf")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(BATCH)
+            .query_async(conn)
+            .await?;
+        return retry_now(conn, key, &members).await;
+    }
     RETRY_NOW.key(key).arg(BATCH).invoke_async(conn).await
 }
 

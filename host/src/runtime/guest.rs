@@ -107,7 +107,7 @@ impl GuestState {
             http_hooks: HttpHooks {
                 grant: http,
                 spans: 0,
-                attempt: None,
+                trace: None,
             },
             table,
             limiter: Limiter {
@@ -136,9 +136,8 @@ impl GuestState {
             dropped: 0,
         };
         self.http_hooks.spans = 0;
-        // The attempt's span, for the requests' spans and `trace::traceparent`: the call
-        // starts inside it.
-        self.http_hooks.attempt = crate::telemetry::enabled().then(tracing::Span::current);
+        // The attempt's trace, for the requests' spans and `trace::traceparent`.
+        self.http_hooks.trace = crate::telemetry::current_attempt();
     }
 
     /// Why the host refused to hold more for the guest, if `err` says the resource table is
@@ -352,13 +351,10 @@ impl bindings::sluice::handler::log::Host for GuestState {
 
 impl bindings::sluice::handler::trace::Host for GuestState {
     fn traceparent(&mut self) -> Option<String> {
-        use opentelemetry::trace::TraceContextExt as _;
-        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-
-        let cx = self.http_hooks.attempt.as_ref()?.context();
-        let sc = cx.span().span_context().clone();
-        sc.is_valid()
-            .then(|| crate::telemetry::context::traceparent(&sc))
+        self.http_hooks
+            .trace
+            .as_ref()
+            .map(crate::telemetry::attempt_traceparent)
     }
 }
 

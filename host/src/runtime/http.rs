@@ -147,9 +147,9 @@ pub(crate) struct HttpHooks {
     pub(crate) grant: Arc<HttpGrant>,
     /// Requests of the current attempt that got a span.
     pub(crate) spans: u32,
-    /// The current attempt's span, while traces are exported (taken when the call starts: a
+    /// The current attempt's trace, while traces are exported (taken when the call starts: a
     /// hook may run inside spans of the HTTP crates).
-    pub(crate) attempt: Option<tracing::Span>,
+    pub(crate) trace: Option<crate::telemetry::AttemptTrace>,
 }
 
 /// With traces exported: a span for the request (a child of the attempt's, while the attempt
@@ -157,13 +157,21 @@ pub(crate) struct HttpHooks {
 /// guest put there.
 fn trace_request(
     spans: &mut u32,
-    attempt: Option<&tracing::Span>,
+    trace: Option<&crate::telemetry::AttemptTrace>,
     request: &mut http::Request<WasiBody>,
 ) -> Option<tracing::Span> {
     use opentelemetry::trace::TraceContextExt as _;
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-    let attempt = attempt?;
+    let trace = trace?;
+    let headers = request.headers_mut();
+    headers.remove(crate::telemetry::context::TRACEPARENT);
+    headers.remove(crate::telemetry::context::TRACESTATE);
+    let Some(attempt) = &trace.span else {
+        // Not sampled: the request still goes out in the entry's trace, marked unsampled.
+        set_context(request.headers_mut(), &trace.parent);
+        return None;
+    };
     let span = if *spans < MAX_REQUEST_SPANS {
         *spans += 1;
         let method = request.method().as_str();
@@ -186,22 +194,24 @@ fn trace_request(
     };
     let cx = span.as_ref().unwrap_or(attempt).context();
     let sc = cx.span().span_context().clone();
-    let headers = request.headers_mut();
-    headers.remove(crate::telemetry::context::TRACEPARENT);
-    headers.remove(crate::telemetry::context::TRACESTATE);
-    if sc.is_valid() {
-        if let Ok(value) = http::HeaderValue::from_str(&crate::telemetry::context::traceparent(&sc))
-        {
-            headers.insert(crate::telemetry::context::TRACEPARENT, value);
-        }
-        let state = sc.trace_state().header();
-        if !state.is_empty()
-            && let Ok(value) = http::HeaderValue::from_str(&state)
-        {
-            headers.insert(crate::telemetry::context::TRACESTATE, value);
-        }
-    }
+    set_context(
+        request.headers_mut(),
+        if sc.is_valid() { &sc } else { &trace.parent },
+    );
     span
+}
+
+/// Set a request's `traceparent` (and `tracestate`) to `sc`.
+fn set_context(headers: &mut http::HeaderMap, sc: &opentelemetry::trace::SpanContext) {
+    if let Ok(value) = http::HeaderValue::from_str(&crate::telemetry::context::traceparent(sc)) {
+        headers.insert(crate::telemetry::context::TRACEPARENT, value);
+    }
+    let state = sc.trace_state().header();
+    if !state.is_empty()
+        && let Ok(value) = http::HeaderValue::from_str(&state)
+    {
+        headers.insert(crate::telemetry::context::TRACESTATE, value);
+    }
 }
 
 type ResponseFuture = Box<
@@ -248,7 +258,7 @@ impl WasiHttpHooks for HttpHooks {
         let options = cap(&self.grant.policy, options);
         let protected = self.grant.protected.clone();
         let span = tracing::Span::current();
-        let request_span = trace_request(&mut self.spans, self.attempt.as_ref(), &mut request);
+        let request_span = trace_request(&mut self.spans, self.trace.as_ref(), &mut request);
         Box::new(async move {
             use http_body_util::BodyExt;
             if let Err(why) = check_not_own(&protected, request.uri()).await {

@@ -203,7 +203,13 @@ impl WasmHandler {
         }
         instance.store.set_epoch_deadline(1);
         // On the attempt's span (the delivery's), when traced: the limits it ran under.
-        let traced = crate::telemetry::enabled();
+        let traced = instance
+            .store
+            .data()
+            .http_hooks
+            .trace
+            .as_ref()
+            .is_some_and(|t| t.span.is_some());
         let span = tracing::Span::current();
         if traced {
             span.record(
@@ -226,7 +232,7 @@ impl WasmHandler {
             return Err(Failure::Timeout(self.limits.handler_timeout));
         };
         // The attempt's span ends with the attempt, not when the instance is next used.
-        instance.store.data_mut().http_hooks.attempt = None;
+        instance.store.data_mut().http_hooks.trace = None;
         if traced {
             span.record("memory_bytes", instance.store.data().limiter.peak);
         }

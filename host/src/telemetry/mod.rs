@@ -228,20 +228,70 @@ pub fn layer() -> impl tracing_subscriber::Layer<tracing_subscriber::Registry> +
         .with_tracer(provider().tracer_with_scope(scope()))
         .with_location(false)
         .with_threads(false)
-        .with_filter(tracing_subscriber::filter::dynamic_filter_fn(|meta, cx| {
-            if !enabled() || !traced(meta) {
-                return false;
-            }
-            if meta.is_span() && meta.name() == ATTEMPT_SPAN {
-                return ATTEMPT_SAMPLED.get();
-            }
-            // Anything else only inside a sampled attempt (its requests, its log lines).
-            cx.lookup_current().is_some()
-        }))
+        .with_filter(
+            tracing_subscriber::filter::dynamic_filter_fn(|meta, cx| {
+                if !enabled() {
+                    return false;
+                }
+                if meta.is_span() && meta.name() == ATTEMPT_SPAN {
+                    return ATTEMPT_SAMPLED.get();
+                }
+                // Anything else only inside a sampled attempt (its requests, its log lines).
+                cx.lookup_current().is_some()
+            })
+            // Debug and trace call sites, and the exporter's own, are ruled out once (the
+            // process's max level stays the log's), not on every call.
+            .with_max_level_hint(tracing::level_filters::LevelFilter::INFO)
+            .with_callsite_filter(|meta| {
+                if traced(meta) {
+                    tracing::subscriber::Interest::sometimes()
+                } else {
+                    tracing::subscriber::Interest::never()
+                }
+            }),
+        )
 }
 
 /// The name of an attempt's span (made by `dispatch`).
 pub const ATTEMPT_SPAN: &str = "delivery";
+
+tokio::task_local! {
+    /// The trace of the attempt running in this task, while traces are exported (see
+    /// [`in_attempt`]).
+    static ATTEMPT: AttemptTrace;
+}
+
+/// The trace an attempt runs in: what its outbound requests and `trace::traceparent` say.
+#[derive(Debug, Clone)]
+pub struct AttemptTrace {
+    /// The entry's parent (see [`context`]), sampled or not.
+    pub parent: SpanContext,
+    /// Its span, when sampled.
+    pub span: Option<tracing::Span>,
+}
+
+/// Run `attempt` knowing its trace (the runtime asks with [`current_attempt`]).
+pub async fn in_attempt<F: Future>(trace: AttemptTrace, attempt: F) -> F::Output {
+    ATTEMPT.scope(trace, attempt).await
+}
+
+/// The trace of the attempt this task runs, if traces are exported.
+pub fn current_attempt() -> Option<AttemptTrace> {
+    ATTEMPT.try_with(Clone::clone).ok()
+}
+
+/// The `traceparent` an attempt passes on: its span's when sampled, else the entry's parent
+/// (unsampled, as W3C asks).
+pub fn attempt_traceparent(trace: &AttemptTrace) -> String {
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let sampled = trace
+        .span
+        .as_ref()
+        .map(|s| s.context().span().span_context().clone())
+        .filter(SpanContext::is_valid);
+    context::traceparent(sampled.as_ref().unwrap_or(&trace.parent))
+}
 
 thread_local! {
     /// Whether the attempt span being made now is sampled (see [`attempt_span`]).
@@ -418,16 +468,15 @@ pub fn start(config: Option<&Telemetry>) -> Result<Option<Exporting>, TelemetryE
         endpoint: None,
         protocol: Protocol::HttpProtobuf,
         headers: Vec::new(),
-        service_name: "sluice".to_owned(),
+        service_name: DEFAULT_SERVICE_NAME.to_owned(),
         sampling_per_million: 1_000_000,
         resource: Vec::new(),
         trace_url: None,
     };
     let t = config.unwrap_or(&defaults);
-    let protocol = match (
-        config.and_then(|c| c.endpoint.as_ref()),
-        std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL"),
-    ) {
+    let env_protocol = std::env::var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL"));
+    let protocol = match (config.and_then(|c| c.endpoint.as_ref()), env_protocol) {
         (None, Ok(p)) if p == "grpc" => Protocol::Grpc,
         (None, Ok(p)) if p == "http/protobuf" || p.is_empty() => Protocol::HttpProtobuf,
         (None, Ok(p)) => return Err(TelemetryError::Protocol(p)),
@@ -435,8 +484,15 @@ pub fn start(config: Option<&Telemetry>) -> Result<Option<Exporting>, TelemetryE
     };
     let dropped = Arc::new(AtomicU64::new(0));
     let queued = Arc::new(AtomicUsize::new(0));
-    let resource = opentelemetry_sdk::Resource::builder()
-        .with_service_name(t.service_name.clone())
+    // The config's service name, unless it says nothing and OTEL_SERVICE_NAME does (the
+    // builder reads that variable and OTEL_RESOURCE_ATTRIBUTES itself).
+    let mut resource = opentelemetry_sdk::Resource::builder();
+    if t.service_name != DEFAULT_SERVICE_NAME
+        || std::env::var_os("OTEL_SERVICE_NAME").is_none_or(|v| v.is_empty())
+    {
+        resource = resource.with_service_name(t.service_name.clone());
+    }
+    let resource = resource
         .with_attributes(
             t.resource
                 .iter()
@@ -446,6 +502,7 @@ pub fn start(config: Option<&Telemetry>) -> Result<Option<Exporting>, TelemetryE
     let mut exporter = Counted {
         inner: exporter(t, protocol)?,
         queued: queued.clone(),
+        dropped: dropped.clone(),
     };
     // Set here: the processor is shared, so the provider cannot hand it the resource.
     exporter.set_resource(&resource);
@@ -472,10 +529,33 @@ pub fn start(config: Option<&Telemetry>) -> Result<Option<Exporting>, TelemetryE
     })));
     tracing::info!(
         protocol = ?protocol,
-        endpoint = t.endpoint.as_deref().unwrap_or("(from OTEL_* variables)"),
+        endpoint = t
+            .endpoint
+            .as_deref()
+            .map_or_else(|| "(from OTEL_* variables)".to_owned(), redacted),
         "exporting traces"
     );
     Ok(Some(Exporting { processor, dropped }))
+}
+
+/// The service name when the config gives none.
+const DEFAULT_SERVICE_NAME: &str = "sluice";
+
+/// `endpoint` without the user and password it may carry (the log is no place for them).
+fn redacted(endpoint: &str) -> String {
+    match endpoint.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+            let hidden = if host.len() < authority.len() {
+                "***@"
+            } else {
+                ""
+            };
+            format!("{scheme}://{hidden}{host}{path}")
+        }
+        None => endpoint.to_owned(),
+    }
 }
 
 fn exporter(
@@ -484,8 +564,10 @@ fn exporter(
 ) -> Result<opentelemetry_otlp::SpanExporter, TelemetryError> {
     let exporter = match protocol {
         Protocol::HttpProtobuf => {
+            // The protocol is set, so a stray OTEL_EXPORTER_OTLP_PROTOCOL cannot contradict it.
             let mut builder = opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
                 .with_timeout(EXPORT_TIMEOUT)
                 .with_headers(t.headers.iter().cloned().collect::<HashMap<_, _>>());
             if let Some(endpoint) = &t.endpoint {
@@ -559,11 +641,13 @@ impl SpanProcessor for Bounded {
     }
 }
 
-/// The exporter, counting spans out of the queue as each batch is done with (sent or not).
+/// The exporter, counting spans out of the queue as each batch is done with (sent or not),
+/// and a batch the collector did not take as dropped.
 #[derive(Debug)]
 struct Counted<E> {
     inner: E,
     queued: Arc<AtomicUsize>,
+    dropped: Arc<AtomicU64>,
 }
 
 impl<E: SpanExporter> SpanExporter for Counted<E> {
@@ -572,6 +656,10 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
         let result = self.inner.export(batch).await;
         self.queued
             .fetch_sub(n.min(self.queued.load(Ordering::Acquire)), Ordering::AcqRel);
+        if result.is_err() {
+            self.dropped.fetch_add(n as u64, Ordering::Relaxed);
+            DROPPED.fetch_add(n as u64, Ordering::Relaxed);
+        }
         result
     }
 
