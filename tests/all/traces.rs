@@ -566,19 +566,53 @@ async fn header_keeper() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
     (addr, seen)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn outbound_requests_are_child_spans_and_carry_the_hosts_traceparent() {
+/// A host exporting to a receiver, whose fixture subscription on `stream` may call a server
+/// that keeps each request's `traceparent`.
+struct WithUpstream {
+    host: HostProcess,
+    receiver: Receiver,
+    upstream: SocketAddr,
+    seen: Arc<Mutex<Vec<String>>>,
+    conn: redis::aio::MultiplexedConnection,
+    _run: RunDir,
+    _redis: Redis,
+}
+
+async fn with_upstream(stream: &str) -> WithUpstream {
     let receiver = Receiver::start().await;
     let (upstream, seen) = header_keeper().await;
     let redis = Redis::start();
-    let mut conn = redis.conn().await;
+    let conn = redis.conn().await;
     let grant = format!(r#"["http://{upstream}"]"#);
     let run = RunDir::new(
         &redis,
-        TestConfig::of(Sub::fixture("web").set("allowed_outbound_hosts", Raw(&grant)))
+        TestConfig::of(Sub::fixture(stream).set("allowed_outbound_hosts", Raw(&grant)))
             .set("telemetry", Raw(&telemetry_at(&receiver, "http/protobuf"))),
     );
-    let _host = run.spawn_env(FAST_EXPORT);
+    let host = run.spawn_env(FAST_EXPORT);
+    WithUpstream {
+        host,
+        receiver,
+        upstream,
+        seen,
+        conn,
+        _run: run,
+        _redis: redis,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbound_requests_are_child_spans_and_carry_the_hosts_traceparent() {
+    // Every part bound: what is not would be dropped (the host killed) at once.
+    let WithUpstream {
+        host: _host,
+        receiver,
+        upstream,
+        seen,
+        mut conn,
+        _run,
+        _redis,
+    } = with_upstream("web").await;
     // The guest tries to put the request in another trace: the host's header wins.
     let forged = "00-11111111111111111111111111111111-2222222222222222-01";
     let call = add(
@@ -705,17 +739,15 @@ async fn a_collector_that_is_not_there_changes_nothing_for_deliveries() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guest_cannot_flood_its_trace_with_request_spans() {
-    let receiver = Receiver::start().await;
-    let (upstream, seen) = header_keeper().await;
-    let redis = Redis::start();
-    let mut conn = redis.conn().await;
-    let grant = format!(r#"["http://{upstream}"]"#);
-    let run = RunDir::new(
-        &redis,
-        TestConfig::of(Sub::fixture("flood").set("allowed_outbound_hosts", Raw(&grant)))
-            .set("telemetry", Raw(&telemetry_at(&receiver, "http/protobuf"))),
-    );
-    let host = run.spawn_env(FAST_EXPORT);
+    let WithUpstream {
+        host,
+        receiver,
+        upstream,
+        seen,
+        mut conn,
+        _run,
+        _redis,
+    } = with_upstream("flood").await;
     let id = add(
         &mut conn,
         "flood",
