@@ -941,3 +941,61 @@ fn own_root_of(stream: &str, group: &str, origin: &str) -> (String, String) {
     let (trace, span) = sluice_host::telemetry::context::own_ids(stream, group, origin);
     (trace.to_string(), span.to_string())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_groups_retry_copy_makes_no_span() {
+    let receiver = Receiver::start().await;
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    // Two groups whose retries go to the stream's tail, each skipping the other's copies.
+    let sub = |group: &str| {
+        Sub::fixture("both")
+            .set("group", group)
+            .set("consumer", format!("{group}-1"))
+            .delayed(&format!("both.{group}.delayed"))
+            .set("retry_lane", false)
+            .set("other_groups_see_retries", true)
+    };
+    let run = RunDir::new(
+        &redis,
+        TestConfig::of(sub("a"))
+            .and(sub("b"))
+            .set("telemetry", Raw(&telemetry_at(&receiver, "http/protobuf"))),
+    );
+    let _host = run.spawn_env(FAST_EXPORT);
+    let id = add_with(
+        &mut conn,
+        "both",
+        &Control::Retry { ms: 100, times: 1 },
+        &[("traceparent", PRODUCER)],
+    )
+    .await;
+    let spans = receiver
+        .wait_origin(&id, "each group's two attempts", |spans| {
+            named(spans, "delivery")
+                .iter()
+                .filter(|s| attribute(s, "outcome").as_deref() == Some("ack"))
+                .count()
+                == 2
+        })
+        .await;
+    // After both copies (stream order), a last entry both groups ack: once its spans are in,
+    // any span of a copy would be too.
+    let last = add(&mut conn, "both", &Control::Ack).await;
+    receiver
+        .wait_origin(&last, "the last entry's attempts", |spans| {
+            named(spans, "delivery").len() == 2
+        })
+        .await;
+    let in_trace: Vec<Span> = receiver
+        .trace(&unhex("4bf92f3577b34da6a3ce929d0e0e4736"))
+        .into_iter()
+        .filter(|s| s.name == "delivery")
+        .collect();
+    assert_eq!(
+        in_trace.len(),
+        4,
+        "two attempts per group, no span for a copy: {in_trace:#?}"
+    );
+    assert_eq!(named(&spans, "delivery").len(), 4);
+}
