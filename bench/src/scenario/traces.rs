@@ -40,7 +40,8 @@ async fn sink() -> Result<(String, Arc<AtomicU64>)> {
 
 impl Bench {
     /// `wasm` (`n` messages) and `retry` (`retries` entries, 1 s delay) with traces off, at
-    /// 1 % and at 100 %, each five times, alternating; then the medians, compared with off.
+    /// 1 % and at 100 %, [`ROUNDS`] times, alternating; then the medians, and the median of each
+    /// round's ratio to off (the machine's speed drifts between rounds; within one it does less).
     pub async fn traces(&self, n: usize, retries: usize) -> Result<Vec<Report>> {
         let (endpoint, bytes) = sink().await?;
         let mut reports = Vec::new();
@@ -113,6 +114,22 @@ impl Bench {
                 report
                     .extra
                     .push(("vs off %", (report.msgs_per_s / off - 1.0) * 100.0));
+                // Each round's own ratio, then their median.
+                let mut ratios: Vec<f64> = (1..=ROUNDS)
+                    .filter_map(|round| {
+                        let of = |l: &str| {
+                            reports
+                                .iter()
+                                .find(|r| r.scenario == format!("{scenario} traces {l} #{round}"))
+                                .map(|r| r.msgs_per_s)
+                        };
+                        Some((of(label)? / of("off")? - 1.0) * 100.0)
+                    })
+                    .collect();
+                ratios.sort_by(f64::total_cmp);
+                if let Some(mid) = ratios.get(ratios.len() / 2) {
+                    report.extra.push(("paired vs off %", *mid));
+                }
                 medians.push(report);
             }
         }
@@ -121,5 +138,6 @@ impl Bench {
     }
 }
 
-/// Rounds of each setting: the median of five is what BENCHMARKS.md quotes.
-const ROUNDS: usize = 5;
+/// Rounds of each setting (each round runs off, 1 % and 100 % back to back, so a round's ratios
+/// compare like with like); the medians are what BENCHMARKS.md quotes.
+const ROUNDS: usize = 9;
