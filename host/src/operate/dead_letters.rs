@@ -373,6 +373,7 @@ impl DeadLetter {
     /// The dead letter as one JSON object (CLI `--json`, admin API), naming the `stream` it
     /// belongs to.
     pub fn to_json(&self, stream: &str) -> serde_json::Value {
+        let trace_id = self.trace_id();
         serde_json::json!({
             "stream": stream,
             "id": self.id,
@@ -387,8 +388,8 @@ impl DeadLetter {
             "not_requeueable": self.not_requeueable,
             "origin_trusted": self.trusted,
             "trace": self.trace,
-            "trace_id": self.trace_id(),
-            "trace_link": self.trace_id().and_then(|t| crate::telemetry::trace_link(&t)),
+            "trace_link": trace_id.as_deref().and_then(crate::telemetry::trace_link),
+            "trace_id": trace_id,
             "fields": super::fields_json(&self.fields),
         })
     }

@@ -55,6 +55,7 @@ impl Parked {
     /// (server clock).
     pub fn to_json(&self, now_ms: i64) -> serde_json::Value {
         let e = &self.entry;
+        let trace_id = self.trace_id();
         serde_json::json!({
             "origin_id": e.origin_id,
             "entry_id": e.entry_id,
@@ -62,8 +63,8 @@ impl Parked {
             "due_ms": e.due_ms,
             "due": super::format_ms(e.due_ms),
             "due_in_ms": e.due_ms - now_ms,
-            "trace_id": self.trace_id(),
-            "trace_link": self.trace_id().and_then(|t| crate::telemetry::trace_link(&t)),
+            "trace_link": trace_id.as_deref().and_then(crate::telemetry::trace_link),
+            "trace_id": trace_id,
             "fields": super::fields_json(&e.fields),
         })
     }
