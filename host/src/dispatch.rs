@@ -241,9 +241,7 @@ impl Dispatcher {
                 None => tracing::warn!(%failure, elapsed_us, "attempt failed; {then}"),
             }
         }
-        if crate::telemetry::enabled() {
-            Self::record(&action);
-        }
+        crate::telemetry::on_attempt_span(|span| Self::record(span, &action));
         let settled = match action {
             Action::Ack => {
                 tracing::debug!(elapsed_us, "ack");
@@ -303,12 +301,15 @@ impl Dispatcher {
         reason: &str,
     ) -> Settled {
         tracing::warn!(id = %delivery.entry.id, "{reason}");
-        if crate::telemetry::enabled() {
-            Self::record(&Action::DeadLetter {
-                reason: reason.to_owned(),
-                cut: false,
-            });
-        }
+        crate::telemetry::on_attempt_span(|span| {
+            Self::record(
+                span,
+                &Action::DeadLetter {
+                    reason: reason.to_owned(),
+                    cut: false,
+                },
+            );
+        });
         match self
             .settler
             .dead_letter(delivery, digest, reason, None)
@@ -323,9 +324,8 @@ impl Dispatcher {
         }
     }
 
-    /// Record what the attempt decided on its span.
-    fn record(action: &Action) {
-        let span = tracing::Span::current();
+    /// Record what the attempt decided on its (sampled) span.
+    fn record(span: &tracing::Span, action: &Action) {
         match action {
             Action::Ack => {
                 span.record("outcome", "ack");

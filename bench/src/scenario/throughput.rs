@@ -163,11 +163,9 @@ impl Bench {
     ) -> Result<Report> {
         let stream = format!("bench-{scenario}");
         self.fill(&stream, n, Self::payment).await?;
-        let toml = format!(
-            "[[subscription]]\ncomponent = {:?}\nstream = {stream:?}\ngroup = \"g\"\ncount = 128\nmax_in_flight = 256\nblock = \"100ms\"\nisolation = \"{isolation}\"\ndelayed_retry = \"none\"\n{extra}",
-            component.display().to_string()
-        );
-        let mut service = self.service(&toml).await?;
+        let mut service = self
+            .service(&path_toml(component, &stream, isolation, extra))
+            .await?;
         if scenario == "native" {
             service = service.with_handler(0, Arc::new(NativeAck::new()));
         }
@@ -206,6 +204,20 @@ impl Bench {
             .push(("x_host_us_per_msg", host_cpu * 1e6 / n as f64));
         Ok(report)
     }
+}
+
+/// The configuration of the host's path: one subscription of `component` on `stream` (group
+/// `g`), acking, with `extra` lines.
+pub(crate) fn path_toml(
+    component: &std::path::Path,
+    stream: &str,
+    isolation: &str,
+    extra: &str,
+) -> String {
+    format!(
+        "[[subscription]]\ncomponent = {:?}\nstream = {stream:?}\ngroup = \"g\"\ncount = 128\nmax_in_flight = 256\nblock = \"100ms\"\nisolation = \"{isolation}\"\ndelayed_retry = \"none\"\n{extra}",
+        component.display().to_string()
+    )
 }
 
 /// XREADGROUP COUNT 128 as `consumer` and XACK each batch until the stream has nothing new;

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use opentelemetry::propagation::{Extractor, TextMapPropagator as _};
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt as _, TraceId, TraceState};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use sha2::{Digest as _, Sha256};
+use xxhash_rust::xxh3::{self, Xxh3};
 
 /// The producer's field naming the span an entry was produced in.
 pub const TRACEPARENT: &str = "traceparent";
@@ -67,23 +67,39 @@ impl Parent {
     }
 }
 
-/// The trace id and root span id of an entry without a producer's context.
+/// The trace id and root span id of an entry without a producer's context: XXH3-128 of the
+/// length-prefixed parts, and XXH3-64 of that for the span. Every entry pays for this while
+/// traces are exported, so it is a fast hash and not a cryptographic one: no one gains by
+/// forging these ids, since a producer can name any trace in `traceparent`. XXH3's output is
+/// fixed by its specification, so every host and version agrees.
 pub fn own_ids(stream: &str, group: &str, origin_id: &str) -> (TraceId, SpanId) {
-    let mut hash = Sha256::new();
-    for part in ["sluice-trace", stream, group, origin_id] {
-        hash.update((part.len() as u64).to_be_bytes());
-        hash.update(part.as_bytes());
-    }
-    let out = hash.finalize();
-    let mut trace = [0u8; 16];
-    trace.copy_from_slice(&out[..16]);
-    let mut span = [0u8; 8];
-    span.copy_from_slice(&out[16..24]);
-    // All zeros is W3C's "no id"; a hash gives it with probability 2^-128.
-    trace[15] |= u8::from(trace == [0; 16]);
-    span[7] |= u8::from(span == [0; 8]);
-    (TraceId::from_bytes(trace), SpanId::from_bytes(span))
+    let parts = ["sluice-trace", stream, group, origin_id];
+    let len: usize = parts.iter().map(|p| 8 + p.len()).sum();
+    let trace = if len <= SMALL {
+        // The usual case, hashed in one pass over a buffer on the stack.
+        let mut buf = [0u8; SMALL];
+        let mut at = 0;
+        for part in parts {
+            buf[at..at + 8].copy_from_slice(&(part.len() as u64).to_be_bytes());
+            buf[at + 8..at + 8 + part.len()].copy_from_slice(part.as_bytes());
+            at += 8 + part.len();
+        }
+        xxh3::xxh3_128(&buf[..at])
+    } else {
+        let mut hash = Xxh3::new();
+        for part in parts {
+            hash.update(&(part.len() as u64).to_be_bytes());
+            hash.update(part.as_bytes());
+        }
+        hash.digest128()
+    };
+    let span = xxh3::xxh3_64(&trace.to_be_bytes());
+    // Zero is W3C's "no id"; a hash gives it with probability 2^-128 (2^-64 for the span).
+    (TraceId::from(trace.max(1)), SpanId::from(span.max(1)))
 }
+
+/// The longest input [`own_ids`] hashes from the stack.
+const SMALL: usize = 256;
 
 /// The first value of field `name`, as text, if any.
 fn field<'a>(fields: &'a [(Vec<u8>, Vec<u8>)], name: &str) -> Option<&'a [u8]> {
@@ -322,6 +338,21 @@ mod tests {
         );
         // Parts cannot run into each other.
         assert_ne!(own_ids("ab", "c", "1-0"), own_ids("a", "bc", "1-0"));
+        // Names too long for the stack buffer hash the same bytes, streamed.
+        let long = "s".repeat(SMALL);
+        let mut bytes = Vec::new();
+        for part in ["sluice-trace", long.as_str(), "g", "1-0"] {
+            bytes.extend_from_slice(&(part.len() as u64).to_be_bytes());
+            bytes.extend_from_slice(part.as_bytes());
+        }
+        let trace = xxh3::xxh3_128(&bytes);
+        assert_eq!(
+            own_ids(&long, "g", "1-0"),
+            (
+                TraceId::from(trace),
+                SpanId::from(xxh3::xxh3_64(&trace.to_be_bytes()))
+            )
+        );
         assert_eq!(trace_id_of("s", "g", "1-0", &[]), a.trace_id());
         assert_eq!(
             trace_id_of("s", "g", "1-0", &with(GOOD.as_bytes())),

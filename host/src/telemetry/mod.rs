@@ -230,11 +230,12 @@ pub fn layer() -> impl tracing_subscriber::Layer<tracing_subscriber::Registry> +
         .with_threads(false)
         .with_filter(
             tracing_subscriber::filter::dynamic_filter_fn(|meta, cx| {
+                if meta.is_span() && meta.name() == ATTEMPT_SPAN {
+                    // Set only while a sampled attempt's span is made, so only while exporting.
+                    return ATTEMPT_SAMPLED.get();
+                }
                 if !enabled() {
                     return false;
-                }
-                if meta.is_span() && meta.name() == ATTEMPT_SPAN {
-                    return ATTEMPT_SAMPLED.get();
                 }
                 // Anything else only inside a sampled attempt (its requests, its log lines).
                 cx.lookup_current().is_some()
@@ -278,6 +279,16 @@ pub async fn in_attempt<F: Future>(trace: AttemptTrace, attempt: F) -> F::Output
 /// The trace of the attempt this task runs, if traces are exported.
 pub fn current_attempt() -> Option<AttemptTrace> {
     ATTEMPT.try_with(Clone::clone).ok()
+}
+
+/// Run `f` on the span of the attempt this task runs, when it is sampled (an unsampled attempt
+/// has no span to record on, and asking costs it only a task-local lookup).
+pub fn on_attempt_span(f: impl FnOnce(&tracing::Span)) {
+    let _ = ATTEMPT.try_with(|trace| {
+        if let Some(span) = &trace.span {
+            f(span);
+        }
+    });
 }
 
 /// The `traceparent` an attempt passes on: its span's when sampled, else the entry's parent
@@ -414,6 +425,23 @@ impl Exporting {
         self.dropped.load(Ordering::Relaxed)
     }
 
+    /// Trace `per_million` of the entries from now on, or none and nothing at all (`None`: as
+    /// if off, the exporter kept), without a new exporter: what a benchmark alternating settings
+    /// within one run needs (a new exporter each time would flush and reconnect). Attempts
+    /// already running keep the decision they were made with.
+    pub fn set_sampling(&self, per_million: Option<u32>) {
+        ACTIVE.store(
+            per_million.map(|per_million| Arc::new(active(self.processor.clone(), per_million))),
+        );
+    }
+
+    /// Export what is queued now (for at most [`FLUSH_TIMEOUT`]).
+    pub fn flush(&self) {
+        if let Err(err) = self.processor.force_flush() {
+            tracing::warn!(%err, "traces: queued spans were not all exported");
+        }
+    }
+
     /// Export what is queued (for at most [`FLUSH_TIMEOUT`]) and stop.
     pub fn stop(self) {
         ACTIVE.store(None);
@@ -519,14 +547,10 @@ pub fn start(config: Option<&Telemetry>) -> Result<Option<Exporting>, TelemetryE
         queued,
         dropped: dropped.clone(),
     });
-    let ratio = Sampler::TraceIdRatioBased(t.sampling_ratio());
-    ACTIVE.store(Some(Arc::new(Active {
-        processor: processor.clone(),
-        parent_based: Sampler::ParentBased(Box::new(ratio.clone())),
-        sampler: ratio,
-        scope: scope(),
-        ids: RandomIdGenerator::default(),
-    })));
+    ACTIVE.store(Some(Arc::new(active(
+        processor.clone(),
+        t.sampling_per_million,
+    ))));
     tracing::info!(
         protocol = ?protocol,
         endpoint = t
@@ -536,6 +560,18 @@ pub fn start(config: Option<&Telemetry>) -> Result<Option<Exporting>, TelemetryE
         "exporting traces"
     );
     Ok(Some(Exporting { processor, dropped }))
+}
+
+/// What spans go through while `processor` exports, sampling `per_million` entries.
+fn active(processor: Arc<Bounded>, per_million: u32) -> Active {
+    let ratio = Sampler::TraceIdRatioBased(f64::from(per_million) / 1e6);
+    Active {
+        processor,
+        parent_based: Sampler::ParentBased(Box::new(ratio.clone())),
+        sampler: ratio,
+        scope: scope(),
+        ids: RandomIdGenerator::default(),
+    }
 }
 
 /// The service name when the config gives none.
