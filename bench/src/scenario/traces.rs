@@ -1,7 +1,8 @@
 //! What exporting traces costs: the `wasm` and `retry` scenarios with traces off, on but
 //! sampling nothing (0 %: the work every entry pays), sampled at 1 % and at 100 %, alternated in
-//! one run (numbers move ±30 % between runs, so only numbers of one run compare). Spans go over OTLP/HTTP to a sink in this process that takes and
-//! drops them, as a collector on the same machine would.
+//! one run (numbers move ±30 % between runs, so only numbers of one run compare). Spans go over
+//! OTLP/HTTP to a sink in this process that takes and drops them, as a collector on the same
+//! machine would.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,6 +39,19 @@ async fn sink() -> Result<(String, Arc<AtomicU64>)> {
     Ok((format!("http://{addr}"), bytes))
 }
 
+/// Traces to the sink at `endpoint`, sampling `per_million` entries.
+fn exporting_to(endpoint: &str, per_million: u32) -> Telemetry {
+    Telemetry {
+        endpoint: Some(endpoint.to_owned()),
+        protocol: Protocol::HttpProtobuf,
+        headers: Vec::new(),
+        service_name: "sluice-bench".to_owned(),
+        sampling_per_million: per_million,
+        resource: Vec::new(),
+        trace_url: None,
+    }
+}
+
 impl Bench {
     /// `wasm` (`n` messages) and `retry` (`retries` entries, 1 s delay) at each of [`SETTINGS`],
     /// [`ROUNDS`] times, alternating; then per setting the median, the mean against off's, and
@@ -56,17 +70,9 @@ impl Bench {
                 for scenario in ["wasm", "retry"] {
                     let exporting = match per_million {
                         None => None,
-                        Some(sampling_per_million) => {
-                            sluice_host::telemetry::start(Some(&Telemetry {
-                                endpoint: Some(endpoint.clone()),
-                                protocol: Protocol::HttpProtobuf,
-                                headers: Vec::new(),
-                                service_name: "sluice-bench".to_owned(),
-                                sampling_per_million,
-                                resource: Vec::new(),
-                                trace_url: None,
-                            }))?
-                        }
+                        Some(sampling_per_million) => sluice_host::telemetry::start(Some(
+                            &exporting_to(&endpoint, sampling_per_million),
+                        ))?,
                     };
                     let before = bytes.load(Ordering::Relaxed);
                     let mut report = match scenario {
@@ -89,29 +95,26 @@ impl Bench {
         }
         let mut medians = Vec::new();
         for scenario in ["wasm", "retry"] {
-            let median = |label: &str, of: fn(&Report) -> f64| {
-                let mut values: Vec<f64> = reports
+            // Each round's value of `of` at setting `label`.
+            let values = |label: &str, of: fn(&Report) -> f64| -> Vec<f64> {
+                reports
                     .iter()
                     .filter(|r| {
                         r.scenario
                             .starts_with(&format!("{scenario} traces {label} #"))
                     })
                     .map(of)
-                    .collect();
+                    .collect()
+            };
+            let median = |label: &str, of: fn(&Report) -> f64| {
+                let mut values = values(label, of);
                 values.sort_by(f64::total_cmp);
                 values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
             };
             let rate = |r: &Report| r.msgs_per_s;
             let p99 = |r: &Report| r.lateness_p99_ms.unwrap_or(f64::NAN);
             let mean = |label: &str| {
-                let values: Vec<f64> = reports
-                    .iter()
-                    .filter(|r| {
-                        r.scenario
-                            .starts_with(&format!("{scenario} traces {label} #"))
-                    })
-                    .map(rate)
-                    .collect();
+                let values = values(label, rate);
                 values.iter().sum::<f64>() / values.len() as f64
             };
             let off = median("off", rate);
@@ -160,16 +163,8 @@ impl Bench {
     /// so the ratio of each cycle's windows is what tracing costs. A sampled window ends with
     /// a flush, counted in its time, so the export its spans caused is not charged to the next.
     async fn interleaved(&self, endpoint: &str) -> Result<Vec<Report>> {
-        let exporting = sluice_host::telemetry::start(Some(&Telemetry {
-            endpoint: Some(endpoint.to_owned()),
-            protocol: Protocol::HttpProtobuf,
-            headers: Vec::new(),
-            service_name: "sluice-bench".to_owned(),
-            sampling_per_million: 0,
-            resource: Vec::new(),
-            trace_url: None,
-        }))?
-        .context("the exporter did not start")?;
+        let exporting = sluice_host::telemetry::start(Some(&exporting_to(endpoint, 0)))?
+            .context("the exporter did not start")?;
         let exporting = Arc::new(exporting);
         let mixed: [(&str, Option<u32>); 3] = [SETTINGS[0], SETTINGS[1], SETTINGS[2]];
         // Per setting, each cycle's rate.
