@@ -293,6 +293,8 @@ pub struct Delivery {
     user_len: usize,
     /// When dispatch took its handler version (set by the dispatcher).
     pub started: Option<std::time::SystemTime>,
+    /// The attempt's trace, while traces are exported (set by the dispatcher).
+    pub trace: Option<crate::telemetry::AttemptTrace>,
 }
 
 impl Delivery {
@@ -348,6 +350,7 @@ impl Delivery {
             user_len,
             entry,
             delivery_count: delivery_count.max(1),
+            trace: None,
             started: None,
         }
     }

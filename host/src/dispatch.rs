@@ -103,15 +103,10 @@ impl Dispatcher {
             if sampled {
                 trace_attempt(&delivery, &span, &parent);
             }
-            let trace = crate::telemetry::AttemptTrace {
+            delivery.trace = Some(crate::telemetry::AttemptTrace {
                 parent: parent.span_context().clone(),
                 span: sampled.then(|| span.clone()),
-            };
-            return crate::telemetry::in_attempt(
-                trace,
-                self.run(delivery, &version).instrument(span),
-            )
-            .await;
+            });
         }
         self.run(delivery, &version).instrument(span).await
     }
@@ -241,7 +236,9 @@ impl Dispatcher {
                 None => tracing::warn!(%failure, elapsed_us, "attempt failed; {then}"),
             }
         }
-        crate::telemetry::on_attempt_span(|span| Self::record(span, &action));
+        if let Some(span) = delivery.trace.as_ref().and_then(|t| t.span.as_ref()) {
+            Self::record(span, &action);
+        }
         let settled = match action {
             Action::Ack => {
                 tracing::debug!(elapsed_us, "ack");
@@ -301,7 +298,7 @@ impl Dispatcher {
         reason: &str,
     ) -> Settled {
         tracing::warn!(id = %delivery.entry.id, "{reason}");
-        crate::telemetry::on_attempt_span(|span| {
+        if let Some(span) = delivery.trace.as_ref().and_then(|t| t.span.as_ref()) {
             Self::record(
                 span,
                 &Action::DeadLetter {
@@ -309,7 +306,7 @@ impl Dispatcher {
                     cut: false,
                 },
             );
-        });
+        }
         match self
             .settler
             .dead_letter(delivery, digest, reason, None)

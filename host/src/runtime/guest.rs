@@ -128,8 +128,8 @@ impl GuestState {
         }
     }
 
-    /// Start a delivery's log budget afresh.
-    pub(crate) fn reset_log_budget(&mut self) {
+    /// Start a delivery's log budget afresh, in the attempt's `trace` (if exported).
+    pub(crate) fn reset_log_budget(&mut self, trace: Option<crate::telemetry::AttemptTrace>) {
         self.log = LogBudget {
             lines: self.limits.log_lines,
             bytes: self.limits.log_bytes,
@@ -137,7 +137,7 @@ impl GuestState {
         };
         self.http_hooks.spans = 0;
         // The attempt's trace, for the requests' spans and `trace::traceparent`.
-        self.http_hooks.trace = crate::telemetry::current_attempt();
+        self.http_hooks.trace = trace;
     }
 
     /// Why the host refused to hold more for the guest, if `err` says the resource table is

@@ -199,7 +199,7 @@ impl WasmHandler {
             state.timed_out = false;
             state.panic_message = None;
             state.limiter.denied = None;
-            state.reset_log_budget();
+            state.reset_log_budget(delivery.trace.clone());
         }
         instance.store.set_epoch_deadline(1);
         // On the attempt's span (the delivery's), when traced: the limits it ran under.

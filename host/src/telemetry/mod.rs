@@ -256,14 +256,9 @@ pub fn layer() -> impl tracing_subscriber::Layer<tracing_subscriber::Registry> +
 /// The name of an attempt's span (made by `dispatch`).
 pub const ATTEMPT_SPAN: &str = "delivery";
 
-tokio::task_local! {
-    /// The trace of the attempt running in this task, while traces are exported (see
-    /// [`in_attempt`]).
-    static ATTEMPT: AttemptTrace;
-}
-
-/// The trace an attempt runs in: what its outbound requests and `trace::traceparent` say.
-#[derive(Debug, Clone)]
+/// The trace an attempt runs in, carried on its delivery while traces are exported: what its
+/// outbound requests and `trace::traceparent` say, and the span its outcome is recorded on.
+#[derive(Debug, Clone, PartialEq)]
 pub struct AttemptTrace {
     /// The entry's parent (see [`context`]), sampled or not.
     pub parent: SpanContext,
@@ -271,25 +266,8 @@ pub struct AttemptTrace {
     pub span: Option<tracing::Span>,
 }
 
-/// Run `attempt` knowing its trace (the runtime asks with [`current_attempt`]).
-pub async fn in_attempt<F: Future>(trace: AttemptTrace, attempt: F) -> F::Output {
-    ATTEMPT.scope(trace, attempt).await
-}
-
-/// The trace of the attempt this task runs, if traces are exported.
-pub fn current_attempt() -> Option<AttemptTrace> {
-    ATTEMPT.try_with(Clone::clone).ok()
-}
-
-/// Run `f` on the span of the attempt this task runs, when it is sampled (an unsampled attempt
-/// has no span to record on, and asking costs it only a task-local lookup).
-pub fn on_attempt_span(f: impl FnOnce(&tracing::Span)) {
-    let _ = ATTEMPT.try_with(|trace| {
-        if let Some(span) = &trace.span {
-            f(span);
-        }
-    });
-}
+// A span equals itself (same id), which is all `Eq` asks.
+impl Eq for AttemptTrace {}
 
 /// The `traceparent` an attempt passes on: its span's when sampled, else the entry's parent
 /// (unsampled, as W3C asks).
