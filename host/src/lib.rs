@@ -32,6 +32,8 @@
 //!   into that stop.
 //! - [`swap`] (`swap.rs`) checks a new component and publishes it into the subscription's
 //!   [`handler`] slot (admin API, file watcher, `sluice swap`).
+//! - [`flow`] (`flow/`) decides whether a subscription may take entries now: an operator's
+//!   pause, stored in Redis and followed by every host of the group.
 //! - [`admin`] (`admin/`) serves health, readiness, [`metrics`] and the handler API;
 //!   [`inspect`] (`inspect.rs`) reads a subscription's state in Redis for them, for
 //!   `sluice status` and for the benchmark.
@@ -66,6 +68,7 @@ pub mod devredis;
 pub mod digest;
 mod dispatch;
 mod events;
+pub mod flow;
 pub mod handler;
 mod health;
 pub mod inspect;

@@ -104,6 +104,38 @@ enum Command {
         #[arg(long, env = "SLUICE_REDIS_URL")]
         redis: Option<String>,
     },
+    /// Pause subscriptions: every host of the group stops taking new entries and due retries
+    /// within a second (deliveries in flight finish), until `sluice resume`. Kept in Redis, so
+    /// it holds across restarts.
+    Pause {
+        /// `.toml` configs and/or `.wasm` components.
+        #[arg(default_value = "sluice.toml")]
+        paths: Vec<PathBuf>,
+        /// Only the subscription to this stream.
+        #[arg(long)]
+        stream: Option<String>,
+        /// Why (shown by `sluice status`, the page and the hosts' logs).
+        #[arg(long)]
+        reason: Option<String>,
+        /// Who pauses (default: user@machine).
+        #[arg(long)]
+        by: Option<String>,
+        /// Redis URL (default: the subscription's, else the dev server of a running `sluice run`).
+        #[arg(long, env = "SLUICE_REDIS_URL")]
+        redis: Option<String>,
+    },
+    /// Resume paused subscriptions: every host of the group reads again within a second.
+    Resume {
+        /// `.toml` configs and/or `.wasm` components.
+        #[arg(default_value = "sluice.toml")]
+        paths: Vec<PathBuf>,
+        /// Only the subscription to this stream.
+        #[arg(long)]
+        stream: Option<String>,
+        /// Redis URL (default: the subscription's, else the dev server of a running `sluice run`).
+        #[arg(long, env = "SLUICE_REDIS_URL")]
+        redis: Option<String>,
+    },
     /// Replace a running host's handler for a stream (or roll it back), through its admin API.
     Swap {
         /// The subscription's stream.
@@ -429,6 +461,35 @@ fn main() -> ExitCode {
             Command::Status { paths, json, redis } => {
                 let report = sluice_host::commands::status(&paths, redis.as_deref(), json).await?;
                 print!("{report}");
+                Ok(())
+            }
+            Command::Pause {
+                paths,
+                stream,
+                reason,
+                by,
+                redis,
+            } => {
+                let done = sluice_host::commands::pause(
+                    &paths,
+                    redis.as_deref(),
+                    stream.as_deref(),
+                    by.as_deref(),
+                    reason.as_deref(),
+                )
+                .await?;
+                print!("{done}");
+                Ok(())
+            }
+            Command::Resume {
+                paths,
+                stream,
+                redis,
+            } => {
+                let done =
+                    sluice_host::commands::resume(&paths, redis.as_deref(), stream.as_deref())
+                        .await?;
+                print!("{done}");
                 Ok(())
             }
             Command::Swap {

@@ -134,6 +134,8 @@ pub struct Metrics {
     /// Producers' trace context fields ignored as invalid (synced from
     /// [`crate::telemetry::context::rejected_total`] when scraped).
     pub trace_context_rejected: Counter,
+    /// 1 while the subscription is paused (by an operator, for every host of its group).
+    pub paused: Family<SubLabels, Gauge>,
 }
 
 fn seconds_histogram() -> Histogram {
@@ -327,6 +329,12 @@ impl Default for Metrics {
                 "trace_context_rejected",
                 "Producers' traceparent/tracestate fields ignored as invalid (the entry got a trace of its own)",
                 Counter::default(),
+            ),
+            paused: registered(
+                &mut registry,
+                "paused",
+                "1 while the subscription is paused: no host of its group takes new entries or due retries",
+                Family::default(),
             ),
             registry,
         }

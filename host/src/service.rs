@@ -243,6 +243,7 @@ impl Service {
         stop: &CancellationToken,
         abandon: &CancellationToken,
         shared: Option<Arc<crate::subscription::SharedRead>>,
+        flow: &tokio::sync::watch::Receiver<crate::flow::FlowState>,
     ) -> Result<StartedPartition, RunError> {
         let mut keys = SubscriptionKeys::of(s)
             .with_dead_letter_maxlen(sub.dead_letter_maxlen)
@@ -322,6 +323,7 @@ impl Service {
             dead_letter: s.dead_letter.clone(),
             health: health.clone(),
             warnings: sub.warnings.clone(),
+            flow: flow.clone(),
         };
         let dispatcher = Arc::new(Dispatcher::new(
             slot.clone(),
@@ -354,6 +356,7 @@ impl Service {
                 secret,
                 health,
                 shared,
+                flow: flow.clone(),
             },
             &self.metrics,
         );
@@ -428,6 +431,8 @@ impl Service {
         let mut ackers = JoinSet::new();
         let mut admin_subscriptions = Vec::new();
         let mut swap_controls = Vec::new();
+        // One flow watcher per Redis, whatever the number of its subscriptions.
+        let mut flow_watchers: Vec<(String, crate::flow::FlowWatcher)> = Vec::new();
         for (sub, handler) in self.plan.subscriptions.iter().zip(self.handlers.clone()) {
             let url = sub
                 .redis
@@ -435,6 +440,18 @@ impl Service {
                 .or_else(|| dev_redis.clone())
                 .ok_or_else(|| RunError::NoRedis(sub.stream.stream.clone()))?;
             let conn = redis_conn::RedisHandle::connect(&url, &sub.redis_access).await?;
+            let watcher = match flow_watchers.iter().position(|(u, _)| *u == url) {
+                Some(i) => i,
+                None => {
+                    flow_watchers.push((url.clone(), crate::flow::FlowWatcher::new(conn.clone())));
+                    flow_watchers.len() - 1
+                }
+            };
+            let flow = flow_watchers[watcher].1.watch(
+                &sub.stream.stream,
+                &sub.stream.group,
+                &self.metrics,
+            );
             for warning in &sub.warnings {
                 tracing::warn!(stream = %sub.stream.stream, "{warning}");
             }
@@ -497,6 +514,7 @@ impl Service {
                         &stop,
                         &abandon,
                         shared,
+                        &flow,
                     )
                     .await?;
                 admin_subscriptions.push(started.admin);
@@ -523,6 +541,9 @@ impl Service {
                     .clone();
                 readers.spawn(started.subscription.supervise(restarts));
             }
+        }
+        for (_, watcher) in flow_watchers {
+            readers.spawn(Arc::new(watcher).run(stop.clone()));
         }
 
         let mut protected = None;

@@ -16,6 +16,7 @@ mod delayed;
 mod entries;
 mod examples;
 mod fan_out;
+mod flow;
 mod guest_async;
 mod lane;
 mod operate;

@@ -8,6 +8,8 @@
 //!   accepts a descriptor naming another stream or group): check and swap in a new handler;
 //! - `POST /v1/subscriptions/{stream}/{group}/rollback`: put the previous handler back;
 //! - `.../dead-letters` and `.../parked`: list and act on what waits (see `waiting.rs`);
+//! - `POST .../pause` and `.../resume`: hold or release the subscription on every host of its
+//!   group (see `flow.rs`);
 //! - `/` and `/ui/...`: the web page (see `ui/`).
 //!
 //! Who may call it:
@@ -40,6 +42,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
+mod flow;
 mod guard;
 mod ui;
 mod waiting;
@@ -75,6 +78,8 @@ pub struct AdminSubscription {
     pub health: Arc<crate::health::ReadHealth>,
     /// What `sluice check` warned about its configuration, shown on the page too.
     pub warnings: Vec<String>,
+    /// Its flow controls, as this host knows them (the subscription's, on a partition).
+    pub flow: tokio::sync::watch::Receiver<crate::flow::FlowState>,
 }
 
 impl AdminSubscription {
@@ -185,6 +190,7 @@ pub async fn serve(
             axum::routing::post(rollback_handler),
         )
         .merge(waiting::routes())
+        .merge(flow::routes())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             guard_api,
@@ -378,6 +384,11 @@ async fn list_handler(State(state): State<AdminState>) -> impl IntoResponse {
             let (swaps, refusals) = slot.counts();
             let labels = slot.labels();
             let deliveries = state.metrics.handler_results(labels);
+            let paused = state
+                .subscriptions
+                .iter()
+                .find(|s| s.of == *labels)
+                .and_then(|s| s.flow.borrow().paused.as_ref().map(flow::paused_json));
             serde_json::json!({
                 "stream": labels.stream,
                 "group": labels.group,
@@ -387,6 +398,7 @@ async fn list_handler(State(state): State<AdminState>) -> impl IntoResponse {
                 "swaps": swaps,
                 "refusals": refusals,
                 "deliveries": deliveries,
+                "paused": paused,
             })
         })
         .collect();

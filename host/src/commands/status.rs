@@ -35,6 +35,8 @@ struct SubscriptionStatus {
     oldest_age_ms: Option<i64>,
     /// What retention's last run did (`None`: it never ran).
     retention: Option<std::collections::HashMap<String, String>>,
+    /// Who paused the subscription, when and why (`None`: it reads).
+    paused: Option<crate::flow::Paused>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -115,6 +117,9 @@ async fn partition_status(
     let now_ms = inspect::server_now_ms(conn).await?;
     let size = inspect::stream_size(conn, &s.stream).await?;
     let retention = inspect::retention_record(conn, &s.stream).await?;
+    let paused = crate::flow::state(conn, &sub.stream.stream, &sub.stream.group)
+        .await
+        .with_context(|| format!("cannot read whether stream `{}` is paused", s.stream))?;
     let next_due_ms = snapshot.delayed.and_then(|d| d.next_due_ms);
     let lane = lane_key.map(|key| LaneStatus {
         pending: snapshot.lane.as_ref().map_or(0, |g| g.pending as u64),
@@ -149,6 +154,7 @@ async fn partition_status(
         oldest_age_ms: size.oldest_ms.map(|oldest| now_ms - oldest),
         size,
         retention,
+        paused,
     })
 }
 
@@ -175,6 +181,13 @@ fn render(rows: &[SubscriptionStatus], json: bool) -> Result<String> {
             r.group,
             r.handler_digest.short()
         );
+        if let Some(paused) = &r.paused {
+            let _ = writeln!(
+                out,
+                "  PAUSED: {}; no host reads it until `sluice resume`",
+                paused.describe()
+            );
+        }
         if !r.group_exists {
             let _ = writeln!(
                 out,

@@ -86,6 +86,21 @@ pub fn legacy_marks_key(stream: &str) -> String {
     format!("sluice-legacy-marks:{{{}}}:{stream}", hash_tag(stream))
 }
 
+/// Where a subscription's flow controls (its pause) are kept: a hash in the stream's hash
+/// slot. The stream's length comes first, so no two (stream, group) pairs share a key whatever
+/// their names hold.
+pub fn flow_key(stream: &str, group: &str) -> String {
+    format!(
+        "sluice-flow:{{{}}}:{}:{stream}:{group}",
+        hash_tag(stream),
+        stream.len()
+    )
+}
+
+/// Bumped after every change of any subscription's flow controls on this Redis: hosts poll
+/// this one key, and read the subscriptions' own keys only when it moves.
+pub const FLOW_EPOCH: &str = "sluice-flow-epoch";
+
 /// Where the owner of `key` (a delayed set, a retry lane, a dead-letter stream) is recorded:
 /// the first subscription to use the key claims it, and a different one is refused at start.
 /// In the key's own hash slot (the prefix has no braces).

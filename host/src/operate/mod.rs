@@ -46,6 +46,9 @@ pub enum OperateError {
     /// A cursor the caller passed is not one this module handed out.
     #[error("invalid cursor {0:?}")]
     Cursor(String),
+    /// A pause or resume could not be written.
+    #[error(transparent)]
+    Flow(#[from] crate::flow::FlowError),
 }
 
 /// One page of a listing, and where the next page starts (`None`: this was the last).

@@ -70,13 +70,14 @@ use std::time::Duration;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use redis::RedisResult;
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::delayed::DelayedSet;
 use crate::delivery::{Delivery, Entry, Source};
 use crate::dispatch::{Dispatcher, Settled};
+use crate::flow::FlowState;
 use crate::health::ReadHealth;
 use crate::keys::Secret;
 use crate::redis_conn::{ErrorClass, Reader, ReconnectBackoff, RedisHandle};
@@ -163,6 +164,8 @@ pub struct Subscription {
     /// The blocking read this partition shares with the subscription's other partitions, if
     /// it waits there rather than on a connection of its own.
     shared: Option<Arc<SharedRead>>,
+    /// Whether it may take entries now (see [`crate::flow`]).
+    flow: watch::Receiver<FlowState>,
 }
 
 /// What a subscription shares with the rest of the host.
@@ -177,6 +180,8 @@ pub struct SubscriptionParts {
     pub health: Arc<ReadHealth>,
     /// The blocking read shared by the subscription's partitions (none: one of its own).
     pub shared: Option<Arc<SharedRead>>,
+    /// The subscription's flow controls, kept up to date by a [`crate::flow::FlowWatcher`].
+    pub flow: watch::Receiver<FlowState>,
 }
 
 impl Subscription {
@@ -207,6 +212,7 @@ impl Subscription {
             last_read: Mutex::new(HashMap::new()),
             next_rescue: Mutex::new(tokio::time::Instant::now()),
             shared: parts.shared,
+            flow: parts.flow,
         })
     }
 
@@ -303,6 +309,12 @@ impl Subscription {
         let mut lane_more = false;
         let mut backoff = ReconnectBackoff::default();
         loop {
+            if !self.flow.borrow().open() {
+                if !self.wait_open().await {
+                    break;
+                }
+                self.resumed(&mut own_pending);
+            }
             // Read in batches: wait until half a batch can start, then take what else is free.
             // Reading as soon as one slot frees would turn a busy subscription into a stream
             // of one-entry reads. Retries this host just moved into the retry lane are the
@@ -366,6 +378,11 @@ impl Subscription {
                         .filter(|(e, _)| e.source == Source::Lane)
                         .count();
                     lane_more = plan.lane.is_some() && from_lane > 0 && from_lane >= first.all();
+                    let batch = if self.flow.borrow().open() {
+                        batch
+                    } else {
+                        self.hold_back(batch, &mut own_pending)
+                    };
                     self.start_deliveries(batch, first).await;
                 }
                 Err(err) => {
@@ -401,6 +418,87 @@ impl Subscription {
             }
         }
         tracing::info!(stream = %plan.stream, group = %plan.group, "subscription stopped reading");
+    }
+
+    /// Wait while the subscription is paused (or its flow state is not known yet); false if
+    /// stopped meanwhile.
+    pub(super) async fn wait_open(&self) -> bool {
+        let mut flow = self.flow.clone();
+        let mut said = false;
+        loop {
+            {
+                let state = flow.borrow_and_update();
+                if state.open() {
+                    return true;
+                }
+                if let Some(paused) = &state.paused
+                    && !said
+                {
+                    tracing::info!(
+                        stream = %self.plan.stream,
+                        group = %self.plan.group,
+                        "{}; not reading until resumed",
+                        paused.describe()
+                    );
+                    said = true;
+                }
+            }
+            tokio::select! {
+                changed = flow.changed() => {
+                    if changed.is_err() {
+                        // The watcher is gone: only a stop ends it.
+                        self.stop.cancelled().await;
+                        return false;
+                    }
+                }
+                () = self.stop.cancelled() => return false,
+            }
+        }
+    }
+
+    /// After a pause: what a read held back is read again from this consumer's pending list
+    /// (a claiming subscription's XAUTOCLAIM finds it instead), and no consumer counts as
+    /// gone for another half `consumer_gone_after`. Every host of the group resumes at once,
+    /// and each one's pending entries went idle while paused: this host takes its own back
+    /// (which makes them busy again) before another one would take them over as a gone
+    /// consumer's.
+    fn resumed(&self, own_pending: &mut Vec<(Source, String)>) {
+        if self.plan.claim_min_idle.is_none() {
+            *own_pending = self.after_last_read();
+        }
+        if let Some(gone_after) = self.plan.gone_after
+            && let Ok(mut next) = self.next_rescue.lock()
+        {
+            *next = (*next).max(tokio::time::Instant::now() + gone_after / 2);
+        }
+    }
+
+    /// A read that returned after the pause came: its entries newer than anything handled
+    /// stay pending to this consumer, for after the resume; the rest (claims, re-reads of
+    /// entries at or below the newest read) are handled, as deliveries in flight are.
+    fn hold_back(
+        &self,
+        batch: Vec<(ReadEntry, u64)>,
+        own_pending: &mut Vec<(Source, String)>,
+    ) -> Vec<(ReadEntry, u64)> {
+        let newest = self.last_read.lock().map(|n| n.clone()).unwrap_or_default();
+        let (now, held): (Vec<_>, Vec<_>) = batch.into_iter().partition(|(read, _)| {
+            newest
+                .get(&read.source)
+                .is_some_and(|last| crate::delivery::cmp_ids(&read.id, last).is_le())
+        });
+        if !held.is_empty() {
+            tracing::info!(
+                stream = %self.plan.stream,
+                group = %self.plan.group,
+                held = held.len(),
+                "paused while a read waited: its entries stay pending until the resume"
+            );
+            if self.plan.claim_min_idle.is_none() {
+                *own_pending = self.after_last_read();
+            }
+        }
+        now
     }
 
     /// Every source at `id`, the lane first: where the own-pending re-read and the claim

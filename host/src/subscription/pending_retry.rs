@@ -39,6 +39,11 @@ impl Subscription {
                 // Still pending: re-read from this consumer's pending list on restart.
                 () = this.stop.cancelled() => return,
             }
+            // Paused: the retry waits for the resume (still pending, so a restart meanwhile
+            // re-reads it as before).
+            if !this.flow.borrow().open() && !this.wait_open().await {
+                return;
+            }
             let mut backoff = ReconnectBackoff::default();
             let entry = loop {
                 let mut conn = this.conn.clone();

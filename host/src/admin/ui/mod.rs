@@ -422,7 +422,13 @@ async fn overview(
     State(state): State<AdminState>,
     axum::Extension(viewer): axum::Extension<Viewer>,
 ) -> Response {
-    Html(pages::overview(&state, &viewer).await.into_string()).into_response()
+    let done = state.sessions.take_flash(&viewer.id);
+    Html(
+        pages::overview(&state, &viewer, done.as_deref())
+            .await
+            .into_string(),
+    )
+    .into_response()
 }
 
 #[derive(serde::Deserialize)]
@@ -551,11 +557,15 @@ async fn act(
     // anyone can make would put any text in the banner.
     let back = |page: &str, done: &str| {
         state.sessions.set_flash(&viewer.id, done.to_owned());
-        let to = format!(
-            "/ui/s/{}/{}/{page}",
-            pages::segment(&stream),
-            pages::segment(&group),
-        );
+        let to = if page.is_empty() {
+            "/ui/".to_owned()
+        } else {
+            format!(
+                "/ui/s/{}/{}/{page}",
+                pages::segment(&stream),
+                pages::segment(&group),
+            )
+        };
         Redirect::to(&to).into_response()
     };
     let set = keys.delayed.clone().unwrap_or_default();
@@ -640,6 +650,31 @@ async fn act(
                     }
                 };
                 Ok(("parked", done))
+            }
+            "pause" => {
+                // The subscription's, not the partition's: a pause holds every partition.
+                let (of_stream, of_group) = (&sub.of.stream, &sub.of.group);
+                let asked = crate::flow::Paused::now("the admin page", form.reason.as_deref());
+                let done = crate::flow::pause(&mut conn, of_stream, of_group, asked)
+                    .await?;
+                Ok(("", match done {
+                    crate::flow::PauseResult::Paused(p) => format!(
+                        "stream {of_stream} group {of_group}: {}; every host stops reading within a second",
+                        p.describe()
+                    ),
+                    crate::flow::PauseResult::Already(p) => {
+                        format!("stream {of_stream} group {of_group}: already {}", p.describe())
+                    }
+                }))
+            }
+            "resume" => {
+                let (of_stream, of_group) = (&sub.of.stream, &sub.of.group);
+                let was = crate::flow::resume(&mut conn, of_stream, of_group)
+                    .await?;
+                Ok(("", match was {
+                    Some(_) => format!("stream {of_stream} group {of_group}: resumed; every host reads again within a second"),
+                    None => format!("stream {of_stream} group {of_group} was not paused"),
+                }))
             }
             other => Err(OperateError::Invalid(format!("unknown action {other:?}"))),
         }

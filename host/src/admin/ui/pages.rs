@@ -138,7 +138,7 @@ fn ago(at: std::time::SystemTime) -> String {
 }
 
 /// Every subscription: handler version and history, outcomes, and per partition what waits.
-pub(super) async fn overview(state: &AdminState, viewer: &Viewer) -> Markup {
+pub(super) async fn overview(state: &AdminState, viewer: &Viewer, done: Option<&str>) -> Markup {
     let mut cards = Vec::new();
     // One server clock reading for the page's countdowns.
     let now_ms = match state.subscriptions.first() {
@@ -178,9 +178,41 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer) -> Markup {
         }
         let current = slot.current();
         let (swaps, refusals) = slot.counts();
+        let paused = parts.first().and_then(|p| p.flow.borrow().paused.clone());
         cards.push(html! {
             div.card {
-                h2 { "Stream " code { (labels.stream) } ", group " code { (labels.group) } }
+                h2 {
+                    "Stream " code { (labels.stream) } ", group " code { (labels.group) }
+                    @if paused.is_some() { " " span.badge.warn { "paused" } }
+                }
+                @if let Some(p) = &paused {
+                    p.paused {
+                        "Paused by " b { (p.by) }
+                        @if p.at_ms != 0 { " at " (p.at()) }
+                        @if let Some(r) = &p.reason { ": " (r) }
+                        ". No host of the group takes new entries or due retries until it is resumed; deliveries in flight finished."
+                    }
+                }
+                @if viewer.can_act && let Some(first) = parts.first() {
+                    @let keys = first.keys();
+                    p.flow {
+                        @if paused.is_some() {
+                            form.inline method="post" action=(sub_link(&keys, "act")) data-confirm=(format!("Resume stream {} group {} on every host?", labels.stream, labels.group)) {
+                                input type="hidden" name="csrf" value=(viewer.csrf);
+                                input type="hidden" name="action" value="resume";
+                                button.primary type="submit" { "Resume" }
+                            }
+                        } @else {
+                            form.inline method="post" action=(sub_link(&keys, "act")) data-confirm=(format!("Pause stream {} group {} on every host? Deliveries in flight finish; nothing new is read until it is resumed.", labels.stream, labels.group)) {
+                                input type="hidden" name="csrf" value=(viewer.csrf);
+                                input type="hidden" name="action" value="pause";
+                                input type="text" name="reason" placeholder="why (optional)" maxlength=(crate::flow::MAX_REASON);
+                                " "
+                                button.danger type="submit" { "Pause" }
+                            }
+                        }
+                    }
+                }
                 @if let Some(first) = parts.first() {
                     @for warning in &first.warnings {
                         p.bad { "Warning: " (warning) }
@@ -263,6 +295,7 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer) -> Markup {
         Some(viewer),
         html! {
             h1 { "Overview" }
+            (flash(done))
             div.card {
                 h2 { "Deliveries per second, last 10 minutes" }
                 (chart(&samples))

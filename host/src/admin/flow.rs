@@ -1,0 +1,134 @@
+//! The admin API over a subscription's flow controls (see [`crate::flow`]), the same calls as
+//! `sluice pause` and `sluice resume`. `{stream}` and `{group}` name the subscription (not
+//! one of its partitions): a pause holds every partition on every host of the group.
+//!
+//! - `POST /v1/subscriptions/{stream}/{group}/pause` with an optional
+//!   `{"by": "...", "reason": "..."}`: `{paused, already, by, at, reason}`; a second pause keeps
+//!   the first one's record (`already: true`).
+//! - `POST /v1/subscriptions/{stream}/{group}/resume`: `{resumed, was}` (`was`: the pause that
+//!   ended, `null` when it was not paused).
+//!
+//! Both sit behind the `/v1` guard (token, no cross-site browser requests) and the body is
+//! bounded like every other call's.
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::post;
+
+use super::AdminState;
+use crate::flow::{self, PauseResult, Paused};
+
+type Answer = Result<axum::Json<serde_json::Value>, (StatusCode, String)>;
+
+/// Who a call without a `by` is recorded as.
+const ANONYMOUS: &str = "the admin API";
+
+pub(super) fn routes() -> Router<AdminState> {
+    let base = "/v1/subscriptions/{stream}/{group}";
+    Router::new()
+        .route(&format!("{base}/pause"), post(pause))
+        .route(&format!("{base}/resume"), post(resume))
+}
+
+/// A pause's JSON, as the API and the page show it.
+pub(super) fn paused_json(paused: &Paused) -> serde_json::Value {
+    serde_json::json!({
+        "by": paused.by,
+        "at": paused.at(),
+        "at_ms": paused.at_ms,
+        "reason": paused.reason,
+    })
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct PauseBody {
+    by: Option<String>,
+    reason: Option<String>,
+}
+
+/// A connection to the Redis of the subscription named `stream` and `group` on this host.
+fn redis_of(
+    state: &AdminState,
+    stream: &str,
+    group: &str,
+) -> Result<crate::redis_conn::RedisHandle, (StatusCode, String)> {
+    state
+        .subscriptions
+        .iter()
+        .find(|s| s.of.stream == stream && s.of.group == group)
+        .map(|s| s.conn.clone())
+        .ok_or_else(|| {
+            (
+                StatusCode::NOT_FOUND,
+                format!("no subscription to stream `{stream}` with group `{group}` on this host\n"),
+            )
+        })
+}
+
+fn failed(err: &flow::FlowError) -> (StatusCode, String) {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("{}\n", crate::chain::chain(err)),
+    )
+}
+
+async fn pause(
+    State(state): State<AdminState>,
+    Path((stream, group)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> Answer {
+    let body: PauseBody = if body.iter().all(u8::is_ascii_whitespace) {
+        PauseBody::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|err| {
+            (
+                StatusCode::BAD_REQUEST,
+                format!("the body is not {{\"by\": \"...\", \"reason\": \"...\"}}: {err}\n"),
+            )
+        })?
+    };
+    let mut conn = redis_of(&state, &stream, &group)?;
+    let by = match body.by.as_deref().map(str::trim) {
+        Some(by) if !by.is_empty() => format!("{by} (through the admin API)"),
+        _ => ANONYMOUS.to_owned(),
+    };
+    let asked = Paused::now(&by, body.reason.as_deref());
+    let result = flow::pause(&mut conn, &stream, &group, asked)
+        .await
+        .map_err(|err| failed(&err))?;
+    let (paused, already) = match result {
+        PauseResult::Paused(p) => (p, false),
+        PauseResult::Already(p) => (p, true),
+    };
+    if !already {
+        tracing::warn!(stream, group, "{} (admin API)", paused.describe());
+    }
+    let mut answer = paused_json(&paused);
+    answer["paused"] = true.into();
+    answer["already"] = already.into();
+    Ok(axum::Json(answer))
+}
+
+async fn resume(
+    State(state): State<AdminState>,
+    Path((stream, group)): Path<(String, String)>,
+) -> Answer {
+    let mut conn = redis_of(&state, &stream, &group)?;
+    let was = flow::resume(&mut conn, &stream, &group)
+        .await
+        .map_err(|err| failed(&err))?;
+    if let Some(was) = &was {
+        tracing::info!(
+            stream,
+            group,
+            "resumed (admin API); it was {}",
+            was.describe()
+        );
+    }
+    Ok(axum::Json(serde_json::json!({
+        "resumed": was.is_some(),
+        "was": was.as_ref().map(paused_json),
+    })))
+}

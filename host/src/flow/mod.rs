@@ -1,0 +1,437 @@
+//! Flow control: whether a subscription may take entries now, decided for every host of its
+//! group at once through Redis.
+//!
+//! An operator pauses a subscription (`sluice pause`, the admin API, the page): the pause is a
+//! field of the subscription's flow hash ([`crate::keys::flow_key`]), written with HSETNX so
+//! a second pause keeps who paused first, and followed by an INCR of
+//! [`crate::keys::FLOW_EPOCH`]. Each host polls that one counter every [`POLL`] per Redis
+//! ([`FlowWatcher`]) and reads its subscriptions' flow hashes when it moves (and every
+//! [`FULL_REFRESH`] in any case, should a writer have died between the two commands), so a
+//! pause reaches every host within about [`POLL`], and a host that starts while its
+//! subscription is paused learns it before its first read.
+//!
+//! What a paused subscription does (see the read loop in `subscription/`): it reads nothing
+//! new, claims nothing and takes over nothing; deliveries in flight finish and settle; due
+//! retries stay parked, or wait in the retry lane where the sweep puts them, and a retry that
+//! stays pending waits for the resume. A read that was already waiting when the pause came
+//! leaves what it returns pending to this consumer, handled after the resume. Paused is a
+//! state, not a fault: the host stays ready.
+//!
+//! Bounds against what another writer to the same Redis may have left there: a pause record
+//! is read through a script that returns at most [`MAX_RECORD`] bytes of it, a record that is
+//! not Sluice's JSON still counts as a pause ("by an unknown writer"), and who paused and why
+//! are cut to [`MAX_BY`] and [`MAX_REASON`] characters without control characters.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use redis::aio::ConnectionLike;
+use redis::{RedisResult, Script};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::keys::{FLOW_EPOCH, flow_key};
+use crate::metrics::Metrics;
+use crate::redis_conn::RedisHandle;
+
+/// How often a host asks whether any flow control changed.
+pub const POLL: Duration = Duration::from_millis(250);
+/// How often a host reads every subscription's flow hash even when the epoch did not move.
+pub const FULL_REFRESH: Duration = Duration::from_secs(30);
+/// The most bytes of a pause record a host reads.
+pub const MAX_RECORD: usize = 4096;
+/// The longest "who paused" kept, in characters.
+pub const MAX_BY: usize = 200;
+/// The longest reason kept, in characters.
+pub const MAX_REASON: usize = 500;
+
+/// The field of the flow hash that holds the pause.
+const PAUSED: &str = "paused";
+
+/// Who paused a subscription, when and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Paused {
+    /// Who paused it: an operator's name, or where the call came from.
+    pub by: String,
+    /// When, in milliseconds since the Unix epoch (0: unknown).
+    pub at_ms: u64,
+    /// Why, if they said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl Paused {
+    /// A pause by `by` now, for `reason`; both bounded and stripped of control characters.
+    pub fn now(by: &str, reason: Option<&str>) -> Self {
+        let at_ms = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        Self {
+            by: clean(by, MAX_BY),
+            at_ms,
+            reason: reason
+                .map(|r| clean(r, MAX_REASON))
+                .filter(|r| !r.is_empty()),
+        }
+        .bounded()
+    }
+
+    /// A record read from Redis: Sluice's JSON, bounded again (another writer may have put
+    /// anything there); anything else is still a pause, by an unknown writer.
+    fn from_record(record: &[u8]) -> Self {
+        match serde_json::from_slice::<Self>(record) {
+            Ok(paused) => paused.bounded(),
+            Err(_) => Self {
+                by: "an unknown writer (the pause record is not Sluice's)".to_owned(),
+                at_ms: 0,
+                reason: None,
+            },
+        }
+    }
+
+    fn bounded(self) -> Self {
+        Self {
+            by: clean(&self.by, MAX_BY),
+            at_ms: self.at_ms,
+            reason: self.reason.map(|r| clean(&r, MAX_REASON)),
+        }
+    }
+
+    /// When, as RFC 3339 (empty when unknown).
+    pub fn at(&self) -> String {
+        if self.at_ms == 0 {
+            return String::new();
+        }
+        humantime::format_rfc3339_millis(SystemTime::UNIX_EPOCH + Duration::from_millis(self.at_ms))
+            .to_string()
+    }
+
+    /// One line for logs and the CLI.
+    pub fn describe(&self) -> String {
+        let mut line = format!("paused by {}", self.by);
+        if self.at_ms != 0 {
+            line.push_str(&format!(" at {}", self.at()));
+        }
+        if let Some(reason) = &self.reason {
+            line.push_str(&format!(": {reason}"));
+        }
+        line
+    }
+}
+
+/// `text` without control characters, cut to `max` characters.
+fn clean(text: &str, max: usize) -> String {
+    text.chars()
+        .filter(|c| !c.is_control())
+        .take(max)
+        .collect::<String>()
+        .trim()
+        .to_owned()
+}
+
+/// What a host knows of a subscription's flow controls.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FlowState {
+    /// Whether it has been read from Redis yet: a host does not read a subscription before it
+    /// knows whether it is paused.
+    pub known: bool,
+    /// The pause, if it is paused.
+    pub paused: Option<Paused>,
+}
+
+impl FlowState {
+    /// Whether the subscription may take entries now.
+    pub fn open(&self) -> bool {
+        self.known && self.paused.is_none()
+    }
+}
+
+/// Why a pause or resume could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum FlowError {
+    /// Redis refused or could not be reached.
+    #[error("cannot change the flow controls of stream `{stream}` group `{group}` in Redis")]
+    Redis {
+        /// The subscription's stream.
+        stream: String,
+        /// Its group.
+        group: String,
+        /// What Redis said.
+        #[source]
+        source: redis::RedisError,
+    },
+}
+
+/// What a pause call did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PauseResult {
+    /// The subscription is paused now, by this call.
+    Paused(Paused),
+    /// It was paused already (by this record, which is kept).
+    Already(Paused),
+}
+
+/// Pause the subscription to `stream` with `group` for every host of the group: `paused` is
+/// recorded unless a pause is recorded already, then the epoch moves so hosts look.
+pub async fn pause<C: ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+    group: &str,
+    paused: Paused,
+) -> Result<PauseResult, FlowError> {
+    let err = |source| FlowError::Redis {
+        stream: stream.to_owned(),
+        group: group.to_owned(),
+        source,
+    };
+    let key = flow_key(stream, group);
+    // Serializing a struct of strings and a number cannot fail.
+    let record = serde_json::to_string(&paused).unwrap_or_default();
+    let set: bool = redis::cmd("HSETNX")
+        .arg(&key)
+        .arg(PAUSED)
+        .arg(&record)
+        .query_async(conn)
+        .await
+        .map_err(err)?;
+    let result = if set {
+        PauseResult::Paused(paused)
+    } else {
+        match state(conn, stream, group).await.map_err(err)? {
+            Some(existing) => PauseResult::Already(existing),
+            // Resumed between the two commands: try again once, as a fresh pause.
+            None => return Box::pin(pause(conn, stream, group, paused)).await,
+        }
+    };
+    bump_epoch(conn).await.map_err(err)?;
+    Ok(result)
+}
+
+/// Resume the subscription: its pause record is removed and the epoch moves. The record that
+/// was removed, if it was paused.
+pub async fn resume<C: ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+    group: &str,
+) -> Result<Option<Paused>, FlowError> {
+    let err = |source| FlowError::Redis {
+        stream: stream.to_owned(),
+        group: group.to_owned(),
+        source,
+    };
+    let was = state(conn, stream, group).await.map_err(err)?;
+    let removed: u64 = redis::cmd("HDEL")
+        .arg(flow_key(stream, group))
+        .arg(PAUSED)
+        .query_async(conn)
+        .await
+        .map_err(err)?;
+    bump_epoch(conn).await.map_err(err)?;
+    Ok(if removed > 0 { was } else { None })
+}
+
+async fn bump_epoch<C: ConnectionLike>(conn: &mut C) -> RedisResult<()> {
+    redis::cmd("INCR")
+        .arg(FLOW_EPOCH)
+        .query_async::<i64>(conn)
+        .await
+        .map(drop)
+}
+
+/// The pause of the subscription to `stream` with `group`, if it is paused (at most
+/// [`MAX_RECORD`] bytes of the record are read).
+pub async fn state<C: ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+    group: &str,
+) -> RedisResult<Option<Paused>> {
+    static READ: std::sync::LazyLock<Script> =
+        std::sync::LazyLock::new(|| Script::new(include_str!("lua/read_paused.lua")));
+    let record: Option<Vec<u8>> = READ
+        .key(flow_key(stream, group))
+        .arg(PAUSED)
+        .arg(MAX_RECORD)
+        .invoke_async(conn)
+        .await?;
+    Ok(record.map(|r| Paused::from_record(&r)))
+}
+
+/// One subscription a [`FlowWatcher`] keeps up to date.
+struct Watched {
+    stream: String,
+    group: String,
+    state: watch::Sender<FlowState>,
+    paused_gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+/// Keeps the flow state of every subscription on one Redis up to date on this host.
+pub struct FlowWatcher {
+    conn: RedisHandle,
+    watched: Vec<Watched>,
+}
+
+impl FlowWatcher {
+    /// A watcher reading through `conn`.
+    pub fn new(conn: RedisHandle) -> Self {
+        Self {
+            conn,
+            watched: Vec::new(),
+        }
+    }
+
+    /// Watch the subscription to `stream` with `group`; what the read loops (and the admin
+    /// server) look at.
+    pub fn watch(
+        &mut self,
+        stream: &str,
+        group: &str,
+        metrics: &Metrics,
+    ) -> watch::Receiver<FlowState> {
+        if let Some(known) = self
+            .watched
+            .iter()
+            .find(|w| w.stream == stream && w.group == group)
+        {
+            return known.state.subscribe();
+        }
+        let (state, receiver) = watch::channel(FlowState::default());
+        self.watched.push(Watched {
+            stream: stream.to_owned(),
+            group: group.to_owned(),
+            state,
+            paused_gauge: metrics
+                .paused
+                .get_or_create(&Metrics::labels(stream, group))
+                .clone(),
+        });
+        receiver
+    }
+
+    /// Poll until `stop`.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let mut seen: Option<i64> = None;
+        let mut refreshed_at: Option<tokio::time::Instant> = None;
+        let mut failing = false;
+        loop {
+            let mut conn = self.conn.clone();
+            let epoch: RedisResult<Option<i64>> = redis::cmd("GET")
+                .arg(FLOW_EPOCH)
+                .query_async(&mut conn)
+                .await;
+            match epoch {
+                Ok(epoch) => {
+                    let stale = refreshed_at.is_none_or(|at| at.elapsed() >= FULL_REFRESH);
+                    if (stale || epoch != seen) && self.refresh(&mut conn).await {
+                        seen = epoch;
+                        refreshed_at = Some(tokio::time::Instant::now());
+                    }
+                    if failing {
+                        tracing::info!("flow controls readable again");
+                        failing = false;
+                    }
+                }
+                Err(err) => {
+                    self.conn.saw_error(&err);
+                    if !failing {
+                        tracing::warn!(
+                            %err,
+                            "cannot read the flow controls (pauses) from Redis; keeping what was known"
+                        );
+                        failing = true;
+                    }
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(POLL) => {}
+                () = stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// Read every watched subscription's state; false if any could not be read (kept as it
+    /// was).
+    async fn refresh(&self, conn: &mut RedisHandle) -> bool {
+        let mut all = true;
+        for watched in &self.watched {
+            match state(conn, &watched.stream, &watched.group).await {
+                Ok(paused) => {
+                    watched.paused_gauge.set(i64::from(paused.is_some()));
+                    let next = FlowState {
+                        known: true,
+                        paused,
+                    };
+                    watched.state.send_if_modified(|now| {
+                        if *now == next {
+                            return false;
+                        }
+                        match (&now.paused, &next.paused) {
+                            (_, Some(p)) if now.paused.as_ref() != Some(p) => tracing::warn!(
+                                stream = %watched.stream,
+                                group = %watched.group,
+                                by = %p.by,
+                                "subscription {}: no new entries are read until it is resumed",
+                                p.describe()
+                            ),
+                            (Some(_), None) => tracing::info!(
+                                stream = %watched.stream,
+                                group = %watched.group,
+                                "subscription resumed: reading again"
+                            ),
+                            _ => {}
+                        }
+                        *now = next;
+                        true
+                    });
+                }
+                Err(err) => {
+                    all = false;
+                    tracing::warn!(
+                        stream = %watched.stream,
+                        group = %watched.group,
+                        %err,
+                        "cannot read the subscription's flow controls; keeping what was known"
+                    );
+                }
+            }
+        }
+        all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_are_bounded_and_foreign_ones_still_pause() {
+        let long = "x".repeat(10_000);
+        let p = Paused::now(&format!("ops\u{1b}[31m{long}"), Some(&long));
+        assert_eq!(p.by.chars().count(), MAX_BY);
+        assert!(!p.by.contains('\u{1b}'));
+        assert_eq!(
+            p.reason.as_deref().map(|r| r.chars().count()),
+            Some(MAX_REASON)
+        );
+        let hostile = serde_json::json!({ "by": long, "at_ms": 1, "reason": long }).to_string();
+        let read = Paused::from_record(hostile.as_bytes());
+        assert_eq!(read.by.chars().count(), MAX_BY);
+        let foreign = Paused::from_record(b"1");
+        assert!(foreign.by.contains("unknown writer"));
+        assert_eq!(Paused::now("  ", Some("  ")).reason, None);
+    }
+
+    #[test]
+    fn a_state_is_open_only_when_known_and_not_paused() {
+        assert!(!FlowState::default().open());
+        let known = FlowState {
+            known: true,
+            paused: None,
+        };
+        assert!(known.open());
+        let paused = FlowState {
+            known: true,
+            paused: Some(Paused::now("ops", None)),
+        };
+        assert!(!paused.open());
+    }
+}

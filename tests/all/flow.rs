@@ -1,0 +1,311 @@
+//! Flow control against real hosts: a pause holds every host of the group (new entries, due
+//! retries, a read already waiting), survives a restart, shows in status, `/v1`, `/metrics`
+//! and `/readyz`, and after the resume every entry is handled once.
+//!
+//! A pause is a promise that nothing happens, so some checks here watch for a bounded window
+//! (a few times the one-second bound) that no delivery comes: the only way to see an absence.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use sluice_fixture_control::Control;
+use sluice_host::EventKind;
+
+use crate::common::*;
+
+const T: Duration = Duration::from_secs(60);
+/// How long a paused host is watched for a delivery that must not come: twice the bound.
+const QUIET: Duration = Duration::from_secs(2);
+
+/// Whether `host`'s `/v1/subscriptions` lists `stream` as paused.
+async fn listed_paused(admin: std::net::SocketAddr, stream: &str) -> Option<serde_json::Value> {
+    let (status, body) = http_get(admin, "/v1/subscriptions").await;
+    assert_eq!(status, 200, "{body}");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+    rows.into_iter()
+        .find(|r| r["stream"] == stream)
+        .and_then(|r| Some(r["paused"].clone()).filter(|p| !p.is_null()))
+}
+
+/// No event on `host` for [`QUIET`].
+async fn quiet(host: &mut TestHost, what: &str) {
+    let got = tokio::time::timeout(QUIET, host.events.recv()).await;
+    assert!(got.is_err(), "{what}: a delivery while paused: {got:?}");
+}
+
+/// Two hosts of one group: the CLI's pause stops both (new entries, a retry that comes due);
+/// status, `/v1`, `/metrics` and `/readyz` say so; a host restarted while paused does not
+/// read; the API's resume lets both go on, and every entry is acked exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_holds_every_host_of_the_group_across_a_restart_until_the_resume() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let sub = |consumer: &str| {
+        TestConfig::of(
+            Sub::fixture("held")
+                .set("consumer", consumer)
+                .set("max_retries", 3)
+                .delayed("held:retries"),
+        )
+    };
+    let mut a = start_fixture(&redis, sub("a")).await;
+    let mut b = start_fixture(&redis, sub("b")).await;
+    let (admin_a, admin_b) = (a.admin().await, b.admin().await);
+    // A retry parked before the pause, due while paused (10 s: long enough for the pause to
+    // take effect first on a busy machine).
+    let retried = add(
+        &mut conn,
+        "held",
+        &Control::Retry {
+            ms: 10_000,
+            times: 1,
+        },
+    )
+    .await;
+    wait_for(T, "the retry parked", || async {
+        (parked(&mut conn.clone(), "held:retries").await == 1).then_some(())
+    })
+    .await;
+
+    // Pause through the CLI, as an operator would.
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "sluice.toml", &sub("cli").to_string());
+    let url = redis.url();
+    let cli = |args: Vec<String>| {
+        let cwd = dir.path().to_owned();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                run_sluice(&args, &cwd)
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let args = |cmd: &str, extra: &[&str]| {
+        let mut all = vec![
+            cmd.to_owned(),
+            config.to_str().unwrap().to_owned(),
+            "--redis".to_owned(),
+            url.clone(),
+        ];
+        all.extend(extra.iter().map(|s| (*s).to_owned()));
+        all
+    };
+    let (ok, out, err) = cli(args(
+        "pause",
+        &["--by", "ops-oncall", "--reason", "gateway down"],
+    ))
+    .await;
+    assert!(ok, "{err}");
+    assert!(out.contains("paused by ops-oncall"), "{out}");
+    let (ok, again, err) = cli(args("pause", &["--by", "someone-else"])).await;
+    assert!(ok, "{err}");
+    assert!(
+        again.contains("already paused by ops-oncall"),
+        "a second pause keeps the first one's record: {again}"
+    );
+    for admin in [admin_a, admin_b] {
+        let paused = wait_for(
+            Duration::from_secs(5),
+            "both hosts to see the pause",
+            || listed_paused(admin, "held"),
+        )
+        .await;
+        assert_eq!(paused["by"], "ops-oncall");
+        assert_eq!(paused["reason"], "gateway down");
+        let (status, ready) = http_get(admin, "/readyz").await;
+        assert_eq!(status, 200, "paused is a state, not a fault: {ready}");
+        let (_, metrics) = http_get(admin, "/metrics").await;
+        assert!(
+            metrics.contains(r#"sluice_paused{stream="held",group="g"} 1"#),
+            "{metrics}"
+        );
+    }
+    let (ok, status, err) = cli(args("status", &[])).await;
+    assert!(ok, "{err}");
+    assert!(
+        status.contains("PAUSED: paused by ops-oncall") && status.contains("gateway down"),
+        "{status}"
+    );
+
+    // What the hosts did before the pause (parking the retry) is behind us.
+    for host in [&mut a, &mut b] {
+        while let Ok(e) = host.events.try_recv() {
+            assert!(
+                matches!(e.kind, EventKind::Parked { .. }),
+                "only the retry was handled before the pause: {e:?}"
+            );
+        }
+    }
+    // New entries while paused: neither host reads them, and the parked retry comes due and
+    // is swept into the group's lane, where it waits.
+    let mut ids = vec![retried.clone()];
+    for _ in 0..40 {
+        ids.push(add(&mut conn, "held", &Control::Ack).await);
+    }
+    wait_for(T, "the due retry swept into the lane", || async {
+        (parked(&mut conn.clone(), "held:retries").await == 0).then_some(())
+    })
+    .await;
+    quiet(&mut a, "host a").await;
+    quiet(&mut b, "host b").await;
+    // (A read that was already waiting when the pause came may have taken some: they stay
+    // pending, unhandled, as the quiet windows showed, and are handled after the resume.)
+
+    // A host restarted while paused learns it before its first read.
+    a.stop().await.unwrap();
+    let mut a = start_fixture(&redis, sub("a")).await;
+    let admin_a = a.admin().await;
+    wait_for(
+        Duration::from_secs(5),
+        "the restarted host to see the pause",
+        || listed_paused(admin_a, "held"),
+    )
+    .await;
+    quiet(&mut a, "restarted host a").await;
+
+    // Resume through the API of one host: both go on, and each entry is acked once.
+    let (status, body) =
+        http_request(admin_b, "POST", "/v1/subscriptions/held/g/resume", &[], b"").await;
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["resumed"], true, "{body}");
+    assert_eq!(answer["was"]["by"], "ops-oncall", "{body}");
+    let mut acked: HashMap<String, usize> = HashMap::new();
+    let deadline = tokio::time::Instant::now() + T;
+    while acked.len() < ids.len() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for every entry acked after the resume: {} of {}",
+            acked.len(),
+            ids.len()
+        );
+        for host in [&mut a, &mut b] {
+            if let Ok(Ok(e)) =
+                tokio::time::timeout(Duration::from_millis(10), host.events.recv()).await
+                && e.kind == EventKind::Acked
+            {
+                // The retry is acked as its copy from the lane: counted by origin.
+                *acked.entry(e.origin_id.clone()).or_default() += 1;
+            }
+        }
+    }
+    assert!(ids.iter().all(|id| acked.contains_key(id)), "{acked:?}");
+    assert!(acked.values().all(|&n| n == 1), "acked twice: {acked:?}");
+    assert_eq!(listed_paused(admin_a, "held").await, None);
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+/// A read that was already waiting when the pause came returns the entry added after it: the
+/// entry stays pending to the host, unhandled, and is handled once after the resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_already_waiting_when_the_pause_comes_hands_nothing_to_the_handler() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    // A long block: the host's read is waiting in Redis when the pause comes.
+    let mut host = start_fixture(
+        &redis,
+        Sub::fixture("waiting")
+            .set("block", "30s")
+            .set("max_retries", 0),
+    )
+    .await;
+    let admin = host.admin().await;
+    let first = add(&mut conn, "waiting", &Control::Ack).await;
+    host.event(T, "the first entry", |e| e.id == first).await;
+    let (status, body) = http_request(
+        admin,
+        "POST",
+        "/v1/subscriptions/waiting/g/pause",
+        &[],
+        br#"{"by": "test", "reason": "hold"}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""already":false"#), "{body}");
+    wait_for(Duration::from_secs(5), "the host to see the pause", || {
+        listed_paused(admin, "waiting")
+    })
+    .await;
+    let held = add(&mut conn, "waiting", &Control::Ack).await;
+    // The waiting read took it (it is pending to the host) but nothing handled it.
+    wait_for(
+        Duration::from_secs(5),
+        "the waiting read to return it",
+        || {
+            let mut conn = conn.clone();
+            async move { (pending(&mut conn, "waiting", "g").await == 1).then_some(()) }
+        },
+    )
+    .await;
+    quiet(&mut host, "the held entry").await;
+    let (status, body) = http_request(
+        admin,
+        "POST",
+        "/v1/subscriptions/waiting/g/resume",
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let event = host.event(T, "the held entry", |e| e.id == held).await;
+    assert_eq!(event.kind, EventKind::Acked);
+    assert_eq!(pending(&mut conn, "waiting", "g").await, 0);
+    assert!(
+        tokio::time::timeout(QUIET, host.event(T, "a second delivery", |e| e.id == held))
+            .await
+            .is_err(),
+        "handled twice"
+    );
+    host.stop().await.unwrap();
+}
+
+/// What another writer to the same Redis may leave in the flow hash is bounded: a 1 MB record
+/// that is not Sluice's still pauses (by "an unknown writer"), and what the API shows of it is
+/// cut; a body that is not the pause's JSON is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_pause_record_is_bounded_and_a_bad_body_refused() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(&redis, Sub::fixture("foreign").set("max_retries", 0)).await;
+    let admin = host.admin().await;
+    let key = sluice_host::keys::flow_key("foreign", "g");
+    let big = "x".repeat(1 << 20);
+    let _: () = cmd(&mut conn, &["HSET", &key, "paused", &big]).await;
+    let _: i64 = cmd(&mut conn, &["INCR", sluice_host::keys::FLOW_EPOCH]).await;
+    let paused = wait_for(Duration::from_secs(5), "the foreign pause", || {
+        listed_paused(admin, "foreign")
+    })
+    .await;
+    assert!(
+        paused["by"].as_str().unwrap().contains("unknown writer"),
+        "{paused}"
+    );
+    let entry = add(&mut conn, "foreign", &Control::Ack).await;
+    quiet(&mut host, "a foreign pause still holds").await;
+    let (status, body) = http_request(
+        admin,
+        "POST",
+        "/v1/subscriptions/foreign/g/pause",
+        &[],
+        b"{\"by\": 1}",
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    let (status, _) = http_request(admin, "POST", "/v1/subscriptions/nope/g/pause", &[], b"").await;
+    assert_eq!(status, 404);
+    let (status, body) = http_request(
+        admin,
+        "POST",
+        "/v1/subscriptions/foreign/g/resume",
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    host.event(T, "the entry after the resume", |e| e.id == entry)
+        .await;
+    host.stop().await.unwrap();
+}
