@@ -135,6 +135,28 @@ impl Browser {
         }
     }
 
+    /// Open `url` again until `js` is true there: the page shows what the host knew when it
+    /// was rendered.
+    async fn wait_until_reloading(&mut self, url: &str, js: &str, what: &str) {
+        let deadline = tokio::time::Instant::now() + T;
+        loop {
+            self.open(url).await;
+            // A navigation gets the loader; the page's script fetches the real one.
+            self.wait_until(
+                "document.body.hasAttribute('data-keyed') && !document.body.hasAttribute('data-loader')",
+                what,
+            )
+                .await;
+            if self.eval(js).await == json!(true) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
+        }
+    }
+
     async fn open(&mut self, url: &str) {
         self.call("Page.navigate", json!({ "url": url })).await;
         // Page.navigate answers once the new document is committed; then wait for its load.
@@ -347,6 +369,56 @@ async fn an_operator_logs_in_and_requeues_a_dead_letter_in_a_browser() {
             "the overview after a link from another site",
         )
         .await;
+    // Pause from the overview: the button asks first (the dialog is answered here, and what
+    // it asked is kept), every host stops, the card says who paused and why; then resume.
+    browser
+        .eval(
+            "window.__asked = []; window.confirm = m => (window.__asked.push(m), true); \
+             document.querySelector('div.flow input[name=reason]').value = 'gateway <b>down</b>'; \
+             document.querySelector('div.flow button').click(); true",
+        )
+        .await;
+    browser
+        .wait_until(
+            "document.querySelector('.flash') !== null && document.querySelector('.flash').innerText.includes('paused by the admin page') && document.readyState === 'complete'",
+            "the pause's confirmation",
+        )
+        .await;
+    let asked = browser.eval("window.__asked.join('|')").await;
+    assert!(
+        asked
+            .as_str()
+            .unwrap_or_default()
+            .contains("Pause stream payments group g on every host?"),
+        "{asked}"
+    );
+    let paused = sluice_host::flow::state(&mut conn, "payments", "g")
+        .await
+        .unwrap()
+        .expect("paused in Redis");
+    assert_eq!(paused.by, "the admin page");
+    assert_eq!(paused.reason.as_deref(), Some("gateway <b>down</b>"));
+    // The overview shows the pause once this host has seen it.
+    browser.wait_until_reloading(&format!("{base}/ui/"), "document.querySelector('p.paused') !== null && document.querySelector('p.paused').innerText.includes('gateway <b>down</b>')", "the paused card").await;
+    browser.screenshot("paused").await;
+    browser
+        .eval(
+            "window.__asked = []; window.confirm = m => (window.__asked.push(m), true); \
+             document.querySelector('div.flow button').click(); true",
+        )
+        .await;
+    browser
+        .wait_until(
+            "document.querySelector('.flash') !== null && document.querySelector('.flash').innerText.includes('resumed') && document.readyState === 'complete'",
+            "the resume's confirmation",
+        )
+        .await;
+    assert_eq!(
+        sluice_host::flow::state(&mut conn, "payments", "g")
+            .await
+            .unwrap(),
+        None
+    );
     // Logging out ends the session and forgets the key.
     browser
         .eval("document.querySelector('form[action=\"/ui/logout\"] button').click(); true")

@@ -190,12 +190,12 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer, done: Option<&
                         "Paused by " b { (p.by) }
                         @if p.at_ms != 0 { " at " (p.at()) }
                         @if let Some(r) = &p.reason { ": " (r) }
-                        ". No host of the group takes new entries or due retries until it is resumed; deliveries in flight finished."
+                        ". No host of the group takes new entries or due retries until it is resumed; deliveries in flight finish."
                     }
                 }
                 @if viewer.can_act && let Some(first) = parts.first() {
                     @let keys = first.keys();
-                    p.flow {
+                    div.flow {
                         @if paused.is_some() {
                             form.inline method="post" action=(sub_link(&keys, "act")) data-confirm=(format!("Resume stream {} group {} on every host?", labels.stream, labels.group)) {
                                 input type="hidden" name="csrf" value=(viewer.csrf);
@@ -234,6 +234,7 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer, done: Option<&
                             td { code { (part.labels.stream) } }
                             td {
                                 @match problem {
+                                    None if paused.is_some() => span.badge.warn { "paused" },
                                     None => span.badge.ok { "reading" },
                                     Some(p) => span.badge.bad title=(p) { "not ready" },
                                 }
