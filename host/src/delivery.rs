@@ -262,8 +262,8 @@ pub fn unpack_fields(packed: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
         .collect()
 }
 
-/// An entry on its way to a handler.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// An entry on its way to a handler. Not comparable: it carries its attempt's span.
+#[derive(Debug)]
 pub struct Delivery {
     /// The stream it was read from.
     pub stream: String,

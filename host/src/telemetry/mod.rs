@@ -258,16 +258,13 @@ pub const ATTEMPT_SPAN: &str = "delivery";
 
 /// The trace an attempt runs in, carried on its delivery while traces are exported: what its
 /// outbound requests and `trace::traceparent` say, and the span its outcome is recorded on.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct AttemptTrace {
     /// The entry's parent (see [`context`]), sampled or not.
     pub parent: SpanContext,
     /// Its span, when sampled.
     pub span: Option<tracing::Span>,
 }
-
-// A span equals itself (same id), which is all `Eq` asks.
-impl Eq for AttemptTrace {}
 
 /// The `traceparent` an attempt passes on: its span's when sampled, else the entry's parent
 /// (unsampled, as W3C asks).
