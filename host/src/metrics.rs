@@ -136,6 +136,10 @@ pub struct Metrics {
     pub trace_context_rejected: Counter,
     /// 1 while the subscription is paused (by an operator, for every host of its group).
     pub paused: Family<SubLabels, Gauge>,
+    /// Script calls that took tokens from the shared rate limit's bucket.
+    pub rate_limit_calls: Family<SubLabels, Counter>,
+    /// Reads that waited for the shared rate limit's budget.
+    pub rate_limit_waits: Family<SubLabels, Counter>,
 }
 
 fn seconds_histogram() -> Histogram {
@@ -334,6 +338,18 @@ impl Default for Metrics {
                 &mut registry,
                 "paused",
                 "1 while the subscription is paused: no host of its group takes new entries or due retries",
+                Family::default(),
+            ),
+            rate_limit_calls: registered(
+                &mut registry,
+                "rate_limit_calls",
+                "Script calls that took tokens from the group's shared rate-limit bucket (about one per read)",
+                Family::default(),
+            ),
+            rate_limit_waits: registered(
+                &mut registry,
+                "rate_limit_waits",
+                "Reads that waited for the group's shared rate limit",
                 Family::default(),
             ),
             registry,

@@ -182,6 +182,8 @@ pub struct SubscriptionPlan {
     pub retry_lane_slots: usize,
     /// With retries at the stream's tail: run although other groups read the stream.
     pub other_groups_see_retries: bool,
+    /// The group's shared rate limit, if any.
+    pub rate_limit: Option<crate::config::RateLimit>,
     /// The shortest wait of any retry.
     pub min_delay: Duration,
     /// Trim what every group has acknowledged (`None`: off).
@@ -378,6 +380,7 @@ impl Plan {
                     0
                 },
                 other_groups_see_retries: sub.other_groups_see_retries,
+                rate_limit: sub.rate_limit,
                 min_delay: sub.min_delay,
                 retention: sub.retention,
                 dead_letter_keep: sub.dead_letter_keep,
@@ -470,6 +473,18 @@ impl Plan {
                     (None, None) => "no".to_owned(),
                 },
             );
+            if let Some(limit) = &sub.rate_limit {
+                row(
+                    &mut out,
+                    "rate limit",
+                    format!(
+                        "{} deliveries a second for the whole group, every host together (burst {}; bucket `{}`)",
+                        limit.per_second,
+                        limit.burst,
+                        crate::keys::rate_key(&s.stream, &s.group)
+                    ),
+                );
+            }
             let retries = match &s.delayed_retry {
                 Some(DelayedRetry::DurableZset { key, ttl }) => format!(
                     "wait in sorted set `{key}` (ttl {}), then {}",

@@ -244,7 +244,9 @@ impl Service {
         abandon: &CancellationToken,
         shared: Option<Arc<crate::subscription::SharedRead>>,
         flow: &tokio::sync::watch::Receiver<crate::flow::FlowState>,
+        rate: Option<&Arc<crate::flow::rate::RateLimiter>>,
     ) -> Result<StartedPartition, RunError> {
+        let rate = rate.cloned();
         let mut keys = SubscriptionKeys::of(s)
             .with_dead_letter_maxlen(sub.dead_letter_maxlen)
             .with_retry_lane(sub.retry_lane);
@@ -357,6 +359,7 @@ impl Service {
                 health,
                 shared,
                 flow: flow.clone(),
+                rate: rate.clone(),
             },
             &self.metrics,
         );
@@ -452,6 +455,16 @@ impl Service {
                 &sub.stream.group,
                 &self.metrics,
             );
+            // One budget for every partition of the subscription.
+            let rate = sub.rate_limit.map(|limit| {
+                Arc::new(crate::flow::rate::RateLimiter::new(
+                    &sub.stream.stream,
+                    &sub.stream.group,
+                    limit,
+                    conn.clone(),
+                    &self.metrics,
+                ))
+            });
             for warning in &sub.warnings {
                 tracing::warn!(stream = %sub.stream.stream, "{warning}");
             }
@@ -515,6 +528,7 @@ impl Service {
                         &abandon,
                         shared,
                         &flow,
+                        rate.as_ref(),
                     )
                     .await?;
                 admin_subscriptions.push(started.admin);

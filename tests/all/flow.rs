@@ -309,3 +309,119 @@ async fn a_foreign_pause_record_is_bounded_and_a_bad_body_refused() {
         .await;
     host.stop().await.unwrap();
 }
+
+/// Three hosts of one group share `rate_limit = { per_second = 200 }`: 4,000 entries waiting
+/// are handled at 200 a second together (within 10 %), each exactly once. The bucket starts
+/// with what a hostile writer left in it (a huge token count, a time far in the future): it
+/// is bounded, not trusted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hosts_share_one_rate_limit() {
+    const N: usize = 4_000;
+    const RATE: f64 = 200.0;
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let bucket = sluice_host::keys::rate_key("limited", "g");
+    let _: () = cmd(&mut conn, &["HSET", &bucket, "t", "1e308", "at", "9e18"]).await;
+    let sub = |consumer: &str| {
+        TestConfig::of(
+            Sub::fixture("limited")
+                .set("consumer", consumer)
+                .set("max_retries", 0)
+                .set("rate_limit", Raw("{ per_second = 200, burst = 20 }")),
+        )
+    };
+    let mut hosts = Vec::new();
+    for consumer in ["a", "b", "c"] {
+        hosts.push(start_fixture(&redis, sub(consumer)).await);
+    }
+    let mut pipe = redis::pipe();
+    let payload = serde_json::to_string(&Control::Ack).unwrap();
+    for _ in 0..N {
+        pipe.cmd("XADD")
+            .arg("limited")
+            .arg("*")
+            .arg("payload")
+            .arg(&payload);
+    }
+    let ids: Vec<String> = pipe.query_async(&mut conn).await.unwrap();
+    let mut acked: HashMap<String, (usize, std::time::Instant)> = HashMap::new();
+    let mut per_host = [0usize; 3];
+    let mut first: Option<std::time::Instant> = None;
+    // At 200 a second, 4,000 take 20 s: the deadline leaves room for a busy machine.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while acked.len() < N {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out: {} of {N} acked",
+            acked.len()
+        );
+        for (i, host) in hosts.iter_mut().enumerate() {
+            while let Ok(e) = host.events.try_recv() {
+                if e.kind == EventKind::Acked {
+                    let now = std::time::Instant::now();
+                    first.get_or_insert(now);
+                    per_host[i] += 1;
+                    acked.entry(e.id.clone()).or_insert((0, now)).0 += 1;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let last = acked.values().map(|(_, at)| *at).max().unwrap();
+    let took = last.duration_since(first.unwrap()).as_secs_f64();
+    // The first burst (20) comes at once; the rest at the rate.
+    let measured = (N - 20) as f64 / took;
+    eprintln!(
+        "rate limit 200/s over three hosts: {measured:.1}/s ({N} entries in {took:.2} s; per host {per_host:?})"
+    );
+    assert!(
+        (measured - RATE).abs() <= RATE * 0.10,
+        "measured {measured:.1}/s against a limit of {RATE}/s"
+    );
+    assert!(
+        ids.iter()
+            .all(|id| acked.get(id).is_some_and(|(n, _)| *n == 1))
+    );
+    assert!(
+        per_host.iter().all(|&n| n > 0),
+        "every host took part: {per_host:?}"
+    );
+    assert_eq!(pending(&mut conn, "limited", "g").await, 0);
+    for host in hosts {
+        host.stop().await.unwrap();
+    }
+}
+
+/// `sluice check` shows a rate limit, and refuses one that is not a rate.
+#[test]
+fn check_shows_a_rate_limit_and_refuses_a_bad_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let config =
+        TestConfig::of(Sub::fixture("limited").set("rate_limit", Raw("{ per_second = 2.5 }")))
+            .to_string();
+    write_config(dir.path(), "sluice.toml", &config);
+    let (ok, stdout, stderr) = run_sluice(&["check", "sluice.toml"], dir.path());
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout
+            .contains("2.5 deliveries a second for the whole group, every host together (burst 1;"),
+        "{stdout}"
+    );
+    for (limit, says) in [
+        ("{ per_second = 0 }", "must be above 0"),
+        ("{ per_second = -1 }", "must be above 0"),
+        ("{ per_second = nan }", "must be above 0"),
+        ("{ per_second = 10, burst = 0 }", "must be at least 1"),
+        (
+            "{ per_second = 10, burst = 10_000_000 }",
+            "must be at least 1 and at most",
+        ),
+        ("{ per_second = 10, brust = 3 }", "brust"),
+    ] {
+        let config =
+            TestConfig::of(Sub::fixture("limited").set("rate_limit", Raw(limit))).to_string();
+        write_config(dir.path(), "sluice.toml", &config);
+        let (ok, _, stderr) = run_sluice(&["check", "sluice.toml"], dir.path());
+        assert!(!ok && stderr.contains(says), "{limit}: {stderr}");
+    }
+}

@@ -108,6 +108,7 @@ struct RawSubscription {
     retry_lane: Option<bool>,
     retry_lane_slots: Option<usize>,
     other_groups_see_retries: Option<bool>,
+    rate_limit: Option<RawRateLimit>,
     min_delay: Option<String>,
     max_in_flight: Option<usize>,
     isolation: Option<Isolation>,
@@ -124,6 +125,13 @@ struct RawSubscription {
     http_timeout: Option<String>,
     #[serde(default)]
     config: BTreeMap<String, toml::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRateLimit {
+    per_second: f64,
+    burst: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -500,6 +508,10 @@ fn subscription(
                 "(leave dead_letter_retention out to keep dead letters for ever)",
             )?),
         },
+        rate_limit: match &sub.rate_limit {
+            None => None,
+            Some(r) => Some(rate_limit(v, &key, r)?),
+        },
         retry_lane: sub.retry_lane,
         retry_lane_slots: sub.retry_lane_slots,
         other_groups_see_retries: sub.other_groups_see_retries.unwrap_or(false),
@@ -617,6 +629,40 @@ fn overrides(
         failure_backoff,
         delayed_retry,
         partitions: sub.partitions,
+    })
+}
+
+/// `rate_limit = { per_second, burst }`: a rate above 0 and at most
+/// [`super::MAX_RATE_PER_SECOND`], a burst of at least 1 (default: a tenth of a second's worth,
+/// at least 1) and at most that maximum too.
+fn rate_limit(
+    v: &Validator<'_>,
+    key: &dyn Fn(&str) -> String,
+    raw: &RawRateLimit,
+) -> Result<super::RateLimit, ConfigError> {
+    let max = super::MAX_RATE_PER_SECOND;
+    let rate = raw.per_second;
+    if !rate.is_finite() || rate <= 0.0 || rate > max {
+        return Err(v.invalid(
+            &key("rate_limit.per_second"),
+            &rate.to_string(),
+            &format!("must be above 0 and at most {max} (entries a second, across every host of the group)"),
+        ));
+    }
+    let burst = match raw.burst {
+        Some(b) if b == 0 || b as f64 > max => {
+            return Err(v.invalid(
+                &key("rate_limit.burst"),
+                &b.to_string(),
+                &format!("must be at least 1 and at most {max}"),
+            ));
+        }
+        Some(b) => b,
+        None => ((rate / 10.0).ceil() as u64).max(1),
+    };
+    Ok(super::RateLimit {
+        per_second: rate,
+        burst,
     })
 }
 

@@ -210,6 +210,22 @@ impl RedisAccess {
     }
 }
 
+/// A subscription's shared rate limit: a token bucket in Redis that every host of the group
+/// draws from (see [`crate::flow::rate`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    /// Tokens added a second: the most deliveries a second, sustained.
+    pub per_second: f64,
+    /// The bucket's size: the most deliveries started at once after an idle while.
+    pub burst: u64,
+}
+
+/// The highest rate (and burst) a rate limit may name.
+pub const MAX_RATE_PER_SECOND: f64 = 1_000_000.0;
+
+// The rate is checked finite (never NaN) when the configuration is read.
+impl Eq for RateLimit {}
+
 /// One subscription as configured (before its component's descriptor is read).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubscriptionConfig {
@@ -238,6 +254,9 @@ pub struct SubscriptionConfig {
     /// `other_groups_see_retries`: with `retry_lane = false`, run even though other groups read
     /// the stream (and see every retry as a new entry).
     pub other_groups_see_retries: bool,
+    /// `rate_limit`: the most deliveries a second the whole group may start, shared by its
+    /// hosts through Redis.
+    pub rate_limit: Option<RateLimit>,
     /// `min_delay`: the shortest wait of any retry.
     pub min_delay: Duration,
     /// `retention`: trim what every group has acknowledged (off when `None`).
@@ -321,6 +340,7 @@ impl Config {
                         dead_letter_maxlen: None,
                         retry_lane: None,
                         retry_lane_slots: None,
+                        rate_limit: None,
                         other_groups_see_retries: false,
                         min_delay: DEFAULT_MIN_DELAY,
                         retention: None,

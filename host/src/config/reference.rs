@@ -230,6 +230,12 @@ pub const KEYS: &[KeyDoc] = &[
     },
     KeyDoc {
         scope: Scope::Subscription,
+        keys: &["rate_limit"],
+        meaning: "`{ per_second = 100, burst = 10 }`: the most deliveries a second the whole group starts, every host together (a token bucket in Redis, in the stream's hash slot; each read takes its tokens in one script call, fetched ahead while the budget is ample). New entries, due retries and claims all count. See [Flow control](../operating/flow-control.md)",
+        default: "none; `burst` defaults to a tenth of a second's worth (at least 1)",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
         keys: &["partitions"],
         meaning: "read this many partitions of the stream, each with its own hash tag (`<key>:{<stream>:<n>}`)",
         default: "the descriptor's, else `1`",

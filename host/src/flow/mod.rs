@@ -1,5 +1,6 @@
 //! Flow control: whether a subscription may take entries now, decided for every host of its
-//! group at once through Redis.
+//! group at once through Redis: an operator's pause (here) and a shared rate limit
+//! ([`rate`]).
 //!
 //! An operator pauses a subscription (`sluice pause`, the admin API, the page): the pause is a
 //! field of the subscription's flow hash ([`crate::keys::flow_key`]), written with HSETNX so
@@ -21,6 +22,8 @@
 //! is read through a script that returns at most [`MAX_RECORD`] bytes of it, a record that is
 //! not Sluice's JSON still counts as a pause ("by an unknown writer"), and who paused and why
 //! are cut to [`MAX_BY`] and [`MAX_REASON`] characters without control characters.
+
+pub mod rate;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

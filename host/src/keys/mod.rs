@@ -97,6 +97,16 @@ pub fn flow_key(stream: &str, group: &str) -> String {
     )
 }
 
+/// A subscription's shared rate-limit bucket (see `flow::rate`): a hash in the stream's hash
+/// slot, named like [`flow_key`].
+pub fn rate_key(stream: &str, group: &str) -> String {
+    format!(
+        "sluice-rate:{{{}}}:{}:{stream}:{group}",
+        hash_tag(stream),
+        stream.len()
+    )
+}
+
 /// Bumped after every change of any subscription's flow controls on this Redis: hosts poll
 /// this one key, and read the subscriptions' own keys only when it moves.
 pub const FLOW_EPOCH: &str = "sluice-flow-epoch";

@@ -166,6 +166,8 @@ pub struct Subscription {
     shared: Option<Arc<SharedRead>>,
     /// Whether it may take entries now (see [`crate::flow`]).
     flow: watch::Receiver<FlowState>,
+    /// The group's shared rate limit, if it has one.
+    rate: Option<Arc<crate::flow::rate::RateLimiter>>,
 }
 
 /// What a subscription shares with the rest of the host.
@@ -182,6 +184,8 @@ pub struct SubscriptionParts {
     pub shared: Option<Arc<SharedRead>>,
     /// The subscription's flow controls, kept up to date by a [`crate::flow::FlowWatcher`].
     pub flow: watch::Receiver<FlowState>,
+    /// The group's shared rate limit (one for all partitions), if it has one.
+    pub rate: Option<Arc<crate::flow::rate::RateLimiter>>,
 }
 
 impl Subscription {
@@ -213,6 +217,7 @@ impl Subscription {
             next_rescue: Mutex::new(tokio::time::Instant::now()),
             shared: parts.shared,
             flow: parts.flow,
+            rate: parts.rate,
         })
     }
 
@@ -346,6 +351,17 @@ impl Subscription {
                 () = self.stop.cancelled() => break,
             };
             self.slots.top_up(&mut first, plan.count);
+            // With a shared rate limit, no more entries than its budget gives now.
+            let mut tokens = 0;
+            if let Some(rate) = &self.rate {
+                match rate.take(first.all(), &self.stop).await {
+                    Some(n) => {
+                        first.limit(n);
+                        tokens = n;
+                    }
+                    None => break,
+                }
+            }
             let conn = match &mut reader {
                 Some(conn) => conn,
                 // Only a successful read resets the backoff: a server that accepts connections
@@ -383,10 +399,16 @@ impl Subscription {
                     } else {
                         self.hold_back(batch, &mut own_pending)
                     };
+                    if let Some(rate) = &self.rate {
+                        rate.give_back(tokens.saturating_sub(batch.len()));
+                    }
                     self.start_deliveries(batch, first).await;
                 }
                 Err(err) => {
                     drop(first);
+                    if let Some(rate) = &self.rate {
+                        rate.give_back(tokens);
+                    }
                     // The read's connection is its own: tell the handle, so a failover
                     // (READONLY, a lost master) is followed before the next reconnect.
                     self.conn.saw_error(&err);

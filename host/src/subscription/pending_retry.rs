@@ -44,6 +44,12 @@ impl Subscription {
             if !this.flow.borrow().open() && !this.wait_open().await {
                 return;
             }
+            // A retry is a delivery: it takes its token from the group's budget.
+            if let Some(rate) = &this.rate
+                && rate.take(1, &this.stop).await.is_none()
+            {
+                return;
+            }
             let mut backoff = ReconnectBackoff::default();
             let entry = loop {
                 let mut conn = this.conn.clone();

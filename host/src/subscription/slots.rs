@@ -57,6 +57,26 @@ impl Taken {
         }
     }
 
+    /// Give back every slot beyond `n`: the read may start no more (a rate limit's budget).
+    /// Shared slots go first, so the lane keeps its reserve.
+    pub(super) fn limit(&mut self, n: usize) {
+        let mut excess = self.all().saturating_sub(n);
+        for held in [&mut self.shared, &mut self.reserved] {
+            if excess == 0 {
+                return;
+            }
+            if let Some(permit) = held.as_mut() {
+                let give = excess.min(permit.num_permits());
+                if give == permit.num_permits() {
+                    *held = None;
+                } else {
+                    drop(permit.split(give));
+                }
+                excess -= give;
+            }
+        }
+    }
+
     /// One slot for an entry read from `source`: a lane entry takes a reserved one first.
     pub(super) fn one_for(&mut self, source: Source) -> Option<OwnedSemaphorePermit> {
         let reserved = match source {
