@@ -50,6 +50,7 @@ const ALL: &[&str] = &[
     "retention",
     "languages",
     "traces",
+    "flow",
 ];
 
 #[derive(Parser)]
@@ -148,9 +149,19 @@ async fn main() -> Result<()> {
     let mut reports: Vec<Report> = Vec::new();
     for name in wanted {
         eprintln!("running {name}...");
-        if ["sandbox", "cluster", "retention", "languages", "traces"].contains(&name) {
+        if [
+            "sandbox",
+            "cluster",
+            "retention",
+            "languages",
+            "traces",
+            "flow",
+        ]
+        .contains(&name)
+        {
             let reports_of = match name {
                 "traces" => bench.traces(args.messages, args.retries).await?,
+                "flow" => bench.flow(args.messages).await?,
                 "sandbox" => bench.sandbox(20_000).await?,
                 "cluster" => bench.cluster(args.messages).await?,
                 "languages" => bench.languages(args.messages / 5, 200).await?,

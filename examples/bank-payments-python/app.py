@@ -10,7 +10,8 @@ Run with:   `sluice run sluice.toml`
 from dataclasses import dataclass
 import logging
 
-from sluice_guest import DelayedRetry, RedisStream, ack, config, dead_letter, http, retry_after, subscriber
+from sluice_guest import (DelayedRetry, RedisStream, ack, config, dead_letter, downstream_down, http,
+                          retry_after, subscriber)
 
 log = logging.getLogger("bank_payments")
 
@@ -30,9 +31,11 @@ class Payment:
 
 
 class GatewayError(Exception):
-    def __init__(self, message: str, retryable: bool):
+    def __init__(self, message: str, retryable: bool, down: bool = False):
         super().__init__(message)
         self.retryable = retryable
+        # The gateway itself is away: the circuit breaker counts it.
+        self.down = down
 
 
 def charge(payment: Payment) -> None:
@@ -46,7 +49,7 @@ def charge(payment: Payment) -> None:
     except http.HttpError as err:
         if err.is_timeout:
             raise GatewayError("the payment gateway timed out", True)
-        raise GatewayError(f"the payment gateway is unavailable: {err}", True)
+        raise GatewayError(f"the payment gateway is unavailable: {err}", True, down=True)
     if 200 <= response.status < 300:
         return
     if response.status == 504:
@@ -55,7 +58,7 @@ def charge(payment: Payment) -> None:
         raise GatewayError(
             f"the payment gateway declined the charge: {response.status} {response.text}", False)
     raise GatewayError(
-        f"the payment gateway is unavailable: {response.status} {response.text}", True)
+        f"the payment gateway is unavailable: {response.status} {response.text}", True, down=True)
 
 
 @subscriber(
@@ -68,6 +71,9 @@ def charge_bank(payment: Payment):
     try:
         charge(payment)
     except GatewayError as err:
+        if err.down:
+            log.warning("gateway down, parked for later: %s (payment %s)", err, payment.id)
+            return downstream_down(str(err), RECHECK_SECONDS)
         if err.retryable:
             log.warning("charge failed, parked for later: %s (payment %s)", err, payment.id)
             return retry_after(RECHECK_SECONDS)

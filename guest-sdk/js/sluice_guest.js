@@ -20,6 +20,7 @@
 import { log as hostLog } from "sluice:handler/log@0.2.0";
 import { get as configGet, getAll as configGetAll } from "sluice:handler/config@0.2.0";
 import { traceparent as hostTraceparent } from "sluice:handler/trace@0.2.0";
+import { downstreamDown as hostDownstreamDown } from "sluice:handler/flow@0.2.0";
 
 function ms(seconds) {
   if (!(seconds >= 0)) throw new RangeError(`a duration must be a number of seconds >= 0: ${seconds}`);
@@ -34,6 +35,15 @@ export function ack() {
 /** Try again after `seconds` (waiting in the delayed-retry set when the subscription has one). */
 export function retryAfter(seconds) {
   return { tag: "retry-after", val: ms(seconds) };
+}
+
+/**
+ * Try again after `seconds` because a downstream is down (a gateway that refuses or times out):
+ * the attempt counts toward the subscription's circuit breaker, which stops taking entries
+ * while the downstream is away instead of burning their attempts.
+ */
+export function downstreamDown(reason, seconds) {
+  return { tag: "downstream-down", val: ms(seconds), reason: String(reason) };
 }
 
 /** Give up: the entry goes to the dead-letter stream with `reason`. */
@@ -224,8 +234,12 @@ export function subscriber(descriptor, handler, options = {}) {
       try {
         const outcome = await handler(payload, delivery);
         if (outcome === undefined || outcome === null) return ack();
+        if (outcome.tag === "downstream-down") {
+          hostDownstreamDown(outcome.reason);
+          return { tag: "retry-after", val: outcome.val };
+        }
         if (!["ack", "retry-after", "dead-letter"].includes(outcome.tag)) {
-          throw new TypeError(`the handler returned ${JSON.stringify(outcome)}: return ack(), retryAfter(s) or deadLetter(r)`);
+          throw new TypeError(`the handler returned ${JSON.stringify(outcome)}: return ack(), retryAfter(s), downstreamDown(r, s) or deadLetter(r)`);
         }
         return outcome;
       } catch (err) {

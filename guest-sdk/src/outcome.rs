@@ -14,6 +14,8 @@ pub struct HandlerOutcome(pub(crate) Kind);
 pub(crate) enum Kind {
     Ack,
     RetryAfter(Duration),
+    /// A retry because a downstream is down (the reason).
+    DownstreamDown(Duration, String),
     DeadLetter(String),
 }
 
@@ -26,6 +28,19 @@ impl HandlerOutcome {
     /// Not now: deliver the entry again after `delay`.
     pub fn retry_after(delay: Duration) -> Self {
         Self(Kind::RetryAfter(delay))
+    }
+
+    /// Not now, because a downstream is down (a gateway that refuses or times out, a
+    /// dependency that is away): deliver the entry again after `delay`, and count the attempt
+    /// toward the subscription's circuit breaker, which stops taking entries while the
+    /// downstream is away instead of burning their attempts. `reason` goes into the logs.
+    pub fn downstream_down(reason: impl Into<String>, delay: Duration) -> Self {
+        Self(Kind::DownstreamDown(delay, reason.into()))
+    }
+
+    /// Whether this outcome says a downstream is down.
+    pub fn is_downstream_down(&self) -> bool {
+        matches!(self.0, Kind::DownstreamDown(..))
     }
 
     /// Give up on the entry: move it to the dead-letter stream with `reason`.
@@ -41,7 +56,7 @@ impl HandlerOutcome {
     /// The requested delay, if this is a retry.
     pub fn retry_delay(&self) -> Option<Duration> {
         match self.0 {
-            Kind::RetryAfter(d) => Some(d),
+            Kind::RetryAfter(d) | Kind::DownstreamDown(d, _) => Some(d),
             _ => None,
         }
     }

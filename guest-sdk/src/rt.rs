@@ -86,6 +86,10 @@ fn to_wit(outcome: HandlerOutcome) -> wit::Outcome {
     match outcome.0 {
         Kind::Ack => wit::Outcome::Ack,
         Kind::RetryAfter(d) => wit::Outcome::RetryAfter(millis(d)),
+        Kind::DownstreamDown(d, reason) => {
+            crate::__bindings::sluice::handler::flow::downstream_down(&reason);
+            wit::Outcome::RetryAfter(millis(d))
+        }
         Kind::DeadLetter(reason) => wit::Outcome::DeadLetter(reason),
     }
 }

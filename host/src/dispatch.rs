@@ -39,6 +39,8 @@ pub struct Dispatcher {
     /// A moving average of how long the handler takes, in nanoseconds: how a read's
     /// deliveries are spread over threads (see [`Self::typical_handler_time`]).
     typical_ns: AtomicU64,
+    /// The group's circuit breaker, which counts each attempt, if it has one.
+    breaker: Option<Arc<crate::flow::breaker::Breaker>>,
 }
 
 impl Dispatcher {
@@ -56,7 +58,14 @@ impl Dispatcher {
             settler,
             metrics: metrics.for_deliveries(labels),
             typical_ns: AtomicU64::new(0),
+            breaker: None,
         }
+    }
+
+    /// Count every attempt for `breaker`.
+    pub fn with_breaker(mut self, breaker: Option<Arc<crate::flow::breaker::Breaker>>) -> Self {
+        self.breaker = breaker;
+        self
     }
 
     /// Handle and settle one delivery.
@@ -203,7 +212,7 @@ impl Dispatcher {
         m.duration.observe(elapsed.as_secs_f64());
         m.count(match &result {
             Ok(Outcome::Ack) => HandlerResult::Ack,
-            Ok(Outcome::RetryAfter(_)) => HandlerResult::Retry,
+            Ok(Outcome::RetryAfter(_) | Outcome::DownstreamDown(..)) => HandlerResult::Retry,
             Ok(Outcome::DeadLetter(_)) => HandlerResult::DeadLetter,
             Err(Failure::Trap(_) | Failure::Raised { .. } | Failure::Instantiate(_)) => {
                 HandlerResult::Trap
@@ -215,6 +224,13 @@ impl Dispatcher {
                 | Failure::HostLimit(_),
             ) => HandlerResult::Limit,
         });
+        if let Some(breaker) = &self.breaker {
+            match &result {
+                Err(failure) => breaker.record(true, &failure.to_string()),
+                Ok(Outcome::DownstreamDown(_, why)) => breaker.record(true, why),
+                Ok(_) => breaker.record(false, ""),
+            }
+        }
         let elapsed_us = elapsed.as_micros() as u64;
         let previous = delivery.previous_attempts();
         let action = outcome::decide(&result, previous, &self.policy);

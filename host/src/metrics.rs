@@ -140,6 +140,19 @@ pub struct Metrics {
     pub rate_limit_calls: Family<SubLabels, Counter>,
     /// Reads that waited for the shared rate limit's budget.
     pub rate_limit_waits: Family<SubLabels, Counter>,
+    /// The circuit breaker: 0 closed, 1 open, 2 half-open (probing).
+    pub breaker_state: Family<SubLabels, Gauge>,
+    /// Circuit-breaker transitions this host made, by the state it moved to.
+    pub breaker_transitions: Family<TransitionLabels, Counter>,
+}
+
+/// The labels of a circuit-breaker transition.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabels {
+    pub stream: String,
+    pub group: String,
+    /// `open`, `half-open` or `closed`.
+    pub to: &'static str,
 }
 
 fn seconds_histogram() -> Histogram {
@@ -350,6 +363,18 @@ impl Default for Metrics {
                 &mut registry,
                 "rate_limit_waits",
                 "Reads that waited for the group's shared rate limit",
+                Family::default(),
+            ),
+            breaker_state: registered(
+                &mut registry,
+                "breaker_state",
+                "The group's circuit breaker: 0 closed, 1 open (nothing read), 2 half-open (probing)",
+                Family::default(),
+            ),
+            breaker_transitions: registered(
+                &mut registry,
+                "breaker_transitions",
+                "Circuit-breaker transitions this host made, by the state it moved to",
                 Family::default(),
             ),
             registry,

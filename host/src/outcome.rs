@@ -6,6 +6,7 @@
 //! | `ack`                       | -              | [`Action::Ack`]                           |
 //! | `dead-letter(reason)`       | -              | [`Action::DeadLetter`] with the reason    |
 //! | `retry-after(d)`            | yes            | [`Action::Retry`] after `d`, within `min_delay..=max_delay` |
+//! | `retry-after(d)`, downstream down | yes      | the same (the circuit breaker counts it)  |
 //! | a failure (trap, limit)     | yes            | [`Action::Retry`] after the backoff (at least `min_delay`) |
 //! | `retry-after` or a failure  | no             | [`Action::DeadLetter`], reason says why   |
 //!
@@ -54,6 +55,9 @@ pub enum Outcome {
     Ack,
     /// Try again after the delay.
     RetryAfter(Duration),
+    /// Try again after the delay: a downstream is down (the handler said so through
+    /// `flow.downstream-down`), which the circuit breaker counts as a failure.
+    DownstreamDown(Duration, String),
     /// Give up, for this reason.
     DeadLetter(String),
 }
@@ -187,6 +191,17 @@ pub fn decide(
         Ok(Outcome::RetryAfter(delay)) => (
             *delay,
             format!("handler asked to retry after {}ms", delay.as_millis()),
+        ),
+        Ok(Outcome::DownstreamDown(delay, why)) => (
+            *delay,
+            bounded_text(
+                &format!(
+                    "downstream down ({why}); handler asked to retry after {}ms",
+                    delay.as_millis()
+                ),
+                MAX_REASON_BYTES,
+            )
+            .0,
         ),
         Err(failure) => {
             let exponent = u32::try_from(previous_attempts).unwrap_or(u32::MAX);

@@ -184,6 +184,8 @@ pub struct SubscriptionPlan {
     pub other_groups_see_retries: bool,
     /// The group's shared rate limit, if any.
     pub rate_limit: Option<crate::config::RateLimit>,
+    /// The group's circuit breaker, if any.
+    pub circuit_breaker: Option<crate::config::CircuitBreaker>,
     /// The shortest wait of any retry.
     pub min_delay: Duration,
     /// Trim what every group has acknowledged (`None`: off).
@@ -381,6 +383,7 @@ impl Plan {
                 },
                 other_groups_see_retries: sub.other_groups_see_retries,
                 rate_limit: sub.rate_limit,
+                circuit_breaker: sub.circuit_breaker,
                 min_delay: sub.min_delay,
                 retention: sub.retention,
                 dead_letter_keep: sub.dead_letter_keep,
@@ -482,6 +485,20 @@ impl Plan {
                         limit.per_second,
                         limit.burst,
                         crate::keys::rate_key(&s.stream, &s.group)
+                    ),
+                );
+            }
+            if let Some(b) = &sub.circuit_breaker {
+                row(
+                    &mut out,
+                    "circuit breaker",
+                    format!(
+                        "opens when {}% of at least {} deliveries in {} failed (traps, limits, downstream down); stays open {}, then {} probes",
+                        b.failure_rate * 100.0,
+                        b.min_deliveries,
+                        human(b.window),
+                        human(b.open_for),
+                        b.probes
                     ),
                 );
             }

@@ -245,8 +245,10 @@ impl Service {
         shared: Option<Arc<crate::subscription::SharedRead>>,
         flow: &tokio::sync::watch::Receiver<crate::flow::FlowState>,
         rate: Option<&Arc<crate::flow::rate::RateLimiter>>,
+        breaker: Option<&Arc<crate::flow::breaker::Breaker>>,
     ) -> Result<StartedPartition, RunError> {
         let rate = rate.cloned();
+        let breaker = breaker.cloned();
         let mut keys = SubscriptionKeys::of(s)
             .with_dead_letter_maxlen(sub.dead_letter_maxlen)
             .with_retry_lane(sub.retry_lane);
@@ -327,13 +329,16 @@ impl Service {
             warnings: sub.warnings.clone(),
             flow: flow.clone(),
         };
-        let dispatcher = Arc::new(Dispatcher::new(
-            slot.clone(),
-            policy,
-            Arc::new(settler),
-            &self.metrics,
-            &labels,
-        ));
+        let dispatcher = Arc::new(
+            Dispatcher::new(
+                slot.clone(),
+                policy,
+                Arc::new(settler),
+                &self.metrics,
+                &labels,
+            )
+            .with_breaker(breaker.clone()),
+        );
         let read_plan = ReadPlan {
             stream: s.stream.as_str().into(),
             lane: keys.lane.clone(),
@@ -360,6 +365,7 @@ impl Service {
                 shared,
                 flow: flow.clone(),
                 rate: rate.clone(),
+                breaker: breaker.clone(),
             },
             &self.metrics,
         );
@@ -465,6 +471,19 @@ impl Service {
                     &self.metrics,
                 ))
             });
+            let breaker = sub.circuit_breaker.map(|config| {
+                Arc::new(crate::flow::breaker::Breaker::new(
+                    &sub.stream.stream,
+                    &sub.stream.group,
+                    &sub.consumer,
+                    config,
+                    conn.clone(),
+                    self.metrics.clone(),
+                ))
+            });
+            if let Some(breaker) = &breaker {
+                readers.spawn(breaker.clone().run(stop.clone()));
+            }
             for warning in &sub.warnings {
                 tracing::warn!(stream = %sub.stream.stream, "{warning}");
             }
@@ -529,6 +548,7 @@ impl Service {
                         shared,
                         &flow,
                         rate.as_ref(),
+                        breaker.as_ref(),
                     )
                     .await?;
                 admin_subscriptions.push(started.admin);

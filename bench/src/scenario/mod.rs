@@ -3,6 +3,7 @@
 //! `swap`; `sandbox`; `cluster`; `ui`), the shared harness here.
 
 mod cluster;
+mod flow;
 mod languages;
 mod retry;
 mod sandbox;

@@ -8,16 +8,19 @@
 // Run with:   `sluice run sluice.toml`
 
 import {
-  subscriber, RedisStream, DelayedRetry, ack, retryAfter, deadLetter, config, log, fetchWithTimeout,
+  subscriber, RedisStream, DelayedRetry, ack, retryAfter, downstreamDown, deadLetter, config, log,
+  fetchWithTimeout,
 } from "./sluice_guest.js";
 
 /** How long a payment the gateway timed out on waits before it is charged again. */
 const RECHECK_SECONDS = 30;
 
 class GatewayError extends Error {
-  constructor(message, retryable) {
+  constructor(message, retryable, down = false) {
     super(message);
     this.retryable = retryable;
+    // The gateway itself is away: the circuit breaker counts it.
+    this.down = down;
   }
 }
 
@@ -34,7 +37,7 @@ async function charge(payment) {
     }, timeout);
   } catch (err) {
     if (err.timeout) throw new GatewayError("the payment gateway timed out", true);
-    throw new GatewayError(`the payment gateway is unavailable: ${err.message}`, true);
+    throw new GatewayError(`the payment gateway is unavailable: ${err.message}`, true, true);
   }
   const text = await response.text();
   if (response.status >= 200 && response.status < 300) return;
@@ -42,7 +45,7 @@ async function charge(payment) {
   if (response.status >= 400 && response.status < 500) {
     throw new GatewayError(`the payment gateway declined the charge: ${response.status} ${text}`, false);
   }
-  throw new GatewayError(`the payment gateway is unavailable: ${response.status} ${text}`, true);
+  throw new GatewayError(`the payment gateway is unavailable: ${response.status} ${text}`, true, true);
 }
 
 export const { handle, subscription } = subscriber(
@@ -54,6 +57,10 @@ export const { handle, subscription } = subscriber(
       await charge(payment);
     } catch (err) {
       if (!(err instanceof GatewayError)) throw err;
+      if (err.down) {
+        log.warn("gateway down, parked for later", { "payment.id": payment.id, err: err.message });
+        return downstreamDown(err.message, RECHECK_SECONDS);
+      }
       if (err.retryable) {
         log.warn("charge failed, parked for later", { "payment.id": payment.id, err: err.message });
         return retryAfter(RECHECK_SECONDS);

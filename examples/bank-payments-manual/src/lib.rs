@@ -20,6 +20,10 @@ impl Handle<Payment, (), (), (), AppState> for ChargeBank {
     ) -> Result<(), HandlerOutcome> {
         match ctx.state().gateway.charge(payment).await {
             Ok(()) => {}
+            Err(err) if err.is_downstream_down() => {
+                tracing::warn!(payment.id, %err, "gateway down, parked for later");
+                return Err(HandlerOutcome::downstream_down(err.to_string(), RECHECK));
+            }
             Err(err) if err.is_retryable() => {
                 tracing::warn!(payment.id, %err, "charge failed, parked for later");
                 return Err(HandlerOutcome::retry_after(RECHECK));

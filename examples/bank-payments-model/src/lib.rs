@@ -54,6 +54,12 @@ impl GatewayError {
     pub fn is_retryable(&self) -> bool {
         !matches!(self, Self::Declined(_))
     }
+
+    /// Whether the gateway itself is away (not this payment's trouble): a subscription's
+    /// circuit breaker counts such failures and stops reading while the gateway is down.
+    pub fn is_downstream_down(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
 }
 
 impl std::fmt::Display for GatewayError {

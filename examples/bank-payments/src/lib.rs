@@ -28,6 +28,10 @@ async fn charge_bank(payment: &Payment, State(gateway): State<PaymentGateway>) -
             );
             HandlerOutcome::ack()
         }
+        Err(err) if err.is_downstream_down() => {
+            tracing::warn!(payment.id, %err, "gateway down, parked for later");
+            HandlerOutcome::downstream_down(err.to_string(), RECHECK)
+        }
         Err(err) if err.is_retryable() => {
             tracing::warn!(payment.id, %err, "charge failed, parked for later");
             HandlerOutcome::retry_after(RECHECK)

@@ -1,19 +1,20 @@
 // The SDK's payload decoding, run under Node with the host's imports stubbed: `node decode.mjs`
 // exits 0 when every case holds. The `sluice:handler/*` modules only exist inside a component,
-// so a loader hook answers them with stubs (config empty, log dropped, no trace).
+// so a loader hook answers them with stubs (config empty, log dropped, no trace, a
+// downstream-down call recorded in `globalThis.downstream`).
 import { register } from "node:module";
 import assert from "node:assert/strict";
 
 const stubs = `
 export async function resolve(specifier, context, next) {
   if (specifier.startsWith("sluice:handler/")) {
-    const body = "export function log() {} export function get() { return undefined; } export function getAll() { return []; } export function traceparent() { return undefined; }";
+    const body = "export function log() {} export function get() { return undefined; } export function getAll() { return []; } export function traceparent() { return undefined; } export function downstreamDown(reason) { globalThis.downstream = reason; }";
     return { url: "data:text/javascript," + encodeURIComponent(body), shortCircuit: true };
   }
   return next(specifier, context);
 }`;
 register("data:text/javascript," + encodeURIComponent(stubs));
-const { subscriber, RedisStream, trace } = await import("../sluice_guest.js");
+const { subscriber, RedisStream, trace, downstreamDown } = await import("../sluice_guest.js");
 
 // Without a host that exports traces, there is no trace to name.
 assert.equal(trace.id(), undefined);
@@ -47,4 +48,12 @@ assert.match(deep.val, /not valid JSON: nested more than 256 deep/);
 const quoted = await deliver(`{"id": "d", "constructor": "${"[".repeat(5000)}", "toString": [[["\\\\", "\\""]]]}`);
 assert.equal(quoted.tag, "ack");
 assert.deepEqual(seen.map((p) => p.id), ["b", "d"]);
-console.log("js decode: 5 cases hold");
+// A downstream that is down: the host is told, and gets a retry-after.
+const down = subscriber(new RedisStream("s"), () => downstreamDown("gateway away", 5));
+const answer = await down.handle({
+  stream: "s", group: "g", id: "2-0", retryCount: 0, deliveryCount: 1n, originId: "2-0",
+  fields: [["payload", new TextEncoder().encode("{}")]],
+});
+assert.deepEqual(answer, { tag: "retry-after", val: 5000n });
+assert.equal(globalThis.downstream, "gateway away");
+console.log("js decode: 6 cases hold");

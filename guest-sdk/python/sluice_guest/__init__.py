@@ -40,7 +40,7 @@ from . import config, trace, _log
 
 __all__ = [
     "subscriber", "RedisStream", "DelayedRetry", "Backoff", "Delivery", "Outcome",
-    "ack", "retry_after", "dead_letter", "config", "http", "trace",
+    "ack", "retry_after", "downstream_down", "dead_letter", "config", "http", "trace",
 ]
 
 
@@ -53,7 +53,8 @@ def _ms(seconds: float) -> int:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What the handler answers: ``kind`` is ``ack``, ``retry-after`` or ``dead-letter``."""
+    """What the handler answers: ``kind`` is ``ack``, ``retry-after``, ``downstream-down`` (a
+    retry that counts toward the circuit breaker) or ``dead-letter``."""
 
     kind: str
     delay_ms: int = 0
@@ -69,6 +70,13 @@ def retry_after(seconds: float) -> Outcome:
     """Try again after ``seconds``: with a delayed-retry set the entry waits there (surviving
     any crash) and comes back on the stream when due."""
     return Outcome("retry-after", delay_ms=_ms(seconds))
+
+
+def downstream_down(reason: str, seconds: float) -> Outcome:
+    """Try again after ``seconds`` because a downstream is down (a gateway that refuses or times
+    out): the attempt counts toward the subscription's circuit breaker, which stops taking
+    entries while the downstream is away instead of burning their attempts."""
+    return Outcome("downstream-down", delay_ms=_ms(seconds), reason=str(reason))
 
 
 def dead_letter(reason: str) -> Outcome:

@@ -7,6 +7,7 @@ import re
 import traceback
 
 import wit_world
+from wit_world.imports import flow as _flow
 from wit_world.imports import sluice_handler_types as t
 
 import sluice_guest as sdk
@@ -17,6 +18,9 @@ def _wit_outcome(outcome: "sdk.Outcome") -> t.Outcome:
     if outcome.kind == "ack":
         return t.Outcome_Ack()
     if outcome.kind == "retry-after":
+        return t.Outcome_RetryAfter(outcome.delay_ms)
+    if outcome.kind == "downstream-down":
+        _flow.downstream_down(outcome.reason)
         return t.Outcome_RetryAfter(outcome.delay_ms)
     return t.Outcome_DeadLetter(outcome.reason)
 

@@ -41,6 +41,25 @@ pub(super) fn paused_json(paused: &Paused) -> serde_json::Value {
     })
 }
 
+/// An open or half-open breaker's JSON, as the API shows it.
+pub(super) fn breaker_json(b: &crate::flow::breaker::BreakerState) -> serde_json::Value {
+    let at = |ms: u64| {
+        (ms != 0).then(|| {
+            crate::admin::rfc3339(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+        })
+    };
+    serde_json::json!({
+        "state": b.name(),
+        "since": at(b.since_ms),
+        "until": at(b.until_ms),
+        "failed": b.failed.map(|(f, _)| f),
+        "of": b.failed.map(|(_, of)| of),
+        "why": b.why,
+        "by": b.by,
+        "describe": b.describe(),
+    })
+}
+
 #[derive(serde::Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct PauseBody {

@@ -384,11 +384,14 @@ async fn list_handler(State(state): State<AdminState>) -> impl IntoResponse {
             let (swaps, refusals) = slot.counts();
             let labels = slot.labels();
             let deliveries = state.metrics.handler_results(labels);
-            let paused = state
+            let flow_state = state
                 .subscriptions
                 .iter()
                 .find(|s| s.of == *labels)
-                .and_then(|s| s.flow.borrow().paused.as_ref().map(flow::paused_json));
+                .map(|s| s.flow.borrow().clone())
+                .unwrap_or_default();
+            let paused = flow_state.paused.as_ref().map(flow::paused_json);
+            let breaker = flow_state.breaker.as_ref().map(flow::breaker_json);
             serde_json::json!({
                 "stream": labels.stream,
                 "group": labels.group,
@@ -399,6 +402,7 @@ async fn list_handler(State(state): State<AdminState>) -> impl IntoResponse {
                 "refusals": refusals,
                 "deliveries": deliveries,
                 "paused": paused,
+                "breaker": breaker,
             })
         })
         .collect();

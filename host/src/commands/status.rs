@@ -37,6 +37,8 @@ struct SubscriptionStatus {
     retention: Option<std::collections::HashMap<String, String>>,
     /// Who paused the subscription, when and why (`None`: it reads).
     paused: Option<crate::flow::Paused>,
+    /// The circuit breaker, when open or half-open: one line.
+    breaker: Option<String>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -117,9 +119,11 @@ async fn partition_status(
     let now_ms = inspect::server_now_ms(conn).await?;
     let size = inspect::stream_size(conn, &s.stream).await?;
     let retention = inspect::retention_record(conn, &s.stream).await?;
-    let paused = crate::flow::state(conn, &sub.stream.stream, &sub.stream.group)
+    let flow = crate::flow::read(conn, &sub.stream.stream, &sub.stream.group)
         .await
         .with_context(|| format!("cannot read whether stream `{}` is paused", s.stream))?;
+    let paused = flow.paused;
+    let breaker = flow.breaker.map(|b| b.describe());
     let next_due_ms = snapshot.delayed.and_then(|d| d.next_due_ms);
     let lane = lane_key.map(|key| LaneStatus {
         pending: snapshot.lane.as_ref().map_or(0, |g| g.pending as u64),
@@ -155,6 +159,7 @@ async fn partition_status(
         size,
         retention,
         paused,
+        breaker,
     })
 }
 
@@ -187,6 +192,9 @@ fn render(rows: &[SubscriptionStatus], json: bool) -> Result<String> {
                 "  PAUSED: {}; no host reads it until `sluice resume`",
                 paused.describe()
             );
+        }
+        if let Some(breaker) = &r.breaker {
+            let _ = writeln!(out, "  CIRCUIT BREAKER {breaker}");
         }
         if !r.group_exists {
             let _ = writeln!(

@@ -109,6 +109,7 @@ struct RawSubscription {
     retry_lane_slots: Option<usize>,
     other_groups_see_retries: Option<bool>,
     rate_limit: Option<RawRateLimit>,
+    circuit_breaker: Option<RawBreaker>,
     min_delay: Option<String>,
     max_in_flight: Option<usize>,
     isolation: Option<Isolation>,
@@ -132,6 +133,16 @@ struct RawSubscription {
 struct RawRateLimit {
     per_second: f64,
     burst: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBreaker {
+    failure_rate: f64,
+    window: String,
+    min_deliveries: u64,
+    open_for: String,
+    probes: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -512,6 +523,10 @@ fn subscription(
             None => None,
             Some(r) => Some(rate_limit(v, &key, r)?),
         },
+        circuit_breaker: match &sub.circuit_breaker {
+            None => None,
+            Some(b) => Some(breaker(v, &key, b)?),
+        },
         retry_lane: sub.retry_lane,
         retry_lane_slots: sub.retry_lane_slots,
         other_groups_see_retries: sub.other_groups_see_retries.unwrap_or(false),
@@ -629,6 +644,55 @@ fn overrides(
         failure_backoff,
         delayed_retry,
         partitions: sub.partitions,
+    })
+}
+
+/// `circuit_breaker = { failure_rate, window, min_deliveries, open_for, probes }`: a rate in
+/// (0, 1], a window and an open time of a second to a day, at least one delivery, 1 to 100
+/// probes (default 3).
+fn breaker(
+    v: &Validator<'_>,
+    key: &dyn Fn(&str) -> String,
+    raw: &RawBreaker,
+) -> Result<super::CircuitBreaker, ConfigError> {
+    let rate = raw.failure_rate;
+    if !rate.is_finite() || rate <= 0.0 || rate > 1.0 {
+        return Err(v.invalid(
+            &key("circuit_breaker.failure_rate"),
+            &rate.to_string(),
+            "must be above 0 and at most 1 (the share of failed deliveries that opens it)",
+        ));
+    }
+    let span = |name: &str, text: &str| -> Result<std::time::Duration, ConfigError> {
+        let d = v.duration(&key(name), text)?;
+        if d < std::time::Duration::from_secs(1) || d > std::time::Duration::from_secs(86_400) {
+            return Err(v.invalid(&key(name), text, "must be between 1s and 1 day"));
+        }
+        Ok(d)
+    };
+    let window = span("circuit_breaker.window", &raw.window)?;
+    let open_for = span("circuit_breaker.open_for", &raw.open_for)?;
+    if raw.min_deliveries == 0 || raw.min_deliveries > 1_000_000_000 {
+        return Err(v.invalid(
+            &key("circuit_breaker.min_deliveries"),
+            &raw.min_deliveries.to_string(),
+            "must be at least 1 (deliveries in the window before the rate counts)",
+        ));
+    }
+    let probes = raw.probes.unwrap_or(super::DEFAULT_PROBES);
+    if !(1..=100).contains(&probes) {
+        return Err(v.invalid(
+            &key("circuit_breaker.probes"),
+            &probes.to_string(),
+            "must be between 1 and 100",
+        ));
+    }
+    Ok(super::CircuitBreaker {
+        failure_rate: rate,
+        window,
+        min_deliveries: raw.min_deliveries,
+        open_for,
+        probes,
     })
 }
 

@@ -226,6 +226,31 @@ pub const MAX_RATE_PER_SECOND: f64 = 1_000_000.0;
 // The rate is checked finite (never NaN) when the configuration is read.
 impl Eq for RateLimit {}
 
+/// A subscription's circuit breaker: when at least `failure_rate` of the deliveries of the last
+/// `window` failed (traps, limits, retries the handler marked "downstream down"), and there were
+/// at least `min_deliveries`, every host of the group stops reading for `open_for`; then
+/// `probes` deliveries try, and the first answer closes it or opens it again (see
+/// [`crate::flow::breaker`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CircuitBreaker {
+    /// The share of failed deliveries that opens it.
+    pub failure_rate: f64,
+    /// How far back deliveries count.
+    pub window: Duration,
+    /// The fewest deliveries in the window before the rate counts.
+    pub min_deliveries: u64,
+    /// How long it stays open before probing.
+    pub open_for: Duration,
+    /// Deliveries let through to probe, across the group.
+    pub probes: u32,
+}
+
+// The rate is checked finite (never NaN) when the configuration is read.
+impl Eq for CircuitBreaker {}
+
+/// Probe deliveries of a half-open breaker, unless configured.
+pub const DEFAULT_PROBES: u32 = 3;
+
 /// One subscription as configured (before its component's descriptor is read).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubscriptionConfig {
@@ -257,6 +282,8 @@ pub struct SubscriptionConfig {
     /// `rate_limit`: the most deliveries a second the whole group may start, shared by its
     /// hosts through Redis.
     pub rate_limit: Option<RateLimit>,
+    /// `circuit_breaker`: stop reading while most deliveries fail (shared through Redis).
+    pub circuit_breaker: Option<CircuitBreaker>,
     /// `min_delay`: the shortest wait of any retry.
     pub min_delay: Duration,
     /// `retention`: trim what every group has acknowledged (off when `None`).
@@ -341,6 +368,7 @@ impl Config {
                         retry_lane: None,
                         retry_lane_slots: None,
                         rate_limit: None,
+                        circuit_breaker: None,
                         other_groups_see_retries: false,
                         min_delay: DEFAULT_MIN_DELAY,
                         retention: None,

@@ -236,6 +236,12 @@ pub const KEYS: &[KeyDoc] = &[
     },
     KeyDoc {
         scope: Scope::Subscription,
+        keys: &["circuit_breaker"],
+        meaning: "`{ failure_rate = 0.5, window = \"30s\", min_deliveries = 20, open_for = \"30s\", probes = 3 }`: when at least `failure_rate` of the deliveries of the last `window` failed (traps, limits, and retries the handler marked \"downstream down\") and there were at least `min_deliveries`, every host of the group stops reading, and holds due retries without counting attempts, for `open_for`; then `probes` deliveries try, and the first answer closes it or opens it again. Shared through Redis. See [Flow control](../operating/flow-control.md)",
+        default: "none; `probes` 3",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
         keys: &["partitions"],
         meaning: "read this many partitions of the stream, each with its own hash tag (`<key>:{<stream>:<n>}`)",
         default: "the descriptor's, else `1`",

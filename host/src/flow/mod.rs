@@ -23,6 +23,7 @@
 //! not Sluice's JSON still counts as a pause ("by an unknown writer"), and who paused and why
 //! are cut to [`MAX_BY`] and [`MAX_REASON`] characters without control characters.
 
+pub mod breaker;
 pub mod rate;
 
 use std::sync::Arc;
@@ -140,12 +141,14 @@ pub struct FlowState {
     pub known: bool,
     /// The pause, if it is paused.
     pub paused: Option<Paused>,
+    /// The circuit breaker, when it is open or half-open (closed: `None`).
+    pub breaker: Option<breaker::BreakerState>,
 }
 
 impl FlowState {
     /// Whether the subscription may take entries now.
     pub fn open(&self) -> bool {
-        self.known && self.paused.is_none()
+        self.known && self.paused.is_none() && self.breaker.is_none()
     }
 }
 
@@ -248,15 +251,29 @@ pub async fn state<C: ConnectionLike>(
     stream: &str,
     group: &str,
 ) -> RedisResult<Option<Paused>> {
+    Ok(read(conn, stream, group).await?.paused)
+}
+
+/// Everything the flow hash of the subscription to `stream` with `group` holds, known.
+pub async fn read<C: ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+    group: &str,
+) -> RedisResult<FlowState> {
     static READ: std::sync::LazyLock<Script> =
-        std::sync::LazyLock::new(|| Script::new(include_str!("lua/read_paused.lua")));
-    let record: Option<Vec<u8>> = READ
+        std::sync::LazyLock::new(|| Script::new(include_str!("lua/read_fields.lua")));
+    let (paused, breaker): (Option<Vec<u8>>, Option<Vec<u8>>) = READ
         .key(flow_key(stream, group))
-        .arg(PAUSED)
         .arg(MAX_RECORD)
+        .arg(PAUSED)
+        .arg(breaker::FIELD)
         .invoke_async(conn)
         .await?;
-    Ok(record.map(|r| Paused::from_record(&r)))
+    Ok(FlowState {
+        known: true,
+        paused: paused.map(|r| Paused::from_record(&r)),
+        breaker: breaker.map(|r| breaker::BreakerState::from_record(&r)),
+    })
 }
 
 /// One subscription a [`FlowWatcher`] keeps up to date.
@@ -265,6 +282,7 @@ struct Watched {
     group: String,
     state: watch::Sender<FlowState>,
     paused_gauge: prometheus_client::metrics::gauge::Gauge,
+    breaker_gauge: prometheus_client::metrics::gauge::Gauge,
 }
 
 /// Keeps the flow state of every subscription on one Redis up to date on this host.
@@ -304,6 +322,10 @@ impl FlowWatcher {
             state,
             paused_gauge: metrics
                 .paused
+                .get_or_create(&Metrics::labels(stream, group))
+                .clone(),
+            breaker_gauge: metrics
+                .breaker_state
                 .get_or_create(&Metrics::labels(stream, group))
                 .clone(),
         });
@@ -356,13 +378,14 @@ impl FlowWatcher {
     async fn refresh(&self, conn: &mut RedisHandle) -> bool {
         let mut all = true;
         for watched in &self.watched {
-            match state(conn, &watched.stream, &watched.group).await {
-                Ok(paused) => {
-                    watched.paused_gauge.set(i64::from(paused.is_some()));
-                    let next = FlowState {
-                        known: true,
-                        paused,
-                    };
+            match read(conn, &watched.stream, &watched.group).await {
+                Ok(next) => {
+                    watched.paused_gauge.set(i64::from(next.paused.is_some()));
+                    watched.breaker_gauge.set(
+                        next.breaker
+                            .as_ref()
+                            .map_or(0, breaker::BreakerState::gauge),
+                    );
                     watched.state.send_if_modified(|now| {
                         if *now == next {
                             return false;
@@ -381,6 +404,23 @@ impl FlowWatcher {
                                 "subscription resumed: reading again"
                             ),
                             _ => {}
+                        }
+                        let was = now.breaker.as_ref().map(|b| b.state);
+                        let is = next.breaker.as_ref().map(|b| b.state);
+                        if was != is {
+                            match &next.breaker {
+                                Some(b) => tracing::warn!(
+                                    stream = %watched.stream,
+                                    group = %watched.group,
+                                    "circuit breaker {}",
+                                    b.describe()
+                                ),
+                                None => tracing::info!(
+                                    stream = %watched.stream,
+                                    group = %watched.group,
+                                    "circuit breaker closed: reading again"
+                                ),
+                            }
                         }
                         *now = next;
                         true
@@ -429,12 +469,20 @@ mod tests {
         let known = FlowState {
             known: true,
             paused: None,
+            breaker: None,
         };
         assert!(known.open());
         let paused = FlowState {
             known: true,
             paused: Some(Paused::now("ops", None)),
+            breaker: None,
         };
+        assert!(!paused.open());
+        let broken = FlowState {
+            breaker: Some(breaker::BreakerState::from_record(b"{}")),
+            ..known.clone()
+        };
+        assert!(!broken.open());
         assert!(!paused.open());
     }
 }

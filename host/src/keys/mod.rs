@@ -107,6 +107,16 @@ pub fn rate_key(stream: &str, group: &str) -> String {
     )
 }
 
+/// A subscription's circuit-breaker window (see `flow::breaker`): a hash in the stream's hash
+/// slot (beside [`flow_key`], which its scripts use with it), named like it.
+pub fn breaker_key(stream: &str, group: &str) -> String {
+    format!(
+        "sluice-breaker:{{{}}}:{}:{stream}:{group}",
+        hash_tag(stream),
+        stream.len()
+    )
+}
+
 /// Bumped after every change of any subscription's flow controls on this Redis: hosts poll
 /// this one key, and read the subscriptions' own keys only when it moves.
 pub const FLOW_EPOCH: &str = "sluice-flow-epoch";

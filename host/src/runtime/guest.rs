@@ -80,6 +80,9 @@ pub struct GuestState {
     pub(crate) panic_message: Option<(String, Option<String>)>,
     limits: Arc<StoreLimits>,
     pub(crate) log: LogBudget,
+    /// Why the current attempt's downstream is down, if the guest said so
+    /// (`flow.downstream-down`), bounded.
+    pub(crate) downstream_down: Option<String>,
 }
 
 impl GuestState {
@@ -125,6 +128,7 @@ impl GuestState {
                 dropped: 0,
             },
             limits,
+            downstream_down: None,
         }
     }
 
@@ -136,6 +140,7 @@ impl GuestState {
             dropped: 0,
         };
         self.http_hooks.spans = 0;
+        self.downstream_down = None;
         // The attempt's trace, for the requests' spans and `trace::traceparent`.
         self.http_hooks.trace = trace;
     }
@@ -346,6 +351,20 @@ impl bindings::sluice::handler::log::Host for GuestState {
             Level::Warn => tracing::warn!(target: "sluice::guest", %fields, "{message}"),
             Level::Error => tracing::error!(target: "sluice::guest", %fields, "{message}"),
         }
+    }
+}
+
+/// The most bytes of a downstream-down reason kept (called again, the last one counts).
+pub const MAX_DOWNSTREAM_REASON: usize = 512;
+
+impl bindings::sluice::handler::flow::Host for GuestState {
+    fn downstream_down(&mut self, reason: String) {
+        let reason = if reason.trim().is_empty() {
+            "the handler gave no reason".to_owned()
+        } else {
+            crate::outcome::bounded_text(&reason, MAX_DOWNSTREAM_REASON).0
+        };
+        self.downstream_down = Some(reason);
     }
 }
 

@@ -246,9 +246,13 @@ impl WasmHandler {
         }
         match result {
             Ok(outcome) => {
+                let downstream = instance.store.data_mut().downstream_down.take();
                 instance.uses += 1;
                 self.give_back(instance);
-                Ok(from_wit(outcome))
+                Ok(match (from_wit(outcome), downstream) {
+                    (Outcome::RetryAfter(delay), Some(why)) => Outcome::DownstreamDown(delay, why),
+                    (outcome, _) => outcome,
+                })
             }
             // The instance may be in any state after a trap: drop it.
             Err(err) => Err(self.classify(&err, instance.store.data())),

@@ -78,6 +78,7 @@ use crate::delayed::DelayedSet;
 use crate::delivery::{Delivery, Entry, Source};
 use crate::dispatch::{Dispatcher, Settled};
 use crate::flow::FlowState;
+use crate::flow::breaker::Gate;
 use crate::health::ReadHealth;
 use crate::keys::Secret;
 use crate::redis_conn::{ErrorClass, Reader, ReconnectBackoff, RedisHandle};
@@ -168,6 +169,19 @@ pub struct Subscription {
     flow: watch::Receiver<FlowState>,
     /// The group's shared rate limit, if it has one.
     rate: Option<Arc<crate::flow::rate::RateLimiter>>,
+    /// The group's circuit breaker, if it has one.
+    breaker: Option<Arc<crate::flow::breaker::Breaker>>,
+}
+
+/// Why a read was let through the flow controls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Admission {
+    /// Nothing held the subscription.
+    Open,
+    /// A half-open breaker's probe: one delivery.
+    Probe,
+    /// The breaker's script found it closed before this host's watcher did.
+    BreakerClosed,
 }
 
 /// What a subscription shares with the rest of the host.
@@ -186,6 +200,8 @@ pub struct SubscriptionParts {
     pub flow: watch::Receiver<FlowState>,
     /// The group's shared rate limit (one for all partitions), if it has one.
     pub rate: Option<Arc<crate::flow::rate::RateLimiter>>,
+    /// The group's circuit breaker (one for all partitions), if it has one.
+    pub breaker: Option<Arc<crate::flow::breaker::Breaker>>,
 }
 
 impl Subscription {
@@ -218,6 +234,7 @@ impl Subscription {
             shared: parts.shared,
             flow: parts.flow,
             rate: parts.rate,
+            breaker: parts.breaker,
         })
     }
 
@@ -314,9 +331,11 @@ impl Subscription {
         let mut lane_more = false;
         let mut backoff = ReconnectBackoff::default();
         loop {
+            let mut admission = Admission::Open;
             if !self.flow.borrow().open() {
-                if !self.wait_open().await {
-                    break;
+                match self.admitted().await {
+                    Some(how) => admission = how,
+                    None => break,
                 }
                 self.resumed(&mut own_pending);
             }
@@ -351,6 +370,9 @@ impl Subscription {
                 () = self.stop.cancelled() => break,
             };
             self.slots.top_up(&mut first, plan.count);
+            if admission == Admission::Probe {
+                first.limit(1);
+            }
             // With a shared rate limit, no more entries than its budget gives now.
             let mut tokens = 0;
             if let Some(rate) = &self.rate {
@@ -394,11 +416,24 @@ impl Subscription {
                         .filter(|(e, _)| e.source == Source::Lane)
                         .count();
                     lane_more = plan.lane.is_some() && from_lane > 0 && from_lane >= first.all();
-                    let batch = if self.flow.borrow().open() {
-                        batch
-                    } else {
-                        self.hold_back(batch, &mut own_pending)
+                    let held = {
+                        let flow = self.flow.borrow();
+                        match admission {
+                            Admission::Open => !flow.open(),
+                            Admission::Probe | Admission::BreakerClosed => flow.paused.is_some(),
+                        }
                     };
+                    let batch = if held {
+                        self.hold_back(batch, &mut own_pending)
+                    } else {
+                        batch
+                    };
+                    if admission == Admission::Probe
+                        && batch.is_empty()
+                        && let Some(breaker) = &self.breaker
+                    {
+                        breaker.probe_unused();
+                    }
                     if let Some(rate) = &self.rate {
                         rate.give_back(tokens.saturating_sub(batch.len()));
                     }
@@ -408,6 +443,11 @@ impl Subscription {
                     drop(first);
                     if let Some(rate) = &self.rate {
                         rate.give_back(tokens);
+                    }
+                    if admission == Admission::Probe
+                        && let Some(breaker) = &self.breaker
+                    {
+                        breaker.probe_unused();
                     }
                     // The read's connection is its own: tell the handle, so a failover
                     // (READONLY, a lost master) is followed before the next reconnect.
@@ -474,6 +514,61 @@ impl Subscription {
                     }
                 }
                 () = self.stop.cancelled() => return false,
+            }
+        }
+    }
+
+    /// Wait until the flow controls let this read through: paused, wait for the resume;
+    /// with the breaker open, ask it (after the time it names) for a probe. `None` if stopped.
+    async fn admitted(&self) -> Option<Admission> {
+        let mut flow = self.flow.clone();
+        let mut said = false;
+        loop {
+            let (open, paused, breaker) = {
+                let state = flow.borrow_and_update();
+                (
+                    state.open(),
+                    state.known.then(|| state.paused.clone()).flatten(),
+                    state.known && state.breaker.is_some(),
+                )
+            };
+            if open {
+                return Some(Admission::Open);
+            }
+            let mut wait = None;
+            if let Some(paused) = paused {
+                if !said {
+                    tracing::info!(
+                        stream = %self.plan.stream,
+                        group = %self.plan.group,
+                        "{}; not reading until resumed",
+                        paused.describe()
+                    );
+                    said = true;
+                }
+            } else if breaker && let Some(b) = &self.breaker {
+                match b.gate().await {
+                    Gate::Closed => return Some(Admission::BreakerClosed),
+                    Gate::Probe => return Some(Admission::Probe),
+                    Gate::Wait(after) => wait = Some(after),
+                }
+            }
+            // A breaker another host's configuration opened, without one here: wait for it
+            // to close like a pause.
+            tokio::select! {
+                changed = flow.changed() => {
+                    if changed.is_err() {
+                        self.stop.cancelled().await;
+                        return None;
+                    }
+                }
+                () = async {
+                    match wait {
+                        Some(after) => tokio::time::sleep(after).await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
+                () = self.stop.cancelled() => return None,
             }
         }
     }

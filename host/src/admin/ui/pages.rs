@@ -178,12 +178,22 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer, done: Option<&
         }
         let current = slot.current();
         let (swaps, refusals) = slot.counts();
-        let paused = parts.first().and_then(|p| p.flow.borrow().paused.clone());
+        let (paused, breaker) = parts
+            .first()
+            .map(|p| {
+                let flow = p.flow.borrow();
+                (flow.paused.clone(), flow.breaker.clone())
+            })
+            .unwrap_or_default();
         cards.push(html! {
             div.card {
                 h2 {
                     "Stream " code { (labels.stream) } ", group " code { (labels.group) }
                     @if paused.is_some() { " " span.badge.warn { "paused" } }
+                    @if let Some(b) = &breaker { " " span.badge.bad { "circuit breaker " (b.name()) } }
+                }
+                @if let Some(b) = &breaker {
+                    p.paused { "Circuit breaker " (b.describe()) "." }
                 }
                 @if let Some(p) = &paused {
                     p.paused {
@@ -235,6 +245,7 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer, done: Option<&
                             td {
                                 @match problem {
                                     None if paused.is_some() => span.badge.warn { "paused" },
+                                    None if breaker.is_some() => span.badge.bad { "breaker open" },
                                     None => span.badge.ok { "reading" },
                                     Some(p) => span.badge.bad title=(p) { "not ready" },
                                 }

@@ -1,0 +1,27 @@
+-- A probe's answer to a half-open circuit breaker: success closes it (and empties the
+-- window), failure opens it again for ARGV[2] ms.
+-- KEYS[1]: the flow hash (`breaker`); KEYS[2]: the window. ARGV: 1 (success) or 0, open for
+-- (ms), why, who.
+-- Returns {'closed', ''}, {'reopened', state}, or {'ignored', ''} when it was not half-open
+-- (another probe answered first).
+local raw = redis.call('HGET', KEYS[1], 'breaker')
+if not raw then
+  return {'ignored', ''}
+end
+local ok, b = pcall(cjson.decode, raw)
+if not ok or type(b) ~= 'table' or b.state ~= 'half-open' then
+  return {'ignored', ''}
+end
+if ARGV[1] == '1' then
+  redis.call('HDEL', KEYS[1], 'breaker')
+  redis.call('DEL', KEYS[2])
+  return {'closed', ''}
+end
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local state = cjson.encode({
+  state = 'open', since_ms = now, until_ms = now + tonumber(ARGV[2]),
+  why = ARGV[3], by = ARGV[4],
+})
+redis.call('HSET', KEYS[1], 'breaker', state)
+return {'reopened', state}
