@@ -142,6 +142,51 @@ pub async fn server_now_ms<C: ConnectionLike>(conn: &mut C) -> RedisResult<i64> 
     Ok(secs * 1000 + micros / 1000)
 }
 
+/// What an operator wants to know about the Redis a subscription uses (INFO): which version
+/// and role, how full it is, how many clients it serves.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RedisFacts {
+    /// `redis_version`.
+    pub version: String,
+    /// `role`: master or slave (a replica).
+    pub role: String,
+    /// `used_memory`, bytes.
+    pub used_memory: u64,
+    /// `maxmemory`, bytes (0: no limit).
+    pub maxmemory: u64,
+    /// `maxmemory_policy`.
+    pub maxmemory_policy: String,
+    /// `connected_clients`.
+    pub clients: u64,
+}
+
+/// The facts of the Redis `conn` reaches (on a cluster: the node the command went to). Values
+/// are cut to 64 bytes: a hostile server's INFO is not trusted to be small.
+pub async fn redis_facts<C: ConnectionLike>(conn: &mut C) -> RedisResult<RedisFacts> {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .arg("replication")
+        .arg("memory")
+        .arg("clients")
+        .query_async(conn)
+        .await?;
+    let field = |name: &str| -> String {
+        info.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+            .map(|v| v.trim().chars().take(64).collect())
+            .unwrap_or_default()
+    };
+    let number = |name: &str| field(name).parse::<u64>().unwrap_or(0);
+    Ok(RedisFacts {
+        version: field("redis_version"),
+        role: field("role"),
+        used_memory: number("used_memory"),
+        maxmemory: number("maxmemory"),
+        maxmemory_policy: field("maxmemory_policy"),
+        clients: number("connected_clients"),
+    })
+}
+
 /// How big a stream is: entries, memory (MEMORY USAGE with a few samples: cheap on a big
 /// stream), and its oldest entry's id time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -389,6 +389,11 @@ fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str
 }
 
 impl Metrics {
+    /// Reads of the subscription that waited for its rate limit's budget on this host.
+    pub fn rate_limit_waits(&self, labels: &SubLabels) -> u64 {
+        self.rate_limit_waits.get_or_create(labels).get()
+    }
+
     /// The labels of a subscription.
     pub fn labels(stream: &str, group: &str) -> SubLabels {
         SubLabels {

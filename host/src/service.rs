@@ -328,6 +328,8 @@ impl Service {
             health: health.clone(),
             warnings: sub.warnings.clone(),
             flow: flow.clone(),
+            rate_limit: sub.rate_limit,
+            circuit_breaker: sub.circuit_breaker,
         };
         let dispatcher = Arc::new(
             Dispatcher::new(

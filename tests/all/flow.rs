@@ -387,6 +387,14 @@ async fn three_hosts_share_one_rate_limit() {
         "every host took part: {per_host:?}"
     );
     assert_eq!(pending(&mut conn, "limited", "g").await, 0);
+    // The page says so.
+    let admin = hosts[0].admin().await;
+    let session = log_in(admin).await;
+    let (_, overview) = http_request_bare(admin, "GET", "/ui/", &session.headers(), b"").await;
+    assert!(
+        overview.contains("Rate limit <b>200/s</b> for the group (burst 20;"),
+        "{overview}"
+    );
     for host in hosts {
         host.stop().await.unwrap();
     }
@@ -532,6 +540,28 @@ async fn a_circuit_breaker_saves_attempts_while_the_gateway_is_down() {
             let state: Option<String> = cmd(&mut conn, &["HGET", &key, "breaker"]).await;
             if state.is_some() {
                 opened_at = Some(std::time::Instant::now());
+                // The page, `/v1` and `/metrics` say so once the host has seen it.
+                let session = log_in(admin).await;
+                wait_for(
+                    Duration::from_secs(5),
+                    "the page to show the open breaker",
+                    || {
+                        let headers = session.headers();
+                        async move {
+                            let (_, page) =
+                                http_request_bare(admin, "GET", "/ui/", &headers, b"").await;
+                            page.contains("circuit breaker open").then_some(())
+                        }
+                    },
+                )
+                .await;
+                let (_, listed) = http_get(admin, "/v1/subscriptions").await;
+                assert!(listed.contains(r#""state":"open""#), "{listed}");
+                let (_, metrics) = http_get(admin, "/metrics").await;
+                assert!(
+                    metrics.contains(r#"sluice_breaker_state{stream="guarded",group="g"} 1"#),
+                    "{metrics}"
+                );
             }
         }
     }

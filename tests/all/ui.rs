@@ -75,6 +75,12 @@ async fn the_page_needs_a_login_escapes_entries_and_refuses_forged_forms() {
     assert_eq!(code, 200, "{overview}");
     assert!(overview.contains("Stream <code>web</code>"), "{overview}");
     assert!(overview.contains("/ui/s/web/g/dead-letters"), "{overview}");
+    // The flow controls and the Redis it runs on, from that Redis.
+    assert!(
+        overview.contains("No rate limit. No circuit breaker. Redis 7."),
+        "{overview}"
+    );
+    assert!(overview.contains("(master)"), "{overview}");
 
     let (code, letters) = page(admin, "/ui/s/web/g/dead-letters", &session).await;
     assert_eq!(code, 200);

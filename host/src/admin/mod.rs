@@ -80,6 +80,10 @@ pub struct AdminSubscription {
     pub warnings: Vec<String>,
     /// Its flow controls, as this host knows them (the subscription's, on a partition).
     pub flow: tokio::sync::watch::Receiver<crate::flow::FlowState>,
+    /// Its shared rate limit, if configured.
+    pub rate_limit: Option<crate::config::RateLimit>,
+    /// Its circuit breaker, if configured.
+    pub circuit_breaker: Option<crate::config::CircuitBreaker>,
 }
 
 impl AdminSubscription {

@@ -127,6 +127,22 @@ fn sub_link(keys: &SubscriptionKeys, page: &str) -> String {
     )
 }
 
+/// A byte count as people read it.
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
 fn ago(at: std::time::SystemTime) -> String {
     let secs = at.elapsed().map_or(0, |d| d.as_secs());
     match secs {
@@ -178,6 +194,24 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer, done: Option<&
         }
         let current = slot.current();
         let (swaps, refusals) = slot.counts();
+        let facts = match parts.first() {
+            Some(first) => tokio::time::timeout(
+                super::super::PROBE_TIMEOUT,
+                crate::inspect::redis_facts(&mut first.conn.clone()),
+            )
+            .await
+            .ok()
+            .and_then(Result::ok),
+            None => None,
+        };
+        let (limit, breaker_config) = parts
+            .first()
+            .map(|p| (p.rate_limit, p.circuit_breaker))
+            .unwrap_or_default();
+        let waits: u64 = parts
+            .first()
+            .map(|p| state.metrics.rate_limit_waits(&p.of))
+            .unwrap_or(0);
         let (paused, breaker) = parts
             .first()
             .map(|p| {
@@ -235,6 +269,24 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer, done: Option<&
                     div.stat { b { (outcomes[3] + outcomes[4]) } span { "failed (trap or limit)" } }
                     div.stat { b { code { (current.digest.short()) } } span { "handler, since " (ago(current.since)) } }
                     div.stat { b { (swaps) " / " (refusals) } span { "swaps / refused" } }
+                }
+                p.muted.flow-facts {
+                    @match limit {
+                        Some(l) => { "Rate limit " b { (l.per_second) "/s" } " for the group (burst " (l.burst) "; " (waits) " reads waited on this host). " },
+                        None => { "No rate limit. " },
+                    }
+                    @match breaker_config {
+                        Some(b) => {
+                            "Circuit breaker " b { @if let Some(open) = &breaker { (open.name()) } @else { "closed" } }
+                            " (opens at " (format!("{:.0}", b.failure_rate * 100.0)) "% failed of at least " (b.min_deliveries) " in " (humantime::format_duration(b.window)) "). "
+                        },
+                        None => { "No circuit breaker. " },
+                    }
+                    @if let Some(f) = &facts {
+                        "Redis " (f.version) " (" (f.role) "), " (bytes(f.used_memory)) " used"
+                        @if f.maxmemory > 0 { " of " (bytes(f.maxmemory)) " (" (f.maxmemory_policy) ")" }
+                        ", " (f.clients) " clients."
+                    }
                 }
                 table {
                     tr { th { "stream" } th { "state" } th { "pending" } th { "unread" } th { "parked" } th { "next due" } th { "dead letters" } }
