@@ -89,6 +89,45 @@ pub async fn consumers<C: ConnectionLike>(
     Ok(reply.consumers)
 }
 
+/// One entry pending to a consumer: its id, how long since it was last delivered (ms) and
+/// how many times Redis delivered it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PendingEntry {
+    /// The entry id.
+    pub id: String,
+    /// Since it was last delivered, ms.
+    pub idle_ms: u64,
+    /// Redis's delivery counter.
+    pub deliveries: u64,
+}
+
+/// Up to `count` entries pending to `consumer` of `group` on `stream`, oldest first.
+pub async fn pending_of<C: ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+    group: &str,
+    consumer: &str,
+    count: usize,
+) -> RedisResult<Vec<PendingEntry>> {
+    let rows: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+        .arg(stream)
+        .arg(group)
+        .arg("-")
+        .arg("+")
+        .arg(count)
+        .arg(consumer)
+        .query_async(conn)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, _, idle_ms, deliveries)| PendingEntry {
+            id,
+            idle_ms,
+            deliveries,
+        })
+        .collect())
+}
+
 /// How many retries wait in the delayed set `key`, and the earliest due time.
 pub async fn delayed<C: ConnectionLike>(conn: &mut C, key: &str) -> RedisResult<DelayedSummary> {
     let parked: u64 = redis::cmd("ZCARD").arg(key).query_async(conn).await?;

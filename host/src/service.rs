@@ -330,6 +330,7 @@ impl Service {
             flow: flow.clone(),
             rate_limit: sub.rate_limit,
             circuit_breaker: sub.circuit_breaker,
+            consumer: sub.consumer.clone(),
         };
         let dispatcher = Arc::new(
             Dispatcher::new(

@@ -419,6 +419,133 @@ async fn an_operator_logs_in_and_requeues_a_dead_letter_in_a_browser() {
             .unwrap(),
         None
     );
+    // The overview refreshes itself while nobody is filling anything in...
+    browser.open(&format!("{base}/ui/")).await;
+    browser
+        .wait_until(
+            "document.body.hasAttribute('data-keyed') && !document.body.hasAttribute('data-loader')",
+            "the overview",
+        )
+        .await;
+    let first = browser.eval("document.body.dataset.rendered").await;
+    browser
+        .wait_until(
+            &format!("document.body.dataset.rendered !== {first}"),
+            "the overview to refresh itself",
+        )
+        .await;
+    // ... and not while a field holds what the operator typed: watched for two refresh
+    // periods (a refresh would replace the field and its text).
+    browser
+        .eval("document.querySelector('div.flow input[name=reason]').value = 'half typed'; true")
+        .await;
+    let typed_at = browser.eval("document.body.dataset.rendered").await;
+    let watch_until = tokio::time::Instant::now() + Duration::from_secs(11);
+    while tokio::time::Instant::now() < watch_until {
+        assert_eq!(
+            browser.eval("document.body.dataset.rendered").await,
+            typed_at,
+            "the page refreshed over a form being filled in"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        browser
+            .eval("document.querySelector('div.flow input[name=reason]').value")
+            .await,
+        json!("half typed")
+    );
+
+    // Entries in flight per consumer: this host's consumer is listed.
+    browser
+        .open(&format!("{base}/ui/s/payments/g/pending?consumer=c1"))
+        .await;
+    browser
+        .wait_until(
+            "document.body.innerText.includes('this host') && document.body.innerText.includes('Oldest entries pending to c1')",
+            "the in-flight page",
+        )
+        .await;
+    browser.screenshot("pending").await;
+
+    // Bulk actions on parked retries: two ticked and retried now, then the rest dead-lettered
+    // with one press; each asks first, with the count.
+    browser
+        .open(&format!("{base}/ui/s/payments/g/parked"))
+        .await;
+    browser
+        .wait_until(
+            "document.querySelectorAll('input[name=pick]').length === 3",
+            "three parked retries to tick",
+        )
+        .await;
+    let ticked: Vec<String> = serde_json::from_value(
+        browser
+            .eval(
+                "window.__asked = []; window.confirm = m => (window.__asked.push(m), true); \
+                 const boxes = [...document.querySelectorAll('input[name=pick]')].slice(0, 2); \
+                 boxes.forEach(b => { b.checked = true; }); \
+                 document.querySelector('#bulk select').value = 'retry-selected'; \
+                 const picked = boxes.map(b => b.value.split('|').slice(1).join('|')); \
+                 document.querySelector('#bulk button').click(); picked",
+            )
+            .await,
+    )
+    .unwrap();
+    browser
+        .wait_until(
+            "document.querySelector('.flash') !== null && document.querySelector('.flash').innerText.includes('2 of 2 selected made due now')",
+            "the bulk retry's confirmation",
+        )
+        .await;
+    // Both handled, in whichever order.
+    let mut handled = std::collections::HashSet::new();
+    while handled.len() < ticked.len() {
+        let e = host
+            .event(T, "the ticked retries handled", |e| {
+                e.kind == EventKind::Acked && ticked.contains(&e.origin_id)
+            })
+            .await;
+        handled.insert(e.origin_id);
+    }
+    browser.screenshot("parked-bulk").await;
+    // The page as it is now: one retry left.
+    browser
+        .wait_until_reloading(
+            &format!("{base}/ui/s/payments/g/parked"),
+            "document.querySelectorAll('input[name=pick]').length === 1",
+            "one parked retry left",
+        )
+        .await;
+    browser
+        .eval(
+            "window.__asked = []; window.confirm = m => (window.__asked.push(m), true); \
+             const form = document.querySelector('input[value=dead-letter-all]').form; \
+             form.querySelector('input[name=reason]').value = 'cleared by the test'; \
+             form.querySelector('button').click(); true",
+        )
+        .await;
+    browser
+        .wait_until(
+            "document.querySelector('.flash') !== null && document.querySelector('.flash').innerText.includes('1 parked retries dead-lettered')",
+            "the dead-letter-all's confirmation",
+        )
+        .await;
+    let asked = browser.eval("window.__asked.join('|')").await;
+    assert!(
+        asked
+            .as_str()
+            .unwrap_or_default()
+            .contains("Dead-letter all 1 parked retries"),
+        "{asked}"
+    );
+    assert_eq!(parked(&mut conn, "payments.delayed").await, 0);
+    assert!(
+        dead_lettered(&mut conn, "payments")
+            .await
+            .iter()
+            .any(|(_, fields)| field(fields, "sluice-reason") == Some("cleared by the test"))
+    );
     // Logging out ends the session and forgets the key.
     browser
         .eval("document.querySelector('form[action=\"/ui/logout\"] button').click(); true")

@@ -133,6 +133,21 @@ async fn the_page_needs_a_login_escapes_entries_and_refuses_forged_forms() {
     let (_, forged) = page(admin, &forged_banner, &session).await;
     assert!(!forged.contains("evil.example"), "{forged}");
     assert!(dead_lettered(&mut conn, "web").await.is_empty());
+
+    // Bulk forms are bounded as the API is, and a tick that is not one is refused: nothing
+    // changes either way.
+    let picks: String = (0..129).map(|n| format!("&pick=1%7C{n}-0")).collect();
+    let too_many = format!("csrf={token}&action=delete-selected{picks}");
+    let (code, _) = post_form(admin, &session.headers(), None, &too_many).await;
+    assert_eq!(code, 400, "more ticks than a request may carry");
+    let (code, _) = post_form(
+        admin,
+        &session.headers(),
+        None,
+        &format!("csrf={token}&action=retry-selected&pick=nonsense"),
+    )
+    .await;
+    assert_eq!(code, 400, "a tick that is not due|origin");
     host.stop().await.unwrap();
 }
 

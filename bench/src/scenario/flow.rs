@@ -1,8 +1,9 @@
-//! What flow control costs: the `wasm` path with no rate limit, and with a shared rate limit
-//! far above what the host can do (the budget always ample: every read still takes its tokens
-//! through the script, fetched ahead), alternated in one run; with the script calls per read
-//! and per thousand messages. (Not configured, the limiter is not on the path at all: a read
-//! loop checks one `Option`.)
+//! What flow control costs: the `wasm` path with no flow control, with a shared rate limit far
+//! above what the host can do (the budget always ample: every read still takes its tokens
+//! through the script, fetched ahead), and with a circuit breaker that never opens (every
+//! attempt counted, the window written four times a second), alternated in one run; with the
+//! script calls per read and per thousand messages. (Not configured, neither is on the path:
+//! a read loop checks an `Option`, and so does each attempt.)
 
 use anyhow::Result;
 
@@ -12,11 +13,15 @@ use super::{Bench, Report};
 const ROUNDS: usize = 5;
 
 /// The settings: a name and the subscription lines that make it.
-const SETTINGS: [(&str, &str); 2] = [
+const SETTINGS: [(&str, &str); 3] = [
     ("wasm flow off", ""),
     (
         "wasm rate-limit ample",
         "rate_limit = { per_second = 1000000, burst = 1000000 }\n",
+    ),
+    (
+        "wasm breaker closed",
+        "circuit_breaker = { failure_rate = 1.0, window = \"30s\", min_deliveries = 1000000000, open_for = \"30s\" }\n",
     ),
 ];
 

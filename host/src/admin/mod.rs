@@ -84,6 +84,8 @@ pub struct AdminSubscription {
     pub rate_limit: Option<crate::config::RateLimit>,
     /// Its circuit breaker, if configured.
     pub circuit_breaker: Option<crate::config::CircuitBreaker>,
+    /// This host's consumer name in its group.
+    pub consumer: String,
 }
 
 impl AdminSubscription {

@@ -188,6 +188,7 @@ pub(super) fn routes() -> Router<AdminState> {
         .route("/ui/", get(overview))
         .route(&format!("{sub}/parked"), get(parked_page))
         .route(&format!("{sub}/dead-letters"), get(dead_letters_page))
+        .route(&format!("{sub}/pending"), get(pending_page))
         .route(&format!("{sub}/act"), post(act))
 }
 
@@ -518,8 +519,65 @@ async fn dead_letters_page(
     }
 }
 
-/// One action form: which, on what.
 #[derive(serde::Deserialize)]
+struct PendingQuery {
+    consumer: Option<String>,
+}
+
+/// Entries in flight per consumer: the group's consumers on the stream and on its retry lane
+/// (pending count, idle time), and for the one asked for, its oldest pending entries.
+async fn pending_page(
+    State(state): State<AdminState>,
+    axum::Extension(viewer): axum::Extension<Viewer>,
+    Path((stream, group)): Path<(String, String)>,
+    Query(q): Query<PendingQuery>,
+) -> Response {
+    let (sub, keys) = match subscription(&state, &stream, &group) {
+        Ok(found) => found,
+        Err(page) => return *page,
+    };
+    let mut conn = sub.conn.clone();
+    let mut sources = vec![keys.stream.to_string()];
+    if let Some(lane) = &sub.lane {
+        sources.push(lane.clone());
+    }
+    let listing = async {
+        let mut tables = Vec::new();
+        for key in &sources {
+            let consumers = crate::inspect::consumers(&mut conn, key, &keys.group)
+                .await
+                .unwrap_or_default();
+            let entries = match &q.consumer {
+                Some(c) => crate::inspect::pending_of(&mut conn, key, &keys.group, c, PAGE).await?,
+                None => Vec::new(),
+            };
+            tables.push(pages::PendingTable {
+                key: key.clone(),
+                consumers,
+                entries,
+            });
+        }
+        Ok::<_, OperateError>(tables)
+    }
+    .await;
+    match listing {
+        Ok(tables) => Html(
+            pages::pending(
+                &viewer,
+                &keys,
+                &sub.consumer,
+                q.consumer.as_deref(),
+                &tables,
+            )
+            .into_string(),
+        )
+        .into_response(),
+        Err(err) => unavailable(err),
+    }
+}
+
+/// One action form: which, on what.
+#[derive(Default)]
 struct ActForm {
     csrf: String,
     action: String,
@@ -527,14 +585,89 @@ struct ActForm {
     origin: Option<String>,
     due_ms: Option<i64>,
     reason: Option<String>,
+    /// The ticked entries of a bulk form: `<due_ms>|<origin id>` each.
+    picks: Vec<String>,
+}
+
+impl ActForm {
+    /// The form's fields from its urlencoded body; a field given twice keeps its last value,
+    /// but every `pick`. Unknown fields are ignored, as a browser may add some.
+    fn parse(body: &[u8]) -> Self {
+        let mut form = Self::default();
+        for (name, value) in form_urlencoded::parse(body) {
+            let value = value.into_owned();
+            match &*name {
+                "csrf" => form.csrf = value,
+                "action" => form.action = value,
+                "id" => form.id = Some(value),
+                "origin" => form.origin = Some(value),
+                "due_ms" => form.due_ms = value.parse().ok(),
+                "reason" => form.reason = Some(value),
+                "pick" => form.picks.push(value),
+                _ => {}
+            }
+        }
+        form
+    }
+
+    /// The operator's reason, trimmed, if they gave one.
+    fn reason(&self) -> Option<&str> {
+        self.reason
+            .as_deref()
+            .map(str::trim)
+            .filter(|r| !r.is_empty())
+    }
+}
+
+/// The parked retries of a bulk form's ticks, looked up by due time and origin id: at most
+/// [`crate::operate::BATCH`] a request, as the API allows.
+async fn picked(
+    conn: &mut crate::redis_conn::RedisHandle,
+    set: &str,
+    picks: &[String],
+) -> Result<Vec<Vec<u8>>, OperateError> {
+    if picks.len() > crate::operate::BATCH {
+        return Err(OperateError::Invalid(format!(
+            "at most {} entries a request: tick fewer",
+            crate::operate::BATCH
+        )));
+    }
+    let mut members = Vec::new();
+    for pick in picks {
+        let Some((due, origin)) = pick.split_once('|') else {
+            return Err(OperateError::Invalid(format!(
+                "not a ticked entry: {pick:?}"
+            )));
+        };
+        let due = due
+            .parse::<i64>()
+            .map_err(|_| OperateError::Invalid(format!("not a ticked entry: {pick:?}")))?;
+        let found = parked::find(conn, set, &[origin.to_owned()], Some(due)).await?;
+        members.extend(found.into_iter().map(|p| p.member));
+    }
+    Ok(members)
+}
+
+/// The first [`crate::operate::BATCH`] members of `set`, earliest due first.
+async fn first_parked(
+    conn: &mut crate::redis_conn::RedisHandle,
+    set: &str,
+) -> Result<Vec<Vec<u8>>, OperateError> {
+    Ok(redis::cmd("ZRANGE")
+        .arg(set)
+        .arg(0)
+        .arg(crate::operate::BATCH - 1)
+        .query_async(conn)
+        .await?)
 }
 
 async fn act(
     State(state): State<AdminState>,
     axum::Extension(viewer): axum::Extension<Viewer>,
     Path((stream, group)): Path<(String, String)>,
-    axum::Form(form): axum::Form<ActForm>,
+    body: axum::body::Bytes,
 ) -> Response {
+    let form = ActForm::parse(&body);
     if !guard::same_secret(&form.csrf, &viewer.csrf) {
         tracing::warn!(stream, group, "admin page action refused: bad CSRF token");
         return forbidden("the form is stale or came from another site: reload the page");
@@ -675,6 +808,57 @@ async fn act(
                     Some(_) => format!("stream {of_stream} group {of_group}: resumed; every host reads again within a second"),
                     None => format!("stream {of_stream} group {of_group} was not paused"),
                 }))
+            }
+            "retry-selected" | "delete-selected" | "dead-letter-selected" => {
+                let members = picked(&mut conn, &set, &form.picks).await?;
+                let asked = form.picks.len();
+                let done = match form.action.as_str() {
+                    "retry-selected" => {
+                        let n = parked::retry_now(&mut conn, &set, &members).await?;
+                        format!("{n} of {asked} selected made due now; a sweep moves them back within a second")
+                    }
+                    "delete-selected" => {
+                        let n = parked::delete(&mut conn, &set, &members).await?;
+                        format!("{n} of {asked} selected deleted")
+                    }
+                    _ => {
+                        let reason = form.reason().unwrap_or("dead-lettered by an operator");
+                        let n = parked::dead_letter_now(&mut conn, &keys, &members, reason).await?;
+                        format!("{n} of {asked} selected dead-lettered")
+                    }
+                };
+                Ok(("parked", done))
+            }
+            "retry-all" | "delete-all" | "dead-letter-all" => {
+                let reason = form.reason().unwrap_or("dead-lettered by an operator");
+                let mut moved = 0usize;
+                let mut more = false;
+                // Bounded like the API's `all` calls: the rest on the next press.
+                for round in 0..super::waiting::ALL_PER_CALL / crate::operate::BATCH {
+                    let n = match form.action.as_str() {
+                        "retry-all" => parked::retry_batch_now(&mut conn, &set).await?,
+                        "delete-all" => {
+                            let members = first_parked(&mut conn, &set).await?;
+                            parked::delete(&mut conn, &set, &members).await?
+                        }
+                        _ => {
+                            let members = first_parked(&mut conn, &set).await?;
+                            parked::dead_letter_now(&mut conn, &keys, &members, reason).await?
+                        }
+                    };
+                    moved += n;
+                    if n == 0 {
+                        break;
+                    }
+                    more = round + 1 == super::waiting::ALL_PER_CALL / crate::operate::BATCH;
+                }
+                let what = match form.action.as_str() {
+                    "retry-all" => "made due now",
+                    "delete-all" => "deleted",
+                    _ => "dead-lettered",
+                };
+                let rest = if more { "; more remain: press again" } else { "" };
+                Ok(("parked", format!("{moved} parked retries {what}{rest}")))
             }
             other => Err(OperateError::Invalid(format!("unknown action {other:?}"))),
         }

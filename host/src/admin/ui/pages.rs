@@ -33,7 +33,7 @@ fn layout(title: &str, viewer: Option<&Viewer>, body: Markup) -> Markup {
         html lang="en" {
             (head(&format!("{title} · Sluice")))
             // A logged-in viewer's page: its script fetches links and forms with the key.
-            body data-keyed[viewer.is_some_and(|v| v.logged_in)] {
+            body data-keyed[viewer.is_some_and(|v| v.logged_in)] data-rendered=(rendered_ms()) {
                 header {
                     a.brand href="/ui/" { "Sluice" }
                     a href="/ui/" { "Overview" }
@@ -125,6 +125,14 @@ fn sub_link(keys: &SubscriptionKeys, page: &str) -> String {
         segment(&keys.stream),
         segment(&keys.group)
     )
+}
+
+/// When a page was rendered (ms since the Unix epoch, this host's clock): how a browser (and
+/// its test) tells a refreshed page from the one before.
+fn rendered_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
 }
 
 /// A byte count as people read it.
@@ -308,7 +316,7 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer, done: Option<&
                                     @let lane_pending = s.lane.as_ref().map_or(0, |g| g.pending);
                                     @let lane_unread = s.lane.as_ref().and_then(|g| g.lag).unwrap_or(0);
                                     td title=[part.lane.as_ref().map(|l| format!("{lane_pending} of them in the retry lane {l}"))] {
-                                        (s.group.as_ref().map_or(0, |g| g.pending) + lane_pending)
+                                        a href=(sub_link(&keys, "pending")) { (s.group.as_ref().map_or(0, |g| g.pending) + lane_pending) }
                                     }
                                     td title=[part.lane.as_ref().map(|l| format!("{lane_unread} of them in the retry lane {l}"))] {
                                         (s.group.as_ref().and_then(|g| g.lag).map_or("?".to_owned(), |l| (l + lane_unread).to_string()))
@@ -504,12 +512,41 @@ pub(super) fn parked(
             div.card {
                 p.muted { (total) " waiting in " code { (set) } ", earliest due first. "
                     a href=(sub_link(keys, "dead-letters")) { "Dead letters" } }
+                @if viewer.can_act && total > 0 {
+                    div.bulk {
+                        form #bulk .inline method="post" action=(sub_link(keys, "act")) data-confirm="Apply this to the {n} selected retries?" data-needs="pick" {
+                            input type="hidden" name="csrf" value=(viewer.csrf);
+                            select name="action" {
+                                option value="retry-selected" { "Retry the selected now" }
+                                option value="delete-selected" { "Delete the selected" }
+                                option value="dead-letter-selected" { "Dead-letter the selected" }
+                            }
+                            " "
+                            input type="text" name="reason" placeholder="reason (dead-letter)" size="16";
+                            " " button type="submit" { "Apply to selected" }
+                        }
+                        " · all " (total) ", " (super::super::waiting::ALL_PER_CALL) " a press: "
+                        (action(viewer, keys, "retry-all", &[], "Retry all now", "primary", Some(&format!("Make all {total} parked retries due now (up to {} a press)?", super::super::waiting::ALL_PER_CALL))))
+                        " "
+                        (action(viewer, keys, "delete-all", &[], "Delete all", "danger", Some(&format!("Delete all {total} parked retries for good (up to {} a press)? They are not dead-lettered.", super::super::waiting::ALL_PER_CALL))))
+                        " "
+                        form.inline method="post" action=(sub_link(keys, "act")) data-confirm=(format!("Dead-letter all {total} parked retries (up to {} a press)?", super::super::waiting::ALL_PER_CALL)) {
+                            input type="hidden" name="csrf" value=(viewer.csrf);
+                            input type="hidden" name="action" value="dead-letter-all";
+                            input type="text" name="reason" placeholder="reason" size="12";
+                            " " button.danger type="submit" { "Dead-letter all" }
+                        }
+                    }
+                }
                 table {
-                    tr { th { "origin id" } th { "due" } th { "retry" } th { "fields" } @if viewer.can_act { th { "actions" } } }
+                    tr { @if viewer.can_act { th { } } th { "origin id" } th { "due" } th { "retry" } th { "fields" } @if viewer.can_act { th { "actions" } } }
                     @for p in &page.items {
                         @let e = &p.entry;
                         @let hidden = [("origin", e.origin_id.clone()), ("due_ms", e.due_ms.to_string())];
                         tr {
+                            @if viewer.can_act {
+                                td { input type="checkbox" form="bulk" name="pick" value=(format!("{}|{}", e.due_ms, e.origin_id)) title="select"; }
+                            }
                             td { code { (e.origin_id) } (trace_cell(p.trace_id())) }
                             td { span data-due=(e.due_ms) data-now=(now_ms) { } br; span.muted { (format_ms(e.due_ms)) } }
                             td { (e.retry_count) }
@@ -534,6 +571,71 @@ pub(super) fn parked(
                 @if page.items.is_empty() { p.muted { "Nothing parked." } }
                 @if let Some(next) = &page.next {
                     p { a.button href=(format!("{}?cursor={}", sub_link(keys, "parked"), segment(next))) { "Next page" } }
+                }
+            }
+        },
+    )
+}
+
+/// One source's consumers and, for the consumer asked for, its pending entries.
+pub(super) struct PendingTable {
+    pub(super) key: String,
+    pub(super) consumers: Vec<redis::streams::StreamInfoConsumer>,
+    pub(super) entries: Vec<crate::inspect::PendingEntry>,
+}
+
+/// Entries in flight per consumer.
+pub(super) fn pending(
+    viewer: &Viewer,
+    keys: &SubscriptionKeys,
+    this_host: &str,
+    asked: Option<&str>,
+    tables: &[PendingTable],
+) -> Markup {
+    let link = |consumer: &str| {
+        format!(
+            "{}?consumer={}",
+            sub_link(keys, "pending"),
+            segment(consumer)
+        )
+    };
+    layout(
+        "In flight",
+        Some(viewer),
+        html! {
+            h1 { "In flight on " code { (keys.stream) } ", group " code { (keys.group) } }
+            @for t in tables {
+                div.card {
+                    h2 { "Consumers of " code { (t.key) } }
+                    p.muted { "A consumer is a host (its `consumer` name, by default sluice-<hostname>). Entries pending to one are being handled by it, or wait there for a retry; a consumer idle past consumer_gone_after has its entries taken over by a live host." }
+                    table {
+                        tr { th { "consumer" } th { "pending" } th { "idle" } }
+                        @for c in &t.consumers {
+                            tr {
+                                td {
+                                    a href=(link(&c.name)) { code { (c.name) } }
+                                    @if c.name == this_host { " " span.badge.ok { "this host" } }
+                                }
+                                td { (c.pending) }
+                                td { (format!("{:.1}s", c.idle as f64 / 1000.0)) }
+                            }
+                        }
+                    }
+                    @if t.consumers.is_empty() { p.muted { "No consumer has read it yet." } }
+                    @if let Some(consumer) = asked {
+                        h2 { "Oldest entries pending to " code { (consumer) } }
+                        table {
+                            tr { th { "entry id" } th { "since delivered" } th { "deliveries" } }
+                            @for e in &t.entries {
+                                tr {
+                                    td { code { (e.id) } }
+                                    td { (format!("{:.1}s", e.idle_ms as f64 / 1000.0)) }
+                                    td { (e.deliveries) }
+                                }
+                            }
+                        }
+                        @if t.entries.is_empty() { p.muted { "None." } }
+                    }
                 }
             }
         },

@@ -20,11 +20,18 @@
   // Put the page `text` (fetched from `url`) in place of this one.
   function show(text, url, history_how) {
     var doc = new DOMParser().parseFromString(text, 'text/html');
+    // What the last action came to stays on the page through refreshes.
+    var flash = document.querySelector('.flash');
+    var place = doc.querySelector('main h1');
+    if (history_how === 'refresh' && flash && !doc.querySelector('.flash') && place) {
+      place.after(doc.adoptNode(flash.cloneNode(true)));
+    }
     document.title = doc.title;
     document.body.replaceWith(document.adoptNode(doc.body));
     if (history_how === 'push') { window.history.pushState(null, '', url); }
     if (history_how === 'replace') { window.history.replaceState(null, '', url); }
-    window.scrollTo(0, 0);
+    // A refresh keeps the reader where they were; a new page starts at its top.
+    if (history_how !== 'refresh') { window.scrollTo(0, 0); }
     start(true);
   }
 
@@ -90,7 +97,11 @@
   document.addEventListener('submit', function (e) {
     var form = e.target;
     // Ask before the actions that cannot be undone.
-    if (form.dataset.confirm && !window.confirm(form.dataset.confirm)) { e.preventDefault(); return; }
+    // A bulk form acts on the boxes ticked for it: none ticked, nothing to ask or send.
+    var picked = form.id ? document.querySelectorAll('input[form="' + form.id + '"]:checked').length : 0;
+    if (form.dataset.needs && picked === 0) { e.preventDefault(); window.alert('Tick the entries to act on first.'); return; }
+    var ask = form.dataset.confirm && form.dataset.confirm.replace('{n}', String(picked));
+    if (ask && !window.confirm(ask)) { e.preventDefault(); return; }
     if (!keyed()) { return; }
     e.preventDefault();
     var data = new URLSearchParams(new FormData(form));
@@ -109,6 +120,26 @@
     if (keyed()) { load(window.location.href, {}, 'none'); }
   });
 
+  // The page refreshes itself every few seconds, unless the operator is in the middle of
+  // something: a field focused or filled in, a box ticked, a fold opened, text selected. A
+  // refresh never submits anything and never loses what they typed.
+  function busy() {
+    var active = document.activeElement;
+    if (active && /^(INPUT|TEXTAREA|SELECT|BUTTON)$/.test(active.tagName)) { return true; }
+    var changed = Array.prototype.some.call(document.querySelectorAll('input, textarea, select'), function (el) {
+      if (el.type === 'hidden' || el.type === 'submit') { return false; }
+      if (el.type === 'checkbox' || el.type === 'radio') { return el.checked !== el.defaultChecked; }
+      if (el.tagName === 'SELECT') { return Array.prototype.some.call(el.options, function (o) { return o.selected !== o.defaultSelected; }); }
+      return el.value !== el.defaultValue;
+    });
+    var selection = window.getSelection && String(window.getSelection());
+    return changed || document.querySelector('details[open]') !== null || Boolean(selection);
+  }
+  function refresh() {
+    if (!keyed() || document.hidden || busy()) { return; }
+    load(window.location.href, {}, 'refresh');
+  }
+  setInterval(refresh, 5000);
   setInterval(tick, 1000);
   start(false);
 })();
