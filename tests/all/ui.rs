@@ -413,12 +413,28 @@ async fn a_dead_letters_traceback_is_folded_and_escaped() {
         "Traceback (most recent call last):\n  File \"app.py\", line 6, in charge\n<script>alert(1)</script>",
     );
     let _: String = copy.query_async(&mut conn).await.unwrap();
+    // And one whose payload is long: folded under its first line, with its size.
+    let mut long = redis::cmd("XADD");
+    long.arg(dead_letter_key("tb")).arg("*");
+    for (name, value) in &dead[0].1 {
+        let value = if name == "payload" {
+            serde_json::json!({ "note": "word ".repeat(600) }).to_string()
+        } else {
+            value.clone()
+        };
+        long.arg(name).arg(value);
+    }
+    let _: String = long.query_async(&mut conn).await.unwrap();
     let session = log_in(admin).await;
     let (code, letters) = page(admin, "/ui/s/tb/g/dead-letters", &session).await;
+    assert!(
+        letters.contains("<details class=\"value\"><summary><code>{</code> … <span class=\"muted\">2.9 KiB, 3 lines</span>"),
+        "{letters}"
+    );
     assert_eq!(code, 200, "{letters}");
     assert!(
         letters.contains(
-            "<details class=\"trace\"><summary>traceback</summary><pre>Traceback (most recent call last):"
+            "<details class=\"trace\"><summary>traceback (3 lines)</summary><pre>Traceback (most recent call last):"
         ),
         "{letters}"
     );

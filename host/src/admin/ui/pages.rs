@@ -448,10 +448,41 @@ fn shown(value: &[u8]) -> String {
     printable(value)
 }
 
+/// Past this many characters or lines a value is folded: its first line shows, the rest opens.
+const FOLD_CHARS: usize = 400;
+const FOLD_LINES: usize = 12;
+
+/// One value as the page shows it: whole when short, else folded under its first line with its
+/// size, so a row of a 40 KB payload does not push every other row off the screen.
+fn value(text: &str) -> Markup {
+    let lines = text.lines().count();
+    if text.chars().count() <= FOLD_CHARS && lines <= FOLD_LINES {
+        return html! { pre { (text) } };
+    }
+    let head: String = text.lines().next().unwrap_or("").chars().take(80).collect();
+    html! {
+        details.value {
+            summary { code { (head) } " … " span.muted { (bytes(text.len() as u64)) ", " (lines) " lines" } }
+            pre { (text) }
+        }
+    }
+}
+
 fn fields(fields: &[(Vec<u8>, Vec<u8>)]) -> Markup {
     html! {
-        @for (name, value) in fields {
-            div { code { (printable(name)) } pre { (shown(value)) } }
+        @for (name, v) in fields {
+            div.field { code { (printable(name)) } (value(&shown(v))) }
+        }
+    }
+}
+
+/// A dead letter's reason: text that wraps (long ones folded), and its traceback, when it has
+/// one, as lines in a fold under it.
+fn reason_cell(reason: &str, trace: Option<&str>) -> Markup {
+    html! {
+        div.reason { (value(reason)) }
+        @if let Some(trace) = trace {
+            details.trace { summary { "traceback (" (trace.lines().count()) " lines)" } pre { (trace) } }
         }
     }
 }
@@ -693,12 +724,7 @@ pub(super) fn dead_letters(
                         @let hidden = [("id", l.id.clone())];
                         tr {
                             td.nowrap { (l.written_ms().map(format_ms).unwrap_or_default()) br; span.muted { code { (l.id) } } }
-                            td {
-                                span.badge { (l.reason.as_deref().unwrap_or("(not written by Sluice)")) }
-                                @if let Some(trace) = &l.trace {
-                                    details.trace { summary { "traceback" } pre { (trace) } }
-                                }
-                            }
+                            td { (reason_cell(l.reason.as_deref().unwrap_or("(not written by Sluice)"), l.trace.as_deref())) }
                             td { code { (l.origin_id.as_deref().unwrap_or("-")) } (trace_cell(l.trace_id())) }
                             td { (l.retry_count.map_or("-".to_owned(), |n| n.to_string())) }
                             td { (fields(&l.fields)) }
