@@ -535,6 +535,19 @@ impl Service {
             } else {
                 Vec::new()
             };
+            // The group's delivery counts, kept in Redis for the page.
+            readers.spawn(crate::flow::stats::run(
+                sub.stream.stream.clone(),
+                sub.stream.group.clone(),
+                sub.stream
+                    .partitioned()
+                    .iter()
+                    .map(|p| crate::metrics::Metrics::labels(&p.stream, &p.group))
+                    .collect(),
+                conn.clone(),
+                self.metrics.clone(),
+                stop.clone(),
+            ));
             for (index, part) in sub.stream.partitioned().into_iter().enumerate() {
                 let shared = shared_reads
                     .get(index / PARTITIONS_PER_READ as usize)

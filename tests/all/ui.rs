@@ -448,3 +448,44 @@ async fn a_dead_letters_traceback_is_folded_and_escaped() {
         "only the letter with a traceback has one"
     );
 }
+
+/// The page's tiles count for the whole group from Redis: a restarted host still shows what
+/// was handled before it started, and two hosts' deliveries add up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pages_counts_survive_a_restart_and_add_up_over_hosts() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let sub = |consumer: &str| Sub::fixture("counted").set("consumer", consumer);
+    let mut first = start_fixture(&redis, sub("a")).await;
+    for _ in 0..5 {
+        let id = add(&mut conn, "counted", &Control::Ack).await;
+        first.event(T, "an entry acked", |e| e.id == id).await;
+    }
+    let key = sluice_host::keys::stats_key("counted", "g");
+    wait_for(T, "the counts written to Redis", || {
+        let mut conn = conn.clone();
+        let key = key.clone();
+        async move {
+            let acked: Option<u64> = cmd(&mut conn, &["HGET", &key, "ack"]).await;
+            (acked == Some(5)).then_some(())
+        }
+    })
+    .await;
+    first.stop().await.unwrap();
+    let mut second = start_fixture(&redis, sub("b")).await;
+    let admin = second.admin().await;
+    let id = add(&mut conn, "counted", &Control::Ack).await;
+    second.event(T, "an entry acked", |e| e.id == id).await;
+    let session = log_in(admin).await;
+    wait_for(T, "the page to count six", || {
+        let headers = session.headers();
+        async move {
+            let (_, overview) = http_request_bare(admin, "GET", "/ui/", &headers, b"").await;
+            overview
+                .contains("<div class=\"stat\"><b>6</b><span>acked</span>")
+                .then_some(overview)
+        }
+    })
+    .await;
+    second.stop().await.unwrap();
+}

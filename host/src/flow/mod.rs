@@ -25,6 +25,7 @@
 
 pub mod breaker;
 pub mod rate;
+pub mod stats;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

@@ -117,6 +117,16 @@ pub fn breaker_key(stream: &str, group: &str) -> String {
     )
 }
 
+/// A subscription's delivery counts for the whole group (see `flow::stats`): a hash in the
+/// stream's hash slot, named like [`flow_key`].
+pub fn stats_key(stream: &str, group: &str) -> String {
+    format!(
+        "sluice-stats:{{{}}}:{}:{stream}:{group}",
+        hash_tag(stream),
+        stream.len()
+    )
+}
+
 /// Bumped after every change of any subscription's flow controls on this Redis: hosts poll
 /// this one key, and read the subscriptions' own keys only when it moves.
 pub const FLOW_EPOCH: &str = "sluice-flow-epoch";

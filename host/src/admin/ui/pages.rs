@@ -216,6 +216,22 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer, done: Option<&
             .first()
             .map(|p| (p.rate_limit, p.circuit_breaker))
             .unwrap_or_default();
+        // The tiles count for the whole group, from Redis (they survive restarts); this host's
+        // own counts only when Redis does not answer.
+        let group_counts = match parts.first() {
+            Some(first) => tokio::time::timeout(
+                super::super::PROBE_TIMEOUT,
+                crate::flow::stats::read(&mut first.conn.clone(), &labels.stream, &labels.group),
+            )
+            .await
+            .ok()
+            .and_then(Result::ok),
+            None => None,
+        };
+        let (outcomes, counted) = match &group_counts {
+            Some(g) => (g.counts, Some(g.since_ms)),
+            None => (outcomes, None),
+        };
         let waits: u64 = parts
             .first()
             .map(|p| state.metrics.rate_limit_waits(&p.of))
@@ -277,6 +293,13 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer, done: Option<&
                     div.stat { b { (outcomes[3] + outcomes[4]) } span { "failed (trap or limit)" } }
                     div.stat { b { code { (current.digest.short()) } } span { "handler, since " (ago(current.since)) } }
                     div.stat { b { (swaps) " / " (refusals) } span { "swaps / refused" } }
+                }
+                p.muted {
+                    @match counted {
+                        Some(Some(since)) => { "Deliveries counted by every host of the group since " (format_ms(since as i64)) " (kept in Redis)." },
+                        Some(None) => { "Deliveries counted by every host of the group (kept in Redis): none yet." },
+                        None => { "Redis did not answer: deliveries counted by this host since it started." },
+                    }
                 }
                 p.muted.flow-facts {
                     @match limit {
