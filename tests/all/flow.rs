@@ -307,6 +307,27 @@ async fn a_foreign_pause_record_is_bounded_and_a_bad_body_refused() {
     assert_eq!(status, 200, "{body}");
     host.event(T, "the entry after the resume", |e| e.id == entry)
         .await;
+    // A time past year 9999 and an epoch that is not a number: the host still sees the pause.
+    let _: () = cmd(
+        &mut conn,
+        &["SET", sluice_host::keys::FLOW_EPOCH, "garbage"],
+    )
+    .await;
+    let far = r#"{"by":"x","at_ms":253402300800000}"#;
+    let _: () = cmd(&mut conn, &["HSET", &key, "paused", far]).await;
+    let _: () = cmd(
+        &mut conn,
+        &["SET", sluice_host::keys::FLOW_EPOCH, "garbage2"],
+    )
+    .await;
+    let paused = wait_for(Duration::from_secs(5), "the far-future pause", || {
+        listed_paused(admin, "foreign")
+    })
+    .await;
+    assert!(
+        paused["at"].as_str().unwrap().starts_with("9999-12-31"),
+        "{paused}"
+    );
     host.stop().await.unwrap();
 }
 

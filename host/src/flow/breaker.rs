@@ -134,9 +134,7 @@ impl BreakerState {
         if self.state == Phase::Open && self.until_ms != 0 {
             line.push_str(&format!(
                 "; probes from {}",
-                humantime::format_rfc3339_millis(
-                    std::time::UNIX_EPOCH + Duration::from_millis(self.until_ms)
-                )
+                crate::admin::rfc3339(std::time::UNIX_EPOCH + Duration::from_millis(self.until_ms))
             ));
         }
         if let Some(by) = &self.by {
@@ -430,6 +428,9 @@ mod tests {
         .to_string();
         let state = BreakerState::from_record(hostile.as_bytes());
         assert_eq!(state.state, Phase::HalfOpen);
+        // A time past year 9999 is described, not a panic (humantime cannot write it).
+        let far = BreakerState::from_record(br#"{"state":"open","until_ms":1e300}"#);
+        assert!(far.describe().contains("9999-12-31"), "{}", far.describe());
         assert_eq!(state.since_ms, 0);
         assert!(state.why.unwrap().len() < 400);
     }

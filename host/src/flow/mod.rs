@@ -107,8 +107,7 @@ impl Paused {
         if self.at_ms == 0 {
             return String::new();
         }
-        humantime::format_rfc3339_millis(SystemTime::UNIX_EPOCH + Duration::from_millis(self.at_ms))
-            .to_string()
+        crate::admin::rfc3339(SystemTime::UNIX_EPOCH + Duration::from_millis(self.at_ms))
     }
 
     /// One line for logs and the CLI.
@@ -335,18 +334,23 @@ impl FlowWatcher {
 
     /// Poll until `stop`.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
-        let mut seen: Option<i64> = None;
+        let mut seen: Option<Vec<u8>> = None;
         let mut refreshed_at: Option<tokio::time::Instant> = None;
         let mut failing = false;
         loop {
             let mut conn = self.conn.clone();
-            let epoch: RedisResult<Option<i64>> = redis::cmd("GET")
+            // Compared as bytes (at most 64 of them): whatever another writer left there, any
+            // change makes the hosts look.
+            let epoch: RedisResult<Vec<u8>> = redis::cmd("GETRANGE")
                 .arg(FLOW_EPOCH)
+                .arg(0)
+                .arg(63)
                 .query_async(&mut conn)
                 .await;
+            let stale = refreshed_at.is_none_or(|at| at.elapsed() >= FULL_REFRESH);
             match epoch {
                 Ok(epoch) => {
-                    let stale = refreshed_at.is_none_or(|at| at.elapsed() >= FULL_REFRESH);
+                    let epoch = Some(epoch);
                     if (stale || epoch != seen) && self.refresh(&mut conn).await {
                         seen = epoch;
                         refreshed_at = Some(tokio::time::Instant::now());
@@ -358,6 +362,11 @@ impl FlowWatcher {
                 }
                 Err(err) => {
                     self.conn.saw_error(&err);
+                    // The epoch unreadable (a key of the wrong type): the flow hashes may still
+                    // be, every full refresh.
+                    if stale && self.refresh(&mut conn).await {
+                        refreshed_at = Some(tokio::time::Instant::now());
+                    }
                     if !failing {
                         tracing::warn!(
                             %err,
@@ -459,6 +468,9 @@ mod tests {
         let hostile = serde_json::json!({ "by": long, "at_ms": 1, "reason": long }).to_string();
         let read = Paused::from_record(hostile.as_bytes());
         assert_eq!(read.by.chars().count(), MAX_BY);
+        // A time past year 9999 is shown, not a panic.
+        let far = Paused::from_record(br#"{"by":"x","at_ms":253402300800000}"#);
+        assert!(far.describe().contains("9999-12-31"), "{}", far.describe());
         let foreign = Paused::from_record(b"1");
         assert!(foreign.by.contains("unknown writer"));
         assert_eq!(Paused::now("  ", Some("  ")).reason, None);
