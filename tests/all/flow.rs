@@ -328,6 +328,19 @@ async fn a_foreign_pause_record_is_bounded_and_a_bad_body_refused() {
         paused["at"].as_str().unwrap().starts_with("9999-12-31"),
         "{paused}"
     );
+    // The API's resume works over an epoch that is not a number, and the host reads again.
+    let (status, body) = http_request(
+        admin,
+        "POST",
+        "/v1/subscriptions/foreign/g/resume",
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let after = add(&mut conn, "foreign", &Control::Ack).await;
+    host.event(T, "an entry after the second resume", |e| e.id == after)
+        .await;
     host.stop().await.unwrap();
 }
 

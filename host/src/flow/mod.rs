@@ -226,9 +226,12 @@ pub async fn resume<C: ConnectionLike>(
         source,
     };
     let was = state(conn, stream, group).await.map_err(err)?;
+    // A resume also closes a breaker left open: an operator's word ends both holds (a breaker
+    // no running host is configured for would otherwise never be probed).
     let removed: u64 = redis::cmd("HDEL")
         .arg(flow_key(stream, group))
         .arg(PAUSED)
+        .arg(breaker::FIELD)
         .query_async(conn)
         .await
         .map_err(err)?;
@@ -237,11 +240,25 @@ pub async fn resume<C: ConnectionLike>(
 }
 
 async fn bump_epoch<C: ConnectionLike>(conn: &mut C) -> RedisResult<()> {
-    redis::cmd("INCR")
-        .arg(FLOW_EPOCH)
-        .query_async::<i64>(conn)
-        .await
-        .map(drop)
+    let bumped: RedisResult<i64> = redis::cmd("INCR").arg(FLOW_EPOCH).query_async(conn).await;
+    match bumped {
+        Ok(_) => Ok(()),
+        // Not a number, or at its maximum (another writer's doing): any new value makes the
+        // hosts look, since they compare it as bytes.
+        Err(err)
+            if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
+        {
+            let now = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            redis::cmd("SET")
+                .arg(FLOW_EPOCH)
+                .arg(format!("reset-{now}"))
+                .query_async(conn)
+                .await
+        }
+        Err(err) => Err(err),
+    }
 }
 
 /// The pause of the subscription to `stream` with `group`, if it is paused (at most

@@ -633,6 +633,8 @@ async fn picked(
         )));
     }
     let mut members = Vec::new();
+    // The same tick twice is one entry.
+    let picks: std::collections::BTreeSet<&String> = picks.iter().collect();
     for pick in picks {
         let Some((due, origin)) = pick.split_once('|') else {
             return Err(OperateError::Invalid(format!(
@@ -811,7 +813,11 @@ async fn act(
             }
             "retry-selected" | "delete-selected" | "dead-letter-selected" => {
                 let members = picked(&mut conn, &set, &form.picks).await?;
-                let asked = form.picks.len();
+                let asked = form
+                    .picks
+                    .iter()
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len();
                 let done = match form.action.as_str() {
                     "retry-selected" => {
                         let n = parked::retry_now(&mut conn, &set, &members).await?;
