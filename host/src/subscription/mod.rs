@@ -384,6 +384,27 @@ impl Subscription {
                     None => break,
                 }
             }
+            // Waiting for slots or tokens may have taken a while: a pause (or an opened
+            // breaker) that came meanwhile holds this read too, claims included.
+            let closed_meanwhile = {
+                let flow = self.flow.borrow();
+                match admission {
+                    Admission::Open => !flow.open(),
+                    Admission::Probe | Admission::BreakerClosed => flow.paused.is_some(),
+                }
+            };
+            if closed_meanwhile {
+                drop(first);
+                if let Some(rate) = &self.rate {
+                    rate.give_back(tokens);
+                }
+                if admission == Admission::Probe
+                    && let Some(breaker) = &self.breaker
+                {
+                    breaker.probe_unused();
+                }
+                continue;
+            }
             let conn = match &mut reader {
                 Some(conn) => conn,
                 // Only a successful read resets the backoff: a server that accepts connections

@@ -50,6 +50,10 @@ impl Subscription {
             {
                 return;
             }
+            // Paused while waiting for the token: wait for the resume again.
+            if !this.flow.borrow().open() && !this.wait_open().await {
+                return;
+            }
             let mut backoff = ReconnectBackoff::default();
             let entry = loop {
                 let mut conn = this.conn.clone();
