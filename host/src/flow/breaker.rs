@@ -134,7 +134,7 @@ impl BreakerState {
         if self.state == Phase::Open && self.until_ms != 0 {
             line.push_str(&format!(
                 "; probes from {}",
-                crate::admin::rfc3339(std::time::UNIX_EPOCH + Duration::from_millis(self.until_ms))
+                super::time_text(self.until_ms)
             ));
         }
         if let Some(by) = &self.by {
