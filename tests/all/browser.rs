@@ -84,8 +84,25 @@ impl Browser {
         }
     }
 
-    /// Call a DevTools method and return its result (events in between are skipped).
+    /// Call a DevTools method and return its result (events in between are skipped). An
+    /// evaluation that lands while the page swaps its document (a navigation) is tried again,
+    /// a few times.
     async fn call(&mut self, method: &str, params: Value) -> Value {
+        for _ in 0..5 {
+            match self.try_call(method, params.clone()).await {
+                Ok(result) => return result,
+                Err(reply) if method == "Runtime.evaluate" => {
+                    eprintln!("{method} failed, trying again: {reply}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(reply) => panic!("{method}: {reply}"),
+            }
+        }
+        let reply = self.try_call(method, params).await;
+        reply.unwrap_or_else(|reply| panic!("{method}: {reply}"))
+    }
+
+    async fn try_call(&mut self, method: &str, params: Value) -> Result<Value, Value> {
         self.next_id += 1;
         let id = self.next_id;
         let request = json!({ "id": id, "method": method, "params": params }).to_string();
@@ -101,8 +118,10 @@ impl Browser {
             };
             let reply: Value = serde_json::from_str(&text).unwrap();
             if reply["id"] == id {
-                assert!(reply["error"].is_null(), "{method}: {reply}");
-                return reply["result"].clone();
+                if !reply["error"].is_null() {
+                    return Err(reply);
+                }
+                return Ok(reply["result"].clone());
             }
         }
     }
