@@ -53,6 +53,7 @@
 //!   records which subscription owns a key, [`redis_conn`] opens connections and
 //!   classifies Redis errors, [`devredis`] starts a private `redis-server` when none is
 //!   configured, and [`events`] reports each settled delivery to observers (tests, the bench).
+//! - [`when`] writes times for people (RFC 3339), bounded whatever Redis holds.
 //! - [`memory`] makes big buffers (a big entry's) go back to the kernel when freed, and
 //!   [`private_file`] writes files only this user may read, whole or not at all.
 //! - [`telemetry`] (`telemetry/`) exports the spans (each attempt's) over OTLP to a collector,
@@ -90,6 +91,7 @@ mod shutdown;
 mod subscription;
 mod swap;
 pub mod telemetry;
+pub mod when;
 
 /// What `sluice --version` says: the crate's version, the commit it was built from and the WIT
 /// package its guests build against (a handler built for another WIT package is refused).

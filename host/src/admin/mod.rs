@@ -377,11 +377,7 @@ async fn sample_outcomes(state: AdminState, stop: CancellationToken) {
 }
 
 pub(crate) fn rfc3339(at: std::time::SystemTime) -> String {
-    // humantime cannot write years past 9999 (its Display fails, and `to_string` would
-    // panic): a time another writer put in Redis is clamped to that first.
-    const LAST: std::time::Duration = std::time::Duration::from_secs(253_402_300_799);
-    let latest = std::time::UNIX_EPOCH + LAST;
-    humantime::format_rfc3339_millis(at.min(latest)).to_string()
+    crate::when::rfc3339(at)
 }
 
 async fn list_handler(State(state): State<AdminState>) -> impl IntoResponse {

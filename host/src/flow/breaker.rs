@@ -134,7 +134,7 @@ impl BreakerState {
         if self.state == Phase::Open && self.until_ms != 0 {
             line.push_str(&format!(
                 "; probes from {}",
-                super::time_text(self.until_ms)
+                crate::when::rfc3339_ms(i64::try_from(self.until_ms).unwrap_or(i64::MAX))
             ));
         }
         if let Some(by) = &self.by {
@@ -179,10 +179,6 @@ impl std::fmt::Debug for Breaker {
             .field("group", &self.group)
             .finish_non_exhaustive()
     }
-}
-
-fn script(source: &'static str) -> Script {
-    Script::new(source)
 }
 
 impl Breaker {
@@ -262,7 +258,7 @@ impl Breaker {
     /// Add this host's counts to the window every [`FLUSH`] until `stop`.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
         static RECORD: std::sync::LazyLock<Script> =
-            std::sync::LazyLock::new(|| script(include_str!("lua/breaker_record.lua")));
+            std::sync::LazyLock::new(|| Script::new(include_str!("lua/breaker_record.lua")));
         loop {
             tokio::select! {
                 () = tokio::time::sleep(FLUSH) => {}
@@ -316,7 +312,7 @@ impl Breaker {
     /// Ask the open breaker what this host may do now.
     pub async fn gate(&self) -> Gate {
         static PROBE: std::sync::LazyLock<Script> =
-            std::sync::LazyLock::new(|| script(include_str!("lua/breaker_probe.lua")));
+            std::sync::LazyLock::new(|| Script::new(include_str!("lua/breaker_probe.lua")));
         let mut conn = self.conn.clone();
         let asked: redis::RedisResult<(String, u64, String)> = PROBE
             .key(&self.flow_key)
@@ -367,7 +363,7 @@ impl Breaker {
     /// A probe's answer: success closes the breaker, failure opens it again.
     async fn answer(&self, success: bool, why: &str) {
         static RESULT: std::sync::LazyLock<Script> =
-            std::sync::LazyLock::new(|| script(include_str!("lua/breaker_result.lua")));
+            std::sync::LazyLock::new(|| Script::new(include_str!("lua/breaker_result.lua")));
         let mut conn = self.conn.clone();
         let answered: redis::RedisResult<(String, String)> = RESULT
             .key(&self.flow_key)

@@ -107,7 +107,7 @@ impl Paused {
         if self.at_ms == 0 {
             return String::new();
         }
-        time_text(self.at_ms)
+        crate::when::rfc3339_ms(i64::try_from(self.at_ms).unwrap_or(i64::MAX))
     }
 
     /// One line for logs and the CLI.
@@ -121,16 +121,6 @@ impl Paused {
         }
         line
     }
-}
-
-/// A time in ms since the Unix epoch as RFC 3339; clamped to year 9999 first (humantime
-/// cannot write later years, and a record another writer left may name any).
-pub fn time_text(ms: u64) -> String {
-    const LAST_MS: u64 = 253_402_300_799_000;
-    humantime::format_rfc3339_millis(
-        SystemTime::UNIX_EPOCH + Duration::from_millis(ms.min(LAST_MS)),
-    )
-    .to_string()
 }
 
 /// `text` without control characters, cut to `max` characters.

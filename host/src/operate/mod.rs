@@ -71,8 +71,7 @@ pub fn printable(bytes: &[u8]) -> String {
 
 /// An epoch-milliseconds time as RFC 3339 (UTC).
 pub fn format_ms(ms: i64) -> String {
-    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
-    humantime::format_rfc3339_millis(at).to_string()
+    crate::when::rfc3339_ms(ms)
 }
 
 /// Fields as `[[name, value], ...]` of printable text.

@@ -184,6 +184,18 @@ enum Admission {
     BreakerClosed,
 }
 
+impl Admission {
+    /// Whether the flow controls hold a read let through this way, as they stand now: an
+    /// ordinary read by any hold, a probe (or a read the breaker's own script let through)
+    /// only by a pause.
+    fn held_by(self, flow: &FlowState) -> bool {
+        match self {
+            Admission::Open => !flow.open(),
+            Admission::Probe | Admission::BreakerClosed => flow.paused.is_some(),
+        }
+    }
+}
+
 /// What a subscription shares with the rest of the host.
 pub struct SubscriptionParts {
     /// Counts the deliveries in flight (each holds a token while it runs).
@@ -386,23 +398,9 @@ impl Subscription {
             }
             // Waiting for slots or tokens may have taken a while: a pause (or an opened
             // breaker) that came meanwhile holds this read too, claims included.
-            let closed_meanwhile = {
-                let flow = self.flow.borrow();
-                match admission {
-                    Admission::Open => !flow.open(),
-                    Admission::Probe | Admission::BreakerClosed => flow.paused.is_some(),
-                }
-            };
-            if closed_meanwhile {
+            if admission.held_by(&self.flow.borrow()) {
                 drop(first);
-                if let Some(rate) = &self.rate {
-                    rate.give_back(tokens);
-                }
-                if admission == Admission::Probe
-                    && let Some(breaker) = &self.breaker
-                {
-                    breaker.probe_unused();
-                }
+                self.unused(admission, tokens, true);
                 continue;
             }
             let conn = match &mut reader {
@@ -437,39 +435,22 @@ impl Subscription {
                         .filter(|(e, _)| e.source == Source::Lane)
                         .count();
                     lane_more = plan.lane.is_some() && from_lane > 0 && from_lane >= first.all();
-                    let held = {
-                        let flow = self.flow.borrow();
-                        match admission {
-                            Admission::Open => !flow.open(),
-                            Admission::Probe | Admission::BreakerClosed => flow.paused.is_some(),
-                        }
-                    };
+                    let held = admission.held_by(&self.flow.borrow());
                     let batch = if held {
                         self.hold_back(batch, &mut own_pending)
                     } else {
                         batch
                     };
-                    if admission == Admission::Probe
-                        && batch.is_empty()
-                        && let Some(breaker) = &self.breaker
-                    {
-                        breaker.probe_unused();
-                    }
-                    if let Some(rate) = &self.rate {
-                        rate.give_back(tokens.saturating_sub(batch.len()));
-                    }
+                    self.unused(
+                        admission,
+                        tokens.saturating_sub(batch.len()),
+                        batch.is_empty(),
+                    );
                     self.start_deliveries(batch, first).await;
                 }
                 Err(err) => {
                     drop(first);
-                    if let Some(rate) = &self.rate {
-                        rate.give_back(tokens);
-                    }
-                    if admission == Admission::Probe
-                        && let Some(breaker) = &self.breaker
-                    {
-                        breaker.probe_unused();
-                    }
+                    self.unused(admission, tokens, true);
                     // The read's connection is its own: tell the handle, so a failover
                     // (READONLY, a lost master) is followed before the next reconnect.
                     self.conn.saw_error(&err);
@@ -501,6 +482,20 @@ impl Subscription {
             }
         }
         tracing::info!(stream = %plan.stream, group = %plan.group, "subscription stopped reading");
+    }
+
+    /// What a read did not use: `tokens` back to the rate limit's lease, and, when it started
+    /// nothing (`nothing_started`), its probe permit.
+    fn unused(&self, admission: Admission, tokens: usize, nothing_started: bool) {
+        if let Some(rate) = &self.rate {
+            rate.give_back(tokens);
+        }
+        if admission == Admission::Probe
+            && nothing_started
+            && let Some(breaker) = &self.breaker
+        {
+            breaker.probe_unused();
+        }
     }
 
     /// Wait while the subscription is paused (or its flow state is not known yet); false if

@@ -135,21 +135,6 @@ fn rendered_ms() -> u128 {
         .map_or(0, |d| d.as_millis())
 }
 
-/// A byte count as people read it.
-fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
 
 fn ago(at: std::time::SystemTime) -> String {
     let secs = at.elapsed().map_or(0, |d| d.as_secs());
@@ -314,8 +299,8 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer, done: Option<&
                         None => { "No circuit breaker. " },
                     }
                     @if let Some(f) = &facts {
-                        "Redis " (f.version) " (" (f.role) "), " (bytes(f.used_memory)) " used"
-                        @if f.maxmemory > 0 { " of " (bytes(f.maxmemory)) " (" (f.maxmemory_policy) ")" }
+                        "Redis " (f.version) " (" (f.role) "), " (bytesize::ByteSize::b(f.used_memory)) " used"
+                        @if f.maxmemory > 0 { " of " (bytesize::ByteSize::b(f.maxmemory)) " (" (f.maxmemory_policy) ")" }
                         ", " (f.clients) " clients."
                     }
                 }
@@ -485,7 +470,7 @@ fn value(text: &str) -> Markup {
     let head: String = text.lines().next().unwrap_or("").chars().take(80).collect();
     html! {
         details.value {
-            summary { code { (head) } " … " span.muted { (bytes(text.len() as u64)) ", " (lines) " lines" } }
+            summary { code { (head) } " … " span.muted { (bytesize::ByteSize::b(text.len() as u64)) ", " (lines) " lines" } }
             pre { (text) }
         }
     }

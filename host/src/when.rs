@@ -1,0 +1,28 @@
+//! Times as people read them (RFC 3339, milliseconds), for logs, the CLI, the API and the
+//! page. Clamped to the last millisecond of year 9999 first: humantime cannot write later
+//! years (its `Display` fails, and `to_string` would panic), and a time read from Redis may be
+//! anything another writer left there.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The last moment humantime can write.
+const LAST: Duration = Duration::from_millis(253_402_300_799_999);
+
+/// `at` as RFC 3339.
+pub fn rfc3339(at: SystemTime) -> String {
+    humantime::format_rfc3339_millis(at.min(UNIX_EPOCH + LAST)).to_string()
+}
+
+/// `ms` since the Unix epoch as RFC 3339 (before the epoch: the epoch).
+pub fn rfc3339_ms(ms: i64) -> String {
+    rfc3339(UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_time_past_year_9999_is_written_not_a_panic() {
+        assert!(super::rfc3339_ms(i64::MAX).starts_with("9999-12-31"));
+        assert_eq!(super::rfc3339_ms(-5), "1970-01-01T00:00:00.000Z");
+    }
+}
