@@ -135,7 +135,6 @@ fn rendered_ms() -> u128 {
         .map_or(0, |d| d.as_millis())
 }
 
-
 fn ago(at: std::time::SystemTime) -> String {
     let secs = at.elapsed().map_or(0, |d| d.as_secs());
     match secs {
