@@ -434,6 +434,77 @@ async fn three_hosts_share_one_rate_limit() {
     }
 }
 
+/// Hosts idle on an empty stream do not sit on a read's worth of tokens each: when a flood
+/// comes after they waited (long enough for the bucket to fill again), the first 300 ms start
+/// no more than the burst, the rate, and one batch per host. Before the fix an idle host kept
+/// its read's tokens alive by giving them back after every empty read (measured: 65 in the first 300 ms
+/// against `{ per_second = 10, burst = 30 }`: the burst twice over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_hosts_hold_no_budget_for_a_flood() {
+    const N: usize = 100;
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let sub = |consumer: &str| {
+        TestConfig::of(
+            Sub::fixture("flooded")
+                .set("consumer", consumer)
+                .set("count", 32)
+                .set("block", "200ms")
+                .set("rate_limit", Raw("{ per_second = 10, burst = 30 }")),
+        )
+    };
+    let mut hosts = Vec::new();
+    for consumer in ["a", "b", "c"] {
+        hosts.push(start_fixture(&redis, sub(consumer)).await);
+    }
+    // The condition under test is idleness itself: every host reads an empty stream while the
+    // bucket fills up again (30 tokens at 10/s) and every lease from the first reads expires.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut pipe = redis::pipe();
+    let payload = serde_json::to_string(&Control::Ack).unwrap();
+    for _ in 0..N {
+        pipe.cmd("XADD")
+            .arg("flooded")
+            .arg("*")
+            .arg("payload")
+            .arg(&payload);
+    }
+    let _: Vec<String> = pipe.query_async(&mut conn).await.unwrap();
+    let mut acked: Vec<std::time::Instant> = Vec::new();
+    let deadline = tokio::time::Instant::now() + T;
+    while acked.len() < N {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out: {} of {N} acked",
+            acked.len()
+        );
+        for host in hosts.iter_mut() {
+            while let Ok(e) = host.events.try_recv() {
+                if e.kind == EventKind::Acked {
+                    acked.push(std::time::Instant::now());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    acked.sort();
+    let window = Duration::from_millis(300);
+    let early = acked.iter().filter(|at| **at <= acked[0] + window).count();
+    // burst 30 + 10/s over the window and a second more for a late look at the events (a
+    // loaded machine) + one batch (one token at 10/s) per host.
+    let bound = 30 + 13 + 3;
+    eprintln!(
+        "after idling, the first {window:?} of a flood started {early} deliveries (bound {bound})"
+    );
+    assert!(
+        early <= bound,
+        "{early} deliveries in the first {window:?} against 10/s, burst 30"
+    );
+    for host in hosts {
+        host.stop().await.unwrap();
+    }
+}
+
 /// `sluice check` shows a rate limit, and refuses one that is not a rate.
 #[test]
 fn check_shows_a_rate_limit_and_refuses_a_bad_one() {

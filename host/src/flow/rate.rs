@@ -8,9 +8,14 @@
 //! wants taken at once): one call per read, never one per entry. While the budget is ample
 //! (the last call granted all it asked), the next read's lease is fetched in the background as
 //! soon as this one is used, so the read itself does not wait for a round trip. Tokens a read
-//! did not use (it found fewer entries) go back to the lease; a lease not used within
-//! [`LEASE_TTL`] is dropped. Every token is taken in Redis before it is used, so the group
-//! never goes over the limit; a lease dropped unused only leaves the group a little under it.
+//! did not use (it found fewer entries) go back to the lease, which still expires
+//! [`LEASE_TTL`] after Redis granted them: a token is never used more than that after it left
+//! the bucket. A host whose last read found nothing takes only a batch (below) for its next
+//! read and fetches nothing ahead, so idle hosts blocked on an empty stream do not sit on a
+//! read's worth of tokens each while the bucket fills up again. Over any time `t`, the group
+//! starts at most `burst + per_second × t` deliveries, plus what the hosts leased in the second
+//! before (one batch each when they were idle). A lease dropped unused only leaves the group a
+//! little under the limit.
 //!
 //! When the bucket is short, a host waits for the time the script names until a batch (a
 //! twentieth of a second's worth, at least one) is there, so hosts waiting on a tight budget
@@ -50,6 +55,8 @@ pub struct RateLimiter {
     ample: AtomicBool,
     /// A background fetch is running.
     fetching: AtomicBool,
+    /// The last read found nothing: the next one asks for a batch only.
+    idle: AtomicBool,
     calls: Counter,
     waits: Counter,
 }
@@ -83,6 +90,7 @@ impl RateLimiter {
             }),
             ample: AtomicBool::new(false),
             fetching: AtomicBool::new(false),
+            idle: AtomicBool::new(false),
             calls: metrics.rate_limit_calls.get_or_create(&labels).clone(),
             waits: metrics.rate_limit_waits.get_or_create(&labels).clone(),
         }
@@ -109,6 +117,7 @@ impl RateLimiter {
         (n > 0).then_some(n)
     }
 
+    /// Tokens Redis just granted: the lease lives [`LEASE_TTL`] from now.
     fn add_to_lease(&self, n: usize) {
         if let Ok(mut lease) = self.lease.lock() {
             let now = Instant::now();
@@ -120,10 +129,18 @@ impl RateLimiter {
         }
     }
 
-    /// Tokens a read took and did not use (it found fewer entries): back to the lease.
-    pub fn give_back(&self, n: usize) {
-        if n > 0 {
-            self.add_to_lease(n);
+    /// Tokens a read took and did not use: back to the lease, which keeps the expiry of its
+    /// grant (giving back never makes a token live longer). `found_nothing` marks this host
+    /// idle until a read finds something.
+    pub fn give_back(&self, n: usize, found_nothing: bool) {
+        self.idle.store(found_nothing, Ordering::Relaxed);
+        if n == 0 {
+            return;
+        }
+        if let Ok(mut lease) = self.lease.lock()
+            && lease.until > Instant::now()
+        {
+            lease.tokens += n;
         }
     }
 
@@ -157,12 +174,15 @@ impl RateLimiter {
 
     /// Wait for between 1 and `want` tokens; `None` if stopped first.
     pub async fn take(self: &Arc<Self>, want: usize, stop: &CancellationToken) -> Option<usize> {
-        let want = want.max(1);
+        let idle = self.idle.load(Ordering::Relaxed);
+        let want = if idle { self.batch(want) } else { want.max(1) };
         let mut backoff = ReconnectBackoff::default();
         let mut waited = false;
         loop {
             if let Some(n) = self.take_leased(want) {
-                self.fetch_ahead(want);
+                if !idle {
+                    self.fetch_ahead(want);
+                }
                 return Some(n);
             }
             let pause = match self.fetch(want).await {

@@ -488,7 +488,7 @@ impl Subscription {
     /// nothing (`nothing_started`), its probe permit.
     fn unused(&self, admission: Admission, tokens: usize, nothing_started: bool) {
         if let Some(rate) = &self.rate {
-            rate.give_back(tokens);
+            rate.give_back(tokens, nothing_started);
         }
         if admission == Admission::Probe
             && nothing_started
