@@ -262,6 +262,82 @@ async fn a_read_already_waiting_when_the_pause_comes_hands_nothing_to_the_handle
     host.stop().await.unwrap();
 }
 
+/// A take-over whose reply comes back after the pause hands nothing to the handler: the entry
+/// it took is pending to this host, waits there through the pause, and is handled once after
+/// the resume. Before the fix it was handled while paused (it is older than what the host had
+/// read, which let it through), and holding it would have left it pending to a live host that
+/// never looked for it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_over_answered_after_the_pause_waits_for_the_resume() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    create_group(&mut conn, "taken", "g", "0").await;
+    let stranded = add(&mut conn, "taken", &Control::Ack).await;
+    read_as(&mut conn, "old-pod", "taken", ">").await;
+    let newer = add(&mut conn, "taken", &Control::Ack).await;
+    let proxy = CutProxy::holding(format!("127.0.0.1:{}", redis.server.port()), b"XCLAIM").await;
+    let toml = TestConfig::of(
+        Sub::fixture("taken")
+            .set("consumer", "new-pod")
+            .set("consumer_gone_after", "1s"),
+    )
+    .to_string();
+    let mut host = TestHost::start_at(&proxy.url(), &toml).await;
+    let admin = host.admin().await;
+    host.event(T, "the newer entry", |e| e.id == newer).await;
+    // The old pod shows signs of life now, so the take-over comes after the newer read.
+    read_as(&mut conn, "old-pod", "taken", "0").await;
+    wait_for(T, "the take-over to run, its reply held", || async {
+        proxy.has_cut().then_some(())
+    })
+    .await;
+    let (status, body) = http_request(
+        admin,
+        "POST",
+        "/v1/subscriptions/taken/g/pause",
+        &[],
+        br#"{"by": "test", "reason": "hold"}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    wait_for(Duration::from_secs(5), "the host to see the pause", || {
+        listed_paused(admin, "taken")
+    })
+    .await;
+    proxy.release();
+    quiet(&mut host, "the entry the take-over brought").await;
+    let owner: Vec<redis::Value> = redis::cmd("XPENDING")
+        .arg("taken")
+        .arg("g")
+        .arg("-")
+        .arg("+")
+        .arg(10)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(owner.len(), 1, "{owner:?}");
+    assert!(
+        format!("{owner:?}").contains("new-pod"),
+        "the take-over made it the host's: {owner:?}"
+    );
+    let (status, body) =
+        http_request(admin, "POST", "/v1/subscriptions/taken/g/resume", &[], b"").await;
+    assert_eq!(status, 200, "{body}");
+    let event = host.event(T, "the taken entry", |e| e.id == stranded).await;
+    assert_eq!(event.kind, EventKind::Acked);
+    assert!(
+        tokio::time::timeout(
+            QUIET,
+            host.event(T, "a second delivery", |e| e.id == stranded)
+        )
+        .await
+        .is_err(),
+        "handled twice"
+    );
+    assert_eq!(pending(&mut conn, "taken", "g").await, 0);
+    host.stop().await.unwrap();
+}
+
 /// What another writer to the same Redis may leave in the flow hash is bounded: a 1 MB record
 /// that is not Sluice's still pauses (by "an unknown writer"), and what the API shows of it is
 /// cut; a body that is not the pause's JSON is refused.

@@ -435,9 +435,9 @@ impl Subscription {
                         .filter(|(e, _)| e.source == Source::Lane)
                         .count();
                     lane_more = plan.lane.is_some() && from_lane > 0 && from_lane >= first.all();
-                    let held = admission.held_by(&self.flow.borrow());
-                    let batch = if held {
-                        self.hold_back(batch, &mut own_pending)
+                    let batch = if admission.held_by(&self.flow.borrow()) {
+                        self.hold_back(batch, &mut own_pending, &mut unanswered);
+                        Vec::new()
                     } else {
                         batch
                     };
@@ -606,32 +606,45 @@ impl Subscription {
         }
     }
 
-    /// A read that returned after the pause came: its entries newer than anything handled
-    /// stay pending to this consumer, for after the resume; the rest (claims, re-reads of
-    /// entries at or below the newest read) are handled, as deliveries in flight are.
+    /// A read that returned after the pause (or an opened breaker) came: none of its entries
+    /// is handled now. All are pending to this consumer: those newer than anything it read are
+    /// read again from its pending list after the resume; those at or below (a claim, a
+    /// take-over, a lost reply's entries) are looked for among its pending entries by id, as
+    /// a lost take-over reply's are, since no re-read from the newest id would find them.
     fn hold_back(
         &self,
         batch: Vec<(ReadEntry, u64)>,
         own_pending: &mut Vec<(Source, String)>,
-    ) -> Vec<(ReadEntry, u64)> {
+        unanswered: &mut Vec<(Source, Vec<String>)>,
+    ) {
+        if batch.is_empty() {
+            return;
+        }
         let newest = self.last_read.lock().map(|n| n.clone()).unwrap_or_default();
-        let (now, held): (Vec<_>, Vec<_>) = batch.into_iter().partition(|(read, _)| {
-            newest
+        let held = batch.len();
+        let mut older: Vec<(Source, Vec<String>)> = Vec::new();
+        for (read, _) in batch {
+            let at_or_below = newest
                 .get(&read.source)
-                .is_some_and(|last| crate::delivery::cmp_ids(&read.id, last).is_le())
-        });
-        if !held.is_empty() {
-            tracing::info!(
-                stream = %self.plan.stream,
-                group = %self.plan.group,
-                held = held.len(),
-                "paused while a read waited: its entries stay pending until the resume"
-            );
-            if self.plan.claim_min_idle.is_none() {
-                *own_pending = self.after_last_read();
+                .is_some_and(|last| crate::delivery::cmp_ids(&read.id, last).is_le());
+            if !at_or_below {
+                continue;
+            }
+            match older.iter_mut().find(|(s, _)| *s == read.source) {
+                Some((_, ids)) => ids.push(read.id),
+                None => older.push((read.source, vec![read.id])),
             }
         }
-        now
+        tracing::info!(
+            stream = %self.plan.stream,
+            group = %self.plan.group,
+            held,
+            "paused while a read waited: its entries stay pending until the resume"
+        );
+        unanswered.extend(older);
+        if self.plan.claim_min_idle.is_none() {
+            *own_pending = self.after_last_read();
+        }
     }
 
     /// Every source at `id`, the lane first: where the own-pending re-read and the claim
