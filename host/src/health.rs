@@ -1,8 +1,9 @@
 //! How a subscription's reads are going, for readiness: when the last read succeeded and what
-//! the last failure was; and whether its due retries are held back (see
-//! [`ReadHealth::retries_held`]).
+//! the last failure was; whether its due retries are held back (see
+//! [`ReadHealth::retries_held`]); and whether this host still knows its flow controls (see
+//! [`FlowFreshness`]).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The read loop's record, shared with the admin server.
@@ -16,6 +17,61 @@ pub struct ReadHealth {
     held: Mutex<Option<String>>,
     /// Why the read loop is down (it ended or panicked and waits to be restarted), if it is.
     down: Mutex<Option<String>>,
+    /// Whether the subscription's flow controls are known, if it has a watcher.
+    flow: Option<Arc<FlowFreshness>>,
+}
+
+/// How long a subscription's flow controls (pause, breaker) may go unconfirmed before the host
+/// counts as not ready: the watcher confirms them every quarter second.
+pub const FLOW_STALE_AFTER: Duration = Duration::from_secs(10);
+
+/// When this host last confirmed a subscription's flow controls with Redis. A host that cannot
+/// read whether its subscription is paused (the flow hash of the wrong type, a watcher that
+/// stopped) takes no entries if it never knew, or acts on what it last knew: either way
+/// readiness must say so rather than look healthy.
+#[derive(Debug)]
+pub struct FlowFreshness {
+    state: Mutex<(Instant, Option<String>)>,
+}
+
+impl Default for FlowFreshness {
+    fn default() -> Self {
+        Self {
+            state: Mutex::new((Instant::now(), None)),
+        }
+    }
+}
+
+impl FlowFreshness {
+    /// The flow controls were read (or found unchanged) just now.
+    pub fn confirmed(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            *state = (Instant::now(), None);
+        }
+    }
+
+    /// Reading them failed with `why`.
+    pub fn failed(&self, why: &str) {
+        if let Ok(mut state) = self.state.lock() {
+            state.1 = Some(why.to_owned());
+        }
+    }
+
+    /// Why the flow controls count as unknown: not confirmed for over [`FLOW_STALE_AFTER`].
+    pub fn problem(&self) -> Option<String> {
+        let state = self.state.lock().ok()?;
+        let age = state.0.elapsed();
+        (age > FLOW_STALE_AFTER).then(|| {
+            format!(
+                "the subscription's flow controls (pause, circuit breaker) were not read from Redis for {:.1}s: {}",
+                age.as_secs_f64(),
+                state
+                    .1
+                    .as_deref()
+                    .unwrap_or("the host's flow watcher is not running")
+            )
+        })
+    }
 }
 
 #[derive(Debug)]
@@ -38,7 +94,14 @@ impl ReadHealth {
             }),
             held: Mutex::new(None),
             down: Mutex::new(None),
+            flow: None,
         }
+    }
+
+    /// Readiness also asks whether the flow controls are known (see [`FlowFreshness`]).
+    pub fn with_flow(mut self, flow: Arc<FlowFreshness>) -> Self {
+        self.flow = Some(flow);
+        self
     }
 
     /// The read loop ended without being asked to, for `why` (`None`: it runs again). Not
@@ -75,13 +138,16 @@ impl ReadHealth {
         }
     }
 
-    /// Why the subscription is not ready: reads have failed for longer than the tolerance, or
-    /// its due retries are held back.
+    /// Why the subscription is not ready: reads have failed for longer than the tolerance, its
+    /// due retries are held back, or its flow controls are not known.
     pub fn problem(&self) -> Option<String> {
         if let Some(why) = self.down.lock().ok().and_then(|d| d.clone()) {
             return Some(why);
         }
         if let Some(why) = self.held.lock().ok().and_then(|h| h.clone()) {
+            return Some(why);
+        }
+        if let Some(why) = self.flow.as_ref().and_then(|f| f.problem()) {
             return Some(why);
         }
         let state = self.state.lock().ok()?;

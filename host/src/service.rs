@@ -243,7 +243,7 @@ impl Service {
         stop: &CancellationToken,
         abandon: &CancellationToken,
         shared: Option<Arc<crate::subscription::SharedRead>>,
-        flow: &tokio::sync::watch::Receiver<crate::flow::FlowState>,
+        flow: &crate::flow::FlowWatch,
         rate: Option<&Arc<crate::flow::rate::RateLimiter>>,
         breaker: Option<&Arc<crate::flow::breaker::Breaker>>,
     ) -> Result<StartedPartition, RunError> {
@@ -285,7 +285,8 @@ impl Service {
         if s.delayed_retry.is_some() && !sub.retry_lane {
             self.check_tail_readers(sub, s, conn).await?;
         }
-        let health = Arc::new(crate::health::ReadHealth::new(s.block));
+        let health =
+            Arc::new(crate::health::ReadHealth::new(s.block).with_flow(flow.fresh.clone()));
         // A set always has a secret: it was created above.
         let delayed = match (&s.delayed_retry, &secret) {
             (Some(DelayedRetry::DurableZset { ttl, .. }), Some(secret)) => {
@@ -327,7 +328,7 @@ impl Service {
             dead_letter: s.dead_letter.clone(),
             health: health.clone(),
             warnings: sub.warnings.clone(),
-            flow: flow.clone(),
+            flow: flow.state.clone(),
             rate_limit: sub.rate_limit,
             circuit_breaker: sub.circuit_breaker,
             consumer: sub.consumer.clone(),
@@ -366,7 +367,7 @@ impl Service {
                 secret,
                 health,
                 shared,
-                flow: flow.clone(),
+                flow: flow.state.clone(),
                 rate: rate.clone(),
                 breaker: breaker.clone(),
             },

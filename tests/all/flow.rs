@@ -338,6 +338,42 @@ async fn a_take_over_answered_after_the_pause_waits_for_the_resume() {
     host.stop().await.unwrap();
 }
 
+/// A host that cannot read whether its subscription is paused (another writer left a string
+/// where the flow hash goes) reads nothing, and says so: `/readyz` turns 503 naming the key and
+/// the error, instead of looking healthy while it handles nothing. Once the key is readable
+/// again, the host is ready and reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_flow_controls_make_the_host_not_ready() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let key = sluice_host::keys::flow_key("unsure", "g");
+    let _: () = cmd(&mut conn, &["SET", &key, "not a hash"]).await;
+    let mut host = start_fixture(&redis, Sub::fixture("unsure")).await;
+    let admin = host.admin().await;
+    let waiting = add(&mut conn, "unsure", &Control::Ack).await;
+    let body = wait_for(T, "/readyz to say the flow controls are unknown", || async {
+        let (status, body) = http_get(admin, "/readyz").await;
+        (status == 503).then_some(body)
+    })
+    .await;
+    assert!(
+        body.contains("flow controls") && body.contains(&key) && body.contains("WRONGTYPE"),
+        "{body}"
+    );
+    assert!(
+        host.events.try_recv().is_err(),
+        "an entry was handled while it was unknown whether the subscription is paused"
+    );
+    let _: () = cmd(&mut conn, &["DEL", &key]).await;
+    host.event(T, "the waiting entry", |e| e.id == waiting).await;
+    wait_for(T, "/readyz to be 200 again", || async {
+        let (status, _) = http_get(admin, "/readyz").await;
+        (status == 200).then_some(())
+    })
+    .await;
+    host.stop().await.unwrap();
+}
+
 /// What another writer to the same Redis may leave in the flow hash is bounded: a 1 MB record
 /// that is not Sluice's still pauses (by "an unknown writer"), and what the API shows of it is
 /// cut; a body that is not the pause's JSON is refused.

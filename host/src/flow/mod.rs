@@ -16,7 +16,8 @@
 //! retries stay parked, or wait in the retry lane where the sweep puts them, and a retry that
 //! stays pending waits for the resume. A read that was already waiting when the pause came
 //! leaves what it returns pending to this consumer, handled after the resume. Paused is a
-//! state, not a fault: the host stays ready.
+//! state, not a fault: the host stays ready. Not knowing is a fault: flow controls this host
+//! could not confirm for [`crate::health::FLOW_STALE_AFTER`] make the subscription not ready.
 //!
 //! Bounds against what another writer to the same Redis may have left there: a pause record
 //! is read through a script that returns at most [`MAX_RECORD`] bytes of it, a record that is
@@ -35,6 +36,7 @@ use redis::{RedisResult, Script};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::health::FlowFreshness;
 use crate::keys::{FLOW_EPOCH, flow_key};
 use crate::metrics::Metrics;
 use crate::redis_conn::RedisHandle;
@@ -298,8 +300,18 @@ struct Watched {
     stream: String,
     group: String,
     state: watch::Sender<FlowState>,
+    fresh: Arc<FlowFreshness>,
     paused_gauge: prometheus_client::metrics::gauge::Gauge,
     breaker_gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+/// What a subscription's read loops and readiness get from the [`FlowWatcher`].
+#[derive(Debug, Clone)]
+pub struct FlowWatch {
+    /// The flow state, as last read.
+    pub state: watch::Receiver<FlowState>,
+    /// When it was last confirmed.
+    pub fresh: Arc<FlowFreshness>,
 }
 
 /// Keeps the flow state of every subscription on one Redis up to date on this host.
@@ -317,26 +329,26 @@ impl FlowWatcher {
         }
     }
 
-    /// Watch the subscription to `stream` with `group`; what the read loops (and the admin
-    /// server) look at.
-    pub fn watch(
-        &mut self,
-        stream: &str,
-        group: &str,
-        metrics: &Metrics,
-    ) -> watch::Receiver<FlowState> {
+    /// Watch the subscription to `stream` with `group`: its state, what the read loops (and the
+    /// admin server) look at, and when it was last confirmed, for readiness.
+    pub fn watch(&mut self, stream: &str, group: &str, metrics: &Metrics) -> FlowWatch {
         if let Some(known) = self
             .watched
             .iter()
             .find(|w| w.stream == stream && w.group == group)
         {
-            return known.state.subscribe();
+            return FlowWatch {
+                state: known.state.subscribe(),
+                fresh: known.fresh.clone(),
+            };
         }
         let (state, receiver) = watch::channel(FlowState::default());
+        let fresh = Arc::new(FlowFreshness::default());
         self.watched.push(Watched {
             stream: stream.to_owned(),
             group: group.to_owned(),
             state,
+            fresh: fresh.clone(),
             paused_gauge: metrics
                 .paused
                 .get_or_create(&Metrics::labels(stream, group))
@@ -346,7 +358,10 @@ impl FlowWatcher {
                 .get_or_create(&Metrics::labels(stream, group))
                 .clone(),
         });
-        receiver
+        FlowWatch {
+            state: receiver,
+            fresh,
+        }
     }
 
     /// Poll until `stop`.
@@ -368,9 +383,16 @@ impl FlowWatcher {
             match epoch {
                 Ok(epoch) => {
                     let epoch = Some(epoch);
-                    if (stale || epoch != seen) && self.refresh(&mut conn).await {
-                        seen = epoch;
-                        refreshed_at = Some(tokio::time::Instant::now());
+                    if stale || epoch != seen {
+                        if self.refresh(&mut conn).await {
+                            seen = epoch;
+                            refreshed_at = Some(tokio::time::Instant::now());
+                        }
+                    } else {
+                        // Nothing changed since the last full read: every state is current.
+                        for watched in &self.watched {
+                            watched.fresh.confirmed();
+                        }
                     }
                     if failing {
                         tracing::info!("flow controls readable again");
@@ -379,6 +401,10 @@ impl FlowWatcher {
                 }
                 Err(err) => {
                     self.conn.saw_error(&err);
+                    let why = format!("cannot read {FLOW_EPOCH}: {err}");
+                    for watched in &self.watched {
+                        watched.fresh.failed(&why);
+                    }
                     // The epoch unreadable (a key of the wrong type): the flow hashes may still
                     // be, every full refresh.
                     if stale && self.refresh(&mut conn).await {
@@ -407,6 +433,7 @@ impl FlowWatcher {
         for watched in &self.watched {
             match read(conn, &watched.stream, &watched.group).await {
                 Ok(next) => {
+                    watched.fresh.confirmed();
                     watched.paused_gauge.set(i64::from(next.paused.is_some()));
                     watched.breaker_gauge.set(
                         next.breaker
@@ -455,6 +482,10 @@ impl FlowWatcher {
                 }
                 Err(err) => {
                     all = false;
+                    watched.fresh.failed(&format!(
+                        "cannot read {}: {err}",
+                        flow_key(&watched.stream, &watched.group)
+                    ));
                     tracing::warn!(
                         stream = %watched.stream,
                         group = %watched.group,
