@@ -21,6 +21,7 @@
 //! 7. [`delayed`] (`delayed/`) parks a retry in its durable sorted set (`lua/park.lua`) and
 //!    sweeps due retries into the group's retry lane (`lua/sweep.lua`), where step 1 reads them
 //!    again; [`member`] (`member.rs`) is what a parked retry is in the set and in the lane.
+//!    Every park and dead letter also adds a record to the entry's [`history`] (`history.rs`).
 //!
 //! # Around the way
 //!
@@ -72,6 +73,7 @@ mod events;
 pub mod flow;
 pub mod handler;
 mod health;
+pub mod history;
 pub mod inspect;
 pub mod keys;
 pub mod member;

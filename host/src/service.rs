@@ -304,6 +304,7 @@ impl Service {
         };
         let (settler, acker) = Settler::new(
             &keys,
+            &sub.consumer,
             conn.clone(),
             delayed.clone(),
             secret.clone(),

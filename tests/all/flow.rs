@@ -351,10 +351,14 @@ async fn unreadable_flow_controls_make_the_host_not_ready() {
     let mut host = start_fixture(&redis, Sub::fixture("unsure")).await;
     let admin = host.admin().await;
     let waiting = add(&mut conn, "unsure", &Control::Ack).await;
-    let body = wait_for(T, "/readyz to say the flow controls are unknown", || async {
-        let (status, body) = http_get(admin, "/readyz").await;
-        (status == 503).then_some(body)
-    })
+    let body = wait_for(
+        T,
+        "/readyz to say the flow controls are unknown",
+        || async {
+            let (status, body) = http_get(admin, "/readyz").await;
+            (status == 503).then_some(body)
+        },
+    )
     .await;
     assert!(
         body.contains("flow controls") && body.contains(&key) && body.contains("WRONGTYPE"),
@@ -365,7 +369,8 @@ async fn unreadable_flow_controls_make_the_host_not_ready() {
         "an entry was handled while it was unknown whether the subscription is paused"
     );
     let _: () = cmd(&mut conn, &["DEL", &key]).await;
-    host.event(T, "the waiting entry", |e| e.id == waiting).await;
+    host.event(T, "the waiting entry", |e| e.id == waiting)
+        .await;
     wait_for(T, "/readyz to be 200 again", || async {
         let (status, _) = http_get(admin, "/readyz").await;
         (status == 200).then_some(())

@@ -489,3 +489,172 @@ async fn the_pages_counts_survive_a_restart_and_add_up_over_hosts() {
     .await;
     second.stop().await.unwrap();
 }
+
+/// The page per entry, and the API behind it, show where an entry is now and its history, on
+/// real retries: one trapped twice and then handled (two retry records, done), one parked for
+/// ten minutes (parked, with its due time), one dead-lettered (with the dead letter's id and
+/// reason). What another program leaves at a history key neither breaks a park nor the page:
+/// a key of another type is skipped (the entry is still found parked), and a list of junk
+/// reads bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entrys_page_shows_where_it_is_and_every_attempt() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    create_group(&mut conn, "hist", "g", "0").await;
+    // An entry whose history key another program holds as a string, before the host starts.
+    let foreign: String = redis::cmd("XADD")
+        .arg("hist")
+        .arg("1-1")
+        .arg("payload")
+        .arg(
+            serde_json::to_string(&Control::Retry {
+                ms: 600_000,
+                times: 5,
+            })
+            .unwrap(),
+        )
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = cmd(
+        &mut conn,
+        &[
+            "SET",
+            &sluice_host::keys::history_key("hist", "g", &foreign),
+            "x",
+        ],
+    )
+    .await;
+    let mut host = start_fixture(
+        &redis,
+        Sub::fixture("hist")
+            .delayed("hist:retries")
+            .set("consumer", "pod-a")
+            .set("max_retries", 5)
+            .set(
+                "failure_backoff",
+                Raw(r#"{ initial = "50ms", max = "100ms" }"#),
+            ),
+    )
+    .await;
+    let admin = host.admin().await;
+    let flaky = add(&mut conn, "hist", &Control::TrapThenAck { times: 2 }).await;
+    let parked_one = add(
+        &mut conn,
+        "hist",
+        &Control::Retry {
+            ms: 600_000,
+            times: 5,
+        },
+    )
+    .await;
+    let dead = add(
+        &mut conn,
+        "hist",
+        &Control::Dead {
+            reason: "card <b>declined</b>".into(),
+        },
+    )
+    .await;
+    // Settled: the flaky one acked (after two retries), the others parked or dead-lettered.
+    let mut settled = std::collections::HashSet::new();
+    while settled.len() < 4 {
+        let e = host
+            .event(T, "each entry settled", |e| {
+                !matches!(e.kind, EventKind::Parked { .. }) || e.origin_id != flaky
+            })
+            .await;
+        settled.insert(e.origin_id);
+    }
+    let entry = |id: &str| {
+        let path = format!("/v1/subscriptions/hist/g/entries/{id}");
+        async move {
+            let (status, body) = http_get(admin, &path).await;
+            assert_eq!(status, 200, "{path}: {body}");
+            serde_json::from_str::<serde_json::Value>(&body).unwrap()
+        }
+    };
+    let v = entry(&flaky).await;
+    assert_eq!(v["now"]["state"], "done", "{v}");
+    let history = v["history"].as_array().unwrap();
+    assert_eq!(history.len(), 2, "{v}");
+    for (i, r) in history.iter().enumerate() {
+        assert_eq!(r["action"], "retry", "{v}");
+        assert_eq!(r["attempt"], i as u64 + 1, "{v}");
+        assert_eq!(r["consumer"], "pod-a", "{v}");
+        assert!(!r["why"].as_str().unwrap().is_empty(), "{v}");
+        assert!(
+            r["due_ms"].as_i64().unwrap() >= r["at_ms"].as_i64().unwrap(),
+            "{v}"
+        );
+    }
+    let v = entry(&parked_one).await;
+    assert_eq!(v["now"]["state"], "parked", "{v}");
+    assert_eq!(v["history"][0]["delay_ms"], 600_000, "{v}");
+    assert_eq!(v["now"]["due_ms"], v["history"][0]["due_ms"], "{v}");
+    assert!(
+        v["fields"].to_string().contains("payload"),
+        "the fields come from the stream: {v}"
+    );
+    let v = entry(&dead).await;
+    assert_eq!(v["now"]["state"], "dead-lettered", "{v}");
+    let dl_id = v["now"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(v["history"][0]["action"], "dead-letter", "{v}");
+    assert_eq!(v["history"][0]["dead_letter_id"], dl_id, "{v}");
+    assert_eq!(v["now"]["reason"], "card <b>declined</b>", "{v}");
+    // The park went on without a history record; the entry is still found in the set.
+    let v = entry(&foreign).await;
+    assert_eq!(v["now"]["state"], "parked", "{v}");
+    assert_eq!(v["history"].as_array().unwrap().len(), 0, "{v}");
+    let (status, _) = http_get(admin, "/v1/subscriptions/hist/g/entries/not-an-id").await;
+    assert_eq!(status, 400);
+    let (status, _) = http_get(admin, "/v1/subscriptions/hist/g/entries/99999999999999-0").await;
+    assert_eq!(status, 404);
+
+    // The page: escaped, linked from the dead letters, bounded against a junk list.
+    let session = log_in(admin).await;
+    let (code, letters) = page(admin, "/ui/s/hist/g/dead-letters", &session).await;
+    assert_eq!(code, 200, "{letters}");
+    assert!(
+        letters.contains(&format!(
+            "href=\"/ui/s/hist/g/entry?id={}\"",
+            dead.replace('-', "%2D")
+        )),
+        "{letters}"
+    );
+    let (code, html) = page(admin, &format!("/ui/s/hist/g/entry?id={dead}"), &session).await;
+    assert_eq!(code, 200, "{html}");
+    assert!(
+        html.contains("dead-lettered") && html.contains(&dl_id),
+        "{html}"
+    );
+    assert!(
+        html.contains("card &lt;b&gt;declined&lt;/b&gt;") && !html.contains("<b>declined"),
+        "{html}"
+    );
+    let (code, html) = page(admin, &format!("/ui/s/hist/g/entry?id={flaky}"), &session).await;
+    assert_eq!(code, 200, "{html}");
+    assert_eq!(
+        html.matches("<td>pod-a</td>").count() + html.matches("<code>pod-a</code>").count(),
+        2,
+        "{html}"
+    );
+    let junk_key = sluice_host::keys::history_key("hist", "g", &flaky);
+    let mut junk = redis::pipe();
+    for _ in 0..100 {
+        junk.cmd("RPUSH")
+            .arg(&junk_key)
+            .arg("j".repeat(100_000))
+            .ignore();
+    }
+    let _: () = junk.query_async(&mut conn).await.unwrap();
+    let (status, body) =
+        http_get(admin, &format!("/v1/subscriptions/hist/g/entries/{flaky}")).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.len() < 10_000,
+        "a junk list reads bounded: {} bytes",
+        body.len()
+    );
+    host.stop().await.unwrap();
+}

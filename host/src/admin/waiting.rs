@@ -13,6 +13,7 @@
 //!   with it the lookup is one ZRANGE) or `{"all": true}`.
 //! - `POST .../parked/dead-letter` with `{"origin_ids": [...], "reason": "..."}`.
 //! - `DELETE .../parked/{origin_id}?due_ms=n`.
+//! - `GET .../entries/{origin_id}`: one entry, whole: its fields, where it is now, its history.
 //!
 //! The routes sit behind the `/v1` guard: token, no cross-site browser requests.
 
@@ -46,6 +47,25 @@ pub(super) fn routes() -> Router<AdminState> {
             &format!("{base}/parked/{{origin}}"),
             axum::routing::delete(delete_parked),
         )
+        .route(&format!("{base}/entries/{{origin}}"), get(show_entry))
+}
+
+async fn show_entry(
+    State(state): State<AdminState>,
+    Path((stream, group, origin)): Path<(String, String, String)>,
+) -> Answer {
+    let (sub, keys) = subscription(&state, &stream, &group)?;
+    let mut conn = sub.conn.clone();
+    match crate::operate::entry::lookup(&mut conn, &keys, &origin)
+        .await
+        .map_err(failed)?
+    {
+        Some(view) => Ok(axum::Json(view.to_json())),
+        None => Err((
+            StatusCode::NOT_FOUND,
+            format!("nothing is known of entry {origin} (no history, not in the stream)\n"),
+        )),
+    }
 }
 
 /// The subscription (partition) reading `stream` as `group`, with its keys.

@@ -66,10 +66,12 @@ fn local_now_ms() -> i64 {
 /// The most entries one sweep pass moves.
 pub const SWEEP_BATCH: usize = 128;
 
-/// `lua/park.lua`, behind the pending check it shares with the dead-letter script.
+/// `lua/park.lua`, behind the pending check and the history record it shares with the
+/// dead-letter script.
 static PARK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("../settle/lua/pending.lua"),
+        include_str!("../settle/lua/history.lua"),
         include_str!("lua/park.lua")
     ))
 });
@@ -267,6 +269,17 @@ impl DelayedSet {
     /// Park `delivery` for `delay` and acknowledge the original, atomically, whatever its
     /// number of fields. The caller keeps `delay` at or below [`MAX_REPRESENTABLE_DELAY`].
     pub async fn park(&self, delivery: &Delivery, delay: Duration) -> RedisResult<Parked> {
+        self.park_noting(delivery, delay, "").await
+    }
+
+    /// [`Self::park`], adding `record` (see [`crate::history::Record::of`]; empty for none) to
+    /// the entry's history in the same script.
+    pub async fn park_noting(
+        &self,
+        delivery: &Delivery,
+        delay: Duration,
+        record: &str,
+    ) -> RedisResult<Parked> {
         let delay = delay.min(MAX_REPRESENTABLE_DELAY);
         if let Some(ttl) = self.ttl
             && delay > ttl
@@ -283,13 +296,20 @@ impl DelayedSet {
         let mut invocation = PARK.key(delivery.source.key(&self.stream, self.lane.as_deref()));
         invocation
             .key(&*self.key)
+            .key(keys::history_key(
+                &self.stream,
+                &self.group,
+                &delivery.origin_id,
+            ))
             .arg(&*self.group)
             .arg(&delivery.entry.id)
             .arg(delay_ms)
             .arg(self.ttl_ms())
             .arg(delivery.retry_count.saturating_add(1))
             .arg(&delivery.origin_id)
-            .arg(&*self.stream);
+            .arg(&*self.stream)
+            .arg(record)
+            .arg(crate::history::KEEP.as_millis() as u64);
         for (name, value) in delivery.user_fields() {
             invocation.arg(name.as_slice()).arg(value.as_slice());
         }

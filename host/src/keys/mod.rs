@@ -127,6 +127,17 @@ pub fn stats_key(stream: &str, group: &str) -> String {
     )
 }
 
+/// The history of one entry of a subscription (see `history`): a list in the stream's hash slot,
+/// named like [`flow_key`] and then the entry's origin id (a stream id, so the name cannot be
+/// read two ways).
+pub fn history_key(stream: &str, group: &str, origin_id: &str) -> String {
+    format!(
+        "sluice-history:{{{}}}:{}:{stream}:{group}:{origin_id}",
+        hash_tag(stream),
+        stream.len()
+    )
+}
+
 /// Bumped after every change of any subscription's flow controls on this Redis: hosts poll
 /// this one key, and read the subscriptions' own keys only when it moves.
 pub const FLOW_EPOCH: &str = "sluice-flow-epoch";

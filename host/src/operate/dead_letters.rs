@@ -487,6 +487,15 @@ pub async fn requeueable<C: ConnectionLike>(
     Ok((letters, more))
 }
 
+/// The stream's secret, with the legacy cutoffs of the subscription's streams (what verifies
+/// the host's bookkeeping on copies and dead letters).
+pub(super) async fn secret_of<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &SubscriptionKeys,
+) -> Result<Option<Secret>, OperateError> {
+    load_secret(conn, keys).await
+}
+
 /// The stream's secret, with the legacy cutoffs of the subscription's streams.
 async fn load_secret<C: ConnectionLike>(
     conn: &mut C,

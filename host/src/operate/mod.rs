@@ -16,8 +16,10 @@
 //!   attempt count reset and a `sluice-requeued-from` field), delete.
 //! - [`parked`]: list (due order), retry now (due immediately; the next sweep moves it),
 //!   delete, dead-letter now (with the operator's reason).
+//! - [`entry`]: one entry, whole: its fields, where it is now and its history.
 
 pub mod dead_letters;
+pub mod entry;
 pub mod parked;
 
 /// The most entries one listing page or one script call handles.

@@ -50,10 +50,12 @@ pub struct SettleError {
 /// plus at most one read's worth.
 const ACK_BATCH: usize = 1024;
 
-/// `lua/dead_letter.lua`, behind the pending check it shares with the park script.
+/// `lua/dead_letter.lua`, behind the pending check and the history record it shares with the
+/// park script.
 static DEAD_LETTER: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("lua/pending.lua"),
+        include_str!("lua/history.lua"),
         include_str!("lua/dead_letter.lua")
     ))
 });
@@ -71,6 +73,8 @@ pub struct Settler {
     /// The retry lane, if the subscription has one: entries read from it are settled there.
     lane: Option<Arc<str>>,
     group: Arc<str>,
+    /// This host's consumer name, which the entry's history records.
+    consumer: Arc<str>,
     dead_letter: Arc<str>,
     dead_letter_maxlen: u64,
     conn: RedisHandle,
@@ -89,6 +93,7 @@ impl Settler {
     /// fires; it returns how many acks it had to leave unsent.
     pub fn new(
         keys: &SubscriptionKeys,
+        consumer: &str,
         conn: RedisHandle,
         delayed: Option<Arc<DelayedSet>>,
         secret: Option<Arc<keys::Secret>>,
@@ -111,6 +116,7 @@ impl Settler {
                 stream: keys.stream.clone(),
                 lane: keys.lane.clone(),
                 group: keys.group.clone(),
+                consumer: consumer.into(),
                 dead_letter: keys.dead_letter.clone(),
                 dead_letter_maxlen: keys.maxlen_arg(),
                 conn,
@@ -189,8 +195,17 @@ impl Settler {
         let Some(set) = &self.delayed else {
             return Ok(false);
         };
+        let record = crate::history::Record::of(
+            delivery,
+            &self.consumer,
+            crate::history::Action::Retry,
+            &cause,
+            Some(delay),
+        );
         let parked = self
-            .until_done(delivery, "parking", || set.park(delivery, delay))
+            .until_done(delivery, "parking", || {
+                set.park_noting(delivery, delay, &record)
+            })
             .await?;
         match parked {
             Some(Parked::Due { due_ms, acked }) => {
@@ -240,9 +255,22 @@ impl Settler {
             DEAD_LETTER.key(delivery.source.key(&self.stream, self.lane.as_deref()));
         invocation
             .key(&*self.dead_letter)
+            .key(keys::history_key(
+                &self.stream,
+                &self.group,
+                &delivery.origin_id,
+            ))
             .arg(&*self.group)
             .arg(&delivery.entry.id)
-            .arg(self.dead_letter_maxlen);
+            .arg(self.dead_letter_maxlen)
+            .arg(crate::history::Record::of(
+                delivery,
+                &self.consumer,
+                crate::history::Action::DeadLetter,
+                reason,
+                None,
+            ))
+            .arg(crate::history::KEEP.as_millis() as u64);
         let fields = delivery.user_fields();
         let packed;
         let written: &[(Vec<u8>, Vec<u8>)] = if fields.len() > keys::SCRIPT_MAX_FIELDS {

@@ -189,6 +189,7 @@ pub(super) fn routes() -> Router<AdminState> {
         .route(&format!("{sub}/parked"), get(parked_page))
         .route(&format!("{sub}/dead-letters"), get(dead_letters_page))
         .route(&format!("{sub}/pending"), get(pending_page))
+        .route(&format!("{sub}/entry"), get(entry_page))
         .route(&format!("{sub}/act"), post(act))
 }
 
@@ -572,6 +573,40 @@ async fn pending_page(
             .into_string(),
         )
         .into_response(),
+        Err(err) => unavailable(err),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct EntryQuery {
+    id: String,
+}
+
+async fn entry_page(
+    State(state): State<AdminState>,
+    axum::Extension(viewer): axum::Extension<Viewer>,
+    Path((stream, group)): Path<(String, String)>,
+    Query(q): Query<EntryQuery>,
+) -> Response {
+    let (sub, keys) = match subscription(&state, &stream, &group) {
+        Ok(found) => found,
+        Err(page) => return *page,
+    };
+    let mut conn = sub.conn.clone();
+    let id = q.id.trim();
+    match crate::operate::entry::lookup(&mut conn, &keys, id).await {
+        Ok(Some(view)) => Html(pages::entry(&viewer, &keys, &view).into_string()).into_response(),
+        Ok(None) => (
+            StatusCode::NOT_FOUND,
+            Html(
+                pages::message(&format!(
+                    "Nothing is known of entry {id} of {}: no history, and not in the stream.",
+                    keys.stream
+                ))
+                .into_string(),
+            ),
+        )
+            .into_response(),
         Err(err) => unavailable(err),
     }
 }

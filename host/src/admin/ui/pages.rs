@@ -549,7 +549,7 @@ pub(super) fn parked(
             (flash(done))
             div.card {
                 p.muted { (total) " waiting in " code { (set) } ", earliest due first. "
-                    a href=(sub_link(keys, "dead-letters")) { "Dead letters" } }
+                    a href=(sub_link(keys, "dead-letters")) { "Dead letters" } " " (find_entry(keys)) }
                 @if viewer.can_act && total > 0 {
                     div.bulk {
                         form #bulk .inline method="post" action=(sub_link(keys, "act")) data-confirm="Apply this to the {n} selected retries?" data-needs="pick" {
@@ -585,7 +585,7 @@ pub(super) fn parked(
                             @if viewer.can_act {
                                 td { input type="checkbox" form="bulk" name="pick" value=(format!("{}|{}", e.due_ms, e.origin_id)) title="select"; }
                             }
-                            td { code { (e.origin_id) } (trace_cell(p.trace_id())) }
+                            td { a href=(entry_link(keys, &e.origin_id)) { code { (e.origin_id) } } (trace_cell(p.trace_id())) }
                             td { span data-due=(e.due_ms) data-now=(now_ms) { } br; span.muted { (format_ms(e.due_ms)) } }
                             td { (e.retry_count) }
                             td { (fields(&e.fields)) }
@@ -611,6 +611,104 @@ pub(super) fn parked(
                     p { a.button href=(format!("{}?cursor={}", sub_link(keys, "parked"), segment(next))) { "Next page" } }
                 }
             }
+        },
+    )
+}
+
+/// A link to the page of the entry whose origin id is `id`.
+fn entry_link(keys: &SubscriptionKeys, id: &str) -> String {
+    format!("{}?id={}", sub_link(keys, "entry"), segment(id))
+}
+
+/// A form that opens an entry's page by its id.
+fn find_entry(keys: &SubscriptionKeys) -> Markup {
+    html! {
+        form.inline method="get" action=(sub_link(keys, "entry")) {
+            input type="text" name="id" placeholder="entry id" size="18" pattern="[0-9]+-[0-9]+" required;
+            " " button type="submit" { "Show entry" }
+        }
+    }
+}
+
+/// One entry, whole: where it is now, its fields and its history.
+pub(super) fn entry(
+    viewer: &Viewer,
+    keys: &SubscriptionKeys,
+    view: &crate::operate::entry::EntryView,
+) -> Markup {
+    use crate::history::Action;
+    use crate::operate::entry::Whereabouts;
+    layout(
+        "Entry",
+        Some(viewer),
+        html! {
+            h1 { "Entry " code { (view.origin_id) } " of " code { (keys.stream) } ", group " code { (keys.group) } }
+            div.card #now {
+                h2 { "Now" }
+                @match &view.now {
+                    Whereabouts::Pending { key, id, consumer, idle_ms, deliveries } => p {
+                        span.badge.warn { "in flight" } " pending to "
+                        a href=(format!("{}?consumer={}", sub_link(keys, "pending"), segment(consumer))) { code { (consumer) } }
+                        " as " code { (id) } " of " code { (key) } ", delivered " (deliveries) " time" @if *deliveries != 1 { "s" }
+                        ", last " (format!("{:.1}s", *idle_ms as f64 / 1000.0)) " ago"
+                    },
+                    Whereabouts::Parked { due_ms, retry_count } => p {
+                        span.badge { "parked" } " due " (format_ms(*due_ms)) " (retry " (retry_count) ") in "
+                        a href=(sub_link(keys, "parked")) { "the delayed set" }
+                    },
+                    Whereabouts::Queued { key, id } => p {
+                        span.badge { "queued" } " as " code { (id) } " of " code { (key) } ", not read by the group yet"
+                    },
+                    Whereabouts::DeadLettered { id, reason } => p {
+                        span.badge.bad { "dead-lettered" } " as " code { (id) } " in "
+                        a href=(sub_link(keys, "dead-letters")) { code { (keys.dead_letter) } } ": "
+                        span.reason { (value(reason)) }
+                    },
+                    Whereabouts::Done { how } => p {
+                        span.badge.ok { "done" } " "
+                        @if how.is_empty() { "not pending, parked or dead-lettered" } @else { (how) }
+                    },
+                }
+            }
+            div.card {
+                h2 { "Fields" }
+                @if view.fields.is_empty() { p.muted { "Not found: the entry is no longer in the stream, the set or the dead letters." } }
+                (fields(&view.fields))
+            }
+            div.card #history {
+                h2 { "History" }
+                p.muted { "Each park for a delayed retry and each dead letter, by the Redis server's clock; the newest " (crate::history::MAX_RECORDS) " are kept for " (humantime::format_duration(crate::history::KEEP)) " after the last. Acks and retries that stay pending are not recorded." }
+                @if view.history.is_empty() {
+                    p.muted { "Nothing recorded: the entry was not retried or dead-lettered (or that was more than a week ago)." }
+                } @else {
+                    table {
+                        tr { th { "when" } th { "attempt" } th { "consumer" } th { "what" } th { "why" } }
+                        @for r in &view.history {
+                            tr {
+                                td.nowrap { (format_ms(r.at)) }
+                                td { (r.n) }
+                                td { code { (r.by) } }
+                                td {
+                                    @match r.action {
+                                        Action::Retry => {
+                                            "retry"
+                                            @if let Some(ms) = r.ms { " in " (humantime::format_duration(std::time::Duration::from_millis(ms))) }
+                                            @if let Some(due) = r.due { br; span.muted { "due " (format_ms(due)) } }
+                                        }
+                                        Action::DeadLetter => {
+                                            "dead letter"
+                                            @if let Some(dl) = &r.dl { br; span.muted { code { (dl) } } }
+                                        }
+                                    }
+                                    br; span.muted { "as " code { (r.id) } }
+                                }
+                                td { div.reason { (value(&r.why)) } }
+                            }
+                        }
+                    }
+                }
+            }
+            p { (find_entry(keys)) }
         },
     )
 }
@@ -666,7 +764,10 @@ pub(super) fn pending(
                             tr { th { "entry id" } th { "since delivered" } th { "deliveries" } }
                             @for e in &t.entries {
                                 tr {
-                                    td { code { (e.id) } }
+                                    td {
+                                        @if t.key == *keys.stream { a href=(entry_link(keys, &e.id)) { code { (e.id) } } }
+                                        @else { code { (e.id) } }
+                                    }
                                     td { (format!("{:.1}s", e.idle_ms as f64 / 1000.0)) }
                                     td { (e.deliveries) }
                                 }
@@ -732,7 +833,13 @@ pub(super) fn dead_letters(
                         tr {
                             td.nowrap { (l.written_ms().map(format_ms).unwrap_or_default()) br; span.muted { code { (l.id) } } }
                             td { (reason_cell(l.reason.as_deref().unwrap_or("(not written by Sluice)"), l.trace.as_deref())) }
-                            td { code { (l.origin_id.as_deref().unwrap_or("-")) } (trace_cell(l.trace_id())) }
+                            td {
+                                @match l.origin_id.as_deref().filter(|_| l.ours) {
+                                    Some(origin) => a href=(entry_link(keys, origin)) { code { (origin) } },
+                                    None => code { (l.origin_id.as_deref().unwrap_or("-")) },
+                                }
+                                (trace_cell(l.trace_id()))
+                            }
                             td { (l.retry_count.map_or("-".to_owned(), |n| n.to_string())) }
                             td { (fields(&l.fields)) }
                             @if viewer.can_act {

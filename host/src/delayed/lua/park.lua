@@ -3,6 +3,7 @@
 --
 -- KEYS[1]  the stream the entry was read from
 -- KEYS[2]  the delayed-retry sorted set
+-- KEYS[3]  the entry's history list (see settle/lua/history.lua)
 -- ARGV[1]  the consumer group
 -- ARGV[2]  the entry id (kept in the member, which makes members unique per entry)
 -- ARGV[3]  the delay in milliseconds (the caller keeps it within what a score holds exactly)
@@ -15,7 +16,9 @@
 -- The member is MessagePack {stream, group, entry id, retry count, {name, value, ...}, origin
 -- id} (see delayed/lua/member.lua): the owner first, so a sweep tells its own members by their
 -- first bytes.
--- ARGV[8..] the entry's fields: name, value, name, value, ... (any number: they are packed
+-- ARGV[8]  the history record (JSON, '' for none)
+-- ARGV[9]  how long the history outlives the due time, ms
+-- ARGV[10..] the entry's fields: name, value, name, value, ... (any number: they are packed
 --          into the member, never unpacked into one command)
 --
 -- Scores are due times in wall-clock epoch milliseconds taken from the Redis server's clock
@@ -43,11 +46,12 @@ local due = now + tonumber(ARGV[3])
 -- clock, and the host's timer would be that much late.
 local wait_us = due * 1000 - (tonumber(time[1]) * 1000000 + tonumber(time[2]))
 local fields = {}
-for i = 8, #ARGV do
+for i = 10, #ARGV do
   fields[#fields + 1] = ARGV[i]
 end
 local member = cmsgpack.pack({ARGV[7], ARGV[1], ARGV[2], tonumber(ARGV[5]), fields, ARGV[6]})
 redis.call('ZADD', KEYS[2], due, member)
+remember(KEYS[3], ARGV[8], {at = now, due = due}, due + tonumber(ARGV[9]))
 local ttl = tonumber(ARGV[4])
 if ttl > 0 then
   local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')

@@ -3,10 +3,13 @@
 --
 -- KEYS[1]  the stream the entry was read from
 -- KEYS[2]  the dead-letter stream
+-- KEYS[3]  the entry's history list (see settle/lua/history.lua)
 -- ARGV[1]  the consumer group
 -- ARGV[2]  the entry id
 -- ARGV[3]  trim the dead-letter stream to about this many entries (MAXLEN ~), 0 for never
--- ARGV[4..] field, value, field, value, ... to record (the entry's fields plus the reason and
+-- ARGV[4]  the history record (JSON, '' for none)
+-- ARGV[5]  how long the history outlives the dead letter, ms
+-- ARGV[6..] field, value, field, value, ... to record (the entry's fields plus the reason and
 --           origin bookkeeping; the caller packs them when there are too many for one XADD)
 --
 -- Order matters: the dead letter is written first and the entry acknowledged last, so a write
@@ -30,10 +33,13 @@ if tonumber(ARGV[3]) > 0 then
   args = {KEYS[2], 'MAXLEN', '~', ARGV[3]}
 end
 args[#args + 1] = '*'
-for i = 4, #ARGV do
+for i = 6, #ARGV do
   args[#args + 1] = ARGV[i]
 end
 local id = redis.call('XADD', unpack(args))
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+remember(KEYS[3], ARGV[4], {at = now, dl = id}, now + tonumber(ARGV[5]))
 if state == 'group-gone' then
   return {id, 0}
 end

@@ -1,0 +1,370 @@
+//! One entry, whole: its fields, where it is now, and its history ([`crate::history`]). What
+//! the page per entry and `GET /v1/subscriptions/{stream}/{group}/entries/{origin id}` show.
+//!
+//! "Where it is now" is found from the entry's last history record, so every lookup is a
+//! handful of bounded commands whatever the size of the keys: the stream entry itself (XRANGE
+//! of one id) and whether it is pending (XPENDING of one id); a parked retry by its due time
+//! (ZRANGEBYSCORE at one score); a retry the sweep moved back by the copies written since its
+//! due time ([`LANE_SCAN`] of them at most, verified with the stream's secret); a dead letter
+//! by its id. Only an entry with no history that the group read and no longer holds costs more:
+//! a look through the delayed set for it, [`SET_SCAN`] members at most.
+
+use redis::aio::ConnectionLike;
+use redis::{RedisResult, Value};
+
+use super::{OperateError, parked};
+use crate::delivery::{Entry, Fields, Source, Trust};
+use crate::history::{Action, Record};
+use crate::keys::{SubscriptionKeys, cmp_ids};
+
+/// The most copies after a retry's due time read to find where the sweep put it.
+pub const LANE_SCAN: usize = 256;
+/// The most parked retries looked at for an entry with no history.
+pub const SET_SCAN: usize = 10_000;
+
+/// Where an entry is now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Whereabouts {
+    /// Pending to a consumer of the group: being handled, or waiting for a retry that stays
+    /// pending (`key` is the stream or the retry lane, `id` the copy).
+    Pending {
+        /// The stream or lane it is pending in.
+        key: String,
+        /// The id there.
+        id: String,
+        /// The consumer holding it.
+        consumer: String,
+        /// Since it was last delivered, ms.
+        idle_ms: u64,
+        /// Redis's delivery counter.
+        deliveries: u64,
+    },
+    /// Parked in the delayed set until its due time.
+    Parked {
+        /// Due, epoch ms (server clock).
+        due_ms: i64,
+        /// The retry count it comes back with.
+        retry_count: u32,
+    },
+    /// Back in the stream or the retry lane (as `id`), not read by the group yet.
+    Queued {
+        /// The stream or lane.
+        key: String,
+        /// The id there.
+        id: String,
+    },
+    /// In the dead-letter stream.
+    DeadLettered {
+        /// Its id there.
+        id: String,
+        /// Why.
+        reason: String,
+    },
+    /// Not pending, parked, queued or dead-lettered: handled (acknowledged), or requeued,
+    /// deleted or trimmed since its last record.
+    Done {
+        /// What the host can say about how it ended.
+        how: String,
+    },
+}
+
+/// One entry as the operator sees it.
+#[derive(Debug, Clone)]
+pub struct EntryView {
+    /// The id asked for (the entry the producer added).
+    pub origin_id: String,
+    /// Its fields, from wherever it was found (empty when nowhere).
+    pub fields: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Where it is now.
+    pub now: Whereabouts,
+    /// What was done with it, oldest first.
+    pub history: Vec<Record>,
+}
+
+impl EntryView {
+    /// The entry for the admin API.
+    pub fn to_json(&self) -> serde_json::Value {
+        let now = match &self.now {
+            Whereabouts::Pending {
+                key,
+                id,
+                consumer,
+                idle_ms,
+                deliveries,
+            } => serde_json::json!({
+                "state": "pending", "key": key, "id": id, "consumer": consumer,
+                "idle_ms": idle_ms, "deliveries": deliveries,
+            }),
+            Whereabouts::Parked {
+                due_ms,
+                retry_count,
+            } => serde_json::json!({
+                "state": "parked", "due_ms": due_ms, "due": super::format_ms(*due_ms),
+                "retry_count": retry_count,
+            }),
+            Whereabouts::Queued { key, id } => {
+                serde_json::json!({ "state": "queued", "key": key, "id": id })
+            }
+            Whereabouts::DeadLettered { id, reason } => {
+                serde_json::json!({ "state": "dead-lettered", "id": id, "reason": reason })
+            }
+            Whereabouts::Done { how } => serde_json::json!({ "state": "done", "how": how }),
+        };
+        serde_json::json!({
+            "origin_id": self.origin_id,
+            "fields": super::fields_json(&self.fields),
+            "now": now,
+            "history": self.history.iter().map(Record::to_json).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// The entry whose origin id is `origin_id` in the subscription with `keys`; `None` when
+/// nothing is known of it (no history, not in the stream).
+pub async fn lookup<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &SubscriptionKeys,
+    origin_id: &str,
+) -> Result<Option<EntryView>, OperateError> {
+    if !crate::history::is_stream_id(origin_id) {
+        return Err(OperateError::Invalid(format!(
+            "{origin_id:?} is not a stream entry id"
+        )));
+    }
+    let history = crate::history::read(conn, &keys.stream, &keys.group, origin_id).await?;
+    let original = one_entry(conn, &keys.stream, origin_id).await?;
+    let mut view = EntryView {
+        origin_id: origin_id.to_owned(),
+        fields: original
+            .as_ref()
+            .map(|e| e.fields.clone())
+            .unwrap_or_default(),
+        now: Whereabouts::Done { how: String::new() },
+        history,
+    };
+    // The last record says where to look; without one, the entry itself.
+    let last = view.history.last().cloned();
+    let now = match &last {
+        Some(record) if record.action == Action::DeadLetter => {
+            dead_lettered(conn, keys, record, &mut view.fields).await?
+        }
+        Some(record) => retried(conn, keys, record, origin_id, &mut view.fields).await?,
+        None => match &original {
+            None => return Ok(None),
+            Some(entry) => first_delivery(conn, keys, &entry.id).await?,
+        },
+    };
+    view.now = now;
+    Ok(Some(view))
+}
+
+/// After a dead letter: still there, or gone since.
+async fn dead_lettered<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &SubscriptionKeys,
+    record: &Record,
+    fields: &mut Vec<(Vec<u8>, Vec<u8>)>,
+) -> Result<Whereabouts, OperateError> {
+    let Some(dl) = &record.dl else {
+        return Ok(Whereabouts::Done {
+            how: "dead-lettered".to_owned(),
+        });
+    };
+    Ok(match super::dead_letters::get(conn, keys, dl).await? {
+        Some(letter) => {
+            if fields.is_empty() {
+                fields.clone_from(&letter.fields);
+            }
+            Whereabouts::DeadLettered {
+                id: dl.clone(),
+                reason: letter.reason.unwrap_or_default(),
+            }
+        }
+        None => Whereabouts::Done {
+            how: format!(
+                "dead-lettered as {dl}, which is no longer there (requeued, deleted or trimmed)"
+            ),
+        },
+    })
+}
+
+/// After a park: in the set still, or where the sweep put it (and whether read since).
+async fn retried<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &SubscriptionKeys,
+    record: &Record,
+    origin_id: &str,
+    fields: &mut Vec<(Vec<u8>, Vec<u8>)>,
+) -> Result<Whereabouts, OperateError> {
+    let (Some(set), Some(due)) = (&keys.delayed, record.due) else {
+        return Ok(Whereabouts::Done {
+            how: "retried".to_owned(),
+        });
+    };
+    let wanted = [origin_id.to_owned()];
+    if let Some(p) = parked::find(conn, set, &wanted, Some(due))
+        .await?
+        .into_iter()
+        .next()
+    {
+        if fields.is_empty() {
+            fields.clone_from(&p.entry.fields);
+        }
+        return Ok(Whereabouts::Parked {
+            due_ms: p.entry.due_ms,
+            retry_count: p.entry.retry_count,
+        });
+    }
+    // Swept: a copy in the lane (or at the stream's tail) written at or after its due time.
+    let secret = super::dead_letters::secret_of(conn, keys).await?;
+    let (source, key) = match &keys.lane {
+        Some(lane) => (Source::Lane, lane.to_string()),
+        None => (Source::Stream, keys.stream.to_string()),
+    };
+    let copies = range(conn, &key, &format!("{due}-0"), LANE_SCAN).await?;
+    for copy in copies {
+        let Some(secret) = &secret else { break };
+        if let Trust::Own(bookkeeping, own) = crate::delivery::trust(
+            &keys.stream,
+            &keys.group,
+            (source, &key),
+            &copy,
+            Some(secret),
+        ) && bookkeeping.origin_id == origin_id
+        {
+            if fields.is_empty() {
+                *fields = match own {
+                    Fields::Unpacked(f) => f,
+                    Fields::Leading(n) => copy.fields[..n.min(copy.fields.len())].to_vec(),
+                };
+            }
+            return where_in(conn, keys, &key, &copy.id).await;
+        }
+    }
+    Ok(Whereabouts::Done {
+        how: format!(
+            "retried; its copy is no longer in {key} (handled and trimmed, or more than {LANE_SCAN} entries came after its due time)"
+        ),
+    })
+}
+
+/// An entry with no history: pending, waiting to be read, parked without a record (by an
+/// earlier release, or its history key taken by another program), or handled.
+async fn first_delivery<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &SubscriptionKeys,
+    id: &str,
+) -> Result<Whereabouts, OperateError> {
+    let found = where_in(conn, keys, &keys.stream, id).await?;
+    let (Whereabouts::Done { .. }, Some(set)) = (&found, &keys.delayed) else {
+        return Ok(found);
+    };
+    // Read by the group and not pending: handled, unless it waits in the set unrecorded. A
+    // bounded look ([`SET_SCAN`] members at most), filtered by Redis.
+    let pattern = format!("*{id}*");
+    let mut cursor = 0u64;
+    let mut looked = 0usize;
+    loop {
+        let (next, page): (u64, Vec<(Vec<u8>, f64)>) = redis::cmd("ZSCAN")
+            .arg(&**set)
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await?;
+        for (member, score) in page {
+            if let Ok(entry) = crate::member::decode(&member, score as i64)
+                && entry.origin_id == id
+            {
+                return Ok(Whereabouts::Parked {
+                    due_ms: entry.due_ms,
+                    retry_count: entry.retry_count,
+                });
+            }
+        }
+        looked += 1000;
+        if next == 0 {
+            return Ok(found);
+        }
+        if looked >= SET_SCAN {
+            return Ok(Whereabouts::Done {
+                how: format!(
+                    "read by the group and not pending; no history recorded, and not among the first {SET_SCAN} parked retries looked at"
+                ),
+            });
+        }
+        cursor = next;
+    }
+}
+
+/// Where copy `id` of `key` is for the group: pending to a consumer, not read yet, or handled.
+async fn where_in<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &SubscriptionKeys,
+    key: &str,
+    id: &str,
+) -> Result<Whereabouts, OperateError> {
+    let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+        .arg(key)
+        .arg(&*keys.group)
+        .arg(id)
+        .arg(id)
+        .arg(1)
+        .query_async(conn)
+        .await?;
+    if let Some((id, consumer, idle_ms, deliveries)) = pending.into_iter().next() {
+        return Ok(Whereabouts::Pending {
+            key: key.to_owned(),
+            id,
+            consumer,
+            idle_ms,
+            deliveries,
+        });
+    }
+    let group = crate::inspect::group(conn, key, &keys.group).await?;
+    Ok(match group {
+        Some(g) if cmp_ids(id, &g.last_delivered_id).is_gt() => Whereabouts::Queued {
+            key: key.to_owned(),
+            id: id.to_owned(),
+        },
+        _ => Whereabouts::Done {
+            how: format!("handled: read by the group as {id} of {key} and acknowledged"),
+        },
+    })
+}
+
+/// Entry `id` of `key`, if it is there.
+async fn one_entry<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    id: &str,
+) -> RedisResult<Option<Entry>> {
+    Ok(range(conn, key, id, 1)
+        .await?
+        .into_iter()
+        .find(|e| e.id == id))
+}
+
+/// Up to `count` entries of `key` from `start` on.
+async fn range<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    start: &str,
+    count: usize,
+) -> RedisResult<Vec<Entry>> {
+    let reply: Value = redis::cmd("XRANGE")
+        .arg(key)
+        .arg(start)
+        .arg("+")
+        .arg("COUNT")
+        .arg(count)
+        .query_async(conn)
+        .await?;
+    let rows: Vec<(String, Vec<(Vec<u8>, Vec<u8>)>)> = redis::from_redis_value(reply)?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, fields)| Entry { id, fields })
+        .collect())
+}
