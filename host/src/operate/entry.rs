@@ -17,6 +17,9 @@ use crate::delivery::{Entry, Fields, Source, Trust};
 use crate::history::{Action, Record};
 use crate::keys::{SubscriptionKeys, cmp_ids};
 
+/// An entry's fields as Redis answers them.
+type FieldPairs = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// The most copies after a retry's due time read to find where the sweep put it.
 pub const LANE_SCAN: usize = 256;
 /// The most parked retries looked at for an entry with no history.
@@ -362,7 +365,7 @@ async fn range<C: ConnectionLike>(
         .arg(count)
         .query_async(conn)
         .await?;
-    let rows: Vec<(String, Vec<(Vec<u8>, Vec<u8>)>)> = redis::from_redis_value(reply)?;
+    let rows: Vec<(String, FieldPairs)> = redis::from_redis_value(reply)?;
     Ok(rows
         .into_iter()
         .map(|(id, fields)| Entry { id, fields })
