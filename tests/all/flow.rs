@@ -253,6 +253,16 @@ async fn a_read_already_waiting_when_the_pause_comes_hands_nothing_to_the_handle
     let event = host.event(T, "the held entry", |e| e.id == held).await;
     assert_eq!(event.kind, EventKind::Acked);
     assert_eq!(pending(&mut conn, "waiting", "g").await, 0);
+    // The journal has the pause (who, why) and the resume, newest first.
+    let (_, body) = http_get(admin, "/v1/subscriptions/waiting/g/journal").await;
+    let journal: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let items = journal["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2, "{body}");
+    assert_eq!(items[0]["what"], "resumed", "{body}");
+    assert_eq!(items[0]["by"], "the admin API", "{body}");
+    assert_eq!(items[1]["what"], "paused", "{body}");
+    assert_eq!(items[1]["by"], "test (through the admin API)", "{body}");
+    assert_eq!(items[1]["detail"], "hold", "{body}");
     assert!(
         tokio::time::timeout(QUIET, host.event(T, "a second delivery", |e| e.id == held))
             .await
@@ -389,6 +399,9 @@ async fn a_foreign_pause_record_is_bounded_and_a_bad_body_refused() {
     let mut host = start_fixture(&redis, Sub::fixture("foreign").set("max_retries", 0)).await;
     let admin = host.admin().await;
     let key = sluice_host::keys::flow_key("foreign", "g");
+    // The journal's key is another program's string: pauses and resumes go on without it.
+    let journal = sluice_host::keys::journal_key("foreign", "g");
+    let _: () = cmd(&mut conn, &["SET", &journal, "not a stream"]).await;
     let big = "x".repeat(1 << 20);
     let _: () = cmd(&mut conn, &["HSET", &key, "paused", &big]).await;
     let _: i64 = cmd(&mut conn, &["INCR", sluice_host::keys::FLOW_EPOCH]).await;
@@ -458,6 +471,23 @@ async fn a_foreign_pause_record_is_bounded_and_a_bad_body_refused() {
     let after = add(&mut conn, "foreign", &Control::Ack).await;
     host.event(T, "an entry after the second resume", |e| e.id == after)
         .await;
+    let (status, body) = http_get(admin, "/v1/subscriptions/foreign/g/journal").await;
+    assert_eq!((status, body.as_str()), (200, r#"{"items":[]}"#));
+    // A journal of junk reads bounded: 100 entries of 100 KB each come back cut.
+    let _: () = cmd(&mut conn, &["DEL", &journal]).await;
+    let mut junk = redis::pipe();
+    for _ in 0..100 {
+        junk.cmd("XADD")
+            .arg(&journal)
+            .arg("*")
+            .arg("what")
+            .arg("w".repeat(100_000))
+            .ignore();
+    }
+    let _: () = junk.query_async(&mut conn).await.unwrap();
+    let (status, body) = http_get(admin, "/v1/subscriptions/foreign/g/journal").await;
+    assert_eq!(status, 200);
+    assert!(body.len() < 200_000, "{} bytes", body.len());
     host.stop().await.unwrap();
 }
 
@@ -890,6 +920,38 @@ async fn a_circuit_breaker_saves_attempts_while_the_gateway_is_down() {
     );
     assert!(without.dead_letters > 0, "{without:?}");
     assert!(without.failed > with.failed, "{with:?} / {without:?}");
+    // The flow journal has each transition once, oldest last: opened (with what it counted),
+    // one half-open per probe round, closed at the end.
+    let (status, body) = http_get(admin, "/v1/subscriptions/guarded/g/journal").await;
+    assert_eq!(status, 200, "{body}");
+    let journal: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let whats: Vec<&str> = journal["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .map(|j| j["what"].as_str().unwrap())
+        .collect();
+    assert_eq!(whats.first(), Some(&"breaker-opened"), "{body}");
+    assert_eq!(whats.last(), Some(&"breaker-closed"), "{body}");
+    assert_eq!(
+        whats.iter().filter(|w| **w == "breaker-half-open").count() as u64,
+        with.probe_rounds,
+        "{body}"
+    );
+    assert!(
+        journal["items"].as_array().unwrap().last().unwrap()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("deliveries failed within the window"),
+        "{body}"
+    );
+    let session = log_in(admin).await;
+    let (_, overview) = http_request_bare(admin, "GET", "/ui/", &session.headers(), b"").await;
+    assert!(
+        overview.contains("Flow journal: breaker-closed"),
+        "{overview}"
+    );
     guarded.stop().await.unwrap();
     unguarded.stop().await.unwrap();
 }

@@ -7,8 +7,10 @@
 //!   the first one's record (`already: true`).
 //! - `POST /v1/subscriptions/{stream}/{group}/resume`: `{resumed, was}` (`was`: the pause that
 //!   ended, `null` when it was not paused).
+//! - `GET /v1/subscriptions/{stream}/{group}/journal`: `{items}`, the pauses, resumes and
+//!   circuit-breaker transitions, newest first (see [`crate::flow::journal`]).
 //!
-//! Both sit behind the `/v1` guard (token, no cross-site browser requests) and the body is
+//! All sit behind the `/v1` guard (token, no cross-site browser requests) and the body is
 //! bounded like every other call's.
 
 use axum::Router;
@@ -29,6 +31,7 @@ pub(super) fn routes() -> Router<AdminState> {
     Router::new()
         .route(&format!("{base}/pause"), post(pause))
         .route(&format!("{base}/resume"), post(resume))
+        .route(&format!("{base}/journal"), axum::routing::get(journal))
 }
 
 /// A pause's JSON, as the API and the page show it.
@@ -135,7 +138,7 @@ async fn resume(
     Path((stream, group)): Path<(String, String)>,
 ) -> Answer {
     let mut conn = redis_of(&state, &stream, &group)?;
-    let was = flow::resume(&mut conn, &stream, &group)
+    let was = flow::resume(&mut conn, &stream, &group, "the admin API")
         .await
         .map_err(|err| failed(&err))?;
     if let Some(was) = &was {
@@ -150,4 +153,36 @@ async fn resume(
         "resumed": was.is_some(),
         "was": was.as_ref().map(paused_json),
     })))
+}
+
+/// `GET .../journal`: the subscription's pauses, resumes and breaker transitions, newest first.
+async fn journal(
+    State(state): State<AdminState>,
+    Path((stream, group)): Path<(String, String)>,
+) -> Answer {
+    let mut conn = redis_of(&state, &stream, &group)?;
+    let entries = flow::journal::read(&mut conn, &stream, &group, flow::journal::MAX_ENTRIES)
+        .await
+        .map_err(|err| {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "cannot read the flow journal: {}\n",
+                    crate::chain::chain(&err)
+                ),
+            )
+        })?;
+    let items: Vec<_> = entries
+        .iter()
+        .map(|j| {
+            serde_json::json!({
+                "at_ms": j.at_ms,
+                "at": crate::when::rfc3339_ms(j.at_ms),
+                "what": j.what,
+                "by": j.by,
+                "detail": j.detail,
+            })
+        })
+        .collect();
+    Ok(axum::Json(serde_json::json!({ "items": items })))
 }

@@ -88,7 +88,7 @@ pub async fn resume(
 ) -> Result<String> {
     let mut out = String::new();
     for (stream, group, mut conn) in subscriptions(paths, redis, stream).await? {
-        let was = flow::resume(&mut conn, &stream, &group)
+        let was = flow::resume(&mut conn, &stream, &group, &operator())
             .await
             .with_context(|| format!("cannot resume stream `{stream}` group `{group}`"))?;
         let _ = match was {

@@ -162,6 +162,7 @@ pub struct Breaker {
     group: String,
     flow_key: String,
     window_key: String,
+    journal_key: String,
     /// This host's consumer name, recorded with what it moves.
     by: String,
     conn: RedisHandle,
@@ -197,6 +198,7 @@ impl Breaker {
             group: group.to_owned(),
             flow_key: crate::keys::flow_key(stream, group),
             window_key: crate::keys::breaker_key(stream, group),
+            journal_key: crate::keys::journal_key(stream, group),
             by: by.to_owned(),
             conn,
             deliveries: AtomicU64::new(0),
@@ -257,8 +259,12 @@ impl Breaker {
 
     /// Add this host's counts to the window every [`FLUSH`] until `stop`.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
-        static RECORD: std::sync::LazyLock<Script> =
-            std::sync::LazyLock::new(|| Script::new(include_str!("lua/breaker_record.lua")));
+        static RECORD: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("lua/journal.lua"),
+                include_str!("lua/breaker_record.lua")
+            ))
+        });
         loop {
             tokio::select! {
                 () = tokio::time::sleep(FLUSH) => {}
@@ -273,6 +279,7 @@ impl Breaker {
             let recorded: redis::RedisResult<(String, String)> = RECORD
                 .key(&self.window_key)
                 .key(&self.flow_key)
+                .key(&self.journal_key)
                 .arg(d)
                 .arg(f)
                 .arg(self.config.window.as_millis() as u64)
@@ -311,11 +318,16 @@ impl Breaker {
 
     /// Ask the open breaker what this host may do now.
     pub async fn gate(&self) -> Gate {
-        static PROBE: std::sync::LazyLock<Script> =
-            std::sync::LazyLock::new(|| Script::new(include_str!("lua/breaker_probe.lua")));
+        static PROBE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("lua/journal.lua"),
+                include_str!("lua/breaker_probe.lua")
+            ))
+        });
         let mut conn = self.conn.clone();
         let asked: redis::RedisResult<(String, u64, String)> = PROBE
             .key(&self.flow_key)
+            .key(&self.journal_key)
             .arg(self.config.probes)
             .arg(self.config.open_for.as_millis() as u64)
             .arg(&self.by)
@@ -362,12 +374,17 @@ impl Breaker {
 
     /// A probe's answer: success closes the breaker, failure opens it again.
     async fn answer(&self, success: bool, why: &str) {
-        static RESULT: std::sync::LazyLock<Script> =
-            std::sync::LazyLock::new(|| Script::new(include_str!("lua/breaker_result.lua")));
+        static RESULT: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("lua/journal.lua"),
+                include_str!("lua/breaker_result.lua")
+            ))
+        });
         let mut conn = self.conn.clone();
         let answered: redis::RedisResult<(String, String)> = RESULT
             .key(&self.flow_key)
             .key(&self.window_key)
+            .key(&self.journal_key)
             .arg(if success { "1" } else { "0" })
             .arg(self.config.open_for.as_millis() as u64)
             .arg(why)

@@ -25,6 +25,7 @@
 //! are cut to [`MAX_BY`] and [`MAX_REASON`] characters without control characters.
 
 pub mod breaker;
+pub mod journal;
 pub mod rate;
 pub mod stats;
 
@@ -203,6 +204,15 @@ pub async fn pause<C: ConnectionLike>(
         .await
         .map_err(err)?;
     let result = if set {
+        journal::write(
+            conn,
+            stream,
+            group,
+            "paused",
+            &paused.by,
+            paused.reason.as_deref().unwrap_or(""),
+        )
+        .await;
         PauseResult::Paused(paused)
     } else {
         match state(conn, stream, group).await.map_err(err)? {
@@ -221,6 +231,7 @@ pub async fn resume<C: ConnectionLike>(
     conn: &mut C,
     stream: &str,
     group: &str,
+    by: &str,
 ) -> Result<Option<Paused>, FlowError> {
     let err = |source| FlowError::Redis {
         stream: stream.to_owned(),
@@ -237,6 +248,13 @@ pub async fn resume<C: ConnectionLike>(
         .query_async(conn)
         .await
         .map_err(err)?;
+    if removed > 0 {
+        let detail = match &was {
+            Some(p) => format!("it was {}", p.describe()),
+            None => "it was held by the circuit breaker".to_owned(),
+        };
+        journal::write(conn, stream, group, "resumed", &clean(by, MAX_BY), &detail).await;
+    }
     bump_epoch(conn).await.map_err(err)?;
     Ok(if removed > 0 { was } else { None })
 }

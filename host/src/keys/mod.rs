@@ -127,6 +127,16 @@ pub fn stats_key(stream: &str, group: &str) -> String {
     )
 }
 
+/// A subscription's flow journal (see `flow::journal`): a capped stream in the stream's hash
+/// slot (beside [`flow_key`], which the breaker's scripts use with it), named like it.
+pub fn journal_key(stream: &str, group: &str) -> String {
+    format!(
+        "sluice-journal:{{{}}}:{}:{stream}:{group}",
+        hash_tag(stream),
+        stream.len()
+    )
+}
+
 /// The history of one entry of a subscription (see `history`): a list in the stream's hash slot,
 /// named like [`flow_key`] and then the entry's origin id (a stream id, so the name cannot be
 /// read two ways).

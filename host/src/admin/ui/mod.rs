@@ -839,7 +839,7 @@ async fn act(
             }
             "resume" => {
                 let (of_stream, of_group) = (&sub.of.stream, &sub.of.group);
-                let was = crate::flow::resume(&mut conn, of_stream, of_group)
+                let was = crate::flow::resume(&mut conn, of_stream, of_group, "the admin page")
                     .await?;
                 Ok(("", match was {
                     Some(_) => format!("stream {of_stream} group {of_group}: resumed; every host reads again within a second"),

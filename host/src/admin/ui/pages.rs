@@ -135,6 +135,16 @@ fn rendered_ms() -> u128 {
         .map_or(0, |d| d.as_millis())
 }
 
+/// How many entries of a subscription's flow journal the overview shows.
+const JOURNAL_SHOWN: usize = 10;
+
+/// An epoch-ms time (from Redis) as "N s ago", by this host's clock.
+fn ago_ms(ms: i64) -> String {
+    let at =
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    ago(at)
+}
+
 fn ago(at: std::time::SystemTime) -> String {
     let secs = at.elapsed().map_or(0, |d| d.as_secs());
     match secs {
@@ -227,6 +237,23 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer, done: Option<&
                 (flow.paused.clone(), flow.breaker.clone())
             })
             .unwrap_or_default();
+        // Pauses, resumes and the breaker's transitions, newest first.
+        let journal = match parts.first() {
+            Some(first) => tokio::time::timeout(
+                super::super::PROBE_TIMEOUT,
+                crate::flow::journal::read(
+                    &mut first.conn.clone(),
+                    &labels.stream,
+                    &labels.group,
+                    JOURNAL_SHOWN,
+                ),
+            )
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default(),
+            None => Vec::new(),
+        };
         cards.push(html! {
             div.card {
                 h2 {
@@ -301,6 +328,22 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer, done: Option<&
                         "Redis " (f.version) " (" (f.role) "), " (bytesize::ByteSize::b(f.used_memory)) " used"
                         @if f.maxmemory > 0 { " of " (bytesize::ByteSize::b(f.maxmemory)) " (" (f.maxmemory_policy) ")" }
                         ", " (f.clients) " clients."
+                    }
+                }
+                @if !journal.is_empty() {
+                    details.journal {
+                        summary { "Flow journal: " (journal[0].what) " " (ago_ms(journal[0].at_ms)) " (" (journal.len()) " shown)" }
+                        table {
+                            tr { th { "when" } th { "what" } th { "by" } th { "detail" } }
+                            @for j in &journal {
+                                tr {
+                                    td.nowrap { (format_ms(j.at_ms)) }
+                                    td { (j.what) }
+                                    td { code { (j.by) } }
+                                    td { (value(&j.detail)) }
+                                }
+                            }
+                        }
                     }
                 }
                 table {

@@ -1,5 +1,6 @@
 -- Ask an open or half-open circuit breaker for a probe delivery.
--- KEYS[1]: the subscription's flow hash (`breaker`). ARGV: probes, open for (ms), who.
+-- KEYS[1]: the subscription's flow hash (`breaker`); KEYS[2]: its flow journal (see
+-- journal.lua). ARGV: probes, open for (ms), who.
 -- Returns {'closed', 0, ''} (nothing to ask: read), {'wait', ms, state} (open, or every probe
 -- of this half-open round taken: ask again after ms), {'probe', 0, state} (one probe taken;
 -- the state says whether this call moved it to half-open).
@@ -45,4 +46,8 @@ b.probes_left = (tonumber(b.probes_left) or probes) - 1
 b.moved = moved
 local state = cjson.encode(b)
 redis.call('HSET', KEYS[1], 'breaker', state)
+if moved == 1 then
+  journal(KEYS[2], 'breaker-half-open', ARGV[3],
+    string.format('open long enough: probing with %d deliveries', probes))
+end
 return {'probe', 0, state}

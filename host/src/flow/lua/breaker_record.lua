@@ -1,7 +1,8 @@
 -- Count a host's deliveries and failures into a subscription's circuit-breaker window, and
 -- open the breaker when the window's failures reach the rate.
 -- KEYS[1]: the window (a hash: 30 slots, each `t<i>` the slot's time bucket, `d<i>`
---          deliveries, `f<i>` failures); KEYS[2]: the subscription's flow hash (`breaker`).
+--          deliveries, `f<i>` failures); KEYS[2]: the subscription's flow hash (`breaker`);
+--          KEYS[3]: its flow journal (see journal.lua).
 -- ARGV: deliveries, failures, window (ms), min deliveries, failure rate, open for (ms), who.
 -- Returns {'opened', state} when this call opened it, {'closed', ''} when it stays closed,
 -- {'not-closed', ''} when it was open already (the counts are not kept: an open breaker's
@@ -51,6 +52,8 @@ if sum_d >= min and sum_d > 0 and sum_f / sum_d >= rate then
   })
   redis.call('HSET', KEYS[2], 'breaker', state)
   redis.call('DEL', KEYS[1])
+  journal(KEYS[3], 'breaker-opened', ARGV[7],
+    string.format('%d of %d deliveries failed within the window', sum_f, sum_d))
   return {'opened', state}
 end
 return {'closed', ''}

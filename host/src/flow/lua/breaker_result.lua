@@ -1,7 +1,7 @@
 -- A probe's answer to a half-open circuit breaker: success closes it (and empties the
 -- window), failure opens it again for ARGV[2] ms.
--- KEYS[1]: the flow hash (`breaker`); KEYS[2]: the window. ARGV: 1 (success) or 0, open for
--- (ms), why, who.
+-- KEYS[1]: the flow hash (`breaker`); KEYS[2]: the window; KEYS[3]: the flow journal (see
+-- journal.lua). ARGV: 1 (success) or 0, open for (ms), why, who.
 -- Returns {'closed', ''}, {'reopened', state}, or {'ignored', ''} when it was not half-open
 -- (another probe answered first).
 local raw = redis.call('HGET', KEYS[1], 'breaker')
@@ -15,6 +15,7 @@ end
 if ARGV[1] == '1' then
   redis.call('HDEL', KEYS[1], 'breaker')
   redis.call('DEL', KEYS[2])
+  journal(KEYS[3], 'breaker-closed', ARGV[4], 'a probe succeeded')
   return {'closed', ''}
 end
 local clock = redis.call('TIME')
@@ -24,4 +25,5 @@ local state = cjson.encode({
   why = ARGV[3], by = ARGV[4],
 })
 redis.call('HSET', KEYS[1], 'breaker', state)
+journal(KEYS[3], 'breaker-reopened', ARGV[4], 'a probe failed: ' .. ARGV[3])
 return {'reopened', state}
