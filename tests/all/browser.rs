@@ -536,6 +536,24 @@ async fn an_operator_logs_in_and_requeues_a_dead_letter_in_a_browser() {
             "one parked retry left",
         )
         .await;
+    // Its page, from its link: where it waits now and its history.
+    browser
+        .eval("document.querySelector('a[href*=\"/entry?id=\"]').click(); true")
+        .await;
+    browser
+        .wait_until(
+            "location.search.startsWith('?id=') && document.querySelector('#history tr td') !== null && document.querySelector('#now').innerText.includes('parked')",
+            "the entry's page with its history",
+        )
+        .await;
+    browser.screenshot("entry").await;
+    browser
+        .wait_until_reloading(
+            &format!("{base}/ui/s/payments/g/parked"),
+            "document.querySelectorAll('input[name=pick]').length === 1",
+            "the parked page again",
+        )
+        .await;
     browser
         .eval(
             "window.__asked = []; window.confirm = m => (window.__asked.push(m), true); \

@@ -720,7 +720,7 @@ pub(super) fn entry(
             }
             div.card #history {
                 h2 { "History" }
-                p.muted { "Each park for a delayed retry and each dead letter, by the Redis server's clock; the newest " (crate::history::MAX_RECORDS) " are kept for " (humantime::format_duration(crate::history::KEEP)) " after the last. Acks and retries that stay pending are not recorded." }
+                p.muted { "Each park for a delayed retry and each dead letter, by the Redis server's clock; the newest " (crate::history::MAX_RECORDS) " are kept for " (crate::history::KEEP.as_secs() / 86_400) " days after the last. Acks and retries that stay pending are not recorded." }
                 @if view.history.is_empty() {
                     p.muted { "Nothing recorded: the entry was not retried or dead-lettered (or that was more than a week ago)." }
                 } @else {
