@@ -48,7 +48,7 @@ pub enum Action {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Record {
     /// When, epoch ms by the Redis server's clock (written by the script).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub at: i64,
     /// What was done.
     #[serde(rename = "do")]
@@ -75,8 +75,9 @@ pub struct Record {
 
 impl Record {
     /// The record of `delivery` settled by `consumer` as `action` for `why` (a retry with its
-    /// `delay`), as the settle script takes it: JSON, or empty when the entry's origin is no
-    /// stream id and gets no history.
+    /// `delay`), as the settle script takes it: a JSON object without its closing brace (the
+    /// script appends the server's time and what else only it knows), or empty when the
+    /// entry's origin is no stream id and gets no history.
     pub fn of(
         delivery: &Delivery,
         consumer: &str,
@@ -98,7 +99,10 @@ impl Record {
             due: None,
             dl: None,
         };
-        serde_json::to_string(&record).unwrap_or_default()
+        let mut json = serde_json::to_string(&record).unwrap_or_default();
+        // `at` is the script's to write: the object is left open after the last field.
+        json.pop();
+        json
     }
 
     /// The record for the admin API, with times for people.
@@ -117,6 +121,10 @@ impl Record {
             "dead_letter_id": self.dl,
         })
     }
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 /// Whether `id` is a stream id (`<ms>-<seq>`, digits only): only those name a history.
@@ -167,6 +175,28 @@ mod tests {
             assert!(!is_stream_id(bad), "{bad}");
         }
         assert!(!is_stream_id(&format!("{}-0", "9".repeat(21))));
+    }
+
+    #[test]
+    fn the_open_record_and_the_scripts_tail_make_one_object() {
+        let record = Record {
+            at: 0,
+            action: Action::Retry,
+            n: 1,
+            by: "pod \"a\"".into(),
+            why: "5xx }".into(),
+            id: "5-0".into(),
+            ms: Some(500),
+            due: None,
+            dl: None,
+        };
+        let mut head = serde_json::to_string(&record).unwrap();
+        assert_eq!(head.pop(), Some('}'));
+        let whole = format!("{head},\"at\":1700000000123,\"due\":1700000000623}}");
+        let back: Record = serde_json::from_str(&whole).unwrap();
+        assert_eq!(back.at, 1_700_000_000_123);
+        assert_eq!(back.due, Some(1_700_000_000_623));
+        assert_eq!(back.by, "pod \"a\"");
     }
 
     #[test]

@@ -446,6 +446,17 @@ async fn an_operator_logs_in_and_requeues_a_dead_letter_in_a_browser() {
             "the overview",
         )
         .await;
+    // The pause and the resume are in the flow journal's fold, newest first.
+    let journal = browser
+        .eval("document.querySelector('details.journal summary').innerText")
+        .await;
+    assert!(
+        journal
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("Flow journal: resumed"),
+        "{journal}"
+    );
     let first = browser.eval("document.body.dataset.rendered").await;
     browser
         .wait_until(

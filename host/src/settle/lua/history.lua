@@ -3,30 +3,28 @@
 -- the entry's history (see history.rs).
 --
 -- key         the entry's history list (in the stream's hash slot)
--- record      the record as JSON, or '' for none (the entry's origin is no stream id)
--- extra       what only the script knows: the server's time, a due time, a dead letter's id
+-- head        the record as JSON without its closing brace, or '' for none (the entry's
+--             origin is no stream id); this appends what only the script knows (`tail`: the
+--             server's time, a due time, a dead letter's id) and the brace, with no JSON
+--             decoding: a park pays two commands for its record
 -- keep_until  epoch ms (server clock) the list lives at least until; never shortened
 --
--- Best effort on purpose: a key of another type (another program's), a record that is not
--- JSON, are skipped and the settle goes on. The newest 32 records are kept.
-local function remember(key, record, extra, keep_until)
-  if record == '' then
+-- Best effort on purpose: a key of another type (another program's) is skipped and the
+-- settle goes on. The newest 32 records are kept.
+local function remember(key, head, tail, keep_until)
+  if head == '' then
     return
   end
-  local ok, r = pcall(cjson.decode, record)
-  if not ok or type(r) ~= 'table' then
-    return
-  end
-  for k, v in pairs(extra) do
-    r[k] = v
-  end
-  local pushed = redis.pcall('RPUSH', key, cjson.encode(r))
+  local pushed = redis.pcall('RPUSH', key, head .. tail .. '}')
   if type(pushed) ~= 'number' then
     return
   end
-  redis.pcall('LTRIM', key, -32, -1)
-  local expires = redis.pcall('PEXPIRETIME', key)
-  if type(expires) == 'number' and expires < keep_until then
+  if pushed > 32 then
+    redis.pcall('LTRIM', key, -32, -1)
+  end
+  if pushed == 1 then
     redis.pcall('PEXPIREAT', key, keep_until)
+  else
+    redis.pcall('PEXPIREAT', key, keep_until, 'GT')
   end
 end
