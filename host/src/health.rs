@@ -19,6 +19,54 @@ pub struct ReadHealth {
     down: Mutex<Option<String>>,
     /// Whether the subscription's flow controls are known, if it has a watcher.
     flow: Option<Arc<FlowFreshness>>,
+    /// Other things the read loop waits on (the rate limit's budget), each failing or not.
+    troubles: Vec<Arc<Trouble>>,
+}
+
+/// Something a read waits on that can fail on its own (the rate limit's budget): failing for
+/// over [`FLOW_STALE_AFTER`] makes the subscription not ready, with what failed.
+#[derive(Debug)]
+pub struct Trouble {
+    what: &'static str,
+    failing: Mutex<Option<(Instant, String)>>,
+}
+
+impl Trouble {
+    /// A tracker for `what`, not failing.
+    pub fn new(what: &'static str) -> Self {
+        Self {
+            what,
+            failing: Mutex::new(None),
+        }
+    }
+
+    /// It worked.
+    pub fn ok(&self) {
+        if let Ok(mut failing) = self.failing.lock() {
+            *failing = None;
+        }
+    }
+
+    /// It failed with `why` (the time it started failing is kept).
+    pub fn failed(&self, why: &str) {
+        if let Ok(mut failing) = self.failing.lock() {
+            let since = failing.as_ref().map_or_else(Instant::now, |f| f.0);
+            *failing = Some((since, why.to_owned()));
+        }
+    }
+
+    /// Why it counts as down: failing for over [`FLOW_STALE_AFTER`].
+    pub fn problem(&self) -> Option<String> {
+        let failing = self.failing.lock().ok()?;
+        let (since, why) = failing.as_ref()?;
+        (since.elapsed() > FLOW_STALE_AFTER).then(|| {
+            format!(
+                "{} has failed for {:.1}s, nothing is read meanwhile: {why}",
+                self.what,
+                since.elapsed().as_secs_f64()
+            )
+        })
+    }
 }
 
 /// How long a subscription's flow controls (pause, breaker) may go unconfirmed before the host
@@ -95,7 +143,14 @@ impl ReadHealth {
             held: Mutex::new(None),
             down: Mutex::new(None),
             flow: None,
+            troubles: Vec::new(),
         }
+    }
+
+    /// Readiness also asks whether `trouble` is failing (see [`Trouble`]).
+    pub fn with_trouble(mut self, trouble: Arc<Trouble>) -> Self {
+        self.troubles.push(trouble);
+        self
     }
 
     /// Readiness also asks whether the flow controls are known (see [`FlowFreshness`]).
@@ -148,6 +203,9 @@ impl ReadHealth {
             return Some(why);
         }
         if let Some(why) = self.flow.as_ref().and_then(|f| f.problem()) {
+            return Some(why);
+        }
+        if let Some(why) = self.troubles.iter().find_map(|t| t.problem()) {
             return Some(why);
         }
         let state = self.state.lock().ok()?;

@@ -285,8 +285,11 @@ impl Service {
         if s.delayed_retry.is_some() && !sub.retry_lane {
             self.check_tail_readers(sub, s, conn).await?;
         }
-        let health =
-            Arc::new(crate::health::ReadHealth::new(s.block).with_flow(flow.fresh.clone()));
+        let mut health = crate::health::ReadHealth::new(s.block).with_flow(flow.fresh.clone());
+        if let Some(rate) = &rate {
+            health = health.with_trouble(rate.trouble());
+        }
+        let health = Arc::new(health);
         // A set always has a secret: it was created above.
         let delayed = match (&s.delayed_retry, &secret) {
             (Some(DelayedRetry::DurableZset { ttl, .. }), Some(secret)) => {

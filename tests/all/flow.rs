@@ -389,6 +389,66 @@ async fn unreadable_flow_controls_make_the_host_not_ready() {
     host.stop().await.unwrap();
 }
 
+/// Another program leaves a string at the rate limit's key: the host cannot take tokens and
+/// reads nothing, and `/readyz` says so (503 naming the key) instead of looking healthy; once
+/// the key is gone, the entry is handled. (Found by a helper's experiment: 200 while stuck.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_rate_budget_makes_the_host_not_ready() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let bucket = sluice_host::keys::rate_key("rk", "g");
+    let _: () = cmd(&mut conn, &["SET", &bucket, "x"]).await;
+    let mut host = start_fixture(
+        &redis,
+        Sub::fixture("rk").set("rate_limit", Raw("{ per_second = 100, burst = 10 }")),
+    )
+    .await;
+    let admin = host.admin().await;
+    let id = add(&mut conn, "rk", &Control::Ack).await;
+    let body = wait_for(T, "/readyz to say the budget cannot be read", || async {
+        let (status, body) = http_get(admin, "/readyz").await;
+        (status == 503).then_some(body)
+    })
+    .await;
+    assert!(
+        body.contains("rate limit") && body.contains(&bucket) && body.contains("WRONGTYPE"),
+        "{body}"
+    );
+    assert!(host.events.try_recv().is_err(), "nothing was handled");
+    let _: () = cmd(&mut conn, &["DEL", &bucket]).await;
+    host.event(T, "the entry once the budget is readable", |e| e.id == id)
+        .await;
+    wait_for(T, "/readyz to be 200 again", || async {
+        (http_get(admin, "/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+    host.stop().await.unwrap();
+}
+
+/// A bucket whose time is ahead of the server's (a clock stepped back on a failover, another
+/// writer), by less than a minute: refilling starts now, not when the clock catches up. (Found
+/// by a helper's experiment: 59 s ahead starved the group for 59 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_time_ahead_of_the_server_does_not_starve_the_group() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let bucket = sluice_host::keys::rate_key("rt", "g");
+    let (secs, micros): (String, String) = cmd(&mut conn, &["TIME"]).await;
+    let now_ms = secs.parse::<u64>().unwrap() * 1000 + micros.parse::<u64>().unwrap() / 1000;
+    let ahead = (now_ms + 59_000).to_string();
+    let _: () = cmd(&mut conn, &["HSET", &bucket, "t", "0", "at", &ahead]).await;
+    let mut host = start_fixture(
+        &redis,
+        Sub::fixture("rt").set("rate_limit", Raw("{ per_second = 100, burst = 10 }")),
+    )
+    .await;
+    let id = add(&mut conn, "rt", &Control::Ack).await;
+    // Well under the 59 s the old bucket waited, and ample for one entry on a busy machine.
+    host.event(Duration::from_secs(30), "the entry", |e| e.id == id)
+        .await;
+    host.stop().await.unwrap();
+}
+
 /// What another writer to the same Redis may leave in the flow hash is bounded: a 1 MB record
 /// that is not Sluice's still pauses (by "an unknown writer"), and what the API shows of it is
 /// cut; a body that is not the pause's JSON is refused.

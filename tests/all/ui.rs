@@ -658,3 +658,64 @@ async fn an_entrys_page_shows_where_it_is_and_every_attempt() {
     );
     host.stop().await.unwrap();
 }
+
+/// A retry swept back to the stream's tail (`retry_lane = false`) after an outage, behind
+/// more than 256 entries added meanwhile: the entry's page finds its copy at the end and says
+/// it is queued, not done. (Found by a helper's experiment: the lookup only read the 256
+/// entries after its due time and called it done.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_swept_behind_an_outages_backlog_is_found_queued() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let sub = || {
+        Sub::fixture("tail")
+            .delayed("tail:retries")
+            .set("retry_lane", false)
+            .set("max_retries", 5)
+            .set("max_in_flight", 2)
+            .set("handler_timeout", "120s")
+    };
+    let mut host = start_fixture(&redis, sub()).await;
+    let id = add(&mut conn, "tail", &Control::Retry { ms: 1500, times: 1 }).await;
+    host.event(T, "parked", |e| matches!(e.kind, EventKind::Parked { .. }))
+        .await;
+    host.stop().await.unwrap();
+    // The outage: its retry comes due while no host runs, and producers go on (entries that
+    // keep the next host busy, so the backlog stays).
+    wait_for(T, "the retry to be due", || {
+        let mut conn = conn.clone();
+        async move {
+            let due: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+                .arg("tail:retries")
+                .arg(0)
+                .arg(0)
+                .arg("WITHSCORES")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as f64;
+            due.first().is_some_and(|(_, at)| *at < now).then_some(())
+        }
+    })
+    .await;
+    for _ in 0..300 {
+        add(&mut conn, "tail", &Control::Sleep { ms: 60_000 }).await;
+    }
+    let mut host = start_fixture(&redis, sub()).await;
+    let admin = host.admin().await;
+    wait_for(T, "the retry swept to the tail", || {
+        let mut conn = conn.clone();
+        async move { (parked(&mut conn, "tail:retries").await == 0).then_some(()) }
+    })
+    .await;
+    let (status, body) = http_get(admin, &format!("/v1/subscriptions/tail/g/entries/{id}")).await;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["now"]["state"], "queued", "{v}");
+    assert_eq!(v["history"].as_array().unwrap().len(), 1, "{v}");
+    // Two deliveries sleep for a minute: not waited for.
+    drop(host);
+}

@@ -59,6 +59,9 @@ pub struct RateLimiter {
     idle: AtomicBool,
     calls: Counter,
     waits: Counter,
+    /// Whether the budget can be read, for readiness: a host that cannot take tokens reads
+    /// nothing.
+    trouble: Arc<crate::health::Trouble>,
 }
 
 impl std::fmt::Debug for RateLimiter {
@@ -93,7 +96,13 @@ impl RateLimiter {
             idle: AtomicBool::new(false),
             calls: metrics.rate_limit_calls.get_or_create(&labels).clone(),
             waits: metrics.rate_limit_waits.get_or_create(&labels).clone(),
+            trouble: Arc::new(crate::health::Trouble::new("the rate limit's budget")),
         }
+    }
+
+    /// Whether the budget can be read, for the subscription's readiness.
+    pub fn trouble(&self) -> Arc<crate::health::Trouble> {
+        self.trouble.clone()
     }
 
     /// The fewest tokens worth a read when the budget is short: a twentieth of a second's
@@ -117,15 +126,17 @@ impl RateLimiter {
         (n > 0).then_some(n)
     }
 
-    /// Tokens Redis just granted: the lease lives [`LEASE_TTL`] from now.
+    /// Tokens Redis just granted: a fresh lease lives [`LEASE_TTL`] from now; added to tokens
+    /// still leased, they expire with those (never a token kept longer than its grant allows,
+    /// at worst a fresh one dropped early).
     fn add_to_lease(&self, n: usize) {
         if let Ok(mut lease) = self.lease.lock() {
             let now = Instant::now();
-            if lease.until <= now {
+            if lease.until <= now || lease.tokens == 0 {
                 lease.tokens = 0;
+                lease.until = now + LEASE_TTL;
             }
             lease.tokens += n;
-            lease.until = now + LEASE_TTL;
         }
     }
 
@@ -185,7 +196,16 @@ impl RateLimiter {
                 }
                 return Some(n);
             }
-            let pause = match self.fetch(want).await {
+            let fetched = self.fetch(want).await;
+            match &fetched {
+                Ok(_) => self.trouble.ok(),
+                Err(err) => self.trouble.failed(&format!(
+                    "cannot take from {}: {}: {err}",
+                    self.key,
+                    ErrorClass::of(err).describe()
+                )),
+            }
+            let pause = match fetched {
                 Ok((granted, _)) if granted > 0 => {
                     backoff.reset();
                     self.add_to_lease(granted);

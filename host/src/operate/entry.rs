@@ -5,7 +5,8 @@
 //! handful of bounded commands whatever the size of the keys: the stream entry itself (XRANGE
 //! of one id) and whether it is pending (XPENDING of one id); a parked retry by its due time
 //! (ZRANGEBYSCORE at one score); a retry the sweep moved back by the copies written since its
-//! due time ([`LANE_SCAN`] of them at most, verified with the stream's secret); a dead letter
+//! due time, where the group's unread entries begin and at the end ([`LANE_SCAN`] each at
+//! most, verified with the stream's secret; not found there, it says so); a dead letter
 //! by its id. Only an entry with no history that the group read and no longer holds costs more:
 //! a look through the delayed set for it, [`SET_SCAN`] members at most.
 
@@ -69,6 +70,12 @@ pub enum Whereabouts {
         /// What the host can say about how it ended.
         how: String,
     },
+    /// Not found within the bounded looks (a copy far inside a long stream or lane): the
+    /// page says so rather than guess.
+    Unknown {
+        /// Where it was looked for.
+        how: String,
+    },
 }
 
 /// One entry as the operator sees it.
@@ -112,6 +119,9 @@ impl EntryView {
                 serde_json::json!({ "state": "dead-lettered", "id": id, "reason": reason })
             }
             Whereabouts::Done { how } => serde_json::json!({ "state": "done", "how": how }),
+            Whereabouts::Unknown { how } => {
+                serde_json::json!({ "state": "unknown", "how": how })
+            }
         };
         serde_json::json!({
             "origin_id": self.origin_id,
@@ -219,20 +229,47 @@ async fn retried<C: ConnectionLike>(
         });
     }
     // Swept: a copy in the lane (or at the stream's tail) written at or after its due time.
+    // Three bounded looks: just after its due time, where the group's unread entries begin,
+    // and the newest (a sweep after an outage puts it behind everything added meanwhile).
     let secret = super::dead_letters::secret_of(conn, keys).await?;
     let (source, key) = match &keys.lane {
         Some(lane) => (Source::Lane, lane.to_string()),
         None => (Source::Stream, keys.stream.to_string()),
     };
-    let copies = range(conn, &key, &format!("{due}-0"), LANE_SCAN).await?;
+    let Some(secret) = secret else {
+        return Ok(Whereabouts::Unknown {
+            how: format!(
+                "swept back into {key} after its due time; the stream has no secret to tell its copy by"
+            ),
+        });
+    };
+    let after_due = range(conn, &key, &format!("{due}-0"), LANE_SCAN).await?;
+    let reached_end = after_due.len() < LANE_SCAN;
+    let mut copies = after_due;
+    if !reached_end {
+        if let Some(group) = crate::inspect::group(conn, &key, &keys.group).await? {
+            copies.extend(
+                range(
+                    conn,
+                    &key,
+                    &format!("({}", group.last_delivered_id),
+                    LANE_SCAN,
+                )
+                .await?,
+            );
+        }
+        copies.extend(newest(conn, &key, LANE_SCAN).await?);
+    }
     for copy in copies {
-        let Some(secret) = &secret else { break };
+        if cmp_ids(&copy.id, &format!("{due}-0")).is_lt() {
+            continue;
+        }
         if let Trust::Own(bookkeeping, own) = crate::delivery::trust(
             &keys.stream,
             &keys.group,
             (source, &key),
             &copy,
-            Some(secret),
+            Some(&secret),
         ) && bookkeeping.origin_id == origin_id
         {
             if fields.is_empty() {
@@ -244,10 +281,18 @@ async fn retried<C: ConnectionLike>(
             return where_in(conn, keys, &key, &copy.id).await;
         }
     }
-    Ok(Whereabouts::Done {
-        how: format!(
-            "retried; its copy is no longer in {key} (handled and trimmed, or more than {LANE_SCAN} entries came after its due time)"
-        ),
+    Ok(if reached_end {
+        Whereabouts::Done {
+            how: format!(
+                "retried; its copy is no longer in {key} (handled and trimmed, or deleted)"
+            ),
+        }
+    } else {
+        Whereabouts::Unknown {
+            how: format!(
+                "swept back into {key} after its due time; its copy is not among the {LANE_SCAN} entries after that time, the first {LANE_SCAN} unread or the newest {LANE_SCAN}: it may be queued further in, in flight, or handled"
+            ),
+        }
     })
 }
 
@@ -348,6 +393,28 @@ async fn one_entry<C: ConnectionLike>(
         .await?
         .into_iter()
         .find(|e| e.id == id))
+}
+
+/// The newest `count` entries of `key`, oldest first.
+async fn newest<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    count: usize,
+) -> RedisResult<Vec<Entry>> {
+    let reply: Value = redis::cmd("XREVRANGE")
+        .arg(key)
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(count)
+        .query_async(conn)
+        .await?;
+    let rows: Vec<(String, FieldPairs)> = redis::from_redis_value(reply)?;
+    Ok(rows
+        .into_iter()
+        .rev()
+        .map(|(id, fields)| Entry { id, fields })
+        .collect())
 }
 
 /// Up to `count` entries of `key` from `start` on.

@@ -707,6 +707,9 @@ pub(super) fn entry(
                         a href=(sub_link(keys, "dead-letters")) { code { (keys.dead_letter) } } ": "
                         span.reason { (value(reason)) }
                     },
+                    Whereabouts::Unknown { how } => p {
+                        span.badge { "not found" } " " (how)
+                    },
                     Whereabouts::Done { how } => p {
                         span.badge.ok { "done" } " "
                         @if how.is_empty() { "not pending, parked or dead-lettered" } @else { (how) }

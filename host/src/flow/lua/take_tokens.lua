@@ -6,7 +6,8 @@
 -- Returns {granted, wait_ms}: wait_ms, when nothing was granted, is how long until the
 -- fewest worth a read are there.
 -- What another writer may have left in the hash is bounded: tokens are clamped to
--- [0, burst], a time in the future (a clock that went back, a hostile value) is reset.
+-- [0, burst], non-numbers make a full bucket, and a time in the future (a clock that went
+-- back on a failover, a hostile value) counts as now, so refilling never waits for it.
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + tonumber(clock[2]) / 1000
 local rate = tonumber(ARGV[1]) / 1000
@@ -16,8 +17,11 @@ local batch = tonumber(ARGV[4])
 local state = redis.call('HMGET', KEYS[1], 't', 'at')
 local tokens = tonumber(state[1])
 local at = tonumber(state[2])
-if tokens == nil or at == nil or tokens ~= tokens or at ~= at or at > now + 60000 then
+if tokens == nil or at == nil or tokens ~= tokens or at ~= at then
   tokens = burst
+  at = now
+end
+if at > now then
   at = now
 end
 tokens = math.min(burst, math.max(0, tokens))
