@@ -269,16 +269,18 @@ impl DelayedSet {
     /// Park `delivery` for `delay` and acknowledge the original, atomically, whatever its
     /// number of fields. The caller keeps `delay` at or below [`MAX_REPRESENTABLE_DELAY`].
     pub async fn park(&self, delivery: &Delivery, delay: Duration) -> RedisResult<Parked> {
-        self.park_noting(delivery, delay, "").await
+        self.park_noting(delivery, delay, "", Duration::ZERO).await
     }
 
-    /// [`Self::park`], adding `record` (see [`crate::history::Record::of`]; empty for none) to
-    /// the entry's history in the same script.
+    /// [`Self::park`], adding `record` (the settler's history record, a JSON object left open;
+    /// empty for none) to the entry's history in the same script, kept `keep` past the due
+    /// time.
     pub async fn park_noting(
         &self,
         delivery: &Delivery,
         delay: Duration,
         record: &str,
+        keep: Duration,
     ) -> RedisResult<Parked> {
         let delay = delay.min(MAX_REPRESENTABLE_DELAY);
         if let Some(ttl) = self.ttl
@@ -309,7 +311,7 @@ impl DelayedSet {
             .arg(&delivery.origin_id)
             .arg(&*self.stream)
             .arg(record)
-            .arg(crate::history::KEEP.as_millis() as u64);
+            .arg(keep.as_millis() as u64);
         for (name, value) in delivery.user_fields() {
             invocation.arg(name.as_slice()).arg(value.as_slice());
         }

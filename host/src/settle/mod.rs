@@ -204,7 +204,7 @@ impl Settler {
         );
         let parked = self
             .until_done(delivery, "parking", || {
-                set.park_noting(delivery, delay, &record)
+                set.park_noting(delivery, delay, &record, crate::history::KEEP)
             })
             .await?;
         match parked {
