@@ -185,6 +185,12 @@ impl ReadHealth {
         }
     }
 
+    /// The read loop reads nothing for now (the subscription is paused or its breaker is
+    /// open): an earlier read failure no longer counts against it.
+    pub fn not_reading(&self) {
+        self.read_ok();
+    }
+
     /// A read (or the connection for it) failed with `message`.
     pub fn failed(&self, message: &str) {
         if let Ok(mut state) = self.state.lock() {

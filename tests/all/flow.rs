@@ -252,6 +252,9 @@ async fn a_read_already_waiting_when_the_pause_comes_hands_nothing_to_the_handle
     assert_eq!(status, 200, "{body}");
     let event = host.event(T, "the held entry", |e| e.id == held).await;
     assert_eq!(event.kind, EventKind::Acked);
+    // Its first real delivery: the re-read after the resume raised Redis's counter, and a
+    // held-back read is no attempt (found by a helper's experiment: it counted as one).
+    assert_eq!(event.delivery_count, 1, "{event:?}");
     assert_eq!(pending(&mut conn, "waiting", "g").await, 0);
     // The journal has the pause (who, why) and the resume, newest first.
     let (_, body) = http_get(admin, "/v1/subscriptions/waiting/g/journal").await;
@@ -269,6 +272,62 @@ async fn a_read_already_waiting_when_the_pause_comes_hands_nothing_to_the_handle
             .is_err(),
         "handled twice"
     );
+    host.stop().await.unwrap();
+}
+
+/// On a claiming subscription (`claim_min_idle`) a read held back by a pause is read again
+/// right after the resume, not left to XAUTOCLAIM for `claim_min_idle` (found by a helper's
+/// experiment: 30 s after the resume with 20 s idle and a 30 s block).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claiming_subscriptions_held_read_is_handled_at_the_resume() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(
+        &redis,
+        Sub::fixture("claimer")
+            .set("block", "30s")
+            .set("claim_min_idle", "20s"),
+    )
+    .await;
+    let admin = host.admin().await;
+    let first = add(&mut conn, "claimer", &Control::Ack).await;
+    host.event(T, "the first entry", |e| e.id == first).await;
+    let (status, body) =
+        http_request(admin, "POST", "/v1/subscriptions/claimer/g/pause", &[], b"").await;
+    assert_eq!(status, 200, "{body}");
+    wait_for(Duration::from_secs(5), "the host to see the pause", || {
+        listed_paused(admin, "claimer")
+    })
+    .await;
+    let held = add(&mut conn, "claimer", &Control::Ack).await;
+    wait_for(
+        Duration::from_secs(5),
+        "the waiting read to return it",
+        || {
+            let mut conn = conn.clone();
+            async move { (pending(&mut conn, "claimer", "g").await == 1).then_some(()) }
+        },
+    )
+    .await;
+    quiet(&mut host, "the held entry").await;
+    let (status, body) = http_request(
+        admin,
+        "POST",
+        "/v1/subscriptions/claimer/g/resume",
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // Well under the 20 s idle a claim needs, ample on a busy machine.
+    let event = host
+        .event(
+            Duration::from_secs(15),
+            "the held entry soon after the resume",
+            |e| e.id == held,
+        )
+        .await;
+    assert_eq!(event.delivery_count, 1, "{event:?}");
     host.stop().await.unwrap();
 }
 

@@ -137,6 +137,8 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// The most delivery counts of held-back entries a read loop keeps (see `hold_back`).
+const MAX_HELD_COUNTS: usize = 4096;
 /// The first wait before a read loop that ended is started again; it doubles up to
 /// [`SUPERVISE_BACKOFF_MAX`].
 const SUPERVISE_BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -336,6 +338,8 @@ impl Subscription {
         // pending to this consumer with nobody here handling them, below the newest id it
         // read, where the re-read after a failure does not look. Looked for after a reconnect.
         let mut unanswered: Vec<(Source, Vec<String>)> = Vec::new();
+        // Delivery counts of entries a pause held back, restored when they are read again.
+        let mut held_counts: HashMap<(Source, String), u64> = HashMap::new();
         // A lane read that filled its room may have left due retries in the lane: those are
         // read as soon as slots for them free (half the slots kept for due retries, so a lane
         // holding thousands is read in batches, not an entry at a time), not at the next sweep
@@ -345,6 +349,9 @@ impl Subscription {
         loop {
             let mut admission = Admission::Open;
             if !self.flow.borrow().open() {
+                // No read runs while held: a read failure just before is not one that lasts
+                // (whether Redis answers is then the flow watcher's to say).
+                self.health.not_reading();
                 match self.admitted().await {
                     Some(how) => admission = how,
                     None => break,
@@ -436,10 +443,19 @@ impl Subscription {
                         .count();
                     lane_more = plan.lane.is_some() && from_lane > 0 && from_lane >= first.all();
                     let batch = if admission.held_by(&self.flow.borrow()) {
-                        self.hold_back(batch, &mut own_pending, &mut unanswered);
+                        self.hold_back(batch, &mut own_pending, &mut unanswered, &mut held_counts);
                         Vec::new()
-                    } else {
+                    } else if held_counts.is_empty() {
                         batch
+                    } else {
+                        // Entries held back by a pause come back with the count they had.
+                        batch
+                            .into_iter()
+                            .map(|(read, count)| {
+                                let held = held_counts.remove(&(read.source, read.id.clone()));
+                                (read, held.unwrap_or(count))
+                            })
+                            .collect()
                     };
                     self.unused(
                         admission,
@@ -596,9 +612,9 @@ impl Subscription {
     /// (which makes them busy again) before another one would take them over as a gone
     /// consumer's.
     fn resumed(&self, own_pending: &mut Vec<(Source, String)>) {
-        if self.plan.claim_min_idle.is_none() {
-            *own_pending = self.after_last_read();
-        }
+        // A claiming subscription too: waiting for XAUTOCLAIM would leave a held entry for
+        // `claim_min_idle` (its in-flight set keeps a re-read entry from starting twice).
+        *own_pending = self.after_last_read();
         if let Some(gone_after) = self.plan.gone_after
             && let Ok(mut next) = self.next_rescue.lock()
         {
@@ -611,19 +627,28 @@ impl Subscription {
     /// read again from its pending list after the resume; those at or below (a claim, a
     /// take-over, a lost reply's entries) are looked for among its pending entries by id, as
     /// a lost take-over reply's are, since no re-read from the newest id would find them.
+    /// Each one's delivery count is kept in `counts`: the re-read raises Redis's counter for
+    /// a delivery that never ran, which must not count as an attempt.
     fn hold_back(
         &self,
         batch: Vec<(ReadEntry, u64)>,
         own_pending: &mut Vec<(Source, String)>,
         unanswered: &mut Vec<(Source, Vec<String>)>,
+        counts: &mut HashMap<(Source, String), u64>,
     ) {
         if batch.is_empty() {
             return;
         }
         let newest = self.last_read.lock().map(|n| n.clone()).unwrap_or_default();
         let held = batch.len();
+        // Bounded: ids never read again (another host took them over) are forgotten at worst
+        // with an attempt counted too many.
+        if counts.len() + held > MAX_HELD_COUNTS {
+            counts.clear();
+        }
         let mut older: Vec<(Source, Vec<String>)> = Vec::new();
-        for (read, _) in batch {
+        for (read, count) in batch {
+            counts.insert((read.source, read.id.clone()), count);
             let at_or_below = newest
                 .get(&read.source)
                 .is_some_and(|last| crate::delivery::cmp_ids(&read.id, last).is_le());
@@ -642,9 +667,7 @@ impl Subscription {
             "paused while a read waited: its entries stay pending until the resume"
         );
         unanswered.extend(older);
-        if self.plan.claim_min_idle.is_none() {
-            *own_pending = self.after_last_read();
-        }
+        *own_pending = self.after_last_read();
     }
 
     /// Every source at `id`, the lane first: where the own-pending re-read and the claim
