@@ -448,6 +448,16 @@ impl Secret {
     }
 }
 
+/// Whether `id` is a stream entry id (`<ms>-<seq>`, digits only, each part at most 20 digits
+/// as a 64-bit number is): what may name an entry in a key, a cursor or a lookup.
+pub fn is_stream_id(id: &str) -> bool {
+    let Some((ms, seq)) = id.split_once('-') else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
+    digits(ms) && digits(seq)
+}
+
 /// Order stream ids numerically (`ms-seq`, each part up to 2^64 - 1).
 pub fn cmp_ids(a: &str, b: &str) -> std::cmp::Ordering {
     fn parts(id: &str) -> (u64, u64) {
@@ -455,13 +465,6 @@ pub fn cmp_ids(a: &str, b: &str) -> std::cmp::Ordering {
         (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
     }
     parts(a).cmp(&parts(b))
-}
-
-/// Whether `text` is a stream id (`<ms>-<seq>`, decimal).
-fn is_stream_id(text: &str) -> bool {
-    let number = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
-    text.split_once('-')
-        .is_some_and(|(ms, seq)| number(ms) && number(seq))
 }
 
 /// A subscription's keys that Redis Cluster would put on different slots.

@@ -795,10 +795,7 @@ fn resealed(
 /// Whether `id` has the shape of a stream entry id (`<ms>-<seq>`), so it can be passed to a
 /// range command without changing its meaning.
 pub fn is_entry_id(id: &str) -> bool {
-    let mut parts = id.split('-');
-    let number =
-        |p: Option<&str>| p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
-    number(parts.next()) && number(parts.next()) && parts.next().is_none()
+    crate::keys::is_stream_id(id)
 }
 
 #[cfg(test)]
