@@ -13,7 +13,7 @@ use tracing::Instrument;
 
 use crate::delivery::Delivery;
 use crate::digest::Digest;
-use crate::handler::{HandlerSlot, Version};
+use crate::handler::{AttemptKind, HandlerSlot, Role, Trial, Version};
 use crate::metrics::{DeliveryMetrics, HandlerResult, Metrics, SubLabels};
 use crate::outcome::{self, Action, Failure, Outcome, Policy};
 use crate::settle::{Ack, SettleError, Settler};
@@ -71,7 +71,9 @@ impl Dispatcher {
     /// Handle and settle one delivery.
     pub async fn dispatch(&self, mut delivery: Delivery) -> Settled {
         // The version is taken once: a swap during this delivery does not change its handler.
-        let version = self.slot.current();
+        // During a canary the entry's origin id picks it, the same for all its attempts.
+        // A host joining a canary holds the deliveries the candidate would take until it runs.
+        let (version, trial) = self.slot.pick_when_ready(&delivery.origin_id).await;
         delivery.started = Some(std::time::SystemTime::now());
         let parent = crate::telemetry::enabled().then(|| {
             crate::telemetry::parent_of(
@@ -117,7 +119,9 @@ impl Dispatcher {
                 span: sampled.then(|| span.clone()),
             });
         }
-        self.run(delivery, &version).instrument(span).await
+        self.run(delivery, &version, trial.as_ref())
+            .instrument(span)
+            .await
     }
 
     /// How long a call of this subscription's handler typically takes (a moving average of
@@ -176,7 +180,12 @@ impl Dispatcher {
             .observe(((now - due) as f64 / 1000.0).max(0.0));
     }
 
-    async fn run(&self, delivery: Delivery, version: &Version) -> Settled {
+    async fn run(
+        &self,
+        delivery: Delivery,
+        version: &Version,
+        trial: Option<&(Arc<Trial>, Role)>,
+    ) -> Settled {
         let digest = &version.digest;
         if let Some(group) = &delivery.other_group {
             // Another group's retry at the stream's tail: that group handles it, not this one.
@@ -234,6 +243,15 @@ impl Dispatcher {
         let elapsed_us = elapsed.as_micros() as u64;
         let previous = delivery.previous_attempts();
         let action = outcome::decide(&result, previous, &self.policy);
+        if let Some((trial, role)) = trial {
+            let kind = match (&result, &action) {
+                (Err(_), _) => AttemptKind::Failure,
+                (_, Action::Ack) => AttemptKind::Ack,
+                (_, Action::Retry { .. }) => AttemptKind::Retry,
+                (_, Action::DeadLetter { .. }) => AttemptKind::DeadLetter,
+            };
+            trial.record(*role, kind, elapsed);
+        }
         // A failed attempt is logged once: what failed first, its traceback as lines after it.
         let trace = result.as_ref().err().and_then(Failure::trace);
         if let Err(failure) = &result {

@@ -7,19 +7,26 @@
 //! version finish on it and every delivery that starts after a swap runs the new one. Nothing
 //! is paused and no entry is re-read.
 //!
+//! A slot may also hold a [`Trial`]: a candidate version that a share of deliveries runs (a
+//! canary, see `crate::rollout`), chosen per entry by a keyed hash of its origin id so that
+//! every attempt of one entry runs on the same version. The trial counts what each version's
+//! attempts came to; `crate::rollout` compares the two and ends the trial.
+//!
 //! This module sits between the runtime (which implements [`Handler`]) and dispatch (which
 //! calls it), so neither depends on the other; `swap` decides what gets published here.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
 use futures::future::BoxFuture;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
 
 use crate::delivery::Delivery;
 use crate::digest::Digest;
-use crate::metrics::{HandlerLabels, Metrics, SubLabels};
+use crate::metrics::{CanaryLabels, CanaryVersionLabels, HandlerLabels, Metrics, SubLabels};
 use crate::outcome::{Failure, Outcome};
 
 /// Something that handles deliveries: a WASM component, or native code in tests and benches.
@@ -73,8 +80,314 @@ impl Version {
 #[error("no previous version to roll back to")]
 pub struct NoPrevious;
 
+/// Which version of a trial ran an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The version that served before the trial.
+    Incumbent,
+    /// The version on trial.
+    Candidate,
+}
+
+impl Role {
+    /// Its name in metrics, the API and Redis.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Incumbent => "incumbent",
+            Role::Candidate => "candidate",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Role::Incumbent => 0,
+            Role::Candidate => 1,
+        }
+    }
+}
+
+/// What one attempt came to, as a trial compares them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptKind {
+    /// Acknowledged.
+    Ack = 0,
+    /// To be retried (a delay the handler asked for, or a downstream it found down).
+    Retry = 1,
+    /// Dead-lettered (by the handler's word or the retry policy).
+    DeadLetter = 2,
+    /// Trapped or hit a limit: the handler decided nothing.
+    Failure = 3,
+}
+
+impl AttemptKind {
+    /// Its name in metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttemptKind::Ack => "ack",
+            AttemptKind::Retry => "retry",
+            AttemptKind::DeadLetter => "dead_letter",
+            AttemptKind::Failure => "failure",
+        }
+    }
+}
+
+/// How many handler-time buckets a trial keeps: four per doubling of microseconds, from 1 us
+/// to about 17 minutes (the last bucket holds everything longer).
+pub const TIME_BUCKETS: usize = 120;
+
+/// The bucket of a handler time: `floor(4 * log2(microseconds))`, capped.
+pub fn time_bucket(elapsed: std::time::Duration) -> usize {
+    let us = elapsed.as_micros().max(1) as f64;
+    ((us.log2() * 4.0).floor() as usize).min(TIME_BUCKETS - 1)
+}
+
+/// The lower edge of a time bucket, in microseconds.
+pub fn bucket_floor_us(bucket: usize) -> f64 {
+    2f64.powf(bucket as f64 / 4.0)
+}
+
+/// What a version's attempts came to since they were last taken ([`TrialCounts::take`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Attempts that ran the handler.
+    pub attempts: u64,
+    /// Of them, traps and limits.
+    pub failures: u64,
+    /// Dead-lettered.
+    pub dead_letters: u64,
+    /// Retried.
+    pub retries: u64,
+    /// Handler times: (bucket, count), only buckets with a count.
+    pub buckets: Vec<(usize, u64)>,
+}
+
+impl Tally {
+    /// Add `other` to this one (a report that could not be sent waits with the next).
+    pub fn merge(&mut self, other: Tally) {
+        self.attempts += other.attempts;
+        self.failures += other.failures;
+        self.dead_letters += other.dead_letters;
+        self.retries += other.retries;
+        for (bucket, count) in other.buckets {
+            match self.buckets.iter_mut().find(|(b, _)| *b == bucket) {
+                Some((_, c)) => *c += count,
+                None => self.buckets.push((bucket, count)),
+            }
+        }
+    }
+
+    /// Whether there is nothing in it.
+    pub fn is_empty(&self) -> bool {
+        self.attempts == 0
+    }
+}
+
+/// One version's attempts during a trial, counted by the deliveries as they end.
+pub struct TrialCounts {
+    attempts: AtomicU64,
+    failures: AtomicU64,
+    dead_letters: AtomicU64,
+    retries: AtomicU64,
+    buckets: [AtomicU64; TIME_BUCKETS],
+    /// `sluice_canary_deliveries_total` of this version, by [`AttemptKind`] (made once: an
+    /// attempt only increments).
+    results: [Counter; 4],
+    seconds: Histogram,
+}
+
+impl TrialCounts {
+    fn new(metrics: &Metrics, labels: &SubLabels, role: Role) -> Self {
+        let version = CanaryVersionLabels {
+            stream: labels.stream.clone(),
+            group: labels.group.clone(),
+            version: role.name(),
+        };
+        Self {
+            attempts: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            dead_letters: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            results: [
+                AttemptKind::Ack,
+                AttemptKind::Retry,
+                AttemptKind::DeadLetter,
+                AttemptKind::Failure,
+            ]
+            .map(|kind| {
+                metrics
+                    .canary_deliveries
+                    .get_or_create(&CanaryLabels {
+                        stream: labels.stream.clone(),
+                        group: labels.group.clone(),
+                        version: role.name(),
+                        result: kind.name(),
+                    })
+                    .clone()
+            }),
+            seconds: metrics
+                .canary_handler_duration
+                .get_or_create(&version)
+                .clone(),
+        }
+    }
+
+    fn record(&self, kind: AttemptKind, elapsed: std::time::Duration) {
+        self.attempts.fetch_add(1, Ordering::Relaxed);
+        match kind {
+            AttemptKind::Ack => {}
+            AttemptKind::Retry => {
+                self.retries.fetch_add(1, Ordering::Relaxed);
+            }
+            AttemptKind::DeadLetter => {
+                self.dead_letters.fetch_add(1, Ordering::Relaxed);
+            }
+            AttemptKind::Failure => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.buckets[time_bucket(elapsed)].fetch_add(1, Ordering::Relaxed);
+        self.results[kind as usize].inc();
+        self.seconds.observe(elapsed.as_secs_f64());
+    }
+
+    /// What was counted since the last take, counted from zero again.
+    pub fn take(&self) -> Tally {
+        let buckets = self
+            .buckets
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| {
+                let n = b.swap(0, Ordering::Relaxed);
+                (n > 0).then_some((i, n))
+            })
+            .collect();
+        Tally {
+            attempts: self.attempts.swap(0, Ordering::Relaxed),
+            failures: self.failures.swap(0, Ordering::Relaxed),
+            dead_letters: self.dead_letters.swap(0, Ordering::Relaxed),
+            retries: self.retries.swap(0, Ordering::Relaxed),
+            buckets,
+        }
+    }
+}
+
+/// A candidate version that a share of a subscription's deliveries runs while the rest run
+/// the current version: a canary. Which entries go to it is decided by a keyed hash of the
+/// entry's origin id, the same on every host and for every attempt of the entry.
+pub struct Trial {
+    /// The canary's id (random, from its record in Redis): also the hash's key, so two
+    /// canaries try different entries.
+    pub id: String,
+    /// The version on trial.
+    pub candidate: Arc<Version>,
+    /// Of 10,000 deliveries, how many the candidate runs.
+    pub share_bp: u32,
+    /// Only entries added from this time on (ms since the Unix epoch, the server's clock, as
+    /// their origin id says) may run the candidate: every host has seen the canary by then.
+    pub from_ms: u64,
+    counts: [TrialCounts; 2],
+}
+
+impl Trial {
+    /// A trial of `candidate` on `share_bp` of 10,000 deliveries of the subscription `labels`
+    /// name, counted into `metrics`.
+    pub fn new(
+        id: String,
+        candidate: Arc<Version>,
+        (share_bp, from_ms): (u32, u64),
+        metrics: &Metrics,
+        labels: &SubLabels,
+    ) -> Self {
+        Self {
+            id,
+            candidate,
+            share_bp: share_bp.min(10_000),
+            from_ms,
+            counts: [
+                TrialCounts::new(metrics, labels, Role::Incumbent),
+                TrialCounts::new(metrics, labels, Role::Candidate),
+            ],
+        }
+    }
+
+    /// Whether the entry first added as `origin_id` runs on the candidate.
+    pub fn takes(&self, origin_id: &str) -> bool {
+        takes(&self.id, self.share_bp, self.from_ms, origin_id)
+    }
+
+    /// Count an attempt `role` ran.
+    pub fn record(&self, role: Role, kind: AttemptKind, elapsed: std::time::Duration) {
+        self.counts[role.index()].record(kind, elapsed);
+    }
+
+    /// What `role`'s attempts came to since the last take.
+    pub fn take(&self, role: Role) -> Tally {
+        self.counts[role.index()].take()
+    }
+}
+
+/// Whether the canary `id` with `share_bp` of 10,000 runs the entry first added as
+/// `origin_id` on its candidate: an entry added at `from_ms` or later (its id's milliseconds)
+/// whose first four bytes of SHA-256 over the id, a zero byte and the origin id, modulo
+/// 10,000, are below the share. The same on every host, for every attempt.
+pub fn takes(id: &str, share_bp: u32, from_ms: u64, origin_id: &str) -> bool {
+    use sha2::Digest as _;
+    let added = origin_id
+        .split_once('-')
+        .and_then(|(ms, _)| ms.parse::<u64>().ok());
+    if added.is_none_or(|ms| ms < from_ms) {
+        return false;
+    }
+    let hash = sha2::Sha256::new()
+        .chain_update(id.as_bytes())
+        .chain_update([0u8])
+        .chain_update(origin_id.as_bytes())
+        .finalize();
+    let n = u32::from_be_bytes([hash[0], hash[1], hash[2], hash[3]]);
+    n % 10_000 < share_bp
+}
+
+/// A canary this host is joining (fetching and checking its candidate): the deliveries it
+/// would take wait for the join to end, so that none of them runs the incumbent meanwhile.
+pub struct Joining {
+    id: String,
+    share_bp: u32,
+    from_ms: u64,
+    done: tokio::sync::watch::Sender<bool>,
+}
+
+impl Joining {
+    /// The canary `id` with `share_bp` from `from_ms` (see [`takes`]); a host that starts
+    /// holds every delivery (`share_bp` 10,000 from 0) until it knows whether a canary runs.
+    pub fn new(id: &str, share_bp: u32, from_ms: u64) -> Self {
+        Self {
+            id: id.to_owned(),
+            share_bp,
+            from_ms,
+            done: tokio::sync::watch::channel(false).0,
+        }
+    }
+
+    fn holds(&self, origin_id: &str) -> bool {
+        self.share_bp >= 10_000 || takes(&self.id, self.share_bp, self.from_ms, origin_id)
+    }
+}
+
+/// Which version a delivery runs, or that it must wait for a join first.
+pub enum Picked {
+    /// Run this version (with the trial and role to count the attempt in, during a canary).
+    Run(Arc<Version>, Option<(Arc<Trial>, Role)>),
+    /// Wait until this says the join ended, then pick again.
+    Wait(tokio::sync::watch::Receiver<bool>),
+}
+
 /// The current handler of one subscription, and the one before it.
 pub struct HandlerSlot {
+    /// A candidate on trial, if a canary runs.
+    trial: arc_swap::ArcSwapOption<Trial>,
+    /// A canary being joined, if any.
+    joining: arc_swap::ArcSwapOption<Joining>,
     /// The latest versions made current, newest last (at most [`HISTORY`]).
     history: Mutex<std::collections::VecDeque<Served>>,
     current: ArcSwap<Version>,
@@ -118,6 +431,8 @@ impl HandlerSlot {
                 how: "started",
             }])),
             counters,
+            trial: arc_swap::ArcSwapOption::empty(),
+            joining: arc_swap::ArcSwapOption::empty(),
             swaps,
             refusals,
             current: ArcSwap::new(version.clone()),
@@ -132,6 +447,104 @@ impl HandlerSlot {
     /// The version new deliveries run.
     pub fn current(&self) -> Arc<Version> {
         self.current.load_full()
+    }
+
+    /// The version a delivery of the entry first added as `origin_id` runs: the candidate of a
+    /// trial when the trial takes it, the current version otherwise; with the trial and the
+    /// role, for the delivery to count its attempt.
+    pub fn pick(&self, origin_id: &str) -> Picked {
+        if let Some(joining) = &*self.joining.load()
+            && joining.holds(origin_id)
+        {
+            let wait = joining.done.subscribe();
+            if !*wait.borrow() {
+                return Picked::Wait(wait);
+            }
+        }
+        let current = self.current();
+        let Some(trial) = self.trial.load_full() else {
+            return Picked::Run(current, None);
+        };
+        if trial.takes(origin_id) {
+            Picked::Run(trial.candidate.clone(), Some((trial, Role::Candidate)))
+        } else {
+            Picked::Run(current, Some((trial, Role::Incumbent)))
+        }
+    }
+
+    /// The version a delivery of `origin_id` runs (see [`Self::pick`]), once no join holds it.
+    pub async fn pick_when_ready(
+        &self,
+        origin_id: &str,
+    ) -> (Arc<Version>, Option<(Arc<Trial>, Role)>) {
+        loop {
+            match self.pick(origin_id) {
+                Picked::Run(version, trial) => return (version, trial),
+                Picked::Wait(mut done) => {
+                    // A sender dropped (replaced by another join) ends the wait as well.
+                    let _ = done.wait_for(|done| *done).await;
+                }
+            }
+        }
+    }
+
+    /// Hold the deliveries `joining` would take until [`Self::joined`].
+    pub fn joining(&self, joining: Joining) {
+        if let Some(old) = self.joining.swap(Some(Arc::new(joining))) {
+            old.done.send_replace(true);
+        }
+    }
+
+    /// The join ended (with a trial started, or not): held deliveries go on.
+    pub fn joined(&self) {
+        if let Some(old) = self.joining.swap(None) {
+            old.done.send_replace(true);
+        }
+    }
+
+    /// The trial running, if any.
+    pub fn trial(&self) -> Option<Arc<Trial>> {
+        self.trial.load_full()
+    }
+
+    /// Start `trial` (replacing any other): from now on its share of deliveries runs its
+    /// candidate.
+    pub fn start_trial(&self, trial: Arc<Trial>) {
+        trial.candidate.handler.activate();
+        self.remember(&trial.candidate.digest, "on trial (canary)");
+        self.mark_serving(&trial.candidate.digest, true);
+        tracing::info!(
+            stream = %self.labels.stream,
+            group = %self.labels.group,
+            candidate = trial.candidate.digest.short(),
+            share_percent = f64::from(trial.share_bp) / 100.0,
+            "canary started: a share of deliveries runs the candidate"
+        );
+        if let Some(old) = self.trial.swap(Some(trial)) {
+            old.candidate.handler.retire();
+        }
+    }
+
+    /// End the trial `id` (no other): with `promote`, its candidate becomes the current
+    /// version (the one it replaces is the rollback target); otherwise every delivery that
+    /// starts from now runs the current version again. Deliveries that started on the
+    /// candidate finish on it. The trial, if it was running.
+    pub fn end_trial(&self, id: &str, promote: bool) -> Option<Arc<Trial>> {
+        let running = self.trial.load_full()?;
+        if running.id != id {
+            return None;
+        }
+        let ended = self.trial.swap(None)?;
+        if promote {
+            self.publish_as(ended.candidate.clone(), "promoted (canary)");
+        } else {
+            ended.candidate.handler.retire();
+            self.remember(&ended.candidate.digest, "rolled back (canary)");
+            if ended.candidate.digest != self.current().digest {
+                self.mark_serving(&ended.candidate.digest, false);
+            }
+        }
+        Some(ended)
     }
 
     /// The version a rollback would restore.

@@ -33,6 +33,9 @@
 //!   into that stop.
 //! - [`swap`] (`swap.rs`) checks a new component and publishes it into the subscription's
 //!   [`handler`] slot (admin API, file watcher, `sluice swap`).
+//! - [`rollout`] (`rollout/`) tries a candidate on a share of the deliveries (a canary every
+//!   host of the group runs and judges through Redis, promoting or rolling back by itself) and
+//!   replays dead letters against a candidate in a dry run.
 //! - [`flow`] (`flow/`) decides whether a subscription may take entries now: an operator's
 //!   pause, stored in Redis and followed by every host of the group.
 //! - [`admin`] (`admin/`) serves health, readiness, [`metrics`] and the handler API;
@@ -86,6 +89,7 @@ mod private_file;
 pub mod project;
 pub mod redis_conn;
 pub mod retention;
+pub mod rollout;
 pub mod runtime;
 mod service;
 mod settle;

@@ -140,12 +140,27 @@ enum Command {
     Swap {
         /// The subscription's stream.
         stream: String,
-        /// The new component (omit with --rollback).
-        #[arg(required_unless_present = "rollback")]
+        /// The new component (omit with --rollback or --abort-canary).
+        #[arg(required_unless_present_any = ["rollback", "abort_canary"])]
         component: Option<PathBuf>,
         /// Put the previous handler back instead.
         #[arg(long, conflicts_with = "component")]
         rollback: bool,
+        /// Try the component on this share of deliveries first (e.g. 10%), on every host of
+        /// the group; the hosts promote it or roll it back by themselves.
+        #[arg(
+            long,
+            value_name = "PERCENT",
+            requires = "component",
+            conflicts_with = "force"
+        )]
+        canary: Option<String>,
+        /// How long the canary runs (e.g. 5m; default: the subscription's `canary.window`).
+        #[arg(long = "for", value_name = "DURATION", requires = "canary")]
+        window: Option<String>,
+        /// End the running canary: every host serves the current version again.
+        #[arg(long, conflicts_with_all = ["component", "rollback", "canary"])]
+        abort_canary: bool,
         /// The subscription's group (needed when the host reads the stream with several).
         #[arg(long)]
         group: Option<String>,
@@ -496,6 +511,9 @@ fn main() -> ExitCode {
                 stream,
                 component,
                 rollback: _,
+                canary,
+                window,
+                abort_canary,
                 group,
                 force,
                 admin,
@@ -516,6 +534,9 @@ fn main() -> ExitCode {
                     group,
                     component,
                     force,
+                    canary,
+                    window,
+                    abort_canary,
                     token,
                 };
                 let done = sluice_host::commands::swap(request).await?;

@@ -144,6 +144,43 @@ pub struct Metrics {
     pub breaker_state: Family<SubLabels, Gauge>,
     /// Circuit-breaker transitions this host made, by the state it moved to.
     pub breaker_transitions: Family<TransitionLabels, Counter>,
+    /// A canary's attempts on this host, by version and result.
+    pub canary_deliveries: Family<CanaryLabels, Counter>,
+    /// A canary's handler time on this host, by version.
+    pub canary_handler_duration: HistogramFamily<CanaryVersionLabels>,
+    /// The share of deliveries a running canary's candidate takes, in basis points (0: none).
+    pub canary_share: Family<SubLabels, Gauge>,
+    /// Canaries ended while this host ran them, by verdict.
+    pub canary_verdicts: Family<VerdictLabels, Counter>,
+}
+
+/// The labels of a canary's attempt counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CanaryLabels {
+    pub stream: String,
+    pub group: String,
+    /// `incumbent` or `candidate`.
+    pub version: &'static str,
+    /// `ack`, `retry`, `dead_letter` or `failure`.
+    pub result: &'static str,
+}
+
+/// The labels of a canary's per-version handler time.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CanaryVersionLabels {
+    pub stream: String,
+    pub group: String,
+    /// `incumbent` or `candidate`.
+    pub version: &'static str,
+}
+
+/// The labels of a canary's verdict counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerdictLabels {
+    pub stream: String,
+    pub group: String,
+    /// `promoted` or `rolled_back`.
+    pub verdict: &'static str,
 }
 
 /// The labels of a circuit-breaker transition.
@@ -375,6 +412,30 @@ impl Default for Metrics {
                 &mut registry,
                 "breaker_transitions",
                 "Circuit-breaker transitions this host made, by the state it moved to",
+                Family::default(),
+            ),
+            canary_deliveries: registered(
+                &mut registry,
+                "canary_deliveries",
+                "Attempts of a running canary on this host, by version (incumbent, candidate) and result",
+                Family::default(),
+            ),
+            canary_handler_duration: registered(
+                &mut registry,
+                "canary_handler_seconds",
+                "Time in the handler during a canary on this host, by version",
+                Family::new_with_constructor(seconds_histogram),
+            ),
+            canary_share: registered(
+                &mut registry,
+                "canary_share_basis_points",
+                "Of 10,000 deliveries, how many a running canary's candidate takes (0: no canary)",
+                Family::default(),
+            ),
+            canary_verdicts: registered(
+                &mut registry,
+                "canary_verdicts",
+                "Canaries that ended while this host ran them, by verdict",
                 Family::default(),
             ),
             registry,

@@ -186,6 +186,8 @@ pub struct SubscriptionPlan {
     pub rate_limit: Option<crate::config::RateLimit>,
     /// The group's circuit breaker, if any.
     pub circuit_breaker: Option<crate::config::CircuitBreaker>,
+    /// How a canary of this subscription is judged.
+    pub canary: crate::config::Canary,
     /// The shortest wait of any retry.
     pub min_delay: Duration,
     /// Trim what every group has acknowledged (`None`: off).
@@ -384,6 +386,7 @@ impl Plan {
                 other_groups_see_retries: sub.other_groups_see_retries,
                 rate_limit: sub.rate_limit,
                 circuit_breaker: sub.circuit_breaker,
+                canary: sub.canary,
                 min_delay: sub.min_delay,
                 retention: sub.retention,
                 dead_letter_keep: sub.dead_letter_keep,

@@ -448,6 +448,7 @@ impl Service {
         let mut ackers = JoinSet::new();
         let mut admin_subscriptions = Vec::new();
         let mut swap_controls = Vec::new();
+        let mut rollouts = Vec::new();
         // One flow watcher per Redis, whatever the number of its subscriptions.
         let mut flow_watchers: Vec<(String, crate::flow::FlowWatcher)> = Vec::new();
         for (sub, handler) in self.plan.subscriptions.iter().zip(self.handlers.clone()) {
@@ -520,6 +521,18 @@ impl Service {
                     stop.clone(),
                 ));
             }
+            let rollout = Arc::new(crate::rollout::Rollout::new(
+                control.clone(),
+                conn.clone(),
+                sub.canary,
+                sub.consumer.clone(),
+                self.plan.admin_max_upload,
+                self.metrics.clone(),
+            ));
+            // Nothing runs before the host knows whether a canary runs (and has joined it).
+            slot.joining(crate::handler::Joining::new("", 10_000, 0));
+            readers.spawn(rollout.clone().follow(flow.state.clone(), stop.clone()));
+            rollouts.push(rollout);
             swap_controls.push(control);
             // Partitions on one node wait for new entries in one blocking read per
             // `PARTITIONS_PER_READ`, so that connections do not grow with them; on a cluster
@@ -613,6 +626,7 @@ impl Service {
                 open_on_loopback: self.plan.admin_open_on_loopback,
                 read_only: self.plan.admin_read_only,
                 swaps: swap_controls,
+                rollouts,
             };
             let bound = crate::admin::serve(
                 addr,

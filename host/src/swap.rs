@@ -71,6 +71,11 @@ pub enum SwapError {
     /// There is nothing to roll back to.
     #[error(transparent)]
     NoPrevious(#[from] NoPrevious),
+    /// A canary runs: its verdict (or an abort) decides the version first.
+    #[error(
+        "a canary of {0} runs on this subscription; wait for its verdict or abort it (`sluice swap --abort-canary`) before swapping or rolling back"
+    )]
+    CanaryRunning(String),
     /// A deadline cut the check off (the compile, the descriptor call).
     #[error("the swap was cut off: {0}")]
     Interrupted(String),
@@ -133,6 +138,12 @@ impl SwapControl {
         bytes: Vec<u8>,
         force: bool,
     ) -> Result<Arc<Version>, SwapError> {
+        if let Some(trial) = self.slot.trial() {
+            let err = SwapError::CanaryRunning(trial.candidate.digest.short().to_owned());
+            self.slot.count_refusal();
+            tracing::warn!(err = %err, "swap refused");
+            return Err(err);
+        }
         let serving = self.slot.current();
         if serving.digest == crate::digest::Digest::of(&bytes) {
             // What serves already: nothing to compile, and the rollback target stays.
@@ -166,6 +177,17 @@ impl SwapControl {
                 Err(err)
             }
         }
+    }
+
+    /// Check `bytes` as a swap would (the WIT world, the descriptor against the running
+    /// subscription, never forced) and make them a version without publishing it: a canary's
+    /// candidate.
+    pub async fn prepare(
+        &self,
+        origin: PathBuf,
+        bytes: Vec<u8>,
+    ) -> Result<Arc<Version>, SwapError> {
+        self.check(origin, bytes, false).await
     }
 
     async fn check(
@@ -213,6 +235,11 @@ impl SwapControl {
 
     /// Put the previous version back.
     pub fn rollback(&self) -> Result<Arc<Version>, SwapError> {
+        if let Some(trial) = self.slot.trial() {
+            return Err(SwapError::CanaryRunning(
+                trial.candidate.digest.short().to_owned(),
+            ));
+        }
         Ok(self.slot.rollback()?)
     }
 }

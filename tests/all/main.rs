@@ -25,6 +25,7 @@ mod projects;
 mod properties;
 mod redis_access;
 mod retention;
+mod rollout;
 mod sandbox;
 mod structure;
 mod swap;

@@ -44,6 +44,7 @@ use tokio_util::sync::CancellationToken;
 
 mod flow;
 mod guard;
+mod rollout;
 mod ui;
 mod waiting;
 
@@ -121,6 +122,7 @@ struct AdminState {
     metrics: Arc<Metrics>,
     subscriptions: Arc<Vec<AdminSubscription>>,
     swaps: Arc<Vec<Arc<SwapControl>>>,
+    rollouts: Arc<Vec<Arc<crate::rollout::Rollout>>>,
     token: Option<Arc<str>>,
     open_on_loopback: bool,
     read_only: bool,
@@ -144,6 +146,8 @@ pub struct AdminOptions {
     pub read_only: bool,
     /// One control per subscription.
     pub swaps: Vec<Arc<SwapControl>>,
+    /// One rollout per subscription (canaries, replays).
+    pub rollouts: Vec<Arc<crate::rollout::Rollout>>,
 }
 
 /// Why the admin server could not start.
@@ -176,6 +180,7 @@ pub async fn serve(
         metrics,
         subscriptions: Arc::new(subscriptions),
         swaps: Arc::new(options.swaps),
+        rollouts: Arc::new(options.rollouts),
         token: options.token.map(Into::into),
         open_on_loopback: options.open_on_loopback && bound.ip().is_loopback(),
         read_only: options.read_only,
@@ -197,6 +202,7 @@ pub async fn serve(
         )
         .merge(waiting::routes())
         .merge(flow::routes())
+        .merge(rollout::routes(options.max_upload))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             guard_api,

@@ -1,4 +1,5 @@
-//! `sluice swap`: a new component (or a rollback) sent to a running host's admin API.
+//! `sluice swap`: a new component (or a rollback, or a canary) sent to a running host's admin
+//! API.
 
 use std::path::PathBuf;
 
@@ -17,6 +18,12 @@ pub struct SwapRequest {
     pub component: Option<PathBuf>,
     /// Accept a descriptor naming another stream or group.
     pub force: bool,
+    /// Try the component as a canary on this share (e.g. `10%`) instead of swapping.
+    pub canary: Option<String>,
+    /// The canary's window (e.g. `5m`); the subscription's configured one when `None`.
+    pub window: Option<String>,
+    /// End the running canary (rolled back on every host) instead.
+    pub abort_canary: bool,
     /// The bearer token, if the host wants one.
     pub token: Option<String>,
 }
@@ -108,8 +115,35 @@ fn swap_blocking(request: &SwapRequest) -> Result<String> {
         encode(&group)
     );
     let auth = request.token.as_ref().map(|t| format!("Bearer {t}"));
-    let response = match &request.component {
-        Some(component) => {
+    let query = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(k, v)| format!("{k}={}", encode_query(v)))
+            .collect::<Vec<_>>()
+            .join("&")
+    };
+    let response = match (&request.component, &request.canary) {
+        _ if request.abort_canary => {
+            let mut post = agent.post(format!("{path}/canary/abort"));
+            if let Some(auth) = &auth {
+                post = post.header("Authorization", auth);
+            }
+            post.send_empty()
+        }
+        (Some(component), Some(share)) => {
+            let bytes = std::fs::read(component)
+                .with_context(|| format!("cannot read {}", component.display()))?;
+            let mut pairs = vec![("percent", share.as_str())];
+            if let Some(window) = &request.window {
+                pairs.push(("for", window.as_str()));
+            }
+            let mut put = agent.put(format!("{path}/canary?{}", query(&pairs)));
+            if let Some(auth) = &auth {
+                put = put.header("Authorization", auth);
+            }
+            put.send(&bytes[..])
+        }
+        (Some(component), None) => {
             let bytes = std::fs::read(component)
                 .with_context(|| format!("cannot read {}", component.display()))?;
             let mut put = agent.put(format!(
@@ -121,7 +155,7 @@ fn swap_blocking(request: &SwapRequest) -> Result<String> {
             }
             put.send(&bytes[..])
         }
-        None => {
+        (None, _) => {
             let mut post = agent.post(format!("{path}/rollback"));
             if let Some(auth) = &auth {
                 post = post.header("Authorization", auth);
@@ -138,8 +172,45 @@ fn swap_blocking(request: &SwapRequest) -> Result<String> {
     let answer: serde_json::Value =
         serde_json::from_str(&body).context("unexpected answer from the admin API")?;
     let digest = answer["digest"].as_str().unwrap_or("?");
-    Ok(match &request.component {
-        Some(_) => format!("swapped `{}`/`{group}` to {digest}\n", request.stream),
-        None => format!("rolled `{}`/`{group}` back to {digest}\n", request.stream),
+    let short = |key: &str| {
+        answer[key]
+            .as_str()
+            .unwrap_or("?")
+            .chars()
+            .take(12)
+            .collect::<String>()
+    };
+    Ok(if request.abort_canary {
+        format!(
+            "aborted the canary of {} on `{}`/`{group}`: every host serves {} again\n",
+            short("candidate"),
+            request.stream,
+            short("incumbent")
+        )
+    } else if request.canary.is_some() {
+        format!(
+            "canary started on `{}`/`{group}`: {}% of deliveries run {} until {}; the hosts promote or roll it back by themselves (`sluice swap {} --abort-canary` to stop it)\n",
+            request.stream,
+            answer["share_percent"],
+            short("candidate"),
+            answer["ends"].as_str().unwrap_or("?"),
+            request.stream,
+        )
+    } else if request.component.is_some() {
+        format!("swapped `{}`/`{group}` to {digest}\n", request.stream)
+    } else {
+        format!("rolled `{}`/`{group}` back to {digest}\n", request.stream)
     })
+}
+
+/// `text` as a URL query value.
+fn encode_query(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }

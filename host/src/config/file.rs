@@ -110,6 +110,7 @@ struct RawSubscription {
     other_groups_see_retries: Option<bool>,
     rate_limit: Option<RawRateLimit>,
     circuit_breaker: Option<RawBreaker>,
+    canary: Option<RawCanary>,
     min_delay: Option<String>,
     max_in_flight: Option<usize>,
     isolation: Option<Isolation>,
@@ -143,6 +144,18 @@ struct RawBreaker {
     min_deliveries: u64,
     open_for: String,
     probes: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCanary {
+    window: Option<String>,
+    failure_rate_increase: Option<f64>,
+    dead_letter_rate_increase: Option<f64>,
+    retry_rate_increase: Option<f64>,
+    p99_ratio: Option<f64>,
+    p99_slack: Option<String>,
+    min_deliveries: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -527,6 +540,10 @@ fn subscription(
             None => None,
             Some(b) => Some(breaker(v, &key, b)?),
         },
+        canary: match &sub.canary {
+            None => super::Canary::default(),
+            Some(c) => canary(v, &key, c)?,
+        },
         retry_lane: sub.retry_lane,
         retry_lane_slots: sub.retry_lane_slots,
         other_groups_see_retries: sub.other_groups_see_retries.unwrap_or(false),
@@ -694,6 +711,80 @@ fn breaker(
         open_for,
         probes,
     })
+}
+
+/// `canary = { window, failure_rate_increase, dead_letter_rate_increase, retry_rate_increase,
+/// p99_ratio, p99_slack, min_deliveries }`, each optional: a window of 10 s to a day, increases
+/// in [0, 1], a ratio of at least 1, a slack up to a minute, 1 to a million attempts.
+fn canary(
+    v: &Validator<'_>,
+    key: &dyn Fn(&str) -> String,
+    raw: &RawCanary,
+) -> Result<super::Canary, ConfigError> {
+    let mut c = super::Canary::default();
+    if let Some(text) = &raw.window {
+        c.window = v.duration(&key("canary.window"), text)?;
+        if c.window < std::time::Duration::from_secs(10)
+            || c.window > std::time::Duration::from_secs(86_400)
+        {
+            return Err(v.invalid(&key("canary.window"), text, "must be between 10s and 1 day"));
+        }
+    }
+    for (name, raw, field) in [
+        (
+            "canary.failure_rate_increase",
+            raw.failure_rate_increase,
+            &mut c.failure_rate_increase,
+        ),
+        (
+            "canary.dead_letter_rate_increase",
+            raw.dead_letter_rate_increase,
+            &mut c.dead_letter_rate_increase,
+        ),
+        (
+            "canary.retry_rate_increase",
+            raw.retry_rate_increase,
+            &mut c.retry_rate_increase,
+        ),
+    ] {
+        if let Some(x) = raw {
+            if !x.is_finite() || !(0.0..=1.0).contains(&x) {
+                return Err(v.invalid(
+                    &key(name),
+                    &x.to_string(),
+                    "must be between 0 and 1 (how much more of the candidate's attempts than the incumbent's may end so)",
+                ));
+            }
+            *field = x;
+        }
+    }
+    if let Some(x) = raw.p99_ratio {
+        if !x.is_finite() || !(1.0..=1000.0).contains(&x) {
+            return Err(v.invalid(
+                &key("canary.p99_ratio"),
+                &x.to_string(),
+                "must be between 1 and 1000 (the candidate's p99 handler time over the incumbent's)",
+            ));
+        }
+        c.p99_ratio = x;
+    }
+    if let Some(text) = &raw.p99_slack {
+        c.p99_slack = v.duration(&key("canary.p99_slack"), text)?;
+        if c.p99_slack > std::time::Duration::from_secs(60) {
+            return Err(v.invalid(&key("canary.p99_slack"), text, "must be at most 1m"));
+        }
+    }
+    if let Some(n) = raw.min_deliveries {
+        if !(1..=1_000_000).contains(&n) {
+            return Err(v.invalid(
+                &key("canary.min_deliveries"),
+                &n.to_string(),
+                "must be between 1 and 1,000,000",
+            ));
+        }
+        c.min_deliveries = n;
+    }
+    Ok(c)
 }
 
 /// `rate_limit = { per_second, burst }`: a rate above 0 and at most

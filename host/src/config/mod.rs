@@ -248,6 +248,46 @@ pub struct CircuitBreaker {
 // The rate is checked finite (never NaN) when the configuration is read.
 impl Eq for CircuitBreaker {}
 
+/// How a canary of a subscription is judged (see `crate::rollout`): the candidate is rolled
+/// back as soon as one of its rates is, with 99 % confidence, more than the incumbent's plus
+/// the allowed increase, or its handler time p99 is more than `p99_ratio` times the
+/// incumbent's (and `p99_slack` more); it is promoted when `window` passes within every
+/// threshold with at least `min_deliveries` attempts on it, and rolled back if it had fewer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Canary {
+    /// How long a canary runs unless `--for` says.
+    pub window: Duration,
+    /// Traps and limits: the most the candidate's share may exceed the incumbent's.
+    pub failure_rate_increase: f64,
+    /// Dead letters: the same.
+    pub dead_letter_rate_increase: f64,
+    /// Retries: the same.
+    pub retry_rate_increase: f64,
+    /// Handler time p99: the most the candidate's may be, as a multiple of the incumbent's.
+    pub p99_ratio: f64,
+    /// Handler time p99: a difference below this never counts (timer noise on fast handlers).
+    pub p99_slack: Duration,
+    /// The fewest attempts on each version before the p99 counts and before a promotion.
+    pub min_deliveries: u64,
+}
+
+// The numbers are checked finite (never NaN) when the configuration is read.
+impl Eq for Canary {}
+
+impl Default for Canary {
+    fn default() -> Self {
+        Self {
+            window: Duration::from_secs(300),
+            failure_rate_increase: 0.01,
+            dead_letter_rate_increase: 0.01,
+            retry_rate_increase: 0.05,
+            p99_ratio: 2.0,
+            p99_slack: Duration::from_millis(10),
+            min_deliveries: 100,
+        }
+    }
+}
+
 /// Probe deliveries of a half-open breaker, unless configured.
 pub const DEFAULT_PROBES: u32 = 3;
 
@@ -284,6 +324,8 @@ pub struct SubscriptionConfig {
     pub rate_limit: Option<RateLimit>,
     /// `circuit_breaker`: stop reading while most deliveries fail (shared through Redis).
     pub circuit_breaker: Option<CircuitBreaker>,
+    /// `canary`: how a canary of this subscription is judged.
+    pub canary: Canary,
     /// `min_delay`: the shortest wait of any retry.
     pub min_delay: Duration,
     /// `retention`: trim what every group has acknowledged (off when `None`).
@@ -369,6 +411,7 @@ impl Config {
                         retry_lane_slots: None,
                         rate_limit: None,
                         circuit_breaker: None,
+                        canary: Canary::default(),
                         other_groups_see_retries: false,
                         min_delay: DEFAULT_MIN_DELAY,
                         retention: None,

@@ -55,6 +55,10 @@ pub const MAX_REASON: usize = 500;
 
 /// The field of the flow hash that holds the pause.
 const PAUSED: &str = "paused";
+/// The field of the flow hash that holds a canary's record.
+pub const CANARY: &str = "canary";
+/// The field of the flow hash that holds a canary's verdict.
+pub const CANARY_VERDICT: &str = "canary-verdict";
 
 /// Who paused a subscription, when and why.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -146,6 +150,11 @@ pub struct FlowState {
     pub paused: Option<Paused>,
     /// The circuit breaker, when it is open or half-open (closed: `None`).
     pub breaker: Option<breaker::BreakerState>,
+    /// A canary's record, as stored (at most [`MAX_RECORD`] bytes; `crate::rollout` checks
+    /// its seal): the flow hash is where every host of the group looks for it.
+    pub canary: Option<Vec<u8>>,
+    /// A canary's verdict, as stored (at most [`MAX_RECORD`] bytes).
+    pub canary_verdict: Option<Vec<u8>>,
 }
 
 impl FlowState {
@@ -259,7 +268,7 @@ pub async fn resume<C: ConnectionLike>(
     Ok(if removed > 0 { was } else { None })
 }
 
-async fn bump_epoch<C: ConnectionLike>(conn: &mut C) -> RedisResult<()> {
+pub(crate) async fn bump_epoch<C: ConnectionLike>(conn: &mut C) -> RedisResult<()> {
     let bumped: RedisResult<i64> = redis::cmd("INCR").arg(FLOW_EPOCH).query_async(conn).await;
     match bumped {
         Ok(_) => Ok(()),
@@ -299,17 +308,27 @@ pub async fn read<C: ConnectionLike>(
 ) -> RedisResult<FlowState> {
     static READ: std::sync::LazyLock<Script> =
         std::sync::LazyLock::new(|| Script::new(include_str!("lua/read_fields.lua")));
-    let (paused, breaker): (Option<Vec<u8>>, Option<Vec<u8>>) = READ
+    type Fields = (
+        Option<Vec<u8>>,
+        Option<Vec<u8>>,
+        Option<Vec<u8>>,
+        Option<Vec<u8>>,
+    );
+    let (paused, breaker, canary, canary_verdict): Fields = READ
         .key(flow_key(stream, group))
         .arg(MAX_RECORD)
         .arg(PAUSED)
         .arg(breaker::FIELD)
+        .arg(CANARY)
+        .arg(CANARY_VERDICT)
         .invoke_async(conn)
         .await?;
     Ok(FlowState {
         known: true,
         paused: paused.map(|r| Paused::from_record(&r)),
         breaker: breaker.map(|r| breaker::BreakerState::from_record(&r)),
+        canary,
+        canary_verdict,
     })
 }
 
@@ -547,14 +566,13 @@ mod tests {
         assert!(!FlowState::default().open());
         let known = FlowState {
             known: true,
-            paused: None,
-            breaker: None,
+            ..FlowState::default()
         };
         assert!(known.open());
         let paused = FlowState {
             known: true,
             paused: Some(Paused::now("ops", None)),
-            breaker: None,
+            ..FlowState::default()
         };
         assert!(!paused.open());
         let broken = FlowState {

@@ -148,6 +148,26 @@ pub fn history_key(stream: &str, group: &str, origin_id: &str) -> String {
     )
 }
 
+/// A canary's counts for the whole group (see `rollout::canary`): a hash in the stream's hash
+/// slot (beside [`flow_key`], which the canary's scripts use with it), named like it.
+pub fn canary_key(stream: &str, group: &str) -> String {
+    format!(
+        "sluice-canary:{{{}}}:{}:{stream}:{group}",
+        hash_tag(stream),
+        stream.len()
+    )
+}
+
+/// A component a canary tries, by its SHA-256 digest (lower-case hex), where every host of the
+/// stream's groups fetches it from: a string in the stream's hash slot.
+pub fn component_key(stream: &str, digest: &str) -> String {
+    format!(
+        "sluice-component:{{{}}}:{}:{stream}:{digest}",
+        hash_tag(stream),
+        stream.len()
+    )
+}
+
 /// Bumped after every change of any subscription's flow controls on this Redis: hosts poll
 /// this one key, and read the subscriptions' own keys only when it moves.
 pub const FLOW_EPOCH: &str = "sluice-flow-epoch";
@@ -203,6 +223,8 @@ pub enum Seal {
     DeadLetterPacked,
     /// A parked member the host dead-lettered raw: over its set, stream, group and the member.
     Member,
+    /// A canary's record: over the stream, group and the record's body.
+    Canary,
 }
 
 impl Seal {
@@ -215,6 +237,7 @@ impl Seal {
             Seal::DeadLetter => "dead-letter",
             Seal::DeadLetterPacked => "dead-letter-packed",
             Seal::Member => "member",
+            Seal::Canary => "canary",
         }
     }
 }

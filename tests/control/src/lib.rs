@@ -108,6 +108,14 @@ pub enum Control {
     /// Dead-letter with `traceparent=<the SDK's trace::traceparent()> trace_id=<trace::trace_id()>`
     /// (`none` for either when the host exports no traces).
     Traceparent,
+    /// Do what `v1` says in the v1 build and what `v2` says in the v2 build: a candidate that
+    /// breaks (or fixes) what the serving version does.
+    ByVersion {
+        /// What v1 does.
+        v1: Box<Control>,
+        /// What v2 does.
+        v2: Box<Control>,
+    },
     /// Attempt `n` (counting from 0: how many attempts came before) does what `each[n]` says,
     /// the last one for every later attempt, e.g. retry once, then spin, then ack.
     Attempts {

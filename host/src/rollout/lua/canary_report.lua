@@ -1,0 +1,175 @@
+-- A host adds what its canary attempts came to and judges the canary for the whole group.
+-- KEYS[1]: the flow hash (the record and the verdict), KEYS[2]: the canary's counts.
+-- ARGV: 1 id, 2 who reports, 3 ends_ms, 4..6 the allowed increases of the failure, dead-letter
+-- and retry rates, 7 p99 ratio, 8 p99 slack (us), 9 min attempts, 10 z (confidence), 11 how
+-- long the counts are kept (ms); from 12, for the incumbent then the candidate: attempts,
+-- failures, dead letters, retries, the number of time buckets, then (bucket, count) pairs.
+-- Answers {'gone'} (no such canary), {'decided', verdict} (judged before), {'running'}, or
+-- {'new', verdict} when this call judged it (the caller tells the hosts).
+local id = ARGV[1]
+local record = redis.call('HGET', KEYS[1], 'canary')
+if not record or not string.find(record, id, 1, true) then
+  return {'gone'}
+end
+local verdict = redis.call('HGET', KEYS[1], 'canary-verdict')
+if verdict and string.find(verdict, id, 1, true) then
+  return {'decided', verdict}
+end
+if redis.call('HGET', KEYS[2], 'id') ~= id then
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[2], 'id', id)
+end
+
+local BUCKETS = 120
+local names = {'attempts', 'failures', 'dead_letters', 'retries'}
+local i = 12
+for _, role in ipairs({'i', 'c'}) do
+  for _, name in ipairs(names) do
+    local n = tonumber(ARGV[i]) or 0
+    i = i + 1
+    if n > 0 then
+      redis.call('HINCRBY', KEYS[2], role .. ':' .. name, n)
+    end
+  end
+  local buckets = tonumber(ARGV[i]) or 0
+  i = i + 1
+  for _ = 1, buckets do
+    local b = tonumber(ARGV[i])
+    local n = tonumber(ARGV[i + 1]) or 0
+    i = i + 2
+    if b and b >= 0 and b < BUCKETS and n > 0 then
+      redis.call('HINCRBY', KEYS[2], role .. ':h:' .. b, n)
+    end
+  end
+end
+redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[11]))
+
+-- What another writer may have left in the counts reads as nothing.
+local function num(x)
+  local n = tonumber(x)
+  if not n or n ~= n or n < 0 or n == math.huge then
+    return 0
+  end
+  return n
+end
+local function totals(role)
+  local fields = {}
+  for _, name in ipairs(names) do
+    fields[#fields + 1] = role .. ':' .. name
+  end
+  for b = 0, BUCKETS - 1 do
+    fields[#fields + 1] = role .. ':h:' .. b
+  end
+  local v = redis.call('HMGET', KEYS[2], unpack(fields))
+  local t = {n = num(v[1]), failure = num(v[2]), ['dead-letter'] = num(v[3]), retry = num(v[4]), h = {}}
+  local timed = 0
+  for b = 0, BUCKETS - 1 do
+    t.h[b] = num(v[5 + b])
+    timed = timed + t.h[b]
+  end
+  t.timed = timed
+  return t
+end
+-- The upper edge of the bucket that holds the 99th percentile (us); 0 without times.
+local function p99(t)
+  if t.timed == 0 then
+    return 0
+  end
+  local want = math.ceil(t.timed * 0.99)
+  local seen = 0
+  for b = 0, BUCKETS - 1 do
+    seen = seen + t.h[b]
+    if seen >= want then
+      return 2 ^ ((b + 1) / 4)
+    end
+  end
+  return 2 ^ (BUCKETS / 4)
+end
+-- The Wilson score interval's lower bound of k successes in n at z.
+local function lower(k, n, z)
+  if n == 0 then
+    return 0
+  end
+  local p = k / n
+  local z2 = z * z
+  local centre = p + z2 / (2 * n)
+  local spread = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+  return (centre - spread) / (1 + z2 / n)
+end
+local function pct(k, n)
+  if n == 0 then
+    return 0
+  end
+  return 100 * k / n
+end
+
+local inc = totals('i')
+local can = totals('c')
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ends = tonumber(ARGV[3])
+local z = tonumber(ARGV[10])
+local min = tonumber(ARGV[9])
+local checks = {{'failure', tonumber(ARGV[4])}, {'dead-letter', tonumber(ARGV[5])}, {'retry', tonumber(ARGV[6])}}
+
+local function worse(name, k, margin)
+  return string.format(
+    "the candidate's %s rate is %.1f%% (%d of %d attempts), the incumbent's %.1f%% (%d of %d); at most %.1f points more is allowed",
+    name, pct(k, can.n), can[name], can.n, pct(inc[name], inc.n), inc[name], inc.n, margin * 100)
+end
+
+local outcome, why = nil, nil
+for _, check in ipairs(checks) do
+  local name, margin = check[1], check[2]
+  local base = 0
+  if inc.n > 0 then
+    base = inc[name] / inc.n
+  end
+  if lower(can[name], can.n, z) > base + margin then
+    outcome, why = 'rolled-back', worse(name, can[name], margin)
+    break
+  end
+end
+if not outcome and can.timed >= min and inc.timed >= min then
+  local pc, pi = p99(can), p99(inc)
+  local ratio, slack = tonumber(ARGV[7]), tonumber(ARGV[8])
+  if pc > pi * ratio and pc > pi + slack then
+    outcome = 'rolled-back'
+    why = string.format(
+      "the candidate's handler time p99 is about %.1f ms, the incumbent's about %.1f ms; at most %.2f times (and %.1f ms more) is allowed",
+      pc / 1000, pi / 1000, ratio, slack / 1000)
+  end
+end
+if not outcome and now >= ends then
+  if can.n < min then
+    outcome = 'rolled-back'
+    why = string.format(
+      'the window ended with %d attempts on the candidate, fewer than the %d needed to judge it (give it a longer window or a larger share)',
+      can.n, min)
+  else
+    for _, check in ipairs(checks) do
+      local name, margin = check[1], check[2]
+      local base = 0
+      if inc.n > 0 then
+        base = inc[name] / inc.n
+      end
+      if can[name] / can.n > base + margin then
+        outcome, why = 'rolled-back', worse(name, can[name], margin)
+        break
+      end
+    end
+    if not outcome then
+      outcome = 'promoted'
+      why = string.format(
+        'the window passed within every threshold: %d attempts on the candidate (failures %.1f%%, dead letters %.1f%%, retries %.1f%%), %d on the incumbent (%.1f%%, %.1f%%, %.1f%%)',
+        can.n, pct(can.failure, can.n), pct(can['dead-letter'], can.n), pct(can.retry, can.n),
+        inc.n, pct(inc.failure, inc.n), pct(inc['dead-letter'], inc.n), pct(inc.retry, inc.n))
+    end
+  end
+end
+if outcome then
+  local v = cjson.encode({id = id, verdict = outcome, why = why, at_ms = now, by = ARGV[2]})
+  redis.call('HSET', KEYS[1], 'canary-verdict', v)
+  return {'new', v}
+end
+return {'running'}

@@ -1,0 +1,504 @@
+//! Safe rollout: a candidate handler tried on a share of the traffic with an automatic verdict
+//! (a canary, [`canary`]), and dead letters replayed against a candidate in a dry run
+//! ([`replay`]).
+//!
+//! A canary's state lives in Redis, so every host of the group runs the same one: a host
+//! follows the record ([`Rollout::follow`]) the way it follows a pause, fetches the candidate
+//! from Redis, puts it on trial in the subscription's handler slot (see
+//! [`crate::handler::Trial`]: the entry's origin id picks the version, the same for all its
+//! attempts), reports what each version's attempts came to, and applies the verdict the first
+//! host to judge wrote. A host that starts while a canary runs joins it. A canary never
+//! changes what happens to an entry, only which version handles it: each entry is still
+//! handled once per group, retried, parked and dead-lettered as before.
+
+pub mod canary;
+pub mod replay;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::flow::FlowState;
+use crate::handler::{Joining, Role, Tally, Trial};
+use crate::keys::Secret;
+use crate::metrics::{Metrics, VerdictLabels};
+use crate::redis_conn::RedisHandle;
+use crate::swap::{SwapControl, SwapError};
+use canary::{CanaryError, Outcome, Record, Reported, Verdict};
+
+/// Why a canary could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum RolloutError {
+    /// The candidate is refused as a swap would refuse it.
+    #[error(transparent)]
+    Swap(#[from] SwapError),
+    /// Redis, or the state in it, refused.
+    #[error(transparent)]
+    Canary(#[from] CanaryError),
+    /// The share is not a share.
+    #[error("a canary's share must be above 0% and below 100% (got {0}%)")]
+    Share(f64),
+    /// The window is out of bounds.
+    #[error("a canary's window must be between 10s and 1 day (got {0:?})")]
+    Window(Duration),
+    /// The candidate is what serves.
+    #[error("the candidate is the version serving now ({0}): nothing to try")]
+    Serving(String),
+}
+
+impl RolloutError {
+    /// The refusal with its causes, as one line.
+    pub fn explain(&self) -> String {
+        crate::chain::chain(self)
+    }
+}
+
+/// One subscription's rollouts: starts, follows and aborts its canaries.
+pub struct Rollout {
+    control: Arc<SwapControl>,
+    conn: RedisHandle,
+    config: crate::config::Canary,
+    consumer: String,
+    max_component: u64,
+    metrics: Arc<Metrics>,
+}
+
+impl Rollout {
+    /// Rollouts of the subscription `control` swaps, through `conn`; `consumer` names this
+    /// host in verdicts; a candidate of more than `max_component` bytes is not fetched.
+    pub fn new(
+        control: Arc<SwapControl>,
+        conn: RedisHandle,
+        config: crate::config::Canary,
+        consumer: String,
+        max_component: u64,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            control,
+            conn,
+            config,
+            consumer,
+            max_component,
+            metrics,
+        }
+    }
+
+    fn stream(&self) -> &str {
+        &self.control.slot().labels().stream
+    }
+
+    fn group(&self) -> &str {
+        &self.control.slot().labels().group
+    }
+
+    /// The subscription's swap control.
+    pub fn control(&self) -> &Arc<SwapControl> {
+        &self.control
+    }
+
+    /// Start a canary of `bytes` on `percent` of the deliveries for `window` (the
+    /// configured one when `None`), for every host of the group. The candidate is checked here
+    /// first as a swap would check it.
+    pub async fn start(
+        &self,
+        bytes: Vec<u8>,
+        percent: f64,
+        window: Option<Duration>,
+        by: &str,
+    ) -> Result<Record, RolloutError> {
+        if !percent.is_finite() || percent <= 0.0 || percent >= 100.0 {
+            return Err(RolloutError::Share(percent));
+        }
+        let window = window.unwrap_or(self.config.window);
+        if window < Duration::from_secs(10) || window > Duration::from_secs(86_400) {
+            return Err(RolloutError::Window(window));
+        }
+        let serving = self.control.slot().current();
+        let digest = crate::digest::Digest::of(&bytes);
+        if digest == serving.digest {
+            return Err(RolloutError::Serving(digest.short().to_owned()));
+        }
+        let origin = PathBuf::from(format!("canary for {}/{}", self.stream(), self.group()));
+        self.control.prepare(origin, bytes.clone()).await?;
+        let mut conn = self.conn.clone();
+        let record = canary::start(
+            &mut conn,
+            canary::Start {
+                stream: self.stream(),
+                group: self.group(),
+                bytes: &bytes,
+                candidate: digest.as_str(),
+                incumbent: serving.digest.as_str(),
+                share_bp: (percent * 100.0).round().clamp(1.0, 9_999.0) as u32,
+                window,
+                thresholds: (&self.config).into(),
+                by,
+            },
+        )
+        .await?;
+        Ok(record)
+    }
+
+    /// End the running canary by an operator's word: rolled back on every host.
+    pub async fn abort(&self, by: &str) -> Result<Record, RolloutError> {
+        let mut conn = self.conn.clone();
+        Ok(canary::abort(&mut conn, self.stream(), self.group(), by).await?)
+    }
+
+    /// The canary as Redis holds it.
+    pub async fn state(&self) -> Result<canary::CanaryState, RolloutError> {
+        let mut conn = self.conn.clone();
+        Ok(canary::read(&mut conn, self.stream(), self.group()).await?)
+    }
+
+    /// Follow the subscription's canary, as `flow` shows it, until `stop`: join a running one,
+    /// report this host's counts, apply the verdict.
+    pub async fn follow(
+        self: Arc<Self>,
+        mut flow: watch::Receiver<FlowState>,
+        stop: CancellationToken,
+    ) {
+        let mut follower = Follower {
+            rollout: &self,
+            secret: None,
+            installed: None,
+            pending: [Tally::default(), Tally::default()],
+            failed: None,
+            refused: None,
+            report_failing: false,
+        };
+        let mut tick = tokio::time::interval(canary::REPORT);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                changed = flow.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+                _ = tick.tick() => {}
+                () = stop.cancelled() => return,
+            }
+            let state = flow.borrow_and_update().clone();
+            if state.known {
+                follower.converge(&state).await;
+                // Known now whether a canary runs: deliveries held since the start go on.
+                self.control.slot().joined();
+            }
+            follower.report().await;
+        }
+    }
+}
+
+/// A trial this host runs, with the record it follows.
+struct Installed {
+    record: Record,
+    trial: Arc<Trial>,
+    /// When this host joined: a canary nobody judges is ended here after its window.
+    joined: tokio::time::Instant,
+}
+
+struct Follower<'a> {
+    rollout: &'a Rollout,
+    secret: Option<Secret>,
+    installed: Option<Installed>,
+    /// Counts not yet added to the group's (a report failed).
+    pending: [Tally; 2],
+    /// A canary this host could not join, and when it may try again.
+    failed: Option<(String, tokio::time::Instant)>,
+    /// The last record refused, not to log it on every look.
+    refused: Option<Vec<u8>>,
+    report_failing: bool,
+}
+
+/// How long a host waits before trying again to join a canary it could not.
+const JOIN_RETRY: Duration = Duration::from_secs(5);
+
+impl Follower<'_> {
+    fn labels(&self) -> (&str, &str) {
+        (self.rollout.stream(), self.rollout.group())
+    }
+
+    async fn open(&mut self, raw: &[u8]) -> Result<Record, String> {
+        let (stream, group) = self.labels();
+        let (stream, group) = (stream.to_owned(), group.to_owned());
+        if let Ok(record) = Record::open(raw, self.secret.as_ref(), &stream, &group) {
+            return Ok(record);
+        }
+        // The secret may be new (the canary made it): read it again.
+        let mut conn = self.rollout.conn.clone();
+        self.secret = Secret::load(&mut conn, &stream, &[])
+            .await
+            .map_err(|e| e.to_string())?;
+        Record::open(raw, self.secret.as_ref(), &stream, &group)
+    }
+
+    /// Make this host's part match what Redis says.
+    async fn converge(&mut self, state: &FlowState) {
+        let record = match &state.canary {
+            None => None,
+            Some(raw) => match self.open(raw).await {
+                Ok(record) => {
+                    self.refused = None;
+                    Some(record)
+                }
+                Err(why) => {
+                    if self.refused.as_deref() != Some(raw.as_slice()) {
+                        let (stream, group) = self.labels();
+                        tracing::warn!(stream, group, "canary record ignored: {why}");
+                        self.refused = Some(raw.clone());
+                    }
+                    None
+                }
+            },
+        };
+        let verdict = state
+            .canary_verdict
+            .as_deref()
+            .and_then(Verdict::from_record);
+        let Some(record) = record else {
+            if let Some(installed) = self.installed.take() {
+                self.end(
+                    installed,
+                    Outcome::RolledBack,
+                    "its record is gone from Redis",
+                );
+            }
+            return;
+        };
+        let decided = verdict.filter(|v| v.id == record.id);
+        if let Some(verdict) = decided {
+            if let Some(installed) = self.installed.take() {
+                if installed.record.id == record.id {
+                    self.apply(installed, &verdict);
+                } else {
+                    self.end(installed, Outcome::RolledBack, "another canary replaced it");
+                }
+            }
+            return;
+        }
+        if let Some(installed) = &self.installed {
+            if installed.record.id == record.id {
+                return;
+            }
+            if let Some(installed) = self.installed.take() {
+                self.end(installed, Outcome::RolledBack, "another canary replaced it");
+            }
+        }
+        if let Some((id, at)) = &self.failed
+            && *id == record.id
+            && at.elapsed() < JOIN_RETRY
+        {
+            return;
+        }
+        match self.join(&record).await {
+            Ok(installed) => {
+                self.failed = None;
+                self.installed = Some(installed);
+            }
+            Err(err) => {
+                let (stream, group) = self.labels();
+                tracing::error!(
+                    stream,
+                    group,
+                    candidate = %canary::short(&record.candidate),
+                    err = %err.explain(),
+                    "cannot join the canary; this host keeps serving the current version to every delivery (trying again in 5 s)"
+                );
+                self.failed = Some((record.id.clone(), tokio::time::Instant::now()));
+            }
+        }
+    }
+
+    async fn join(&self, record: &Record) -> Result<Installed, RolloutError> {
+        let slot = self.rollout.control.slot();
+        slot.joining(Joining::new(&record.id, record.share_bp, record.from_ms()));
+        let joined = self.fetch_and_start(record).await;
+        slot.joined();
+        joined
+    }
+
+    async fn fetch_and_start(&self, record: &Record) -> Result<Installed, RolloutError> {
+        let mut conn = self.rollout.conn.clone();
+        let bytes = canary::fetch_component(
+            &mut conn,
+            &record.stream,
+            &record.candidate,
+            self.rollout.max_component,
+        )
+        .await?;
+        let origin = PathBuf::from(format!(
+            "canary candidate {}",
+            canary::short(&record.candidate)
+        ));
+        let candidate = self.rollout.control.prepare(origin, bytes).await?;
+        let slot = self.rollout.control.slot();
+        let serving = slot.current();
+        if serving.digest.as_str() != record.incumbent {
+            tracing::warn!(
+                stream = %record.stream,
+                group = %record.group,
+                serving = serving.digest.short(),
+                incumbent = %canary::short(&record.incumbent),
+                "this host serves another version than the canary's incumbent; its deliveries count as the incumbent's"
+            );
+        }
+        let trial = Arc::new(Trial::new(
+            record.id.clone(),
+            candidate,
+            (record.share_bp, record.from_ms()),
+            &self.rollout.metrics,
+            slot.labels(),
+        ));
+        slot.start_trial(trial.clone());
+        self.rollout
+            .metrics
+            .canary_share
+            .get_or_create(slot.labels())
+            .set(i64::from(record.share_bp));
+        Ok(Installed {
+            record: record.clone(),
+            trial,
+            joined: tokio::time::Instant::now(),
+        })
+    }
+
+    fn apply(&mut self, installed: Installed, verdict: &Verdict) {
+        self.end(installed, verdict.outcome, &verdict.why);
+    }
+
+    fn end(&mut self, installed: Installed, outcome: Outcome, why: &str) {
+        let slot = self.rollout.control.slot();
+        let ended = slot
+            .end_trial(&installed.record.id, outcome == Outcome::Promoted)
+            .is_some();
+        self.pending = [Tally::default(), Tally::default()];
+        self.rollout
+            .metrics
+            .canary_share
+            .get_or_create(slot.labels())
+            .set(0);
+        if !ended {
+            return;
+        }
+        self.rollout
+            .metrics
+            .canary_verdicts
+            .get_or_create(&VerdictLabels {
+                stream: installed.record.stream.clone(),
+                group: installed.record.group.clone(),
+                verdict: match outcome {
+                    Outcome::Promoted => "promoted",
+                    Outcome::RolledBack => "rolled_back",
+                },
+            })
+            .inc();
+        match outcome {
+            Outcome::Promoted => tracing::info!(
+                stream = %installed.record.stream,
+                group = %installed.record.group,
+                candidate = %canary::short(&installed.record.candidate),
+                "canary promoted: the candidate serves every delivery now ({why})"
+            ),
+            Outcome::RolledBack => tracing::warn!(
+                stream = %installed.record.stream,
+                group = %installed.record.group,
+                candidate = %canary::short(&installed.record.candidate),
+                "canary rolled back: the current version serves every delivery again ({why})"
+            ),
+        }
+    }
+
+    /// Add this host's counts to the group's and act on the verdict, if any.
+    async fn report(&mut self) {
+        let Some(installed) = &self.installed else {
+            return;
+        };
+        self.pending[0].merge(installed.trial.take(Role::Incumbent));
+        self.pending[1].merge(installed.trial.take(Role::Candidate));
+        let mut conn = self.rollout.conn.clone();
+        let result = canary::report(
+            &mut conn,
+            &installed.record,
+            &self.rollout.consumer,
+            &self.pending[0],
+            &self.pending[1],
+        )
+        .await;
+        let record = installed.record.clone();
+        let overdue = installed.joined.elapsed()
+            > Duration::from_millis(record.ends_ms.saturating_sub(record.started_ms))
+                + canary::ABANDONED_AFTER;
+        match result {
+            Ok(reported) => {
+                self.pending = [Tally::default(), Tally::default()];
+                if self.report_failing {
+                    tracing::info!(stream = %record.stream, group = %record.group, "canary reports reach Redis again");
+                    self.report_failing = false;
+                }
+                match reported {
+                    Reported::Running if overdue => {
+                        if let Some(installed) = self.installed.take() {
+                            self.end(
+                                installed,
+                                Outcome::RolledBack,
+                                "its window ended a minute ago and Redis still judges it running (a clock far off?)",
+                            );
+                        }
+                    }
+                    Reported::Running => {}
+                    Reported::Gone => {
+                        if let Some(installed) = self.installed.take() {
+                            self.end(
+                                installed,
+                                Outcome::RolledBack,
+                                "its record is gone from Redis",
+                            );
+                        }
+                    }
+                    Reported::Decided { verdict, new } => {
+                        if new {
+                            let what = match verdict.outcome {
+                                Outcome::Promoted => "canary promoted",
+                                Outcome::RolledBack => "canary rolled back",
+                            };
+                            crate::flow::journal::write(
+                                &mut conn,
+                                &record.stream,
+                                &record.group,
+                                what,
+                                &self.rollout.consumer,
+                                &verdict.why,
+                            )
+                            .await;
+                            if let Err(err) = crate::flow::bump_epoch(&mut conn).await {
+                                tracing::warn!(%err, "cannot tell the other hosts of the canary's verdict now; they read it within 30 s");
+                            }
+                        }
+                        if let Some(installed) = self.installed.take() {
+                            self.apply(installed, &verdict);
+                        }
+                    }
+                }
+            }
+            Err(err) => {
+                self.rollout.conn.saw_error(&err);
+                if !self.report_failing {
+                    tracing::warn!(stream = %record.stream, group = %record.group, %err, "cannot report the canary's counts to Redis; they wait for the next report");
+                    self.report_failing = true;
+                }
+                if overdue && let Some(installed) = self.installed.take() {
+                    self.end(
+                        installed,
+                        Outcome::RolledBack,
+                        "its window ended a minute ago and it cannot be judged (Redis refuses the reports)",
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! Safe rollout: a canary that every host of the group runs and judges through Redis (a bad
+//! candidate rolled back within its window with nothing lost or doubled, a good one promoted,
+//! two hosts agreeing, a restarted host resuming it, a forged record ignored), and dead letters
+//! replayed against a candidate without writing anything.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::common::*;
+use sluice_fixture_control::Control;
+
+const T: Duration = Duration::from_secs(60);
+
+fn by_version(v1: Control, v2: Control) -> Control {
+    Control::ByVersion {
+        v1: Box::new(v1),
+        v2: Box::new(v2),
+    }
+}
+
+async fn put_canary(admin: std::net::SocketAddr, stream: &str, query: &str) -> (u16, String) {
+    let v2 = std::fs::read(&guests().fixture_v2).unwrap();
+    http_request(
+        admin,
+        "PUT",
+        &format!("/v1/subscriptions/{stream}/g/canary?{query}"),
+        &[],
+        &v2,
+    )
+    .await
+}
+
+async fn canary_state(admin: std::net::SocketAddr, stream: &str) -> serde_json::Value {
+    let (status, body) = http_get(admin, &format!("/v1/subscriptions/{stream}/g/canary")).await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// The verdict of the canary on `stream`, once there is one.
+async fn verdict(admin: std::net::SocketAddr, stream: &str, within: Duration) -> serde_json::Value {
+    wait_for(within, "the canary's verdict", || async move {
+        let state = canary_state(admin, stream).await;
+        (!state["verdict"].is_null()).then_some(state)
+    })
+    .await
+}
+
+async fn serving(admin: std::net::SocketAddr) -> String {
+    let (_, listing) = http_get(admin, "/v1/subscriptions").await;
+    let list: serde_json::Value = serde_json::from_str(&listing).unwrap();
+    list[0]["digest"].as_str().unwrap().to_owned()
+}
+
+/// A candidate that traps on every entry, under load: rolled back long before its window
+/// ends, on the evidence of its own attempts; the incumbent handles everything after; every
+/// entry is acknowledged exactly once (none lost, none doubled); the log of the flow, the API
+/// and the metrics say why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_that_traps_is_rolled_back_and_nothing_is_lost_or_doubled() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(
+        &redis,
+        Sub::fixture("cb").set(
+            "failure_backoff",
+            Raw("{ initial = \"200ms\", max = \"200ms\" }"),
+        ),
+    )
+    .await;
+    let admin = host.admin().await;
+    let v1 = serving(admin).await;
+    let total = 3000;
+    let mut events = host.events.resubscribe();
+    let incumbent = v1.clone();
+    let collector = tokio::spawn(async move {
+        let v1 = incumbent;
+        let mut acked: HashMap<String, u32> = HashMap::new();
+        let mut on_candidate_failed = 0u32;
+        let mut on_candidate_acked = 0u32;
+        while acked.len() < total {
+            let event = match tokio::time::timeout(T, events.recv()).await {
+                Ok(Ok(event)) => event,
+                other => panic!("event stream ended: {other:?}"),
+            };
+            let candidate = event.digest.as_str() != v1;
+            match event.kind {
+                sluice_host::EventKind::Acked => {
+                    *acked.entry(event.origin_id).or_default() += 1;
+                    if candidate {
+                        on_candidate_acked += 1;
+                    }
+                }
+                sluice_host::EventKind::RetryPending { .. } if candidate => {
+                    on_candidate_failed += 1;
+                }
+                _ => {}
+            }
+        }
+        (acked, on_candidate_failed, on_candidate_acked)
+    });
+    // Load before, during and after the canary.
+    let producer = {
+        let mut conn = redis.conn().await;
+        tokio::spawn(async move {
+            for i in 0..total {
+                add(&mut conn, "cb", &by_version(Control::Ack, Control::Trap)).await;
+                if i % 20 == 0 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        })
+    };
+    let (status, body) = put_canary(admin, "cb", "percent=20&for=5m&by=ops").await;
+    assert_eq!(status, 200, "{body}");
+    let started: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(started["share_percent"], 20.0);
+    // A second canary while this one runs is refused.
+    let (status, body) = put_canary(admin, "cb", "percent=5").await;
+    assert_eq!(status, 409, "{body}");
+    let state = verdict(admin, "cb", T).await;
+    assert_eq!(state["verdict"]["verdict"], "rolled-back", "{state}");
+    let why = state["verdict"]["why"].as_str().unwrap();
+    assert!(why.contains("failure rate"), "{why}");
+    assert!(
+        state["candidate"]["failures"].as_u64().unwrap() > 0,
+        "{state}"
+    );
+    assert!(
+        state["incumbent"]["attempts"].as_u64().unwrap() > 0,
+        "{state}"
+    );
+    // Judged on its attempts, long before the window's end.
+    let decided = humantime::parse_rfc3339(state["verdict"]["at"].as_str().unwrap()).unwrap();
+    let began = humantime::parse_rfc3339(started["started"].as_str().unwrap()).unwrap();
+    assert!(
+        decided.duration_since(began).unwrap() < Duration::from_secs(30),
+        "{state}"
+    );
+    producer.await.unwrap();
+    let (acked, failed, candidate_acked) = collector.await.unwrap();
+    assert!(failed > 0, "the candidate ran and trapped");
+    assert_eq!(candidate_acked, 0, "the candidate acknowledged nothing");
+    assert_eq!(acked.len(), total, "every entry acknowledged");
+    assert!(
+        acked.values().all(|n| *n == 1),
+        "an entry was acknowledged twice"
+    );
+    assert_eq!(pending(&mut conn, "cb", "g").await, 0, "none lost");
+    assert_eq!(dead_lettered(&mut conn, "cb").await.len(), 0);
+    assert_eq!(serving(admin).await, v1, "the incumbent serves");
+    // Why, in the flow journal and the metrics.
+    let (_, journal) = http_get(admin, "/v1/subscriptions/cb/g/journal").await;
+    assert!(journal.contains("canary rolled back"), "{journal}");
+    assert!(journal.contains("canary started"), "{journal}");
+    let (_, metrics) = http_get(admin, "/metrics").await;
+    assert!(
+        metrics.contains(
+            "sluice_canary_verdicts_total{stream=\"cb\",group=\"g\",verdict=\"rolled_back\"} 1"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("sluice_canary_deliveries_total{stream=\"cb\",group=\"g\",version=\"candidate\",result=\"failure\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("sluice_canary_share_basis_points{stream=\"cb\",group=\"g\"} 0"));
+    host.stop().await.unwrap();
+}
+
+/// A good candidate on two hosts of one group, one of them restarted mid-canary: every
+/// delivery ran the version the entry's origin id picks (on either host, across the restart),
+/// the restarted host joined the running canary, and when the window passed both hosts
+/// promoted the candidate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_good_candidate_is_promoted_by_every_host_and_a_restarted_host_resumes_it() {
+    let redis = Redis::start();
+    let sub = |consumer: &str| {
+        Sub::fixture("cg")
+            .set("consumer", consumer)
+            .set("canary", Raw("{ min_deliveries = 20 }"))
+    };
+    let mut a = start_fixture(&redis, sub("a")).await;
+    let mut b = start_fixture(&redis, sub("b")).await;
+    let admin_a = a.admin().await;
+    let admin_b = b.admin().await;
+    let v1 = serving(admin_a).await;
+    let stop_producing = tokio_util::sync::CancellationToken::new();
+    let producer = {
+        let mut conn = redis.conn().await;
+        let stop = stop_producing.clone();
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.is_cancelled() {
+                add(&mut conn, "cg", &Control::Ack).await;
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            n
+        })
+    };
+    let (status, body) = put_canary(admin_a, "cg", "percent=50&for=15s").await;
+    assert_eq!(status, 200, "{body}");
+    let record: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let id = record["id"].as_str().unwrap().to_owned();
+    let from = record["eligible_from_ms"].as_u64().unwrap();
+    let v2 = record["candidate"].as_str().unwrap().to_owned();
+    let ends = humantime::parse_rfc3339(record["ends"].as_str().unwrap()).unwrap();
+    // Both hosts run it: each reports a share.
+    for admin in [admin_a, admin_b] {
+        wait_for(T, "the host joins the canary", || async move {
+            let (_, metrics) = http_get(admin, "/metrics").await;
+            metrics
+                .contains("sluice_canary_share_basis_points{stream=\"cg\",group=\"g\"} 5000")
+                .then_some(())
+        })
+        .await;
+    }
+    // Restart host b mid-canary: the new one joins what runs.
+    b.stop().await.unwrap();
+    let mut b = start_fixture(&redis, sub("b")).await;
+    let admin_b = b.admin().await;
+    wait_for(T, "the restarted host joins the canary", || async move {
+        let (_, metrics) = http_get(admin_b, "/metrics").await;
+        metrics
+            .contains("sluice_canary_share_basis_points{stream=\"cg\",group=\"g\"} 5000")
+            .then_some(())
+    })
+    .await;
+    assert!(
+        std::time::SystemTime::now() < ends,
+        "the restart happened within the window"
+    );
+    // Every delivery during the canary ran the version its origin id picks, on both hosts:
+    // those added before `eligible_from` the incumbent, the others by the hash.
+    let mut on_candidate = 0;
+    for host in [&mut a, &mut b] {
+        let mut eligible = 0;
+        while eligible < 40 {
+            let event = host.event(T, "a delivery", |_| true).await;
+            assert!(
+                event.started.is_some_and(|s| s < ends),
+                "deliveries checked within the window"
+            );
+            let picked = sluice_host::handler::takes(&id, 5000, from, &event.origin_id);
+            let ran = event.digest.as_str() == v2;
+            assert!(ran || event.digest.as_str() == v1);
+            assert_eq!(
+                picked, ran,
+                "entry {} ran the other version",
+                event.origin_id
+            );
+            let added: u64 = event.origin_id.split('-').next().unwrap().parse().unwrap();
+            if added >= from {
+                eligible += 1;
+                on_candidate += u32::from(ran);
+            }
+        }
+    }
+    assert!(on_candidate > 0, "the candidate ran");
+    let state = verdict(admin_b, "cg", T).await;
+    assert_eq!(state["verdict"]["verdict"], "promoted", "{state}");
+    for admin in [admin_a, admin_b] {
+        let v2 = &v2;
+        wait_for(T, "the host serves the candidate", || async move {
+            (serving(admin).await == *v2).then_some(())
+        })
+        .await;
+    }
+    // Promoted: every new delivery runs the candidate.
+    let after = a
+        .event(T, "a delivery after the promotion", |e| {
+            e.started.is_some_and(|s| s > std::time::SystemTime::now()) || e.digest.as_str() == v2
+        })
+        .await;
+    assert_eq!(after.digest.as_str(), v2);
+    stop_producing.cancel();
+    producer.await.unwrap();
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+/// A canary record another writer to Redis made (no seal, or one made with another secret)
+/// runs nothing: the hosts ignore it and serve the current version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_canary_record_runs_nothing() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    // A delayed set gives the stream its secret, as a host that ran a canary would have.
+    let mut host = start_fixture(&redis, Sub::fixture("cf").delayed("cf-parked")).await;
+    let admin = host.admin().await;
+    let v1 = serving(admin).await;
+    // The candidate's bytes where a host would fetch them, and a record naming them.
+    let v2 = std::fs::read(&guests().fixture_v2).unwrap();
+    let digest = sluice_host::digest::Digest::of(&v2).to_string();
+    let _: () = redis::cmd("SET")
+        .arg(sluice_host::keys::component_key("cf", &digest))
+        .arg(&v2)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let body = serde_json::json!({
+        "id": "0123456789abcdef0123456789abcdef", "stream": "cf", "group": "g",
+        "candidate": digest, "incumbent": v1, "share_bp": 10000, "started_ms": 0,
+        "ends_ms": u64::MAX / 2, "by": "attacker",
+        "thresholds": { "failure_rate_increase": 1.0, "dead_letter_rate_increase": 1.0,
+            "retry_rate_increase": 1.0, "p99_ratio": 1000.0, "p99_slack_ms": 0, "min_deliveries": 1 }
+    })
+    .to_string();
+    let forged = serde_json::json!({ "body": body, "seal": "0".repeat(40) }).to_string();
+    let _: () = redis::cmd("HSET")
+        .arg(sluice_host::keys::flow_key("cf", "g"))
+        .arg("canary")
+        .arg(&forged)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("INCR")
+        .arg(sluice_host::keys::FLOW_EPOCH)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for _ in 0..50 {
+        add(&mut conn, "cf", &Control::Version).await;
+    }
+    let dead = wait_dead_letters(&conn, "cf", 50).await;
+    assert!(
+        dead.iter()
+            .all(|(_, f)| field(f, "sluice-reason").unwrap().starts_with("v1@")),
+        "only the serving version ran"
+    );
+    let state = canary_state(admin, "cf").await;
+    assert!(state["record"].is_null(), "{state}");
+    assert!(
+        state["refused"].as_str().unwrap().contains("seal"),
+        "{state}"
+    );
+    host.stop().await.unwrap();
+}
