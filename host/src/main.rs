@@ -227,6 +227,48 @@ enum Command {
         #[arg(long, env = "SLUICE_REDIS_URL")]
         redis: Option<String>,
     },
+    /// Run a candidate component on dead letters in a dry run: what would it do with each?
+    /// Nothing is acknowledged, parked or written (unless --requeue-acked).
+    Replay {
+        /// `.toml` configs and/or `.wasm` components.
+        #[arg(default_value = "sluice.toml")]
+        paths: Vec<PathBuf>,
+        /// The candidate component.
+        #[arg(long)]
+        candidate: PathBuf,
+        /// Only the subscription to this stream (or this one partition).
+        #[arg(long)]
+        stream: Option<String>,
+        /// Only dead letters whose reason contains this text (case-insensitive).
+        #[arg(long)]
+        reason: Option<String>,
+        /// At most this many dead letters per dead-letter stream, newest first.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Let the candidate reach these hosts over HTTP during the replay (comma-separated
+        /// `allowed_outbound_hosts` entries, e.g. https://api.example.com); none by default.
+        #[arg(long, value_name = "HOSTS")]
+        allow_http: Vec<String>,
+        /// Then requeue exactly the dead letters the candidate acknowledged; the candidate must
+        /// be what the group serves (asked of --admin), or be swapped in with --swap.
+        #[arg(long)]
+        requeue_acked: bool,
+        /// With --requeue-acked: swap the candidate in first (through --admin).
+        #[arg(long, requires = "requeue_acked")]
+        swap: bool,
+        /// The host's admin API (for --requeue-acked).
+        #[arg(long, env = "SLUICE_ADMIN", default_value = "http://127.0.0.1:9187")]
+        admin: String,
+        /// Bearer token for the admin API.
+        #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// Redis URL (default: the subscription's, else the dev server of a running `sluice run`).
+        #[arg(long, env = "SLUICE_REDIS_URL")]
+        redis: Option<String>,
+    },
     /// Make parked retries due now; the next sweep of a running host moves them back.
     RetryNow {
         /// The subscription's `.toml` config or `.wasm` component (default: ./sluice.toml),
@@ -583,6 +625,38 @@ fn main() -> ExitCode {
                     all,
                     reason,
                     dry_run,
+                })
+                .await?;
+                print!("{done}");
+                Ok(())
+            }
+            Command::Replay {
+                paths,
+                candidate,
+                stream,
+                reason,
+                limit,
+                allow_http,
+                requeue_acked,
+                swap,
+                admin,
+                token,
+                json,
+                redis,
+            } => {
+                let done = sluice_host::commands::replay(sluice_host::commands::ReplayRequest {
+                    paths,
+                    redis,
+                    stream,
+                    candidate,
+                    reason,
+                    limit,
+                    allow_http,
+                    requeue_acked,
+                    swap,
+                    admin,
+                    token,
+                    json,
                 })
                 .await?;
                 print!("{done}");

@@ -190,6 +190,28 @@ impl SwapControl {
         self.check(origin, bytes, false).await
     }
 
+    /// `bytes` as a handler for a dry run (a replay): compiled and checked against the WIT
+    /// world (its descriptor is not compared: a replay runs no subscription), under this
+    /// subscription's limits and values, with outbound HTTP granted only to `allowed`; with the
+    /// counters its refusals go to.
+    pub async fn dry_run_handler(
+        &self,
+        origin: PathBuf,
+        bytes: &[u8],
+        allowed: Vec<crate::config::allow::AllowedHost>,
+    ) -> Result<(WasmHandler, crate::handler::HandlerCounters), SwapError> {
+        let component = self
+            .runtime
+            .load_bytes(&origin, bytes)
+            .await
+            .map_err(interrupted_or_refused)?;
+        let mut limits = self.limits.clone();
+        limits.outbound_http.allowed = allowed;
+        let counters = crate::handler::HandlerCounters::default();
+        let handler = WasmHandler::new(component, limits, self.values.clone(), counters.clone());
+        Ok((handler, counters))
+    }
+
     async fn check(
         &self,
         origin: PathBuf,

@@ -4,6 +4,7 @@
 //! replayed against a candidate without writing anything.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::time::Duration;
 
 use crate::common::*;
@@ -334,5 +335,209 @@ async fn a_forged_canary_record_runs_nothing() {
         state["refused"].as_str().unwrap().contains("seal"),
         "{state}"
     );
+    host.stop().await.unwrap();
+}
+
+/// Every key of the Redis and its `DUMP`: what a dry run must leave as it was.
+async fn dump_all(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(conn).await.unwrap();
+    let mut all = std::collections::BTreeMap::new();
+    for key in keys {
+        let dumped: Vec<u8> = redis::cmd("DUMP")
+            .arg(&key)
+            .query_async(conn)
+            .await
+            .unwrap();
+        all.insert(key, dumped);
+    }
+    all
+}
+
+/// `sluice replay` over 1,000 dead letters and a few that call out over HTTP: the counts per
+/// answer are right entry by entry, outbound HTTP is denied (the subscription's grant does not
+/// apply), and Redis is byte for byte what it was; `--requeue-acked` is refused while the
+/// candidate does not serve, and with `--swap` requeues exactly the dead letters it acked,
+/// which the candidate then acknowledges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_reports_what_the_candidate_would_do_and_writes_nothing() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let sub = || {
+        Sub::fixture("rp")
+            .delayed("rp-parked")
+            .set("allowed_outbound_hosts", Raw(r#"["http://127.0.0.1:9"]"#))
+    };
+    let host = start_fixture(&redis, sub()).await;
+    let dead = |reason: &str| Control::Dead {
+        reason: reason.to_owned(),
+    };
+    let mut expected: HashMap<String, &str> = HashMap::new();
+    for i in 0..1000 {
+        let (control, kind) = match i % 10 {
+            0..5 => (by_version(dead("v1 bug"), Control::Ack), "ack"),
+            5 | 6 => (
+                by_version(
+                    dead("v1 bug"),
+                    Control::Retry {
+                        ms: 1500,
+                        times: 99,
+                    },
+                ),
+                "retry",
+            ),
+            7 | 8 => (by_version(dead("v1 bug"), dead("still bad")), "dead-letter"),
+            _ => (by_version(dead("v1 bug"), Control::Trap), "fail"),
+        };
+        expected.insert(add(&mut conn, "rp", &control).await, kind);
+    }
+    let mut calls_out = Vec::new();
+    for _ in 0..5 {
+        let http = Control::Http {
+            url: "http://127.0.0.1:9/charge".to_owned(),
+            body: String::new(),
+            timeout_ms: 0,
+            traceparent: String::new(),
+        };
+        calls_out.push(add(&mut conn, "rp", &http).await);
+    }
+    wait_dead_letters(&conn, "rp", 1005).await;
+    host.stop().await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "sluice.toml",
+        &TestConfig::of(sub()).to_string(),
+    );
+    let before = dump_all(&mut conn).await;
+    assert!(
+        before.contains_key("rp") && before.contains_key(&dead_letter_key("rp")),
+        "{:?}",
+        before.keys()
+    );
+    let v2 = guests().fixture_v2.display().to_string();
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run_sluice(&args, Path::new("."))
+        })
+    };
+    let args = |candidate: &str, extra: &[&str]| {
+        let mut all = vec![
+            "replay".to_owned(),
+            config.display().to_string(),
+            "--candidate".to_owned(),
+            candidate.to_owned(),
+            "--redis".to_owned(),
+            redis.url(),
+        ];
+        all.extend(extra.iter().map(|a| (*a).to_owned()));
+        all
+    };
+    let (ok, out, err) = run(args(
+        &v2,
+        &["--limit", "1000", "--reason", "v1 bug", "--json"],
+    ))
+    .await
+    .unwrap();
+    assert!(ok, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let report = &report[0];
+    assert_eq!(report["summary"]["ack"], 500, "{}", report["summary"]);
+    assert_eq!(report["summary"]["retry"], 200);
+    assert_eq!(report["summary"]["dead_letter"], 200);
+    assert_eq!(report["summary"]["fail"], 100);
+    assert_eq!(report["summary"]["skip"], 0);
+    assert_eq!(report["summary"]["more"], false);
+    let items = report["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1000);
+    let mut acked = std::collections::HashSet::new();
+    for item in items {
+        let origin = item["origin_id"].as_str().unwrap();
+        assert_eq!(item["would"], expected[origin], "{item}");
+        if item["would"] == "retry" {
+            assert_eq!(item["retry_after_ms"], 1500);
+        }
+        if item["would"] == "dead-letter" {
+            assert_eq!(item["dead_letter_reason"], "still bad");
+        }
+        if item["would"] == "ack" {
+            acked.insert(item["id"].as_str().unwrap().to_owned());
+        }
+    }
+    // The serving version on the dead letters that call out: denied, not sent.
+    let fixture = guests().fixture.display().to_string();
+    let (ok, out, err) = run(args(&fixture, &["--limit", "5", "--json"]))
+        .await
+        .unwrap();
+    assert!(ok, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report[0]["summary"]["http_denied"], 5, "{out}");
+    for item in report[0]["items"].as_array().unwrap() {
+        assert!(calls_out.contains(&item["origin_id"].as_str().unwrap().to_owned()));
+        assert!(
+            item["describe"].as_str().unwrap().contains("denied")
+                || item["describe"].as_str().unwrap().contains("allowed"),
+            "{item}"
+        );
+    }
+    assert!(
+        before == dump_all(&mut conn).await,
+        "a replay wrote to Redis"
+    );
+
+    // Requeue what it acked: refused while v1 serves, done with --swap.
+    let mut host = start_fixture(&redis, sub()).await;
+    let admin = format!("http://{}", host.admin().await);
+    let requeue = |swap: bool| {
+        let mut extra = vec![
+            "--limit",
+            "1000",
+            "--reason",
+            "v1 bug",
+            "--requeue-acked",
+            "--admin",
+            admin.as_str(),
+            "--token",
+            TEST_TOKEN,
+        ];
+        if swap {
+            extra.push("--swap");
+        }
+        args(&v2, &extra)
+    };
+    let (ok, _, err) = run(requeue(false)).await.unwrap();
+    assert!(!ok && err.contains("is not what"), "{err}");
+    assert_eq!(
+        dead_lettered(&mut conn, "rp").await.len(),
+        1005,
+        "nothing requeued"
+    );
+    let (ok, out, err) = run(requeue(true)).await.unwrap();
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("requeued 500 acknowledged dead letter(s)"),
+        "{out}"
+    );
+    let left = dead_lettered(&mut conn, "rp").await;
+    assert_eq!(left.len(), 505);
+    assert!(
+        left.iter().all(|(id, _)| !acked.contains(id)),
+        "exactly the acked ones went"
+    );
+    // The candidate, serving now, acknowledges them.
+    let mut handled = std::collections::HashSet::new();
+    while handled.len() < 500 {
+        let event = host
+            .event(T, "a requeued entry acknowledged", |e| {
+                matches!(e.kind, sluice_host::EventKind::Acked)
+            })
+            .await;
+        assert!(expected.get(&event.origin_id) == Some(&"ack"), "{event:?}");
+        handled.insert(event.origin_id);
+    }
+    assert_eq!(dead_lettered(&mut conn, "rp").await.len(), 505);
     host.stop().await.unwrap();
 }

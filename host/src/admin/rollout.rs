@@ -70,7 +70,8 @@ fn refused(err: &RolloutError) -> (StatusCode, String) {
         RolloutError::Canary(crate::rollout::canary::CanaryError::NotRunning { .. }) => {
             StatusCode::CONFLICT
         }
-        RolloutError::Canary(_) => StatusCode::SERVICE_UNAVAILABLE,
+        RolloutError::Canary(_) | RolloutError::Operate(_) => StatusCode::SERVICE_UNAVAILABLE,
+        RolloutError::NotServing { .. } => StatusCode::CONFLICT,
         _ => StatusCode::UNPROCESSABLE_ENTITY,
     };
     (status, format!("{}\n", err.explain()))
@@ -172,6 +173,79 @@ async fn abort(
     Ok(axum::Json(record.to_json()))
 }
 
-async fn replay() -> Answer {
-    Err((StatusCode::NOT_IMPLEMENTED, "not yet\n".to_owned()))
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayQuery {
+    reason: Option<String>,
+    limit: Option<usize>,
+    allow_http: Option<String>,
+    #[serde(default)]
+    requeue_acked: bool,
+}
+
+/// The most dead letters one API replay runs on (a request has [`super::REQUEST_TIMEOUT`]).
+const MAX_API_REPLAY: usize = 1000;
+
+async fn replay(
+    State(state): State<AdminState>,
+    Path((stream, group)): Path<(String, String)>,
+    Query(query): Query<ReplayQuery>,
+    body: axum::body::Bytes,
+) -> Answer {
+    let rollout = find(&state, &stream, &group)?;
+    let allowed = query
+        .allow_http
+        .as_deref()
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(|h| {
+            h.parse::<crate::config::allow::AllowedHost>()
+                .map_err(|err| {
+                    (
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        format!("allow_http `{h}`: {err}\n"),
+                    )
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let labels = rollout.control().slot().labels().clone();
+    let keys: Vec<_> = state
+        .subscriptions
+        .iter()
+        .filter(|s| s.of == labels)
+        .map(super::AdminSubscription::keys)
+        .collect();
+    let limit = query.limit.unwrap_or(100).clamp(1, MAX_API_REPLAY);
+    let outcomes = rollout
+        .replay(
+            &body,
+            &keys,
+            allowed,
+            (query.reason.as_deref(), limit),
+            query.requeue_acked,
+        )
+        .await
+        .map_err(|err| refused(&err))?;
+    let items: Vec<serde_json::Value> = outcomes
+        .iter()
+        .map(|o| {
+            let mut value = o.report.to_json();
+            value["dead_letters"] = o.dead_letters.clone().into();
+            if let Some(r) = &o.requeued {
+                value["requeued"] = serde_json::json!(r.requeued);
+                value["gone"] = serde_json::json!(r.gone);
+            }
+            value
+        })
+        .collect();
+    if query.requeue_acked {
+        tracing::warn!(
+            stream,
+            group,
+            "dead letters the serving version acknowledged in a replay requeued (admin API)"
+        );
+    }
+    Ok(axum::Json(serde_json::json!({ "replays": items })))
 }

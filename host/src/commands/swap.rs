@@ -57,6 +57,50 @@ fn token_may_travel(admin: &str) -> Result<()> {
     )
 }
 
+/// The digest the host at `admin` serves for the subscription to `stream` with `group`.
+pub(crate) async fn serving_digest(
+    admin: &str,
+    token: Option<&str>,
+    stream: &str,
+    group: &str,
+) -> Result<String> {
+    let (admin, token) = (admin.to_owned(), token.map(str::to_owned));
+    let (stream, group) = (stream.to_owned(), group.to_owned());
+    tokio::task::spawn_blocking(move || {
+        if token.is_some() {
+            token_may_travel(&admin)?;
+        }
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let base = admin.trim_end_matches('/');
+        let mut get = agent.get(format!("{base}/v1/subscriptions"));
+        if let Some(token) = &token {
+            get = get.header("Authorization", &format!("Bearer {token}"));
+        }
+        let mut response = get
+            .call()
+            .with_context(|| format!("cannot reach the admin API at {base} to see what serves"))?;
+        let text = response
+            .body_mut()
+            .read_to_string()
+            .context("unexpected answer from the admin API")?;
+        let list: serde_json::Value =
+            serde_json::from_str(&text).context("unexpected answer from the admin API")?;
+        list.as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["stream"] == stream.as_str() && s["group"] == group.as_str())
+            .and_then(|s| s["digest"].as_str().map(str::to_owned))
+            .with_context(|| {
+                format!("the host at {base} has no subscription to stream `{stream}` with group `{group}`")
+            })
+    })
+    .await
+    .context("the request was interrupted")?
+}
+
 fn swap_blocking(request: &SwapRequest) -> Result<String> {
     if request.token.is_some() {
         token_may_travel(&request.admin)?;

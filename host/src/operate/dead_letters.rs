@@ -416,14 +416,37 @@ pub async fn list<C: ConnectionLike>(
     reason: Option<&str>,
     scan_pages: usize,
 ) -> Result<Page<DeadLetter>, OperateError> {
+    let secret = load_secret(conn, keys).await?;
+    list_with(
+        conn,
+        keys,
+        secret.as_ref(),
+        cursor,
+        limit,
+        reason,
+        scan_pages,
+    )
+    .await
+}
+
+/// [`list`] with the stream's secret given: a caller that must not write (a replay) reads the
+/// secret without recording anything.
+pub async fn list_with<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &SubscriptionKeys,
+    secret: Option<&Secret>,
+    cursor: Option<&str>,
+    limit: usize,
+    reason: Option<&str>,
+    scan_pages: usize,
+) -> Result<Page<DeadLetter>, OperateError> {
     if let Some(c) = cursor
         && !is_entry_id(c)
     {
         return Err(OperateError::Cursor(c.to_owned()));
     }
     let limit = limit.max(1);
-    let secret = load_secret(conn, keys).await?;
-    let owner = Owner::of(keys, secret.as_ref());
+    let owner = Owner::of(keys, secret);
     let mut from = cursor.map_or("+".to_owned(), |c| format!("({c}"));
     let mut items = Vec::new();
     for _ in 0..scan_pages.max(1) {

@@ -47,6 +47,30 @@ pub enum RolloutError {
     /// The candidate is what serves.
     #[error("the candidate is the version serving now ({0}): nothing to try")]
     Serving(String),
+    /// Requeueing what a candidate acknowledged needs the candidate to serve.
+    #[error(
+        "requeue_acked: the candidate ({candidate}) is not the version serving ({serving}); requeued entries would run the serving version (swap the candidate in first)"
+    )]
+    NotServing {
+        /// The candidate's short digest.
+        candidate: String,
+        /// The serving one's.
+        serving: String,
+    },
+    /// The dead letters could not be read or requeued.
+    #[error(transparent)]
+    Operate(#[from] crate::operate::OperateError),
+}
+
+/// A replay of one dead-letter stream.
+#[derive(Debug)]
+pub struct ReplayOutcome {
+    /// The dead-letter stream.
+    pub dead_letters: String,
+    /// What the candidate would do.
+    pub report: replay::Report,
+    /// What was requeued, when asked.
+    pub requeued: Option<replay::RequeuedAcked>,
 }
 
 impl RolloutError {
@@ -147,6 +171,54 @@ impl Rollout {
     pub async fn abort(&self, by: &str) -> Result<Record, RolloutError> {
         let mut conn = self.conn.clone();
         Ok(canary::abort(&mut conn, self.stream(), self.group(), by).await?)
+    }
+
+    /// Run `bytes` on up to `limit` dead letters of each of `keys` (the subscription's
+    /// partitions) in a dry run, outbound HTTP only to `allowed`; with `requeue_acked`, then
+    /// requeue those it acknowledged, which it may only when it is the version serving here.
+    pub async fn replay(
+        &self,
+        bytes: &[u8],
+        keys: &[crate::keys::SubscriptionKeys],
+        allowed: Vec<crate::config::allow::AllowedHost>,
+        (reason, limit): (Option<&str>, usize),
+        requeue_acked: bool,
+    ) -> Result<Vec<ReplayOutcome>, RolloutError> {
+        let digest = crate::digest::Digest::of(bytes);
+        let serving = self.control.slot().current().digest.clone();
+        if requeue_acked && digest != serving {
+            return Err(RolloutError::NotServing {
+                candidate: digest.short().to_owned(),
+                serving: serving.short().to_owned(),
+            });
+        }
+        let origin = PathBuf::from(format!(
+            "replay candidate for {}/{}",
+            self.stream(),
+            self.group()
+        ));
+        let (handler, counters) = self.control.dry_run_handler(origin, bytes, allowed).await?;
+        let mut outcomes = Vec::new();
+        for keys in keys {
+            let mut conn = self.conn.clone();
+            let report = replay::replay(&mut conn, keys, &handler, reason, limit).await?;
+            let requeued = if requeue_acked {
+                Some(replay::requeue_acked(&mut conn, keys, &report).await?)
+            } else {
+                None
+            };
+            outcomes.push(ReplayOutcome {
+                dead_letters: keys.dead_letter.to_string(),
+                report,
+                requeued,
+            });
+        }
+        if counters.http_denied.get() > 0
+            && let Some(first) = outcomes.first_mut()
+        {
+            first.report.http_denied = counters.http_denied.get();
+        }
+        Ok(outcomes)
     }
 
     /// The canary as Redis holds it.
