@@ -183,6 +183,50 @@ impl Browser {
             .await;
     }
 
+    /// A browser logged in to the page at `base`, on the overview (a screenshot of the login
+    /// form with `shoot`).
+    async fn logged_in(base: &str, shoot: bool) -> Self {
+        let mut browser = Browser::start().await;
+        browser.call("Page.enable", json!({})).await;
+        browser.open(&format!("{base}/ui/")).await;
+        browser
+            .wait_until("location.pathname === '/ui/login'", "the login form")
+            .await;
+        if shoot {
+            browser.screenshot("login").await;
+        }
+        browser
+            .eval(&format!(
+                "document.querySelector('input[name=token]').value = {TEST_TOKEN:?}; \
+                 document.querySelector('form button').click(); true"
+            ))
+            .await;
+        browser
+            .wait_until(
+                "location.pathname === '/ui/' && document.readyState === 'complete'",
+                "the overview after logging in",
+            )
+            .await;
+        browser
+    }
+
+    /// Put the file at `path` in the file input `selector` finds.
+    async fn choose_file(&mut self, selector: &str, path: &std::path::Path) {
+        let doc = self.call("DOM.getDocument", json!({})).await;
+        let root = doc["root"]["nodeId"].clone();
+        let node = self
+            .call(
+                "DOM.querySelector",
+                json!({ "nodeId": root, "selector": selector }),
+            )
+            .await;
+        self.call(
+            "DOM.setFileInputFiles",
+            json!({ "files": [path.display().to_string()], "nodeId": node["nodeId"] }),
+        )
+        .await;
+    }
+
     /// Save a PNG of the page as `target/ui-screenshots/<name>.png`.
     async fn screenshot(&mut self, name: &str) -> PathBuf {
         let shot = self
@@ -242,26 +286,8 @@ async fn an_operator_logs_in_and_requeues_a_dead_letter_in_a_browser() {
     })
     .await;
 
-    let mut browser = Browser::start().await;
     let base = format!("http://{admin}");
-    browser.call("Page.enable", json!({})).await;
-    browser.open(&format!("{base}/ui/")).await;
-    browser
-        .wait_until("location.pathname === '/ui/login'", "the login form")
-        .await;
-    browser.screenshot("login").await;
-    browser
-        .eval(&format!(
-            "document.querySelector('input[name=token]').value = {TEST_TOKEN:?}; \
-             document.querySelector('form button').click(); true"
-        ))
-        .await;
-    browser
-        .wait_until(
-            "location.pathname === '/ui/' && document.readyState === 'complete'",
-            "the overview after logging in",
-        )
-        .await;
+    let mut browser = Browser::logged_in(&base, true).await;
     // The chart needs two samples of the host's counts (5 s apart): reload until it is drawn.
     let deadline = tokio::time::Instant::now() + T;
     while browser
@@ -604,5 +630,93 @@ async fn an_operator_logs_in_and_requeues_a_dead_letter_in_a_browser() {
             "the login form after logging out",
         )
         .await;
+    host.stop().await.unwrap();
+}
+
+/// An operator starts a canary from the page with a component file, sees both versions side
+/// by side, aborts it (every host rolls back), then tries the candidate on dead letters and
+/// reads what it would do with each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_runs_a_canary_and_a_replay_from_the_page() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(&redis, Sub::fixture("web")).await;
+    let admin = host.admin().await;
+    let fixable = Control::ByVersion {
+        v1: Box::new(Control::Dead {
+            reason: "v1 bug".into(),
+        }),
+        v2: Box::new(Control::Ack),
+    };
+    for _ in 0..3 {
+        add(&mut conn, "web", &fixable).await;
+    }
+    wait_dead_letters(&conn, "web", 3).await;
+    let base = format!("http://{admin}");
+    let mut browser = Browser::logged_in(&base, false).await;
+    // No dialog in a headless run: every "are you sure?" says yes.
+    browser
+        .eval("window.confirm = function () { return true; }; true")
+        .await;
+    browser
+        .choose_file("form.start-canary input[type=file]", &guests().fixture_v2)
+        .await;
+    browser
+        .eval(
+            "document.querySelector('form.start-canary input[name=percent]').value = '25'; \
+             document.querySelector('form.start-canary button').click(); true",
+        )
+        .await;
+    browser
+        .wait_until(
+            "document.body.innerText.includes('canary started') && document.querySelector('.canary-table') !== null",
+            "the running canary, side by side",
+        )
+        .await;
+    browser
+        .eval("document.querySelector('.canary').scrollIntoView(); true")
+        .await;
+    browser.screenshot("canary").await;
+    let (_, state) = http_get(admin, "/v1/subscriptions/web/g/canary").await;
+    let state: Value = serde_json::from_str(&state).unwrap();
+    assert_eq!(state["running"], true, "{state}");
+    assert_eq!(state["record"]["share_percent"], 25.0, "{state}");
+    browser
+        .eval("window.confirm = function () { return true; }; document.querySelector('.canary button.danger').click(); true")
+        .await;
+    browser
+        .wait_until(
+            "document.body.innerText.includes('aborted')",
+            "the abort's answer",
+        )
+        .await;
+    let (_, state) = http_get(admin, "/v1/subscriptions/web/g/canary").await;
+    let state: Value = serde_json::from_str(&state).unwrap();
+    assert_eq!(state["verdict"]["verdict"], "rolled-back", "{state}");
+
+    browser
+        .eval("window.confirm = function () { return true; }; true")
+        .await;
+    browser
+        .choose_file("form.replay input[type=file]", &guests().fixture_v2)
+        .await;
+    browser
+        .eval(
+            "document.querySelector('form.replay input[name=reason]').value = 'v1 bug'; \
+             document.querySelector('form.replay button').click(); true",
+        )
+        .await;
+    browser
+        .wait_until(
+            "document.body.innerText.includes('replayed 3 dead letter(s): 3 ack')",
+            "the replay's result",
+        )
+        .await;
+    browser.screenshot("replay").await;
+    assert_eq!(
+        dead_lettered(&mut conn, "web").await.len(),
+        3,
+        "a replay moves nothing"
+    );
     host.stop().await.unwrap();
 }

@@ -207,7 +207,7 @@ pub async fn serve(
             state.clone(),
             guard_api,
         ));
-    let page = ui::routes().layer(axum::middleware::from_fn_with_state(
+    let page = ui::routes(options.max_upload).layer(axum::middleware::from_fn_with_state(
         state.clone(),
         ui::guard_ui_hardened,
     ));

@@ -26,6 +26,7 @@
 //!   cross-site and DNS-rebinding checks apply to it as to the API.
 
 mod pages;
+mod rollout;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -176,7 +177,7 @@ fn set_cookie(id: &str) -> String {
     )
 }
 
-pub(super) fn routes() -> Router<AdminState> {
+pub(super) fn routes(max_upload: usize) -> Router<AdminState> {
     let sub = "/ui/s/{stream}/{group}";
     Router::new()
         .route("/", get(|| async { Redirect::to("/ui/") }))
@@ -191,6 +192,10 @@ pub(super) fn routes() -> Router<AdminState> {
         .route(&format!("{sub}/pending"), get(pending_page))
         .route(&format!("{sub}/entry"), get(entry_page))
         .route(&format!("{sub}/act"), post(act))
+        .route(
+            &format!("{sub}/rollout"),
+            post(rollout::act).layer(axum::extract::DefaultBodyLimit::max(max_upload)),
+        )
 }
 
 /// Every `/ui` request: find or make the viewer's session; send strangers to the login form.

@@ -27,7 +27,7 @@ fn head(title: &str) -> Markup {
     }
 }
 
-fn layout(title: &str, viewer: Option<&Viewer>, body: Markup) -> Markup {
+pub(super) fn layout(title: &str, viewer: Option<&Viewer>, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -254,10 +254,31 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer, done: Option<&
             .unwrap_or_default(),
             None => Vec::new(),
         };
+        // The canary, when the flow hash names one (running, or the last one's verdict).
+        let has_canary = parts
+            .first()
+            .is_some_and(|p| p.flow.borrow().canary.is_some());
+        let canary = match state
+            .rollouts
+            .iter()
+            .find(|r| r.control().slot().labels() == labels)
+        {
+            Some(rollout) if has_canary => {
+                tokio::time::timeout(super::super::PROBE_TIMEOUT, rollout.state())
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+            }
+            _ => None,
+        };
+        let canary_running = canary
+            .as_ref()
+            .is_some_and(crate::rollout::canary::CanaryState::running);
         cards.push(html! {
             div.card {
                 h2 {
                     "Stream " code { (labels.stream) } ", group " code { (labels.group) }
+                    @if canary_running { " " span.badge.warn { "canary" } }
                     @if paused.is_some() { " " span.badge.warn { "paused" } }
                     @if let Some(b) = &breaker { " " span.badge.bad { "circuit breaker " (b.name()) } }
                 }
@@ -304,6 +325,9 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer, done: Option<&
                     div.stat { b { (outcomes[3] + outcomes[4]) } span { "failed (trap or limit)" } }
                     div.stat { b { code { (current.digest.short()) } } span { "handler, since " (ago(current.since)) } }
                     div.stat { b { (swaps) " / " (refusals) } span { "swaps / refused" } }
+                }
+                @if !parts.is_empty() {
+                    (super::rollout::panel(canary.as_ref(), viewer, (&labels.stream, &labels.group)))
                 }
                 p.muted {
                     @match counted {

@@ -104,6 +104,20 @@
     if (ask && !window.confirm(ask)) { e.preventDefault(); return; }
     if (!keyed()) { return; }
     e.preventDefault();
+    if (form.hasAttribute('data-upload')) {
+      // A component goes as the body; the other fields (CSRF token included) in the query.
+      var input = form.querySelector('input[type="file"]');
+      var file = input && input.files && input.files[0];
+      if (!file) { window.alert('Choose a component (.wasm) first.'); return; }
+      var params = new URLSearchParams();
+      new FormData(form).forEach(function (value, name) {
+        if (typeof value === 'string') { params.append(name, value); }
+      });
+      var to = new URL(form.getAttribute('action') || '', window.location.href);
+      to.search = params.toString();
+      load(to.href, { method: 'POST', body: file }, 'push');
+      return;
+    }
     var data = new URLSearchParams(new FormData(form));
     // Attributes, not properties: a field named "action" hides `form.action`.
     var target = new URL(form.getAttribute('action') || '', window.location.href);
