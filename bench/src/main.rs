@@ -18,8 +18,9 @@
 //! one partition vs 8 over a 3-master Redis Cluster, with each node's commands/s), `ui` (each admin
 //! page's time with 1,000,000 parked retries and 100,000 dead letters), `retention` (the wasm path
 //! with stream retention on vs off), `languages` (the same ack handler in Rust, Python and
-//! JavaScript: size, compile time cold and cached, msgs/s, µs per fresh instance). See
-//! BENCHMARKS.md.
+//! JavaScript: size, compile time cold and cached, msgs/s, µs per fresh instance), `traces`,
+//! `flow`, `canary` (the wasm path while a canary sends half the entries to another version,
+//! against the same without one). See BENCHMARKS.md.
 
 mod native;
 mod scenario;
@@ -51,6 +52,7 @@ const ALL: &[&str] = &[
     "languages",
     "traces",
     "flow",
+    "canary",
 ];
 
 #[derive(Parser)]
@@ -59,7 +61,7 @@ struct Args {
     /// Scenarios to run (default: all): ceiling, ceiling-server, ceiling-lean, native, wasm,
     /// wasm-isolated, retry,
     /// retry-backlog, retry-backlog-lane, drain, fan-out,
-    /// swap, sandbox, cluster, ui, retention, languages, traces.
+    /// swap, sandbox, cluster, ui, retention, languages, traces, flow, canary.
     scenarios: Vec<String>,
     /// Print one JSON object per scenario per line instead of a table.
     #[arg(long)]
@@ -156,12 +158,14 @@ async fn main() -> Result<()> {
             "languages",
             "traces",
             "flow",
+            "canary",
         ]
         .contains(&name)
         {
             let reports_of = match name {
                 "traces" => bench.traces(args.messages, args.retries).await?,
                 "flow" => bench.flow(args.messages).await?,
+                "canary" => bench.canary(args.messages).await?,
                 "sandbox" => bench.sandbox(20_000).await?,
                 "cluster" => bench.cluster(args.messages).await?,
                 "languages" => bench.languages(args.messages / 5, 200).await?,

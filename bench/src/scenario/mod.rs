@@ -2,6 +2,7 @@
 //! family (`throughput`: ceiling, native, wasm, wasm-isolated; `retry`: retry and drain;
 //! `swap`; `sandbox`; `cluster`; `ui`), the shared harness here.
 
+mod canary;
 mod cluster;
 mod flow;
 mod languages;
@@ -188,7 +189,8 @@ impl Bench {
         };
         let redis = DevRedis::start(dir.path(), &options)?;
         let pool = sluice_host::runtime::PoolSizing {
-            instances: 300,
+            // Room for a canary's two versions (see `PoolSizing::for_config`).
+            instances: 600,
             max_memory: 64 << 20,
         };
         let options = sluice_host::runtime::RuntimeOptions {

@@ -169,12 +169,15 @@ pub struct PoolSizing {
 
 impl PoolSizing {
     /// Slots for every subscription of `config`: each can hold `max_in_flight` instances (busy
-    /// or idle), plus one to read each component's descriptor.
+    /// or idle), plus one to read each component's descriptor, twice: a canary's candidate
+    /// runs beside the serving version, and each keeps its own instances (without the room,
+    /// the candidate would wait for slots the serving version's idle instances hold). Slots
+    /// not used cost address space, not memory.
     pub fn for_config(config: &crate::config::Config) -> Self {
         let instances: usize = config
             .subscriptions
             .iter()
-            .map(|s| s.limits.max_in_flight + 1)
+            .map(|s| 2 * (s.limits.max_in_flight + 1))
             .sum();
         let max_memory = config
             .subscriptions
