@@ -115,9 +115,27 @@ async fn a_candidate_that_traps_is_rolled_back_and_nothing_is_lost_or_doubled() 
     assert_eq!(status, 200, "{body}");
     let started: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(started["share_percent"], 20.0);
-    // A second canary while this one runs is refused.
+    // A second canary while this one runs is refused, through the API and `sluice swap`.
     let (status, body) = put_canary(admin, "cb", "percent=5").await;
     assert_eq!(status, 409, "{body}");
+    let swap = |extra: &[&str]| {
+        let mut args = vec![
+            "swap".to_owned(),
+            "cb".to_owned(),
+            "--admin".to_owned(),
+            format!("http://{admin}"),
+            "--token".to_owned(),
+            TEST_TOKEN.to_owned(),
+        ];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run_sluice(&args, Path::new("."))
+        })
+    };
+    let v2 = guests().fixture_v2.display().to_string();
+    let (ok, _, err) = swap(&[&v2, "--canary", "5%", "--for", "1m"]).await.unwrap();
+    assert!(!ok && err.contains("a canary of"), "{err}");
     let state = verdict(admin, "cb", T).await;
     assert_eq!(state["verdict"]["verdict"], "rolled-back", "{state}");
     let why = state["verdict"]["why"].as_str().unwrap();
@@ -149,6 +167,8 @@ async fn a_candidate_that_traps_is_rolled_back_and_nothing_is_lost_or_doubled() 
     assert_eq!(pending(&mut conn, "cb", "g").await, 0, "none lost");
     assert_eq!(dead_lettered(&mut conn, "cb").await.len(), 0);
     assert_eq!(serving(admin).await, v1, "the incumbent serves");
+    let (ok, _, err) = swap(&["--abort-canary"]).await.unwrap();
+    assert!(!ok && err.contains("no canary runs"), "{err}");
     // Why, in the flow journal and the metrics.
     let (_, journal) = http_get(admin, "/v1/subscriptions/cb/g/journal").await;
     assert!(journal.contains("canary rolled back"), "{journal}");

@@ -57,6 +57,26 @@ fn token_may_travel(admin: &str) -> Result<()> {
     )
 }
 
+/// `GET /v1/subscriptions` of the admin API at `base`.
+fn subscriptions(
+    agent: &ureq::Agent,
+    base: &str,
+    token: Option<&str>,
+) -> Result<serde_json::Value> {
+    let mut get = agent.get(format!("{base}/v1/subscriptions"));
+    if let Some(token) = token {
+        get = get.header("Authorization", &format!("Bearer {token}"));
+    }
+    let mut response = get
+        .call()
+        .with_context(|| format!("cannot reach the admin API at {base}"))?;
+    let text = response
+        .body_mut()
+        .read_to_string()
+        .context("unexpected answer from the admin API")?;
+    serde_json::from_str(&text).context("unexpected answer from the admin API")
+}
+
 /// The digest the host at `admin` serves for the subscription to `stream` with `group`.
 pub(crate) async fn serving_digest(
     admin: &str,
@@ -75,19 +95,7 @@ pub(crate) async fn serving_digest(
             .build()
             .into();
         let base = admin.trim_end_matches('/');
-        let mut get = agent.get(format!("{base}/v1/subscriptions"));
-        if let Some(token) = &token {
-            get = get.header("Authorization", &format!("Bearer {token}"));
-        }
-        let mut response = get
-            .call()
-            .with_context(|| format!("cannot reach the admin API at {base} to see what serves"))?;
-        let text = response
-            .body_mut()
-            .read_to_string()
-            .context("unexpected answer from the admin API")?;
-        let list: serde_json::Value =
-            serde_json::from_str(&text).context("unexpected answer from the admin API")?;
+        let list = subscriptions(&agent, base, token.as_deref())?;
         list.as_array()
             .into_iter()
             .flatten()
@@ -113,19 +121,7 @@ fn swap_blocking(request: &SwapRequest) -> Result<String> {
     let group = match &request.group {
         Some(group) => group.clone(),
         None => {
-            let mut get = agent.get(format!("{base}/v1/subscriptions"));
-            if let Some(token) = &request.token {
-                get = get.header("Authorization", &format!("Bearer {token}"));
-            }
-            let mut response = get
-                .call()
-                .with_context(|| format!("cannot reach the admin API at {base}"))?;
-            let text = response
-                .body_mut()
-                .read_to_string()
-                .context("unexpected answer from the admin API")?;
-            let list: serde_json::Value =
-                serde_json::from_str(&text).context("unexpected answer from the admin API")?;
+            let list = subscriptions(&agent, base, request.token.as_deref())?;
             let groups: Vec<String> = list
                 .as_array()
                 .into_iter()

@@ -130,8 +130,9 @@ impl Paused {
     }
 }
 
-/// `text` without control characters, cut to `max` characters.
-fn clean(text: &str, max: usize) -> String {
+/// `text` without control characters, cut to `max` characters: what another writer to Redis
+/// left in a record, made fit for a log line and the page.
+pub(crate) fn clean(text: &str, max: usize) -> String {
     text.chars()
         .filter(|c| !c.is_control())
         .take(max)

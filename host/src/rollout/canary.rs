@@ -24,6 +24,7 @@ use std::time::Duration;
 use redis::Script;
 use redis::aio::ConnectionLike;
 
+use crate::flow::clean;
 use crate::handler::{TIME_BUCKETS, Tally, bucket_floor_us};
 use crate::keys::{Seal, Secret, canary_key, component_key, flow_key};
 
@@ -262,16 +263,6 @@ impl Verdict {
             "by": self.by,
         })
     }
-}
-
-/// `text` without control characters, cut to `max` characters.
-pub(crate) fn clean(text: &str, max: usize) -> String {
-    text.chars()
-        .filter(|c| !c.is_control())
-        .take(max)
-        .collect::<String>()
-        .trim()
-        .to_owned()
 }
 
 /// Why a canary could not be started, judged or read.

@@ -118,14 +118,18 @@ local function worse(name, k, margin)
     name, pct(k, can.n), can[name], can.n, pct(inc[name], inc.n), inc[name], inc.n, margin * 100)
 end
 
+-- The incumbent's rate of `name` (0 without attempts).
+local function base(name)
+  if inc.n > 0 then
+    return inc[name] / inc.n
+  end
+  return 0
+end
+
 local outcome, why = nil, nil
 for _, check in ipairs(checks) do
   local name, margin = check[1], check[2]
-  local base = 0
-  if inc.n > 0 then
-    base = inc[name] / inc.n
-  end
-  if lower(can[name], can.n, z) > base + margin then
+  if lower(can[name], can.n, z) > base(name) + margin then
     outcome, why = 'rolled-back', worse(name, can[name], margin)
     break
   end
@@ -149,11 +153,7 @@ if not outcome and now >= ends then
   else
     for _, check in ipairs(checks) do
       local name, margin = check[1], check[2]
-      local base = 0
-      if inc.n > 0 then
-        base = inc[name] / inc.n
-      end
-      if can[name] / can.n > base + margin then
+      if can[name] / can.n > base(name) + margin then
         outcome, why = 'rolled-back', worse(name, can[name], margin)
         break
       end
