@@ -130,6 +130,11 @@ impl SwapControl {
         &self.slot
     }
 
+    /// The subscription's limits (what a replay's candidate runs under too).
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     /// Check `bytes` and, if they pass, make them the subscription's handler. `origin` names
     /// the upload or file in errors.
     pub async fn swap(

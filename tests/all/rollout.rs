@@ -388,6 +388,7 @@ async fn a_replay_reports_what_the_candidate_would_do_and_writes_nothing() {
         Sub::fixture("rp")
             .delayed("rp-parked")
             .set("allowed_outbound_hosts", Raw(r#"["http://127.0.0.1:9"]"#))
+            .set("max_entry_bytes", "64KiB")
     };
     let host = start_fixture(&redis, sub()).await;
     let dead = |reason: &str| Control::Dead {
@@ -412,6 +413,17 @@ async fn a_replay_reports_what_the_candidate_would_do_and_writes_nothing() {
         };
         expected.insert(add(&mut conn, "rp", &control).await, kind);
     }
+    // Too big to give a handler: dead-lettered unhandled, and never given to a candidate.
+    let _: String = redis::cmd("XADD")
+        .arg("rp")
+        .arg("*")
+        .arg("payload")
+        .arg(serde_json::to_string(&Control::Ack).unwrap())
+        .arg("pad")
+        .arg("x".repeat(100_000))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let mut calls_out = Vec::new();
     for _ in 0..5 {
         let http = Control::Http {
@@ -422,7 +434,7 @@ async fn a_replay_reports_what_the_candidate_would_do_and_writes_nothing() {
         };
         calls_out.push(add(&mut conn, "rp", &http).await);
     }
-    wait_dead_letters(&conn, "rp", 1005).await;
+    wait_dead_letters(&conn, "rp", 1006).await;
     host.stop().await.unwrap();
 
     let dir = tempfile::tempdir().unwrap();
@@ -532,7 +544,7 @@ async fn a_replay_reports_what_the_candidate_would_do_and_writes_nothing() {
     assert!(!ok && err.contains("is not what"), "{err}");
     assert_eq!(
         dead_lettered(&mut conn, "rp").await.len(),
-        1005,
+        1006,
         "nothing requeued"
     );
     let (ok, out, err) = run(requeue(true)).await.unwrap();
@@ -542,7 +554,7 @@ async fn a_replay_reports_what_the_candidate_would_do_and_writes_nothing() {
         "{out}"
     );
     let left = dead_lettered(&mut conn, "rp").await;
-    assert_eq!(left.len(), 505);
+    assert_eq!(left.len(), 506);
     assert!(
         left.iter().all(|(id, _)| !acked.contains(id)),
         "exactly the acked ones went"
@@ -558,6 +570,6 @@ async fn a_replay_reports_what_the_candidate_would_do_and_writes_nothing() {
         assert!(expected.get(&event.origin_id) == Some(&"ack"), "{event:?}");
         handled.insert(event.origin_id);
     }
-    assert_eq!(dead_lettered(&mut conn, "rp").await.len(), 505);
+    assert_eq!(dead_lettered(&mut conn, "rp").await.len(), 506);
     host.stop().await.unwrap();
 }

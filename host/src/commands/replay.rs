@@ -103,8 +103,8 @@ pub async fn replay(request: ReplayRequest) -> Result<String> {
                 &mut conn,
                 &keys,
                 &candidate,
-                request.reason.as_deref(),
-                request.limit,
+                (request.reason.as_deref(), request.limit),
+                sub.limits.max_entry_bytes,
             )
             .await
             .with_context(|| format!("cannot replay the dead letters of `{}`", keys.dead_letter))?;

@@ -201,7 +201,14 @@ impl Rollout {
         let mut outcomes = Vec::new();
         for keys in keys {
             let mut conn = self.conn.clone();
-            let report = replay::replay(&mut conn, keys, &handler, reason, limit).await?;
+            let report = replay::replay(
+                &mut conn,
+                keys,
+                &handler,
+                (reason, limit),
+                self.control.limits().max_entry_bytes,
+            )
+            .await?;
             let requeued = if requeue_acked {
                 Some(replay::requeue_acked(&mut conn, keys, &report).await?)
             } else {

@@ -219,13 +219,14 @@ fn delivery_of(keys: &SubscriptionKeys, letter: &DeadLetter) -> Delivery {
 }
 
 /// Run `candidate` on up to `limit` of the subscription's dead letters (newest first, those
-/// whose reason contains `reason`), writing nothing.
+/// whose reason contains `reason`), writing nothing. An entry of more than `max_entry_bytes`
+/// is skipped, as a delivery of it would never reach the handler.
 pub async fn replay<C: ConnectionLike + Clone + Send>(
     conn: &mut C,
     keys: &SubscriptionKeys,
     candidate: &dyn Handler,
-    reason: Option<&str>,
-    limit: usize,
+    (reason, limit): (Option<&str>, usize),
+    max_entry_bytes: u64,
 ) -> Result<Report, OperateError> {
     let limit = limit.clamp(1, MAX_LIMIT);
     // Read as it is: never made, nothing recorded.
@@ -265,7 +266,14 @@ pub async fn replay<C: ConnectionLike + Clone + Send>(
                 Some(why) => Would::Skip(why.clone()),
                 None => {
                     let delivery = delivery_of(keys, &letter);
-                    Would::of(candidate.handle(&delivery).await)
+                    let bytes = delivery.entry_bytes();
+                    if bytes > max_entry_bytes {
+                        Would::Skip(format!(
+                            "the entry is {bytes} bytes, more than max_entry_bytes ({max_entry_bytes}): a delivery of it never reaches the handler"
+                        ))
+                    } else {
+                        Would::of(candidate.handle(&delivery).await)
+                    }
                 }
             };
             Replayed {
