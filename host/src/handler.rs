@@ -461,14 +461,13 @@ impl HandlerSlot {
                 return Picked::Wait(wait);
             }
         }
-        let current = self.current();
         let Some(trial) = self.trial.load_full() else {
-            return Picked::Run(current, None);
+            return Picked::Run(self.current(), None);
         };
         if trial.takes(origin_id) {
             Picked::Run(trial.candidate.clone(), Some((trial, Role::Candidate)))
         } else {
-            Picked::Run(current, Some((trial, Role::Incumbent)))
+            Picked::Run(self.current(), Some((trial, Role::Incumbent)))
         }
     }
 

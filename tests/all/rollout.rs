@@ -219,7 +219,7 @@ async fn a_good_candidate_is_promoted_by_every_host_and_a_restarted_host_resumes
             n
         })
     };
-    let (status, body) = put_canary(admin_a, "cg", "percent=50&for=15s").await;
+    let (status, body) = put_canary(admin_a, "cg", "percent=50&for=30s").await;
     assert_eq!(status, 200, "{body}");
     let record: serde_json::Value = serde_json::from_str(&body).unwrap();
     let id = record["id"].as_str().unwrap().to_owned();

@@ -249,6 +249,7 @@ impl Rollout {
             failed: None,
             refused: None,
             report_failing: false,
+            seen: None,
         };
         let mut tick = tokio::time::interval(canary::REPORT);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -263,7 +264,12 @@ impl Rollout {
                 () = stop.cancelled() => return,
             }
             let state = flow.borrow_and_update().clone();
-            if state.known {
+            // The record is opened (parsed, its seal checked) only when it changed, or to try
+            // joining again after a failure.
+            let seen = (state.canary.clone(), state.canary_verdict.clone());
+            let changed = follower.seen.as_ref() != Some(&seen);
+            if state.known && (changed || follower.failed.is_some()) {
+                follower.seen = Some(seen);
                 follower.converge(&state).await;
                 // Known now whether a canary runs: deliveries held since the start go on.
                 self.control.slot().joined();
@@ -292,7 +298,12 @@ struct Follower<'a> {
     /// The last record refused, not to log it on every look.
     refused: Option<Vec<u8>>,
     report_failing: bool,
+    /// The record and verdict last converged on.
+    seen: Option<Seen>,
 }
+
+/// A canary record and its verdict, as stored.
+type Seen = (Option<Vec<u8>>, Option<Vec<u8>>);
 
 /// How long a host waits before trying again to join a canary it could not.
 const JOIN_RETRY: Duration = Duration::from_secs(5);
