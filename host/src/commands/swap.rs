@@ -158,7 +158,12 @@ fn swap_blocking(request: &SwapRequest) -> Result<String> {
     let query = |pairs: &[(&str, &str)]| {
         pairs
             .iter()
-            .map(|(k, v)| format!("{k}={}", encode_query(v)))
+            .map(|(k, v)| {
+                format!(
+                    "{k}={}",
+                    form_urlencoded::byte_serialize(v.as_bytes()).collect::<String>()
+                )
+            })
             .collect::<Vec<_>>()
             .join("&")
     };
@@ -241,16 +246,4 @@ fn swap_blocking(request: &SwapRequest) -> Result<String> {
     } else {
         format!("rolled `{}`/`{group}` back to {digest}\n", request.stream)
     })
-}
-
-/// `text` as a URL query value.
-fn encode_query(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }

@@ -314,10 +314,9 @@ pub enum CanaryError {
     },
 }
 
-/// The time by the server's clock, in ms since the Unix epoch.
+/// The time by the server's clock, in ms since the Unix epoch (`TIME`, as the page reads it).
 pub async fn server_ms<C: ConnectionLike>(conn: &mut C) -> redis::RedisResult<u64> {
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
-    Ok(secs * 1000 + micros / 1000)
+    Ok(u64::try_from(crate::inspect::server_now_ms(conn).await?).unwrap_or(0))
 }
 
 /// What starting a canary needs to know.
