@@ -135,10 +135,23 @@ impl AttemptKind {
 /// to about 17 minutes (the last bucket holds everything longer).
 pub const TIME_BUCKETS: usize = 120;
 
-/// The bucket of a handler time: `floor(4 * log2(microseconds))`, capped.
+/// The bucket of a handler time: `floor(4 * log2(microseconds))`, capped. Every attempt of a
+/// canary counts one, so it is worked out from the highest bit and three comparisons rather
+/// than a floating-point logarithm.
 pub fn time_bucket(elapsed: std::time::Duration) -> usize {
-    let us = elapsed.as_micros().max(1) as f64;
-    ((us.log2() * 4.0).floor() as usize).min(TIME_BUCKETS - 1)
+    /// 2^(1/4), 2^(2/4), 2^(3/4): where the quarters of a doubling begin.
+    const QUARTERS: [f64; 3] = [
+        1.189_207_115_002_721,
+        std::f64::consts::SQRT_2,
+        1.681_792_830_507_429,
+    ];
+    let us = u64::try_from(elapsed.as_micros())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let doublings = 63 - us.leading_zeros();
+    let within = us as f64 / (1u64 << doublings) as f64;
+    let quarter = QUARTERS.iter().filter(|&&q| within >= q).count();
+    (doublings as usize * 4 + quarter).min(TIME_BUCKETS - 1)
 }
 
 /// The lower edge of a time bucket, in microseconds.
@@ -286,6 +299,7 @@ pub struct Trial {
     /// Only entries added from this time on (ms since the Unix epoch, the server's clock, as
     /// their origin id says) may run the candidate: every host has seen the canary by then.
     pub from_ms: u64,
+    split: Split,
     counts: [TrialCounts; 2],
 }
 
@@ -300,6 +314,7 @@ impl Trial {
         labels: &SubLabels,
     ) -> Self {
         Self {
+            split: Split::new(&id, share_bp, from_ms),
             id,
             candidate,
             share_bp: share_bp.min(10_000),
@@ -313,7 +328,7 @@ impl Trial {
 
     /// Whether the entry first added as `origin_id` runs on the candidate.
     pub fn takes(&self, origin_id: &str) -> bool {
-        takes(&self.id, self.share_bp, self.from_ms, origin_id)
+        self.split.takes(origin_id)
     }
 
     /// Count an attempt `role` ran.
@@ -328,32 +343,72 @@ impl Trial {
 }
 
 /// Whether the canary `id` with `share_bp` of 10,000 runs the entry first added as
-/// `origin_id` on its candidate: an entry added at `from_ms` or later (its id's milliseconds)
-/// whose first four bytes of SHA-256 over the id, a zero byte and the origin id, modulo
-/// 10,000, are below the share. The same on every host, for every attempt.
+/// `origin_id` on its candidate (see [`Split`]). The same on every host, for every attempt.
 pub fn takes(id: &str, share_bp: u32, from_ms: u64, origin_id: &str) -> bool {
-    use sha2::Digest as _;
-    let added = origin_id
-        .split_once('-')
-        .and_then(|(ms, _)| ms.parse::<u64>().ok());
-    if added.is_none_or(|ms| ms < from_ms) {
-        return false;
+    Split::new(id, share_bp, from_ms).takes(origin_id)
+}
+
+/// Which entries a canary's candidate runs: those added at `from_ms` or later (their origin
+/// id's milliseconds) whose SipHash-2-4 of the origin id, keyed with the first 16 bytes of
+/// SHA-256 over the canary's id, modulo 10,000, is below the share. Keyed so that two canaries
+/// try different entries and a producer cannot aim entries at the candidate without the id;
+/// SipHash because every delivery of a canary pays for it (a tenth of SHA-256's cost on an id).
+#[derive(Clone)]
+pub struct Split {
+    key: [u8; 16],
+    share_bp: u32,
+    from_ms: u64,
+}
+
+impl Split {
+    /// The split of the canary `id` with `share_bp` of 10,000 from `from_ms`.
+    pub fn new(id: &str, share_bp: u32, from_ms: u64) -> Self {
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::digest(id.as_bytes());
+        let mut key = [0u8; 16];
+        key.copy_from_slice(&digest[..16]);
+        Self {
+            key,
+            share_bp: share_bp.min(10_000),
+            from_ms,
+        }
     }
-    let hash = sha2::Sha256::new()
-        .chain_update(id.as_bytes())
-        .chain_update([0u8])
-        .chain_update(origin_id.as_bytes())
-        .finalize();
-    let n = u32::from_be_bytes([hash[0], hash[1], hash[2], hash[3]]);
-    n % 10_000 < share_bp
+
+    /// Whether the entry first added as `origin_id` runs on the candidate.
+    pub fn takes(&self, origin_id: &str) -> bool {
+        use std::hash::Hasher as _;
+        if self.share_bp == 0 || added_ms(origin_id).is_none_or(|ms| ms < self.from_ms) {
+            return false;
+        }
+        let mut hasher = siphasher::sip::SipHasher24::new_with_key(&self.key);
+        hasher.write(origin_id.as_bytes());
+        hasher.finish() % 10_000 < u64::from(self.share_bp)
+    }
+}
+
+/// The milliseconds of a stream entry id (`<ms>-<seq>`), if it is one (read by hand: every
+/// delivery of a canary asks, and a string search for the dash cost as much as the hash).
+fn added_ms(id: &str) -> Option<u64> {
+    let mut ms: u64 = 0;
+    let mut digits = 0;
+    for &b in id.as_bytes() {
+        match b {
+            b'0'..=b'9' => {
+                ms = ms.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+                digits += 1;
+            }
+            b'-' if digits > 0 => return Some(ms),
+            _ => return None,
+        }
+    }
+    None
 }
 
 /// A canary this host is joining (fetching and checking its candidate): the deliveries it
 /// would take wait for the join to end, so that none of them runs the incumbent meanwhile.
 pub struct Joining {
-    id: String,
-    share_bp: u32,
-    from_ms: u64,
+    split: Split,
+    holds_all: bool,
     done: tokio::sync::watch::Sender<bool>,
 }
 
@@ -362,15 +417,14 @@ impl Joining {
     /// holds every delivery (`share_bp` 10,000 from 0) until it knows whether a canary runs.
     pub fn new(id: &str, share_bp: u32, from_ms: u64) -> Self {
         Self {
-            id: id.to_owned(),
-            share_bp,
-            from_ms,
+            split: Split::new(id, share_bp, from_ms),
+            holds_all: share_bp >= 10_000,
             done: tokio::sync::watch::channel(false).0,
         }
     }
 
     fn holds(&self, origin_id: &str) -> bool {
-        self.share_bp >= 10_000 || takes(&self.id, self.share_bp, self.from_ms, origin_id)
+        self.holds_all || self.split.takes(origin_id)
     }
 }
 
@@ -650,5 +704,60 @@ impl HandlerSlot {
     /// Where the handler versions of this subscription count what they refuse.
     pub fn counters(&self) -> &HandlerCounters {
         &self.counters
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_buckets_are_quarter_doublings_of_microseconds() {
+        let mut us = 1u64;
+        while us < 1 << 40 {
+            for probe in [us, us + 1, us * 5 / 4, us * 3 / 2, us * 7 / 4] {
+                let expected =
+                    (((probe as f64).log2() * 4.0).floor() as usize).min(TIME_BUCKETS - 1);
+                let got = time_bucket(std::time::Duration::from_micros(probe));
+                assert_eq!(got, expected, "{probe} us");
+                assert!(
+                    bucket_floor_us(got) <= probe as f64 * (1.0 + 1e-12),
+                    "{probe} us"
+                );
+            }
+            us *= 2;
+        }
+        assert_eq!(time_bucket(std::time::Duration::ZERO), 0);
+        assert_eq!(time_bucket(std::time::Duration::MAX), TIME_BUCKETS - 1);
+    }
+
+    #[test]
+    fn a_split_takes_its_share_of_entries_after_its_start_and_only_them() {
+        let ids: Vec<String> = (0..20_000)
+            .map(|i| format!("{}-{}", 1_000 + i / 7, i % 7))
+            .collect();
+        let half = Split::new("canary-a", 5_000, 1_000);
+        let taken: Vec<bool> = ids.iter().map(|id| half.takes(id)).collect();
+        let share = taken.iter().filter(|t| **t).count();
+        assert!((9_400..=10_600).contains(&share), "{share} of 20,000 taken");
+        // Another canary's key splits the same entries differently.
+        let other = Split::new("canary-b", 5_000, 1_000);
+        let both = ids
+            .iter()
+            .zip(&taken)
+            .filter(|(id, t)| **t && other.takes(id))
+            .count();
+        assert!((4_500..=5_500).contains(&both), "{both} taken by both");
+        // The same on every call (every attempt, every host).
+        assert!(ids.iter().zip(&taken).all(|(id, t)| half.takes(id) == *t));
+        let all = Split::new("canary-a", 10_000, 1_000);
+        assert!(ids.iter().all(|id| all.takes(id)));
+        let none = Split::new("canary-a", 0, 1_000);
+        assert!(!ids.iter().any(|id| none.takes(id)));
+        // Entries added before the start, and ids that are not entry ids, never.
+        assert!(!all.takes("999-0"));
+        assert!(!all.takes("not-an-id") && !all.takes("") && !all.takes("5000"));
+        assert!(!all.takes("-1") && !all.takes("99999999999999999999999-0"));
+        assert_eq!(added_ms("1700000000000-3"), Some(1_700_000_000_000));
     }
 }

@@ -1,8 +1,8 @@
-//! What a canary costs: the `wasm` path while a canary runs (half the entries on the
+//! What a canary costs: the `wasm` path while a canary runs (a share of the entries on the
 //! candidate, both versions counted and reported to Redis twice a second), against the same
-//! path without one, alternated in one run: once with the v2 fixture as the candidate (two
-//! components' code and instance pools in turn), once with the same code as the candidate
-//! (only the canary's own work: picking by hash, counting, reporting).
+//! path without one, alternated in one run: the v2 fixture as the candidate on 10 % (the
+//! usual canary) and on 50 % (two components' code and instances in turn as much as it gets),
+//! and the same code as the candidate on 50 % (a second handler of the same code).
 
 use std::time::{Duration, Instant};
 
@@ -13,67 +13,83 @@ use super::throughput::path_toml;
 use super::{Bench, Report};
 
 /// Rounds of each setting, alternated.
-const ROUNDS: usize = 7;
+const ROUNDS: usize = 11;
 
 impl Bench {
-    /// Plain and canary runs alternated [`ROUNDS`] times on `n` messages each; then each one's
-    /// median, the canary's as a share of plain's.
+    /// Plain and canary runs alternated [`ROUNDS`] times on `n` messages each (each round in
+    /// another order); each canary run is compared with the plain run of its own round (the
+    /// machine drifts between rounds more than a canary costs), and the median of those ratios
+    /// is the result, with the quartiles around it.
     pub async fn canary(&self, n: usize) -> Result<Vec<Report>> {
-        let settings: [(&str, Option<&std::path::Path>); 3] = [
+        let settings: [(&str, Option<(&std::path::Path, u32)>); 4] = [
             ("wasm plain", None),
-            ("wasm canary 50% v2", Some(&self.fixture_v2)),
-            ("wasm canary 50% same code", Some(&self.fixture)),
+            ("wasm canary 10% v2", Some((&self.fixture_v2, 1_000))),
+            ("wasm canary 50% v2", Some((&self.fixture_v2, 5_000))),
+            ("wasm canary 50% same code", Some((&self.fixture, 5_000))),
         ];
-        let mut rates: Vec<Vec<f64>> = settings.iter().map(|_| Vec::new()).collect();
-        let mut cpu: Vec<Vec<f64>> = settings.iter().map(|_| Vec::new()).collect();
+        // (msgs/s, host CPU us per message) of each setting, by round.
+        let mut runs: Vec<Vec<(f64, f64)>> = settings.iter().map(|_| Vec::new()).collect();
         for round in 0..ROUNDS {
-            for (i, (name, candidate)) in settings.iter().enumerate() {
+            for k in 0..settings.len() {
+                let i = (round + k) % settings.len();
+                let (name, candidate) = settings[i];
                 let (rate, us) = self
-                    .prefilled_path(&format!("{round}-{i}"), n, *candidate)
+                    .prefilled_path(&format!("{round}-{i}"), n, candidate)
                     .await?;
                 eprintln!(
                     "  {name} #{}: {rate:.0} msgs/s, host {us:.2} us CPU per msg",
                     round + 1
                 );
-                rates[i].push(rate);
-                cpu[i].push(us);
+                runs[i].push((rate, us));
             }
         }
-        let median = |v: &mut Vec<f64>| {
+        let quartiles = |mut v: Vec<f64>| {
             v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
+            let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+            (at(0.25), at(0.5), at(0.75))
         };
-        let medians: Vec<f64> = rates.iter_mut().map(median).collect();
         Ok(settings
             .iter()
-            .zip(&medians)
-            .map(|((name, _), rate)| {
+            .zip(&runs)
+            .map(|((name, _), own)| {
+                let pct = |f: fn(&(f64, f64)) -> f64| {
+                    quartiles(
+                        own.iter()
+                            .zip(&runs[0])
+                            .map(|(run, plain)| 100.0 * f(run) / f(plain))
+                            .collect(),
+                    )
+                };
+                let (q1, rate_pct, q3) = pct(|r| r.0);
+                let (_, cpu_pct, _) = pct(|r| r.1);
                 let mut report = Report::new(&format!("{name} median"), n, Duration::ZERO);
-                report.msgs_per_s = *rate;
-                report
-                    .extra
-                    .push(("x_plain_pct", 100.0 * rate / medians[0]));
+                report.msgs_per_s = quartiles(own.iter().map(|r| r.0).collect()).1;
+                report.us_per_delivery = Some(quartiles(own.iter().map(|r| r.1).collect()).1);
+                report.extra.push(("x_plain_pct", rate_pct));
+                report.extra.push(("x_plain_pct_q1", q1));
+                report.extra.push(("x_plain_pct_q3", q3));
+                report.extra.push(("x_cpu_plain_pct", cpu_pct));
                 report
             })
             .collect())
     }
 
-    /// One run: `n` entries on a fresh stream, a canary of `candidate` on half of them when
-    /// given (started before the host, which joins it before its first read), then the host;
-    /// msgs/s from its first delivery's end to the group settled (what the host does once it
-    /// reads: a canary host joins first, fetching and checking the candidate). The entries
+    /// One run: `n` entries on a fresh stream, a canary of `candidate` on its share of them
+    /// when given (started before the host, which joins it before its first read), then the host;
+    /// msgs/s and host CPU per message from a tenth of the entries handled to the group settled.
+    /// The entries
     /// carry ids a few seconds ahead of the server's clock (Redis takes any id above the last),
     /// so that they count as added after the canary started and are split between the versions.
     async fn prefilled_path(
         &self,
         run: &str,
         n: usize,
-        candidate: Option<&std::path::Path>,
+        candidate: Option<(&std::path::Path, u32)>,
     ) -> Result<(f64, f64)> {
         let stream = format!("bench-canary-{run}");
         let mut conn = self.conn().await?;
         let from = match candidate {
-            Some(candidate) => {
+            Some((candidate, share_bp)) => {
                 let v1 = std::fs::read(&self.fixture)?;
                 let v2 = std::fs::read(candidate)?;
                 sluice_host::rollout::canary::start(
@@ -85,7 +101,7 @@ impl Bench {
                         // The same code gets the same digest: a second handler of it all the same.
                         candidate: sluice_host::digest::Digest::of(&v2).as_str(),
                         incumbent: sluice_host::digest::Digest::of(&v1).as_str(),
-                        share_bp: 5_000,
+                        share_bp,
                         window: Duration::from_secs(3600),
                         thresholds: (&sluice_host::config::Canary::default()).into(),
                         by: "the benchmark",
@@ -116,15 +132,30 @@ impl Bench {
         let mut events = service.events().subscribe();
         let stop = CancellationToken::new();
         let task = tokio::spawn(service.run(None, stop.clone()));
-        events
-            .recv()
-            .await
-            .context("the host ended before its first delivery")?;
+        // The steady state: from a tenth of the entries handled on. By then a canary host has
+        // joined (fetched, checked and compiled the candidate, a one-off that would otherwise
+        // count against its throughput): the deliveries the candidate takes wait for the join,
+        // and they fill the in-flight budget long before a tenth.
+        let mut seen = 0;
+        while seen < n / 10 {
+            match events.recv().await {
+                Ok(_) => seen += 1,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(k)) => seen += k as usize,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                    bail!("the host ended after {seen} deliveries")
+                }
+            }
+        }
+        drop(events);
         let started = Instant::now();
         let cpu_before = super::throughput::process_cpu_seconds();
+        let (pending, unread) = Self::group_state(&mut conn, &stream)
+            .await?
+            .context("the group is gone")?;
+        let left = (pending + unread) as f64;
         self.settled(&stream, n, None).await?;
-        let rate = (n - 1) as f64 / started.elapsed().as_secs_f64();
-        let us = (super::throughput::process_cpu_seconds() - cpu_before) * 1e6 / (n - 1) as f64;
+        let rate = left / started.elapsed().as_secs_f64();
+        let us = (super::throughput::process_cpu_seconds() - cpu_before) * 1e6 / left;
         stop.cancel();
         task.await?.context("the host failed")?;
         if candidate.is_some() {
@@ -136,6 +167,11 @@ impl Bench {
                 );
             }
         }
+        // The next run finds Redis as this one did: without the 300k entries of every run before.
+        redis::cmd("DEL")
+            .arg(&stream)
+            .query_async::<()>(&mut conn)
+            .await?;
         Ok((rate, us))
     }
 }
