@@ -300,6 +300,88 @@ async fn a_good_candidate_is_promoted_by_every_host_and_a_restarted_host_resumes
     b.stop().await.unwrap();
 }
 
+/// A host of the group that cannot run the candidate (here its `admin_max_upload` is below the
+/// candidate's size: a config rolling out) ends the canary for every host, with why, before
+/// it runs any entry the candidate would take: a canary runs on every host or on none, so no
+/// entry picked for the candidate runs the incumbent on one host while the others run it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_cannot_join_ends_the_canary_for_every_host() {
+    let redis = Redis::start();
+    let sub = |consumer: &str| {
+        Sub::fixture("cj")
+            .set("consumer", consumer)
+            .set("canary", Raw("{ min_deliveries = 20 }"))
+    };
+    let candidate_kib = std::fs::metadata(&guests().fixture_v2).unwrap().len() / 1024;
+    let mut a = start_fixture(&redis, sub("a")).await;
+    let mut b = start_fixture(
+        &redis,
+        TestConfig::of(sub("b")).set("admin_max_upload", format!("{}KiB", candidate_kib / 2)),
+    )
+    .await;
+    let admin_a = a.admin().await;
+    let admin_b = b.admin().await;
+    let v1 = serving(admin_a).await;
+    let stop_producing = tokio_util::sync::CancellationToken::new();
+    let producer = {
+        let mut conn = redis.conn().await;
+        let stop = stop_producing.clone();
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                add(&mut conn, "cj", &Control::Ack).await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let (status, body) = put_canary(admin_a, "cj", "percent=50&for=5m").await;
+    assert_eq!(status, 200, "{body}");
+    let record: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let id = record["id"].as_str().unwrap().to_owned();
+    let from = record["eligible_from_ms"].as_u64().unwrap();
+    let state = verdict(admin_a, "cj", T).await;
+    let why = state["verdict"]["why"].as_str().unwrap();
+    assert_eq!(state["verdict"]["verdict"], "rolled-back", "{state}");
+    assert!(
+        why.contains("b could not join") && why.contains("admin_max_upload"),
+        "{why}"
+    );
+    let ended = humantime::parse_rfc3339(state["verdict"]["at"].as_str().unwrap()).unwrap();
+    // On host b, the first entry the candidate would have taken ran after the canary ended,
+    // on the incumbent: held until then, never run while host a ran others on the candidate.
+    let first = b
+        .event(T, "an entry picked for the candidate, on host b", |e| {
+            sluice_host::handler::takes(&id, 5000, from, &e.origin_id)
+        })
+        .await;
+    assert_eq!(first.digest.as_str(), v1);
+    assert!(
+        first.started.is_some_and(|s| s >= ended),
+        "entry {} ran on host b at {:?}, before the canary ended at {ended:?}",
+        first.origin_id,
+        first.started
+    );
+    // Both hosts serve the incumbent, and every entry is handled.
+    for admin in [admin_a, admin_b] {
+        assert_eq!(serving(admin).await, v1);
+    }
+    stop_producing.cancel();
+    producer.await.unwrap();
+    let mut conn = redis.conn().await;
+    wait_for(T, "every entry acknowledged", || {
+        let mut conn = conn.clone();
+        async move {
+            let group = sluice_host::inspect::group(&mut conn, "cj", "g")
+                .await
+                .unwrap()?;
+            (group.pending == 0 && group.lag == Some(0)).then_some(())
+        }
+    })
+    .await;
+    assert!(dead_lettered(&mut conn, "cj").await.is_empty());
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
 /// A canary record another writer to Redis made (no seal, or one made with another secret)
 /// runs nothing: the hosts ignore it and serve the current version.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -572,4 +654,136 @@ async fn a_replay_reports_what_the_candidate_would_do_and_writes_nothing() {
     }
     assert_eq!(dead_lettered(&mut conn, "rp").await.len(), 506);
     host.stop().await.unwrap();
+}
+
+/// The judge (the report script, in Redis) on counts drawn at random with a fixed seed: a
+/// candidate as good as the incumbent is never rolled back by chance, though it is judged at
+/// every report through its window; one that fails on every attempt is rolled back within a
+/// handful; counts another writer spoiled (not integers) neither stop the judging nor hide a
+/// failing candidate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_judge_rolls_back_a_failing_candidate_and_not_an_equal_one_by_chance() {
+    use sluice_host::handler::Tally;
+    use sluice_host::rollout::canary::{self, Outcome, Reported};
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let starter = conn.clone();
+    let v1 = std::fs::read(&guests().fixture).unwrap();
+    let v2 = std::fs::read(&guests().fixture_v2).unwrap();
+    let start = |stream: String| {
+        let (v1, v2) = (v1.clone(), v2.clone());
+        let mut conn = starter.clone();
+        async move {
+            canary::start(
+                &mut conn,
+                canary::Start {
+                    stream: &stream,
+                    group: "g",
+                    bytes: &v2,
+                    candidate: sluice_host::digest::Digest::of(&v2).as_str(),
+                    incumbent: sluice_host::digest::Digest::of(&v1).as_str(),
+                    share_bp: 1_000,
+                    window: Duration::from_secs(3600),
+                    thresholds: (&sluice_host::config::Canary::default()).into(),
+                    by: "the test",
+                },
+            )
+            .await
+            .unwrap()
+        }
+    };
+    // xorshift64*: the same draws on every run.
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut draw = move |n: u64, p: f64| {
+        (0..n)
+            .filter(|_| {
+                seed ^= seed >> 12;
+                seed ^= seed << 25;
+                seed ^= seed >> 27;
+                ((seed.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64) < p
+            })
+            .count() as u64
+    };
+    let tally = |attempts: u64, failures: u64| Tally {
+        attempts,
+        failures,
+        buckets: vec![(40, attempts)],
+        ..Tally::default()
+    };
+    // 100 canaries of an equal candidate (5 % failures on both), 100 attempts against 900
+    // over 50 reports, the last one at the window's end.
+    let mut rolled_back = Vec::new();
+    for run in 0..100 {
+        let record = start(format!("equal{run}")).await;
+        for look in 0..50 {
+            let mut judged = record.clone();
+            if look == 49 {
+                judged.ends_ms = judged.started_ms;
+            }
+            let (inc, can) = (tally(18, draw(18, 0.05)), tally(2, draw(2, 0.05)));
+            match canary::report(&mut conn, &judged, "the test", &inc, &can)
+                .await
+                .unwrap()
+            {
+                Reported::Running => {}
+                Reported::Decided { verdict, .. } => {
+                    if verdict.outcome == Outcome::RolledBack {
+                        rolled_back.push(verdict.why);
+                    }
+                    break;
+                }
+                Reported::Gone => panic!("the canary is gone"),
+            }
+        }
+    }
+    assert!(
+        rolled_back.is_empty(),
+        "equal candidates rolled back: {rolled_back:?}"
+    );
+    // A candidate that fails on every attempt, after counts were spoiled by another writer.
+    // Every report adds to the incumbent's attempts: a field there that is not an integer made
+    // each report fail. (A writer that sets the incumbent's failures as high as its attempts
+    // hides the candidate's: the same accepted risk as a forged verdict, docs/design/rollout.md.)
+    for spoil in [None, Some("abc"), Some("-5"), Some("1.5")] {
+        let record = start(format!("failing-{spoil:?}")).await;
+        if let Some(value) = spoil {
+            let key = sluice_host::keys::canary_key(&record.stream, "g");
+            redis::cmd("HSET")
+                .arg(&key)
+                .arg("id")
+                .arg(&record.id)
+                .arg("i:attempts")
+                .arg(value)
+                .query_async::<()>(&mut conn)
+                .await
+                .unwrap();
+        }
+        let mut attempts = 0;
+        let verdict = loop {
+            attempts += 1;
+            assert!(
+                attempts <= 20,
+                "{spoil:?}: still running after 20 failed attempts"
+            );
+            match canary::report(&mut conn, &record, "the test", &tally(9, 0), &tally(1, 1))
+                .await
+                .unwrap()
+            {
+                Reported::Running => {}
+                Reported::Decided { verdict, .. } => break verdict,
+                Reported::Gone => panic!("the canary is gone"),
+            }
+        };
+        assert_eq!(
+            verdict.outcome,
+            Outcome::RolledBack,
+            "{spoil:?}: {}",
+            verdict.why
+        );
+        assert!(verdict.why.contains("failure rate"), "{}", verdict.why);
+        assert!(
+            attempts <= 10,
+            "{spoil:?}: rolled back after {attempts} failed attempts"
+        );
+    }
 }

@@ -94,9 +94,11 @@ struct StartQuery {
     by: Option<String>,
 }
 
-/// A share as `10`, `10%` or `12.5%`.
+/// A share as `10`, `10%` or `12.5%` (one `%` at most: `10%%` is a typo, not a share).
 pub(crate) fn percent(text: &str) -> Option<f64> {
-    text.trim().trim_end_matches('%').trim().parse().ok()
+    let text = text.trim();
+    let number = text.strip_suffix('%').unwrap_or(text).trim_end();
+    number.parse().ok()
 }
 
 async fn start(
@@ -248,4 +250,19 @@ async fn replay(
         );
     }
     Ok(axum::Json(serde_json::json!({ "replays": items })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percent;
+
+    #[test]
+    fn a_share_is_a_number_with_one_percent_sign_at_most() {
+        assert_eq!(percent("10"), Some(10.0));
+        assert_eq!(percent(" 12.5 % "), Some(12.5));
+        assert_eq!(percent("10%"), Some(10.0));
+        for typo in ["10%%", "%", "", "ten", "10 %%", "%10"] {
+            assert_eq!(percent(typo), None, "{typo:?}");
+        }
+    }
 }

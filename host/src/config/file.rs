@@ -1136,4 +1136,66 @@ mod tests {
             "{err}"
         );
     }
+
+    /// The configs the Kubernetes manifests ship parse, listen where the probes look, keep
+    /// the consumer name the pod's own, and stop within the pod's grace period.
+    #[test]
+    fn the_kubernetes_manifests_configs_parse_and_fit_the_pod() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes");
+        let deployment =
+            std::fs::read_to_string(root.join("base/deployment.yaml")).expect("the deployment");
+        let grace: u64 = deployment
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("terminationGracePeriodSeconds:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("the deployment sets terminationGracePeriodSeconds");
+        assert!(deployment.contains("containerPort: 9187"), "{deployment}");
+        for config in ["base/sluice.toml", "overlays/example/sluice.toml"] {
+            let text = std::fs::read_to_string(root.join(config)).expect(config);
+            assert!(
+                text.contains("component = \"/components/"),
+                "{config}: {text}"
+            );
+            // The pod's secrets, where a test can make them (private, as the pod mounts them).
+            let secrets = tempfile::tempdir().unwrap();
+            let mut text = text.replace("/components/bank_payments.wasm", "COMPONENT");
+            for secret in [
+                "/etc/sluice/secrets/redis/password",
+                "/etc/sluice/secrets/admin/token",
+            ] {
+                assert!(text.contains(secret), "{config}: {secret}");
+                let file = secrets.path().join(secret.rsplit('/').next().unwrap());
+                std::fs::write(&file, "not-a-real-secret").unwrap();
+                std::fs::set_permissions(
+                    &file,
+                    std::os::unix::fs::PermissionsExt::from_mode(0o600),
+                )
+                .unwrap();
+                text = text.replace(secret, &file.display().to_string());
+            }
+            let file = parse(&text).unwrap_or_else(|e| panic!("{config}: {e}"));
+            let globals = &file.globals;
+            assert_eq!(
+                globals.admin,
+                Some(Some("0.0.0.0:9187".parse().unwrap())),
+                "{config}"
+            );
+            assert!(
+                file.subscriptions
+                    .iter()
+                    .all(|s| s.overrides.consumer.is_none()),
+                "{config}: a fixed consumer name"
+            );
+            let shutdown = globals.shutdown_timeout.expect("shutdown_timeout");
+            assert!(
+                shutdown + Duration::from_secs(10) <= Duration::from_secs(grace),
+                "{config}: shutdown_timeout {shutdown:?} leaves no room in the {grace} s grace period"
+            );
+            assert_eq!(
+                globals.cache_dir.as_deref(),
+                Some(Path::new("/var/cache/sluice")),
+                "{config}"
+            );
+        }
+    }
 }

@@ -249,8 +249,8 @@ pub struct CircuitBreaker {
 impl Eq for CircuitBreaker {}
 
 /// How a canary of a subscription is judged (see `crate::rollout`): the candidate is rolled
-/// back as soon as one of its rates is, with 99 % confidence, more than the incumbent's plus
-/// the allowed increase, or its handler time p99 is more than `p99_ratio` times the
+/// back as soon as one of its rates is shown (confidence bounds on both versions' counts) to
+/// be more than the incumbent's plus the allowed increase, or its handler time p99 is more than `p99_ratio` times the
 /// incumbent's (and `p99_slack` more); it is promoted when `window` passes within every
 /// threshold with at least `min_deliveries` attempts on it, and rolled back if it had fewer.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -243,7 +243,7 @@ pub const KEYS: &[KeyDoc] = &[
     KeyDoc {
         scope: Scope::Subscription,
         keys: &["canary"],
-        meaning: "`{ window = \"5m\", failure_rate_increase = 0.01, dead_letter_rate_increase = 0.01, retry_rate_increase = 0.05, p99_ratio = 2.0, p99_slack = \"10ms\", min_deliveries = 100 }`, each optional: how a canary (`sluice swap --canary`) is judged. The candidate is rolled back as soon as its failure (trap, limit), dead-letter or retry rate is, with 99 % confidence, above the incumbent's plus the increase, or its handler-time p99 above `p99_ratio` times the incumbent's (and `p99_slack` more, once both had `min_deliveries`); promoted when `window` passes within every threshold with at least `min_deliveries` attempts on it. See [Safe rollout](../operating/rollout.md)",
+        meaning: "`{ window = \"5m\", failure_rate_increase = 0.01, dead_letter_rate_increase = 0.01, retry_rate_increase = 0.05, p99_ratio = 2.0, p99_slack = \"10ms\", min_deliveries = 100 }`, each optional: how a canary (`sluice swap --canary`) is judged. The candidate is rolled back as soon as its failure (trap, limit), dead-letter or retry rate is shown above the incumbent's plus the increase (the lowest rate its counts allow above the highest the incumbent's allow), or its handler-time p99 above `p99_ratio` times the incumbent's (and `p99_slack` more, once both had `min_deliveries`); promoted when `window` passes with no threshold shown broken and at least `min_deliveries` attempts on it. See [Safe rollout](../operating/rollout.md)",
         default: "the values shown",
     },
     KeyDoc {

@@ -9,14 +9,17 @@
 //!   [`crate::keys::component_key`]; a host checks them against the sealed digest.
 //! - **Judging** (`lua/canary_report.lua`): each host adds what its attempts came to, per
 //!   version, every [`REPORT`], and the same call judges the group's totals: a rate (failure,
-//!   dead letter, retry) that is with 99 % confidence above the incumbent's plus the allowed
-//!   increase rolls the candidate back at once, as does a p99 handler time above the ratio;
-//!   the window's end promotes it (or rolls it back if it had too few attempts to judge). The
+//!   dead letter, retry) whose lowest value the candidate's counts allow is above the highest
+//!   the incumbent's allow plus the allowed increase (Wilson bounds, one-sided 99.95 % during
+//!   the window, which is looked at hundreds of times, 99 % at its end) rolls the candidate
+//!   back, at once during the window, as does a p99 handler time above the ratio; otherwise the
+//!   window's end promotes it (or rolls it back if it had too few attempts to judge). The
 //!   first call to decide writes the verdict (`canary-verdict`); every later call reads it, so
 //!   all hosts agree.
 //! - **Bounds**: the record and verdict are read through the flow module's bounded read; the
-//!   judging script reads only its own 248 count fields, and counts that are not numbers read
-//!   as nothing; the component's bytes are read only up to `admin_max_upload`; what is shown
+//!   judging script reads only its own 248 count fields, counts that are not numbers read as
+//!   nothing (and are started again by the next report), counts above the attempts as the
+//!   attempts; the component's bytes are read only up to `admin_max_upload`; what is shown
 //!   of who and why is cut like a pause's.
 
 use std::time::Duration;
@@ -36,8 +39,11 @@ pub const ABANDONED_AFTER: Duration = Duration::from_secs(60);
 /// How long after a canary starts its candidate begins taking entries (those added from then
 /// on): the hosts see the record within a poll, and fetch and check the candidate meanwhile.
 pub const JOIN_GRACE: Duration = Duration::from_secs(2);
-/// The z of a one-sided 99 % confidence bound.
-const Z: f64 = 2.326;
+/// The z of the bounds a canary is judged by at its window's end: one-sided 99 %.
+const Z_END: f64 = 2.326;
+/// The z during the window, where the counts are judged at every report (hundreds of looks):
+/// one-sided 99.95 %, so that an equal candidate is not rolled back by one unlucky look.
+const Z_WINDOW: f64 = 3.29;
 /// How long a canary's counts and its candidate's bytes stay in Redis after its window.
 pub const KEEP_AFTER: Duration = Duration::from_secs(7 * 86_400);
 /// The longest "who" and "why" kept, in characters.
@@ -474,6 +480,41 @@ pub async fn abort<C: ConnectionLike>(
     Ok(record)
 }
 
+/// End the canary `record` because the host `by` cannot run its candidate (`why`): a canary
+/// runs on every host of the group or on none, or entries picked for the candidate would run
+/// the incumbent on that host. Whether this call ended it (false: it had a verdict already).
+pub async fn refuse<C: ConnectionLike>(
+    conn: &mut C,
+    record: &Record,
+    by: &str,
+    why: &str,
+) -> redis::RedisResult<bool> {
+    static ABORT: std::sync::LazyLock<Script> =
+        std::sync::LazyLock::new(|| Script::new(include_str!("lua/canary_abort.lua")));
+    let now = server_ms(conn).await?;
+    let why = clean(&format!("{by} could not join it: {why}"), MAX_TEXT);
+    let verdict = Verdict::json(&record.id, Outcome::RolledBack, &why, now, by);
+    let written: u8 = ABORT
+        .key(flow_key(&record.stream, &record.group))
+        .arg(verdict)
+        .arg(&record.id)
+        .invoke_async(conn)
+        .await?;
+    if written == 1 {
+        crate::flow::journal::write(
+            conn,
+            &record.stream,
+            &record.group,
+            "canary rolled back",
+            by,
+            &why,
+        )
+        .await;
+        crate::flow::bump_epoch(conn).await?;
+    }
+    Ok(written == 1)
+}
+
 /// One version's totals in a canary, for the group.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Totals {
@@ -688,7 +729,8 @@ pub async fn report<C: ConnectionLike>(
         .arg(t.p99_ratio)
         .arg(t.p99_slack_ms.saturating_mul(1000))
         .arg(t.min_deliveries)
-        .arg(Z)
+        .arg(Z_WINDOW)
+        .arg(Z_END)
         .arg(keep_ms);
     for tally in [incumbent, candidate] {
         invocation

@@ -271,8 +271,11 @@ impl Rollout {
             if state.known && (changed || follower.failed.is_some()) {
                 follower.seen = Some(seen);
                 follower.converge(&state).await;
-                // Known now whether a canary runs: deliveries held since the start go on.
-                self.control.slot().joined();
+                // Known now whether a canary runs: deliveries held since the start go on
+                // (unless this host could neither join a canary nor end it: its share waits).
+                if follower.failed.is_none() {
+                    self.control.slot().joined();
+                }
             }
             follower.report().await;
         }
@@ -351,6 +354,7 @@ impl Follower<'_> {
             .as_deref()
             .and_then(Verdict::from_record);
         let Some(record) = record else {
+            self.failed = None;
             if let Some(installed) = self.installed.take() {
                 self.end(
                     installed,
@@ -362,6 +366,7 @@ impl Follower<'_> {
         };
         let decided = verdict.filter(|v| v.id == record.id);
         if let Some(verdict) = decided {
+            self.failed = None;
             if let Some(installed) = self.installed.take() {
                 if installed.record.id == record.id {
                     self.apply(installed, &verdict);
@@ -392,23 +397,49 @@ impl Follower<'_> {
             }
             Err(err) => {
                 let (stream, group) = self.labels();
+                let explained = err.explain();
                 tracing::error!(
                     stream,
                     group,
                     candidate = %canary::short(&record.candidate),
-                    err = %err.explain(),
-                    "cannot join the canary; this host keeps serving the current version to every delivery (trying again in 5 s)"
+                    err = %explained,
+                    "cannot join the canary: ending it for every host of the group"
                 );
-                self.failed = Some((record.id.clone(), tokio::time::Instant::now()));
+                // A canary runs on every host or on none: the entries this host would run on
+                // the incumbent are the candidate's on the others. The deliveries the candidate
+                // would take stay held until the canary has ended.
+                let mut conn = self.rollout.conn.clone();
+                let ended =
+                    canary::refuse(&mut conn, &record, &self.rollout.consumer, &explained).await;
+                match ended {
+                    Ok(_) => {
+                        self.rollout.control.slot().joined();
+                        self.failed = None;
+                    }
+                    Err(e) => {
+                        tracing::error!(
+                            stream,
+                            group,
+                            err = %e,
+                            "cannot end the canary this host cannot join; its share of deliveries stays held (trying again in 5 s)"
+                        );
+                        self.failed = Some((record.id.clone(), tokio::time::Instant::now()));
+                    }
+                }
             }
         }
     }
 
+    /// Fetch, check and start the canary's candidate, holding the deliveries it would take
+    /// meanwhile. On success they go on; on failure they stay held for the caller to end the
+    /// canary first.
     async fn join(&self, record: &Record) -> Result<Installed, RolloutError> {
         let slot = self.rollout.control.slot();
         slot.joining(Joining::new(&record.id, record.share_bp, record.from_ms()));
         let joined = self.fetch_and_start(record).await;
-        slot.joined();
+        if joined.is_ok() {
+            slot.joined();
+        }
         joined
     }
 

@@ -1,9 +1,10 @@
 -- A host adds what its canary attempts came to and judges the canary for the whole group.
 -- KEYS[1]: the flow hash (the record and the verdict), KEYS[2]: the canary's counts.
 -- ARGV: 1 id, 2 who reports, 3 ends_ms, 4..6 the allowed increases of the failure, dead-letter
--- and retry rates, 7 p99 ratio, 8 p99 slack (us), 9 min attempts, 10 z (confidence), 11 how
--- long the counts are kept (ms); from 12, for the incumbent then the candidate: attempts,
--- failures, dead letters, retries, the number of time buckets, then (bucket, count) pairs.
+-- and retry rates, 7 p99 ratio, 8 p99 slack (us), 9 min attempts, 10 z during the window
+-- (judged at every report: a stricter bound), 11 z at the window's end, 12 how long the counts
+-- are kept (ms); from 13, for the incumbent then the candidate: attempts, failures, dead
+-- letters, retries, the number of time buckets, then (bucket, count) pairs.
 -- Answers {'gone'} (no such canary), {'decided', verdict} (judged before), {'running'}, or
 -- {'new', verdict} when this call judged it (the caller tells the hosts).
 local id = ARGV[1]
@@ -22,13 +23,20 @@ end
 
 local BUCKETS = 120
 local names = {'attempts', 'failures', 'dead_letters', 'retries'}
-local i = 12
+-- Add n to a count; a field another writer left that is not an integer starts again from n
+-- (HINCRBY would fail on it, and every report with it: the canary never judged).
+local function add(field, n)
+  if type(redis.pcall('HINCRBY', KEYS[2], field, n)) == 'table' then
+    redis.call('HSET', KEYS[2], field, n)
+  end
+end
+local i = 13
 for _, role in ipairs({'i', 'c'}) do
   for _, name in ipairs(names) do
     local n = tonumber(ARGV[i]) or 0
     i = i + 1
     if n > 0 then
-      redis.call('HINCRBY', KEYS[2], role .. ':' .. name, n)
+      add(role .. ':' .. name, n)
     end
   end
   local buckets = tonumber(ARGV[i]) or 0
@@ -38,11 +46,11 @@ for _, role in ipairs({'i', 'c'}) do
     local n = tonumber(ARGV[i + 1]) or 0
     i = i + 2
     if b and b >= 0 and b < BUCKETS and n > 0 then
-      redis.call('HINCRBY', KEYS[2], role .. ':h:' .. b, n)
+      add(role .. ':h:' .. b, n)
     end
   end
 end
-redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[11]))
+redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[12]))
 
 -- What another writer may have left in the counts reads as nothing.
 local function num(x)
@@ -61,7 +69,10 @@ local function totals(role)
     fields[#fields + 1] = role .. ':h:' .. b
   end
   local v = redis.call('HMGET', KEYS[2], unpack(fields))
-  local t = {n = num(v[1]), failure = num(v[2]), ['dead-letter'] = num(v[3]), retry = num(v[4]), h = {}}
+  -- A count above the attempts (another writer's) is as many as the attempts: no rate above 1.
+  local n = num(v[1])
+  local t = {n = n, failure = math.min(num(v[2]), n), ['dead-letter'] = math.min(num(v[3]), n),
+    retry = math.min(num(v[4]), n), h = {}}
   local timed = 0
   for b = 0, BUCKETS - 1 do
     t.h[b] = num(v[5 + b])
@@ -85,16 +96,16 @@ local function p99(t)
   end
   return 2 ^ (BUCKETS / 4)
 end
--- The Wilson score interval's lower bound of k successes in n at z.
-local function lower(k, n, z)
+-- The Wilson score interval of k in n at z: its lower and upper bound.
+local function wilson(k, n, z)
   if n == 0 then
-    return 0
+    return 0, 1
   end
   local p = k / n
   local z2 = z * z
   local centre = p + z2 / (2 * n)
   local spread = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
-  return (centre - spread) / (1 + z2 / n)
+  return (centre - spread) / (1 + z2 / n), (centre + spread) / (1 + z2 / n)
 end
 local function pct(k, n)
   if n == 0 then
@@ -108,7 +119,7 @@ local can = totals('c')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ends = tonumber(ARGV[3])
-local z = tonumber(ARGV[10])
+local z_window, z_end = tonumber(ARGV[10]), tonumber(ARGV[11])
 local min = tonumber(ARGV[9])
 local checks = {{'failure', tonumber(ARGV[4])}, {'dead-letter', tonumber(ARGV[5])}, {'retry', tonumber(ARGV[6])}}
 
@@ -118,18 +129,22 @@ local function worse(name, k, margin)
     name, pct(k, can.n), can[name], can.n, pct(inc[name], inc.n), inc[name], inc.n, margin * 100)
 end
 
--- The incumbent's rate of `name` (0 without attempts).
-local function base(name)
-  if inc.n > 0 then
-    return inc[name] / inc.n
-  end
-  return 0
+-- Whether the candidate's rate of `name` is shown, at z, to be above the incumbent's plus
+-- `margin`: the lowest rate the candidate's counts allow above the highest the incumbent's do.
+-- Both versions' rates are samples; a candidate as good as the incumbent must not lose by
+-- chance (at 5 % failures on 100 attempts, 7 happen one time in four).
+local function shown_worse(name, margin, z)
+  local low = wilson(can[name], can.n, z)
+  local _, high = wilson(inc[name], inc.n, z)
+  return low > high + margin
 end
 
 local outcome, why = nil, nil
+-- During the window the counts are judged at every report (twice a second per host): each
+-- look is a chance to be wrong, so the bound is stricter than at the end.
 for _, check in ipairs(checks) do
   local name, margin = check[1], check[2]
-  if lower(can[name], can.n, z) > base(name) + margin then
+  if shown_worse(name, margin, z_window) then
     outcome, why = 'rolled-back', worse(name, can[name], margin)
     break
   end
@@ -153,7 +168,7 @@ if not outcome and now >= ends then
   else
     for _, check in ipairs(checks) do
       local name, margin = check[1], check[2]
-      if can[name] / can.n > base(name) + margin then
+      if shown_worse(name, margin, z_end) then
         outcome, why = 'rolled-back', worse(name, can[name], margin)
         break
       end
