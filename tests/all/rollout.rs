@@ -46,6 +46,22 @@ async fn verdict(admin: std::net::SocketAddr, stream: &str, within: Duration) ->
     .await
 }
 
+/// A producer adding an entry the handler acknowledges every 5 ms to `stream` until `stop`.
+async fn acks_until(
+    redis: &Redis,
+    stream: &'static str,
+    stop: &tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let mut conn = redis.conn().await;
+    let stop = stop.clone();
+    tokio::spawn(async move {
+        while !stop.is_cancelled() {
+            add(&mut conn, stream, &Control::Ack).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+}
+
 async fn serving(admin: std::net::SocketAddr) -> String {
     let (_, listing) = http_get(admin, "/v1/subscriptions").await;
     let list: serde_json::Value = serde_json::from_str(&listing).unwrap();
@@ -206,19 +222,7 @@ async fn a_good_candidate_is_promoted_by_every_host_and_a_restarted_host_resumes
     let admin_b = b.admin().await;
     let v1 = serving(admin_a).await;
     let stop_producing = tokio_util::sync::CancellationToken::new();
-    let producer = {
-        let mut conn = redis.conn().await;
-        let stop = stop_producing.clone();
-        tokio::spawn(async move {
-            let mut n = 0u64;
-            while !stop.is_cancelled() {
-                add(&mut conn, "cg", &Control::Ack).await;
-                n += 1;
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            n
-        })
-    };
+    let producer = acks_until(&redis, "cg", &stop_producing).await;
     let (status, body) = put_canary(admin_a, "cg", "percent=50&for=30s").await;
     assert_eq!(status, 200, "{body}");
     let record: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -323,16 +327,7 @@ async fn a_host_that_cannot_join_ends_the_canary_for_every_host() {
     let admin_b = b.admin().await;
     let v1 = serving(admin_a).await;
     let stop_producing = tokio_util::sync::CancellationToken::new();
-    let producer = {
-        let mut conn = redis.conn().await;
-        let stop = stop_producing.clone();
-        tokio::spawn(async move {
-            while !stop.is_cancelled() {
-                add(&mut conn, "cj", &Control::Ack).await;
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-    };
+    let producer = acks_until(&redis, "cj", &stop_producing).await;
     let (status, body) = put_canary(admin_a, "cj", "percent=50&for=5m").await;
     assert_eq!(status, 200, "{body}");
     let record: serde_json::Value = serde_json::from_str(&body).unwrap();

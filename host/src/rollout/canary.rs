@@ -446,13 +446,6 @@ pub async fn abort<C: ConnectionLike>(
     group: &str,
     by: &str,
 ) -> Result<Record, CanaryError> {
-    static ABORT: std::sync::LazyLock<Script> =
-        std::sync::LazyLock::new(|| Script::new(include_str!("lua/canary_abort.lua")));
-    let err = |source| CanaryError::Redis {
-        stream: stream.to_owned(),
-        group: group.to_owned(),
-        source,
-    };
     let not_running = || CanaryError::NotRunning {
         stream: stream.to_owned(),
         group: group.to_owned(),
@@ -462,22 +455,16 @@ pub async fn abort<C: ConnectionLike>(
     if state.verdict.as_ref().is_some_and(|v| v.id == record.id) {
         return Err(not_running());
     }
-    let now = server_ms(conn).await.map_err(err)?;
-    let why = format!("aborted by {}", clean(by, MAX_TEXT));
-    let verdict = Verdict::json(&record.id, Outcome::RolledBack, &why, now, by);
-    let written: u8 = ABORT
-        .key(flow_key(stream, group))
-        .arg(verdict)
-        .arg(&record.id)
-        .invoke_async(conn)
-        .await
-        .map_err(err)?;
-    if written == 0 {
-        return Err(not_running());
+    let why = format!("aborted by {by}");
+    match roll_back(conn, &record, by, &why).await {
+        Ok(true) => Ok(record),
+        Ok(false) => Err(not_running()),
+        Err(source) => Err(CanaryError::Redis {
+            stream: stream.to_owned(),
+            group: group.to_owned(),
+            source,
+        }),
     }
-    crate::flow::journal::write(conn, stream, group, "canary rolled back", by, &why).await;
-    crate::flow::bump_epoch(conn).await.map_err(err)?;
-    Ok(record)
 }
 
 /// End the canary `record` because the host `by` cannot run its candidate (`why`): a canary
@@ -489,10 +476,21 @@ pub async fn refuse<C: ConnectionLike>(
     by: &str,
     why: &str,
 ) -> redis::RedisResult<bool> {
+    roll_back(conn, record, by, &format!("{by} could not join it: {why}")).await
+}
+
+/// Write a rolled-back verdict for `record` (only while it runs without one), with the flow
+/// journal's entry, and wake every host's flow watcher. Whether it was written.
+async fn roll_back<C: ConnectionLike>(
+    conn: &mut C,
+    record: &Record,
+    by: &str,
+    why: &str,
+) -> redis::RedisResult<bool> {
     static ABORT: std::sync::LazyLock<Script> =
         std::sync::LazyLock::new(|| Script::new(include_str!("lua/canary_abort.lua")));
     let now = server_ms(conn).await?;
-    let why = clean(&format!("{by} could not join it: {why}"), MAX_TEXT);
+    let why = clean(why, MAX_TEXT);
     let verdict = Verdict::json(&record.id, Outcome::RolledBack, &why, now, by);
     let written: u8 = ABORT
         .key(flow_key(&record.stream, &record.group))
