@@ -168,11 +168,8 @@ impl Dispatcher {
             return;
         };
         let now = self.settler.server_now_ms().unwrap_or_else(|| {
-            delivery
-                .entry
-                .id
-                .split_once('-')
-                .and_then(|(ms, _)| ms.parse().ok())
+            crate::when::entry_ms(&delivery.entry.id)
+                .and_then(|ms| i64::try_from(ms).ok())
                 .unwrap_or(due)
         });
         self.metrics

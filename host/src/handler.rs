@@ -294,11 +294,7 @@ pub struct Trial {
     pub id: String,
     /// The version on trial.
     pub candidate: Arc<Version>,
-    /// Of 10,000 deliveries, how many the candidate runs.
-    pub share_bp: u32,
-    /// Only entries added from this time on (ms since the Unix epoch, the server's clock, as
-    /// their origin id says) may run the candidate: every host has seen the canary by then.
-    pub from_ms: u64,
+    /// Which entries run the candidate.
     split: Split,
     counts: [TrialCounts; 2],
 }
@@ -317,8 +313,6 @@ impl Trial {
             split: Split::new(&id, share_bp, from_ms),
             id,
             candidate,
-            share_bp: share_bp.min(10_000),
-            from_ms,
             counts: [
                 TrialCounts::new(metrics, labels, Role::Incumbent),
                 TrialCounts::new(metrics, labels, Role::Candidate),
@@ -329,6 +323,11 @@ impl Trial {
     /// Whether the entry first added as `origin_id` runs on the candidate.
     pub fn takes(&self, origin_id: &str) -> bool {
         self.split.takes(origin_id)
+    }
+
+    /// Of 10,000 deliveries, how many the candidate runs.
+    pub fn share_bp(&self) -> u32 {
+        self.split.share_bp
     }
 
     /// Count an attempt `role` ran.
@@ -377,31 +376,14 @@ impl Split {
     /// Whether the entry first added as `origin_id` runs on the candidate.
     pub fn takes(&self, origin_id: &str) -> bool {
         use std::hash::Hasher as _;
-        if self.share_bp == 0 || added_ms(origin_id).is_none_or(|ms| ms < self.from_ms) {
+        if self.share_bp == 0 || crate::when::entry_ms(origin_id).is_none_or(|ms| ms < self.from_ms)
+        {
             return false;
         }
         let mut hasher = siphasher::sip::SipHasher24::new_with_key(&self.key);
         hasher.write(origin_id.as_bytes());
         hasher.finish() % 10_000 < u64::from(self.share_bp)
     }
-}
-
-/// The milliseconds of a stream entry id (`<ms>-<seq>`), if it is one (read by hand: every
-/// delivery of a canary asks, and a string search for the dash cost as much as the hash).
-fn added_ms(id: &str) -> Option<u64> {
-    let mut ms: u64 = 0;
-    let mut digits = 0;
-    for &b in id.as_bytes() {
-        match b {
-            b'0'..=b'9' => {
-                ms = ms.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
-                digits += 1;
-            }
-            b'-' if digits > 0 => return Some(ms),
-            _ => return None,
-        }
-    }
-    None
 }
 
 /// A canary this host is joining (fetching and checking its candidate): the deliveries it
@@ -570,7 +552,7 @@ impl HandlerSlot {
             stream = %self.labels.stream,
             group = %self.labels.group,
             candidate = trial.candidate.digest.short(),
-            share_percent = f64::from(trial.share_bp) / 100.0,
+            share_percent = f64::from(trial.share_bp()) / 100.0,
             "canary started: a share of deliveries runs the candidate"
         );
         if let Some(old) = self.trial.swap(Some(trial)) {
@@ -758,6 +740,9 @@ mod tests {
         assert!(!all.takes("999-0"));
         assert!(!all.takes("not-an-id") && !all.takes("") && !all.takes("5000"));
         assert!(!all.takes("-1") && !all.takes("99999999999999999999999-0"));
-        assert_eq!(added_ms("1700000000000-3"), Some(1_700_000_000_000));
+        assert_eq!(
+            crate::when::entry_ms("1700000000000-3"),
+            Some(1_700_000_000_000)
+        );
     }
 }

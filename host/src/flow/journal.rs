@@ -78,7 +78,7 @@ pub async fn read<C: ConnectionLike>(
     Ok(raw
         .into_iter()
         .filter_map(|(id, fields)| {
-            let at_ms = id.split_once('-')?.0.parse().ok()?;
+            let at_ms = i64::try_from(crate::when::entry_ms(&id)?).ok()?;
             let field = |name: &str| {
                 fields
                     .chunks(2)

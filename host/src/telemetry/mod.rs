@@ -180,7 +180,7 @@ pub fn operator_span(
 
 /// The time an entry id names (its milliseconds), if it is one.
 pub fn id_time(id: &str) -> Option<std::time::SystemTime> {
-    let ms: u64 = id.split_once('-')?.0.parse().ok()?;
+    let ms = crate::when::entry_ms(id)?;
     std::time::UNIX_EPOCH.checked_add(Duration::from_millis(ms))
 }
 
