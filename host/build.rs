@@ -39,10 +39,14 @@ fn main() {
     println!("cargo:rustc-env=SLUICE_COMMIT={commit}");
     // A new commit or checkout changes HEAD or the branch it names.
     if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]) {
-        println!("cargo:rerun-if-changed={dir}/HEAD");
-        println!("cargo:rerun-if-changed={dir}/packed-refs");
+        // Only files that exist: cargo takes a missing one as changed, and would rebuild the
+        // host on every build (a repository may have no packed-refs, or a packed branch).
+        let mut watch = vec![format!("{dir}/HEAD"), format!("{dir}/packed-refs")];
         if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
-            println!("cargo:rerun-if-changed={dir}/{branch}");
+            watch.push(format!("{dir}/{branch}"));
+        }
+        for file in watch.iter().filter(|f| std::path::Path::new(f).exists()) {
+            println!("cargo:rerun-if-changed={file}");
         }
     }
 }

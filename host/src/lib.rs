@@ -114,3 +114,4 @@ pub use config::Config;
 pub use events::{Event, EventKind};
 pub use plan::{Plan, SubscriptionPlan};
 pub use service::{RunError, Service};
+pub use settle::dead_letter_script_sha;

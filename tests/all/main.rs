@@ -19,6 +19,7 @@ mod fan_out;
 mod flow;
 mod guest_async;
 mod lane;
+mod network;
 mod operate;
 mod operations;
 mod projects;

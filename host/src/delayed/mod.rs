@@ -87,6 +87,17 @@ static SWEEP: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+/// The sweep script's SHA-1, as Redis names it in `EVALSHA`, `SLOWLOG` and `MONITOR`: how an
+/// operator (or a fault test's proxy) tells a sweep pass from the host's other calls.
+pub fn sweep_script_sha() -> &'static str {
+    SWEEP.get_hash()
+}
+
+/// The park script's SHA-1 (see [`sweep_script_sha`]).
+pub fn park_script_sha() -> &'static str {
+    PARK.get_hash()
+}
+
 /// Where a park left the entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Parked {

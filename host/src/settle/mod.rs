@@ -60,6 +60,12 @@ static DEAD_LETTER: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+/// The dead-letter script's SHA-1, as Redis names it in `EVALSHA`, `SLOWLOG` and `MONITOR`: how
+/// an operator (or a fault test's proxy) tells a dead-letter write from the host's other calls.
+pub fn dead_letter_script_sha() -> &'static str {
+    DEAD_LETTER.get_hash()
+}
+
 /// An entry to acknowledge, and the event that reports it once Redis has the XACK.
 #[derive(Debug)]
 pub struct Ack {

@@ -13,9 +13,11 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 mod config;
 mod cut;
+mod netns;
 
 pub use config::{Raw, Sub, TestConfig};
 pub use cut::CutProxy;
+pub use netns::{LinkProxy, Netns};
 pub use sluice_fixture_control::Control;
 use sluice_host::devredis::{DevRedis, DevRedisOptions};
 use sluice_host::{Config, Event, Plan, Service};
@@ -372,15 +374,30 @@ impl RunDir {
         Self::with(config.into(), Some(redis))
     }
 
+    /// `config` against the Redis at `url` (a proxy, an address across a link).
+    pub fn at(url: &str, config: impl Into<TestConfig>) -> Self {
+        Self::with_url(config.into(), Some(url.to_owned()))
+    }
+
     /// `config`, run with `--redis` when `redis` is given (else its `redis` key decides).
     fn with(config: TestConfig, redis: Option<&Redis>) -> Self {
+        Self::with_url(config, redis.map(Redis::url))
+    }
+
+    fn with_url(config: TestConfig, url: Option<String>) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = write_config(dir.path(), "sluice.toml", &config.to_string());
         let mut args = vec!["run".to_owned(), path.display().to_string()];
-        if let Some(redis) = redis {
-            args.extend(["--redis".to_owned(), redis.url()]);
+        if let Some(url) = url {
+            args.extend(["--redis".to_owned(), url]);
         }
         Self { dir, args }
+    }
+
+    /// Start `sluice run` here, inside the network namespace `ns`.
+    pub fn spawn_in(&self, ns: &Netns) -> HostProcess {
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        HostProcess::spawn_wrapped(&ns.wrap(), &args, self.dir.path(), &[])
     }
 
     /// Start `sluice run` here.
@@ -435,11 +452,30 @@ impl HostProcess {
     /// `sluice` with `args`, in `dir`, with `env` added (e.g. a faked wall clock). Each
     /// process logs to a file of its own in `dir`.
     pub fn spawn_with(args: &[&str], dir: &Path, env: &[(&str, &str)]) -> Self {
+        Self::spawn_wrapped(&[], args, dir, env)
+    }
+
+    /// `sluice` with `args`, run by `wrapper` (a program that execs the rest of its command
+    /// line, as `ip netns exec <ns>` does, so the PID is still the host's).
+    pub fn spawn_wrapped(
+        wrapper: &[String],
+        args: &[&str],
+        dir: &Path,
+        env: &[(&str, &str)],
+    ) -> Self {
         static SPAWNED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = SPAWNED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = dir.join(format!("sluice-{}-{n}.log", std::process::id()));
         let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(sluice_bin())
+        let mut command = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut command = Command::new(program);
+                command.args(rest).arg(sluice_bin());
+                command
+            }
+            None => Command::new(sluice_bin()),
+        };
+        let child = command
             .args(args)
             .current_dir(dir)
             .envs(env.iter().copied())
