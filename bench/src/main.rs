@@ -53,15 +53,16 @@ const ALL: &[&str] = &[
     "traces",
     "flow",
     "canary",
+    "footprint",
 ];
 
 #[derive(Parser)]
 #[command(about = "Benchmark Sluice against this machine's Redis ceiling")]
 struct Args {
-    /// Scenarios to run (default: all): ceiling, ceiling-server, ceiling-lean, native, wasm,
+    /// Scenarios to run (default: all but footprint): ceiling, ceiling-server, ceiling-lean, native, wasm,
     /// wasm-isolated, retry,
     /// retry-backlog, retry-backlog-lane, drain, fan-out,
-    /// swap, sandbox, cluster, ui, retention, languages, traces, flow, canary.
+    /// swap, sandbox, cluster, ui, retention, languages, traces, flow, canary, footprint.
     scenarios: Vec<String>,
     /// Print one JSON object per scenario per line instead of a table.
     #[arg(long)]
@@ -76,6 +77,9 @@ struct Args {
     #[arg(long, default_value_t = 100_000)]
     drain: usize,
     /// Parked retries behind the admin page in the ui scenario.
+    /// Subscription counts of the footprint scenario, one idle host each.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000")]
+    subscriptions: Vec<usize>,
     #[arg(long, default_value_t = 1_000_000)]
     ui_parked: usize,
     /// Dead letters behind the admin page in the ui scenario.
@@ -123,7 +127,9 @@ async fn main() -> Result<()> {
             .init();
     }
     let mut wanted: Vec<&str> = if args.scenarios.is_empty() {
-        ALL.to_vec()
+        // `footprint` runs the `sluice` binary, which `cargo run -p sluice-bench` does not
+        // build: it runs when asked for.
+        ALL.iter().copied().filter(|s| *s != "footprint").collect()
     } else {
         args.scenarios.iter().map(String::as_str).collect()
     };
@@ -159,6 +165,7 @@ async fn main() -> Result<()> {
             "traces",
             "flow",
             "canary",
+            "footprint",
         ]
         .contains(&name)
         {
@@ -166,6 +173,7 @@ async fn main() -> Result<()> {
                 "traces" => bench.traces(args.messages, args.retries).await?,
                 "flow" => bench.flow(args.messages).await?,
                 "canary" => bench.canary(args.messages).await?,
+                "footprint" => bench.footprint(&args.subscriptions).await?,
                 "sandbox" => bench.sandbox(20_000).await?,
                 "cluster" => bench.cluster(args.messages).await?,
                 "languages" => bench.languages(args.messages / 5, 200).await?,

@@ -3,7 +3,6 @@
 //! Every entry must reach its final outcome (one dead letter) exactly once in Redis; attempts
 //! that a kill made repeat are counted and reported (at-least-once), and nothing is lost.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::common::*;
@@ -79,54 +78,16 @@ async fn sigkill_under_a_retry_heavy_load_loses_nothing_and_settles_each_entry_o
     }
     let _last = run.spawn();
     // Let the last host finish everything.
-    let dead = wait_for(
-        Duration::from_secs(120),
-        "every entry dead-lettered",
-        || {
-            let mut conn = conn.clone();
-            async move {
-                let len: usize = cmd(&mut conn, &["XLEN", &dead_letter_key(STREAM)]).await;
-                if len < ENTRIES {
-                    return None;
-                }
-                let parked = parked(&mut conn, &format!("{STREAM}.delayed")).await;
-                let lane = sluice_host::keys::lane_key(&format!("{STREAM}.delayed"));
-                let idle = pending(&mut conn, STREAM, "g").await == 0
-                    && pending(&mut conn, &lane, "g").await == 0
-                    && parked == 0;
-                if !idle {
-                    return None;
-                }
-                Some(dead_lettered(&mut conn, STREAM).await)
-            }
-        },
-    )
-    .await;
-    let mut outcomes: HashMap<String, usize> = HashMap::new();
-    let mut repeated = 0u64;
-    for (_, fields) in &dead {
-        let origin = field(fields, "sluice-origin-id").unwrap().to_owned();
-        *outcomes.entry(origin).or_default() += 1;
-        // Redeliveries of one copy of an entry are attempts a kill made repeat.
-        let count: u64 = field(fields, "sluice-delivery-count")
-            .unwrap()
-            .parse()
-            .unwrap();
-        repeated += count - 1;
-        assert!(field(fields, "sluice-reason").is_some_and(|r| !r.is_empty()));
-    }
-    let lost = ids.iter().filter(|id| !outcomes.contains_key(*id)).count();
-    let twice = outcomes.values().filter(|n| **n > 1).count();
-    let foreign = outcomes.keys().filter(|o| !ids.contains(o)).count();
+    let out = wait_all_dead_lettered(&conn, STREAM, &ids, Duration::from_secs(120)).await;
     println!(
-        "crash: seed {seed}, {ENTRIES} entries, {KILLS} kills: {} settled once, {repeated} attempts repeated after a kill (at-least-once), {twice} settled twice, {lost} lost",
-        outcomes.len()
+        "crash: seed {seed}, {ENTRIES} entries, {KILLS} kills: {} settled once, {} attempts repeated after a kill (at-least-once), {} settled twice, {} lost",
+        out.settled, out.repeated, out.twice, out.lost
     );
-    assert_eq!(lost, 0, "entries lost (seed {seed})");
-    assert_eq!(twice, 0, "entries dead-lettered twice (seed {seed})");
+    assert_eq!(out.lost, 0, "entries lost (seed {seed})");
+    assert_eq!(out.twice, 0, "entries dead-lettered twice (seed {seed})");
     assert_eq!(
-        foreign, 0,
+        out.foreign, 0,
         "dead letters naming no produced entry (seed {seed})"
     );
-    assert_eq!(dead.len(), ENTRIES);
+    assert_eq!(out.dead, ENTRIES);
 }

@@ -1,10 +1,12 @@
 //! The scenarios, the private Redis they share, and their reports: one file per scenario
 //! family (`throughput`: ceiling, native, wasm, wasm-isolated; `retry`: retry and drain;
-//! `swap`; `sandbox`; `cluster`; `ui`), the shared harness here.
+//! `swap`; `sandbox`; `cluster`; `ui`; `footprint`: an idle host by subscription count), the
+//! shared harness here.
 
 mod canary;
 mod cluster;
 mod flow;
+mod footprint;
 mod languages;
 mod retry;
 mod sandbox;

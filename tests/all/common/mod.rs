@@ -1119,3 +1119,76 @@ pub fn gone(pid: u32) -> bool {
             .is_some_and(|s| s.trim_start().starts_with('Z')),
     }
 }
+
+/// How a load whose every entry ends dead-lettered came out.
+#[derive(Debug)]
+pub struct DeadLettered {
+    /// Entries with a dead letter.
+    pub settled: usize,
+    /// Entries with more than one.
+    pub twice: usize,
+    /// Entries with none.
+    pub lost: usize,
+    /// Dead letters whose origin is no entry of the load.
+    pub foreign: usize,
+    /// Attempts run again (a dead letter's delivery count above 1): at-least-once delivery.
+    pub repeated: u64,
+    /// Dead letters in all.
+    pub dead: usize,
+}
+
+/// Wait (up to `within`) until every entry of `ids` on `stream` is dead-lettered for group `g`
+/// and nothing is pending (on the stream or the retry lane of `<stream>.delayed`) or parked
+/// there; then count how the entries came out. Every dead letter must carry a reason.
+pub async fn wait_all_dead_lettered(
+    conn: &MultiplexedConnection,
+    stream: &str,
+    ids: &[String],
+    within: Duration,
+) -> DeadLettered {
+    let delayed = format!("{stream}.delayed");
+    let lane = sluice_host::keys::lane_key(&delayed);
+    let dead = wait_for(
+        within,
+        "every entry dead-lettered, nothing pending or parked",
+        || {
+            let mut conn = conn.clone();
+            let (lane, delayed) = (lane.clone(), delayed.clone());
+            async move {
+                let len: usize = cmd(&mut conn, &["XLEN", &dead_letter_key(stream)]).await;
+                if len < ids.len() {
+                    return None;
+                }
+                let idle = pending(&mut conn, stream, "g").await == 0
+                    && pending(&mut conn, &lane, "g").await == 0
+                    && parked(&mut conn, &delayed).await == 0;
+                if !idle {
+                    return None;
+                }
+                Some(dead_lettered(&mut conn, stream).await)
+            }
+        },
+    )
+    .await;
+    let mut outcomes: std::collections::HashMap<String, usize> = Default::default();
+    let mut repeated = 0u64;
+    for (_, fields) in &dead {
+        let origin = field(fields, "sluice-origin-id")
+            .expect("origin")
+            .to_owned();
+        *outcomes.entry(origin).or_default() += 1;
+        let count: u64 = field(fields, "sluice-delivery-count")
+            .and_then(|c| c.parse().ok())
+            .expect("delivery count");
+        repeated += count - 1;
+        assert!(field(fields, "sluice-reason").is_some_and(|r| !r.is_empty()));
+    }
+    DeadLettered {
+        settled: outcomes.len(),
+        twice: outcomes.values().filter(|n| **n > 1).count(),
+        lost: ids.iter().filter(|id| !outcomes.contains_key(*id)).count(),
+        foreign: outcomes.keys().filter(|o| !ids.contains(o)).count(),
+        repeated,
+        dead: dead.len(),
+    }
+}
