@@ -24,6 +24,9 @@ use tokio::net::{TcpListener, TcpStream as AsyncTcpStream};
 
 const PREFIX: &str = "slt";
 
+/// The command a host's read loop sends.
+const READ: &[u8] = b"XREADGROUP";
+
 /// One host's namespace and its link to the root namespace; deleted (with its rules) when
 /// dropped.
 pub struct Netns {
@@ -258,6 +261,7 @@ pub struct LinkProxy {
     held: Arc<tokio::sync::watch::Sender<bool>>,
     marker: Arc<Mutex<Option<Vec<u8>>>>,
     tripped: Arc<tokio::sync::Notify>,
+    reads: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -271,11 +275,13 @@ impl LinkProxy {
         let held = Arc::new(held);
         let marker: Arc<Mutex<Option<Vec<u8>>>> = Arc::new(Mutex::new(None));
         let tripped = Arc::new(tokio::sync::Notify::new());
+        let reads = Arc::new(AtomicU64::new(0));
         let link = Link {
             delay_ms: delay_ms.clone(),
             held: held.clone(),
             marker: marker.clone(),
             tripped: tripped.clone(),
+            reads: reads.clone(),
         };
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
@@ -294,8 +300,15 @@ impl LinkProxy {
             held,
             marker,
             tripped,
+            reads,
             task,
         }
+    }
+
+    /// How many `XREADGROUP` requests the host has sent into the link so far (counted as the
+    /// relay receives them: a host whose loop is wedged sends none).
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Acquire)
     }
 
     /// The URL to give a host instead of Redis's own.
@@ -338,6 +351,7 @@ struct Link {
     held: Arc<tokio::sync::watch::Sender<bool>>,
     marker: Arc<Mutex<Option<Vec<u8>>>>,
     tripped: Arc<tokio::sync::Notify>,
+    reads: Arc<AtomicU64>,
 }
 
 impl Link {
@@ -371,6 +385,13 @@ impl Link {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
                     let chunk = buf[..n].to_vec();
+                    if to_server {
+                        let reads = chunk
+                            .windows(READ.len())
+                            .filter(|w| w.eq_ignore_ascii_case(READ))
+                            .count();
+                        self.reads.fetch_add(reads as u64, Ordering::AcqRel);
+                    }
                     let trips = to_server && {
                         let mut marker = self.marker.lock().unwrap();
                         let hit = marker
