@@ -12,7 +12,6 @@
 //! Needs root (CI is root); without it each test says why and passes without running, except
 //! under `SLUICE_CI=1`, where it fails.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -134,8 +133,7 @@ impl Pair {
     }
 
     async fn dead_letters(&self) -> usize {
-        let mut conn = self.conn.clone();
-        cmd(&mut conn, &["XLEN", &dead_letter_key(self.stream)]).await
+        dead_letters(&self.conn, self.stream).await
     }
 
     /// Wait until the load is well under way (a tenth dead-lettered, retries parked).
@@ -244,6 +242,12 @@ impl Pair {
         drop(self.hosts);
         drop(self.redis);
     }
+}
+
+/// How many dead letters `stream`'s group has.
+async fn dead_letters(conn: &MultiplexedConnection, stream: &str) -> usize {
+    let mut conn = conn.clone();
+    cmd(&mut conn, &["XLEN", &dead_letter_key(stream)]).await
 }
 
 /// Add `ENTRIES` entries that trap on every attempt; their ids.
@@ -442,17 +446,13 @@ async fn redis_out_of_memory_refuses_settles_whole_and_resumes() {
         .delayed(&format!("{stream}.delayed"));
     let host = HostProcess::run(&redis, TestConfig::of(sub).set("shutdown_timeout", "1s"));
     let ids = trapping_load(&mut conn, stream).await;
-    let dead = |conn: &MultiplexedConnection| {
-        let mut conn = conn.clone();
-        async move { cmd::<usize>(&mut conn, &["XLEN", &dead_letter_key(stream)]).await }
-    };
     wait_for(Duration::from_secs(120), "the load under way", || async {
-        (dead(&conn).await >= ENTRIES / 10).then_some(())
+        (dead_letters(&conn, stream).await >= ENTRIES / 10).then_some(())
     })
     .await;
     // Full: every command that may grow memory is refused from here on.
     let _: () = cmd(&mut conn, &["CONFIG", "SET", "maxmemory", "1"]).await;
-    let at_limit = dead(&conn).await;
+    let at_limit = dead_letters(&conn, stream).await;
     let before = Instant::now();
     // The host meets the limit: its settles fail and say why.
     wait_for(
@@ -471,7 +471,7 @@ async fn redis_out_of_memory_refuses_settles_whole_and_resumes() {
         || async { (before.elapsed() >= Duration::from_secs(5)).then_some(()) },
     )
     .await;
-    let during = dead(&conn).await - at_limit;
+    let during = dead_letters(&conn, stream).await - at_limit;
     assert_eq!(during, 0, "dead letters written while Redis was full");
     let waiting = pending(&mut conn, stream, GROUP).await
         + pending(
@@ -481,15 +481,11 @@ async fn redis_out_of_memory_refuses_settles_whole_and_resumes() {
         )
         .await
         + parked(&mut conn, &format!("{stream}.delayed")).await;
-    let unread: u64 = {
-        let groups: Vec<HashMap<String, redis::Value>> = redis::cmd("XINFO")
-            .arg("GROUPS")
-            .arg(stream)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        redis::from_redis_value(groups[0].get("lag").unwrap().clone()).unwrap_or(0)
-    };
+    let unread = sluice_host::inspect::group(&mut conn, stream, GROUP)
+        .await
+        .unwrap()
+        .and_then(|g| g.lag)
+        .unwrap_or(0) as u64;
     assert!(
         waiting + unread > 0,
         "Redis full, yet nothing pending, parked or unread"

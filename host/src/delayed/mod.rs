@@ -93,11 +93,6 @@ pub fn sweep_script_sha() -> &'static str {
     SWEEP.get_hash()
 }
 
-/// The park script's SHA-1 (see [`sweep_script_sha`]).
-pub fn park_script_sha() -> &'static str {
-    PARK.get_hash()
-}
-
 /// Where a park left the entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Parked {
