@@ -54,15 +54,16 @@ const ALL: &[&str] = &[
     "flow",
     "canary",
     "footprint",
+    "density",
 ];
 
 #[derive(Parser)]
 #[command(about = "Benchmark Sluice against this machine's Redis ceiling")]
 struct Args {
-    /// Scenarios to run (default: all but footprint): ceiling, ceiling-server, ceiling-lean, native, wasm,
-    /// wasm-isolated, retry,
-    /// retry-backlog, retry-backlog-lane, drain, fan-out,
-    /// swap, sandbox, cluster, ui, retention, languages, traces, flow, canary, footprint.
+    /// Scenarios to run (default: all but footprint and density): ceiling, ceiling-server,
+    /// ceiling-lean, native, wasm, wasm-isolated, retry, retry-backlog, retry-backlog-lane,
+    /// drain, fan-out, swap, sandbox, cluster, ui, retention, languages, traces, flow, canary,
+    /// footprint, density.
     scenarios: Vec<String>,
     /// Print one JSON object per scenario per line instead of a table.
     #[arg(long)]
@@ -76,10 +77,13 @@ struct Args {
     /// Entries in the drain scenario.
     #[arg(long, default_value_t = 100_000)]
     drain: usize,
-    /// Parked retries behind the admin page in the ui scenario.
-    /// Subscription counts of the footprint scenario, one idle host each.
-    #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000")]
+    /// Subscription counts of the footprint and density scenarios, one idle host each.
+    #[arg(long, value_delimiter = ',', default_value = "100,1000,5000")]
     subscriptions: Vec<usize>,
+    /// Entries the density scenario times from XADD to outcome, each on a random stream.
+    #[arg(long, default_value_t = 1_000)]
+    density_samples: usize,
+    /// Parked retries behind the admin page in the ui scenario.
     #[arg(long, default_value_t = 1_000_000)]
     ui_parked: usize,
     /// Dead letters behind the admin page in the ui scenario.
@@ -127,9 +131,12 @@ async fn main() -> Result<()> {
             .init();
     }
     let mut wanted: Vec<&str> = if args.scenarios.is_empty() {
-        // `footprint` runs the `sluice` binary, which `cargo run -p sluice-bench` does not
-        // build: it runs when asked for.
-        ALL.iter().copied().filter(|s| *s != "footprint").collect()
+        // `footprint` and `density` run the `sluice` binary, which `cargo run -p sluice-bench`
+        // does not build: they run when asked for.
+        ALL.iter()
+            .copied()
+            .filter(|s| !["footprint", "density"].contains(s))
+            .collect()
     } else {
         args.scenarios.iter().map(String::as_str).collect()
     };
@@ -166,6 +173,7 @@ async fn main() -> Result<()> {
             "flow",
             "canary",
             "footprint",
+            "density",
         ]
         .contains(&name)
         {
@@ -174,6 +182,11 @@ async fn main() -> Result<()> {
                 "flow" => bench.flow(args.messages).await?,
                 "canary" => bench.canary(args.messages).await?,
                 "footprint" => bench.footprint(&args.subscriptions).await?,
+                "density" => {
+                    bench
+                        .density(&args.subscriptions, args.density_samples)
+                        .await?
+                }
                 "sandbox" => bench.sandbox(20_000).await?,
                 "cluster" => bench.cluster(args.messages).await?,
                 "languages" => bench.languages(args.messages / 5, 200).await?,

@@ -41,6 +41,9 @@
 //! - [`admin`] (`admin/`) serves health, readiness, [`metrics`] and the handler API;
 //!   [`inspect`] (`inspect.rs`) reads a subscription's state in Redis for them, for
 //!   `sluice status` and for the benchmark.
+//! - [`doorbell`] (`doorbell.rs`) tells idle subscriptions and delayed sets when their keys
+//!   are written (keyspace events on one connection per Redis), so that an idle subscription
+//!   holds no connection and sends no command.
 //! - [`health`] (`health.rs`) is how each subscription is doing, for `/readyz` and the page:
 //!   its reads, and whether its sweep holds due retries back.
 //! - [`retention`] (`retention/`) trims what every consumer group of a stream has acknowledged,
@@ -72,6 +75,7 @@ pub mod delivery;
 pub mod devredis;
 pub mod digest;
 mod dispatch;
+pub mod doorbell;
 mod events;
 pub mod flow;
 pub mod handler;

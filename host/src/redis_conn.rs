@@ -408,6 +408,20 @@ impl RedisHandle {
         }
     }
 
+    /// The client of the node commands go to now (the master behind Sentinel), for a
+    /// connection of another kind (the doorbell's subscriber); `None` on a cluster.
+    pub fn node_client(&self) -> Option<Client> {
+        match &self.inner.route {
+            Route::Node { current, .. } => Some(current.load().0.clone()),
+            Route::Cluster { .. } => None,
+        }
+    }
+
+    /// The URL without credentials, for logs.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
     /// Tell the handle a command failed with `err`; behind Sentinel, a failure that may mean
     /// the master moved starts a re-resolution in the background.
     pub fn saw_error(&self, err: &RedisError) {

@@ -92,6 +92,85 @@ pub enum RunError {
 /// partitions on one read: Redis spent 47 % of a core on a trickle of 90 entries a second).
 const PARTITIONS_PER_READ: u32 = 64;
 
+/// The most command connections a host opens to one Redis (for one set of credentials): the
+/// subscriptions take turns on them, so connections do not grow with subscriptions (each
+/// subscription's connection of its own once held two per subscription: 250 subscriptions,
+/// 500 connections). Each is multiplexed; several keep one slow reply from holding up every
+/// subscription's commands.
+const CONNECTIONS_PER_REDIS: usize = 4;
+
+/// A Redis and the credentials used on it.
+type RedisKey = (String, crate::config::RedisAccess);
+
+/// The command connections of each Redis (and credentials) the host talks to.
+#[derive(Default)]
+struct Connections {
+    open: Vec<(
+        (String, crate::config::RedisAccess),
+        Vec<redis_conn::RedisHandle>,
+        usize,
+    )>,
+    /// The doorbell of each Redis (and credentials), if its server publishes keyspace events.
+    doorbells: Vec<(RedisKey, Option<Arc<crate::doorbell::Doorbell>>)>,
+}
+
+impl Connections {
+    /// A connection to `url` as `access` says: a new one while there are fewer than
+    /// [`CONNECTIONS_PER_REDIS`], else the next in turn.
+    async fn get(
+        &mut self,
+        url: &str,
+        access: &crate::config::RedisAccess,
+    ) -> Result<redis_conn::RedisHandle, RunError> {
+        let index = match self
+            .open
+            .iter()
+            .position(|((u, a), _, _)| u == url && a == access)
+        {
+            Some(index) => index,
+            None => {
+                self.open
+                    .push(((url.to_owned(), access.clone()), Vec::new(), 0));
+                self.open.len() - 1
+            }
+        };
+        let (_, handles, turn) = &mut self.open[index];
+        if handles.len() < CONNECTIONS_PER_REDIS {
+            let handle = redis_conn::RedisHandle::connect(url, access).await?;
+            handles.push(handle.clone());
+            return Ok(handle);
+        }
+        *turn = (*turn + 1) % handles.len();
+        Ok(handles[*turn].clone())
+    }
+
+    /// The doorbell of `url` as `access` says, opened on `conn` the first time (and started
+    /// in `tasks`); `None` when the server does not publish keyspace events.
+    async fn doorbell(
+        &mut self,
+        url: &str,
+        access: &crate::config::RedisAccess,
+        conn: &redis_conn::RedisHandle,
+        tasks: &mut JoinSet<()>,
+        stop: &CancellationToken,
+    ) -> Option<Arc<crate::doorbell::Doorbell>> {
+        if let Some((_, doorbell)) = self
+            .doorbells
+            .iter()
+            .find(|((u, a), _)| u == url && a == access)
+        {
+            return doorbell.clone();
+        }
+        let doorbell = crate::doorbell::Doorbell::open(conn.clone()).await;
+        if let Some(doorbell) = &doorbell {
+            tasks.spawn(doorbell.clone().run(stop.clone()));
+        }
+        self.doorbells
+            .push(((url.to_owned(), access.clone()), doorbell.clone()));
+        doorbell
+    }
+}
+
 /// One partition, set up and ready to run.
 struct StartedPartition {
     subscription: Arc<Subscription>,
@@ -246,6 +325,7 @@ impl Service {
         flow: &crate::flow::FlowWatch,
         rate: Option<&Arc<crate::flow::rate::RateLimiter>>,
         breaker: Option<&Arc<crate::flow::breaker::Breaker>>,
+        doorbell: Option<&Arc<crate::doorbell::Doorbell>>,
     ) -> Result<StartedPartition, RunError> {
         let rate = rate.cloned();
         let breaker = breaker.cloned();
@@ -296,9 +376,16 @@ impl Service {
                 DelayedSet::new(&keys, *ttl, secret.clone(), conn.clone(), &self.metrics).map(
                     |set| {
                         Arc::new(
-                            set.with_other_groups_see_retries(sub.other_groups_see_retries)
-                                .sweeping_to_tail(!sub.retry_lane)
-                                .with_health(health.clone()),
+                            match doorbell {
+                                Some(doorbell) => {
+                                    let bell = doorbell.bell(&[set.key()]);
+                                    set.with_bell(bell, s.block)
+                                }
+                                None => set,
+                            }
+                            .with_other_groups_see_retries(sub.other_groups_see_retries)
+                            .sweeping_to_tail(!sub.retry_lane)
+                            .with_health(health.clone()),
                         )
                     },
                 )
@@ -360,6 +447,15 @@ impl Service {
             lane_slots: sub.retry_lane_slots,
             largest_entry: Arc::default(),
         };
+        // Idle, it waits on the host's doorbell rather than on a connection of its own; not
+        // when it waits with its other partitions, nor when it claims (XAUTOCLAIM must run at
+        // every read, idle or not).
+        let bell = doorbell
+            .filter(|_| shared.is_none() && read_plan.claim_min_idle.is_none())
+            .map(|doorbell| {
+                let keys: Vec<&str> = read_plan.sources().map(|s| read_plan.key(s)).collect();
+                doorbell.bell(&keys)
+            });
         let subscription = Subscription::new(
             read_plan,
             conn.clone(),
@@ -371,6 +467,7 @@ impl Service {
                 secret,
                 health,
                 shared,
+                bell,
                 flow: flow.state.clone(),
                 rate: rate.clone(),
                 breaker: breaker.clone(),
@@ -451,13 +548,17 @@ impl Service {
         let mut rollouts = Vec::new();
         // One flow watcher per Redis, whatever the number of its subscriptions.
         let mut flow_watchers: Vec<(String, crate::flow::FlowWatcher)> = Vec::new();
+        let mut connections = Connections::default();
         for (sub, handler) in self.plan.subscriptions.iter().zip(self.handlers.clone()) {
             let url = sub
                 .redis
                 .clone()
                 .or_else(|| dev_redis.clone())
                 .ok_or_else(|| RunError::NoRedis(sub.stream.stream.clone()))?;
-            let conn = redis_conn::RedisHandle::connect(&url, &sub.redis_access).await?;
+            let conn = connections.get(&url, &sub.redis_access).await?;
+            let doorbell = connections
+                .doorbell(&url, &sub.redis_access, &conn, &mut readers, &stop)
+                .await;
             let watcher = match flow_watchers.iter().position(|(u, _)| *u == url) {
                 Some(i) => i,
                 None => {
@@ -583,6 +684,7 @@ impl Service {
                         &flow,
                         rate.as_ref(),
                         breaker.as_ref(),
+                        doorbell.as_ref(),
                     )
                     .await?;
                 admin_subscriptions.push(started.admin);

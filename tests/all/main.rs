@@ -13,6 +13,7 @@ mod common;
 mod consuming;
 mod crash;
 mod delayed;
+mod density;
 mod entries;
 mod examples;
 mod fan_out;

@@ -29,6 +29,7 @@ struct RawConfig {
     admin_token_env: Option<String>,
     admin_max_upload: Option<String>,
     cache_max_size: Option<String>,
+    max_instances: Option<u64>,
     admin_open_on_loopback: Option<bool>,
     admin_read_only: Option<bool>,
     watch_interval: Option<String>,
@@ -204,6 +205,7 @@ pub(super) struct Globals {
     pub(super) admin_token: Option<TokenSource>,
     pub(super) admin_max_upload: Option<u64>,
     pub(super) cache_max_size: Option<u64>,
+    pub(super) max_instances: Option<u32>,
     pub(super) admin_open_on_loopback: Option<bool>,
     pub(super) admin_read_only: Option<bool>,
     pub(super) watch_interval: Option<Option<Duration>>,
@@ -235,6 +237,11 @@ impl Globals {
             &mut self.cache_max_size,
             other.cache_max_size,
             "cache_max_size",
+        )?;
+        merge(
+            &mut self.max_instances,
+            other.max_instances,
+            "max_instances",
         )?;
         merge(
             &mut self.admin_open_on_loopback,
@@ -384,6 +391,7 @@ fn globals(v: &Validator<'_>, base: &Path, raw: &RawConfig) -> Result<Globals, C
             .as_deref()
             .map(|text| v.size("cache_max_size", text))
             .transpose()?,
+        max_instances: raw.max_instances.map(|n| v.max_instances(n)).transpose()?,
         admin_open_on_loopback: raw.admin_open_on_loopback,
         admin_read_only: raw.admin_read_only,
         watch_interval,
@@ -951,6 +959,18 @@ impl Validator<'_> {
             .parse::<bytesize::ByteSize>()
             .map(|s| s.as_u64())
             .map_err(|e: String| self.invalid(key, value, &e))
+    }
+
+    /// `max_instances`: at least one, and no more than a pool's counters can hold.
+    fn max_instances(&self, n: u64) -> Result<u32, ConfigError> {
+        match u32::try_from(n) {
+            Ok(n) if (1..=super::MAX_INSTANCES_CEILING).contains(&n) => Ok(n),
+            _ => Err(self.invalid(
+                "max_instances",
+                &n.to_string(),
+                &format!("must be between 1 and {}", super::MAX_INSTANCES_CEILING),
+            )),
+        }
     }
 
     fn size_at_least(

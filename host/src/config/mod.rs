@@ -42,6 +42,15 @@ pub const DEFAULT_WATCH_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Where the admin server listens when the config does not say: loopback only.
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9187";
+/// Handler instances alive at once in one host when the config does not say
+/// (`max_instances`): far more than two cores keep busy, and its address space (each slot
+/// reserves room for a 4 GiB linear memory and its guards) is a few TiB of the 128 TiB a
+/// process has.
+pub const DEFAULT_MAX_INSTANCES: u32 = 256;
+/// The most `max_instances` may say: the pool's counters (core instances, memories, tables)
+/// are multiples of it and must fit in 32 bits.
+pub const MAX_INSTANCES_CEILING: u32 = 16_384;
+
 /// Deliveries handled at once per subscription when the config does not say.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 16;
 
@@ -365,6 +374,8 @@ pub struct Config {
     /// The most the compiled-component cache holds, in bytes; the least recently used go
     /// first.
     pub cache_max_size: u64,
+    /// The most handler instances alive at once in this host, across subscriptions.
+    pub max_instances: u32,
     /// How long a shutdown waits for in-flight deliveries.
     pub shutdown_timeout: Duration,
     /// Where the admin HTTP server listens; `None` turns it off.
@@ -438,6 +449,7 @@ impl Config {
                 .cache_dir
                 .unwrap_or_else(|| PathBuf::from(".sluice/cache")),
             cache_max_size: globals.cache_max_size.unwrap_or(DEFAULT_CACHE_MAX_SIZE),
+            max_instances: globals.max_instances.unwrap_or(DEFAULT_MAX_INSTANCES),
             shutdown_timeout: globals.shutdown_timeout.unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT),
             admin: globals.admin.unwrap_or(DEFAULT_ADMIN.parse().ok()),
             admin_token: globals.admin_token,

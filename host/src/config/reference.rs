@@ -90,6 +90,12 @@ pub const KEYS: &[KeyDoc] = &[
     },
     KeyDoc {
         scope: Scope::Top,
+        keys: &["max_instances"],
+        meaning: "the most handler instances alive at once in this host, across every subscription: the instance pool reserves address space for this many (each with room for the largest `memory_limit`), whatever the number of subscriptions. Each subscription still holds at most `max_in_flight` + 1; idle instances give their slot to whoever waits, and are dropped after 30 s",
+        default: "`256` (or fewer: what the subscriptions' `max_in_flight` add up to)",
+    },
+    KeyDoc {
+        scope: Scope::Top,
         keys: &["admin_max_upload"],
         meaning: "largest component the admin API accepts",
         default: "`64MiB`",

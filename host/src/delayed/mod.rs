@@ -181,7 +181,16 @@ pub struct DelayedSet {
     health: Option<Arc<crate::health::ReadHealth>>,
     /// The other group the last warning named, so a pass that sees it again says nothing.
     warned_group: Mutex<Option<String>>,
+    /// Rings when the set is written (another host parked or swept), with how long to wait
+    /// for a ring while the doorbell cannot vouch for its rings: then the reader no longer
+    /// asks for a pass at every read, and this bell does (see
+    /// [`crate::doorbell`]).
+    bell: Option<(crate::doorbell::Bell, Duration)>,
 }
+
+/// The least time between two passes a ring of the set's bell asks for: under a retry storm
+/// every park rings, and a pass every ring would double the commands.
+const BELL_PASS_EVERY: Duration = Duration::from_millis(100);
 
 /// How long the timer waits before it tries again a pass that held retries back because
 /// another group reads the stream (the retries are safe in the set meanwhile).
@@ -223,6 +232,7 @@ impl DelayedSet {
             to_tail: false,
             health: None,
             warned_group: Mutex::new(None),
+            bell: None,
         })
     }
 
@@ -250,6 +260,13 @@ impl DelayedSet {
     /// The same set, saying in `health` when it holds retries back.
     pub fn with_health(mut self, health: Arc<crate::health::ReadHealth>) -> Self {
         self.health = Some(health);
+        self
+    }
+
+    /// Ask for a pass when `bell` rings (or every `poll` while the doorbell is down).
+    pub fn with_bell(mut self, bell: crate::doorbell::Bell, poll: Duration) -> Self {
+        bell.set_idle(true);
+        self.bell = Some((bell, poll));
         self
     }
 
@@ -532,6 +549,7 @@ impl DelayedSet {
         // The sleep towards the earliest due time, kept across wake-ups that leave that time
         // as it was (every pass signals one), so its precise part is started once per target.
         let mut timer: Option<(Instant, BoxFuture<'static, ()>)> = None;
+        let mut last_bell_pass: Option<Instant> = None;
         loop {
             // A reader's ask runs a pass at once, except while a failed pass's backoff lasts.
             let asked = self.sweep_asked.swap(false, Ordering::AcqRel)
@@ -554,14 +572,34 @@ impl DelayedSet {
                         None => std::future::pending().await,
                     }
                 };
+                // Another host's park or sweep rings the set's bell: a pass then learns its
+                // due times (at most every BELL_PASS_EVERY).
+                let rung = async {
+                    match &self.bell {
+                        Some((bell, poll)) => {
+                            if let Some(last) = last_bell_pass {
+                                tokio::time::sleep_until(last + BELL_PASS_EVERY).await;
+                            }
+                            while !bell.wait(*poll).await {}
+                        }
+                        None => std::future::pending().await,
+                    }
+                };
                 // A change already signalled is taken before the sleep is polled.
                 tokio::select! {
                     biased;
                     () = stop.cancelled() => return,
                     () = self.wake_changed.notified() => continue,
                     () = sleep => {}
+                    () = rung => {
+                        last_bell_pass = Some(Instant::now());
+                    }
                 }
                 timer = None;
+            }
+            if let Some((bell, _)) = &self.bell {
+                // Before the pass: a write during it rings again.
+                bell.seen();
             }
             match self.sweep().await {
                 Ok(swept) if swept.held => {

@@ -6,13 +6,21 @@
 //! gets a fresh store and instance.
 //!
 //! Every instance holds one of the runtime's instance slots (see [`super::Runtime`]), taken
-//! before it is created: waiting for a slot is waiting, never a failed attempt. A handler that a
-//! swap replaced is retired: its idle instances are dropped at once and its busy ones when
-//! they finish, so the outgoing version never keeps slots the new one needs.
+//! before it is created: waiting for a slot is waiting, never a failed attempt. The slots are
+//! the host's, shared by every subscription ([`Slots`]), so an idle instance keeps its slot
+//! only while nobody waits for one: a waiter takes the oldest idle instance of any handler
+//! off its set (dropping it frees its slot), an instance given back while someone waits is
+//! dropped, and one idle for [`IDLE_INSTANCE_TTL`] is dropped anyway, so an idle
+//! subscription holds no instance. Slots are granted in order of request, so a busy
+//! subscription cannot keep another from its turn. A handler that a swap replaced is retired:
+//! its idle instances are dropped at once and its busy ones when they finish, so the outgoing
+//! version never keeps slots the new one needs.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use futures::future::BoxFuture;
 use wasmtime::{Store, UpdateDeadline};
@@ -56,14 +64,156 @@ pub(crate) fn new_store(
     store
 }
 
+/// How long an idle instance is kept warm when no one needs its slot.
+pub const IDLE_INSTANCE_TTL: Duration = Duration::from_secs(30);
+
+/// The host's instance slots, shared by every subscription, and the idle instances that hold
+/// some of them.
+pub(crate) struct Slots {
+    permits: Arc<Semaphore>,
+    /// Instances waiting for a slot now.
+    waiting: AtomicUsize,
+    /// Every handler's idle set (dead ones are pruned as they are met).
+    idle: Mutex<Vec<Weak<IdleSet>>>,
+}
+
+/// Counts a waiter for as long as it waits.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Slots {
+    /// `slots` slots, as many as the pool has.
+    pub(crate) fn new(slots: usize) -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(slots)),
+            waiting: AtomicUsize::new(0),
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A free slot, or the slot of the oldest idle instance, or, when every slot is busy, the
+    /// next one that frees (in order of request).
+    pub(crate) async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
+        if let Ok(permit) = self.permits.clone().try_acquire_owned() {
+            return Some(permit);
+        }
+        // Counted as waiting before looking for idle instances: an instance given back from
+        // now on sees the waiter and is dropped, one given back before is found here.
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Waiting(&self.waiting);
+        loop {
+            if let Ok(permit) = self.permits.clone().try_acquire_owned() {
+                return Some(permit);
+            }
+            if !self.evict_oldest() {
+                break;
+            }
+        }
+        self.permits.clone().acquire_owned().await.ok()
+    }
+
+    /// Whether an instance waits for a slot.
+    fn wanted(&self) -> bool {
+        self.waiting.load(Ordering::SeqCst) > 0
+    }
+
+    fn register(&self, set: &Arc<IdleSet>) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        idle.retain(|w| w.strong_count() > 0);
+        idle.push(Arc::downgrade(set));
+    }
+
+    fn sets(&self) -> Vec<Arc<IdleSet>> {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        idle.retain(|w| w.strong_count() > 0);
+        idle.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Drop the instance idle the longest, of any handler; false if none is idle.
+    fn evict_oldest(&self) -> bool {
+        let oldest = self
+            .sets()
+            .into_iter()
+            .filter_map(|set| set.oldest().map(|since| (since, set)))
+            .min_by_key(|(since, _)| *since);
+        match oldest {
+            Some((_, set)) => {
+                // Another waiter may have taken it meanwhile: then look again.
+                drop(set.take_oldest());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Drop every instance idle for longer than `ttl`.
+    pub(crate) fn expire_idle(&self, ttl: Duration) {
+        let Some(before) = Instant::now().checked_sub(ttl) else {
+            return;
+        };
+        for set in self.sets() {
+            drop(set.take_idle_since(before));
+        }
+    }
+}
+
+/// A handler's idle instances, newest last, each with when it became idle.
+#[derive(Default)]
+pub(crate) struct IdleSet {
+    instances: Mutex<Vec<(Instance, Instant)>>,
+}
+
+impl IdleSet {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Instance, Instant)>> {
+        self.instances
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn push(&self, instance: Instance) {
+        self.lock().push((instance, Instant::now()));
+    }
+
+    /// The warmest: the one idle the shortest.
+    fn pop(&self) -> Option<Instance> {
+        self.lock().pop().map(|(instance, _)| instance)
+    }
+
+    fn oldest(&self) -> Option<Instant> {
+        self.lock().first().map(|(_, since)| *since)
+    }
+
+    fn take_oldest(&self) -> Option<Instance> {
+        let mut instances = self.lock();
+        (!instances.is_empty()).then(|| instances.remove(0).0)
+    }
+
+    /// The instances idle since before `before`, taken out (dropped by the caller, outside the
+    /// lock).
+    fn take_idle_since(&self, before: Instant) -> Vec<Instance> {
+        let mut instances = self.lock();
+        let keep = instances.partition_point(|(_, since)| *since < before);
+        instances.drain(..keep).map(|(i, _)| i).collect()
+    }
+
+    fn clear(&self) -> Vec<Instance> {
+        self.lock().drain(..).map(|(i, _)| i).collect()
+    }
+}
+
 struct Instance {
     store: Store<GuestState>,
     handler: bindings::Handler,
     uses: u64,
     /// The runtime's instance slot this instance occupies, given back when it is dropped.
-    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    _slot: Option<OwnedSemaphorePermit>,
     /// Its place in its handler's own share of instances (see [`WasmHandler::budget`]).
-    _budget: Option<tokio::sync::OwnedSemaphorePermit>,
+    _budget: Option<OwnedSemaphorePermit>,
 }
 
 /// A component serving one subscription's deliveries.
@@ -73,7 +223,7 @@ pub struct WasmHandler {
     values: Arc<[(String, String)]>,
     http: Arc<HttpGrant>,
     store_limits: Arc<StoreLimits>,
-    idle: Mutex<Vec<Instance>>,
+    idle: Arc<IdleSet>,
     /// The instances this handler may hold at once, busy or idle: its share of the runtime's
     /// slots (`max_in_flight + 1`). A subscription's partitions share one handler and may have
     /// more deliveries in flight than that; those wait for an instance to come back instead of
@@ -94,6 +244,10 @@ impl WasmHandler {
         counters: HandlerCounters,
     ) -> Self {
         let share = limits.max_in_flight + 1;
+        let idle = Arc::new(IdleSet::default());
+        if let Some(slots) = component.runtime().slots() {
+            slots.register(&idle);
+        }
         Self {
             http: Arc::new(HttpGrant {
                 policy: limits.outbound_http.clone(),
@@ -110,8 +264,8 @@ impl WasmHandler {
             component,
             limits,
             values: values.into(),
-            idle: Mutex::new(Vec::new()),
-            budget: Arc::new(tokio::sync::Semaphore::new(share)),
+            idle,
+            budget: Arc::new(Semaphore::new(share)),
             returned: tokio::sync::Notify::new(),
             retired: AtomicBool::new(false),
         }
@@ -122,10 +276,7 @@ impl WasmHandler {
         &self.component
     }
 
-    async fn instantiate(
-        &self,
-        budget: Option<tokio::sync::OwnedSemaphorePermit>,
-    ) -> Result<Instance, Failure> {
+    async fn instantiate(&self, budget: Option<OwnedSemaphorePermit>) -> Result<Instance, Failure> {
         let runtime = self.component.runtime();
         let slot = runtime.instance_slot().await;
         let mut store = new_store(
@@ -153,20 +304,26 @@ impl WasmHandler {
     fn take_idle(&self) -> Option<Instance> {
         match self.limits.isolation {
             Isolation::PerDelivery => None,
-            Isolation::Reuse => self.idle.lock().ok().and_then(|mut idle| idle.pop()),
+            Isolation::Reuse => self.idle.pop(),
         }
     }
 
     fn give_back(&self, instance: Instance) {
-        if self.limits.isolation == Isolation::Reuse
-            && instance.uses < self.limits.recycle_after
-            && !self.retired.load(Ordering::Acquire)
-            && let Ok(mut idle) = self.idle.lock()
+        if self.limits.isolation != Isolation::Reuse
+            || instance.uses >= self.limits.recycle_after
+            || self.retired.load(Ordering::Acquire)
         {
-            idle.push(instance);
-            drop(idle);
-            self.returned.notify_one();
+            return;
         }
+        self.idle.push(instance);
+        // Pushed before looking: a waiter that counted itself after this look finds the
+        // instance in the set instead (see `Slots::acquire`).
+        if let Some(slots) = self.component.runtime().slots()
+            && slots.wanted()
+        {
+            drop(self.idle.take_oldest());
+        }
+        self.returned.notify_one();
     }
 
     /// An idle instance, or a new one once this handler's share has room, whichever comes
@@ -320,9 +477,7 @@ impl Handler for WasmHandler {
 
     fn retire(&self) {
         self.retired.store(true, Ordering::Release);
-        if let Ok(mut idle) = self.idle.lock() {
-            idle.clear();
-        }
+        drop(self.idle.clear());
     }
 
     fn activate(&self) {

@@ -61,6 +61,19 @@ fn cause(err: wasmtime::Error) -> WasmtimeCause {
 /// Why the runtime could not start or a component could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
+    /// The instance pool's address space could not be reserved.
+    #[error(
+        "cannot reserve address space for the instance pool: {instances} instances (`max_instances`, or what the subscriptions' `max_in_flight` add up to), each with room for a linear memory of up to {} (the largest `memory_limit`) and its guard regions; lower `max_instances`, or raise the process's address-space limit (`ulimit -v`)",
+        bytesize::ByteSize::b(*max_memory)
+    )]
+    PoolReserve {
+        /// Slots the pool asked for.
+        instances: u32,
+        /// The room each slot reserves for a linear memory.
+        max_memory: u64,
+        /// What wasmtime said.
+        source: WasmtimeCause,
+    },
     /// The engine could not be configured.
     #[error("cannot set up the WebAssembly engine")]
     Engine(#[source] WasmtimeCause),
@@ -168,17 +181,21 @@ pub struct PoolSizing {
 }
 
 impl PoolSizing {
-    /// Slots for every subscription of `config`: each can hold `max_in_flight` instances (busy
-    /// or idle), plus one to read each component's descriptor, twice: a canary's candidate
-    /// runs beside the serving version, and each keeps its own instances (without the room,
-    /// the candidate would wait for slots the serving version's idle instances hold). Slots
-    /// not used cost address space, not memory.
+    /// Slots for what can run at once in the host: `max_instances`, or fewer when the
+    /// subscriptions' shares add up to less. A share is `max_in_flight` instances (busy or
+    /// idle), plus one to read each component's descriptor, twice: a canary's candidate runs
+    /// beside the serving version, and each keeps its own instances. The pool does not grow
+    /// with the number of subscriptions: they wait for a slot in turn, and idle instances give
+    /// theirs up (see [`instance`]).
     pub fn for_config(config: &crate::config::Config) -> Self {
-        let instances: usize = config
+        let shares: usize = config
             .subscriptions
             .iter()
             .map(|s| 2 * (s.limits.max_in_flight + 1))
             .sum();
+        let instances = u32::try_from(shares.max(1))
+            .unwrap_or(u32::MAX)
+            .min(config.max_instances.max(1));
         let max_memory = config
             .subscriptions
             .iter()
@@ -186,7 +203,7 @@ impl PoolSizing {
             .max()
             .unwrap_or(crate::config::DEFAULT_MEMORY_LIMIT);
         Self {
-            instances: u32::try_from(instances.max(1)).unwrap_or(u32::MAX),
+            instances,
             max_memory,
         }
     }
@@ -232,8 +249,8 @@ pub struct Runtime {
     http_linker: Arc<Linker<guest::GuestState>>,
     /// One permit per instance the pooling allocator has room for: an instance takes one
     /// before it is created and holds it while it lives, so creating one waits for room instead
-    /// of failing with the pool's concurrency limit.
-    slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// of failing with the pool's concurrency limit; idle instances give theirs up.
+    slots: Option<Arc<instance::Slots>>,
     /// Compiled components kept on disk, each vouched for by this host's keyed hash.
     artifacts: Option<compile::ArtifactCache>,
     compiler: compile::Compiler,
@@ -265,7 +282,14 @@ impl Runtime {
                 .pagemap_scan(wasmtime::Enabled::Auto);
             config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pooling));
         }
-        let engine = Engine::new(&config).map_err(|e| RuntimeError::Engine(cause(e)))?;
+        let engine = Engine::new(&config).map_err(|e| match options.pool {
+            Some(pool) if is_reservation_failure(&e) => RuntimeError::PoolReserve {
+                instances: pool.instances,
+                max_memory: pool.max_memory,
+                source: cause(e),
+            },
+            _ => RuntimeError::Engine(cause(e)),
+        })?;
         let artifacts = match cache_dir {
             Some(dir) => Some(
                 compile::ArtifactCache::open(dir, engine_tag(&engine))?.with_max_size(
@@ -278,7 +302,10 @@ impl Runtime {
         };
         let (plain, http_linker) =
             guest::linkers(&engine).map_err(|e| RuntimeError::Engine(cause(e)))?;
-        let ticker = Ticker::start(engine.clone());
+        let slots = options
+            .pool
+            .map(|p| Arc::new(instance::Slots::new(p.instances as usize)));
+        let ticker = Ticker::start(engine.clone(), slots.clone());
         let mut compiler = compile::Compiler::new(compile::child_args(&options));
         if options.quick_compile
             && let Some(cache) = &artifacts
@@ -290,9 +317,7 @@ impl Runtime {
             engine,
             linker: Arc::new(plain),
             http_linker: Arc::new(http_linker),
-            slots: options
-                .pool
-                .map(|p| Arc::new(tokio::sync::Semaphore::new(p.instances as usize))),
+            slots,
             artifacts,
             compiler,
             protected: http::Protected::default(),
@@ -310,13 +335,18 @@ impl Runtime {
         &self.compiler
     }
 
-    /// Wait for room for one more instance (with the pooling allocator); the permit is the
-    /// instance's until it is dropped.
+    /// Wait for room for one more instance (with the pooling allocator), taking an idle
+    /// instance's slot if none is free; the permit is the instance's until it is dropped.
     pub(crate) async fn instance_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
         match &self.slots {
-            Some(slots) => slots.clone().acquire_owned().await.ok(),
+            Some(slots) => slots.acquire().await,
             None => None,
         }
+    }
+
+    /// The pool's slots, if there is a pool: where handlers register their idle instances.
+    pub(crate) fn slots(&self) -> Option<&Arc<instance::Slots>> {
+        self.slots.as_ref()
     }
 
     /// The host's own listeners, which no guest's outbound HTTP may reach.
@@ -360,6 +390,15 @@ impl Runtime {
     }
 }
 
+/// Whether the engine failed because the pool's address space could not be reserved (wasmtime
+/// says "mmap failed to reserve" or "failed to create memory pool mapping").
+fn is_reservation_failure(err: &wasmtime::Error) -> bool {
+    err.chain().any(|cause| {
+        let text = cause.to_string();
+        text.contains("failed to reserve") || text.contains("memory pool mapping")
+    })
+}
+
 /// The engine settings compiled code depends on, shared by the host and its compiling child
 /// (which adds no instance allocator and no cache).
 pub(crate) fn engine_config(options: &RuntimeOptions) -> wasmtime::Config {
@@ -386,21 +425,29 @@ fn engine_tag(engine: &Engine) -> String {
     format!("{:016x}", hasher.finish())
 }
 
-/// Advances the engine's epoch every [`EPOCH_TICK`] until dropped.
+/// Advances the engine's epoch every [`EPOCH_TICK`] until dropped, and once a second drops
+/// the pool's instances that have been idle for [`instance::IDLE_INSTANCE_TTL`].
 struct Ticker {
     stop: Arc<AtomicBool>,
 }
 
 impl Ticker {
-    fn start(engine: Engine) -> Self {
+    fn start(engine: Engine, slots: Option<Arc<instance::Slots>>) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let spawned = std::thread::Builder::new()
             .name("sluice-epoch".into())
             .spawn(move || {
+                let mut ticks = 0u32;
                 while !flag.load(Ordering::Relaxed) {
                     std::thread::sleep(EPOCH_TICK);
                     engine.increment_epoch();
+                    ticks = ticks.wrapping_add(1);
+                    if ticks.is_multiple_of(100)
+                        && let Some(slots) = &slots
+                    {
+                        slots.expire_idle(instance::IDLE_INSTANCE_TTL);
+                    }
                 }
             });
         if let Err(err) = spawned {

@@ -167,6 +167,10 @@ pub struct Subscription {
     /// The blocking read this partition shares with the subscription's other partitions, if
     /// it waits there rather than on a connection of its own.
     shared: Option<Arc<SharedRead>>,
+    /// Its bell, when it waits on the host's doorbell instead of a blocking read.
+    bell: Option<crate::doorbell::Bell>,
+    /// Whether its last read found nothing (with a bell: the next waits for a ring first).
+    idle: std::sync::atomic::AtomicBool,
     /// Whether it may take entries now (see [`crate::flow`]).
     flow: watch::Receiver<FlowState>,
     /// The group's shared rate limit, if it has one.
@@ -210,6 +214,9 @@ pub struct SubscriptionParts {
     pub health: Arc<ReadHealth>,
     /// The blocking read shared by the subscription's partitions (none: one of its own).
     pub shared: Option<Arc<SharedRead>>,
+    /// Its bell on the host's doorbell: when set, it reads without blocking on the shared
+    /// connection and, once idle, waits for a ring instead of a blocking read.
+    pub bell: Option<crate::doorbell::Bell>,
     /// The subscription's flow controls, kept up to date by a [`crate::flow::FlowWatcher`].
     pub flow: watch::Receiver<FlowState>,
     /// The group's shared rate limit (one for all partitions), if it has one.
@@ -246,6 +253,8 @@ impl Subscription {
             last_read: Mutex::new(HashMap::new()),
             next_rescue: Mutex::new(tokio::time::Instant::now()),
             shared: parts.shared,
+            bell: parts.bell,
+            idle: std::sync::atomic::AtomicBool::new(false),
             flow: parts.flow,
             rate: parts.rate,
             breaker: parts.breaker,
@@ -414,7 +423,9 @@ impl Subscription {
                 Some(conn) => conn,
                 // Only a successful read resets the backoff: a server that accepts connections
                 // but refuses every read must not be asked 20 times a second.
-                None if self.shared.is_some() => reader.insert(Reader::Shared(self.conn.clone())),
+                None if self.shared.is_some() || self.bell.is_some() => {
+                    reader.insert(Reader::Shared(self.conn.clone()))
+                }
                 None => match self.conn.reader(plan.block).await {
                     Ok(conn) => reader.insert(conn),
                     Err(err) => {
@@ -844,6 +855,17 @@ impl Subscription {
                 }
             }
         }
+        // With a bell, a subscription whose last read found nothing waits for a ring (a write
+        // to its stream or lane) instead of reading: nothing is sent while it is idle. Its
+        // set's sweeps are the set's own bell's to ask for (see `delayed`).
+        if let Some(bell) = &self.bell {
+            use std::sync::atomic::Ordering;
+            if self.idle.load(Ordering::Acquire) && !taken.for_lane && !bell.wait(plan.block).await
+            {
+                return Ok(Vec::new());
+            }
+            bell.seen();
+        }
         // Every read asks the set's timer task for a pass (which also covers entries other
         // hosts parked) and does not wait for it: a read that blocks is woken by what the pass
         // appends, one that does not takes it at the next read. A read woken because a pass
@@ -879,6 +901,10 @@ impl Subscription {
         if left > 0 {
             let more = if entries.is_empty() {
                 match &self.shared {
+                    // The bell waits instead, before the next read.
+                    None if self.bell.is_some() => {
+                        read::read_group(conn, plan, left, None, &[(Source::Stream, ">")]).await?
+                    }
                     // Nothing to do yet: wait on the stream and the lane both (a blocked read
                     // is answered with the entries of whichever gets some first).
                     None => {
@@ -902,6 +928,13 @@ impl Subscription {
                 read::read_group(conn, plan, left, None, &[(Source::Stream, ">")]).await?
             };
             entries.extend(more);
+        }
+        if let Some(bell) = &self.bell
+            && !taken.for_lane
+        {
+            self.idle
+                .store(entries.is_empty(), std::sync::atomic::Ordering::Release);
+            bell.set_idle(entries.is_empty());
         }
         Ok(entries.into_iter().map(|e| (e, 1)).collect())
     }

@@ -1,0 +1,475 @@
+//! The doorbell: one connection per Redis that tells idle subscriptions when their keys are
+//! written, so that an idle subscription holds no connection and sends no command, and a new
+//! entry is still read within milliseconds.
+//!
+//! It works when the server publishes keyspace notifications for streams and sorted sets
+//! (`notify-keyspace-events` with `K` and `t` and `z`, or `K` and `A`), which the doorbell checks
+//! with `CONFIG GET` before it starts and every few seconds after. Without them (or without the
+//! right to ask), every subscription keeps its blocking read on a connection of its own, and
+//! the log says how to turn the doorbell on.
+//!
+//! How a subscription uses it (see [`Bell`]):
+//! - after a read that found nothing, it asks for its keys (stream and retry lane): the
+//!   doorbell SUBSCRIBEs to their keyspace channels and, once Redis confirms, rings them once
+//!   (an entry added before the subscription took effect is then read);
+//! - it then waits for a ring instead of reading: every write to a key (an XADD by a producer,
+//!   a sweep's move into the lane) rings its bell, and the subscription reads once;
+//! - after a read that found entries it lets go of its keys: a busy subscription reads back
+//!   to back and needs no ring, and the doorbell UNSUBSCRIBEs a key nobody has wanted for
+//!   [`UNSUBSCRIBE_AFTER`], so a busy stream costs no notifications either.
+//!
+//! A bell's "something may have changed" is a counter: a subscription marks what it has seen
+//! before it reads, so a write between its read and its wait still wakes it.
+//!
+//! When the doorbell cannot vouch for its rings (its connection failed or did not answer a
+//! PING within [`PING_TIMEOUT`], the server stopped publishing, Sentinel moved the master),
+//! it says it is down: subscriptions then read every `block` without waiting for a ring, until
+//! the doorbell is back and rings every key once. Pub/sub is at most once, and these are the
+//! ways a ring can be lost.
+//!
+//! Anyone who may PUBLISH on the server can ring a bell (the channel name is no secret): that
+//! costs one read per ring at most (rings that come while a read is in flight count once),
+//! never an entry.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use redis::RedisResult;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::redis_conn::{ReconnectBackoff, RedisHandle};
+
+/// How long a key nobody waits on stays subscribed: a subscription that finds entries now and
+/// then does not subscribe and unsubscribe at every read.
+pub const UNSUBSCRIBE_AFTER: Duration = Duration::from_secs(5);
+/// How often the doorbell checks its connection (PING) and, every few PINGs, that the server
+/// still publishes what it needs.
+const PING_EVERY: Duration = Duration::from_secs(2);
+/// How long a PING may take before the doorbell counts as down.
+const PING_TIMEOUT: Duration = Duration::from_secs(3);
+/// Every how many PINGs the server's `notify-keyspace-events` and the master's address are
+/// checked again.
+const CHECK_EVERY_PINGS: u32 = 5;
+/// The most channels one SUBSCRIBE or UNSUBSCRIBE names.
+const CHANNELS_PER_COMMAND: usize = 512;
+
+/// One doorbell per Redis (see the module doc).
+pub struct Doorbell {
+    conn: RedisHandle,
+    prefix: String,
+    keys: Mutex<HashMap<Arc<str>, Key>>,
+    /// A key was wanted or let go of.
+    changed: Notify,
+    /// Whether rings can be trusted now.
+    live: watch::Sender<bool>,
+}
+
+struct Key {
+    rings: watch::Sender<u64>,
+    /// Bells waiting on it now.
+    wanted: usize,
+    subscribed: bool,
+    /// When the last bell let go of it.
+    unwanted_since: Option<Instant>,
+}
+
+impl Key {
+    fn new() -> Self {
+        Self {
+            rings: watch::Sender::new(0),
+            wanted: 0,
+            subscribed: false,
+            unwanted_since: None,
+        }
+    }
+
+    fn ring(&self) {
+        self.rings.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+/// Whether `flags` (the server's `notify-keyspace-events`) publish what the doorbell needs:
+/// keyspace events (`K`) for streams (`t`) and sorted sets (`z`), `A` standing for every class.
+pub fn flags_suffice(flags: &str) -> bool {
+    flags.contains('K') && (flags.contains('A') || (flags.contains('t') && flags.contains('z')))
+}
+
+impl Doorbell {
+    /// A doorbell for the Redis `conn` talks to; `None` on a cluster (each node publishes only
+    /// its own keys' events, and partitions keep their blocking reads there).
+    pub fn new(conn: RedisHandle) -> Option<Self> {
+        use redis::aio::ConnectionLike as _;
+        if conn.is_cluster() {
+            return None;
+        }
+        let prefix = format!("__keyspace@{}__:", conn.get_db());
+        Some(Self {
+            conn,
+            prefix,
+            keys: Mutex::new(HashMap::new()),
+            changed: Notify::new(),
+            live: watch::Sender::new(false),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<Arc<str>, Key>> {
+        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A bell for `keys` (a partition's stream and lane, or a delayed set).
+    pub fn bell(self: &Arc<Self>, keys: &[&str]) -> Bell {
+        let mut map = self.lock();
+        let mut rings = Vec::with_capacity(keys.len());
+        let mut names = Vec::with_capacity(keys.len());
+        for key in keys {
+            let name: Arc<str> = Arc::from(*key);
+            let entry = map.entry(name.clone()).or_insert_with(Key::new);
+            rings.push(entry.rings.subscribe());
+            names.push(name);
+        }
+        Bell {
+            doorbell: self.clone(),
+            keys: names,
+            rings: Mutex::new(rings),
+            live: self.live.subscribe(),
+            wanting: AtomicBool::new(false),
+        }
+    }
+
+    fn ring_all(&self) {
+        for key in self.lock().values() {
+            key.ring();
+        }
+    }
+
+    /// Whether the server publishes what the doorbell needs: `Ok(None)` when it does,
+    /// `Ok(Some(why))` when it does not, `Err` when it cannot be asked.
+    async fn check_server(&self) -> RedisResult<Option<String>> {
+        let reply: Vec<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("notify-keyspace-events")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let flags = reply.get(1).cloned().unwrap_or_default();
+        Ok((!flags_suffice(&flags)).then(|| {
+            format!(
+                "the server's notify-keyspace-events is {flags:?}, without keyspace events for streams and sorted sets; idle subscriptions each keep a blocking read on a connection of their own (set it to include \"Ktz\", e.g. CONFIG SET notify-keyspace-events Ktz, for the doorbell: no connection and no command per idle subscription)"
+            )
+        }))
+    }
+
+    fn off(&self, why: &str) {
+        self.live.send_replace(false);
+        tracing::info!(redis = %self.conn.name(), "doorbell off: {why}");
+    }
+
+    /// A doorbell for the Redis `conn` talks to, if the server publishes what it needs (the
+    /// log says why not, once, when it does not).
+    pub async fn open(conn: RedisHandle) -> Option<Arc<Self>> {
+        let doorbell = Self::new(conn)?;
+        let why = match doorbell.check_server().await {
+            Ok(None) => return Some(Arc::new(doorbell)),
+            Ok(Some(why)) => why,
+            Err(err) if err.code() == Some("NOPERM") => format!(
+                "this Redis user may not run CONFIG GET notify-keyspace-events ({err}), so the doorbell cannot tell whether the server publishes keyspace events; idle subscriptions each keep a blocking read on a connection of their own"
+            ),
+            Err(err) => format!(
+                "CONFIG GET notify-keyspace-events failed ({err}); idle subscriptions each keep a blocking read on a connection of their own"
+            ),
+        };
+        doorbell.off(&why);
+        None
+    }
+
+    /// Keep the doorbell up until `stop`.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let mut backoff = ReconnectBackoff::default();
+        loop {
+            let pause = match self.session(&stop, &mut backoff).await {
+                Ok(()) => return,
+                Err(Down::Off(why)) => {
+                    if self.live.send_replace(false) {
+                        tracing::warn!(redis = %self.conn.name(), "doorbell down, subscriptions read every `block` until it is back: {why}");
+                    }
+                    CHECK_EVERY_PINGS * PING_EVERY
+                }
+                Err(Down::Failed(why)) => {
+                    if self.live.send_replace(false) {
+                        tracing::warn!(redis = %self.conn.name(), "doorbell down, subscriptions read every `block` until it is back: {why}");
+                    }
+                    backoff.next_delay()
+                }
+            };
+            // Whoever waits for a ring reads now, and every `block` until the doorbell is back.
+            self.ring_all();
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+
+    /// One connection's life: subscribe what is wanted, ring on every message, check the
+    /// connection and the server; `Ok` only when stopped.
+    async fn session(
+        &self,
+        stop: &CancellationToken,
+        backoff: &mut ReconnectBackoff,
+    ) -> Result<(), Down> {
+        match self.check_server().await {
+            Ok(None) => {}
+            Ok(Some(why)) => return Err(Down::Off(why)),
+            Err(err) => return Err(Down::Failed(format!("CONFIG GET: {err}"))),
+        }
+        let Some(client) = self.conn.node_client() else {
+            return Err(Down::Off("a cluster".to_owned()));
+        };
+        let address = client.get_connection_info().addr().to_string();
+        let pubsub = tokio::time::timeout(
+            crate::redis_conn::CONNECT_TIMEOUT,
+            client.get_async_pubsub(),
+        )
+        .await
+        .map_err(|_| Down::Failed(format!("no connection to {address} within the timeout")))?
+        .map_err(|err| Down::Failed(format!("cannot connect to {address}: {err}")))?;
+        let (mut sink, mut messages) = pubsub.split();
+        for key in self.lock().values_mut() {
+            key.subscribed = false;
+        }
+        self.reconcile(&mut sink).await?;
+        self.live.send_replace(true);
+        backoff.reset();
+        tracing::info!(redis = %self.conn.name(), %address, "doorbell up: idle subscriptions wait for keyspace events");
+        let mut ping = tokio::time::interval(PING_EVERY);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut pings = 0u32;
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return Ok(()),
+                message = messages.next() => {
+                    let Some(message) = message else {
+                        return Err(Down::Failed("the subscriber connection closed".to_owned()));
+                    };
+                    let channel = message.get_channel_name();
+                    if let Some(key) = channel.strip_prefix(self.prefix.as_str())
+                        && let Some(entry) = self.lock().get(key)
+                    {
+                        entry.ring();
+                    }
+                }
+                () = self.changed.notified() => self.reconcile(&mut sink).await?,
+                _ = ping.tick() => {
+                    match tokio::time::timeout(PING_TIMEOUT, sink.ping::<redis::Value>()).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(err)) => return Err(Down::Failed(format!("PING: {err}"))),
+                        Err(_) => return Err(Down::Failed(format!("PING not answered within {PING_TIMEOUT:?}"))),
+                    }
+                    // Keys let go of long enough are unsubscribed here.
+                    self.reconcile(&mut sink).await?;
+                    pings = pings.wrapping_add(1);
+                    if pings.is_multiple_of(CHECK_EVERY_PINGS) {
+                        match self.check_server().await {
+                            Ok(None) => {}
+                            Ok(Some(why)) => return Err(Down::Off(why)),
+                            Err(err) => return Err(Down::Failed(format!("CONFIG GET: {err}"))),
+                        }
+                        if self.conn.node_client().map(|c| c.get_connection_info().addr().to_string()) != Some(address.clone()) {
+                            return Err(Down::Failed("the master moved".to_owned()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// SUBSCRIBE what is wanted and not subscribed (ringing each once Redis confirms), and
+    /// UNSUBSCRIBE what nobody has wanted for [`UNSUBSCRIBE_AFTER`].
+    async fn reconcile(&self, sink: &mut redis::aio::PubSubSink) -> Result<(), Down> {
+        let (add, drop): (Vec<Arc<str>>, Vec<Arc<str>>) = {
+            let keys = self.lock();
+            let now = Instant::now();
+            let add = keys
+                .iter()
+                .filter(|(_, k)| k.wanted > 0 && !k.subscribed)
+                .map(|(name, _)| name.clone())
+                .collect();
+            let drop = keys
+                .iter()
+                .filter(|(_, k)| {
+                    k.wanted == 0
+                        && k.subscribed
+                        && k.unwanted_since
+                            .is_some_and(|since| now.duration_since(since) >= UNSUBSCRIBE_AFTER)
+                })
+                .map(|(name, _)| name.clone())
+                .collect();
+            (add, drop)
+        };
+        for chunk in add.chunks(CHANNELS_PER_COMMAND) {
+            let channels: Vec<String> = chunk.iter().map(|k| self.channel(k)).collect();
+            self.timed(sink.subscribe(&channels), "SUBSCRIBE").await?;
+            let mut keys = self.lock();
+            for name in chunk {
+                if let Some(key) = keys.get_mut(name) {
+                    key.subscribed = true;
+                    // From here on every write rings it; one may have come before.
+                    key.ring();
+                }
+            }
+        }
+        for chunk in drop.chunks(CHANNELS_PER_COMMAND) {
+            let channels: Vec<String> = chunk.iter().map(|k| self.channel(k)).collect();
+            self.timed(sink.unsubscribe(&channels), "UNSUBSCRIBE")
+                .await?;
+            let mut keys = self.lock();
+            for name in chunk {
+                if let Some(key) = keys.get_mut(name) {
+                    key.subscribed = false;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn timed(
+        &self,
+        call: impl std::future::Future<Output = RedisResult<()>>,
+        what: &str,
+    ) -> Result<(), Down> {
+        match tokio::time::timeout(PING_TIMEOUT, call).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => Err(Down::Failed(format!("{what}: {err}"))),
+            Err(_) => Err(Down::Failed(format!(
+                "{what} not answered within {PING_TIMEOUT:?}"
+            ))),
+        }
+    }
+
+    fn channel(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    fn want(&self, keys: &[Arc<str>], yes: bool) {
+        let mut map = self.lock();
+        let mut changed = false;
+        for name in keys {
+            let Some(key) = map.get_mut(name) else {
+                continue;
+            };
+            if yes {
+                key.wanted += 1;
+                key.unwanted_since = None;
+                changed |= !key.subscribed;
+            } else {
+                key.wanted = key.wanted.saturating_sub(1);
+                if key.wanted == 0 {
+                    key.unwanted_since = Some(Instant::now());
+                }
+            }
+        }
+        drop(map);
+        if changed {
+            self.changed.notify_one();
+        }
+    }
+
+    fn subscribed(&self, keys: &[Arc<str>]) -> bool {
+        let map = self.lock();
+        keys.iter()
+            .all(|name| map.get(name).is_some_and(|k| k.subscribed))
+    }
+}
+
+/// Why a doorbell session ended.
+enum Down {
+    /// The server does not publish what is needed, or may not be asked.
+    Off(String),
+    /// The connection failed.
+    Failed(String),
+}
+
+/// One reader's bell: rings when one of its keys is written (see the module doc).
+pub struct Bell {
+    doorbell: Arc<Doorbell>,
+    keys: Vec<Arc<str>>,
+    /// What the reader has seen of each key's rings.
+    rings: Mutex<Vec<watch::Receiver<u64>>>,
+    live: watch::Receiver<bool>,
+    /// Whether it holds its keys wanted now.
+    wanting: AtomicBool,
+}
+
+impl Bell {
+    fn rings(&self) -> MutexGuard<'_, Vec<watch::Receiver<u64>>> {
+        self.rings.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Mark every ring so far as seen: called before a read, so that a write after it rings.
+    pub fn seen(&self) {
+        for rx in self.rings().iter_mut() {
+            rx.mark_unchanged();
+        }
+    }
+
+    /// The read found nothing (`idle`) or something: an idle reader wants its keys
+    /// subscribed, a busy one lets go of them.
+    pub fn set_idle(&self, idle: bool) {
+        if self.wanting.swap(idle, Ordering::AcqRel) != idle {
+            self.doorbell.want(&self.keys, idle);
+        }
+    }
+
+    /// Wait for a ring, for up to `block`: `true` when the reader should read now (a ring, or
+    /// the doorbell cannot vouch for its rings and `block` passed), `false` when nothing rang
+    /// and nothing could have been missed.
+    pub async fn wait(&self, block: Duration) -> bool {
+        let mut rings: Vec<watch::Receiver<u64>> = self.rings().clone();
+        if rings.is_empty() {
+            tokio::time::sleep(block).await;
+            return true;
+        }
+        if rings.iter().any(|rx| rx.has_changed().unwrap_or(true)) {
+            return true;
+        }
+        // Going down rings every key; coming back rings the keys it subscribes.
+        let trusted = *self.live.borrow() && self.doorbell.subscribed(&self.keys);
+        let any_ring = futures::future::select_all(
+            rings
+                .iter_mut()
+                .map(|rx| Box::pin(async move { rx.changed().await.is_ok() })),
+        );
+        tokio::select! {
+            _ = any_ring => true,
+            () = tokio::time::sleep(block) => !trusted,
+        }
+    }
+}
+
+impl Drop for Bell {
+    fn drop(&mut self) {
+        if self.wanting.load(Ordering::Acquire) {
+            self.doorbell.want(&self.keys, false);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::flags_suffice;
+
+    #[test]
+    fn flags_need_keyspace_events_for_streams_and_sorted_sets() {
+        assert!(flags_suffice("Ktz"));
+        assert!(flags_suffice("KA"));
+        assert!(flags_suffice("AKE"));
+        assert!(!flags_suffice(""));
+        assert!(!flags_suffice("Et"));
+        assert!(!flags_suffice("Kt"));
+        assert!(!flags_suffice("Ez"));
+    }
+}

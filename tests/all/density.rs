@@ -1,0 +1,341 @@
+//! Density: many subscriptions in one host share one instance pool (see
+//! `docs/design/density.md`). A busy subscription cannot starve another of instances, idle
+//! instances give their slots to whoever needs them, and a pool that cannot be reserved says
+//! which key to lower.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use sluice_fixture_control::Control;
+use sluice_host::EventKind;
+
+use crate::common::*;
+
+/// Every `(stream, id)` of `ids` acked, by events, within `timeout`.
+async fn wait_events_acked(host: &mut TestHost, ids: &[(&str, String)], timeout: Duration) {
+    let mut left: HashSet<(String, String)> = ids
+        .iter()
+        .map(|(stream, id)| ((*stream).to_owned(), id.clone()))
+        .collect();
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !left.is_empty() {
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let event = host
+            .event(remaining, &format!("{} acks", left.len()), |e| {
+                e.kind == EventKind::Acked
+            })
+            .await;
+        left.remove(&(event.stream.to_string(), event.id.clone()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_instances_give_their_slots_to_a_subscription_that_needs_them() {
+    // One slot for the whole host: each subscription's instance, kept warm after its
+    // delivery, holds the only slot until the other needs it.
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let config = TestConfig::of(Sub::fixture("quiet-a"))
+        .and(Sub::fixture("quiet-b"))
+        .set("max_instances", 1u32);
+    let mut host = start_fixture(&redis, config).await;
+    // Six turns, each on the other subscription. Without taking the idle instance's slot, the
+    // second turn would wait for that instance's 30 s expiry; all six fit well under it.
+    let mut ids = Vec::new();
+    for turn in 0..6 {
+        let stream = if turn % 2 == 0 { "quiet-a" } else { "quiet-b" };
+        let id = add(&mut conn, stream, &Control::Ack).await;
+        wait_events_acked(&mut host, &[(stream, id.clone())], Duration::from_secs(20)).await;
+        ids.push((stream, id));
+    }
+    for (stream, _) in &ids {
+        assert_eq!(pending(&mut conn, stream, "g").await, 0, "{stream}");
+    }
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_tenant_does_not_starve_another_of_instances() {
+    // Four slots for the host; the busy subscription may have 16 deliveries in flight, each
+    // spinning 100 ms, and a backlog of 120 (at least 3 s of both cores' time).
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let config = TestConfig::of(Sub::fixture("busy").set("max_in_flight", 16u32))
+        .and(Sub::fixture("calm"))
+        .set("max_instances", 4u32);
+    let mut host = start_fixture(&redis, config).await;
+    let backlog = 120;
+    // In one round trip each: the test shares the host's two threads with spinning guests.
+    let mut pipe = redis::pipe();
+    let slow = serde_json::to_string(&Control::Slow { ms: 100 }).unwrap();
+    for _ in 0..backlog {
+        pipe.cmd("XADD")
+            .arg("busy")
+            .arg("*")
+            .arg("payload")
+            .arg(&slow);
+    }
+    let _: Vec<String> = pipe.query_async(&mut conn).await.unwrap();
+    // The busy one holds every slot and queues for more before the calm one asks.
+    host.event(Duration::from_secs(30), "a busy delivery acked", |e| {
+        &*e.stream == "busy" && e.kind == EventKind::Acked
+    })
+    .await;
+    let mut pipe = redis::pipe();
+    let ack = serde_json::to_string(&Control::Ack).unwrap();
+    for _ in 0..10 {
+        pipe.cmd("XADD")
+            .arg("calm")
+            .arg("*")
+            .arg("payload")
+            .arg(&ack);
+    }
+    let calm: Vec<String> = pipe.query_async(&mut conn).await.unwrap();
+    // Count the busy acks seen until every calm entry is acked.
+    let mut busy_acked = 1;
+    let mut left: HashSet<String> = calm.into_iter().collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !left.is_empty() {
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let event = host
+            .event(remaining, "the calm entries acked", |e| {
+                e.kind == EventKind::Acked
+            })
+            .await;
+        if &*event.stream == "busy" {
+            busy_acked += 1;
+        } else {
+            left.remove(&event.id);
+        }
+    }
+    // Slots go in order of request: the calm entries waited behind at most the busy one's
+    // requests queued before them (16 in flight), not behind its whole backlog.
+    assert!(
+        busy_acked < backlog / 2,
+        "the calm subscription waited for {busy_acked} of the busy one's {backlog} deliveries"
+    );
+    assert_eq!(pending(&mut conn, "calm", "g").await, 0);
+    host.stop().await.unwrap();
+}
+
+#[test]
+fn a_pool_too_big_to_reserve_names_max_instances() {
+    // A process allowed 48 GiB of address space: the default pool of one subscription (34
+    // slots of a 4 GiB memory and its guards, twice) does not fit, a pool of 2 does.
+    let redis = Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let check = |config: TestConfig| {
+        let path = write_config(dir.path(), "sluice.toml", &config.to_string());
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -v 50331648 && exec \"$0\" check --redis \"$1\" \"$2\"")
+            .arg(sluice_bin())
+            .arg(redis.url())
+            .arg(&path)
+            .current_dir(dir.path())
+            .output()
+            .expect("sluice check runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, stderr) = check(TestConfig::of(Sub::fixture("big")));
+    assert!(!ok, "the default pool fit in 48 GiB: {stderr}");
+    assert!(
+        stderr.contains("cannot reserve address space for the instance pool: 34 instances")
+            && stderr.contains("lower `max_instances`")
+            && stderr.contains("ulimit -v"),
+        "{stderr}"
+    );
+    let (ok, stderr) = check(TestConfig::of(Sub::fixture("big")).set("max_instances", 2u32));
+    assert!(ok, "a pool of 2 did not fit in 48 GiB: {stderr}");
+}
+
+/// Calls of `command` (lower case) Redis has served so far.
+async fn calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Clients connected now, but for the test's own `conn`.
+async fn host_clients(conn: &mut redis::aio::MultiplexedConnection) -> usize {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(conn)
+        .await
+        .unwrap();
+    list.lines().count().saturating_sub(1)
+}
+
+/// A host of `n` idle subscriptions (each its own group and delayed set) against a server
+/// that publishes keyspace events.
+fn many(n: usize) -> TestConfig {
+    let mut config = TestConfig::of(
+        Sub::fixture("many-0")
+            .set("group", "g0")
+            .delayed("many-0:delayed"),
+    );
+    for i in 1..n {
+        config = config.and(
+            Sub::fixture(&format!("many-{i}"))
+                .set("group", format!("g{i}"))
+                .delayed(&format!("many-{i}:delayed")),
+        );
+    }
+    config
+}
+
+/// Wait until a window of `window` passes in which Redis served no XREADGROUP.
+async fn wait_reads_stop(conn: &mut redis::aio::MultiplexedConnection, window: Duration) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let before = calls(conn, "xreadgroup").await;
+        tokio::time::sleep(window).await;
+        let after = calls(conn, "xreadgroup").await;
+        if after == before {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "idle subscriptions still read: {} XREADGROUP in the last {window:?}",
+            after - before
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_subscriptions_wait_on_the_doorbell_and_still_read_at_once() {
+    let redis = Redis::start_with(true, &[("notify-keyspace-events", "Ktz")]);
+    let mut conn = redis.conn().await;
+    let n = 24;
+    let mut host = start_fixture(&redis, many(n)).await;
+    // Every subscription reads once, finds nothing, and goes quiet: no connection of its own,
+    // no read while idle (a blocking read each would be 24 connections and 240 reads a
+    // second at `block = 100ms`).
+    wait_reads_stop(&mut conn, Duration::from_secs(2)).await;
+    let clients = host_clients(&mut conn).await;
+    assert!(
+        clients <= 5,
+        "{clients} connections for {n} idle subscriptions (4 for commands and the doorbell's)"
+    );
+    // A new entry on any idle stream is read at once; a retry comes back through its set and
+    // lane, which ring too.
+    let mut ids = Vec::new();
+    for i in [3, 17, 0, 23] {
+        let stream = format!("many-{i}");
+        let id = add(&mut conn, &stream, &Control::Ack).await;
+        ids.push((stream, id));
+    }
+    let retried = add(&mut conn, "many-9", &Control::Retry { ms: 300, times: 1 }).await;
+    // Acks come in any order: each is looked for among all of them.
+    let mut left: HashSet<String> = ids.iter().map(|(_, id)| id.clone()).collect();
+    left.insert(retried.clone());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !left.is_empty() {
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let event = host
+            .event(remaining, &format!("{left:?} acked"), |e| {
+                e.kind == EventKind::Acked
+            })
+            .await;
+        left.remove(&event.origin_id);
+    }
+    for i in 0..n {
+        assert_eq!(
+            pending(&mut conn, &format!("many-{i}"), &format!("g{i}")).await,
+            0
+        );
+    }
+    // And quiet again.
+    wait_reads_stop(&mut conn, Duration::from_secs(2)).await;
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_doorbell_loses_no_entry() {
+    let redis = Redis::start_with(true, &[("notify-keyspace-events", "Ktz")]);
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(&redis, many(4)).await;
+    wait_reads_stop(&mut conn, Duration::from_secs(2)).await;
+
+    // Its connection killed: an entry added meanwhile is read once the doorbell is back (or
+    // by the reads every `block` while it is down).
+    let _: redis::Value = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let id = add(&mut conn, "many-2", &Control::Ack).await;
+    host.event(
+        Duration::from_secs(30),
+        "the entry added while the doorbell was lost",
+        |e| e.id == id && e.kind == EventKind::Acked,
+    )
+    .await;
+
+    // Another service turns keyspace events off: nothing rings any more, and the
+    // subscriptions read every `block` instead.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let id = add(&mut conn, "many-1", &Control::Ack).await;
+    host.event(
+        Duration::from_secs(60),
+        "the entry added with events off",
+        |e| e.id == id && e.kind == EventKind::Acked,
+    )
+    .await;
+    // And back on: quiet again, and still reading at once.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("Ktz")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    wait_reads_stop(&mut conn, Duration::from_secs(2)).await;
+    let id = add(&mut conn, "many-3", &Control::Ack).await;
+    host.event(
+        Duration::from_secs(20),
+        "the entry added with events back on",
+        |e| e.id == id && e.kind == EventKind::Acked,
+    )
+    .await;
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_keyspace_events_each_subscription_keeps_its_blocking_read() {
+    // The server's default publishes nothing: subscriptions block on connections of their own,
+    // as before the doorbell, and read at once.
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(&redis, many(6)).await;
+    let id = add(&mut conn, "many-5", &Control::Ack).await;
+    host.event(Duration::from_secs(20), "the entry acked", |e| {
+        e.id == id && e.kind == EventKind::Acked
+    })
+    .await;
+    let clients = host_clients(&mut conn).await;
+    assert!(
+        clients >= 6 + 4,
+        "{clients} connections: each of 6 subscriptions blocks on one of its own, beside 4 for commands"
+    );
+    host.stop().await.unwrap();
+}
