@@ -136,6 +136,9 @@ impl Connections {
         };
         let (_, handles, turn) = &mut self.open[index];
         if handles.len() < CONNECTIONS_PER_REDIS {
+            if handles.is_empty() {
+                tracing::info!(redis = %redis_conn::redact(url), "connecting to Redis");
+            }
             let handle = redis_conn::RedisHandle::connect(url, access).await?;
             handles.push(handle.clone());
             return Ok(handle);
@@ -555,7 +558,15 @@ impl Service {
                 .clone()
                 .or_else(|| dev_redis.clone())
                 .ok_or_else(|| RunError::NoRedis(sub.stream.stream.clone()))?;
-            let conn = connections.get(&url, &sub.redis_access).await?;
+            // A stop asked for while Redis does not answer yet (a SIGTERM during start-up)
+            // ends the start: nothing has been read, so nothing is in flight.
+            let conn = tokio::select! {
+                conn = connections.get(&url, &sub.redis_access) => conn?,
+                () = stop.cancelled() => {
+                    tracing::info!("stopped before every subscription had started; nothing was read");
+                    return Ok(());
+                }
+            };
             let doorbell = connections
                 .doorbell(&url, &sub.redis_access, &conn, &mut readers, &stop)
                 .await;

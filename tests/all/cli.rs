@@ -670,3 +670,48 @@ async fn the_dev_redis_is_private_dies_with_its_host_and_is_not_taken_from_a_str
     assert!(again.wait_exit().await.success(), "{}", again.log_text());
     fake.abort();
 }
+
+/// The Kubernetes manifests' `cache_dir` on what Kubernetes gives it: an emptyDir is made
+/// writable by everyone (0777, 2777 with `fsGroup`), which the host refuses for a cache that
+/// holds compiled code; the manifests point below it, at a directory the host makes 0700
+/// itself. (An attack found the first manifests crash-looping on this.)
+#[test]
+fn the_kubernetes_cache_dir_works_on_a_directory_open_to_everyone() {
+    use std::os::unix::fs::PermissionsExt;
+    let redis = Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let empty_dir = dir.path().join("var-cache-sluice");
+    std::fs::create_dir(&empty_dir).unwrap();
+    std::fs::set_permissions(&empty_dir, std::fs::Permissions::from_mode(0o2777)).unwrap();
+    let base = std::fs::read_to_string(root().join("deploy/kubernetes/base/sluice.toml")).unwrap();
+    let cache_dir = base
+        .lines()
+        .find_map(|l| l.strip_prefix("cache_dir = \""))
+        .and_then(|rest| rest.strip_suffix('"'))
+        .expect("the base config sets cache_dir");
+    let below = cache_dir
+        .strip_prefix("/var/cache/sluice/")
+        .expect("the base config's cache_dir is below the emptyDir's mount");
+    let check = |cache: &std::path::Path| {
+        let config =
+            TestConfig::of(Sub::fixture("k8s-cache")).set("cache_dir", cache.to_str().unwrap());
+        let path = write_config(dir.path(), "sluice.toml", &config.to_string());
+        run_sluice(
+            &["check", path.to_str().unwrap(), "--redis", &redis.url()],
+            dir.path(),
+        )
+    };
+    let (ok, _, stderr) = check(&empty_dir);
+    assert!(!ok && stderr.contains("is open to other users"), "{stderr}");
+    let (ok, _, stderr) = check(&empty_dir.join(below));
+    assert!(ok, "{stderr}");
+    let mode = std::fs::metadata(empty_dir.join(below))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(
+        mode & 0o777,
+        0o700,
+        "the host made its cache directory {mode:o}"
+    );
+}

@@ -381,7 +381,71 @@ async fn pending_entries_of_a_gone_consumer_are_taken_over() {
     assert_eq!(event.kind, sluice_host::EventKind::Acked);
     assert_eq!(event.delivery_count, 2, "claimed from the old pod");
     assert_eq!(pending(&mut conn, "pods", "g").await, 0);
+    // Holding nothing now, the old pod is deleted from the group: consumers named after pods
+    // would otherwise pile up with every deploy (found by an attack).
+    wait_for(T, "old-pod deleted from the group", || {
+        let mut conn = conn.clone();
+        async move {
+            let consumers = sluice_host::inspect::consumers(&mut conn, "pods", "g")
+                .await
+                .unwrap();
+            (!consumers.iter().any(|c| c.name == "old-pod")).then_some(())
+        }
+    })
+    .await;
     host.stop().await.unwrap();
+}
+
+/// The script that deletes gone consumers never deletes one that holds an entry (XGROUP
+/// DELCONSUMER would drop the entry from the group) nor one idle for less than asked: both are
+/// checked in the same step as the delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_forget_script_deletes_only_idle_consumers_that_hold_nothing() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    create_group(&mut conn, "forget", "g", "0").await;
+    add(&mut conn, "forget", &Control::Ack).await;
+    read_as(&mut conn, "holder", "forget", ">").await;
+    let _: i64 = redis::cmd("XGROUP")
+        .arg("CREATECONSUMER")
+        .arg("forget")
+        .arg("g")
+        .arg("empty")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let script = redis::Script::new(include_str!(
+        "../../host/src/subscription/lua/forget_gone.lua"
+    ));
+    let forget = |name: &'static str, idle_ms: u64| {
+        let mut conn = conn.clone();
+        let script = script.clone();
+        async move {
+            let deleted: i64 = script
+                .key("forget")
+                .arg("g")
+                .arg(name)
+                .arg(idle_ms)
+                .invoke_async(&mut conn)
+                .await
+                .unwrap();
+            deleted
+        }
+    };
+    assert_eq!(forget("holder", 0).await, 0, "a consumer holding an entry");
+    assert_eq!(
+        forget("empty", 3_600_000).await,
+        0,
+        "a consumer idle for less"
+    );
+    assert_eq!(forget("nobody", 0).await, 0, "a consumer that is not there");
+    assert_eq!(forget("empty", 0).await, 1);
+    let consumers = sluice_host::inspect::consumers(&mut conn, "forget", "g")
+        .await
+        .unwrap();
+    let names: Vec<&str> = consumers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["holder"]);
+    assert_eq!(pending(&mut conn, "forget", "g").await, 1);
 }
 
 /// A take-over whose XCLAIM ran in Redis but whose reply was lost (the connection died) left the

@@ -510,3 +510,83 @@ async fn redis_out_of_memory_refuses_settles_whole_and_resumes() {
     );
     drop(host);
 }
+
+/// A connection whose peer vanished without a reset (half-open: nothing passes, nothing
+/// closes) must not strand a host: the blocking read reconnects by itself, and the shared
+/// connection, where acks and scripts go, is replaced once a command on it times out. Before,
+/// the host read on and on while every ack waited on the dead connection (found by an attack:
+/// 190 entries pending after 5 minutes, `/healthz` still 200). Needs no root: the host's link
+/// is a relay in this test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_connection_is_replaced_and_nothing_is_stranded() {
+    let redis = Redis::start();
+    let conn = redis.conn().await;
+    let upstream: SocketAddr = format!("127.0.0.1:{}", redis.server.port())
+        .parse()
+        .unwrap();
+    let proxy = LinkProxy::start("127.0.0.1", upstream).await;
+    let host = TestHost::start_at(
+        &proxy.url(),
+        &TestConfig::of(Sub::fixture("half-open")).to_string(),
+    )
+    .await;
+    let first = add(&mut conn.clone(), "half-open", &Control::Ack).await;
+    wait_acked(&conn, "half-open", GROUP, &first).await;
+
+    proxy.freeze_existing();
+    let mut last = first;
+    for _ in 0..20 {
+        last = add(&mut conn.clone(), "half-open", &Control::Ack).await;
+    }
+    wait_for(
+        Duration::from_secs(120),
+        "every entry added after the freeze acked",
+        || {
+            let mut conn = conn.clone();
+            let last = last.clone();
+            async move {
+                acked_through(&mut conn, "half-open", GROUP, &last)
+                    .await
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    host.stop().await.unwrap();
+}
+
+/// A SIGTERM while Redis does not answer yet (a pod stopped during start-up) stops the host at
+/// once, exit 0: nothing was read, so nothing is in flight. Before, the host went on trying to
+/// connect for about 35 s, with nothing in its log, and then failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_during_start_up_ends_it_at_once() {
+    // Accepts connections and never answers, as a server behind a dead link does.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}", silent.local_addr().unwrap());
+    let _accepted = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = silent.accept() {
+            held.push(stream);
+        }
+    });
+    let run = RunDir::at(&url, TestConfig::of(Sub::fixture("start-up")));
+    let mut host = run.spawn();
+    wait_for(
+        Duration::from_secs(60),
+        "the host to say it connects",
+        || {
+            let said = host.log_text().contains("connecting to Redis");
+            async move { said.then_some(()) }
+        },
+    )
+    .await;
+    host.terminate();
+    let status = host.wait_exit().await;
+    assert!(status.success(), "{status}: {}", host.log_text());
+    assert!(
+        host.log_text()
+            .contains("stopped before every subscription had started"),
+        "{}",
+        host.log_text()
+    );
+}

@@ -1211,9 +1211,11 @@ mod tests {
                 shutdown + Duration::from_secs(10) <= Duration::from_secs(grace),
                 "{config}: shutdown_timeout {shutdown:?} leaves no room in the {grace} s grace period"
             );
+            // Below the emptyDir's mount, which Kubernetes makes 0777: the host makes this
+            // directory 0700 itself.
             assert_eq!(
                 globals.cache_dir.as_deref(),
-                Some(Path::new("/var/cache/sluice")),
+                Some(Path::new("/var/cache/sluice/compiled")),
                 "{config}"
             );
         }

@@ -285,7 +285,11 @@ pub async fn take_over_gone<C: ConnectionLike>(
     let gone_ms = gone_after.as_millis() as u64;
     let mut taken = Vec::new();
     for gone in crate::inspect::consumers(conn, stream, group).await? {
-        if gone.name == consumer || gone.pending == 0 || (gone.idle as u64) < gone_ms {
+        if gone.name == consumer || (gone.idle as u64) < gone_ms {
+            continue;
+        }
+        if gone.pending == 0 {
+            forget_gone(conn, stream, group, &gone.name, gone_ms).await?;
             continue;
         }
         let rows: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
@@ -324,6 +328,38 @@ pub async fn take_over_gone<C: ConnectionLike>(
         }
     }
     Ok(taken)
+}
+
+/// Delete consumer `name` of `group` if it holds nothing and has been idle for `idle_ms`
+/// (checked in the same script): consumers are named after pods and hosts, and every one that
+/// ever read would otherwise stay in the group for good, each making every look at the
+/// group's consumers longer. One that comes back is made again by its next read.
+async fn forget_gone<C: ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+    group: &str,
+    name: &str,
+    idle_ms: u64,
+) -> RedisResult<()> {
+    static FORGET: std::sync::LazyLock<redis::Script> =
+        std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/forget_gone.lua")));
+    let deleted: i64 = FORGET
+        .key(stream)
+        .arg(group)
+        .arg(name)
+        .arg(idle_ms)
+        .invoke_async(conn)
+        .await?;
+    if deleted == 1 {
+        tracing::info!(
+            stream,
+            group,
+            consumer = %name,
+            idle_ms,
+            "deleted a gone consumer that held nothing"
+        );
+    }
+    Ok(())
 }
 
 /// Those of `ids` (ids of `source`) that are pending to this consumer, each with its fields and

@@ -58,24 +58,64 @@ fn must(program: &str, args: &[&str]) {
     }
 }
 
-/// Remove the namespaces of earlier test runs whose process is gone.
+/// Whether `name` (a namespace, interface or rule's) is of an earlier test run whose process
+/// is gone.
+fn stale(name: &str) -> bool {
+    name.strip_prefix(PREFIX)
+        .map(|rest| {
+            rest.chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+        })
+        .and_then(|pid| pid.parse::<u32>().ok())
+        .is_some_and(|pid| {
+            pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        })
+}
+
+/// Remove what earlier test runs whose process is gone (killed mid-test) left: namespaces
+/// (their veths go with them) and iptables rules, which would otherwise cut a later run's link
+/// from its start when it gets the same PID.
 fn sweep_stale() {
-    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
-        return;
-    };
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let name = line.split_whitespace().next().unwrap_or_default();
-        let Some(pid) = name
-            .strip_prefix(PREFIX)
-            .and_then(|rest| rest.split('x').next())
-            .and_then(|pid| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = run("ip", &["netns", "del", name]);
+    if let Ok(out) = Command::new("ip").args(["netns", "list"]).output() {
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let name = line.split_whitespace().next().unwrap_or_default();
+            if stale(name) {
+                let _ = run("ip", &["netns", "del", name]);
+            }
         }
     }
+    if let Ok(out) = Command::new("iptables").arg("-S").output() {
+        for rule in String::from_utf8_lossy(&out.stdout).lines() {
+            let Some(spec) = rule.strip_prefix("-A ") else {
+                continue;
+            };
+            let words: Vec<&str> = spec.split_whitespace().collect();
+            if words.iter().any(|w| stale(w)) {
+                let mut args = vec!["-D"];
+                args.extend(words);
+                let _ = run("iptables", &args);
+            }
+        }
+    }
+}
+
+/// The second byte of this process's addresses (10.x.*.*): from its PID, moved on while
+/// another live run uses it.
+fn second_byte() -> u32 {
+    static BYTE: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *BYTE.get_or_init(|| {
+        let taken = Command::new("ip")
+            .args(["-o", "-4", "addr", "show"])
+            .output()
+            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+            .unwrap_or_default();
+        let pid = std::process::id();
+        (0..100)
+            .map(|k| 100 + (pid + k) % 100)
+            .find(|byte| !taken.contains(&format!(" 10.{byte}.")))
+            .unwrap_or(100 + pid % 100)
+    })
 }
 
 impl Netns {
@@ -103,7 +143,7 @@ impl Netns {
         let name = format!("{PREFIX}{pid}x{n}");
         let root_if = format!("{PREFIX}{pid}r{n}");
         let host_if = format!("{PREFIX}{pid}h{n}");
-        let net = format!("10.{}.{}", 100 + pid % 100, n * 4);
+        let net = format!("10.{}.{}", second_byte(), n * 4);
         let root_ip = format!("{net}.1");
         let host_ip = format!("{net}.2");
         must("ip", &["netns", "add", &name]);
@@ -262,6 +302,10 @@ pub struct LinkProxy {
     marker: Arc<Mutex<Option<Vec<u8>>>>,
     tripped: Arc<tokio::sync::Notify>,
     reads: Arc<AtomicU64>,
+    /// Connections numbered below this are frozen (see [`Self::freeze_existing`]).
+    frozen_below: Arc<AtomicU64>,
+    /// Connections opened so far.
+    opened: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -276,22 +320,32 @@ impl LinkProxy {
         let marker: Arc<Mutex<Option<Vec<u8>>>> = Arc::new(Mutex::new(None));
         let tripped = Arc::new(tokio::sync::Notify::new());
         let reads = Arc::new(AtomicU64::new(0));
+        let frozen_below = Arc::new(AtomicU64::new(0));
         let link = Link {
             delay_ms: delay_ms.clone(),
             held: held.clone(),
             marker: marker.clone(),
             tripped: tripped.clone(),
             reads: reads.clone(),
+            frozen_below: frozen_below.clone(),
+            number: 0,
         };
+        let opened = Arc::new(AtomicU64::new(0));
+        let counted = opened.clone();
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = AsyncTcpStream::connect(upstream).await else {
                     continue;
                 };
+                let number = counted.fetch_add(1, Ordering::AcqRel) + 1;
+                let link = Link {
+                    number,
+                    ..link.clone()
+                };
                 let (client_rx, client_tx) = client.into_split();
                 let (server_rx, server_tx) = server.into_split();
                 tokio::spawn(link.clone().relay(client_rx, server_tx, true));
-                tokio::spawn(link.clone().relay(server_rx, client_tx, false));
+                tokio::spawn(link.relay(server_rx, client_tx, false));
             }
         });
         Self {
@@ -301,8 +355,18 @@ impl LinkProxy {
             marker,
             tripped,
             reads,
+            frozen_below,
+            opened,
             task,
         }
+    }
+
+    /// Freeze every connection open now, for good: nothing more passes either way, and
+    /// nothing closes (no FIN, no reset), as when the peer's machine vanished; connections
+    /// opened from now on pass as before.
+    pub fn freeze_existing(&self) {
+        let opened = self.opened.load(Ordering::Acquire);
+        self.frozen_below.store(opened + 1, Ordering::Release);
     }
 
     /// How many `XREADGROUP` requests the host has sent into the link so far (counted as the
@@ -352,6 +416,9 @@ struct Link {
     marker: Arc<Mutex<Option<Vec<u8>>>>,
     tripped: Arc<tokio::sync::Notify>,
     reads: Arc<AtomicU64>,
+    frozen_below: Arc<AtomicU64>,
+    /// This connection's number, from 1 in the order they were opened.
+    number: u64,
 }
 
 impl Link {
@@ -367,11 +434,16 @@ impl Link {
         type Chunk = (tokio::time::Instant, Vec<u8>, bool);
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Chunk>();
         let mut held = self.held.subscribe();
+        let (frozen_below, number) = (self.frozen_below.clone(), self.number);
         let writer = tokio::spawn(async move {
             while let Some((due, chunk, trips)) = rx.recv().await {
                 tokio::time::sleep_until(due).await;
                 if !trips && held.wait_for(|h| !*h).await.is_err() {
                     return;
+                }
+                if number < frozen_below.load(Ordering::Acquire) {
+                    // Frozen: keep the socket open and send nothing, ever.
+                    std::future::pending::<()>().await;
                 }
                 if to.write_all(&chunk).await.is_err() {
                     return;
