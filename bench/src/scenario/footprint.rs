@@ -17,6 +17,8 @@ use super::{Bench, Report, command_calls};
 /// command count is taken over.
 const SETTLE: Duration = Duration::from_secs(5);
 const WINDOW: Duration = Duration::from_secs(10);
+/// The density scenario's window: a whole period of the slowest periodic command.
+const DENSITY_WINDOW: Duration = Duration::from_secs(35);
 
 /// The `sluice` binary run by this scenario; killed when dropped.
 struct Host(Child);
@@ -227,7 +229,7 @@ impl Bench {
     /// Many subscriptions on one host, as a density platform is used: N streams, each its own
     /// group, delayed set and dead-letter stream, the server publishing keyspace events (the
     /// doorbell). Idle: start time, RSS, virtual size, connections, commands/s and host CPU
-    /// over 10 s; then the time from XADD on a random idle stream to its outcome in Redis,
+    /// over 35 s; then the time from XADD on a random idle stream to its outcome in Redis,
     /// over `samples` entries one at a time.
     pub async fn density(&self, counts: &[usize], samples: usize) -> Result<Vec<Report>> {
         let bin = sluice_bin()?;
@@ -348,7 +350,9 @@ impl Bench {
         let before = stats(&mut conn).await?;
         let ticks_before = cpu_ticks(pid)?;
         let window = Instant::now();
-        tokio::time::sleep(WINDOW).await;
+        // Long enough for every periodic command: each subscription looks for gone consumers
+        // every half `consumer_gone_after` (30 s by default).
+        tokio::time::sleep(DENSITY_WINDOW).await;
         let after = stats(&mut conn).await?;
         let ticks_after = cpu_ticks(pid)?;
         let seconds = window.elapsed().as_secs_f64();

@@ -254,6 +254,14 @@ pub struct Runtime {
     /// Compiled components kept on disk, each vouched for by this host's keyed hash.
     artifacts: Option<compile::ArtifactCache>,
     compiler: compile::Compiler,
+    /// Components loaded now, by digest: a component run by many subscriptions (or loaded
+    /// again by a swap to the same bytes) is loaded once. Weak: a version nobody runs any
+    /// more goes.
+    loaded: Arc<
+        std::sync::Mutex<
+            std::collections::HashMap<crate::digest::Digest, std::sync::Weak<component::Compiled>>,
+        >,
+    >,
     protected: http::Protected,
     _ticker: Arc<Ticker>,
 }
@@ -320,6 +328,7 @@ impl Runtime {
             slots,
             artifacts,
             compiler,
+            loaded: Arc::default(),
             protected: http::Protected::default(),
             _ticker: Arc::new(ticker),
         })
@@ -347,6 +356,34 @@ impl Runtime {
     /// The pool's slots, if there is a pool: where handlers register their idle instances.
     pub(crate) fn slots(&self) -> Option<&Arc<instance::Slots>> {
         self.slots.as_ref()
+    }
+
+    /// The component with `digest`, if one is loaded now.
+    pub(crate) fn loaded(
+        &self,
+        digest: &crate::digest::Digest,
+    ) -> Option<Arc<component::Compiled>> {
+        let loaded = self
+            .loaded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        loaded.get(digest).and_then(std::sync::Weak::upgrade)
+    }
+
+    /// Keep `compiled` findable by `digest` while anything runs it.
+    pub(crate) fn keep_loaded(
+        &self,
+        digest: &crate::digest::Digest,
+        compiled: component::Compiled,
+    ) -> Arc<component::Compiled> {
+        let compiled = Arc::new(compiled);
+        let mut loaded = self
+            .loaded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        loaded.retain(|_, weak| weak.strong_count() > 0);
+        loaded.insert(digest.clone(), Arc::downgrade(&compiled));
+        compiled
     }
 
     /// The host's own listeners, which no guest's outbound HTTP may reach.
