@@ -447,7 +447,11 @@ impl Bell {
                 .iter_mut()
                 .map(|rx| Box::pin(async move { rx.changed().await.is_ok() })),
         );
-        let wait = if trusted { block.max(QUIET_WAIT) } else { block };
+        let wait = if trusted {
+            block.max(QUIET_WAIT)
+        } else {
+            block
+        };
         tokio::select! {
             _ = any_ring => true,
             () = tokio::time::sleep(wait) => !trusted,
