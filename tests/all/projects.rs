@@ -388,6 +388,12 @@ async fn a_javascript_exception_names_its_type_message_and_line() {
         trace.contains("src/app.js:"),
         "the stack, apart, naming the source: {trace}"
     );
+    // The dead letter may land before the host's log line is written: wait for the line.
+    wait_for(T, "the host to log the exception", || {
+        let logged = host.log_text().contains("TypeError: no account acct-9");
+        async move { logged.then_some(()) }
+    })
+    .await;
     let log = host.log_text();
     let lines: Vec<&str> = log
         .lines()
