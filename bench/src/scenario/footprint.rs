@@ -83,75 +83,17 @@ impl Bench {
                 self.fixture.display()
             ));
         }
-        let dir = tempfile::tempdir()?;
-        let path = dir.path().join("sluice.toml");
-        std::fs::write(&path, toml)?;
         let mut conn = self.conn().await?;
         let clients_before = clients(&mut conn).await?;
-        let started = Instant::now();
-        let child = Command::new(bin)
-            .arg("run")
-            .arg(&path)
-            .arg("--redis")
-            .arg(self.redis_url())
-            .current_dir(dir.path())
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("cannot run {}", bin.display()))?;
-        let mut host = Host(child);
+        let (host, _dir, ready) = self.start_idle(bin, &toml, n, &admin).await?;
         let pid = host.0.id();
-        let ready_url = format!("http://{admin}/readyz");
-        loop {
-            if let Some(status) = host.0.try_wait()? {
-                bail!("the host with {n} subscriptions exited: {status}");
-            }
-            let url = ready_url.clone();
-            let ok = tokio::task::spawn_blocking(move || {
-                ureq::get(&url)
-                    .call()
-                    .is_ok_and(|r| r.status().as_u16() == 200)
-            })
-            .await?;
-            if ok {
-                break;
-            }
-            if started.elapsed() > Duration::from_secs(600) {
-                bail!("the host with {n} subscriptions was not ready within 10 minutes");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let ready = started.elapsed();
         tokio::time::sleep(SETTLE).await;
         let before = stats(&mut conn).await?;
         let window = Instant::now();
         tokio::time::sleep(WINDOW).await;
         let after = stats(&mut conn).await?;
         let seconds = window.elapsed().as_secs_f64();
-        // This scenario's own two INFO calls are in the difference.
-        let total: u64 = after.iter().map(|(_, c)| c).sum::<u64>()
-            - before.iter().map(|(_, c)| c).sum::<u64>()
-            - 2;
-        let per_s = total as f64 / seconds;
-        let mut by_command: Vec<(String, f64)> = after
-            .iter()
-            .map(|(name, calls)| {
-                let was = before
-                    .iter()
-                    .find(|(b, _)| b == name)
-                    .map_or(0, |(_, c)| *c);
-                (name.clone(), (calls - was) as f64 / seconds)
-            })
-            .filter(|(name, rate)| *rate > 0.0 && name != "info")
-            .collect();
-        by_command.sort_by(|a, b| b.1.total_cmp(&a.1));
-        let top: Vec<String> = by_command
-            .iter()
-            .take(5)
-            .map(|(name, rate)| format!("{name} {rate:.1}/s"))
-            .collect();
+        let (per_s, top) = rates(&before, &after, seconds, 5);
         let connections = clients(&mut conn).await?.saturating_sub(clients_before);
         let rss = status(pid, "VmRSS")? as f64 / 1024.0;
         let peak = status(pid, "VmHWM")? as f64 / 1024.0;
@@ -178,6 +120,88 @@ impl Bench {
         let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await?;
         Ok(report)
     }
+}
+
+impl Bench {
+    /// Run the `sluice` binary on `toml` (N subscriptions, admin on `admin`) against the
+    /// bench's Redis, and wait until `/readyz` says ready: the host, its directory, and how
+    /// long it took.
+    async fn start_idle(
+        &self,
+        bin: &PathBuf,
+        toml: &str,
+        n: usize,
+        admin: &std::net::SocketAddr,
+    ) -> Result<(Host, tempfile::TempDir, Duration)> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("sluice.toml");
+        std::fs::write(&path, toml)?;
+        let started = Instant::now();
+        let child = Command::new(bin)
+            .arg("run")
+            .arg(&path)
+            .arg("--redis")
+            .arg(self.redis_url())
+            .current_dir(dir.path())
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("cannot run {}", bin.display()))?;
+        let mut host = Host(child);
+        let ready_url = format!("http://{admin}/readyz");
+        loop {
+            if let Some(status) = host.0.try_wait()? {
+                bail!("the host with {n} subscriptions exited: {status}");
+            }
+            let url = ready_url.clone();
+            let ok = tokio::task::spawn_blocking(move || {
+                ureq::get(&url)
+                    .call()
+                    .is_ok_and(|r| r.status().as_u16() == 200)
+            })
+            .await?;
+            if ok {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(600) {
+                bail!("the host with {n} subscriptions was not ready within 10 minutes");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok((host, dir, started.elapsed()))
+    }
+}
+
+/// Commands per second between two snapshots taken `seconds` apart (less this scenario's own
+/// two INFO calls), and the `top` busiest commands, e.g. "xreadgroup 10.0/s".
+fn rates(
+    before: &[(String, u64)],
+    after: &[(String, u64)],
+    seconds: f64,
+    top: usize,
+) -> (f64, Vec<String>) {
+    let total: u64 =
+        after.iter().map(|(_, c)| c).sum::<u64>() - before.iter().map(|(_, c)| c).sum::<u64>() - 2;
+    let mut by_command: Vec<(String, f64)> = after
+        .iter()
+        .map(|(name, calls)| {
+            let was = before
+                .iter()
+                .find(|(b, _)| b == name)
+                .map_or(0, |(_, c)| *c);
+            (name.clone(), (calls - was) as f64 / seconds)
+        })
+        .filter(|(name, rate)| *rate > 0.0 && name != "info")
+        .collect();
+    by_command.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let top = by_command
+        .iter()
+        .take(top)
+        .map(|(name, rate)| format!("{name} {rate:.1}/s"))
+        .collect();
+    (total as f64 / seconds, top)
 }
 
 /// Each command's calls so far.
@@ -304,47 +328,10 @@ impl Bench {
                 self.fixture.display()
             ));
         }
-        let dir = tempfile::tempdir()?;
-        let path = dir.path().join("sluice.toml");
-        std::fs::write(&path, toml)?;
         let mut conn = self.conn().await?;
         let clients_before = clients(&mut conn).await?;
-        let started = Instant::now();
-        let child = Command::new(bin)
-            .arg("run")
-            .arg(&path)
-            .arg("--redis")
-            .arg(self.redis_url())
-            .current_dir(dir.path())
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("cannot run {}", bin.display()))?;
-        let mut host = Host(child);
+        let (host, dir, ready) = self.start_idle(bin, &toml, n, &admin).await?;
         let pid = host.0.id();
-        let ready_url = format!("http://{admin}/readyz");
-        loop {
-            if let Some(status) = host.0.try_wait()? {
-                bail!("the host with {n} subscriptions exited: {status}");
-            }
-            let url = ready_url.clone();
-            let ok = tokio::task::spawn_blocking(move || {
-                ureq::get(&url)
-                    .call()
-                    .is_ok_and(|r| r.status().as_u16() == 200)
-            })
-            .await?;
-            if ok {
-                break;
-            }
-            if started.elapsed() > Duration::from_secs(600) {
-                bail!("the host with {n} subscriptions was not ready within 10 minutes");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let ready = started.elapsed();
         // Past the doorbell's unsubscribe delay and the first reads.
         tokio::time::sleep(SETTLE).await;
         let before = stats(&mut conn).await?;
@@ -356,26 +343,7 @@ impl Bench {
         let after = stats(&mut conn).await?;
         let ticks_after = cpu_ticks(pid)?;
         let seconds = window.elapsed().as_secs_f64();
-        let total: u64 = after.iter().map(|(_, c)| c).sum::<u64>()
-            - before.iter().map(|(_, c)| c).sum::<u64>()
-            - 2;
-        let mut by_command: Vec<(String, f64)> = after
-            .iter()
-            .map(|(name, calls)| {
-                let was = before
-                    .iter()
-                    .find(|(b, _)| b == name)
-                    .map_or(0, |(_, c)| *c);
-                (name.clone(), (calls - was) as f64 / seconds)
-            })
-            .filter(|(name, rate)| *rate > 0.0 && name != "info")
-            .collect();
-        by_command.sort_by(|a, b| b.1.total_cmp(&a.1));
-        let top = by_command
-            .iter()
-            .take(4)
-            .map(|(name, rate)| format!("{name} {rate:.1}/s"))
-            .collect();
+        let (cmds_per_s, top) = rates(&before, &after, seconds, 4);
         // Linux counts CPU time in ticks of 1/100 s (USER_HZ).
         let cpu_percent = (ticks_after - ticks_before) as f64 / seconds;
         let connections = clients(&mut conn).await?.saturating_sub(clients_before);
@@ -435,12 +403,13 @@ impl Bench {
                 .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
         };
         drop(host);
+        drop(dir);
         Ok(Density {
             ready,
             rss_mib,
             vsz_gib,
             connections,
-            cmds_per_s: total as f64 / seconds,
+            cmds_per_s,
             cpu_percent,
             p50_ms: at(0.5),
             p99_ms: at(0.99),
