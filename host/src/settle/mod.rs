@@ -526,7 +526,7 @@ async fn ack_one_source(
                 let pause = backoff.next_delay();
                 tracing::warn!(
                     stream = %target.key,
-                    pending_acks = count,
+                    acks_in_this_call = count,
                     %err,
                     retry_in_ms = pause.as_millis() as u64,
                     "XACK failed; entries stay pending, retrying"
