@@ -194,21 +194,15 @@ impl Doorbell {
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
         let mut backoff = ReconnectBackoff::default();
         loop {
-            let pause = match self.session(&stop, &mut backoff).await {
+            let (why, pause) = match self.session(&stop, &mut backoff).await {
                 Ok(()) => return,
-                Err(Down::Off(why)) => {
-                    if self.live.send_replace(false) {
-                        tracing::warn!(redis = %self.conn.name(), "doorbell down, subscriptions read every `block` until it is back: {why}");
-                    }
-                    CHECK_EVERY_PINGS * PING_EVERY
-                }
-                Err(Down::Failed(why)) => {
-                    if self.live.send_replace(false) {
-                        tracing::warn!(redis = %self.conn.name(), "doorbell down, subscriptions read every `block` until it is back: {why}");
-                    }
-                    backoff.next_delay()
-                }
+                // The server's setting is checked again at the next check's pace.
+                Err(Down::Off(why)) => (why, CHECK_EVERY_PINGS * PING_EVERY),
+                Err(Down::Failed(why)) => (why, backoff.next_delay()),
             };
+            if self.live.send_replace(false) {
+                tracing::warn!(redis = %self.conn.name(), "doorbell down, subscriptions read every `block` until it is back: {why}");
+            }
             // Whoever waits for a ring reads now, and every `block` until the doorbell is back.
             self.ring_all();
             tokio::select! {

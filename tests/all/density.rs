@@ -11,8 +11,14 @@ use sluice_host::EventKind;
 
 use crate::common::*;
 
-/// Every `(stream, id)` of `ids` acked, by events, within `timeout`.
-async fn wait_events_acked(host: &mut TestHost, ids: &[(&str, String)], timeout: Duration) {
+/// Wait until every `(stream, origin id)` of `ids` is acked (a retry's by its origin), in any
+/// order, within `timeout`; every other ack seen meanwhile goes to `other`.
+async fn wait_events_acked(
+    host: &mut TestHost,
+    ids: &[(&str, String)],
+    timeout: Duration,
+    mut other: impl FnMut(&sluice_host::Event),
+) {
     let mut left: HashSet<(String, String)> = ids
         .iter()
         .map(|(stream, id)| ((*stream).to_owned(), id.clone()))
@@ -21,11 +27,13 @@ async fn wait_events_acked(host: &mut TestHost, ids: &[(&str, String)], timeout:
     while !left.is_empty() {
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
         let event = host
-            .event(remaining, &format!("{} acks", left.len()), |e| {
+            .event(remaining, &format!("{left:?} acked"), |e| {
                 e.kind == EventKind::Acked
             })
             .await;
-        left.remove(&(event.stream.to_string(), event.id.clone()));
+        if !left.remove(&(event.stream.to_string(), event.origin_id.clone())) {
+            other(&event);
+        }
     }
 }
 
@@ -45,7 +53,13 @@ async fn idle_instances_give_their_slots_to_a_subscription_that_needs_them() {
     for turn in 0..6 {
         let stream = if turn % 2 == 0 { "quiet-a" } else { "quiet-b" };
         let id = add(&mut conn, stream, &Control::Ack).await;
-        wait_events_acked(&mut host, &[(stream, id.clone())], Duration::from_secs(20)).await;
+        wait_events_acked(
+            &mut host,
+            &[(stream, id.clone())],
+            Duration::from_secs(20),
+            |_| {},
+        )
+        .await;
         ids.push((stream, id));
     }
     for (stream, _) in &ids {
@@ -93,21 +107,13 @@ async fn a_busy_tenant_does_not_starve_another_of_instances() {
     let calm: Vec<String> = pipe.query_async(&mut conn).await.unwrap();
     // Count the busy acks seen until every calm entry is acked.
     let mut busy_acked = 1;
-    let mut left: HashSet<String> = calm.into_iter().collect();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !left.is_empty() {
-        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let event = host
-            .event(remaining, "the calm entries acked", |e| {
-                e.kind == EventKind::Acked
-            })
-            .await;
-        if &*event.stream == "busy" {
+    let calm: Vec<(&str, String)> = calm.into_iter().map(|id| ("calm", id)).collect();
+    wait_events_acked(&mut host, &calm, Duration::from_secs(60), |e| {
+        if &*e.stream == "busy" {
             busy_acked += 1;
-        } else {
-            left.remove(&event.id);
         }
-    }
+    })
+    .await;
     // Slots go in order of request: the calm entries waited behind at most the busy one's
     // requests queued before them (16 in flight), not behind its whole backlog.
     assert!(
@@ -238,18 +244,10 @@ async fn idle_subscriptions_wait_on_the_doorbell_and_still_read_at_once() {
     }
     let retried = add(&mut conn, "many-9", &Control::Retry { ms: 300, times: 1 }).await;
     // Acks come in any order: each is looked for among all of them.
-    let mut left: HashSet<String> = ids.iter().map(|(_, id)| id.clone()).collect();
-    left.insert(retried.clone());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !left.is_empty() {
-        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let event = host
-            .event(remaining, &format!("{left:?} acked"), |e| {
-                e.kind == EventKind::Acked
-            })
-            .await;
-        left.remove(&event.origin_id);
-    }
+    let mut wanted: Vec<(&str, String)> =
+        ids.iter().map(|(s, id)| (s.as_str(), id.clone())).collect();
+    wanted.push(("many-9", retried.clone()));
+    wait_events_acked(&mut host, &wanted, Duration::from_secs(30), |_| {}).await;
     for i in 0..n {
         assert_eq!(
             pending(&mut conn, &format!("many-{i}"), &format!("g{i}")).await,
