@@ -99,78 +99,71 @@ const PARTITIONS_PER_READ: u32 = 64;
 /// subscription's commands.
 const CONNECTIONS_PER_REDIS: usize = 4;
 
-/// A Redis and the credentials used on it.
-type RedisKey = (String, crate::config::RedisAccess);
+/// The command connections and the doorbell of one Redis (and set of credentials).
+struct OneRedis {
+    url: String,
+    access: crate::config::RedisAccess,
+    handles: Vec<redis_conn::RedisHandle>,
+    /// The handle the last subscription was given.
+    turn: usize,
+    /// `None` when the server does not publish keyspace events.
+    doorbell: Option<Arc<crate::doorbell::Doorbell>>,
+}
 
-/// The command connections of each Redis (and credentials) the host talks to.
+/// Every Redis the host talks to.
 #[derive(Default)]
 struct Connections {
-    open: Vec<(
-        (String, crate::config::RedisAccess),
-        Vec<redis_conn::RedisHandle>,
-        usize,
-    )>,
-    /// The doorbell of each Redis (and credentials), if its server publishes keyspace events.
-    doorbells: Vec<(RedisKey, Option<Arc<crate::doorbell::Doorbell>>)>,
+    open: Vec<OneRedis>,
 }
 
 impl Connections {
-    /// A connection to `url` as `access` says: a new one while there are fewer than
-    /// [`CONNECTIONS_PER_REDIS`], else the next in turn.
+    /// A connection to `url` as `access` says (a new one while there are fewer than
+    /// [`CONNECTIONS_PER_REDIS`], else the next in turn) and that Redis's doorbell, opened
+    /// with its first connection (and started in `tasks`).
     async fn get(
         &mut self,
         url: &str,
         access: &crate::config::RedisAccess,
-    ) -> Result<redis_conn::RedisHandle, RunError> {
+        tasks: &mut JoinSet<()>,
+        stop: &CancellationToken,
+    ) -> Result<
+        (
+            redis_conn::RedisHandle,
+            Option<Arc<crate::doorbell::Doorbell>>,
+        ),
+        RunError,
+    > {
         let index = match self
             .open
             .iter()
-            .position(|((u, a), _, _)| u == url && a == access)
+            .position(|r| r.url == url && r.access == *access)
         {
             Some(index) => index,
             None => {
-                self.open
-                    .push(((url.to_owned(), access.clone()), Vec::new(), 0));
-                self.open.len() - 1
+                tracing::info!(redis = %redis_conn::redact(url), "connecting to Redis");
+                let first = redis_conn::RedisHandle::connect(url, access).await?;
+                let doorbell = crate::doorbell::Doorbell::open(first.clone()).await;
+                if let Some(doorbell) = &doorbell {
+                    tasks.spawn(doorbell.clone().run(stop.clone()));
+                }
+                self.open.push(OneRedis {
+                    url: url.to_owned(),
+                    access: access.clone(),
+                    handles: vec![first.clone()],
+                    turn: 0,
+                    doorbell: doorbell.clone(),
+                });
+                return Ok((first, doorbell));
             }
         };
-        let (_, handles, turn) = &mut self.open[index];
-        if handles.len() < CONNECTIONS_PER_REDIS {
-            if handles.is_empty() {
-                tracing::info!(redis = %redis_conn::redact(url), "connecting to Redis");
-            }
+        let redis = &mut self.open[index];
+        if redis.handles.len() < CONNECTIONS_PER_REDIS {
             let handle = redis_conn::RedisHandle::connect(url, access).await?;
-            handles.push(handle.clone());
-            return Ok(handle);
+            redis.handles.push(handle.clone());
+            return Ok((handle, redis.doorbell.clone()));
         }
-        *turn = (*turn + 1) % handles.len();
-        Ok(handles[*turn].clone())
-    }
-
-    /// The doorbell of `url` as `access` says, opened on `conn` the first time (and started
-    /// in `tasks`); `None` when the server does not publish keyspace events.
-    async fn doorbell(
-        &mut self,
-        url: &str,
-        access: &crate::config::RedisAccess,
-        conn: &redis_conn::RedisHandle,
-        tasks: &mut JoinSet<()>,
-        stop: &CancellationToken,
-    ) -> Option<Arc<crate::doorbell::Doorbell>> {
-        if let Some((_, doorbell)) = self
-            .doorbells
-            .iter()
-            .find(|((u, a), _)| u == url && a == access)
-        {
-            return doorbell.clone();
-        }
-        let doorbell = crate::doorbell::Doorbell::open(conn.clone()).await;
-        if let Some(doorbell) = &doorbell {
-            tasks.spawn(doorbell.clone().run(stop.clone()));
-        }
-        self.doorbells
-            .push(((url.to_owned(), access.clone()), doorbell.clone()));
-        doorbell
+        redis.turn = (redis.turn + 1) % redis.handles.len();
+        Ok((redis.handles[redis.turn].clone(), redis.doorbell.clone()))
     }
 }
 
@@ -560,16 +553,13 @@ impl Service {
                 .ok_or_else(|| RunError::NoRedis(sub.stream.stream.clone()))?;
             // A stop asked for while Redis does not answer yet (a SIGTERM during start-up)
             // ends the start: nothing has been read, so nothing is in flight.
-            let conn = tokio::select! {
-                conn = connections.get(&url, &sub.redis_access) => conn?,
+            let (conn, doorbell) = tokio::select! {
+                got = connections.get(&url, &sub.redis_access, &mut readers, &stop) => got?,
                 () = stop.cancelled() => {
                     tracing::info!("stopped before every subscription had started; nothing was read");
                     return Ok(());
                 }
             };
-            let doorbell = connections
-                .doorbell(&url, &sub.redis_access, &conn, &mut readers, &stop)
-                .await;
             let watcher = match flow_watchers.iter().position(|(u, _)| *u == url) {
                 Some(i) => i,
                 None => {
