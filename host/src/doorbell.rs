@@ -47,10 +47,11 @@ use crate::redis_conn::{ReconnectBackoff, RedisHandle};
 /// How long a key nobody waits on stays subscribed: a subscription that finds entries now and
 /// then does not subscribe and unsubscribe at every read.
 pub const UNSUBSCRIBE_AFTER: Duration = Duration::from_secs(5);
-/// How long a reader whose keys' rings can be trusted waits before it looks around anyway
-/// (its loop's timers: taking over a gone consumer's entries): waking every `block` instead
-/// cost 5 % of a core for 1,000 idle subscriptions.
-pub const QUIET_WAIT: Duration = Duration::from_secs(5);
+/// The longest a waiter whose keys' rings can be trusted waits before it looks around anyway,
+/// when nothing of its own is due sooner (a reader's next look for gone consumers): waking
+/// every `block` instead cost 5 % of a core for 1,000 idle subscriptions, and every 5 s still
+/// 1 % for 5,000.
+pub const QUIET_WAIT: Duration = Duration::from_secs(60);
 /// How often the doorbell checks its connection (PING) and, every few PINGs, that the server
 /// still publishes what it needs.
 const PING_EVERY: Duration = Duration::from_secs(2);
@@ -422,10 +423,35 @@ impl Bell {
         }
     }
 
+    /// Whether the rings can be trusted now: the doorbell is up and every key subscribed.
+    fn trusted(&self) -> bool {
+        *self.live.borrow() && self.doorbell.subscribed(&self.keys)
+    }
+
+    /// The rings so far, if they can be trusted now: taken before a look at Redis, so that
+    /// [`Bell::unrung_since`] can later say nothing was written to the keys since.
+    pub fn mark(&self) -> Option<Vec<u64>> {
+        self.trusted()
+            .then(|| self.rings().iter().map(|rx| *rx.borrow()).collect())
+    }
+
+    /// Whether no key was written since `mark` was taken and the rings can still be trusted.
+    /// Every gap in what the doorbell saw (it went down, a key was unsubscribed for a while)
+    /// rings when it ends, so an unchanged count means no write was missed.
+    pub fn unrung_since(&self, mark: &[u64]) -> bool {
+        self.trusted()
+            && self
+                .rings()
+                .iter()
+                .map(|rx| *rx.borrow())
+                .eq(mark.iter().copied())
+    }
+
     /// Wait for a ring: `true` when the reader should read now (a ring, or the doorbell cannot
-    /// vouch for its rings and `block` passed), `false` when nothing rang for [`QUIET_WAIT`]
-    /// (at least `block`) and nothing could have been missed.
-    pub async fn wait(&self, block: Duration) -> bool {
+    /// vouch for its rings and `block` passed), `false` when nothing rang until `until` (or
+    /// for [`QUIET_WAIT`] without one; at least `block` in either case) and nothing could have
+    /// been missed.
+    pub async fn wait(&self, block: Duration, until: Option<Instant>) -> bool {
         let mut rings: Vec<watch::Receiver<u64>> = self.rings().clone();
         if rings.is_empty() {
             tokio::time::sleep(block).await;
@@ -435,14 +461,17 @@ impl Bell {
             return true;
         }
         // Going down rings every key; coming back rings the keys it subscribes.
-        let trusted = *self.live.borrow() && self.doorbell.subscribed(&self.keys);
+        let trusted = self.trusted();
         let any_ring = futures::future::select_all(
             rings
                 .iter_mut()
                 .map(|rx| Box::pin(async move { rx.changed().await.is_ok() })),
         );
         let wait = if trusted {
-            block.max(QUIET_WAIT)
+            let quiet = until.map_or(QUIET_WAIT, |at| {
+                at.saturating_duration_since(Instant::now()).min(QUIET_WAIT)
+            });
+            block.max(quiet)
         } else {
             block
         };

@@ -37,6 +37,9 @@
 //! | `sluice_trace_spans_dropped_total` | counter | spans dropped because the trace exporter's queue was full (or past an attempt's cap of request spans) |
 //! | `sluice_trace_context_rejected_total` | counter | producers' `traceparent`/`tracestate` fields ignored as invalid (the entry got a trace of its own) |
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -74,6 +77,9 @@ type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 /// Every metric family of the host.
 pub struct Metrics {
     registry: Registry,
+    /// Handler results counted by this host, of every subscription: what moved since a look
+    /// (see [`Metrics::results_counted`]).
+    results_counted: Arc<AtomicU64>,
     /// Handler results.
     pub deliveries: Family<OutcomeLabels, Counter>,
     /// Time in the handler.
@@ -439,6 +445,7 @@ impl Default for Metrics {
                 Family::default(),
             ),
             registry,
+            results_counted: Arc::default(),
         }
     }
 }
@@ -450,6 +457,12 @@ fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str
 }
 
 impl Metrics {
+    /// How many handler results this host has counted, of every subscription: a host-wide
+    /// task that follows the counts does nothing while this does not move.
+    pub fn results_counted(&self) -> u64 {
+        self.results_counted.load(Ordering::Acquire)
+    }
+
     /// Reads of the subscription that waited for its rate limit's budget on this host.
     pub fn rate_limit_waits(&self, labels: &SubLabels) -> u64 {
         self.rate_limit_waits.get_or_create(labels).get()
@@ -511,6 +524,7 @@ impl Metrics {
             deliveries: self.deliveries.clone(),
             labels: labels.clone(),
             outcomes: Default::default(),
+            counted: self.results_counted.clone(),
         }
     }
 
@@ -555,6 +569,7 @@ pub struct DeliveryMetrics {
     /// One counter per outcome, created on its first use (an outcome that never happened
     /// is not exported), then reused without a family lookup.
     outcomes: [std::sync::OnceLock<Counter>; HandlerResult::ALL.len()],
+    counted: Arc<AtomicU64>,
 }
 
 /// What a handler call came to, as `sluice_deliveries_total` counts it.
@@ -607,5 +622,6 @@ impl DeliveryMetrics {
                     .clone()
             })
             .inc();
+        self.counted.fetch_add(1, Ordering::Release);
     }
 }

@@ -204,11 +204,21 @@ async fn lane_work(
 const MIGRATE_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Move this subscription's dead letters out of the earlier release's default dead-letter
-/// stream, at start and then every [`MIGRATE_EVERY`], each pass from where the last ended.
-async fn migrate_dead_letters(keys: SubscriptionKeys, mut conn: redis_conn::RedisHandle) {
+/// stream, at start and then every [`MIGRATE_EVERY`], each pass from where the last ended;
+/// with a `bell` on that stream, a pass runs only when it was written (or the bell cannot
+/// vouch that it was not), so thousands of idle subscriptions send nothing for it.
+async fn migrate_dead_letters(
+    keys: SubscriptionKeys,
+    mut conn: redis_conn::RedisHandle,
+    bell: Option<crate::doorbell::Bell>,
+) {
     let mut cursor: Option<String> = None;
     let mut warned = false;
     loop {
+        if let Some(bell) = &bell {
+            // Before the pass: a write during it rings again.
+            bell.seen();
+        }
         match crate::operate::dead_letters::migrate_legacy(&mut conn, &keys, cursor.as_deref())
             .await
         {
@@ -240,7 +250,10 @@ async fn migrate_dead_letters(keys: SubscriptionKeys, mut conn: redis_conn::Redi
                 "cannot move dead letters of an earlier release yet; trying again later"
             ),
         }
-        tokio::time::sleep(MIGRATE_EVERY).await;
+        match &bell {
+            Some(bell) => while !bell.wait(MIGRATE_EVERY, None).await {},
+            None => tokio::time::sleep(MIGRATE_EVERY).await,
+        }
     }
 }
 
@@ -480,10 +493,15 @@ impl Service {
                 &self.metrics,
             )
         });
-        let migration = keys
-            .legacy_dead_letter
-            .is_some()
-            .then(|| Box::pin(migrate_dead_letters(keys.clone(), conn.clone())) as _);
+        let migration = keys.legacy_dead_letter.as_deref().map(|legacy| {
+            // With the doorbell, a pass runs only when the earlier stream was written.
+            let bell = doorbell.map(|doorbell| {
+                let bell = doorbell.bell(&[legacy]);
+                bell.set_idle(true);
+                bell
+            });
+            Box::pin(migrate_dead_letters(keys.clone(), conn.clone(), bell)) as _
+        });
         Ok(StartedPartition {
             trimmer,
             migration,
@@ -542,6 +560,10 @@ impl Service {
         let mut admin_subscriptions = Vec::new();
         let mut swap_controls = Vec::new();
         let mut rollouts = Vec::new();
+        let mut counted = Vec::new();
+        // One watch per component file, for every subscription that runs it.
+        let mut watched_files: Vec<(std::path::PathBuf, Vec<Arc<crate::swap::SwapControl>>)> =
+            Vec::new();
         // One flow watcher per Redis, whatever the number of its subscriptions.
         let mut flow_watchers: Vec<(String, crate::flow::FlowWatcher)> = Vec::new();
         let mut connections = Connections::default();
@@ -615,13 +637,12 @@ impl Service {
                 )
                 .with_partitions(sub.stream.partitions),
             );
-            if let Some(interval) = self.plan.watch_interval {
-                readers.spawn(crate::swap::watch(
-                    control.clone(),
-                    sub.component.path().to_owned(),
-                    interval,
-                    stop.clone(),
-                ));
+            if self.plan.watch_interval.is_some() {
+                let path = sub.component.path().to_owned();
+                match watched_files.iter_mut().find(|(p, _)| *p == path) {
+                    Some((_, controls)) => controls.push(control.clone()),
+                    None => watched_files.push((path, vec![control.clone()])),
+                }
             }
             let rollout = Arc::new(crate::rollout::Rollout::new(
                 control.clone(),
@@ -656,17 +677,15 @@ impl Service {
                 Vec::new()
             };
             // The group's delivery counts, kept in Redis for the page.
-            readers.spawn(crate::flow::stats::run(
-                sub.stream.stream.clone(),
-                sub.stream.group.clone(),
+            counted.push(crate::flow::stats::Counted::new(
+                &sub.stream.stream,
+                &sub.stream.group,
                 sub.stream
                     .partitioned()
                     .iter()
                     .map(|p| crate::metrics::Metrics::labels(&p.stream, &p.group))
                     .collect(),
                 conn.clone(),
-                self.metrics.clone(),
-                stop.clone(),
             ));
             for (index, part) in sub.stream.partitioned().into_iter().enumerate() {
                 let shared = shared_reads
@@ -716,6 +735,16 @@ impl Service {
         for (_, watcher) in flow_watchers {
             readers.spawn(Arc::new(watcher).run(stop.clone()));
         }
+        if let Some(interval) = self.plan.watch_interval {
+            for (path, controls) in watched_files {
+                readers.spawn(crate::swap::watch(controls, path, interval, stop.clone()));
+            }
+        }
+        readers.spawn(crate::flow::stats::run(
+            counted,
+            self.metrics.clone(),
+            stop.clone(),
+        ));
 
         let mut protected = None;
         if let Some(addr) = self.plan.admin {

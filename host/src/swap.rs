@@ -318,10 +318,15 @@ fn fingerprint(path: &std::path::Path) -> Option<Fingerprint> {
     })
 }
 
-/// Swap `control`'s handler whenever the file at `path` changes and then stays unchanged for
-/// one more `interval` (a debounce: a file still being written keeps changing), until `stop`.
+/// How many subscriptions of one file swap at once (after the first, which compiles it for all).
+const SWAPS_AT_ONCE: usize = 16;
+
+/// Swap the handler of every subscription in `controls` (all run the file at `path`: one
+/// watch per file, not per subscription) whenever the file changes and then stays unchanged
+/// for one more `interval` (a debounce: a file still being written keeps changing), until
+/// `stop`.
 pub async fn watch(
-    control: Arc<SwapControl>,
+    controls: Vec<Arc<SwapControl>>,
     path: PathBuf,
     interval: std::time::Duration,
     stop: tokio_util::sync::CancellationToken,
@@ -356,8 +361,26 @@ pub async fn watch(
         tracing::info!(path = %path.display(), "component file changed; swapping");
         // A refusal is logged and counted by `swap`; the current handler keeps serving. A stop
         // cuts a swap short (its compile or descriptor call), which then never takes effect.
+        let all = async {
+            use futures::StreamExt as _;
+            let mut rest = controls.iter();
+            // The first compiles the file (or refuses it); the others find it compiled.
+            if let Some(first) = rest.next() {
+                let _ = first.swap(path.clone(), bytes.clone(), false).await;
+            }
+            let swaps = rest.cloned().map(|control| {
+                let (path, bytes) = (path.clone(), bytes.clone());
+                async move {
+                    let _ = control.swap(path, bytes, false).await;
+                }
+            });
+            futures::stream::iter(swaps)
+                .buffer_unordered(SWAPS_AT_ONCE)
+                .for_each(|()| async {})
+                .await;
+        };
         tokio::select! {
-            _ = control.swap(path.clone(), bytes, false) => {}
+            () = all => {}
             () = stop.cancelled() => {
                 tracing::info!(path = %path.display(), "stopping: the swap in progress is abandoned");
                 return;

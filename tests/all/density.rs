@@ -337,3 +337,102 @@ async fn without_keyspace_events_each_subscription_keeps_its_blocking_read() {
     );
     host.stop().await.unwrap();
 }
+
+/// Wait until a window of `window` passes in which Redis served no `command` (lower case, as
+/// INFO commandstats names it).
+async fn wait_calls_stop(
+    conn: &mut redis::aio::MultiplexedConnection,
+    command: &str,
+    window: Duration,
+    within: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let before = calls(conn, command).await;
+        tokio::time::sleep(window).await;
+        let after = calls(conn, command).await;
+        if after == before {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still {} {command} in the last {window:?}",
+            after - before
+        );
+    }
+}
+
+/// An idle subscription with a bell stops looking for gone consumers once a look found no
+/// other consumer (thousands of idle subscriptions each looking every half
+/// `consumer_gone_after` were most of an idle host's load on Redis); a write to its stream
+/// makes it look again, so an entry another consumer took and left is still taken over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_subscription_looks_for_gone_consumers_again_only_after_a_write() {
+    let redis = Redis::start_with(true, &[("notify-keyspace-events", "Ktz")]);
+    let mut conn = redis.conn().await;
+    // A look every second while it may be needed.
+    let config = TestConfig::of(
+        Sub::fixture("quiet")
+            .set("group", "g")
+            .set("consumer", "here")
+            .set("consumer_gone_after", "2s"),
+    );
+    let mut host = start_fixture(&redis, config).await;
+    // Its looks find only itself: then 4 s (4 look periods) pass without one. Before, it
+    // looked every second for good.
+    wait_calls_stop(
+        &mut conn,
+        "xinfo|consumers",
+        Duration::from_secs(4),
+        Duration::from_secs(90),
+    )
+    .await;
+    // Another consumer reads an entry and is never seen again: the XADD and that read in one
+    // transaction, so this host cannot read the entry first.
+    let payload = serde_json::to_string(&Control::Ack).unwrap();
+    let (id,): (String,) = redis::pipe()
+        .atomic()
+        .cmd("XADD")
+        .arg("quiet")
+        .arg("*")
+        .arg("payload")
+        .arg(&payload)
+        .cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("g")
+        .arg("elsewhere")
+        .arg("COUNT")
+        .arg(1)
+        .arg("STREAMS")
+        .arg("quiet")
+        .arg(">")
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // The write rang: the host looks again, sees `elsewhere` holding it, and takes it over
+    // once `elsewhere` has been gone for 2 s.
+    let event = host
+        .event(
+            Duration::from_secs(60),
+            "the entry left by a gone consumer",
+            |e| e.id == id,
+        )
+        .await;
+    assert_eq!(event.kind, EventKind::Acked);
+    assert_eq!(event.delivery_count, 2, "taken over from the gone consumer");
+    assert_eq!(pending(&mut conn, "quiet", "g").await, 0);
+    // `elsewhere`, holding nothing now, is deleted; then the looks stop again.
+    wait_calls_stop(
+        &mut conn,
+        "xinfo|consumers",
+        Duration::from_secs(4),
+        Duration::from_secs(90),
+    )
+    .await;
+    let consumers = sluice_host::inspect::consumers(&mut conn, "quiet", "g")
+        .await
+        .unwrap();
+    assert!(consumers.iter().all(|c| c.name == "here"), "{consumers:?}");
+    host.stop().await.unwrap();
+}

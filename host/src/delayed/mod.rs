@@ -24,7 +24,8 @@
 //!   read of the subscription asks for one, without waiting for it, so the `block` interval
 //!   bounds how late a due entry comes back even when another host parked it; a local timer
 //!   set to the earliest due time this host knows of (from its own parks and from every pass)
-//!   runs one then, so a retry normally comes back within milliseconds of its due time; and
+//!   runs one then (its last milliseconds on the process's one precise timer, [`timer`]), so
+//!   a retry normally comes back within milliseconds of its due time; and
 //!   while a pass leaves more already due, the next runs at once. The sweep's XADD wakes every
 //!   reader blocked on the stream, here and on other hosts.
 //! - **Retry lane**: a stream in the set's hash slot that the subscription reads before the
@@ -52,6 +53,8 @@ use redis::{RedisResult, Script, ScriptInvocation};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+pub mod timer;
 
 use crate::delivery::Delivery;
 use crate::keys::{self, Secret, SubscriptionKeys};
@@ -162,9 +165,6 @@ pub struct DelayedSet {
     wake_changed: Notify,
     /// A reader asked for a pass (see [`DelayedSet::sweep_soon`]).
     sweep_asked: AtomicBool,
-    /// Set while a thread sleep of this set's timer runs (see [`sleep_until_precisely`]): one
-    /// at a time, however often parks and passes move the due time.
-    thread_sleeping: Arc<AtomicBool>,
     /// Signalled when a sweep of this host moved entries into the retry lane: the reader then
     /// reads as soon as one delivery can start, instead of waiting for half a batch.
     lane_filled: Notify,
@@ -224,7 +224,6 @@ impl DelayedSet {
             next_wake: Mutex::new(Wake::default()),
             wake_changed: Notify::new(),
             sweep_asked: AtomicBool::new(false),
-            thread_sleeping: Arc::new(AtomicBool::new(false)),
             lane_filled: Notify::new(),
             clock_offset_ms: AtomicI64::new(0),
             has_offset: AtomicBool::new(false),
@@ -561,10 +560,7 @@ impl DelayedSet {
             } else {
                 let next = self.next_wake.lock().ok().and_then(|w| w.at);
                 if timer.as_ref().map(|(at, _)| *at) != next {
-                    timer = next.map(|at| {
-                        let sleeping = self.thread_sleeping.clone();
-                        (at, sleep_until_precisely(at, sleeping).boxed())
-                    });
+                    timer = next.map(|at| (at, timer::sleep_until_precisely(at).boxed()));
                 }
                 let sleep = async {
                     match timer.as_mut() {
@@ -580,7 +576,7 @@ impl DelayedSet {
                             if let Some(last) = last_bell_pass {
                                 tokio::time::sleep_until(last + BELL_PASS_EVERY).await;
                             }
-                            while !bell.wait(*poll).await {}
+                            while !bell.wait(*poll, None).await {}
                         }
                         None => std::future::pending().await,
                     }
@@ -627,42 +623,5 @@ impl DelayedSet {
                 }
             }
         }
-    }
-}
-
-/// How early before a due time tokio's timer hands over to a precise sleep. Tokio's timer wheel
-/// counts whole milliseconds and wakes on its next tick: measured here it fires 1.2 ms late at
-/// the median and 2.2 ms at the 99th percentile, most of an idle retry's lateness.
-const COARSE_TIMER_SLACK: Duration = Duration::from_millis(3);
-
-/// Sleep until `at` to within a fraction of a millisecond: tokio's timer up to
-/// [`COARSE_TIMER_SLACK`] before it, then a thread sleep on the blocking pool for the rest
-/// (0.1-0.2 ms late here). Dropping the future mid-way leaves that thread to finish its few
-/// milliseconds alone, so `sleeping` allows one such thread at a time: while it is taken the
-/// coarse timer serves, and a guest that moves the due time with every park cannot make the
-/// timer hold more threads.
-async fn sleep_until_precisely(at: Instant, sleeping: Arc<AtomicBool>) {
-    if let Some(coarse) = at.checked_sub(COARSE_TIMER_SLACK)
-        && coarse > Instant::now()
-    {
-        tokio::time::sleep_until(coarse).await;
-    }
-    let rest = at.saturating_duration_since(Instant::now());
-    if rest.is_zero() {
-        return;
-    }
-    if sleeping.swap(true, Ordering::AcqRel) {
-        tokio::time::sleep_until(at).await;
-        return;
-    }
-    let done = sleeping.clone();
-    let slept = tokio::task::spawn_blocking(move || {
-        std::thread::sleep(rest);
-        done.store(false, Ordering::Release);
-    });
-    // The pool fails only when the runtime shuts down: the coarse timer then stands in.
-    if slept.await.is_err() {
-        sleeping.store(false, Ordering::Release);
-        tokio::time::sleep_until(at).await;
     }
 }

@@ -6,10 +6,11 @@
 //! field of the subscription's flow hash ([`crate::keys::flow_key`]), written with HSETNX so
 //! a second pause keeps who paused first, and followed by an INCR of
 //! [`crate::keys::FLOW_EPOCH`]. Each host polls that one counter every [`POLL`] per Redis
-//! ([`FlowWatcher`]) and reads its subscriptions' flow hashes when it moves (and every
-//! [`FULL_REFRESH`] in any case, should a writer have died between the two commands), so a
-//! pause reaches every host within about [`POLL`], and a host that starts while its
-//! subscription is paused learns it before its first read.
+//! ([`FlowWatcher`]) and reads its subscriptions' flow hashes when it moves (and each one
+//! again every [`FULL_REFRESH`] in any case, should a writer have died between the two
+//! commands: a few at each poll, at most [`MAX_REREAD_PER_POLL`], so past 1,200 subscriptions
+//! on one Redis a round takes longer), so a pause reaches every host within about [`POLL`],
+//! and a host that starts while its subscription is paused learns it before its first read.
 //!
 //! What a paused subscription does (see the read loop in `subscription/`): it reads nothing
 //! new, claims nothing and takes over nothing; deliveries in flight finish and settle; due
@@ -46,6 +47,11 @@ use crate::redis_conn::RedisHandle;
 pub const POLL: Duration = Duration::from_millis(250);
 /// How often a host reads every subscription's flow hash even when the epoch did not move.
 pub const FULL_REFRESH: Duration = Duration::from_secs(30);
+/// How often states found unchanged are confirmed for readiness (well within
+/// [`crate::health::FLOW_STALE_AFTER`]).
+const CONFIRM_EVERY: Duration = Duration::from_secs(1);
+/// The most flow states a poll reads again while nothing changed (see [`rolling_share`]).
+pub const MAX_REREAD_PER_POLL: usize = 10;
 /// The most bytes of a pause record a host reads.
 pub const MAX_RECORD: usize = 4096;
 /// The longest "who paused" kept, in characters.
@@ -407,6 +413,12 @@ impl FlowWatcher {
         let mut seen: Option<Vec<u8>> = None;
         let mut refreshed_at: Option<tokio::time::Instant> = None;
         let mut failing = false;
+        // The rolling re-read (see [`rolling_share`]): where it goes on, and the states whose
+        // last read failed, read again at every poll until one succeeds.
+        let mut cursor = 0;
+        let mut unread: Vec<usize> = Vec::new();
+        let mut confirmed_at: Option<tokio::time::Instant> = None;
+        let all = || 0..self.watched.len();
         loop {
             let mut conn = self.conn.clone();
             // Compared as bytes (at most 64 of them): whatever another writer left there, any
@@ -421,16 +433,34 @@ impl FlowWatcher {
             match epoch {
                 Ok(epoch) => {
                     let epoch = Some(epoch);
-                    if stale || epoch != seen {
-                        if self.refresh(&mut conn).await {
-                            seen = epoch;
-                            refreshed_at = Some(tokio::time::Instant::now());
-                        }
+                    if refreshed_at.is_none() || epoch != seen {
+                        unread = self.refresh(&mut conn, all()).await;
+                        seen = epoch;
+                        refreshed_at = Some(tokio::time::Instant::now());
                     } else {
-                        // Nothing changed since the last full read: every state is current.
-                        for watched in &self.watched {
-                            watched.fresh.confirmed();
+                        // Nothing changed since the last full read: every state is current but
+                        // those whose read failed. A writer that died between its write and
+                        // its epoch bump is caught by the rolling re-read.
+                        // Readiness wants this within seconds, not at every poll: thousands of
+                        // subscriptions confirmed 4 times a second were most of an idle host's
+                        // CPU.
+                        if confirmed_at.is_none_or(|at| at.elapsed() >= CONFIRM_EVERY) {
+                            for (i, watched) in self.watched.iter().enumerate() {
+                                if !unread.contains(&i) {
+                                    watched.fresh.confirmed();
+                                }
+                            }
+                            confirmed_at = Some(tokio::time::Instant::now());
                         }
+                        let n = self.watched.len();
+                        let share = rolling_share(n);
+                        let again = std::mem::take(&mut unread);
+                        let next = (cursor..cursor + share).map(|i| i % n.max(1));
+                        cursor = (cursor + share) % n.max(1);
+                        let mut which: Vec<usize> = again.into_iter().chain(next).collect();
+                        which.sort_unstable();
+                        which.dedup();
+                        unread = self.refresh(&mut conn, which.into_iter()).await;
                     }
                     if failing {
                         tracing::info!("flow controls readable again");
@@ -445,8 +475,11 @@ impl FlowWatcher {
                     }
                     // The epoch unreadable (a key of the wrong type): the flow hashes may still
                     // be, every full refresh.
-                    if stale && self.refresh(&mut conn).await {
-                        refreshed_at = Some(tokio::time::Instant::now());
+                    if stale {
+                        unread = self.refresh(&mut conn, all()).await;
+                        if unread.is_empty() {
+                            refreshed_at = Some(tokio::time::Instant::now());
+                        }
                     }
                     if !failing {
                         tracing::warn!(
@@ -464,11 +497,18 @@ impl FlowWatcher {
         }
     }
 
-    /// Read every watched subscription's state; false if any could not be read (kept as it
-    /// was).
-    async fn refresh(&self, conn: &mut RedisHandle) -> bool {
-        let mut all = true;
-        for watched in &self.watched {
+    /// Read the states of the watched subscriptions at `which`; those that could not be read
+    /// (kept as they were) are returned.
+    async fn refresh(
+        &self,
+        conn: &mut RedisHandle,
+        which: impl Iterator<Item = usize>,
+    ) -> Vec<usize> {
+        let mut unread = Vec::new();
+        for i in which {
+            let Some(watched) = self.watched.get(i) else {
+                continue;
+            };
             match read(conn, &watched.stream, &watched.group).await {
                 Ok(next) => {
                     watched.fresh.confirmed();
@@ -519,7 +559,7 @@ impl FlowWatcher {
                     });
                 }
                 Err(err) => {
-                    all = false;
+                    unread.push(i);
                     watched.fresh.failed(&format!(
                         "cannot read {}: {err}",
                         flow_key(&watched.stream, &watched.group)
@@ -533,8 +573,20 @@ impl FlowWatcher {
                 }
             }
         }
-        all
+        unread
     }
+}
+
+/// How many flow states one poll reads again though the epoch did not move: each at least
+/// every [`FULL_REFRESH`], and at most [`MAX_REREAD_PER_POLL`] per poll, so that the re-reads
+/// of thousands of idle subscriptions cost Redis a bounded load (at 5,000 subscriptions on one
+/// Redis a round takes 125 s).
+fn rolling_share(watched: usize) -> usize {
+    let polls = (FULL_REFRESH.as_millis() / POLL.as_millis()).max(1) as usize;
+    watched
+        .div_ceil(polls)
+        .clamp(1, MAX_REREAD_PER_POLL)
+        .min(watched)
 }
 
 #[cfg(test)]

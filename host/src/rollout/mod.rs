@@ -253,14 +253,20 @@ impl Rollout {
         };
         let mut tick = tokio::time::interval(canary::REPORT);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut first = true;
         loop {
+            // Only a canary this host runs (or could not join) needs the clock: with none,
+            // the follower waits for the flow state to change, and an idle host's thousands
+            // of subscriptions cost no wake-up here.
+            let ticking = first || follower.installed.is_some() || follower.failed.is_some();
+            first = false;
             tokio::select! {
                 changed = flow.changed() => {
                     if changed.is_err() {
                         return;
                     }
                 }
-                _ = tick.tick() => {}
+                _ = tick.tick(), if ticking => {}
                 () = stop.cancelled() => return,
             }
             let state = flow.borrow_and_update().clone();

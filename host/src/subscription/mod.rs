@@ -64,7 +64,7 @@ mod slots;
 
 use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::stream::FuturesUnordered;
@@ -164,6 +164,8 @@ pub struct Subscription {
     last_read: Mutex<HashMap<Source, String>>,
     /// When to look for gone consumers next.
     next_rescue: Mutex<tokio::time::Instant>,
+    /// Whether the last look for gone consumers still holds (see [`Quiet`]).
+    rescue_quiet: Mutex<Quiet>,
     /// The blocking read this partition shares with the subscription's other partitions, if
     /// it waits there rather than on a connection of its own.
     shared: Option<Arc<SharedRead>>,
@@ -177,6 +179,20 @@ pub struct Subscription {
     rate: Option<Arc<crate::flow::rate::RateLimiter>>,
     /// The group's circuit breaker, if it has one.
     breaker: Option<Arc<crate::flow::breaker::Breaker>>,
+}
+
+/// What the last look for gone consumers of a partition with a bell found.
+#[derive(Debug)]
+enum Quiet {
+    /// Another consumer was left (or there is no bell): the next look comes at its time.
+    No,
+    /// No other consumer was left, but the bell could not vouch for its rings then (the
+    /// reader was not idle yet): one more look as soon as it can.
+    Wanted,
+    /// No other consumer was left, and these were the bell's rings before the look: until a
+    /// key of the partition is written, no entry can become pending to another consumer, and
+    /// no look is needed.
+    Since(Vec<u64>),
 }
 
 /// Why a read was let through the flow controls.
@@ -252,6 +268,7 @@ impl Subscription {
             health: parts.health,
             last_read: Mutex::new(HashMap::new()),
             next_rescue: Mutex::new(tokio::time::Instant::now()),
+            rescue_quiet: Mutex::new(Quiet::No),
             shared: parts.shared,
             bell: parts.bell,
             idle: std::sync::atomic::AtomicBool::new(false),
@@ -825,25 +842,31 @@ impl Subscription {
         if let Some(gone_after) = plan.gone_after
             && self.rescue_due(gone_after)
         {
+            // Before the look: a write during it rings, and the next look is not skipped.
+            let mark = self.bell.as_ref().and_then(crate::doorbell::Bell::mark);
+            let mut clear = true;
+            self.set_rescue_quiet(Quiet::No);
             for source in plan.sources() {
                 let room = taken.room_for(source);
                 if room == 0 {
+                    clear = false;
                     continue;
                 }
                 let mut asked = Vec::new();
-                let entries =
-                    match read::take_over_gone(conn, plan, source, gone_after, room, &mut asked)
-                        .await
-                    {
-                        Ok(entries) => entries,
-                        Err(err) => {
-                            let below = self.at_or_below_last_read(source, asked);
-                            if !below.is_empty() {
-                                unanswered.push((source, below));
-                            }
-                            return Err(err);
+                let entries = match read::take_over_gone(
+                    conn, plan, source, gone_after, room, &mut asked, &mut clear,
+                )
+                .await
+                {
+                    Ok(entries) => entries,
+                    Err(err) => {
+                        let below = self.at_or_below_last_read(source, asked);
+                        if !below.is_empty() {
+                            unanswered.push((source, below));
                         }
-                    };
+                        return Err(err);
+                    }
+                };
                 if !entries.is_empty() {
                     tracing::warn!(
                         stream = %plan.key(source),
@@ -854,13 +877,18 @@ impl Subscription {
                     return self.with_counts(conn, source, entries).await;
                 }
             }
+            if clear && self.bell.is_some() {
+                self.set_rescue_quiet(mark.map_or(Quiet::Wanted, Quiet::Since));
+            }
         }
         // With a bell, a subscription whose last read found nothing waits for a ring (a write
         // to its stream or lane) instead of reading: nothing is sent while it is idle. Its
         // set's sweeps are the set's own bell's to ask for (see `delayed`).
         if let Some(bell) = &self.bell {
             use std::sync::atomic::Ordering;
-            if self.idle.load(Ordering::Acquire) && !taken.for_lane && !bell.wait(plan.block).await
+            if self.idle.load(Ordering::Acquire)
+                && !taken.for_lane
+                && !bell.wait(plan.block, self.next_rescue_at()).await
             {
                 return Ok(Vec::new());
             }
@@ -956,17 +984,54 @@ impl Subscription {
         asked
     }
 
-    /// Whether it is time to look for gone consumers (every half `gone_after`).
+    /// Whether it is time to look for gone consumers: every half `gone_after`, unless the last
+    /// look found no other consumer and nothing was written to the partition's keys since.
     fn rescue_due(&self, gone_after: Duration) -> bool {
         let now = tokio::time::Instant::now();
         let Ok(mut next) = self.next_rescue.lock() else {
             return false;
         };
-        if now < *next {
+        let wanted = self.rescue_wanted();
+        if (now < *next && !wanted) || self.rescue_is_quiet() {
             return false;
         }
         *next = now + gone_after / 2;
         true
+    }
+
+    fn rescue_quiet(&self) -> std::sync::MutexGuard<'_, Quiet> {
+        self.rescue_quiet
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the last look for gone consumers still holds (see [`Quiet::Since`]).
+    fn rescue_is_quiet(&self) -> bool {
+        match (&self.bell, &*self.rescue_quiet()) {
+            (Some(bell), Quiet::Since(mark)) => bell.unrung_since(mark),
+            _ => false,
+        }
+    }
+
+    /// Whether a look that found the group clear is to be made again now that the bell can
+    /// vouch for its rings (see [`Quiet::Wanted`]).
+    fn rescue_wanted(&self) -> bool {
+        match (&self.bell, &*self.rescue_quiet()) {
+            (Some(bell), Quiet::Wanted) => bell.mark().is_some(),
+            _ => false,
+        }
+    }
+
+    fn set_rescue_quiet(&self, quiet: Quiet) {
+        *self.rescue_quiet() = quiet;
+    }
+
+    /// When an idle reader must wake for its next look for gone consumers, if it must.
+    fn next_rescue_at(&self) -> Option<tokio::time::Instant> {
+        if self.plan.gone_after.is_none() || self.rescue_is_quiet() {
+            return None;
+        }
+        self.next_rescue.lock().ok().map(|next| *next)
     }
 
     /// `entries`, all read from `source`, each with Redis's delivery counter.

@@ -272,7 +272,9 @@ pub async fn claim_one<C: ConnectionLike>(
 /// Take over, for `consumer`, up to `count` pending entries of other consumers that have been
 /// idle for `gone_after` (each entry only if it has been idle that long too). The ids it
 /// claims are added to `asked` before each XCLAIM is sent, so that a caller whose claim failed
-/// knows which entries may have become its own anyway.
+/// knows which entries may have become its own anyway. `clear` is left true only when the
+/// look found no other consumer at all once done (each was gone and held nothing, and was
+/// deleted): until its keys are written again, nothing can become pending to another consumer.
 pub async fn take_over_gone<C: ConnectionLike>(
     conn: &mut C,
     who: &ReadPlan,
@@ -280,18 +282,26 @@ pub async fn take_over_gone<C: ConnectionLike>(
     gone_after: Duration,
     count: usize,
     asked: &mut Vec<String>,
+    clear: &mut bool,
 ) -> RedisResult<Vec<ReadEntry>> {
     let (stream, group, consumer) = (who.key(source), &*who.group, &*who.consumer);
     let gone_ms = gone_after.as_millis() as u64;
     let mut taken = Vec::new();
     for gone in crate::inspect::consumers(conn, stream, group).await? {
-        if gone.name == consumer || (gone.idle as u64) < gone_ms {
+        if gone.name == consumer {
+            continue;
+        }
+        if (gone.idle as u64) < gone_ms {
+            *clear = false;
             continue;
         }
         if gone.pending == 0 {
-            forget_gone(conn, stream, group, &gone.name, gone_ms).await?;
+            if !forget_gone(conn, stream, group, &gone.name, gone_ms).await? {
+                *clear = false;
+            }
             continue;
         }
+        *clear = false;
         let rows: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
             .arg(stream)
             .arg(group)
@@ -333,14 +343,15 @@ pub async fn take_over_gone<C: ConnectionLike>(
 /// Delete consumer `name` of `group` if it holds nothing and has been idle for `idle_ms`
 /// (checked in the same script): consumers are named after pods and hosts, and every one that
 /// ever read would otherwise stay in the group for good, each making every look at the
-/// group's consumers longer. One that comes back is made again by its next read.
+/// group's consumers longer. One that comes back is made again by its next read. True when it
+/// was deleted.
 async fn forget_gone<C: ConnectionLike>(
     conn: &mut C,
     stream: &str,
     group: &str,
     name: &str,
     idle_ms: u64,
-) -> RedisResult<()> {
+) -> RedisResult<bool> {
     static FORGET: std::sync::LazyLock<redis::Script> =
         std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/forget_gone.lua")));
     let deleted: i64 = FORGET
@@ -359,7 +370,7 @@ async fn forget_gone<C: ConnectionLike>(
             "deleted a gone consumer that held nothing"
         );
     }
-    Ok(())
+    Ok(deleted == 1)
 }
 
 /// Those of `ids` (ids of `source`) that are pending to this consumer, each with its fields and
