@@ -60,6 +60,8 @@ const PING_TIMEOUT: Duration = Duration::from_secs(3);
 /// Every how many PINGs the server's `notify-keyspace-events` and the master's address are
 /// checked again.
 const CHECK_EVERY_PINGS: u32 = 5;
+/// How long the doorbell gathers wanted keys before it subscribes them.
+const GATHER: Duration = Duration::from_millis(2);
 /// The most channels one SUBSCRIBE or UNSUBSCRIBE names.
 const CHANNELS_PER_COMMAND: usize = 512;
 
@@ -261,7 +263,12 @@ impl Doorbell {
                         entry.ring();
                     }
                 }
-                () = self.changed.notified() => self.reconcile(&mut sink).await?,
+                () = self.changed.notified() => {
+                    // Readers going idle together (thousands at start) are subscribed in a few
+                    // commands, not one scan of every key each.
+                    tokio::time::sleep(GATHER).await;
+                    self.reconcile(&mut sink).await?;
+                }
                 _ = ping.tick() => {
                     match tokio::time::timeout(PING_TIMEOUT, sink.ping::<redis::Value>()).await {
                         Ok(Ok(_)) => {}

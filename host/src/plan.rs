@@ -259,9 +259,25 @@ impl Plan {
         redis_override: Option<&str>,
     ) -> Result<Self, PlanError> {
         let mut subscriptions: Vec<SubscriptionPlan> = Vec::new();
+        // Each file is read, hashed and asked for its descriptor once, however many
+        // subscriptions run it: thousands of subscriptions of one component spent most of
+        // their start doing it again for each.
+        let mut loaded: std::collections::HashMap<PathBuf, (LoadedComponent, _)> =
+            std::collections::HashMap::new();
         for sub in &config.subscriptions {
-            let component = runtime.load(&sub.component).await?;
-            let descriptor = component.descriptor().await?.overlay(&sub.overrides);
+            let (component, descriptor) = match loaded.get(&sub.component) {
+                Some(known) => known.clone(),
+                None => {
+                    let component = runtime.load(&sub.component).await?;
+                    let descriptor = component.descriptor().await?;
+                    loaded.insert(
+                        sub.component.clone(),
+                        (component.clone(), descriptor.clone()),
+                    );
+                    (component, descriptor)
+                }
+            };
+            let descriptor = descriptor.overlay(&sub.overrides);
             let stream = descriptor
                 .resolve()
                 .map_err(|problem| PlanError::Descriptor {

@@ -203,20 +203,7 @@ fn many(n: usize) -> TestConfig {
 
 /// Wait until a window of `window` passes in which Redis served no XREADGROUP.
 async fn wait_reads_stop(conn: &mut redis::aio::MultiplexedConnection, window: Duration) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let before = calls(conn, "xreadgroup").await;
-        tokio::time::sleep(window).await;
-        let after = calls(conn, "xreadgroup").await;
-        if after == before {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "idle subscriptions still read: {} XREADGROUP in the last {window:?}",
-            after - before
-        );
-    }
+    wait_calls_stop(conn, "xreadgroup", window, Duration::from_secs(60)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -362,6 +349,13 @@ async fn wait_calls_stop(
     }
 }
 
+/// Wait until 4 s pass without a look for gone consumers (4 look periods at
+/// `consumer_gone_after = "2s"`).
+async fn wait_looks_stop(conn: &mut redis::aio::MultiplexedConnection) {
+    let (window, within) = (Duration::from_secs(4), Duration::from_secs(90));
+    wait_calls_stop(conn, "xinfo|consumers", window, within).await;
+}
+
 /// An idle subscription with a bell stops looking for gone consumers once a look found no
 /// other consumer (thousands of idle subscriptions each looking every half
 /// `consumer_gone_after` were most of an idle host's load on Redis); a write to its stream
@@ -380,13 +374,7 @@ async fn an_idle_subscription_looks_for_gone_consumers_again_only_after_a_write(
     let mut host = start_fixture(&redis, config).await;
     // Its looks find only itself: then 4 s (4 look periods) pass without one. Before, it
     // looked every second for good.
-    wait_calls_stop(
-        &mut conn,
-        "xinfo|consumers",
-        Duration::from_secs(4),
-        Duration::from_secs(90),
-    )
-    .await;
+    wait_looks_stop(&mut conn).await;
     // Another consumer reads an entry and is never seen again: the XADD and that read in one
     // transaction, so this host cannot read the entry first.
     let payload = serde_json::to_string(&Control::Ack).unwrap();
@@ -423,13 +411,7 @@ async fn an_idle_subscription_looks_for_gone_consumers_again_only_after_a_write(
     assert_eq!(event.delivery_count, 2, "taken over from the gone consumer");
     assert_eq!(pending(&mut conn, "quiet", "g").await, 0);
     // `elsewhere`, holding nothing now, is deleted; then the looks stop again.
-    wait_calls_stop(
-        &mut conn,
-        "xinfo|consumers",
-        Duration::from_secs(4),
-        Duration::from_secs(90),
-    )
-    .await;
+    wait_looks_stop(&mut conn).await;
     let consumers = sluice_host::inspect::consumers(&mut conn, "quiet", "g")
         .await
         .unwrap();
