@@ -210,6 +210,7 @@ pub struct TrialCounts {
 
 impl TrialCounts {
     fn new(metrics: &Metrics, labels: &SubLabels, role: Role) -> Self {
+        let labels = &metrics.series(labels);
         let version = CanaryVersionLabels {
             stream: labels.stream.clone(),
             group: labels.group.clone(),
@@ -430,8 +431,10 @@ pub struct HandlerSlot {
     previous: Mutex<Option<Arc<Version>>>,
     metrics: Arc<Metrics>,
     labels: SubLabels,
-    swaps: Counter,
-    refusals: Counter,
+    swaps: crate::metrics::Count,
+    refusals: crate::metrics::Count,
+    /// The digests this slot counts in `sluice_handler_info` when it is summed per host.
+    serving: Mutex<std::collections::HashSet<String>>,
     /// Where the handler versions of this subscription count what they refuse.
     counters: HandlerCounters,
 }
@@ -454,11 +457,12 @@ impl HandlerSlot {
     /// A slot serving `handler`.
     pub fn new(handler: Arc<dyn Handler>, metrics: Arc<Metrics>, labels: SubLabels) -> Self {
         let version = Arc::new(Version::new(handler));
-        let swaps = metrics.swaps.get_or_create(&labels).clone();
-        let refusals = metrics.swap_refusals.get_or_create(&labels).clone();
+        let swaps = metrics.count(&metrics.swaps, &labels, "swaps");
+        let refusals = metrics.count(&metrics.swap_refusals, &labels, "swap_refusals");
+        let series = metrics.series(&labels);
         let counters = HandlerCounters {
-            http_denied: metrics.http_denied.get_or_create(&labels).clone(),
-            log_dropped: metrics.guest_log_dropped.get_or_create(&labels).clone(),
+            http_denied: metrics.http_denied.get_or_create(&series).clone(),
+            log_dropped: metrics.guest_log_dropped.get_or_create(&series).clone(),
         };
         let slot = Self {
             history: Mutex::new(std::collections::VecDeque::from([Served {
@@ -471,6 +475,7 @@ impl HandlerSlot {
             joining: arc_swap::ArcSwapOption::empty(),
             swaps,
             refusals,
+            serving: Mutex::default(),
             current: ArcSwap::new(version.clone()),
             previous: Mutex::new(None),
             metrics,
@@ -606,10 +611,24 @@ impl HandlerSlot {
     }
 
     fn mark_serving(&self, digest: &Digest, serving: bool) {
-        self.metrics
-            .handler_info
-            .get_or_create(&self.info_labels(digest))
-            .set(i64::from(serving));
+        if self.metrics.per_subscription() {
+            self.metrics
+                .handler_info
+                .get_or_create(&self.info_labels(digest))
+                .set(i64::from(serving));
+            return;
+        }
+        let changed = self.serving.lock().is_ok_and(|mut digests| {
+            if serving {
+                digests.insert(digest.to_string())
+            } else {
+                digests.remove(&digest.to_string())
+            }
+        });
+        if changed {
+            self.metrics
+                .serve_digest(&digest.to_string(), if serving { 1 } else { -1 });
+        }
     }
 
     /// The latest version changes, oldest first.
@@ -653,6 +672,7 @@ impl HandlerSlot {
         // Only the serving and the rollback digest keep a series: one per upload would grow
         // `/metrics` without end.
         if let Some(dropped) = dropped
+            && self.metrics.per_subscription()
             && dropped.digest != version.digest
             && dropped.digest != old.digest
         {

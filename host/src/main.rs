@@ -93,13 +93,23 @@ enum Command {
     },
     /// What an operator looks at first: per subscription the group's consumers, pending and
     /// unread counts, parked entries and the next due time, dead letters and the handler digest.
+    /// With more than 20, a summary first and only those with something to see.
     Status {
         /// `.toml` configs and/or `.wasm` components.
         #[arg(default_value = "sluice.toml")]
         paths: Vec<PathBuf>,
-        /// One JSON object per subscription, one per line.
+        /// One JSON object per subscription, one per line (every one).
         #[arg(long)]
         json: bool,
+        /// Every subscription, not only those with something to see (with more than 20).
+        #[arg(long)]
+        all: bool,
+        /// Only streams whose name contains this.
+        #[arg(long)]
+        stream: Option<String>,
+        /// The longest the whole report may take; what has not answered by then is named.
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        timeout: std::time::Duration,
         /// Redis URL (default: the subscription's, else the dev server of a running `sluice run`).
         #[arg(long, env = "SLUICE_REDIS_URL")]
         redis: Option<String>,
@@ -515,9 +525,29 @@ fn main() -> ExitCode {
                 print!("{listing}");
                 Ok(())
             }
-            Command::Status { paths, json, redis } => {
-                let report = sluice_host::commands::status(&paths, redis.as_deref(), json).await?;
-                print!("{report}");
+            Command::Status {
+                paths,
+                json,
+                all,
+                stream,
+                timeout,
+                redis,
+            } => {
+                let options = sluice_host::commands::StatusOptions {
+                    json,
+                    all,
+                    stream,
+                    timeout,
+                };
+                let report =
+                    sluice_host::commands::status(&paths, redis.as_deref(), &options).await?;
+                print!("{}", report.text);
+                if report.failed > 0 {
+                    anyhow::bail!(
+                        "{} subscription rows could not be read (named above)",
+                        report.failed
+                    );
+                }
                 Ok(())
             }
             Command::Pause {
@@ -720,4 +750,14 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A command-line duration ("500ms", "30s", "2m"), at most a day: a deadline, not a schedule.
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let duration = humantime::parse_duration(text)
+        .map_err(|e| format!("{e} (write durations like \"500ms\", \"30s\" or \"2m\")"))?;
+    if duration.is_zero() || duration > std::time::Duration::from_secs(86_400) {
+        return Err("give a duration above 0 and at most 1 day".to_owned());
+    }
+    Ok(duration)
 }

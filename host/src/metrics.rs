@@ -1,4 +1,14 @@
-//! Prometheus metrics, labelled by stream and group (never by entry id).
+//! Prometheus metrics, labelled by stream and group (never by entry id), or summed per host.
+//!
+//! With `metrics_per_subscription` (the default up to 200 subscriptions) every series carries
+//! its subscription's `stream` and `group`. Without it, those labels are empty and each family
+//! is one series per host (per `outcome`, `digest`, ... where it has such a label): counters
+//! and histograms add every subscription's, scrape-time gauges add theirs (streams counted
+//! once; the oldest age is the greatest, the due time the earliest), and the state gauges
+//! count subscriptions (`paused`: how many are paused; `breaker_state`: how many breakers are
+//! not closed; `canary_share_basis_points`: how many canaries run; `handler_info`: how many
+//! subscriptions each digest serves). Each subscription's own counts are kept besides, for the
+//! page, `/v1/subscriptions` and the counts in Redis, whatever `/metrics` shows.
 //!
 //! Counters and histograms are updated where things happen (dispatch, sweep, reconnect);
 //! gauges that describe Redis state (pending entries, lag, parked entries, oldest due time) are
@@ -37,8 +47,9 @@
 //! | `sluice_trace_spans_dropped_total` | counter | spans dropped because the trace exporter's queue was full (or past an attempt's cap of request spans) |
 //! | `sluice_trace_context_rejected_total` | counter | producers' `traceparent`/`tracestate` fields ignored as invalid (the entry got a trace of its own) |
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -77,6 +88,13 @@ type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 /// Every metric family of the host.
 pub struct Metrics {
     registry: Registry,
+    /// Whether series carry their subscription's labels (see the module doc).
+    per_subscription: bool,
+    /// Each subscription's own counts, by name, whatever the series show.
+    own: Mutex<HashMap<(SubLabels, &'static str), Counter>>,
+    /// Held while a summed `handler_info` series moves, so that one going to 0 is removed
+    /// before another subscription adds to it.
+    digests: Mutex<()>,
     /// Handler results counted by this host, of every subscription: what moved since a look
     /// (see [`Metrics::results_counted`]).
     results_counted: Arc<AtomicU64>,
@@ -208,8 +226,19 @@ fn count_histogram() -> Histogram {
 
 impl Default for Metrics {
     fn default() -> Self {
+        Self::new(true)
+    }
+}
+
+impl Metrics {
+    /// Every family, registered; `per_subscription` says whether series carry their
+    /// subscription's labels or are summed per host (see the module doc).
+    pub fn new(per_subscription: bool) -> Self {
         let mut registry = Registry::with_prefix("sluice");
         Self {
+            per_subscription,
+            own: Mutex::default(),
+            digests: Mutex::default(),
             deliveries: registered(
                 &mut registry,
                 "deliveries",
@@ -463,9 +492,85 @@ impl Metrics {
         self.results_counted.load(Ordering::Acquire)
     }
 
+    /// Whether series carry their subscription's labels.
+    pub fn per_subscription(&self) -> bool {
+        self.per_subscription
+    }
+
+    /// The labels a subscription's series carry: its own, or the host's (empty) when
+    /// per-subscription metrics are off.
+    pub fn series(&self, labels: &SubLabels) -> SubLabels {
+        if self.per_subscription {
+            labels.clone()
+        } else {
+            SubLabels {
+                stream: String::new(),
+                group: String::new(),
+            }
+        }
+    }
+
+    /// One subscription's count named `name`, kept for it and added to its series in
+    /// `family`.
+    pub fn count(
+        &self,
+        family: &Family<SubLabels, Counter>,
+        labels: &SubLabels,
+        name: &'static str,
+    ) -> Count {
+        Count {
+            own: self.own(labels, name),
+            series: family.get_or_create(&self.series(labels)).clone(),
+        }
+    }
+
+    /// A gauge a subscription adds its value to (the whole gauge, with per-subscription
+    /// series).
+    pub fn share(&self, family: &Family<SubLabels, Gauge>, labels: &SubLabels) -> Share {
+        Share {
+            gauge: family.get_or_create(&self.series(labels)).clone(),
+            mine: AtomicI64::new(0),
+            summed: !self.per_subscription,
+        }
+    }
+
+    /// With summed series: one more (`delta` 1) or one fewer (-1) subscription served by
+    /// `digest`; a digest that serves none leaves `/metrics`, so swaps do not add series for
+    /// ever.
+    pub fn serve_digest(&self, digest: &str, delta: i64) {
+        let Ok(_held) = self.digests.lock() else {
+            return;
+        };
+        let labels = HandlerLabels {
+            stream: String::new(),
+            group: String::new(),
+            digest: digest.to_owned(),
+        };
+        let now = self.handler_info.get_or_create(&labels).inc_by(delta) + delta;
+        if now <= 0 {
+            self.handler_info.remove(&labels);
+        }
+    }
+
+    fn own(&self, labels: &SubLabels, name: &'static str) -> Counter {
+        let Ok(mut own) = self.own.lock() else {
+            return Counter::default();
+        };
+        own.entry((labels.clone(), name)).or_default().clone()
+    }
+
+    /// One subscription's count named `name` so far (0 if it has none).
+    pub fn own_count(&self, labels: &SubLabels, name: &'static str) -> u64 {
+        self.own
+            .lock()
+            .ok()
+            .and_then(|own| own.get(&(labels.clone(), name)).map(Counter::get))
+            .unwrap_or(0)
+    }
+
     /// Reads of the subscription that waited for its rate limit's budget on this host.
     pub fn rate_limit_waits(&self, labels: &SubLabels) -> u64 {
-        self.rate_limit_waits.get_or_create(labels).get()
+        self.own_count(labels, "rate_limit_waits")
     }
 
     /// The labels of a subscription.
@@ -480,49 +585,33 @@ impl Metrics {
     pub fn outcomes(&self, labels: &SubLabels) -> Vec<(&'static str, u64)> {
         HandlerResult::ALL
             .iter()
-            .map(|result| {
-                let count = self
-                    .deliveries
-                    .get(&OutcomeLabels {
-                        stream: labels.stream.clone(),
-                        group: labels.group.clone(),
-                        outcome: result.label(),
-                    })
-                    .map_or(0, |c| c.get());
-                (result.label(), count)
-            })
+            .map(|result| (result.label(), self.own_count(labels, result.label())))
             .collect()
     }
 
-    /// How many handler results, of any kind, one subscription has had (reading does not
-    /// create the series).
+    /// How many handler results, of any kind, one subscription has had.
     pub fn handler_results(&self, labels: &SubLabels) -> u64 {
         HandlerResult::ALL
             .iter()
-            .filter_map(|result| {
-                self.deliveries.get(&OutcomeLabels {
-                    stream: labels.stream.clone(),
-                    group: labels.group.clone(),
-                    outcome: result.label(),
-                })
-            })
-            .map(|counter| counter.get())
+            .map(|result| self.own_count(labels, result.label()))
             .sum()
     }
 
     /// One subscription's per-delivery metrics, looked up once: a family lookup hashes the
     /// labels under a lock, which has no place on the path of every delivery.
     pub fn for_deliveries(&self, labels: &SubLabels) -> DeliveryMetrics {
+        let series = self.series(labels);
         DeliveryMetrics {
-            in_flight: self.in_flight.get_or_create(labels).clone(),
-            duration: self.handler_duration.get_or_create(labels).clone(),
-            lateness: self.retry_lateness.get_or_create(labels).clone(),
-            clamped: self.retry_delay_clamped.get_or_create(labels).clone(),
-            settle_errors: self.settle_errors.get_or_create(labels).clone(),
-            other_groups_retries: self.other_groups_retries.get_or_create(labels).clone(),
-            reasons_cut: self.reasons_cut.get_or_create(labels).clone(),
+            in_flight: self.in_flight.get_or_create(&series).clone(),
+            duration: self.handler_duration.get_or_create(&series).clone(),
+            lateness: self.retry_lateness.get_or_create(&series).clone(),
+            clamped: self.retry_delay_clamped.get_or_create(&series).clone(),
+            settle_errors: self.settle_errors.get_or_create(&series).clone(),
+            other_groups_retries: self.other_groups_retries.get_or_create(&series).clone(),
+            reasons_cut: self.reasons_cut.get_or_create(&series).clone(),
             deliveries: self.deliveries.clone(),
-            labels: labels.clone(),
+            own: HandlerResult::ALL.map(|result| self.own(labels, result.label())),
+            labels: series,
             outcomes: Default::default(),
             counted: self.results_counted.clone(),
         }
@@ -565,6 +654,9 @@ pub struct DeliveryMetrics {
     /// Dead-letter reasons cut to their bound.
     pub reasons_cut: Counter,
     deliveries: Family<OutcomeLabels, Counter>,
+    /// The subscription's own count of each outcome.
+    own: [Counter; HandlerResult::ALL.len()],
+    /// The labels of its series.
     labels: SubLabels,
     /// One counter per outcome, created on its first use (an outcome that never happened
     /// is not exported), then reused without a family lookup.
@@ -622,6 +714,99 @@ impl DeliveryMetrics {
                     .clone()
             })
             .inc();
+        self.own[result as usize].inc();
         self.counted.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// A count of one subscription's: kept for it, and added to its series (shared with every
+/// other subscription of the host when per-subscription metrics are off).
+#[derive(Clone)]
+pub struct Count {
+    own: Counter,
+    series: Counter,
+}
+
+impl Count {
+    /// Count one.
+    pub fn inc(&self) {
+        self.own.inc();
+        self.series.inc();
+    }
+
+    /// The subscription's own count.
+    pub fn get(&self) -> u64 {
+        self.own.get()
+    }
+}
+
+/// One subscription's part of a gauge: setting it moves the gauge by the change, so a gauge
+/// shared by every subscription of the host (per-subscription metrics off) holds their sum.
+pub struct Share {
+    gauge: Gauge,
+    mine: AtomicI64,
+    summed: bool,
+}
+
+impl Share {
+    /// Make this subscription's part `value`.
+    pub fn set(&self, value: i64) {
+        let was = self.mine.swap(value, Ordering::AcqRel);
+        if value != was {
+            self.gauge.inc_by(value - was);
+        }
+    }
+
+    /// Whether the gauge sums several subscriptions (then a state is best given as 0 or 1,
+    /// so the sum counts the subscriptions in it).
+    pub fn summed(&self) -> bool {
+        self.summed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summed_series_add_every_subscription_and_keep_each_ones_own_count() {
+        let metrics = Metrics::new(false);
+        let (a, b) = (Metrics::labels("a", "g"), Metrics::labels("b", "g"));
+        let (paused_a, paused_b) = (
+            metrics.share(&metrics.paused, &a),
+            metrics.share(&metrics.paused, &b),
+        );
+        paused_a.set(1);
+        paused_b.set(1);
+        paused_a.set(1);
+        let host = metrics.series(&a);
+        assert_eq!(metrics.paused.get_or_create(&host).get(), 2);
+        paused_b.set(0);
+        assert_eq!(metrics.paused.get_or_create(&host).get(), 1);
+
+        let (swaps_a, swaps_b) = (
+            metrics.count(&metrics.swaps, &a, "swaps"),
+            metrics.count(&metrics.swaps, &b, "swaps"),
+        );
+        swaps_a.inc();
+        swaps_a.inc();
+        swaps_b.inc();
+        assert_eq!((swaps_a.get(), swaps_b.get()), (2, 1));
+        assert_eq!(metrics.swaps.get_or_create(&host).get(), 3);
+
+        let deliveries = metrics.for_deliveries(&b);
+        deliveries.count(HandlerResult::Ack);
+        assert_eq!(metrics.handler_results(&b), 1);
+        assert_eq!(metrics.handler_results(&a), 0);
+        let text = metrics.encode();
+        assert!(!text.contains("stream=\"a\""), "{text}");
+
+        // A digest that serves no subscription any more leaves the metrics.
+        metrics.serve_digest("d1", 1);
+        metrics.serve_digest("d1", 1);
+        metrics.serve_digest("d1", -1);
+        assert!(metrics.encode().contains(r#"digest="d1"} 1"#));
+        metrics.serve_digest("d1", -1);
+        assert!(!metrics.encode().contains("d1"));
     }
 }

@@ -215,6 +215,8 @@ pub struct Plan {
     pub admin_read_only: bool,
     /// How often component files are checked for a new version.
     pub watch_interval: Option<Duration>,
+    /// Whether metrics are labelled by subscription (see [`crate::metrics::Metrics::new`]).
+    pub metrics_per_subscription: bool,
 }
 
 /// The default consumer name: stable across restarts of the same machine, so a restarted host
@@ -430,6 +432,7 @@ impl Plan {
             admin_open_on_loopback: config.admin_open_on_loopback,
             admin_read_only: config.admin_read_only,
             watch_interval: config.watch_interval,
+            metrics_per_subscription: config.metrics_per_subscription,
         })
     }
 

@@ -378,6 +378,12 @@ impl RedisHandle {
         Ok(Route::Cluster { conn, seeds })
     }
 
+    /// Whether both are clones of one handle (one Redis, one set of connections): a probe
+    /// of one answers for the other.
+    pub fn same_as(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// Whether commands go to a cluster (so every script's keys must share one slot).
     pub fn is_cluster(&self) -> bool {
         matches!(self.inner.route, Route::Cluster { .. })

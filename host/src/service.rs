@@ -269,7 +269,7 @@ pub struct Service {
 impl Service {
     /// A service for `plan`, with each subscription's component as its handler.
     pub fn new(plan: Plan) -> Self {
-        let metrics: Arc<crate::metrics::Metrics> = Arc::default();
+        let metrics = Arc::new(crate::metrics::Metrics::new(plan.metrics_per_subscription));
         let handlers = plan
             .subscriptions
             .iter()
@@ -280,8 +280,14 @@ impl Service {
                     s.limits.clone(),
                     s.values.clone(),
                     crate::handler::HandlerCounters {
-                        http_denied: metrics.http_denied.get_or_create(&labels).clone(),
-                        log_dropped: metrics.guest_log_dropped.get_or_create(&labels).clone(),
+                        http_denied: metrics
+                            .http_denied
+                            .get_or_create(&metrics.series(&labels))
+                            .clone(),
+                        log_dropped: metrics
+                            .guest_log_dropped
+                            .get_or_create(&metrics.series(&labels))
+                            .clone(),
                     },
                 )) as Arc<dyn Handler>
             })
@@ -727,7 +733,11 @@ impl Service {
                 let restarts = self
                     .metrics
                     .read_loop_restarts
-                    .get_or_create(&crate::metrics::Metrics::labels(&part.stream, &part.group))
+                    .get_or_create(
+                        &self
+                            .metrics
+                            .series(&crate::metrics::Metrics::labels(&part.stream, &part.group)),
+                    )
                     .clone();
                 readers.spawn(started.subscription.supervise(restarts));
             }

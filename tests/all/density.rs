@@ -418,3 +418,271 @@ async fn an_idle_subscription_looks_for_gone_consumers_again_only_after_a_write(
     assert!(consumers.iter().all(|c| c.name == "here"), "{consumers:?}");
     host.stop().await.unwrap();
 }
+
+/// The series of a `/metrics` text (each line that is not a comment), without their values.
+fn series_names(metrics: &str) -> std::collections::BTreeSet<String> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.rsplit_once(' ').map(|(name, _)| name.to_owned()))
+        .collect()
+}
+
+/// The value of the series `name` (labels included) in a `/metrics` text.
+fn series_value(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// A host of `n` subscriptions with per-subscription metrics off: one entry acked on the first
+/// and the last stream, one dead-lettered on the second, the third paused. Its `/metrics`.
+async fn summed_metrics(n: usize) -> String {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let config = many(n).set("metrics_per_subscription", false);
+    let mut host = start_fixture(&redis, config).await;
+    let admin = host.admin().await;
+    let first = add(&mut conn, "many-0", &Control::Ack).await;
+    let last = add(&mut conn, &format!("many-{}", n - 1), &Control::Ack).await;
+    let dead = add(
+        &mut conn,
+        "many-1",
+        &Control::Dead {
+            reason: "no such account".into(),
+        },
+    )
+    .await;
+    // Settled in any order: each event is looked for among all three.
+    let mut left = HashSet::from([first, last, dead]);
+    while !left.is_empty() {
+        let event = host
+            .event(Duration::from_secs(30), &format!("{left:?} settled"), |e| {
+                matches!(e.kind, EventKind::Acked | EventKind::DeadLettered { .. })
+            })
+            .await;
+        left.remove(&event.id);
+    }
+    let (status, body) = http_request(
+        admin,
+        "POST",
+        "/v1/subscriptions/many-2/g2/pause",
+        &[],
+        br#"{"by": "test"}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // Each subscription's own counts are still there, per subscription, in the list.
+    let (status, body) = http_get(admin, "/v1/subscriptions?stream=many-0").await;
+    assert_eq!(status, 200, "{body}");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+    assert_eq!(rows.len(), 1, "{body}");
+    assert_eq!(rows[0]["deliveries"], 1, "{body}");
+    let metrics = wait_for(
+        Duration::from_secs(20),
+        "the pause in the summed gauge",
+        || async {
+            let (_, metrics) = http_get(admin, "/metrics").await;
+            (series_value(&metrics, r#"sluice_paused{stream="",group=""}"#) == Some(1.0))
+                .then_some(metrics)
+        },
+    )
+    .await;
+    host.stop().await.unwrap();
+    metrics
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_summed_per_host_do_not_grow_with_the_subscriptions() {
+    let few = summed_metrics(3).await;
+    let more = summed_metrics(30).await;
+    for metrics in [&few, &more] {
+        assert!(
+            !metrics.contains("stream=\"many"),
+            "a series labelled by subscription: {metrics}"
+        );
+        // Counters add every subscription's; gauges too (a paused subscription counts one).
+        assert_eq!(
+            series_value(
+                metrics,
+                r#"sluice_deliveries_total{stream="",group="",outcome="ack"}"#
+            ),
+            Some(2.0),
+            "{metrics}"
+        );
+        assert_eq!(
+            series_value(
+                metrics,
+                r#"sluice_deliveries_total{stream="",group="",outcome="dead_letter"}"#
+            ),
+            Some(1.0),
+            "{metrics}"
+        );
+        assert_eq!(
+            series_value(metrics, r#"sluice_dead_letter_entries{stream="",group=""}"#),
+            Some(1.0),
+            "{metrics}"
+        );
+    }
+    // The same series for 3 subscriptions as for 30.
+    let (few, more) = (series_names(&few), series_names(&more));
+    assert_eq!(
+        few.symmetric_difference(&more).collect::<Vec<_>>(),
+        Vec::<&String>::new(),
+        "series that differ between 3 and 30 subscriptions"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_list_and_the_page_come_a_page_at_a_time_with_what_needs_a_look_first() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(&redis, many(30)).await;
+    let admin = host.admin().await;
+    let list = |query: &'static str| async move {
+        let (status, head, body) = http_exchange(
+            admin,
+            "GET",
+            &format!("/v1/subscriptions{query}"),
+            &[("Authorization", &format!("Bearer {TEST_TOKEN}"))],
+            b"",
+        )
+        .await;
+        assert_eq!(status, 200, "{query}: {body}");
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+        let streams: Vec<String> = rows
+            .iter()
+            .map(|r| r["stream"].as_str().unwrap().to_owned())
+            .collect();
+        let matched: usize = header(&head, "x-total-count").unwrap().parse().unwrap();
+        (streams, matched)
+    };
+    let (streams, matched) = list("?offset=5&limit=10").await;
+    assert_eq!(matched, 30);
+    assert_eq!(
+        streams,
+        (5..15).map(|i| format!("many-{i}")).collect::<Vec<_>>()
+    );
+    let (streams, matched) = list("?q=many-2").await;
+    assert_eq!(matched, 11, "many-2 and many-20 to many-29: {streams:?}");
+    let (streams, _) = list("?stream=many-2&group=g2").await;
+    assert_eq!(streams, ["many-2"]);
+    let (streams, matched) = list("?offset=1000000&limit=1000000").await;
+    assert_eq!((streams.len(), matched), (0, 30));
+    // A query of megabytes is refused before anything is matched against it.
+    let long = format!("/v1/subscriptions?q={}", "x".repeat(4096));
+    let (status, body) = http_get(admin, &long).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("`q` is longer than"), "{body}");
+
+    // The page: 20 cards at a time, a paused subscription first.
+    let (status, body) = http_request(
+        admin,
+        "POST",
+        "/v1/subscriptions/many-29/g29/pause",
+        &[],
+        br#"{"by": "test"}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let session = log_in(admin).await;
+    let page = wait_for(Duration::from_secs(10), "the pause on the page", || {
+        let headers = session.headers();
+        async move {
+            let (code, _, page) = http_exchange(admin, "GET", "/ui/", &headers, b"").await;
+            assert_eq!(code, 200, "{page}");
+            page.contains("1</b> with something to see").then_some(page)
+        }
+    })
+    .await;
+    let cards: Vec<usize> = page
+        .match_indices("Stream <code>many-")
+        .map(|(at, _)| at)
+        .collect();
+    assert_eq!(cards.len(), 20, "{page}");
+    assert!(
+        page[cards[0]..].starts_with("Stream <code>many-29</code>"),
+        "the paused subscription first: {}",
+        &page[cards[0]..cards[0] + 60]
+    );
+    assert!(page.contains("Showing 1–20 of 30"), "{page}");
+    assert!(
+        page.contains("offset=20"),
+        "a link to the next page: {page}"
+    );
+    let headers = session.headers();
+    let (code, _, page) =
+        http_exchange(admin, "GET", "/ui/?q=many-1&offset=0", &headers, b"").await;
+    assert_eq!(code, 200, "{page}");
+    assert_eq!(
+        page.matches("Stream <code>many-1").count(),
+        11,
+        "many-1 and many-10 to many-19"
+    );
+    assert_eq!(page.matches("Stream <code>many-").count(), 11, "{page}");
+    let _ = &mut conn;
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_of_many_sums_up_and_shows_what_needs_a_look() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let config = many(30);
+    let mut host = start_fixture(&redis, config.clone()).await;
+    let dead = add(
+        &mut conn,
+        "many-7",
+        &Control::Dead {
+            reason: "closed account".into(),
+        },
+    )
+    .await;
+    host.event(Duration::from_secs(30), "the dead letter", |e| {
+        e.id == dead && matches!(e.kind, EventKind::DeadLettered { .. })
+    })
+    .await;
+    host.stop().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(dir.path(), "sluice.toml", &config.to_string());
+    let url = redis.url();
+    let path = path.to_str().unwrap();
+    let (ok, stdout, stderr) = run_sluice(&["status", path, "--redis", &url], dir.path());
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.starts_with("30 subscription rows: ") && stdout.contains("1 with dead letters"),
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("\nstream `").count(), 1, "{stdout}");
+    assert!(stdout.contains("stream `many-7`, group `g7`"), "{stdout}");
+    let (ok, stdout, stderr) = run_sluice(&["status", path, "--redis", &url, "--all"], dir.path());
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout.matches("\nstream `").count(), 30, "{stdout}");
+    let (ok, stdout, stderr) = run_sluice(
+        &["status", path, "--redis", &url, "--stream", "many-1"],
+        dir.path(),
+    );
+    assert!(ok, "{stderr}");
+    assert!(stdout.starts_with("11 subscription rows"), "{stdout}");
+    assert_eq!(stdout.matches("\nstream `").count(), 11, "{stdout}");
+
+    // A Redis that takes connections and never answers: the report ends at its deadline and
+    // says what it waited for, instead of hanging.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("redis://{}", silent.local_addr().unwrap());
+    let started = std::time::Instant::now();
+    let (ok, _, stderr) = run_sluice(
+        &["status", path, "--redis", &silent_url, "--timeout", "2s"],
+        dir.path(),
+    );
+    assert!(!ok);
+    assert!(
+        stderr.contains(&silent.local_addr().unwrap().to_string()),
+        "{stderr}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+}

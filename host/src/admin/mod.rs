@@ -3,7 +3,9 @@
 //! 503 with the reason otherwise), and the handler API:
 //!
 //! - `GET /v1/subscriptions`: each subscription with its handler's digest, since when it serves,
-//!   the previous digest, and swap counts;
+//!   the previous digest, and swap counts; a page of at most 500 (`?offset=&limit=`, `q` a
+//!   substring of stream or group, `stream=` and `group=` exact), with `X-Total-Count` (how
+//!   many match) and `X-Subscriptions` (how many the host has) in the reply's headers;
 //! - `PUT /v1/subscriptions/{stream}/{group}/handler` (body: the component; `?force=true`
 //!   accepts a descriptor naming another stream or group): check and swap in a new handler;
 //! - `POST /v1/subscriptions/{stream}/{group}/rollback`: put the previous handler back;
@@ -29,7 +31,10 @@
 //!   another host, `Sec-Fetch-Site: cross-site`): CSRF.
 //!
 //! Gauges that describe Redis (pending entries, lag, parked entries, dead letters) are sampled
-//! from Redis at scrape time.
+//! from Redis at scrape time: a subscription's sample is taken again only when it is 5 s
+//! old, 32 subscriptions at a time, for at most 3 s a scrape (the rest keep their last
+//! sample), so neither a frequent scraper nor thousands of subscriptions make a scrape ask
+//! Redis without bound.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -44,6 +49,7 @@ use tokio_util::sync::CancellationToken;
 
 mod flow;
 mod guard;
+pub(crate) mod listing;
 mod rollout;
 mod ui;
 mod waiting;
@@ -131,6 +137,10 @@ struct AdminState {
     uploads: Arc<tokio::sync::Semaphore>,
     /// Wrong tokens, for the API and the page's login alike.
     throttle: Arc<guard::Throttle>,
+    /// Each subscription's partitions, by its labels.
+    index: Arc<listing::Index>,
+    /// Each subscription's Redis state when last sampled for `/metrics`, by index.
+    redis_samples: Arc<tokio::sync::Mutex<Vec<RedisSample>>>,
 }
 
 /// The handler API's settings.
@@ -178,6 +188,7 @@ pub async fn serve(
         sessions: Arc::default(),
         samples: Arc::default(),
         metrics,
+        index: Arc::new(listing::Index::new(&subscriptions)),
         subscriptions: Arc::new(subscriptions),
         swaps: Arc::new(options.swaps),
         rollouts: Arc::new(options.rollouts),
@@ -188,6 +199,7 @@ pub async fn serve(
         bound,
         uploads: Arc::new(tokio::sync::Semaphore::new(1)),
         throttle: Arc::default(),
+        redis_samples: Arc::default(),
     };
     let api = Router::new()
         .route("/v1/subscriptions", get(list_handler))
@@ -237,6 +249,8 @@ pub async fn serve(
 }
 
 async fn ready_handler(State(state): State<AdminState>) -> impl IntoResponse {
+    // One PING per Redis, however many subscriptions share it.
+    let mut pinged: Vec<&crate::redis_conn::RedisHandle> = Vec::new();
     for sub in state.subscriptions.iter() {
         if let Some(problem) = sub.health.problem() {
             return (
@@ -247,6 +261,10 @@ async fn ready_handler(State(state): State<AdminState>) -> impl IntoResponse {
                 ),
             );
         }
+        if pinged.iter().any(|conn| conn.same_as(&sub.conn)) {
+            continue;
+        }
+        pinged.push(&sub.conn);
         let mut conn = sub.conn.clone();
         let ping = tokio::time::timeout(
             PROBE_TIMEOUT,
@@ -270,10 +288,12 @@ async fn ready_handler(State(state): State<AdminState>) -> impl IntoResponse {
 }
 
 async fn metrics_handler(State(state): State<AdminState>) -> impl IntoResponse {
-    for sub in state.subscriptions.iter() {
-        if let Err(err) = tokio::time::timeout(PROBE_TIMEOUT, sample(&state.metrics, sub)).await {
-            tracing::debug!(%err, stream = %sub.labels.stream, "Redis gauges not sampled");
-        }
+    {
+        // Held while sampling: a second scrape waits and then finds the samples fresh,
+        // instead of asking Redis the same again.
+        let mut samples = state.redis_samples.lock().await;
+        refresh_samples(&state.subscriptions, &mut samples).await;
+        publish_samples(&state.metrics, &state.subscriptions, &samples);
     }
     (
         [(
@@ -284,10 +304,69 @@ async fn metrics_handler(State(state): State<AdminState>) -> impl IntoResponse {
     )
 }
 
-/// Refresh the Redis-state gauges of one subscription.
-async fn sample(metrics: &Metrics, sub: &AdminSubscription) {
+/// A sample younger than this is not taken again: scrapes more often than this cost Redis
+/// nothing more.
+const SAMPLE_FRESH: Duration = Duration::from_secs(5);
+/// Subscriptions sampled at once (their commands pipelined on the shared connections).
+const SAMPLE_AT_ONCE: usize = 32;
+/// The longest a scrape spends sampling; subscriptions not reached keep their last sample.
+const SAMPLE_BUDGET: Duration = Duration::from_secs(3);
+
+/// What one subscription's Redis state was when last sampled.
+#[derive(Debug, Clone, Default)]
+struct RedisSample {
+    taken: Option<tokio::time::Instant>,
+    size: Option<crate::inspect::StreamSize>,
+    /// Its group's pending entries and unread ones, its retry lane's included.
+    pending: Option<u64>,
+    lag: Option<u64>,
+    dead_letters: u64,
+    /// Parked entries and the earliest due time (Unix seconds, 0 when none).
+    parked: Option<(u64, i64)>,
+}
+
+/// Sample the subscriptions whose sample is older than [`SAMPLE_FRESH`], oldest first,
+/// [`SAMPLE_AT_ONCE`] at a time, for at most [`SAMPLE_BUDGET`].
+async fn refresh_samples(subscriptions: &[AdminSubscription], samples: &mut Vec<RedisSample>) {
+    use futures::StreamExt;
+    samples.resize_with(subscriptions.len(), RedisSample::default);
+    let now = tokio::time::Instant::now();
+    let mut stale: Vec<usize> = (0..subscriptions.len())
+        .filter(|&i| {
+            samples[i]
+                .taken
+                .is_none_or(|at| now.duration_since(at) >= SAMPLE_FRESH)
+        })
+        .collect();
+    stale.sort_by_key(|&i| samples[i].taken);
+    let mut taken = futures::stream::iter(stale)
+        .map(|i| async move {
+            let sample = tokio::time::timeout(PROBE_TIMEOUT, sample(&subscriptions[i])).await;
+            (i, sample)
+        })
+        .buffer_unordered(SAMPLE_AT_ONCE);
+    let deadline = now + SAMPLE_BUDGET;
+    loop {
+        match tokio::time::timeout_at(deadline, taken.next()).await {
+            Ok(Some((i, Ok(Some(sample))))) => samples[i] = sample,
+            Ok(Some((i, _))) => {
+                tracing::debug!(stream = %subscriptions[i].labels.stream, "Redis gauges not sampled");
+            }
+            Ok(None) => break,
+            Err(_) => {
+                tracing::debug!(
+                    "Redis gauges: sampling budget spent, the rest keep their last sample"
+                );
+                break;
+            }
+        }
+    }
+}
+
+/// One subscription's Redis state, `None` when Redis did not answer.
+async fn sample(sub: &AdminSubscription) -> Option<RedisSample> {
     let mut conn = sub.conn.clone();
-    let Ok(snapshot) = crate::inspect::snapshot(
+    let snapshot = crate::inspect::snapshot(
         &mut conn,
         &sub.labels.stream,
         &sub.labels.group,
@@ -296,59 +375,137 @@ async fn sample(metrics: &Metrics, sub: &AdminSubscription) {
         sub.lane.as_deref(),
     )
     .await
-    else {
-        return;
-    };
-    let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-    if let Ok(size) = crate::inspect::stream_size(&mut conn, &sub.labels.stream).await {
-        metrics
-            .stream_length
-            .get_or_create(&sub.labels)
-            .set(gauge(size.length));
-        metrics
-            .stream_bytes
-            .get_or_create(&sub.labels)
-            .set(gauge(size.bytes));
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-        metrics.stream_oldest_age.get_or_create(&sub.labels).set(
-            size.oldest_ms
-                .map_or(0, |oldest| (now_ms - oldest).max(0) / 1000),
-        );
-    }
+    .ok()?;
+    let size = crate::inspect::stream_size(&mut conn, &sub.labels.stream)
+        .await
+        .ok();
     // With a retry lane, its pending and unread entries count too: they are the same
     // subscription's work.
     let lane = snapshot.lane;
-    if let Some(group) = snapshot.group {
-        let lane_pending = lane.as_ref().map_or(0, |l| l.pending as u64);
-        metrics
-            .pending
-            .get_or_create(&sub.labels)
-            .set(gauge(group.pending as u64 + lane_pending));
-        if let Some(lag) = group.lag {
-            let lane_lag = lane.as_ref().and_then(|l| l.lag).unwrap_or(0);
+    let (pending, lag) = match snapshot.group {
+        Some(group) => {
+            let lane_pending = lane.as_ref().map_or(0, |l| l.pending as u64);
+            let lag = group.lag.map(|lag| {
+                let lane_lag = lane.as_ref().and_then(|l| l.lag).unwrap_or(0);
+                (lag + lane_lag) as u64
+            });
+            (Some(group.pending as u64 + lane_pending), lag)
+        }
+        None => (None, None),
+    };
+    Some(RedisSample {
+        taken: Some(tokio::time::Instant::now()),
+        size,
+        pending,
+        lag,
+        dead_letters: snapshot.dead_letters,
+        parked: snapshot
+            .delayed
+            .map(|d| (d.parked, d.next_due_ms.map_or(0, |ms| ms / 1000))),
+    })
+}
+
+/// Set the Redis-state gauges from the samples: each subscription's, or their sums per host
+/// (a stream read by several groups counted once).
+fn publish_samples(
+    metrics: &Metrics,
+    subscriptions: &[AdminSubscription],
+    samples: &[RedisSample],
+) {
+    let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let age = |size: &crate::inspect::StreamSize| {
+        size.oldest_ms
+            .map_or(0, |oldest| (now_ms - oldest).max(0) / 1000)
+    };
+    if metrics.per_subscription() {
+        for (sub, s) in subscriptions.iter().zip(samples) {
+            if s.taken.is_none() {
+                continue;
+            }
+            let labels = &sub.labels;
+            if let Some(size) = &s.size {
+                metrics
+                    .stream_length
+                    .get_or_create(labels)
+                    .set(gauge(size.length));
+                metrics
+                    .stream_bytes
+                    .get_or_create(labels)
+                    .set(gauge(size.bytes));
+                metrics
+                    .stream_oldest_age
+                    .get_or_create(labels)
+                    .set(age(size));
+            }
+            if let Some(pending) = s.pending {
+                metrics.pending.get_or_create(labels).set(gauge(pending));
+            }
+            if let Some(lag) = s.lag {
+                metrics.lag.get_or_create(labels).set(gauge(lag));
+            }
             metrics
-                .lag
-                .get_or_create(&sub.labels)
-                .set(gauge((lag + lane_lag) as u64));
+                .dead_letters
+                .get_or_create(labels)
+                .set(gauge(s.dead_letters));
+            if let Some((parked, due)) = s.parked {
+                metrics.parked.get_or_create(labels).set(gauge(parked));
+                metrics.parked_oldest_due.get_or_create(labels).set(due);
+            }
+        }
+        return;
+    }
+    let mut streams = std::collections::HashSet::new();
+    let mut dead_letter_streams = std::collections::HashSet::new();
+    let (mut length, mut bytes, mut oldest_age) = (0u64, 0u64, 0i64);
+    let (mut pending, mut lag, mut dead_letters, mut parked) = (0u64, 0u64, 0u64, 0u64);
+    let mut earliest_due: Option<i64> = None;
+    for (sub, s) in subscriptions.iter().zip(samples) {
+        if s.taken.is_none() {
+            continue;
+        }
+        if let Some(size) = &s.size
+            && streams.insert(sub.labels.stream.as_str())
+        {
+            length = length.saturating_add(size.length);
+            bytes = bytes.saturating_add(size.bytes);
+            oldest_age = oldest_age.max(age(size));
+        }
+        pending = pending.saturating_add(s.pending.unwrap_or(0));
+        lag = lag.saturating_add(s.lag.unwrap_or(0));
+        if dead_letter_streams.insert(sub.dead_letter.as_str()) {
+            dead_letters = dead_letters.saturating_add(s.dead_letters);
+        }
+        if let Some((n, due)) = s.parked {
+            parked = parked.saturating_add(n);
+            if due > 0 {
+                earliest_due = Some(earliest_due.map_or(due, |e| e.min(due)));
+            }
         }
     }
+    let host = metrics.series(&Metrics::labels("", ""));
+    metrics
+        .stream_length
+        .get_or_create(&host)
+        .set(gauge(length));
+    metrics.stream_bytes.get_or_create(&host).set(gauge(bytes));
+    metrics
+        .stream_oldest_age
+        .get_or_create(&host)
+        .set(oldest_age);
+    metrics.pending.get_or_create(&host).set(gauge(pending));
+    metrics.lag.get_or_create(&host).set(gauge(lag));
     metrics
         .dead_letters
-        .get_or_create(&sub.labels)
-        .set(gauge(snapshot.dead_letters));
-    if let Some(delayed) = snapshot.delayed {
-        metrics
-            .parked
-            .get_or_create(&sub.labels)
-            .set(gauge(delayed.parked));
-        let due = delayed.next_due_ms.map_or(0, |ms| ms / 1000);
-        metrics
-            .parked_oldest_due
-            .get_or_create(&sub.labels)
-            .set(due);
-    }
+        .get_or_create(&host)
+        .set(gauge(dead_letters));
+    metrics.parked.get_or_create(&host).set(gauge(parked));
+    metrics
+        .parked_oldest_due
+        .get_or_create(&host)
+        .set(earliest_due.unwrap_or(0));
 }
 
 /// Every [`SAMPLE_EVERY`], the host's delivery counts, for the page's chart.
@@ -386,9 +543,16 @@ pub(crate) fn rfc3339(at: std::time::SystemTime) -> String {
     crate::when::rfc3339(at)
 }
 
-async fn list_handler(State(state): State<AdminState>) -> impl IntoResponse {
-    let rows: Vec<serde_json::Value> = state
-        .swaps
+async fn list_handler(
+    State(state): State<AdminState>,
+    axum::extract::Query(query): axum::extract::Query<listing::ListQuery>,
+) -> axum::response::Response {
+    if let Err(refusal) = query.check() {
+        return refusal.into_response();
+    }
+    let page = listing::page(&state.swaps, &query, listing::MAX_LIMIT, None);
+    let rows: Vec<serde_json::Value> = page
+        .shown
         .iter()
         .map(|control| {
             let slot = control.slot();
@@ -397,9 +561,8 @@ async fn list_handler(State(state): State<AdminState>) -> impl IntoResponse {
             let labels = slot.labels();
             let deliveries = state.metrics.handler_results(labels);
             let flow_state = state
-                .subscriptions
-                .iter()
-                .find(|s| s.of == *labels)
+                .index
+                .first(&state.subscriptions, labels)
                 .map(|s| s.flow.borrow().clone())
                 .unwrap_or_default();
             let paused = flow_state.paused.as_ref().map(flow::paused_json);
@@ -418,7 +581,15 @@ async fn list_handler(State(state): State<AdminState>) -> impl IntoResponse {
             })
         })
         .collect();
-    axum::Json(rows)
+    (
+        [
+            ("x-total-count", page.matched.to_string()),
+            ("x-offset", page.offset.to_string()),
+            ("x-subscriptions", page.total.to_string()),
+        ],
+        axum::Json(rows),
+    )
+        .into_response()
 }
 
 type Refusal = (StatusCode, String);

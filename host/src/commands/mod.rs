@@ -38,7 +38,7 @@ pub use requeue::{RequeueRequest, requeue};
 pub use retry_now::retry_now;
 pub use run::run;
 pub use send::send;
-pub use status::status;
+pub use status::{SHOW_ALL_UP_TO, StatusOptions, StatusReport, status};
 pub use swap::{SwapRequest, swap};
 pub use tools::{tools_install, tools_list};
 

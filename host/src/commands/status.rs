@@ -64,25 +64,128 @@ struct ConsumerStatus {
     gone: bool,
 }
 
+/// What `sluice status` shows and how long it may take.
+#[derive(Debug, Clone)]
+pub struct StatusOptions {
+    /// One JSON object per subscription, one per line (every row, whatever `all` says).
+    pub json: bool,
+    /// Every subscription, even with more than [`SHOW_ALL_UP_TO`] and nothing to see.
+    pub all: bool,
+    /// Only streams whose name contains this.
+    pub stream: Option<String>,
+    /// The longest the whole report may take; what has not answered by then is named.
+    pub timeout: std::time::Duration,
+}
+
+/// Up to this many rows, the text shows every one; above, the summary and the rows with
+/// something to see (unless `--all`).
+pub const SHOW_ALL_UP_TO: usize = 20;
+/// Rows asked for at once: their commands share each Redis's connection, pipelined.
+const AT_ONCE: usize = 32;
+
+/// What `sluice status` came to: the report, and how many rows Redis did not answer (the
+/// command fails then, after printing what it has).
+#[derive(Debug)]
+pub struct StatusReport {
+    /// The text (or JSON lines) to print.
+    pub text: String,
+    /// Rows that could not be read, each named in the text.
+    pub failed: usize,
+}
+
 /// `sluice status`: for each subscription, the group's consumers and pending counts, parked
-/// entries and the next due time, the dead-letter stream's length and the handler's digest.
-pub async fn status(paths: &[PathBuf], redis: Option<&str>, json: bool) -> Result<String> {
+/// entries and the next due time, the dead-letter stream's length and the handler's digest;
+/// with many, a summary first and the ones with something to see.
+pub async fn status(
+    paths: &[PathBuf],
+    redis: Option<&str>,
+    options: &StatusOptions,
+) -> Result<StatusReport> {
+    use futures::StreamExt;
+    let deadline = tokio::time::Instant::now() + options.timeout;
     let plan = plan_after_redis(paths, redis).await?;
-    let mut rows = Vec::new();
+    // One connection per Redis, however many subscriptions it holds.
+    let mut handles: Vec<(
+        String,
+        crate::config::RedisAccess,
+        crate::redis_conn::RedisHandle,
+    )> = Vec::new();
+    let mut asks = Vec::new();
+    let mut names = Vec::new();
     for sub in &plan.subscriptions {
+        let parts = sub.stream.partitioned();
+        let wanted = |s: &sluice_descriptor::ResolvedStream| {
+            options
+                .stream
+                .as_deref()
+                .is_none_or(|want| s.stream.contains(want))
+        };
+        if !parts.iter().any(wanted) {
+            continue;
+        }
         let url = redis_url_for(sub.redis.as_deref())?;
-        let mut conn = crate::redis_conn::RedisHandle::connect(&url, &sub.redis_access).await?;
-        for (index, part) in sub.stream.partitioned().iter().enumerate() {
+        let conn = match handles
+            .iter()
+            .find(|(u, a, _)| *u == url && *a == sub.redis_access)
+        {
+            Some((_, _, conn)) => conn.clone(),
+            None => {
+                let connected = tokio::time::timeout_at(
+                    deadline,
+                    crate::redis_conn::RedisHandle::connect(&url, &sub.redis_access),
+                )
+                .await
+                .map_err(|_| {
+                    anyhow::anyhow!(
+                        "no answer from Redis at {} within {:?}",
+                        crate::redis_conn::redact(&url),
+                        options.timeout
+                    )
+                })??;
+                handles.push((url, sub.redis_access.clone(), connected.clone()));
+                connected
+            }
+        };
+        for (index, part) in parts.iter().enumerate() {
+            if !wanted(part) {
+                continue;
+            }
             let partition = (sub.stream.partitions > 1).then(|| Partition {
                 of: sub.stream.stream.clone(),
                 index: index as u32,
                 count: sub.stream.partitions,
             });
-            rows.push(partition_status(&mut conn, sub, part, partition).await?);
+            names.push((part.stream.clone(), part.group.clone()));
+            asks.push((conn.clone(), sub, part.clone(), partition));
         }
     }
-    render(&rows, json)
+    let asked = asks.len();
+    let mut answers: Vec<Option<Row>> = (0..asked).map(|_| None).collect();
+    let mut answering = futures::stream::iter(asks.into_iter().enumerate())
+        .map(|(i, (mut conn, sub, part, partition))| async move {
+            let who = (part.stream.clone(), part.group.clone());
+            let row = partition_status(&mut conn, sub, &part, partition).await;
+            (i, who, row)
+        })
+        .buffered(AT_ONCE);
+    while let Ok(Some((i, who, row))) = tokio::time::timeout_at(deadline, answering.next()).await {
+        answers[i] = Some(row.map_err(|err| (who, format!("{err:#}"))));
+    }
+    drop(answering);
+    // Rows not reached before the deadline, named by what they would have read.
+    let mut rows = Vec::with_capacity(asked);
+    let mut unanswered = Vec::new();
+    for (i, answer) in answers.into_iter().enumerate() {
+        match answer {
+            Some(row) => rows.push(row),
+            None => unanswered.push(names[i].clone()),
+        }
+    }
+    render(&rows, &unanswered, asked, options)
 }
+
+/// A row, or what it would have read and why it could not.
+type Row = Result<SubscriptionStatus, ((String, String), String)>;
 
 /// One partition's row (the subscription's, when it has one partition).
 async fn partition_status(
@@ -163,18 +266,99 @@ async fn partition_status(
     })
 }
 
-/// The rows as `sluice status` prints them: one JSON object per line, or text.
-fn render(rows: &[SubscriptionStatus], json: bool) -> Result<String> {
-    if json {
-        let mut out = String::new();
+/// Whether a row has something an operator should look at, beyond the work it is doing
+/// (pending and unread entries, parked retries not yet due).
+fn needs_look(r: &SubscriptionStatus) -> bool {
+    /// A retry overdue by more than this is not just waiting for its sweep.
+    const OVERDUE_MS: i64 = 60_000;
+    !r.group_exists
+        || r.paused.is_some()
+        || r.breaker.is_some()
+        || r.dead_letter_length > 0
+        || r.consumers.iter().any(|c| c.gone)
+        || r.next_due_in_ms.is_some_and(|ms| ms < -OVERDUE_MS)
+}
+
+/// The rows as `sluice status` prints them: one JSON object per line, or text (with many, a
+/// summary first and only the rows with something to see, unless `--all`).
+fn render(
+    rows: &[Row],
+    unanswered: &[(String, String)],
+    asked: usize,
+    options: &StatusOptions,
+) -> Result<StatusReport> {
+    use std::fmt::Write as _;
+    let failed = rows.iter().filter(|r| r.is_err()).count() + unanswered.len();
+    let mut out = String::new();
+    let cannot = |out: &mut String, (stream, group): &(String, String), why: &str| {
+        let _ = writeln!(out, "stream `{stream}`, group `{group}`: NOT READ: {why}");
+    };
+    let late = format!("no answer within {:?}", options.timeout);
+    if options.json {
         for row in rows {
-            out.push_str(&serde_json::to_string(row)?);
+            match row {
+                Ok(row) => out.push_str(&serde_json::to_string(row)?),
+                Err(((stream, group), why)) => out.push_str(&serde_json::to_string(
+                    &serde_json::json!({"stream": stream, "group": group, "error": why}),
+                )?),
+            }
             out.push('\n');
         }
-        return Ok(out);
+        for (stream, group) in unanswered {
+            out.push_str(&serde_json::to_string(
+                &serde_json::json!({"stream": stream, "group": group, "error": late}),
+            )?);
+            out.push('\n');
+        }
+        return Ok(StatusReport { text: out, failed });
     }
-    use std::fmt::Write as _;
-    let mut out = String::new();
+    let read: Vec<&SubscriptionStatus> = rows.iter().filter_map(|r| r.as_ref().ok()).collect();
+    let every = options.all || asked <= SHOW_ALL_UP_TO;
+    if asked > 1 {
+        let count = |f: &dyn Fn(&SubscriptionStatus) -> bool| read.iter().filter(|r| f(r)).count();
+        let looks = count(&needs_look);
+        let _ = writeln!(
+            out,
+            "{asked} subscription rows{}: {} with pending entries, {} with unread entries, {} with parked retries, {} with dead letters, {} with gone consumers, {} paused, {} with the circuit breaker open, {} groups not created yet{}",
+            options
+                .stream
+                .as_deref()
+                .map_or(String::new(), |s| format!(" (streams containing `{s}`)")),
+            count(&|r| r.pending > 0),
+            count(&|r| r.lag.is_some_and(|l| l > 0)),
+            count(&|r| r.parked.is_some_and(|p| p > 0)),
+            count(&|r| r.dead_letter_length > 0),
+            count(&|r| r.consumers.iter().any(|c| c.gone)),
+            count(&|r| r.paused.is_some()),
+            count(&|r| r.breaker.is_some()),
+            count(&|r| !r.group_exists),
+            if failed > 0 {
+                format!("; {failed} NOT READ")
+            } else {
+                String::new()
+            },
+        );
+        if !every {
+            let _ = writeln!(
+                out,
+                "showing the {} with something to see (dead letters, gone consumers, a pause, an open breaker, overdue retries, no group) and those not read; --all shows every one",
+                looks
+            );
+        }
+        let _ = writeln!(out);
+    }
+    for row in rows {
+        if let Err((who, why)) = row {
+            cannot(&mut out, who, why);
+        }
+    }
+    for who in unanswered {
+        cannot(&mut out, who, &late);
+    }
+    let rows: Vec<&SubscriptionStatus> = read
+        .into_iter()
+        .filter(|r| every || needs_look(r))
+        .collect();
     for r in rows {
         let part = r.partition.as_ref().map_or(String::new(), |p| {
             format!(" (partition {} of {} of `{}`)", p.index, p.count, p.of)
@@ -281,5 +465,5 @@ fn render(rows: &[SubscriptionStatus], json: bool) -> Result<String> {
             );
         }
     }
-    Ok(out)
+    Ok(StatusReport { text: out, failed })
 }

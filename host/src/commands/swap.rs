@@ -57,13 +57,22 @@ fn token_may_travel(admin: &str) -> Result<()> {
     )
 }
 
-/// `GET /v1/subscriptions` of the admin API at `base`.
+/// `GET /v1/subscriptions?stream=..[&group=..]` of the admin API at `base`: the host's
+/// subscriptions to `stream` (a host of thousands answers them a page at a time, and a
+/// stream has few groups).
 fn subscriptions(
     agent: &ureq::Agent,
     base: &str,
     token: Option<&str>,
+    stream: &str,
+    group: Option<&str>,
 ) -> Result<serde_json::Value> {
-    let mut get = agent.get(format!("{base}/v1/subscriptions"));
+    let mut get = agent
+        .get(format!("{base}/v1/subscriptions"))
+        .query("stream", stream);
+    if let Some(group) = group {
+        get = get.query("group", group);
+    }
     if let Some(token) = token {
         get = get.header("Authorization", &format!("Bearer {token}"));
     }
@@ -95,7 +104,7 @@ pub(crate) async fn serving_digest(
             .build()
             .into();
         let base = admin.trim_end_matches('/');
-        let list = subscriptions(&agent, base, token.as_deref())?;
+        let list = subscriptions(&agent, base, token.as_deref(), &stream, Some(&group))?;
         list.as_array()
             .into_iter()
             .flatten()
@@ -121,7 +130,13 @@ fn swap_blocking(request: &SwapRequest) -> Result<String> {
     let group = match &request.group {
         Some(group) => group.clone(),
         None => {
-            let list = subscriptions(&agent, base, request.token.as_deref())?;
+            let list = subscriptions(
+                &agent,
+                base,
+                request.token.as_deref(),
+                &request.stream,
+                None,
+            )?;
             let groups: Vec<String> = list
                 .as_array()
                 .into_iter()

@@ -30,6 +30,7 @@ struct RawConfig {
     admin_max_upload: Option<String>,
     cache_max_size: Option<String>,
     max_instances: Option<u64>,
+    metrics_per_subscription: Option<bool>,
     admin_open_on_loopback: Option<bool>,
     admin_read_only: Option<bool>,
     watch_interval: Option<String>,
@@ -206,6 +207,7 @@ pub(super) struct Globals {
     pub(super) admin_max_upload: Option<u64>,
     pub(super) cache_max_size: Option<u64>,
     pub(super) max_instances: Option<u32>,
+    pub(super) metrics_per_subscription: Option<bool>,
     pub(super) admin_open_on_loopback: Option<bool>,
     pub(super) admin_read_only: Option<bool>,
     pub(super) watch_interval: Option<Option<Duration>>,
@@ -242,6 +244,11 @@ impl Globals {
             &mut self.max_instances,
             other.max_instances,
             "max_instances",
+        )?;
+        merge(
+            &mut self.metrics_per_subscription,
+            other.metrics_per_subscription,
+            "metrics_per_subscription",
         )?;
         merge(
             &mut self.admin_open_on_loopback,
@@ -392,6 +399,7 @@ fn globals(v: &Validator<'_>, base: &Path, raw: &RawConfig) -> Result<Globals, C
             .map(|text| v.size("cache_max_size", text))
             .transpose()?,
         max_instances: raw.max_instances.map(|n| v.max_instances(n)).transpose()?,
+        metrics_per_subscription: raw.metrics_per_subscription,
         admin_open_on_loopback: raw.admin_open_on_loopback,
         admin_read_only: raw.admin_read_only,
         watch_interval,
@@ -1059,6 +1067,31 @@ mod tests {
             assert!(err.contains("subscription[0].redis"), "{err}");
             assert!(err.contains(expected), "{err}");
         }
+    }
+
+    #[test]
+    fn metrics_are_per_subscription_up_to_200_subscriptions_unless_set() {
+        let dir = std::env::temp_dir().join(format!("sluice-metrics-scope-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("c.wasm"), b"\0asm").unwrap();
+        let load = |n: usize, key: &str| {
+            let mut text = key.to_owned();
+            for i in 0..n {
+                text.push_str(&format!(
+                    "[[subscription]]\ncomponent = \"c.wasm\"\nstream = \"s{i}\"\n"
+                ));
+            }
+            let path = dir.join("sluice.toml");
+            std::fs::write(&path, text).unwrap();
+            crate::config::Config::load(&[path])
+                .unwrap()
+                .metrics_per_subscription
+        };
+        assert!(load(200, ""));
+        assert!(!load(201, ""));
+        assert!(load(201, "metrics_per_subscription = true\n"));
+        assert!(!load(1, "metrics_per_subscription = false\n"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -47,6 +47,10 @@ pub const DEFAULT_ADMIN: &str = "127.0.0.1:9187";
 /// reserves room for a 4 GiB linear memory and its guards) is a few TiB of the 128 TiB a
 /// process has.
 pub const DEFAULT_MAX_INSTANCES: u32 = 256;
+/// Up to this many subscriptions, `/metrics` labels its series by subscription unless
+/// `metrics_per_subscription` says otherwise; above, it sums them per host, so that a host of
+/// thousands does not export a quarter of a million series (about 40 per subscription).
+pub const PER_SUBSCRIPTION_METRICS_UP_TO: usize = 200;
 /// The most `max_instances` may say: the pool's counters (core instances, memories, tables)
 /// are multiples of it and must fit in 32 bits.
 pub const MAX_INSTANCES_CEILING: u32 = 16_384;
@@ -376,6 +380,9 @@ pub struct Config {
     pub cache_max_size: u64,
     /// The most handler instances alive at once in this host, across subscriptions.
     pub max_instances: u32,
+    /// Whether `/metrics` labels series by subscription: the number of series then grows with
+    /// the subscriptions; off, every family is summed over the host.
+    pub metrics_per_subscription: bool,
     /// How long a shutdown waits for in-flight deliveries.
     pub shutdown_timeout: Duration,
     /// Where the admin HTTP server listens; `None` turns it off.
@@ -444,12 +451,14 @@ impl Config {
             }
         }
         let config = Config {
-            subscriptions,
             cache_dir: globals
                 .cache_dir
                 .unwrap_or_else(|| PathBuf::from(".sluice/cache")),
             cache_max_size: globals.cache_max_size.unwrap_or(DEFAULT_CACHE_MAX_SIZE),
             max_instances: globals.max_instances.unwrap_or(DEFAULT_MAX_INSTANCES),
+            metrics_per_subscription: globals
+                .metrics_per_subscription
+                .unwrap_or(subscriptions.len() <= PER_SUBSCRIPTION_METRICS_UP_TO),
             shutdown_timeout: globals.shutdown_timeout.unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT),
             admin: globals.admin.unwrap_or(DEFAULT_ADMIN.parse().ok()),
             admin_token: globals.admin_token,
@@ -460,6 +469,7 @@ impl Config {
                 .watch_interval
                 .unwrap_or(Some(DEFAULT_WATCH_INTERVAL)),
             telemetry: globals.telemetry,
+            subscriptions,
         };
         config.check_admin(paths.first().cloned().unwrap_or_default())?;
         Ok(config)

@@ -96,6 +96,12 @@ pub const KEYS: &[KeyDoc] = &[
     },
     KeyDoc {
         scope: Scope::Top,
+        keys: &["metrics_per_subscription"],
+        meaning: "whether `/metrics` labels its series with `stream` and `group`. Each subscription then adds about 40 series (5 histograms of up to 25 each, and its counters and gauges), so a host of thousands exports hundreds of thousands. Off, every family is summed over the host (the labels are empty) and the number of series does not depend on the number of subscriptions; each subscription's own counts stay on the page, in `/v1/subscriptions` and in `sluice status`",
+        default: "`true` up to 200 subscriptions, `false` above",
+    },
+    KeyDoc {
+        scope: Scope::Top,
         keys: &["admin_max_upload"],
         meaning: "largest component the admin API accepts",
         default: "`64MiB`",

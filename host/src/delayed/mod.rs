@@ -209,9 +209,18 @@ impl DelayedSet {
     ) -> Option<Self> {
         let labels = crate::metrics::Metrics::labels(&keys.stream, &keys.group);
         Some(Self {
-            sweep_moved: metrics.sweep_moved.get_or_create(&labels).clone(),
-            sweep_duration: metrics.sweep_duration.get_or_create(&labels).clone(),
-            over_ttl: metrics.retry_over_ttl.get_or_create(&labels).clone(),
+            sweep_moved: metrics
+                .sweep_moved
+                .get_or_create(&metrics.series(&labels))
+                .clone(),
+            sweep_duration: metrics
+                .sweep_duration
+                .get_or_create(&metrics.series(&labels))
+                .clone(),
+            over_ttl: metrics
+                .retry_over_ttl
+                .get_or_create(&metrics.series(&labels))
+                .clone(),
             stream: keys.stream.clone(),
             lane: keys.lane.clone(),
             group: keys.group.clone(),

@@ -235,11 +235,14 @@ impl Breaker {
     }
 
     fn transition(&self, to: &'static str) {
+        let series = self
+            .metrics
+            .series(&crate::metrics::Metrics::labels(&self.stream, &self.group));
         self.metrics
             .breaker_transitions
             .get_or_create(&TransitionLabels {
-                stream: self.stream.clone(),
-                group: self.group.clone(),
+                stream: series.stream,
+                group: series.group,
                 to,
             })
             .inc();

@@ -345,8 +345,8 @@ struct Watched {
     group: String,
     state: watch::Sender<FlowState>,
     fresh: Arc<FlowFreshness>,
-    paused_gauge: prometheus_client::metrics::gauge::Gauge,
-    breaker_gauge: prometheus_client::metrics::gauge::Gauge,
+    paused_gauge: crate::metrics::Share,
+    breaker_gauge: crate::metrics::Share,
 }
 
 /// What a subscription's read loops and readiness get from the [`FlowWatcher`].
@@ -393,14 +393,8 @@ impl FlowWatcher {
             group: group.to_owned(),
             state,
             fresh: fresh.clone(),
-            paused_gauge: metrics
-                .paused
-                .get_or_create(&Metrics::labels(stream, group))
-                .clone(),
-            breaker_gauge: metrics
-                .breaker_state
-                .get_or_create(&Metrics::labels(stream, group))
-                .clone(),
+            paused_gauge: metrics.share(&metrics.paused, &Metrics::labels(stream, group)),
+            breaker_gauge: metrics.share(&metrics.breaker_state, &Metrics::labels(stream, group)),
         });
         FlowWatch {
             state: receiver,
@@ -513,11 +507,14 @@ impl FlowWatcher {
                 Ok(next) => {
                     watched.fresh.confirmed();
                     watched.paused_gauge.set(i64::from(next.paused.is_some()));
-                    watched.breaker_gauge.set(
-                        next.breaker
-                            .as_ref()
-                            .map_or(0, breaker::BreakerState::gauge),
-                    );
+                    let breaker = next.breaker.as_ref();
+                    watched
+                        .breaker_gauge
+                        .set(if watched.breaker_gauge.summed() {
+                            i64::from(breaker.is_some())
+                        } else {
+                            breaker.map_or(0, breaker::BreakerState::gauge)
+                        });
                     watched.state.send_if_modified(|now| {
                         if *now == next {
                             return false;

@@ -58,7 +58,7 @@ pub struct RateLimiter {
     /// The last read found nothing: the next one asks for a batch only.
     idle: AtomicBool,
     calls: Counter,
-    waits: Counter,
+    waits: crate::metrics::Count,
     /// Whether the budget can be read, for readiness: a host that cannot take tokens reads
     /// nothing.
     trouble: Arc<crate::health::Trouble>,
@@ -94,8 +94,11 @@ impl RateLimiter {
             ample: AtomicBool::new(false),
             fetching: AtomicBool::new(false),
             idle: AtomicBool::new(false),
-            calls: metrics.rate_limit_calls.get_or_create(&labels).clone(),
-            waits: metrics.rate_limit_waits.get_or_create(&labels).clone(),
+            calls: metrics
+                .rate_limit_calls
+                .get_or_create(&metrics.series(&labels))
+                .clone(),
+            waits: metrics.count(&metrics.rate_limit_waits, &labels, "rate_limit_waits"),
             trouble: Arc::new(crate::health::Trouble::new("the rate limit's budget")),
         }
     }

@@ -103,8 +103,14 @@ impl Trimmer {
         let labels = crate::metrics::Metrics::labels(&keys.stream, &keys.group);
         let every = stream_policy.map_or(crate::config::DEFAULT_RETENTION_EVERY, |p| p.every);
         Self {
-            trimmed: metrics.retention_trimmed.get_or_create(&labels).clone(),
-            blocked: metrics.retention_blocked.get_or_create(&labels).clone(),
+            trimmed: metrics
+                .retention_trimmed
+                .get_or_create(&metrics.series(&labels))
+                .clone(),
+            blocked: metrics
+                .retention_blocked
+                .get_or_create(&metrics.series(&labels))
+                .clone(),
             keys,
             stream_policy,
             dead_letter_keep,

@@ -88,6 +88,8 @@ pub struct Rollout {
     consumer: String,
     max_component: u64,
     metrics: Arc<Metrics>,
+    /// Its part of `sluice_canary_share_basis_points`, made with its first canary.
+    share: std::sync::OnceLock<crate::metrics::Share>,
 }
 
 impl Rollout {
@@ -108,7 +110,22 @@ impl Rollout {
             consumer,
             max_component,
             metrics,
+            share: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Show a running canary's share (0: none) in the metrics; summed per host, a running
+    /// canary counts one.
+    fn show_share(&self, share_bp: u32) {
+        let gauge = self.share.get_or_init(|| {
+            self.metrics
+                .share(&self.metrics.canary_share, self.control.slot().labels())
+        });
+        gauge.set(if gauge.summed() {
+            i64::from(share_bp > 0)
+        } else {
+            i64::from(share_bp)
+        });
     }
 
     fn stream(&self) -> &str {
@@ -482,11 +499,7 @@ impl Follower<'_> {
             slot.labels(),
         ));
         slot.start_trial(trial.clone());
-        self.rollout
-            .metrics
-            .canary_share
-            .get_or_create(slot.labels())
-            .set(i64::from(record.share_bp));
+        self.rollout.show_share(record.share_bp);
         Ok(Installed {
             record: record.clone(),
             trial,
@@ -504,20 +517,17 @@ impl Follower<'_> {
             .end_trial(&installed.record.id, outcome == Outcome::Promoted)
             .is_some();
         self.pending = [Tally::default(), Tally::default()];
-        self.rollout
-            .metrics
-            .canary_share
-            .get_or_create(slot.labels())
-            .set(0);
+        self.rollout.show_share(0);
         if !ended {
             return;
         }
+        let series = self.rollout.metrics.series(slot.labels());
         self.rollout
             .metrics
             .canary_verdicts
             .get_or_create(&VerdictLabels {
-                stream: installed.record.stream.clone(),
-                group: installed.record.group.clone(),
+                stream: series.stream,
+                group: series.group,
                 verdict: match outcome {
                     Outcome::Promoted => "promoted",
                     Outcome::RolledBack => "rolled_back",

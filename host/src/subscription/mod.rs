@@ -255,7 +255,10 @@ impl Subscription {
         let labels = crate::metrics::Metrics::labels(&plan.stream, &plan.group);
         let claiming = plan.claim_min_idle.is_some();
         Arc::new(Self {
-            reconnects: metrics.reconnects.get_or_create(&labels).clone(),
+            reconnects: metrics
+                .reconnects
+                .get_or_create(&metrics.series(&labels))
+                .clone(),
             slots: Slots::new(&plan),
             plan,
             conn,

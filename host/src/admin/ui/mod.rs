@@ -428,10 +428,14 @@ fn unavailable(err: impl Into<OperateError>) -> Response {
 async fn overview(
     State(state): State<AdminState>,
     axum::Extension(viewer): axum::Extension<Viewer>,
+    Query(query): Query<super::listing::ListQuery>,
 ) -> Response {
+    if let Err((code, why)) = query.check() {
+        return (code, Html(pages::message(&why).into_string())).into_response();
+    }
     let done = state.sessions.take_flash(&viewer.id);
     Html(
-        pages::overview(&state, &viewer, done.as_deref())
+        pages::overview(&state, &viewer, done.as_deref(), &query)
             .await
             .into_string(),
     )

@@ -5,6 +5,7 @@ use maud::{DOCTYPE, Markup, html};
 
 use super::{AdminState, Viewer};
 use crate::admin::Sample;
+use crate::admin::listing::{self, ListQuery};
 use crate::keys::SubscriptionKeys;
 use crate::operate::dead_letters::DeadLetter;
 use crate::operate::parked::Parked;
@@ -156,8 +157,73 @@ fn ago(at: std::time::SystemTime) -> String {
 }
 
 /// Every subscription: handler version and history, outcomes, and per partition what waits.
-pub(super) async fn overview(state: &AdminState, viewer: &Viewer, done: Option<&str>) -> Markup {
+/// How many subscriptions the overview shows at once.
+pub(super) const OVERVIEW_CARDS: usize = 20;
+
+/// Whether a subscription has something to see without asking Redis: a partition that cannot
+/// read, a pause, a breaker not closed, a canary. The overview shows these first.
+fn needs_look(state: &AdminState, labels: &crate::metrics::SubLabels) -> bool {
+    let parts = state.index.parts(&state.subscriptions, labels);
+    parts.iter().any(|p| p.health.problem().is_some())
+        || parts.first().is_some_and(|p| {
+            let flow = p.flow.borrow();
+            flow.paused.is_some() || flow.breaker.is_some() || flow.canary.is_some()
+        })
+}
+
+/// The overview's search box, totals and page links.
+fn overview_nav(query: &ListQuery, page: &listing::Page, looks: usize) -> Markup {
+    let q = query.q.clone().unwrap_or_default();
+    let link = |offset: usize| {
+        let mut params = form_urlencoded::Serializer::new(String::new());
+        if !q.is_empty() {
+            params.append_pair("q", &q);
+        }
+        params.append_pair("offset", &offset.to_string());
+        format!("/ui/?{}", params.finish())
+    };
+    let end = page.offset + page.shown.len();
+    html! {
+        div.card {
+            p {
+                b { (page.total) } " subscriptions on this host"
+                @if looks > 0 { ", " b.bad { (looks) } " with something to see (they come first)" }
+                "."
+                @if page.matched != page.total { " " (page.matched) " match." }
+            }
+            form method="get" action="/ui/" {
+                input type="search" name="q" value=(q) placeholder="stream or group contains" maxlength=(listing::MAX_QUERY);
+                " " button type="submit" { "Find" }
+            }
+            @if page.matched > page.shown.len() {
+                p {
+                    "Showing " (page.offset + usize::from(end > page.offset)) "–" (end) " of " (page.matched) ". "
+                    @if page.offset > 0 {
+                        a href=(link(page.offset.saturating_sub(OVERVIEW_CARDS))) { "← previous" } " "
+                    }
+                    @if end < page.matched {
+                        a href=(link(end)) { "next →" }
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub(super) async fn overview(
+    state: &AdminState,
+    viewer: &Viewer,
+    done: Option<&str>,
+    query: &ListQuery,
+) -> Markup {
     let mut cards = Vec::new();
+    let look = |labels: &crate::metrics::SubLabels| needs_look(state, labels);
+    let page = listing::page(&state.swaps, query, OVERVIEW_CARDS, Some(&look));
+    let looks = state
+        .swaps
+        .iter()
+        .filter(|c| needs_look(state, c.slot().labels()))
+        .count();
     // One server clock reading for the page's countdowns.
     let now_ms = match state.subscriptions.first() {
         Some(sub) => crate::inspect::server_now_ms(&mut sub.conn.clone())
@@ -165,14 +231,10 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer, done: Option<&
             .unwrap_or(0),
         None => 0,
     };
-    for control in state.swaps.iter() {
+    for control in &page.shown {
         let slot = control.slot();
         let labels = slot.labels();
-        let parts: Vec<_> = state
-            .subscriptions
-            .iter()
-            .filter(|s| s.of.stream == labels.stream && s.of.group == labels.group)
-            .collect();
+        let parts = state.index.parts(&state.subscriptions, labels);
         let mut outcomes = [0u64; 5];
         let mut rows = Vec::new();
         for part in &parts {
@@ -446,6 +508,7 @@ pub(super) async fn overview(state: &AdminState, viewer: &Viewer, done: Option<&
                 h2 { "Deliveries per second, last 10 minutes" }
                 (chart(&samples))
             }
+            (overview_nav(query, &page, looks))
             @for card in cards { (card) }
         },
     )
