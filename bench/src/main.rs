@@ -83,6 +83,10 @@ struct Args {
     /// Entries the density scenario times from XADD to outcome, each on a random stream.
     #[arg(long, default_value_t = 1_000)]
     density_samples: usize,
+    /// Run the density scenario with the server's keyspace events off (the default of a
+    /// Redis server): the doorbell polls instead of listening.
+    #[arg(long)]
+    density_polling: bool,
     /// Parked retries behind the admin page in the ui scenario.
     #[arg(long, default_value_t = 1_000_000)]
     ui_parked: usize,
@@ -184,7 +188,11 @@ async fn main() -> Result<()> {
                 "footprint" => bench.footprint(&args.subscriptions).await?,
                 "density" => {
                     bench
-                        .density(&args.subscriptions, args.density_samples)
+                        .density(
+                            &args.subscriptions,
+                            args.density_samples,
+                            args.density_polling,
+                        )
                         .await?
                 }
                 "sandbox" => bench.sandbox(20_000).await?,

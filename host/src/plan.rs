@@ -217,6 +217,8 @@ pub struct Plan {
     pub watch_interval: Option<Duration>,
     /// Whether metrics are labelled by subscription (see [`crate::metrics::Metrics::new`]).
     pub metrics_per_subscription: bool,
+    /// How idle subscriptions learn that their streams were written.
+    pub doorbell: crate::config::DoorbellMode,
 }
 
 /// The default consumer name: stable across restarts of the same machine, so a restarted host
@@ -433,6 +435,7 @@ impl Plan {
             admin_read_only: config.admin_read_only,
             watch_interval: config.watch_interval,
             metrics_per_subscription: config.metrics_per_subscription,
+            doorbell: config.doorbell,
         })
     }
 

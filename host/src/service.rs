@@ -114,6 +114,10 @@ struct OneRedis {
 #[derive(Default)]
 struct Connections {
     open: Vec<OneRedis>,
+    /// What `doorbell` says.
+    mode: crate::config::DoorbellMode,
+    /// How many partitions each Redis URL serves in this host (whether its doorbell polls).
+    partitions: std::collections::HashMap<String, usize>,
 }
 
 impl Connections {
@@ -142,7 +146,9 @@ impl Connections {
             None => {
                 tracing::info!(redis = %redis_conn::redact(url), "connecting to Redis");
                 let first = redis_conn::RedisHandle::connect(url, access).await?;
-                let doorbell = crate::doorbell::Doorbell::open(first.clone()).await;
+                let on_it = self.partitions.get(url).copied().unwrap_or(0);
+                let doorbell =
+                    crate::doorbell::Doorbell::open(first.clone(), self.mode, on_it).await;
                 if let Some(doorbell) = &doorbell {
                     tasks.spawn(doorbell.clone().run(stop.clone()));
                 }
@@ -393,7 +399,7 @@ impl Service {
                         Arc::new(
                             match doorbell {
                                 Some(doorbell) => {
-                                    let bell = doorbell.bell(&[set.key()]);
+                                    let bell = doorbell.set_bell(set.key());
                                     set.with_bell(bell, s.block)
                                 }
                                 None => set,
@@ -572,7 +578,15 @@ impl Service {
             Vec::new();
         // One flow watcher per Redis, whatever the number of its subscriptions.
         let mut flow_watchers: Vec<(String, crate::flow::FlowWatcher)> = Vec::new();
-        let mut connections = Connections::default();
+        let mut connections = Connections {
+            mode: self.plan.doorbell,
+            ..Connections::default()
+        };
+        for sub in &self.plan.subscriptions {
+            if let Some(url) = sub.redis.clone().or_else(|| dev_redis.clone()) {
+                *connections.partitions.entry(url).or_default() += sub.stream.partitioned().len();
+            }
+        }
         for (sub, handler) in self.plan.subscriptions.iter().zip(self.handlers.clone()) {
             let url = sub
                 .redis

@@ -306,22 +306,90 @@ async fn a_lost_doorbell_loses_no_entry() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_keyspace_events_each_subscription_keeps_its_blocking_read() {
-    // The server's default publishes nothing: subscriptions block on connections of their own,
-    // as before the doorbell, and read at once.
+async fn without_keyspace_events_the_doorbell_polls_and_idle_subscriptions_still_read_at_once() {
+    // The server's default publishes no keyspace events: the doorbell reads the idle streams
+    // itself (one blocking XREAD per 500 keys) and looks at the delayed sets every second
+    // (`poll`: without it, a host polls only above 100 subscriptions on one Redis).
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let mut host = start_fixture(&redis, many(6)).await;
-    let id = add(&mut conn, "many-5", &Control::Ack).await;
-    host.event(Duration::from_secs(20), "the entry acked", |e| {
-        e.id == id && e.kind == EventKind::Acked
-    })
-    .await;
+    let n = 24;
+    let mut host = start_fixture(&redis, many(n).set("doorbell", "poll")).await;
+    wait_reads_stop(&mut conn, Duration::from_secs(2)).await;
     let clients = host_clients(&mut conn).await;
     assert!(
-        clients >= 6 + 4,
-        "{clients} connections: each of 6 subscriptions blocks on one of its own, beside 4 for commands"
+        clients <= 5,
+        "{clients} connections for {n} idle subscriptions (4 for commands, one for the doorbell's read)"
     );
+    // A new entry on any idle stream is read at once; a retry comes back through its set and
+    // lane.
+    let mut ids = Vec::new();
+    for i in [3, 17, 0, 23] {
+        let stream = format!("many-{i}");
+        let id = add(&mut conn, &stream, &Control::Ack).await;
+        ids.push((stream, id));
+    }
+    let retried = add(&mut conn, "many-9", &Control::Retry { ms: 300, times: 1 }).await;
+    let mut wanted: Vec<(&str, String)> =
+        ids.iter().map(|(s, id)| (s.as_str(), id.clone())).collect();
+    wanted.push(("many-9", retried));
+    wait_events_acked(&mut host, &wanted, Duration::from_secs(30), |_| {}).await;
+
+    // A park made due by someone else (as `sluice retry-now` does, or another host's park):
+    // nothing of this host's is due before it, and the set's look finds it.
+    let later = add(
+        &mut conn,
+        "many-5",
+        &Control::Retry {
+            ms: 600_000,
+            times: 1,
+        },
+    )
+    .await;
+    host.event(Duration::from_secs(30), "the retry parked", |e| {
+        e.origin_id == later && matches!(e.kind, EventKind::Parked { .. })
+    })
+    .await;
+    let member: Vec<Vec<u8>> = cmd(&mut conn, &["ZRANGE", "many-5:delayed", "0", "0"]).await;
+    let _: i64 = redis::cmd("ZADD")
+        .arg("many-5:delayed")
+        .arg("XX")
+        .arg(1)
+        .arg(&member[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    wait_events_acked(
+        &mut host,
+        &[("many-5", later)],
+        Duration::from_secs(20),
+        |_| {},
+    )
+    .await;
+
+    // The doorbell's read connection killed: it reads again from where it was, and an entry
+    // added meanwhile is read.
+    let list: String = cmd(&mut conn, &["CLIENT", "LIST"]).await;
+    let reader = list
+        .lines()
+        .find(|l| l.contains("cmd=xread "))
+        .and_then(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+        .expect("the doorbell's XREAD")
+        .to_owned();
+    let _: redis::Value = cmd(&mut conn, &["CLIENT", "KILL", "ID", &reader]).await;
+    let id = add(&mut conn, "many-11", &Control::Ack).await;
+    wait_events_acked(
+        &mut host,
+        &[("many-11", id)],
+        Duration::from_secs(30),
+        |_| {},
+    )
+    .await;
+    for i in 0..n {
+        assert_eq!(
+            pending(&mut conn, &format!("many-{i}"), &format!("g{i}")).await,
+            0
+        );
+    }
     host.stop().await.unwrap();
 }
 
@@ -685,4 +753,63 @@ async fn status_of_many_sums_up_and_shows_what_needs_a_look() {
         "{:?}",
         started.elapsed()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_component_file_replaced_under_many_subscriptions_swaps_them_all() {
+    // Thirty subscriptions run one watched file: replaced, it is read, checked and compiled
+    // once, and every subscription serves the new version (16 swapped at a time).
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("handler.wasm");
+    std::fs::write(&file, std::fs::read(&guests().fixture).unwrap()).unwrap();
+    let n = 30;
+    let path = file.display().to_string();
+    let mut config = TestConfig::of(Sub::new(&path, "one-0").set("group", "g0"));
+    for i in 1..n {
+        config = config.and(Sub::new(&path, &format!("one-{i}")).set("group", format!("g{i}")));
+    }
+    let mut host = start_fixture(&redis, config.set("watch_interval", "100ms")).await;
+    let admin = host.admin().await;
+    let digests = || async move {
+        let (_, body) = http_get(admin, "/v1/subscriptions").await;
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+        rows.iter()
+            .map(|r| r["digest"].as_str().unwrap().to_owned())
+            .collect::<HashSet<String>>()
+    };
+    let before = digests().await;
+    assert_eq!(before.len(), 1, "{before:?}");
+    let tmp = dir.path().join("handler.wasm.tmp");
+    std::fs::write(&tmp, std::fs::read(&guests().fixture_v2).unwrap()).unwrap();
+    std::fs::rename(&tmp, &file).unwrap();
+    let after = wait_for(
+        Duration::from_secs(60),
+        "every subscription swapped",
+        || {
+            let before = before.clone();
+            async move {
+                let now = digests().await;
+                (now.len() == 1 && now != before).then_some(now)
+            }
+        },
+    )
+    .await;
+    assert_eq!(after.len(), 1);
+    // Each serves the new version.
+    for i in [0, 13, 29] {
+        let stream = format!("one-{i}");
+        let id = add(&mut conn, &stream, &Control::Version).await;
+        let event = host
+            .event(Duration::from_secs(30), "a version entry", |e| e.id == id)
+            .await;
+        match event.kind {
+            EventKind::DeadLettered { reason } => {
+                assert!(reason.starts_with("v2@"), "{stream}: {reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    host.stop().await.unwrap();
 }

@@ -239,6 +239,29 @@ struct Density {
     p50_ms: f64,
     p99_ms: f64,
     top: Vec<String>,
+    /// `/metrics`: series, bytes, and how long the first scrape took (it samples Redis).
+    series: usize,
+    metrics_kib: f64,
+    scrape_ms: f64,
+    /// `GET /v1/subscriptions` (its first page of 500).
+    list_ms: f64,
+}
+
+/// GET `url`: the body and how long it took.
+async fn timed_get(url: String) -> Result<(String, f64)> {
+    tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        let mut response = ureq::get(&url)
+            .call()
+            .with_context(|| format!("GET {url}"))?;
+        let body = response
+            .body_mut()
+            .with_config()
+            .limit(1 << 30)
+            .read_to_string()?;
+        Ok((body, started.elapsed().as_secs_f64() * 1000.0))
+    })
+    .await?
 }
 
 /// Clock ticks a process has run (user + system) by `/proc/<pid>/stat`.
@@ -258,11 +281,16 @@ fn cpu_ticks(pid: u32) -> Result<u64> {
 
 impl Bench {
     /// Many subscriptions on one host, as a density platform is used: N streams, each its own
-    /// group, delayed set and dead-letter stream, the server publishing keyspace events (the
-    /// doorbell). Idle: start time, RSS, virtual size, connections, commands/s and host CPU
+    /// group, delayed set and dead-letter stream, the server publishing keyspace events for the
+    /// doorbell (or not, with `polling`: the doorbell then polls). Idle: start time, RSS, virtual size, connections, commands/s and host CPU
     /// over 30 s once past their first looks; then the time from XADD on a random idle stream to its outcome in Redis,
     /// over `samples` entries one at a time.
-    pub async fn density(&self, counts: &[usize], samples: usize) -> Result<Vec<Report>> {
+    pub async fn density(
+        &self,
+        counts: &[usize],
+        samples: usize,
+        polling: bool,
+    ) -> Result<Vec<Report>> {
         let bin = sluice_bin()?;
         let mut conn = self.conn().await?;
         let before: Vec<String> = redis::cmd("CONFIG")
@@ -273,16 +301,20 @@ impl Bench {
         let _: () = redis::cmd("CONFIG")
             .arg("SET")
             .arg("notify-keyspace-events")
-            .arg("Ktz")
+            .arg(if polling { "" } else { "Ktz" })
             .query_async(&mut conn)
             .await?;
         let mut out = Vec::new();
         for &n in counts {
-            let name = format!("density {n} subs");
-            match self.density_of(&bin, n, samples).await {
+            let name = if polling {
+                format!("density polling {n} subs")
+            } else {
+                format!("density {n} subs")
+            };
+            match self.density_of(&bin, n, samples, polling).await {
                 Ok(d) => {
                     eprintln!(
-                        "  {n} subscriptions: ready in {:.1} s, RSS {:.0} MiB, VSZ {:.0} GiB, {} connections, {:.0} commands/s ({}), CPU {:.1} %, XADD to outcome p50 {:.2} ms p99 {:.2} ms",
+                        "  {n} subscriptions: ready in {:.1} s, RSS {:.0} MiB, VSZ {:.0} GiB, {} connections, {:.0} commands/s ({}), CPU {:.1} %, XADD to outcome p50 {:.2} ms p99 {:.2} ms; /metrics {} series ({:.0} KiB, first scrape {:.0} ms), list {:.0} ms",
                         d.ready.as_secs_f64(),
                         d.rss_mib,
                         d.vsz_gib,
@@ -291,7 +323,11 @@ impl Bench {
                         d.top.join(", "),
                         d.cpu_percent,
                         d.p50_ms,
-                        d.p99_ms
+                        d.p99_ms,
+                        d.series,
+                        d.metrics_kib,
+                        d.scrape_ms,
+                        d.list_ms
                     );
                     let mut report = Report::new(&name, 0, Duration::ZERO);
                     report.msgs_per_s = 0.0;
@@ -304,6 +340,9 @@ impl Bench {
                         ("cpu_percent", d.cpu_percent),
                         ("p50_ms", d.p50_ms),
                         ("p99_ms", d.p99_ms),
+                        ("series", d.series as f64),
+                        ("scrape_ms", d.scrape_ms),
+                        ("list_ms", d.list_ms),
                     ];
                     out.push(report);
                 }
@@ -326,9 +365,18 @@ impl Bench {
         Ok(out)
     }
 
-    async fn density_of(&self, bin: &PathBuf, n: usize, samples: usize) -> Result<Density> {
+    async fn density_of(
+        &self,
+        bin: &PathBuf,
+        n: usize,
+        samples: usize,
+        polling: bool,
+    ) -> Result<Density> {
         let admin = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let mut toml = format!("admin = \"{admin}\"\nshutdown_timeout = \"1s\"\n");
+        if polling {
+            toml.push_str("doorbell = \"poll\"\n");
+        }
         for i in 0..n {
             toml.push_str(&format!(
                 "\n[[subscription]]\ncomponent = \"{}\"\nstream = \"dn{n}-{i}\"\ngroup = \"g{i}\"\nconsumer = \"c\"\ndelayed_retry = {{ key = \"dn{n}-{i}:delayed\" }}\n",
@@ -406,9 +454,19 @@ impl Bench {
                 .get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1)))
                 .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
         };
+        let (metrics, scrape_ms) = timed_get(format!("http://{admin}/metrics")).await?;
+        let series = metrics
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .count();
+        let (_, list_ms) = timed_get(format!("http://{admin}/v1/subscriptions")).await?;
         drop(host);
         drop(dir);
         Ok(Density {
+            series,
+            metrics_kib: metrics.len() as f64 / 1024.0,
+            scrape_ms,
+            list_ms,
             ready,
             rss_mib,
             vsz_gib,

@@ -31,6 +31,7 @@ struct RawConfig {
     cache_max_size: Option<String>,
     max_instances: Option<u64>,
     metrics_per_subscription: Option<bool>,
+    doorbell: Option<String>,
     admin_open_on_loopback: Option<bool>,
     admin_read_only: Option<bool>,
     watch_interval: Option<String>,
@@ -208,6 +209,7 @@ pub(super) struct Globals {
     pub(super) cache_max_size: Option<u64>,
     pub(super) max_instances: Option<u32>,
     pub(super) metrics_per_subscription: Option<bool>,
+    pub(super) doorbell: Option<super::DoorbellMode>,
     pub(super) admin_open_on_loopback: Option<bool>,
     pub(super) admin_read_only: Option<bool>,
     pub(super) watch_interval: Option<Option<Duration>>,
@@ -250,6 +252,7 @@ impl Globals {
             other.metrics_per_subscription,
             "metrics_per_subscription",
         )?;
+        merge(&mut self.doorbell, other.doorbell, "doorbell")?;
         merge(
             &mut self.admin_open_on_loopback,
             other.admin_open_on_loopback,
@@ -400,6 +403,11 @@ fn globals(v: &Validator<'_>, base: &Path, raw: &RawConfig) -> Result<Globals, C
             .transpose()?,
         max_instances: raw.max_instances.map(|n| v.max_instances(n)).transpose()?,
         metrics_per_subscription: raw.metrics_per_subscription,
+        doorbell: raw
+            .doorbell
+            .as_deref()
+            .map(|text| v.doorbell(text))
+            .transpose()?,
         admin_open_on_loopback: raw.admin_open_on_loopback,
         admin_read_only: raw.admin_read_only,
         watch_interval,
@@ -969,6 +977,16 @@ impl Validator<'_> {
             .map_err(|e: String| self.invalid(key, value, &e))
     }
 
+    /// `doorbell`: `auto`, `poll` or `off`.
+    fn doorbell(&self, text: &str) -> Result<super::DoorbellMode, ConfigError> {
+        match text {
+            "auto" => Ok(super::DoorbellMode::Auto),
+            "poll" => Ok(super::DoorbellMode::Poll),
+            "off" => Ok(super::DoorbellMode::Off),
+            _ => Err(self.invalid("doorbell", text, "write \"auto\", \"poll\" or \"off\"")),
+        }
+    }
+
     /// `max_instances`: at least one, and no more than a pool's counters can hold.
     fn max_instances(&self, n: u64) -> Result<u32, ConfigError> {
         match u32::try_from(n) {
@@ -1092,6 +1110,24 @@ mod tests {
         assert!(load(201, "metrics_per_subscription = true\n"));
         assert!(!load(1, "metrics_per_subscription = false\n"));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn doorbell_takes_auto_poll_or_off() {
+        let file =
+            parse("doorbell = \"poll\"\n[[subscription]]\ncomponent = \"COMPONENT\"\n").unwrap();
+        assert_eq!(
+            file.globals.doorbell,
+            Some(crate::config::DoorbellMode::Poll)
+        );
+        let err = parse("doorbell = \"sometimes\"\n[[subscription]]\ncomponent = \"COMPONENT\"\n")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("doorbell") && err.contains("sometimes"),
+            "{err}"
+        );
     }
 
     #[test]

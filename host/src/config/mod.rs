@@ -47,6 +47,25 @@ pub const DEFAULT_ADMIN: &str = "127.0.0.1:9187";
 /// reserves room for a 4 GiB linear memory and its guards) is a few TiB of the 128 TiB a
 /// process has.
 pub const DEFAULT_MAX_INSTANCES: u32 = 256;
+/// How idle subscriptions learn that their streams were written (`doorbell`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DoorbellMode {
+    /// Keyspace events when the server publishes them; without them, polling when a host has
+    /// more than [`POLL_ABOVE`] subscriptions on one Redis, and a blocking read per
+    /// subscription otherwise (the fastest path, and few connections).
+    #[default]
+    Auto,
+    /// Keyspace events when published, polling otherwise, whatever the number.
+    Poll,
+    /// No doorbell: every subscription keeps a blocking read on a connection of its own (the
+    /// fastest path for a few busy streams, keyspace events or not).
+    Off,
+}
+
+/// With `doorbell = "auto"` and no keyspace events, a host polls for the idle streams of a
+/// Redis only above this many subscriptions (partitions counted) on it.
+pub const POLL_ABOVE: usize = 100;
+
 /// Up to this many subscriptions, `/metrics` labels its series by subscription unless
 /// `metrics_per_subscription` says otherwise; above, it sums them per host, so that a host of
 /// thousands does not export a quarter of a million series (about 40 per subscription).
@@ -383,6 +402,8 @@ pub struct Config {
     /// Whether `/metrics` labels series by subscription: the number of series then grows with
     /// the subscriptions; off, every family is summed over the host.
     pub metrics_per_subscription: bool,
+    /// How idle subscriptions learn that their streams were written.
+    pub doorbell: DoorbellMode,
     /// How long a shutdown waits for in-flight deliveries.
     pub shutdown_timeout: Duration,
     /// Where the admin HTTP server listens; `None` turns it off.
@@ -459,6 +480,7 @@ impl Config {
             metrics_per_subscription: globals
                 .metrics_per_subscription
                 .unwrap_or(subscriptions.len() <= PER_SUBSCRIPTION_METRICS_UP_TO),
+            doorbell: globals.doorbell.unwrap_or_default(),
             shutdown_timeout: globals.shutdown_timeout.unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT),
             admin: globals.admin.unwrap_or(DEFAULT_ADMIN.parse().ok()),
             admin_token: globals.admin_token,

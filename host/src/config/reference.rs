@@ -96,6 +96,12 @@ pub const KEYS: &[KeyDoc] = &[
     },
     KeyDoc {
         scope: Scope::Top,
+        keys: &["doorbell"],
+        meaning: "how idle subscriptions learn that their streams were written. `auto`: from keyspace events when the server publishes them (`notify-keyspace-events` with `Ktz`), with one connection per Redis and no command per idle subscription; without them, above 100 subscriptions (partitions counted) on one Redis, by polling (one blocking `XREAD` per 500 idle streams, the delayed sets' due times every second); otherwise each subscription keeps a blocking read on a connection of its own. `poll`: polling without keyspace events whatever the number. `off`: every subscription keeps its blocking read, events or not (the fastest path for a few busy streams). Not on a Redis Cluster: partitions keep their blocking reads there",
+        default: "`auto`",
+    },
+    KeyDoc {
+        scope: Scope::Top,
         keys: &["metrics_per_subscription"],
         meaning: "whether `/metrics` labels its series with `stream` and `group`. Each subscription then adds about 40 series (5 histograms of up to 25 each, and its counters and gauges), so a host of thousands exports hundreds of thousands. Off, every family is summed over the host (the labels are empty) and the number of series does not depend on the number of subscriptions; each subscription's own counts stay on the page, in `/v1/subscriptions` and in `sluice status`",
         default: "`true` up to 200 subscriptions, `false` above",

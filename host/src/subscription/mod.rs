@@ -387,6 +387,24 @@ impl Subscription {
                 }
                 self.resumed(&mut own_pending);
             }
+            // Idle with a bell: wait for a ring (a write to the stream or lane) before taking
+            // any slot or token, so that a retry taken back by its timer, or another read,
+            // is not kept waiting by a reader that has nothing to read.
+            let mut rung = true;
+            if let Some(bell) = &self.bell
+                && self.idle.load(std::sync::atomic::Ordering::Acquire)
+                && own_pending.is_empty()
+                && unanswered.is_empty()
+            {
+                tokio::select! {
+                    woke = bell.wait(plan.block, self.next_rescue_at()) => rung = woke,
+                    () = self.stop.cancelled() => break,
+                }
+                // Paused meanwhile: the admission above decides again.
+                if !self.flow.borrow().open() {
+                    continue;
+                }
+            }
             // Read in batches: wait until half a batch can start, then take what else is free.
             // Reading as soon as one slot frees would turn a busy subscription into a stream
             // of one-entry reads. Retries this host just moved into the retry lane are the
@@ -460,7 +478,7 @@ impl Subscription {
                 },
             };
             let batch = tokio::select! {
-                batch = self.next_batch(conn, &first, &mut own_pending, &mut claim_cursor, &mut unanswered) => batch,
+                batch = self.next_batch(conn, &first, &mut own_pending, &mut claim_cursor, &mut unanswered, rung) => batch,
                 // Entries a cut-off read had already taken stay pending and are re-read on restart.
                 () = self.stop.cancelled() => break,
             };
@@ -504,6 +522,10 @@ impl Subscription {
                     let class = ErrorClass::of(&err);
                     let message = format!("read failed: {}: {err}", class.describe());
                     self.health.failed(&message);
+                    // A failed read found nothing out: the next one reads (after the pause)
+                    // instead of waiting for a ring, which a repair such as a group made again
+                    // does not cause when the doorbell polls.
+                    self.idle.store(false, std::sync::atomic::Ordering::Release);
                     if class == ErrorClass::NoGroup {
                         // The stream or the group was deleted: make the group again (the
                         // connection is fine) and read on; the pause still applies, so a
@@ -806,6 +828,7 @@ impl Subscription {
         own_pending: &mut Vec<(Source, String)>,
         claim_cursors: &mut [(Source, String)],
         unanswered: &mut Vec<(Source, Vec<String>)>,
+        rung: bool,
     ) -> RedisResult<Vec<(ReadEntry, u64)>> {
         let plan = &self.plan;
         let room = taken.all();
@@ -884,15 +907,13 @@ impl Subscription {
                 self.set_rescue_quiet(mark.map_or(Quiet::Wanted, Quiet::Since));
             }
         }
-        // With a bell, a subscription whose last read found nothing waits for a ring (a write
-        // to its stream or lane) instead of reading: nothing is sent while it is idle. Its
+        // With a bell, a subscription whose last read found nothing waited for a ring (a write
+        // to its stream or lane, see the read loop) instead of reading: nothing is sent while
+        // it is idle. Woken for its look for gone consumers only, it reads nothing more. Its
         // set's sweeps are the set's own bell's to ask for (see `delayed`).
         if let Some(bell) = &self.bell {
             use std::sync::atomic::Ordering;
-            if self.idle.load(Ordering::Acquire)
-                && !taken.for_lane
-                && !bell.wait(plan.block, self.next_rescue_at()).await
-            {
+            if self.idle.load(Ordering::Acquire) && !taken.for_lane && !rung {
                 return Ok(Vec::new());
             }
             bell.seen();

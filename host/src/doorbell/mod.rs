@@ -2,11 +2,13 @@
 //! written, so that an idle subscription holds no connection and sends no command, and a new
 //! entry is still read within milliseconds.
 //!
-//! It works when the server publishes keyspace notifications for streams and sorted sets
-//! (`notify-keyspace-events` with `K` and `t` and `z`, or `K` and `A`), which the doorbell checks
-//! with `CONFIG GET` before it starts and every few seconds after. Without them (or without the
-//! right to ask), every subscription keeps its blocking read on a connection of its own, and
-//! the log says how to turn the doorbell on.
+//! It listens to keyspace notifications when the server publishes them for streams and sorted
+//! sets (`notify-keyspace-events` with `K` and `t` and `z`, or `K` and `A`), which the doorbell
+//! checks with `CONFIG GET` before it starts and every few seconds after. Without them (the
+//! server's default, or without the right to ask) it polls instead (see [`poll`]): a blocking
+//! `XREAD` over up to 500 idle streams per connection and a look at the delayed sets' earliest
+//! due times every second, and the log says how to turn keyspace events on. On a cluster there
+//! is no doorbell: each partition keeps its blocking read.
 //!
 //! How a subscription uses it (see [`Bell`]):
 //! - after a read that found nothing, it asks for its keys (stream and retry lane): the
@@ -44,6 +46,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::redis_conn::{ReconnectBackoff, RedisHandle};
 
+pub mod poll;
+
 /// How long a key nobody waits on stays subscribed: a subscription that finds entries now and
 /// then does not subscribe and unsubscribe at every read.
 pub const UNSUBSCRIBE_AFTER: Duration = Duration::from_secs(5);
@@ -70,13 +74,31 @@ pub struct Doorbell {
     conn: RedisHandle,
     prefix: String,
     keys: Mutex<HashMap<Arc<str>, Key>>,
+    /// Whether it polls now (no keyspace events): its rings then cannot vouch that nothing
+    /// changed (see [`poll`]).
+    polling: AtomicBool,
+    /// Whether it may poll at all (`doorbell` and the number of subscriptions say); if not,
+    /// without keyspace events it is down and subscriptions read every `block`.
+    may_poll: bool,
     /// A key was wanted or let go of.
     changed: Notify,
     /// Whether rings can be trusted now.
     live: watch::Sender<bool>,
 }
 
+/// What a key is, for the polling doorbell: a stream is read, a delayed set looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Stream,
+    Set,
+}
+
 struct Key {
+    kind: Kind,
+    /// Polling: the last entry id seen (a stream) or the earliest score (a set).
+    last: Option<String>,
+    /// Polling: which of the doorbell's reads names this stream.
+    chunk: Option<usize>,
     rings: watch::Sender<u64>,
     /// Bells waiting on it now.
     wanted: usize,
@@ -86,8 +108,11 @@ struct Key {
 }
 
 impl Key {
-    fn new() -> Self {
+    fn new(kind: Kind) -> Self {
         Self {
+            kind,
+            last: None,
+            chunk: None,
             rings: watch::Sender::new(0),
             wanted: 0,
             subscribed: false,
@@ -108,8 +133,9 @@ pub fn flags_suffice(flags: &str) -> bool {
 
 impl Doorbell {
     /// A doorbell for the Redis `conn` talks to; `None` on a cluster (each node publishes only
-    /// its own keys' events, and partitions keep their blocking reads there).
-    pub fn new(conn: RedisHandle) -> Option<Self> {
+    /// its own keys' events and serves only its own keys' reads, and partitions keep their
+    /// blocking reads there).
+    pub fn new(conn: RedisHandle, may_poll: bool) -> Option<Self> {
         use redis::aio::ConnectionLike as _;
         if conn.is_cluster() {
             return None;
@@ -119,6 +145,8 @@ impl Doorbell {
             conn,
             prefix,
             keys: Mutex::new(HashMap::new()),
+            polling: AtomicBool::new(false),
+            may_poll,
             changed: Notify::new(),
             live: watch::Sender::new(false),
         })
@@ -128,14 +156,24 @@ impl Doorbell {
         self.keys.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A bell for `keys` (a partition's stream and lane, or a delayed set).
+    /// A bell for the streams `keys` (a partition's stream and lane, an earlier release's
+    /// dead-letter stream).
     pub fn bell(self: &Arc<Self>, keys: &[&str]) -> Bell {
+        self.bell_of(keys, Kind::Stream)
+    }
+
+    /// A bell for the delayed set `key`.
+    pub fn set_bell(self: &Arc<Self>, key: &str) -> Bell {
+        self.bell_of(&[key], Kind::Set)
+    }
+
+    fn bell_of(self: &Arc<Self>, keys: &[&str], kind: Kind) -> Bell {
         let mut map = self.lock();
         let mut rings = Vec::with_capacity(keys.len());
         let mut names = Vec::with_capacity(keys.len());
         for key in keys {
             let name: Arc<str> = Arc::from(*key);
-            let entry = map.entry(name.clone()).or_insert_with(Key::new);
+            let entry = map.entry(name.clone()).or_insert_with(|| Key::new(kind));
             rings.push(entry.rings.subscribe());
             names.push(name);
         }
@@ -165,41 +203,81 @@ impl Doorbell {
         let flags = reply.get(1).cloned().unwrap_or_default();
         Ok((!flags_suffice(&flags)).then(|| {
             format!(
-                "the server's notify-keyspace-events is {flags:?}, without keyspace events for streams and sorted sets; idle subscriptions each keep a blocking read on a connection of their own (set it to include \"Ktz\", e.g. CONFIG SET notify-keyspace-events Ktz, for the doorbell: no connection and no command per idle subscription)"
+                "the server's notify-keyspace-events is {flags:?}, without keyspace events for streams and sorted sets; the doorbell polls: one blocking XREAD per 500 idle streams and a look at the delayed sets every second (set it to include \"Ktz\", e.g. CONFIG SET notify-keyspace-events Ktz, for keyspace events instead: no read per idle stream at all)"
             )
         }))
     }
 
-    fn off(&self, why: &str) {
-        self.live.send_replace(false);
-        tracing::info!(redis = %self.conn.name(), "doorbell off: {why}");
-    }
-
-    /// A doorbell for the Redis `conn` talks to, if the server publishes what it needs (the
-    /// log says why not, once, when it does not).
-    pub async fn open(conn: RedisHandle) -> Option<Arc<Self>> {
-        let doorbell = Self::new(conn)?;
-        let why = match doorbell.check_server().await {
-            Ok(None) => return Some(Arc::new(doorbell)),
-            Ok(Some(why)) => why,
-            Err(err) if err.code() == Some("NOPERM") => format!(
-                "this Redis user may not run CONFIG GET notify-keyspace-events ({err}), so the doorbell cannot tell whether the server publishes keyspace events; idle subscriptions each keep a blocking read on a connection of their own"
-            ),
-            Err(err) => format!(
-                "CONFIG GET notify-keyspace-events failed ({err}); idle subscriptions each keep a blocking read on a connection of their own"
-            ),
+    /// The doorbell for the Redis `conn` talks to, as `mode` says for a host with
+    /// `subscriptions` (partitions counted) on it: on keyspace events while the server
+    /// publishes them; polling without them when it may; `None` when each subscription keeps
+    /// its blocking read instead (`off`, a cluster, or no events and no polling: the log says
+    /// why, once, and how to turn the events on).
+    pub async fn open(
+        conn: RedisHandle,
+        mode: crate::config::DoorbellMode,
+        subscriptions: usize,
+    ) -> Option<Arc<Self>> {
+        use crate::config::DoorbellMode;
+        let may_poll = match mode {
+            DoorbellMode::Off => return None,
+            DoorbellMode::Poll => true,
+            DoorbellMode::Auto => subscriptions > crate::config::POLL_ABOVE,
         };
-        doorbell.off(&why);
-        None
+        let doorbell = Self::new(conn, may_poll)?;
+        if !may_poll && let Some(why) = doorbell.why_polling().await {
+            tracing::info!(redis = %doorbell.conn.name(), "doorbell off: {why}; each idle subscription keeps a blocking read on a connection of its own (with more than {} subscriptions on this Redis, or doorbell = \"poll\", the doorbell would poll instead)", crate::config::POLL_ABOVE);
+            return None;
+        }
+        Some(Arc::new(doorbell))
     }
 
-    /// Keep the doorbell up until `stop`.
+    /// Why the doorbell cannot listen to keyspace events now (`None`: it can).
+    async fn why_polling(&self) -> Option<String> {
+        match self.check_server().await {
+            Ok(None) => None,
+            Ok(Some(why)) => Some(why),
+            Err(err) if err.code() == Some("NOPERM") => Some(format!(
+                "this Redis user may not run CONFIG GET notify-keyspace-events ({err}), so the doorbell cannot tell whether the server publishes keyspace events"
+            )),
+            Err(err) => Some(format!("CONFIG GET notify-keyspace-events failed ({err})")),
+        }
+    }
+
+    /// Keep the doorbell up until `stop`: on keyspace events while the server publishes them,
+    /// polling while it does not.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
         let mut backoff = ReconnectBackoff::default();
+        let mut was: Option<bool> = None;
         loop {
-            let (why, pause) = match self.session(&stop, &mut backoff).await {
+            let why_polling = self.why_polling().await;
+            let polling = why_polling.is_some();
+            self.polling.store(polling, Ordering::Release);
+            if was != Some(polling) {
+                match &why_polling {
+                    Some(why) => {
+                        tracing::info!(redis = %self.conn.name(), "doorbell polls: {why}");
+                    }
+                    None => {
+                        tracing::info!(redis = %self.conn.name(), "doorbell listens to keyspace events");
+                    }
+                }
+                was = Some(polling);
+            }
+            let ended = if polling && !self.may_poll {
+                // Events turned off, and no polling here: down, and subscriptions read every
+                // `block`, until they are back.
+                Err(Down::Off(why_polling.clone().unwrap_or_default()))
+            } else if polling {
+                self.poll_session(&stop, &mut backoff).await
+            } else {
+                self.session(&stop, &mut backoff).await
+            };
+            let (why, pause) = match ended {
                 Ok(()) => return,
-                // The server's setting is checked again at the next check's pace.
+                // Keyspace events turned on or off: the other way, at once; without polling,
+                // the setting is looked at again at the events session's pace.
+                Err(Down::Off(why)) if self.may_poll => (why, Duration::ZERO),
                 Err(Down::Off(why)) => (why, CHECK_EVERY_PINGS * PING_EVERY),
                 Err(Down::Failed(why)) => (why, backoff.next_delay()),
             };
@@ -222,11 +300,6 @@ impl Doorbell {
         stop: &CancellationToken,
         backoff: &mut ReconnectBackoff,
     ) -> Result<(), Down> {
-        match self.check_server().await {
-            Ok(None) => {}
-            Ok(Some(why)) => return Err(Down::Off(why)),
-            Err(err) => return Err(Down::Failed(format!("CONFIG GET: {err}"))),
-        }
         let Some(client) = self.conn.node_client() else {
             return Err(Down::Off("a cluster".to_owned()));
         };
@@ -438,7 +511,7 @@ impl Bell {
     /// The rings so far, if they can be trusted now: taken before a look at Redis, so that
     /// [`Bell::unrung_since`] can later say nothing was written to the keys since.
     pub fn mark(&self) -> Option<Vec<u64>> {
-        self.trusted()
+        (self.trusted() && !self.doorbell.polling.load(Ordering::Acquire))
             .then(|| self.rings().iter().map(|rx| *rx.borrow()).collect())
     }
 
@@ -447,6 +520,7 @@ impl Bell {
     /// rings when it ends, so an unchanged count means no write was missed.
     pub fn unrung_since(&self, mark: &[u64]) -> bool {
         self.trusted()
+            && !self.doorbell.polling.load(Ordering::Acquire)
             && self
                 .rings()
                 .iter()
@@ -455,9 +529,9 @@ impl Bell {
     }
 
     /// Wait for a ring: `true` when the reader should read now (a ring, or the doorbell cannot
-    /// vouch for its rings and `block` passed), `false` when nothing rang until `until` (or
-    /// for [`QUIET_WAIT`] without one; at least `block` in either case) and nothing could have
-    /// been missed.
+    /// vouch for its rings and `block` passed, or it polls and [`QUIET_WAIT`] passed), `false`
+    /// when nothing rang until `until` (or for [`QUIET_WAIT`] without one; at least `block` in
+    /// either case) and nothing could have been missed.
     pub async fn wait(&self, block: Duration, until: Option<Instant>) -> bool {
         let mut rings: Vec<watch::Receiver<u64>> = self.rings().clone();
         if rings.is_empty() {
@@ -482,9 +556,11 @@ impl Bell {
         } else {
             block
         };
+        // A polling doorbell does not see every change (see `poll`): after a quiet wait
+        // the reader looks anyway.
         tokio::select! {
             _ = any_ring => true,
-            () = tokio::time::sleep(wait) => !trusted,
+            () = tokio::time::sleep(wait) => !trusted || self.doorbell.polling.load(Ordering::Acquire),
         }
     }
 }

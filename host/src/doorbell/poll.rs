@@ -1,0 +1,421 @@
+//! The doorbell without keyspace events: the same rings, from a few reads the doorbell makes
+//! itself, for a server whose `notify-keyspace-events` is off (the default) or that this user
+//! may not ask about.
+//!
+//! - **Streams** (idle subscriptions' streams and retry lanes): one `XREAD BLOCK` over up to
+//!   [`KEYS_PER_READ`] of them, each from the last entry id the doorbell saw there, on a
+//!   connection of its own per [`KEYS_PER_READ`] keys. It answers as soon as one of them gets
+//!   an entry; the doorbell then moves those keys' ids to their last entry (a script that
+//!   returns ids, not entries) and rings them. Rung after the move, a reader reads whatever
+//!   came before it; whatever comes after is answered by the next read. While nothing
+//!   happens, each read is renewed every [`BLOCK`]: one command a second per 500 idle keys.
+//! - **Delayed sets**: the earliest score of up to [`KEYS_PER_READ`] sets per script call,
+//!   every [`SETS_EVERY`]; a set whose earliest due time changed (another host parked or
+//!   swept) rings. A host's own parks need no ring: its timer knows them.
+//! - A key newly wanted is read from its last entry (looked up, then rung once, as a
+//!   subscription to keyspace events rings once confirmed); a key wanted again after a
+//!   while keeps the id it had, so nothing written meanwhile is missed.
+//!
+//! What it cannot see, it says: writes that add no entry (`XGROUP SETID`, a claim to another
+//! consumer, a stream deleted and made again with lower ids) ring nothing, so a bell on a
+//! polling doorbell never vouches that nothing changed ([`super::Bell::mark`] answers `None`)
+//! and a waiter reads anyway after [`super::QUIET_WAIT`] without a ring.
+
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use redis::Script;
+use redis::streams::StreamReadReply;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{Doorbell, Down, Kind, UNSUBSCRIBE_AFTER};
+use crate::redis_conn::{Reader, ReconnectBackoff};
+
+/// The most keys one read (or one script call) names.
+pub const KEYS_PER_READ: usize = 500;
+/// How long one read of streams blocks before it is renewed.
+pub const BLOCK: Duration = Duration::from_secs(1);
+/// How often the delayed sets' earliest due times are looked at.
+pub const SETS_EVERY: Duration = Duration::from_secs(1);
+/// How often the server's `notify-keyspace-events` is looked at again (keyspace events on:
+/// the doorbell switches to them).
+const CHECK_EVERY: Duration = Duration::from_secs(10);
+/// The least time between two reads of the same keys after one answered with entries: a
+/// stream written without pause makes its read answer at once, every time.
+const MIN_GAP: Duration = Duration::from_millis(2);
+
+static TIPS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/tips.lua")));
+static EARLIEST: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/earliest.lua")));
+
+/// A read connection of the doorbell's and its client id (to unblock it when its keys
+/// change; `None` when this user may not ask).
+struct PollReader {
+    conn: Reader,
+    id: Option<i64>,
+}
+
+/// What one read came to: its place, its connection, and the streams that got entries.
+type ReadDone = (
+    usize,
+    PollReader,
+    redis::RedisResult<Option<StreamReadReply>>,
+);
+
+impl Doorbell {
+    /// One polling session: read, ring, renew, until `stop` (`Ok`), a failure, or keyspace
+    /// events turned on (`Down::Off`, to switch to them).
+    pub(super) async fn poll_session(
+        &self,
+        stop: &CancellationToken,
+        backoff: &mut ReconnectBackoff,
+    ) -> Result<(), Down> {
+        for key in self.lock().values_mut() {
+            key.subscribed = false;
+            key.chunk = None;
+        }
+        let master = self.master();
+        self.poll_reconcile().await?;
+        let mut chunks: Vec<Vec<Arc<str>>> = Vec::new();
+        self.place(&mut chunks);
+        let mut reads: FuturesUnordered<BoxFuture<'static, ReadDone>> = FuturesUnordered::new();
+        // The client id of the read in flight for each chunk.
+        let mut running: Vec<Option<Option<i64>>> = Vec::new();
+        let mut spare: Vec<PollReader> = Vec::new();
+        self.start_reads(&chunks, &mut running, &mut spare, &mut reads)
+            .await?;
+        self.live.send_replace(true);
+        backoff.reset();
+        tracing::info!(redis = %self.conn.name(), "doorbell up, polling: idle subscriptions wait for their streams' reads");
+        let mut sets = tokio::time::interval(SETS_EVERY);
+        sets.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut check = tokio::time::interval(CHECK_EVERY);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        check.reset();
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return Ok(()),
+                done = reads.next(), if !reads.is_empty() => {
+                    let Some((i, reader, result)) = done else { continue };
+                    let reply = result.map_err(|err| Down::Failed(format!("XREAD: {err}")))?;
+                    let rung: Vec<Arc<str>> = reply
+                        .map(|reply| reply.keys.into_iter().filter(|k| !k.ids.is_empty()).map(|k| Arc::from(k.key)).collect())
+                        .unwrap_or_default();
+                    let gap = if rung.is_empty() {
+                        None
+                    } else {
+                        self.advance(&rung).await?;
+                        Some(Instant::now() + MIN_GAP)
+                    };
+                    match chunks.get(i).filter(|keys| !keys.is_empty()) {
+                        Some(keys) => reads.push(self.read(i, reader, keys.clone(), gap)),
+                        None => {
+                            if let Some(slot) = running.get_mut(i) {
+                                *slot = None;
+                            }
+                            spare.push(reader);
+                        }
+                    }
+                }
+                () = self.changed.notified() => {
+                    tokio::time::sleep(super::GATHER).await;
+                    self.poll_reconcile().await?;
+                    // Reads whose keys changed are cut short and start again with the new ones.
+                    for i in self.place(&mut chunks) {
+                        if let Some(Some(Some(id))) = running.get(i) {
+                            self.unblock(*id).await;
+                        }
+                    }
+                    self.start_reads(&chunks, &mut running, &mut spare, &mut reads).await?;
+                }
+                _ = sets.tick() => {
+                    self.poll_sets(false).await?;
+                    // Keys let go of long enough leave the reads here.
+                    if self.drop_unwanted() {
+                        self.changed.notify_one();
+                    }
+                }
+                _ = check.tick() => {
+                    if let Ok(None) = self.check_server().await {
+                        return Err(Down::Off("the server publishes keyspace events now".to_owned()));
+                    }
+                    if self.master() != master {
+                        return Err(Down::Failed("the master moved".to_owned()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Start a read for every chunk that has none in flight (on a spare connection, or a new
+    /// one).
+    async fn start_reads(
+        &self,
+        chunks: &[Vec<Arc<str>>],
+        running: &mut Vec<Option<Option<i64>>>,
+        spare: &mut Vec<PollReader>,
+        reads: &mut FuturesUnordered<BoxFuture<'static, ReadDone>>,
+    ) -> Result<(), Down> {
+        running.resize(running.len().max(chunks.len()), None);
+        for (i, keys) in chunks.iter().enumerate() {
+            if running[i].is_some() || keys.is_empty() {
+                continue;
+            }
+            let reader = match spare.pop() {
+                Some(reader) => reader,
+                None => self.connect_reader().await?,
+            };
+            running[i] = Some(reader.id);
+            reads.push(self.read(i, reader, keys.clone(), None));
+        }
+        Ok(())
+    }
+
+    /// The address commands go to now (the master behind Sentinel).
+    fn master(&self) -> Option<String> {
+        self.conn
+            .node_client()
+            .map(|c| c.get_connection_info().addr().to_string())
+    }
+
+    async fn connect_reader(&self) -> Result<PollReader, Down> {
+        let mut conn = self
+            .conn
+            .reader(BLOCK)
+            .await
+            .map_err(|err| Down::Failed(format!("cannot open a read connection: {err}")))?;
+        let id = redis::cmd("CLIENT")
+            .arg("ID")
+            .query_async::<i64>(&mut conn)
+            .await
+            .ok();
+        Ok(PollReader { conn, id })
+    }
+
+    /// Cut the read on connection `id` short (it answers as if its block ran out); when this
+    /// user may not, the read takes the new keys when it is renewed, within [`BLOCK`].
+    async fn unblock(&self, id: i64) {
+        let unblocked = tokio::time::timeout(
+            super::PING_TIMEOUT,
+            redis::cmd("CLIENT")
+                .arg("UNBLOCK")
+                .arg(id)
+                .query_async::<redis::Value>(&mut self.conn.clone()),
+        )
+        .await;
+        if !matches!(unblocked, Ok(Ok(_))) {
+            tracing::debug!(redis = %self.conn.name(), "doorbell: CLIENT UNBLOCK failed; the read takes its new keys within {BLOCK:?}");
+        }
+    }
+
+    /// Read `keys` on `reader` from the last id seen on each, after `after` if given.
+    fn read(
+        &self,
+        i: usize,
+        mut reader: PollReader,
+        keys: Vec<Arc<str>>,
+        after: Option<Instant>,
+    ) -> BoxFuture<'static, ReadDone> {
+        let ids: Vec<String> = {
+            let map = self.lock();
+            keys.iter()
+                .map(|k| {
+                    map.get(k)
+                        .and_then(|k| k.last.clone())
+                        .unwrap_or_else(|| "$".to_owned())
+                })
+                .collect()
+        };
+        Box::pin(async move {
+            if let Some(at) = after {
+                tokio::time::sleep_until(at).await;
+            }
+            let mut cmd = redis::cmd("XREAD");
+            cmd.arg("COUNT")
+                .arg(1)
+                .arg("BLOCK")
+                .arg(BLOCK.as_millis() as u64)
+                .arg("STREAMS");
+            for key in &keys {
+                cmd.arg(&**key);
+            }
+            for id in &ids {
+                cmd.arg(id);
+            }
+            let result = cmd.query_async(&mut reader.conn).await;
+            (i, reader, result)
+        })
+    }
+
+    /// Move `keys` (streams that got entries) to their last entry, then ring them: a reader
+    /// rung now reads everything up to there, and the next read answers for what comes after.
+    async fn advance(&self, keys: &[Arc<str>]) -> Result<(), Down> {
+        for chunk in keys.chunks(KEYS_PER_READ) {
+            let tips = self.script(&TIPS, chunk, "the streams' last ids").await?;
+            let mut map = self.lock();
+            for (name, tip) in chunk.iter().zip(tips) {
+                if let Some(key) = map.get_mut(name) {
+                    // Emptied meanwhile: what comes next has a higher id than what was seen.
+                    if !tip.is_empty() {
+                        key.last = Some(tip);
+                    }
+                    key.ring();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Take in what is wanted and not polled yet: a stream seen before is read on from where
+    /// it was; a new one from its last entry, rung once; a delayed set gets its first look,
+    /// rung once.
+    async fn poll_reconcile(&self) -> Result<(), Down> {
+        let fresh: Vec<Arc<str>> = {
+            let mut map = self.lock();
+            let mut fresh = Vec::new();
+            for (name, key) in map.iter_mut() {
+                if key.wanted == 0 || key.subscribed || key.kind != Kind::Stream {
+                    continue;
+                }
+                if key.last.is_some() {
+                    key.subscribed = true;
+                } else {
+                    fresh.push(name.clone());
+                }
+            }
+            fresh
+        };
+        for chunk in fresh.chunks(KEYS_PER_READ) {
+            let tips = self.script(&TIPS, chunk, "the streams' last ids").await?;
+            let mut map = self.lock();
+            for (name, tip) in chunk.iter().zip(tips) {
+                if let Some(key) = map.get_mut(name) {
+                    key.last = Some(if tip.is_empty() {
+                        "0-0".to_owned()
+                    } else {
+                        tip
+                    });
+                    key.subscribed = true;
+                    key.ring();
+                }
+            }
+        }
+        self.poll_sets(true).await
+    }
+
+    /// Fit the polled streams into `chunks` (a key keeps its chunk while it is polled; a new
+    /// one goes where there is room): the chunks that changed.
+    fn place(&self, chunks: &mut Vec<Vec<Arc<str>>>) -> Vec<usize> {
+        let mut map = self.lock();
+        let mut changed = Vec::new();
+        for (i, chunk) in chunks.iter_mut().enumerate() {
+            let before = chunk.len();
+            chunk.retain(|name| {
+                let keep = map.get(name).is_some_and(|k| k.subscribed);
+                if !keep && let Some(key) = map.get_mut(name) {
+                    key.chunk = None;
+                }
+                keep
+            });
+            if chunk.len() != before {
+                changed.push(i);
+            }
+        }
+        for (name, key) in map.iter_mut() {
+            if key.kind != Kind::Stream || !key.subscribed || key.chunk.is_some() {
+                continue;
+            }
+            let i = match chunks.iter().position(|c| c.len() < KEYS_PER_READ) {
+                Some(i) => i,
+                None => {
+                    chunks.push(Vec::new());
+                    chunks.len() - 1
+                }
+            };
+            chunks[i].push(name.clone());
+            key.chunk = Some(i);
+            if !changed.contains(&i) {
+                changed.push(i);
+            }
+        }
+        changed
+    }
+
+    /// Look at the wanted delayed sets' earliest due times (only those not looked at yet, with
+    /// `only_new`), and ring each whose changed (or that is looked at for the first time).
+    async fn poll_sets(&self, only_new: bool) -> Result<(), Down> {
+        let keys: Vec<Arc<str>> = self
+            .lock()
+            .iter()
+            .filter(|(_, k)| k.kind == Kind::Set && k.wanted > 0 && !(only_new && k.subscribed))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for chunk in keys.chunks(KEYS_PER_READ) {
+            let earliest = self
+                .script(&EARLIEST, chunk, "the delayed sets' due times")
+                .await?;
+            let mut map = self.lock();
+            for (name, score) in chunk.iter().zip(earliest) {
+                if let Some(key) = map.get_mut(name) {
+                    if !key.subscribed || key.last.as_deref() != Some(score.as_str()) {
+                        key.ring();
+                    }
+                    key.last = Some(score);
+                    key.subscribed = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stop polling what nobody has wanted for [`UNSUBSCRIBE_AFTER`]: whether a stream left.
+    fn drop_unwanted(&self) -> bool {
+        let now = Instant::now();
+        let mut streams = false;
+        for key in self.lock().values_mut() {
+            if key.wanted == 0
+                && key.subscribed
+                && key
+                    .unwanted_since
+                    .is_some_and(|since| now.duration_since(since) >= UNSUBSCRIBE_AFTER)
+            {
+                key.subscribed = false;
+                streams |= key.kind == Kind::Stream;
+            }
+        }
+        streams
+    }
+
+    /// Run `script` over `keys`: one string per key.
+    async fn script(
+        &self,
+        script: &Script,
+        keys: &[Arc<str>],
+        what: &str,
+    ) -> Result<Vec<String>, Down> {
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(&**key);
+        }
+        let answer = tokio::time::timeout(
+            crate::redis_conn::COMMAND_TIMEOUT,
+            invocation.invoke_async::<Vec<String>>(&mut self.conn.clone()),
+        )
+        .await;
+        match answer {
+            Ok(Ok(values)) if values.len() == keys.len() => Ok(values),
+            Ok(Ok(values)) => Err(Down::Failed(format!(
+                "{what}: {} answers for {} keys",
+                values.len(),
+                keys.len()
+            ))),
+            Ok(Err(err)) => Err(Down::Failed(format!("{what}: {err}"))),
+            Err(_) => Err(Down::Failed(format!(
+                "{what}: no answer within the timeout"
+            ))),
+        }
+    }
+}
