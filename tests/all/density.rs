@@ -813,3 +813,175 @@ async fn one_component_file_replaced_under_many_subscriptions_swaps_them_all() {
     }
     host.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_written_without_its_epoch_bump_is_still_seen() {
+    // A writer that died between its write to a flow hash and its epoch bump: no host is told,
+    // but the rolling re-read reads every flow hash within max(30 s, N/40 s).
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(&redis, many(30)).await;
+    let admin = host.admin().await;
+    let key = sluice_host::keys::flow_key("many-3", "g3");
+    let _: bool = cmd(
+        &mut conn,
+        &[
+            "HSETNX",
+            &key,
+            "paused",
+            r#"{"by":"a writer that died","at_ms":0}"#,
+        ],
+    )
+    .await;
+    wait_for(
+        Duration::from_secs(60),
+        "the pause seen by the rolling re-read",
+        || async move {
+            let (_, body) = http_get(admin, "/v1/subscriptions?stream=many-3").await;
+            let rows: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+            rows.first()
+                .filter(|r| r["paused"]["by"] == "a writer that died")
+                .map(|_| ())
+        },
+    )
+    .await;
+    let held = add(&mut conn, "many-3", &Control::Ack).await;
+    let other = add(&mut conn, "many-4", &Control::Ack).await;
+    wait_events_acked(
+        &mut host,
+        &[("many-4", other)],
+        Duration::from_secs(20),
+        |e| {
+            assert_ne!(e.origin_id, held, "an entry read while paused");
+        },
+    )
+    .await;
+    host.stop().await.unwrap();
+}
+
+/// Calls of `command` Redis serves while `window` passes (the window is the measure: a rate,
+/// not a wait for something to happen).
+async fn calls_over(
+    conn: &mut redis::aio::MultiplexedConnection,
+    command: &str,
+    window: Duration,
+) -> u64 {
+    let before = calls(conn, command).await;
+    let until = tokio::time::Instant::now() + window;
+    // Redis's own counter over a fixed window: poll it until the window has passed.
+    wait_for(
+        window + Duration::from_secs(5),
+        "the window to pass",
+        || async move { (tokio::time::Instant::now() >= until).then_some(()) },
+    )
+    .await;
+    calls(conn, command).await - before
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_of_another_type_does_not_take_the_polling_doorbell_down() {
+    // Found by an attack: one producer's SET on a stream's name failed every read of the
+    // doorbell's chunk, the doorbell flapped and every idle subscription read at each flap.
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(&redis, many(24).set("doorbell", "poll")).await;
+    wait_reads_stop(&mut conn, Duration::from_secs(2)).await;
+    let _: i64 = cmd(&mut conn, &["DEL", "many-3"]).await;
+    let _: () = cmd(&mut conn, &["SET", "many-3", "oops"]).await;
+    // The bad subscription's reads fail and back off; the 23 others stay quiet.
+    let reads = calls_over(&mut conn, "xreadgroup", Duration::from_secs(5)).await;
+    assert!(
+        reads < 60,
+        "{reads} XREADGROUP in 5 s from 24 idle subscriptions"
+    );
+    // The others still read at once.
+    let id = add(&mut conn, "many-7", &Control::Ack).await;
+    wait_events_acked(
+        &mut host,
+        &[("many-7", id)],
+        Duration::from_secs(20),
+        |_| {},
+    )
+    .await;
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_subscription_on_a_busy_stream_costs_the_polling_doorbell_nothing_per_write() {
+    // Found by an attack: a paused reader kept its key wanted, and every write made the
+    // doorbell read and run a script.
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(
+        &redis,
+        TestConfig::of(Sub::fixture("busy")).set("doorbell", "poll"),
+    )
+    .await;
+    let admin = host.admin().await;
+    wait_reads_stop(&mut conn, Duration::from_secs(2)).await;
+    let (status, body) =
+        http_request(admin, "POST", "/v1/subscriptions/busy/g/pause", &[], b"").await;
+    assert_eq!(status, 200, "{body}");
+    wait_for(
+        Duration::from_secs(10),
+        "the host to see the pause",
+        || async move {
+            let (_, body) = http_get(admin, "/v1/subscriptions?stream=busy").await;
+            let rows: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+            rows.first().filter(|r| !r["paused"].is_null()).map(|_| ())
+        },
+    )
+    .await;
+    let before = calls(&mut conn, "xread").await;
+    let mut held = Vec::new();
+    for _ in 0..300 {
+        held.push(add(&mut conn, "busy", &Control::Ack).await);
+    }
+    let xreads = calls(&mut conn, "xread").await - before;
+    assert!(
+        xreads < 30,
+        "{xreads} XREAD for 300 writes to a paused subscription's stream"
+    );
+    // Resumed, it reads them all.
+    let (status, body) =
+        http_request(admin, "POST", "/v1/subscriptions/busy/g/resume", &[], b"").await;
+    assert_eq!(status, 200, "{body}");
+    let wanted: Vec<(&str, String)> = held.iter().map(|id| ("busy", id.clone())).collect();
+    wait_events_acked(&mut host, &wanted, Duration::from_secs(30), |_| {}).await;
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_names_a_redis_that_does_not_answer_and_shows_the_others() {
+    // Found by an attack: one silent Redis hid every row, and its connection took 40 s
+    // whatever --timeout said.
+    let redis = Redis::start();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let config = TestConfig::of(Sub::fixture("good").set("redis", redis.url()))
+        .and(Sub::fixture("bad").set("redis", format!("redis://{}", silent.local_addr().unwrap())));
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(dir.path(), "sluice.toml", &config.to_string());
+    let started = std::time::Instant::now();
+    let (ok, stdout, stderr) = run_sluice(
+        &["status", path.to_str().unwrap(), "--timeout", "3s"],
+        dir.path(),
+    );
+    assert!(!ok, "{stdout}");
+    assert!(
+        stdout.contains("stream `good`, group `g`"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains("stream `bad`, group `g`: NOT READ: no answer from Redis at"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("1 subscription rows could not be read"),
+        "{stderr}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+}

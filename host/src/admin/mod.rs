@@ -140,7 +140,7 @@ struct AdminState {
     /// Each subscription's partitions, by its labels.
     index: Arc<listing::Index>,
     /// Each subscription's Redis state when last sampled for `/metrics`, by index.
-    redis_samples: Arc<tokio::sync::Mutex<Vec<RedisSample>>>,
+    redis_samples: Arc<tokio::sync::Mutex<Samples>>,
 }
 
 /// The handler API's settings.
@@ -293,7 +293,8 @@ async fn metrics_handler(State(state): State<AdminState>) -> impl IntoResponse {
         // instead of asking Redis the same again.
         let mut samples = state.redis_samples.lock().await;
         refresh_samples(&state.subscriptions, &mut samples).await;
-        publish_samples(&state.metrics, &state.subscriptions, &samples);
+        let taken: Vec<RedisSample> = samples.iter().map(|(s, _)| s.clone()).collect();
+        publish_samples(&state.metrics, &state.subscriptions, &taken);
     }
     (
         [(
@@ -312,6 +313,9 @@ const SAMPLE_AT_ONCE: usize = 32;
 /// The longest a scrape spends sampling; subscriptions not reached keep their last sample.
 const SAMPLE_BUDGET: Duration = Duration::from_secs(3);
 
+/// Each subscription's last sample and when it was last tried (answered or not).
+type Samples = Vec<(RedisSample, Option<tokio::time::Instant>)>;
+
 /// What one subscription's Redis state was when last sampled.
 #[derive(Debug, Clone, Default)]
 struct RedisSample {
@@ -327,18 +331,20 @@ struct RedisSample {
 
 /// Sample the subscriptions whose sample is older than [`SAMPLE_FRESH`], oldest first,
 /// [`SAMPLE_AT_ONCE`] at a time, for at most [`SAMPLE_BUDGET`].
-async fn refresh_samples(subscriptions: &[AdminSubscription], samples: &mut Vec<RedisSample>) {
+async fn refresh_samples(subscriptions: &[AdminSubscription], samples: &mut Samples) {
     use futures::StreamExt;
-    samples.resize_with(subscriptions.len(), RedisSample::default);
+    samples.resize_with(subscriptions.len(), Default::default);
     let now = tokio::time::Instant::now();
+    // By when each was last tried, answered or not: a Redis that does not answer goes to
+    // the back of the line instead of taking every scrape's budget.
     let mut stale: Vec<usize> = (0..subscriptions.len())
         .filter(|&i| {
             samples[i]
-                .taken
+                .1
                 .is_none_or(|at| now.duration_since(at) >= SAMPLE_FRESH)
         })
         .collect();
-    stale.sort_by_key(|&i| samples[i].taken);
+    stale.sort_by_key(|&i| samples[i].1);
     let mut taken = futures::stream::iter(stale)
         .map(|i| async move {
             let sample = tokio::time::timeout(PROBE_TIMEOUT, sample(&subscriptions[i])).await;
@@ -348,8 +354,11 @@ async fn refresh_samples(subscriptions: &[AdminSubscription], samples: &mut Vec<
     let deadline = now + SAMPLE_BUDGET;
     loop {
         match tokio::time::timeout_at(deadline, taken.next()).await {
-            Ok(Some((i, Ok(Some(sample))))) => samples[i] = sample,
+            Ok(Some((i, Ok(Some(sample))))) => {
+                samples[i] = (sample, Some(tokio::time::Instant::now()));
+            }
             Ok(Some((i, _))) => {
+                samples[i].1 = Some(tokio::time::Instant::now());
                 tracing::debug!(stream = %subscriptions[i].labels.stream, "Redis gauges not sampled");
             }
             Ok(None) => break,

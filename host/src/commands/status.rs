@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 
-use super::{plan_after_redis, redis_url_for};
+use super::redis_url_for;
 use crate::inspect;
 
 /// One subscription's state, as `sluice status` reports it.
@@ -103,15 +103,52 @@ pub async fn status(
 ) -> Result<StatusReport> {
     use futures::StreamExt;
     let deadline = tokio::time::Instant::now() + options.timeout;
-    let plan = plan_after_redis(paths, redis).await?;
-    // One connection per Redis, however many subscriptions it holds.
-    let mut handles: Vec<(
+    // Each Redis is asked first, once, under the deadline (and before anything is compiled):
+    // one that does not answer has its rows named NOT READ, and the others are shown.
+    let config = super::load(paths)?;
+    // All at once, each for at most half the deadline: the rows get the rest.
+    let connect_by = tokio::time::Instant::now() + options.timeout / 2;
+    let mut targets: Vec<(String, crate::config::RedisAccess)> = Vec::new();
+    for sub in &config.subscriptions {
+        let url = redis_url_for(redis.or(sub.redis.as_deref()))?;
+        if !targets
+            .iter()
+            .any(|(u, a)| *u == url && *a == sub.redis_access)
+        {
+            targets.push((url, sub.redis_access.clone()));
+        }
+    }
+    let handles: Vec<(
         String,
         crate::config::RedisAccess,
-        crate::redis_conn::RedisHandle,
-    )> = Vec::new();
+        Result<crate::redis_conn::RedisHandle, String>,
+    )> = futures::future::join_all(targets.into_iter().map(|(url, access)| async move {
+        let connected = match tokio::time::timeout_at(
+            connect_by,
+            crate::redis_conn::RedisHandle::connect(&url, &access),
+        )
+        .await
+        {
+            Ok(Ok(handle)) => Ok(handle),
+            Ok(Err(err)) => Err(format!("{:#}", anyhow::Error::from(err))),
+            Err(_) => Err(format!(
+                "no answer from Redis at {} within {:?}",
+                crate::redis_conn::redact(&url),
+                options.timeout / 2
+            )),
+        };
+        (url, access, connected)
+    }))
+    .await;
+    if let Some((_, _, Err(first))) = handles.first()
+        && handles.iter().all(|(_, _, h)| h.is_err())
+    {
+        anyhow::bail!("{first}");
+    }
+    let plan = super::plan_of(&config, redis, true).await?;
     let mut asks = Vec::new();
     let mut names = Vec::new();
+    let mut unreachable: Vec<Row> = Vec::new();
     for sub in &plan.subscriptions {
         let parts = sub.stream.partitioned();
         let wanted = |s: &sluice_descriptor::ResolvedStream| {
@@ -124,56 +161,55 @@ pub async fn status(
             continue;
         }
         let url = redis_url_for(sub.redis.as_deref())?;
-        let conn = match handles
+        let conn = handles
             .iter()
             .find(|(u, a, _)| *u == url && *a == sub.redis_access)
-        {
-            Some((_, _, conn)) => conn.clone(),
-            None => {
-                let connected = tokio::time::timeout_at(
-                    deadline,
-                    crate::redis_conn::RedisHandle::connect(&url, &sub.redis_access),
-                )
-                .await
-                .map_err(|_| {
-                    anyhow::anyhow!(
-                        "no answer from Redis at {} within {:?}",
-                        crate::redis_conn::redact(&url),
-                        options.timeout
-                    )
-                })??;
-                handles.push((url, sub.redis_access.clone(), connected.clone()));
-                connected
-            }
-        };
+            .map(|(_, _, h)| h.clone());
         for (index, part) in parts.iter().enumerate() {
             if !wanted(part) {
                 continue;
             }
+            let conn = match &conn {
+                Some(Ok(conn)) => conn.clone(),
+                Some(Err(why)) => {
+                    unreachable.push(Err((
+                        (part.stream.clone(), part.group.clone()),
+                        why.clone(),
+                    )));
+                    continue;
+                }
+                None => {
+                    unreachable.push(Err((
+                        (part.stream.clone(), part.group.clone()),
+                        format!("no connection to {}", crate::redis_conn::redact(&url)),
+                    )));
+                    continue;
+                }
+            };
             let partition = (sub.stream.partitions > 1).then(|| Partition {
                 of: sub.stream.stream.clone(),
                 index: index as u32,
                 count: sub.stream.partitions,
             });
             names.push((part.stream.clone(), part.group.clone()));
-            asks.push((conn.clone(), sub, part.clone(), partition));
+            asks.push((conn, sub, part.clone(), partition));
         }
     }
-    let asked = asks.len();
-    let mut answers: Vec<Option<Row>> = (0..asked).map(|_| None).collect();
+    let asked = asks.len() + unreachable.len();
+    let mut answers: Vec<Option<Row>> = (0..asks.len()).map(|_| None).collect();
     let mut answering = futures::stream::iter(asks.into_iter().enumerate())
         .map(|(i, (mut conn, sub, part, partition))| async move {
             let who = (part.stream.clone(), part.group.clone());
             let row = partition_status(&mut conn, sub, &part, partition).await;
             (i, who, row)
         })
-        .buffered(AT_ONCE);
+        .buffer_unordered(AT_ONCE);
     while let Ok(Some((i, who, row))) = tokio::time::timeout_at(deadline, answering.next()).await {
         answers[i] = Some(row.map_err(|err| (who, format!("{err:#}"))));
     }
     drop(answering);
     // Rows not reached before the deadline, named by what they would have read.
-    let mut rows = Vec::with_capacity(asked);
+    let mut rows = unreachable;
     let mut unanswered = Vec::new();
     for (i, answer) in answers.into_iter().enumerate() {
         match answer {

@@ -82,6 +82,8 @@ pub struct Doorbell {
     may_poll: bool,
     /// A key was wanted or let go of.
     changed: Notify,
+    /// Polling: keys an idle reader read after they rang, to be read again.
+    rejoined: Mutex<Vec<Arc<str>>>,
     /// Whether rings can be trusted now.
     live: watch::Sender<bool>,
 }
@@ -99,6 +101,13 @@ struct Key {
     last: Option<String>,
     /// Polling: which of the doorbell's reads names this stream.
     chunk: Option<usize>,
+    /// Polling: it rang and no idle reader has read it since, so it is left out of the reads
+    /// (a paused reader, or a busy one that lets go of it, must not make every write cost a
+    /// read and a script).
+    awaiting: Arc<AtomicBool>,
+    /// Polling: it is not a stream now (another type under its name): left out of the reads,
+    /// looked at again by the slow check.
+    bad: bool,
     rings: watch::Sender<u64>,
     /// Bells waiting on it now.
     wanted: usize,
@@ -113,6 +122,8 @@ impl Key {
             kind,
             last: None,
             chunk: None,
+            awaiting: Arc::default(),
+            bad: false,
             rings: watch::Sender::new(0),
             wanted: 0,
             subscribed: false,
@@ -148,6 +159,7 @@ impl Doorbell {
             polling: AtomicBool::new(false),
             may_poll,
             changed: Notify::new(),
+            rejoined: Mutex::default(),
             live: watch::Sender::new(false),
         })
     }
@@ -171,19 +183,34 @@ impl Doorbell {
         let mut map = self.lock();
         let mut rings = Vec::with_capacity(keys.len());
         let mut names = Vec::with_capacity(keys.len());
+        let mut awaiting = Vec::with_capacity(keys.len());
         for key in keys {
             let name: Arc<str> = Arc::from(*key);
             let entry = map.entry(name.clone()).or_insert_with(|| Key::new(kind));
             rings.push(entry.rings.subscribe());
+            awaiting.push(entry.awaiting.clone());
             names.push(name);
         }
         Bell {
             doorbell: self.clone(),
             keys: names,
+            awaiting,
             rings: Mutex::new(rings),
             live: self.live.subscribe(),
             wanting: AtomicBool::new(false),
         }
+    }
+
+    /// Polling: `keys` were read by an idle reader after they rang; read them again.
+    fn rejoin(&self, keys: Vec<Arc<str>>) {
+        if keys.is_empty() {
+            return;
+        }
+        self.rejoined
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(keys);
+        self.changed.notify_one();
     }
 
     fn ring_all(&self) {
@@ -476,6 +503,8 @@ enum Down {
 pub struct Bell {
     doorbell: Arc<Doorbell>,
     keys: Vec<Arc<str>>,
+    /// Each key's "rang, not read since" (polling).
+    awaiting: Vec<Arc<AtomicBool>>,
     /// What the reader has seen of each key's rings.
     rings: Mutex<Vec<watch::Receiver<u64>>>,
     live: watch::Receiver<bool>,
@@ -493,6 +522,21 @@ impl Bell {
         for rx in self.rings().iter_mut() {
             rx.mark_unchanged();
         }
+        if self.wanting.load(Ordering::Acquire) {
+            self.rejoin();
+        }
+    }
+
+    /// Polling: the keys that rang are about to be read by this idle reader: read them again.
+    fn rejoin(&self) {
+        let rejoined: Vec<Arc<str>> = self
+            .keys
+            .iter()
+            .zip(&self.awaiting)
+            .filter(|(_, awaiting)| awaiting.swap(false, Ordering::AcqRel))
+            .map(|(name, _)| name.clone())
+            .collect();
+        self.doorbell.rejoin(rejoined);
     }
 
     /// The read found nothing (`idle`) or something: an idle reader wants its keys
@@ -500,6 +544,9 @@ impl Bell {
     pub fn set_idle(&self, idle: bool) {
         if self.wanting.swap(idle, Ordering::AcqRel) != idle {
             self.doorbell.want(&self.keys, idle);
+            if idle {
+                self.rejoin();
+            }
         }
     }
 

@@ -7,8 +7,13 @@
 //!   connection of its own per [`KEYS_PER_READ`] keys. It answers as soon as one of them gets
 //!   an entry; the doorbell then moves those keys' ids to their last entry (a script that
 //!   returns ids, not entries) and rings them. Rung after the move, a reader reads whatever
-//!   came before it; whatever comes after is answered by the next read. While nothing
-//!   happens, each read is renewed every [`BLOCK`]: one command a second per 500 idle keys.
+//!   came before it; whatever comes after is answered by the next read. A key that rang is
+//!   left out of the reads until an idle reader has read it: a paused reader, or a busy one,
+//!   does not make every write cost a read and a script. While nothing happens, each read is
+//!   renewed every [`BLOCK`]: one command a second per 500 idle keys. A key that holds
+//!   another type (a producer's mistake) is left out too, so it cannot fail its chunk's
+//!   reads; every minute each stream's last id is looked at again, for a stream made again
+//!   with lower ids or a key that holds a stream again.
 //! - **Delayed sets**: the earliest score of up to [`KEYS_PER_READ`] sets per script call,
 //!   every [`SETS_EVERY`]; a set whose earliest due time changed (another host parked or
 //!   swept) rings. A host's own parks need no ring: its timer knows them.
@@ -21,6 +26,7 @@
 //! polling doorbell never vouches that nothing changed ([`super::Bell::mark`] answers `None`)
 //! and a waiter reads anyway after [`super::QUIET_WAIT`] without a ring.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -39,13 +45,18 @@ use crate::redis_conn::{Reader, ReconnectBackoff};
 pub const KEYS_PER_READ: usize = 500;
 /// How long one read of streams blocks before it is renewed.
 pub const BLOCK: Duration = Duration::from_secs(1);
-/// How often the delayed sets' earliest due times are looked at.
-pub const SETS_EVERY: Duration = Duration::from_secs(1);
+/// How often the delayed sets' earliest due times are looked at: a retry another host parked
+/// (and did not live to fire) or an operator made due is seen within this.
+pub const SETS_EVERY: Duration = Duration::from_secs(5);
+/// How often every polled stream's last id is looked at again (a stream made again with
+/// lower ids, a key that holds a stream again).
+const TIPS_EVERY: Duration = Duration::from_secs(60);
 /// How often the server's `notify-keyspace-events` is looked at again (keyspace events on:
 /// the doorbell switches to them).
 const CHECK_EVERY: Duration = Duration::from_secs(10);
-/// The least time between two reads of the same keys after one answered with entries: a
-/// stream written without pause makes its read answer at once, every time.
+/// The least time between two reads of the same keys after one answered with entries at
+/// once (it did not wait): a stream written without pause would make its read answer at
+/// once, every time.
 const MIN_GAP: Duration = Duration::from_millis(2);
 
 static TIPS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/tips.lua")));
@@ -54,7 +65,7 @@ static EARLIEST: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("l
 /// A read connection of the doorbell's and its client id (to unblock it when its keys
 /// change; `None` when this user may not ask).
 struct PollReader {
-    conn: Reader,
+    conn: Box<Reader>,
     id: Option<i64>,
 }
 
@@ -62,6 +73,7 @@ struct PollReader {
 type ReadDone = (
     usize,
     PollReader,
+    Instant,
     redis::RedisResult<Option<StreamReadReply>>,
 );
 
@@ -88,31 +100,48 @@ impl Doorbell {
         self.start_reads(&chunks, &mut running, &mut spare, &mut reads)
             .await?;
         self.live.send_replace(true);
-        backoff.reset();
         tracing::info!(redis = %self.conn.name(), "doorbell up, polling: idle subscriptions wait for their streams' reads");
         let mut sets = tokio::time::interval(SETS_EVERY);
         sets.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut check = tokio::time::interval(CHECK_EVERY);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         check.reset();
+        let mut tips = tokio::time::interval(TIPS_EVERY);
+        tips.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tips.reset();
         loop {
             tokio::select! {
                 () = stop.cancelled() => return Ok(()),
                 done = reads.next(), if !reads.is_empty() => {
-                    let Some((i, reader, result)) = done else { continue };
-                    let reply = result.map_err(|err| Down::Failed(format!("XREAD: {err}")))?;
-                    let rung: Vec<Arc<str>> = reply
-                        .map(|reply| reply.keys.into_iter().filter(|k| !k.ids.is_empty()).map(|k| Arc::from(k.key)).collect())
-                        .unwrap_or_default();
-                    let gap = if rung.is_empty() {
-                        None
-                    } else {
-                        self.advance(&rung).await?;
-                        Some(Instant::now() + MIN_GAP)
+                    let Some((i, reader, started, result)) = done else { continue };
+                    let gap = match result {
+                        Ok(reply) => {
+                            // Only a read that answered counts as the doorbell being up.
+                            backoff.reset();
+                            let rung: Vec<Arc<str>> = reply
+                                .map(|reply| reply.keys.into_iter().filter(|k| !k.ids.is_empty()).map(|k| Arc::from(k.key)).collect())
+                                .unwrap_or_default();
+                            if rung.is_empty() {
+                                None
+                            } else {
+                                self.advance(&rung).await?;
+                                // Answered at once: written without pause, so not again at once.
+                                (started.elapsed() < MIN_GAP).then(|| Instant::now() + MIN_GAP)
+                            }
+                        }
+                        // Another type under a key's name (a producer's mistake): find it and
+                        // leave it out, instead of failing every read of its chunk.
+                        Err(err) if err.code() == Some("WRONGTYPE") => {
+                            let keys = chunks.get(i).cloned().unwrap_or_default();
+                            self.recheck(&keys).await?;
+                            None
+                        }
+                        Err(err) => return Err(Down::Failed(format!("XREAD: {err}"))),
                     };
-                    match chunks.get(i).filter(|keys| !keys.is_empty()) {
-                        Some(keys) => reads.push(self.read(i, reader, keys.clone(), gap)),
-                        None => {
+                    let keys = chunks.get(i).map_or(&[][..], Vec::as_slice);
+                    match self.read(i, reader, keys, gap) {
+                        Ok(read) => reads.push(read),
+                        Err(reader) => {
                             if let Some(slot) = running.get_mut(i) {
                                 *slot = None;
                             }
@@ -124,7 +153,11 @@ impl Doorbell {
                     tokio::time::sleep(super::GATHER).await;
                     self.poll_reconcile().await?;
                     // Reads whose keys changed are cut short and start again with the new ones.
-                    for i in self.place(&mut chunks) {
+                    let mut cut = self.place(&mut chunks);
+                    cut.extend(self.take_rejoined());
+                    cut.sort_unstable();
+                    cut.dedup();
+                    for i in cut {
                         if let Some(Some(Some(id))) = running.get(i) {
                             self.unblock(*id).await;
                         }
@@ -138,6 +171,18 @@ impl Doorbell {
                         self.changed.notify_one();
                     }
                 }
+                _ = tips.tick() => {
+                    // A stream made again with lower ids (or whose ids an operator set back)
+                    // would answer nothing from the id last seen; a key that holds a stream
+                    // again is read again.
+                    let keys: Vec<Arc<str>> = chunks.iter().flatten().cloned().collect();
+                    for i in self.recheck(&keys).await? {
+                        if let Some(Some(Some(id))) = running.get(i) {
+                            self.unblock(*id).await;
+                        }
+                    }
+                    self.start_reads(&chunks, &mut running, &mut spare, &mut reads).await?;
+                }
                 _ = check.tick() => {
                     if let Ok(None) = self.check_server().await {
                         return Err(Down::Off("the server publishes keyspace events now".to_owned()));
@@ -150,8 +195,8 @@ impl Doorbell {
         }
     }
 
-    /// Start a read for every chunk that has none in flight (on a spare connection, or a new
-    /// one).
+    /// Start a read for every chunk that has none in flight and something to read (on a
+    /// spare connection, or a new one).
     async fn start_reads(
         &self,
         chunks: &[Vec<Arc<str>>],
@@ -161,24 +206,98 @@ impl Doorbell {
     ) -> Result<(), Down> {
         running.resize(running.len().max(chunks.len()), None);
         for (i, keys) in chunks.iter().enumerate() {
-            if running[i].is_some() || keys.is_empty() {
+            if running[i].is_some() || self.readable(keys).is_empty() {
                 continue;
             }
             let reader = match spare.pop() {
                 Some(reader) => reader,
                 None => self.connect_reader().await?,
             };
-            running[i] = Some(reader.id);
-            reads.push(self.read(i, reader, keys.clone(), None));
+            let id = reader.id;
+            match self.read(i, reader, keys, None) {
+                Ok(read) => {
+                    running[i] = Some(id);
+                    reads.push(read);
+                }
+                Err(reader) => spare.push(reader),
+            }
         }
         Ok(())
     }
 
-    /// The address commands go to now (the master behind Sentinel).
-    fn master(&self) -> Option<String> {
-        self.conn
-            .node_client()
-            .map(|c| c.get_connection_info().addr().to_string())
+    /// The keys of a chunk that are read now, each with the id it is read from: not those
+    /// that rang and await their reader, nor those that are not streams now.
+    fn readable(&self, keys: &[Arc<str>]) -> Vec<(Arc<str>, String)> {
+        let map = self.lock();
+        keys.iter()
+            .filter_map(|name| {
+                let key = map.get(name)?;
+                if key.bad || key.awaiting.load(Ordering::Acquire) {
+                    return None;
+                }
+                Some((
+                    name.clone(),
+                    key.last.clone().unwrap_or_else(|| "$".to_owned()),
+                ))
+            })
+            .collect()
+    }
+
+    /// The chunks of keys that idle readers read after they rang (to be read again).
+    fn take_rejoined(&self) -> Vec<usize> {
+        let names: Vec<Arc<str>> = std::mem::take(
+            &mut *self
+                .rejoined
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        let map = self.lock();
+        names
+            .iter()
+            .filter_map(|name| map.get(name).and_then(|k| k.chunk))
+            .collect()
+    }
+
+    /// Look at `keys`' last ids again: a key that is not a stream now leaves the reads (rung
+    /// once, so that its reader's own read says what is wrong); one that is a stream again
+    /// comes back; one whose last id went below what was seen is read from there. The chunks
+    /// whose reads changed.
+    async fn recheck(&self, keys: &[Arc<str>]) -> Result<Vec<usize>, Down> {
+        let mut changed = Vec::new();
+        for chunk in keys.chunks(KEYS_PER_READ) {
+            let tips = self.script(&TIPS, chunk, "the streams' last ids").await?;
+            let mut map = self.lock();
+            for (name, tip) in chunk.iter().zip(tips) {
+                let Some(key) = map.get_mut(name) else {
+                    continue;
+                };
+                let moved = if tip == "!" {
+                    !std::mem::replace(&mut key.bad, true)
+                } else if key.bad {
+                    key.bad = false;
+                    if !tip.is_empty() {
+                        key.last = Some(tip);
+                    }
+                    true
+                } else if !tip.is_empty()
+                    && key.last.as_deref().is_some_and(|last| below(&tip, last))
+                {
+                    key.last = Some(tip);
+                    true
+                } else {
+                    false
+                };
+                if moved {
+                    key.ring();
+                    if let Some(i) = key.chunk {
+                        changed.push(i);
+                    }
+                }
+            }
+        }
+        changed.sort_unstable();
+        changed.dedup();
+        Ok(changed)
     }
 
     async fn connect_reader(&self) -> Result<PollReader, Down> {
@@ -192,7 +311,10 @@ impl Doorbell {
             .query_async::<i64>(&mut conn)
             .await
             .ok();
-        Ok(PollReader { conn, id })
+        Ok(PollReader {
+            conn: Box::new(conn),
+            id,
+        })
     }
 
     /// Cut the read on connection `id` short (it answers as if its block ran out); when this
@@ -211,25 +333,20 @@ impl Doorbell {
         }
     }
 
-    /// Read `keys` on `reader` from the last id seen on each, after `after` if given.
+    /// Read the readable ones of `keys` on `reader`, each from the last id seen on it,
+    /// after `after` if given; the reader back when none is readable.
     fn read(
         &self,
         i: usize,
         mut reader: PollReader,
-        keys: Vec<Arc<str>>,
+        keys: &[Arc<str>],
         after: Option<Instant>,
-    ) -> BoxFuture<'static, ReadDone> {
-        let ids: Vec<String> = {
-            let map = self.lock();
-            keys.iter()
-                .map(|k| {
-                    map.get(k)
-                        .and_then(|k| k.last.clone())
-                        .unwrap_or_else(|| "$".to_owned())
-                })
-                .collect()
-        };
-        Box::pin(async move {
+    ) -> Result<BoxFuture<'static, ReadDone>, PollReader> {
+        let readable = self.readable(keys);
+        if readable.is_empty() {
+            return Err(reader);
+        }
+        Ok(Box::pin(async move {
             if let Some(at) = after {
                 tokio::time::sleep_until(at).await;
             }
@@ -239,15 +356,23 @@ impl Doorbell {
                 .arg("BLOCK")
                 .arg(BLOCK.as_millis() as u64)
                 .arg("STREAMS");
-            for key in &keys {
+            for (key, _) in &readable {
                 cmd.arg(&**key);
             }
-            for id in &ids {
+            for (_, id) in &readable {
                 cmd.arg(id);
             }
-            let result = cmd.query_async(&mut reader.conn).await;
-            (i, reader, result)
-        })
+            let started = Instant::now();
+            let result = cmd.query_async(&mut *reader.conn).await;
+            (i, reader, started, result)
+        }))
+    }
+
+    /// The address commands go to now (the master behind Sentinel).
+    fn master(&self) -> Option<String> {
+        self.conn
+            .node_client()
+            .map(|c| c.get_connection_info().addr().to_string())
     }
 
     /// Move `keys` (streams that got entries) to their last entry, then ring them: a reader
@@ -258,10 +383,15 @@ impl Doorbell {
             let mut map = self.lock();
             for (name, tip) in chunk.iter().zip(tips) {
                 if let Some(key) = map.get_mut(name) {
-                    // Emptied meanwhile: what comes next has a higher id than what was seen.
-                    if !tip.is_empty() {
+                    if tip == "!" {
+                        key.bad = true;
+                    } else if !tip.is_empty() {
+                        // Emptied meanwhile: what comes next has a higher id than what was
+                        // seen.
                         key.last = Some(tip);
                     }
+                    // Out of the reads until an idle reader has read it.
+                    key.awaiting.store(true, Ordering::Release);
                     key.ring();
                 }
             }
@@ -417,5 +547,30 @@ impl Doorbell {
                 "{what}: no answer within the timeout"
             ))),
         }
+    }
+}
+
+/// Whether stream id `a` is below `b` (`ms-seq`, compared as numbers).
+fn below(a: &str, b: &str) -> bool {
+    let parse = |id: &str| {
+        let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+        (
+            ms.parse::<u64>().unwrap_or(0),
+            seq.parse::<u64>().unwrap_or(0),
+        )
+    };
+    parse(a) < parse(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::below;
+
+    #[test]
+    fn stream_ids_compare_as_numbers() {
+        assert!(below("9-0", "10-0"));
+        assert!(below("10-2", "10-10"));
+        assert!(!below("10-0", "10-0"));
+        assert!(!below("9999999999999-0", "1796371437440-0"));
     }
 }

@@ -526,6 +526,11 @@ impl Subscription {
                     // instead of waiting for a ring, which a repair such as a group made again
                     // does not cause when the doorbell polls.
                     self.idle.store(false, std::sync::atomic::Ordering::Release);
+                    // Nor does it wait on its keys: a key that cannot be read (another type
+                    // under its name) is let go of, not watched by the doorbell for ever.
+                    if let Some(bell) = &self.bell {
+                        bell.set_idle(false);
+                    }
                     if class == ErrorClass::NoGroup {
                         // The stream or the group was deleted: make the group again (the
                         // connection is fine) and read on; the pause still applies, so a

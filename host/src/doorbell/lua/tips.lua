@@ -1,12 +1,20 @@
--- The id of each stream's last entry ('' for an empty or missing stream), without its fields:
--- where the polling doorbell reads on from after a ring.
+-- The id of each stream's last entry, without its fields: where the polling doorbell reads on
+-- from. '' for an empty or missing stream, '!' for a key that holds another type (left out of
+-- the doorbell's reads, which it would fail as a whole).
 local out = {}
 for i, key in ipairs(KEYS) do
-  local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
-  if last[1] then
-    out[i] = last[1][1]
-  else
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'stream' then
+    local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
+    if last[1] then
+      out[i] = last[1][1]
+    else
+      out[i] = ''
+    end
+  elseif kind == 'none' then
     out[i] = ''
+  else
+    out[i] = '!'
   end
 end
 return out
