@@ -116,7 +116,8 @@ struct Connections {
     open: Vec<OneRedis>,
     /// What `doorbell` says.
     mode: crate::config::DoorbellMode,
-    /// How many partitions each Redis URL serves in this host (whether its doorbell polls).
+    /// How many subscriptions of one partition each Redis URL serves in this host (whether
+    /// its doorbell polls): a partitioned one waits in shared reads, not on the doorbell.
     partitions: std::collections::HashMap<String, usize>,
 }
 
@@ -584,7 +585,8 @@ impl Service {
         };
         for sub in &self.plan.subscriptions {
             if let Some(url) = sub.redis.clone().or_else(|| dev_redis.clone()) {
-                *connections.partitions.entry(url).or_default() += sub.stream.partitioned().len();
+                *connections.partitions.entry(url).or_default() +=
+                    usize::from(sub.stream.partitions <= 1);
             }
         }
         for (sub, handler) in self.plan.subscriptions.iter().zip(self.handlers.clone()) {

@@ -206,6 +206,34 @@ async fn wait_reads_stop(conn: &mut redis::aio::MultiplexedConnection, window: D
     wait_calls_stop(conn, "xreadgroup", window, Duration::from_secs(60)).await;
 }
 
+/// Once `host`'s `n` idle subscriptions are quiet: at most 5 connections (4 for commands, one
+/// for the doorbell), and a new entry on any idle stream is read at once, a retry coming back
+/// through its set and lane (which ring too).
+async fn idle_and_still_reading(
+    host: &mut TestHost,
+    conn: &mut redis::aio::MultiplexedConnection,
+    n: usize,
+) {
+    wait_reads_stop(conn, Duration::from_secs(2)).await;
+    let clients = host_clients(conn).await;
+    assert!(
+        clients <= 5,
+        "{clients} connections for {n} idle subscriptions (4 for commands, one for the doorbell)"
+    );
+    let mut ids = Vec::new();
+    for i in [3, 17, 0, 23] {
+        let stream = format!("many-{i}");
+        let id = add(conn, &stream, &Control::Ack).await;
+        ids.push((stream, id));
+    }
+    let retried = add(conn, "many-9", &Control::Retry { ms: 300, times: 1 }).await;
+    // Acks come in any order: each is looked for among all of them.
+    let mut wanted: Vec<(&str, String)> =
+        ids.iter().map(|(s, id)| (s.as_str(), id.clone())).collect();
+    wanted.push(("many-9", retried));
+    wait_events_acked(host, &wanted, Duration::from_secs(30), |_| {}).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_subscriptions_wait_on_the_doorbell_and_still_read_at_once() {
     let redis = Redis::start_with(true, &[("notify-keyspace-events", "Ktz")]);
@@ -215,26 +243,7 @@ async fn idle_subscriptions_wait_on_the_doorbell_and_still_read_at_once() {
     // Every subscription reads once, finds nothing, and goes quiet: no connection of its own,
     // no read while idle (a blocking read each would be 24 connections and 240 reads a
     // second at `block = 100ms`).
-    wait_reads_stop(&mut conn, Duration::from_secs(2)).await;
-    let clients = host_clients(&mut conn).await;
-    assert!(
-        clients <= 5,
-        "{clients} connections for {n} idle subscriptions (4 for commands and the doorbell's)"
-    );
-    // A new entry on any idle stream is read at once; a retry comes back through its set and
-    // lane, which ring too.
-    let mut ids = Vec::new();
-    for i in [3, 17, 0, 23] {
-        let stream = format!("many-{i}");
-        let id = add(&mut conn, &stream, &Control::Ack).await;
-        ids.push((stream, id));
-    }
-    let retried = add(&mut conn, "many-9", &Control::Retry { ms: 300, times: 1 }).await;
-    // Acks come in any order: each is looked for among all of them.
-    let mut wanted: Vec<(&str, String)> =
-        ids.iter().map(|(s, id)| (s.as_str(), id.clone())).collect();
-    wanted.push(("many-9", retried.clone()));
-    wait_events_acked(&mut host, &wanted, Duration::from_secs(30), |_| {}).await;
+    idle_and_still_reading(&mut host, &mut conn, n).await;
     for i in 0..n {
         assert_eq!(
             pending(&mut conn, &format!("many-{i}"), &format!("g{i}")).await,
@@ -314,25 +323,7 @@ async fn without_keyspace_events_the_doorbell_polls_and_idle_subscriptions_still
     let mut conn = redis.conn().await;
     let n = 24;
     let mut host = start_fixture(&redis, many(n).set("doorbell", "poll")).await;
-    wait_reads_stop(&mut conn, Duration::from_secs(2)).await;
-    let clients = host_clients(&mut conn).await;
-    assert!(
-        clients <= 5,
-        "{clients} connections for {n} idle subscriptions (4 for commands, one for the doorbell's read)"
-    );
-    // A new entry on any idle stream is read at once; a retry comes back through its set and
-    // lane.
-    let mut ids = Vec::new();
-    for i in [3, 17, 0, 23] {
-        let stream = format!("many-{i}");
-        let id = add(&mut conn, &stream, &Control::Ack).await;
-        ids.push((stream, id));
-    }
-    let retried = add(&mut conn, "many-9", &Control::Retry { ms: 300, times: 1 }).await;
-    let mut wanted: Vec<(&str, String)> =
-        ids.iter().map(|(s, id)| (s.as_str(), id.clone())).collect();
-    wanted.push(("many-9", retried));
-    wait_events_acked(&mut host, &wanted, Duration::from_secs(30), |_| {}).await;
+    idle_and_still_reading(&mut host, &mut conn, n).await;
 
     // A park made due by someone else (as `sluice retry-now` does, or another host's park):
     // nothing of this host's is due before it, and the set's look finds it.

@@ -51,8 +51,8 @@ pub const DEFAULT_MAX_INSTANCES: u32 = 256;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum DoorbellMode {
     /// Keyspace events when the server publishes them; without them, polling when a host has
-    /// more than [`POLL_ABOVE`] subscriptions on one Redis, and a blocking read per
-    /// subscription otherwise (the fastest path, and few connections).
+    /// more than [`POLL_ABOVE`] subscriptions of one partition on one Redis, and a blocking
+    /// read per subscription otherwise (the fastest path, and few connections).
     #[default]
     Auto,
     /// Keyspace events when published, polling otherwise, whatever the number.
@@ -63,7 +63,8 @@ pub enum DoorbellMode {
 }
 
 /// With `doorbell = "auto"` and no keyspace events, a host polls for the idle streams of a
-/// Redis only above this many subscriptions (partitions counted) on it.
+/// Redis only above this many subscriptions of one partition on it (partitions wait in
+/// shared reads instead).
 pub const POLL_ABOVE: usize = 100;
 
 /// Up to this many subscriptions, `/metrics` labels its series by subscription unless

@@ -7,7 +7,7 @@
 //! checks with `CONFIG GET` before it starts and every few seconds after. Without them (the
 //! server's default, or without the right to ask) it polls instead (see [`poll`]): a blocking
 //! `XREAD` over up to 500 idle streams per connection and a look at the delayed sets' earliest
-//! due times every second, and the log says how to turn keyspace events on. On a cluster there
+//! due times every 5 s, and the log says how to turn keyspace events on. On a cluster there
 //! is no doorbell: each partition keeps its blocking read.
 //!
 //! How a subscription uses it (see [`Bell`]):
@@ -230,13 +230,13 @@ impl Doorbell {
         let flags = reply.get(1).cloned().unwrap_or_default();
         Ok((!flags_suffice(&flags)).then(|| {
             format!(
-                "the server's notify-keyspace-events is {flags:?}, without keyspace events for streams and sorted sets; the doorbell polls: one blocking XREAD per 500 idle streams and a look at the delayed sets every second (set it to include \"Ktz\", e.g. CONFIG SET notify-keyspace-events Ktz, for keyspace events instead: no read per idle stream at all)"
+                "the server's notify-keyspace-events is {flags:?}, without keyspace events for streams and sorted sets; the doorbell polls: one blocking XREAD per 500 idle streams and a look at the delayed sets every 5 s (set it to include \"Ktz\", e.g. CONFIG SET notify-keyspace-events Ktz, for keyspace events instead: no read per idle stream at all)"
             )
         }))
     }
 
     /// The doorbell for the Redis `conn` talks to, as `mode` says for a host with
-    /// `subscriptions` (partitions counted) on it: on keyspace events while the server
+    /// `subscriptions` of one partition on it: on keyspace events while the server
     /// publishes them; polling without them when it may; `None` when each subscription keeps
     /// its blocking read instead (`off`, a cluster, or no events and no polling: the log says
     /// why, once, and how to turn the events on).
