@@ -34,7 +34,7 @@
 //! never an entry.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -88,6 +88,11 @@ pub struct Doorbell {
     live: watch::Sender<bool>,
 }
 
+/// A polled key's state between its rings and its reader's reads (see `Key::awaiting`).
+const QUIET: u8 = 0;
+const RANG: u8 = 1;
+const OUT: u8 = 2;
+
 /// What a key is, for the polling doorbell: a stream is read, a delayed set looked at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -101,10 +106,11 @@ struct Key {
     last: Option<String>,
     /// Polling: which of the doorbell's reads names this stream.
     chunk: Option<usize>,
-    /// Polling: it rang and no idle reader has read it since, so it is left out of the reads
-    /// (a paused reader, or a busy one that lets go of it, must not make every write cost a
-    /// read and a script).
-    awaiting: Arc<AtomicBool>,
+    /// Polling: [`QUIET`], [`RANG`] (no reader has read since), or [`OUT`] (it rang again
+    /// before a reader read it: left out of the reads until an idle reader has, so that a
+    /// paused reader, or a busy one that lets go of it, does not make every write cost a read
+    /// and a script).
+    awaiting: Arc<AtomicU8>,
     /// Polling: it is not a stream now (another type under its name): left out of the reads,
     /// looked at again by the slow check.
     bad: bool,
@@ -503,8 +509,8 @@ enum Down {
 pub struct Bell {
     doorbell: Arc<Doorbell>,
     keys: Vec<Arc<str>>,
-    /// Each key's "rang, not read since" (polling).
-    awaiting: Vec<Arc<AtomicBool>>,
+    /// Each key's state between rings and reads (polling).
+    awaiting: Vec<Arc<AtomicU8>>,
     /// What the reader has seen of each key's rings.
     rings: Mutex<Vec<watch::Receiver<u64>>>,
     live: watch::Receiver<bool>,
@@ -524,16 +530,22 @@ impl Bell {
         }
         if self.wanting.load(Ordering::Acquire) {
             self.rejoin();
+        } else {
+            // A busy reader takes the ring, but a key left out stays out: it reads anyway.
+            for awaiting in &self.awaiting {
+                let _ = awaiting.compare_exchange(RANG, QUIET, Ordering::AcqRel, Ordering::Acquire);
+            }
         }
     }
 
-    /// Polling: the keys that rang are about to be read by this idle reader: read them again.
+    /// Polling: this idle reader is about to read its keys: those that rang are quiet again,
+    /// and those left out are read again.
     fn rejoin(&self) {
         let rejoined: Vec<Arc<str>> = self
             .keys
             .iter()
             .zip(&self.awaiting)
-            .filter(|(_, awaiting)| awaiting.swap(false, Ordering::AcqRel))
+            .filter(|(_, awaiting)| awaiting.swap(QUIET, Ordering::AcqRel) == OUT)
             .map(|(name, _)| name.clone())
             .collect();
         self.doorbell.rejoin(rejoined);

@@ -7,9 +7,9 @@
 //!   connection of its own per [`KEYS_PER_READ`] keys. It answers as soon as one of them gets
 //!   an entry; the doorbell then moves those keys' ids to their last entry (a script that
 //!   returns ids, not entries) and rings them. Rung after the move, a reader reads whatever
-//!   came before it; whatever comes after is answered by the next read. A key that rang is
-//!   left out of the reads until an idle reader has read it: a paused reader, or a busy one,
-//!   does not make every write cost a read and a script. While nothing happens, each read is
+//!   came before it; whatever comes after is answered by the next read. A key that rings
+//!   again before its reader read it is left out of the reads until an idle reader has: a
+//!   paused reader, or a busy one, does not make every write cost a read and a script. While nothing happens, each read is
 //!   renewed every [`BLOCK`]: one command a second per 500 idle keys. A key that holds
 //!   another type (a producer's mistake) is left out too, so it cannot fail its chunk's
 //!   reads; every minute each stream's last id is looked at again, for a stream made again
@@ -232,7 +232,7 @@ impl Doorbell {
         keys.iter()
             .filter_map(|name| {
                 let key = map.get(name)?;
-                if key.bad || key.awaiting.load(Ordering::Acquire) {
+                if key.bad || key.awaiting.load(Ordering::Acquire) == super::OUT {
                     return None;
                 }
                 Some((
@@ -390,8 +390,16 @@ impl Doorbell {
                         // seen.
                         key.last = Some(tip);
                     }
-                    // Out of the reads until an idle reader has read it.
-                    key.awaiting.store(true, Ordering::Release);
+                    // Rung again before a reader read it: out of the reads until one has.
+                    let _ =
+                        key.awaiting
+                            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
+                                Some(if state == super::QUIET {
+                                    super::RANG
+                                } else {
+                                    super::OUT
+                                })
+                            });
                     key.ring();
                 }
             }
