@@ -421,15 +421,34 @@ async fn wait_looks_stop(conn: &mut redis::aio::MultiplexedConnection) {
 /// makes it look again, so an entry another consumer took and left is still taken over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_subscription_looks_for_gone_consumers_again_only_after_a_write() {
-    let redis = Redis::start_with(true, &[("notify-keyspace-events", "Ktz")]);
+    looks_again_only_after_a_write(false).await;
+}
+
+/// The same on a polling doorbell: its rings see every entry added, so they vouch for the
+/// looks too (for 5 minutes at most). Before, it could not vouch at all, and 5,000 idle
+/// subscriptions each looked every half `consumer_gone_after`: 1,300 commands a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_polling_doorbell_too_an_idle_subscription_looks_again_only_after_a_write() {
+    looks_again_only_after_a_write(true).await;
+}
+
+async fn looks_again_only_after_a_write(polling: bool) {
+    let redis = if polling {
+        Redis::start()
+    } else {
+        Redis::start_with(true, &[("notify-keyspace-events", "Ktz")])
+    };
     let mut conn = redis.conn().await;
     // A look every second while it may be needed.
-    let config = TestConfig::of(
+    let mut config = TestConfig::of(
         Sub::fixture("quiet")
             .set("group", "g")
             .set("consumer", "here")
             .set("consumer_gone_after", "2s"),
     );
+    if polling {
+        config = config.set("doorbell", "poll");
+    }
     let mut host = start_fixture(&redis, config).await;
     // Its looks find only itself: then 4 s (4 look periods) pass without one. Before, it
     // looked every second for good.
@@ -679,7 +698,60 @@ async fn the_list_and_the_page_come_a_page_at_a_time_with_what_needs_a_look_firs
         "many-1 and many-10 to many-19"
     );
     assert_eq!(page.matches("Stream <code>many-").count(), 11, "{page}");
+    // The paused one is not among them: the count on top is of what the search found.
+    assert!(!page.contains("with something to see"), "{page}");
     let _ = &mut conn;
+    host.stop().await.unwrap();
+}
+
+/// A Redis that stops answering costs the page one probe's timeout, not one per card: every
+/// card's probes run together, so all 20 cards say Redis did not answer (one after another,
+/// the first cards' timeouts outlasted the freeze and the later cards answered; with 20
+/// cards' probes of 1 s each in turn, a Redis gone for good took the page past its request
+/// timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_redis_costs_the_page_one_probe_timeout_not_one_per_card() {
+    let redis = Redis::start_with(true, &[("enable-debug-command", "yes")]);
+    let mut host = start_fixture(&redis, many(20)).await;
+    let admin = host.admin().await;
+    let session = log_in(admin).await;
+    let (code, _, page) = http_exchange(admin, "GET", "/ui/", &session.headers(), b"").await;
+    assert_eq!(code, 200, "{page}");
+    assert_eq!(page.matches("Stream <code>many-").count(), 20, "{page}");
+    // Redis frozen for 6 s (its own connection: the reply comes when it wakes). Both
+    // connections are made first: a connection made during the freeze waits it out.
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut frozen = client.get_multiplexed_async_connection().await.unwrap();
+    let probe = redis.conn().await;
+    let freeze = tokio::spawn(async move {
+        let _: redis::RedisResult<()> = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg(6)
+            .query_async(&mut frozen)
+            .await;
+    });
+    // The freeze has begun once a PING goes unanswered.
+    wait_for(Duration::from_secs(10), "Redis frozen", || {
+        let mut probe = probe.clone();
+        async move {
+            tokio::time::timeout(Duration::from_millis(200), async {
+                let _: redis::RedisResult<String> =
+                    redis::cmd("PING").query_async(&mut probe).await;
+            })
+            .await
+            .is_err()
+            .then_some(())
+        }
+    })
+    .await;
+    let (code, _, page) = http_exchange(admin, "GET", "/ui/", &session.headers(), b"").await;
+    assert_eq!(code, 200, "{page}");
+    assert_eq!(
+        page.matches("Redis did not answer within a second").count(),
+        20,
+        "every card's probe timed out together: {page}"
+    );
+    freeze.await.unwrap();
     host.stop().await.unwrap();
 }
 

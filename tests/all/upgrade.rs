@@ -226,3 +226,93 @@ async fn an_earlier_dead_letter_stream_that_others_read_is_left_to_them() {
             .is_empty()
     );
 }
+
+/// Calls of `command` (lower case, as INFO commandstats names it) Redis has served so far.
+async fn calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A pass of the dead-letter migration that finds nothing new after its cursor sends one
+/// XRANGE: not the secret's script and the stream's groups as well (thousands of idle
+/// subscriptions on a polling doorbell sent 14 commands each a minute for it). One that finds
+/// a letter still moves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_pass_with_nothing_new_costs_one_command() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let own = dead_letter_key("old");
+    let mut keys = sluice_host::keys::SubscriptionKeys::new("old", "g", &own, Some("old.delayed"));
+    keys.legacy_dead_letter = Some("old.dead-letter".into());
+    let first = xadd(&mut conn, "old.dead-letter", &old_dead_letter("g", "6-1")).await;
+    let done = dead_letters::migrate_legacy(&mut conn, &keys, None)
+        .await
+        .unwrap();
+    assert_eq!(done.moved, 1);
+    assert_eq!(done.cursor.as_deref(), Some(first.as_str()));
+    let (xrange, evalsha, groups) = (
+        calls(&mut conn, "xrange").await,
+        calls(&mut conn, "evalsha").await + calls(&mut conn, "eval").await,
+        calls(&mut conn, "xinfo|groups").await,
+    );
+    let again = dead_letters::migrate_legacy(&mut conn, &keys, done.cursor.as_deref())
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.moved, again.cursor.as_deref()),
+        (0, Some(first.as_str()))
+    );
+    assert_eq!(calls(&mut conn, "xrange").await - xrange, 1);
+    assert_eq!(
+        calls(&mut conn, "evalsha").await + calls(&mut conn, "eval").await,
+        evalsha,
+        "no script for a pass with nothing new"
+    );
+    assert_eq!(calls(&mut conn, "xinfo|groups").await, groups);
+    // A letter written since (a host of the earlier release, mid-upgrade) is moved.
+    let second = xadd(&mut conn, "old.dead-letter", &old_dead_letter("g", "7-1")).await;
+    let later = dead_letters::migrate_legacy(&mut conn, &keys, again.cursor.as_deref())
+        .await
+        .unwrap();
+    assert_eq!((later.moved, later.cursor), (1, Some(second)));
+    assert_eq!(entries(&mut conn, &own).await.len(), 2);
+}
+
+/// On a polling doorbell (no keyspace events), a dead letter an earlier release's host writes
+/// while this host runs is moved when the doorbell's read sees it, not at a slow backstop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_polling_doorbell_a_dead_letter_written_mid_upgrade_is_moved_at_once() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let config = TestConfig::of(Sub::fixture("old").delayed("old.delayed")).set("doorbell", "poll");
+    let host = start_fixture(&redis, config).await;
+    let own = dead_letter_key("old");
+    // Idle, its first migration pass long done: the letter's XADD is what it reacts to.
+    wait_for(T, "the host to read its streams", || {
+        let mut conn = conn.clone();
+        async move { (calls(&mut conn, "xread").await > 0).then_some(()) }
+    })
+    .await;
+    let letter = xadd(&mut conn, "old.dead-letter", &old_dead_letter("g", "9-1")).await;
+    // Well within the backstop (5 minutes), even on a loaded machine.
+    wait_for(Duration::from_secs(30), "the letter moved", || {
+        let mut conn = conn.clone();
+        let own = own.clone();
+        async move { (entries(&mut conn, &own).await.len() == 1).then_some(()) }
+    })
+    .await;
+    assert!(
+        entries(&mut conn, "old.dead-letter").await.is_empty(),
+        "{letter} moved"
+    );
+    drop(host);
+}

@@ -53,7 +53,8 @@ impl ListQuery {
         Ok(())
     }
 
-    fn matches(&self, labels: &SubLabels) -> bool {
+    /// Whether a subscription is one the query asks for.
+    pub(super) fn matches(&self, labels: &SubLabels) -> bool {
         let exact = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
         exact(&self.stream, &labels.stream)
             && exact(&self.group, &labels.group)

@@ -97,7 +97,7 @@ pub const KEYS: &[KeyDoc] = &[
     KeyDoc {
         scope: Scope::Top,
         keys: &["doorbell"],
-        meaning: "how idle subscriptions learn that their streams were written. `auto`: from keyspace events when the server publishes them (`notify-keyspace-events` with `Ktz`), with one connection per Redis and no command per idle subscription; without them, above 100 subscriptions on one Redis (not counting partitioned ones, whose partitions share blocking reads), by polling (one blocking `XREAD` per 500 idle streams, the delayed sets' due times every 5 s); otherwise each subscription keeps a blocking read on a connection of its own. `poll`: polling without keyspace events whatever the number. `off`: every subscription keeps its blocking read, events or not (the fastest path for a few busy streams). Not on a Redis Cluster: partitions keep their blocking reads there",
+        meaning: "how idle subscriptions learn that their streams were written. `auto`: from keyspace events when the server publishes them (`notify-keyspace-events` with `Ktz`), with one connection per Redis and no command per idle subscription; without them, above 100 subscriptions on one Redis (not counting partitioned ones, whose partitions share blocking reads), by polling (one blocking `XREAD` per 500 idle streams, the delayed sets' due times every 5 s, 100 sets a second at most); otherwise each subscription keeps a blocking read on a connection of its own. `poll`: polling without keyspace events whatever the number. `off`: every subscription keeps its blocking read, events or not (the fastest path for a few busy streams). Not on a Redis Cluster: partitions keep their blocking reads there",
         default: "`auto`",
     },
     KeyDoc {

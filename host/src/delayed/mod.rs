@@ -514,6 +514,12 @@ impl DelayedSet {
         }
     }
 
+    /// Whether the set has a bell of its own (see [`DelayedSet::with_bell`]): then other
+    /// hosts' parks ring it, and readers need not ask for passes.
+    pub fn has_bell(&self) -> bool {
+        self.bell.is_some()
+    }
+
     /// Have the timer task run a pass as soon as it can, without waiting for it. Asked before
     /// every read: entries other hosts parked are due without this host's timer knowing, and
     /// this bounds how late they come back by the read's block time. Asks while a pass runs

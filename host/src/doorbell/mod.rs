@@ -7,7 +7,7 @@
 //! checks with `CONFIG GET` before it starts and every few seconds after. Without them (the
 //! server's default, or without the right to ask) it polls instead (see [`poll`]): a blocking
 //! `XREAD` over up to 500 idle streams per connection and a look at the delayed sets' earliest
-//! due times every 5 s, and the log says how to turn keyspace events on. On a cluster there
+//! due times every 5 s (100 sets a second at most), and the log says how to turn keyspace events on. On a cluster there
 //! is no doorbell: each partition keeps its blocking read.
 //!
 //! How a subscription uses it (see [`Bell`]):
@@ -56,6 +56,11 @@ pub const UNSUBSCRIBE_AFTER: Duration = Duration::from_secs(5);
 /// every `block` instead cost 5 % of a core for 1,000 idle subscriptions, and every 5 s still
 /// 1 % for 5,000.
 pub const QUIET_WAIT: Duration = Duration::from_secs(60);
+/// How long a polling doorbell's rings vouch that nothing changed: they see every entry added
+/// to a stream and every change of a delayed set's earliest due time, but not the writes that
+/// add no entry (`XGROUP SETID`, a claim, a consumer made). After this a waiter looks anyway:
+/// at 5,000 idle subscriptions, a look each a minute was 400 commands a second.
+pub const POLLED_QUIET: Duration = Duration::from_secs(300);
 /// How often the doorbell checks its connection (PING) and, every few PINGs, that the server
 /// still publishes what it needs.
 const PING_EVERY: Duration = Duration::from_secs(2);
@@ -236,7 +241,7 @@ impl Doorbell {
         let flags = reply.get(1).cloned().unwrap_or_default();
         Ok((!flags_suffice(&flags)).then(|| {
             format!(
-                "the server's notify-keyspace-events is {flags:?}, without keyspace events for streams and sorted sets; the doorbell polls: one blocking XREAD per 500 idle streams and a look at the delayed sets every 5 s (set it to include \"Ktz\", e.g. CONFIG SET notify-keyspace-events Ktz, for keyspace events instead: no read per idle stream at all)"
+                "the server's notify-keyspace-events is {flags:?}, without keyspace events for streams and sorted sets; the doorbell polls: one blocking XREAD per 500 idle streams and a look at the delayed sets every 5 s, 100 a second at most (set it to include \"Ktz\", e.g. CONFIG SET notify-keyspace-events Ktz, for keyspace events instead: no read per idle stream at all)"
             )
         }))
     }
@@ -569,28 +574,32 @@ impl Bell {
 
     /// The rings so far, if they can be trusted now: taken before a look at Redis, so that
     /// [`Bell::unrung_since`] can later say nothing was written to the keys since.
-    pub fn mark(&self) -> Option<Vec<u64>> {
-        (self.trusted() && !self.doorbell.polling.load(Ordering::Acquire))
-            .then(|| self.rings().iter().map(|rx| *rx.borrow()).collect())
+    pub fn mark(&self) -> Option<Mark> {
+        self.trusted().then(|| Mark {
+            rings: self.rings().iter().map(|rx| *rx.borrow()).collect(),
+            at: Instant::now(),
+        })
     }
 
     /// Whether no key was written since `mark` was taken and the rings can still be trusted.
     /// Every gap in what the doorbell saw (it went down, a key was unsubscribed for a while)
-    /// rings when it ends, so an unchanged count means no write was missed.
-    pub fn unrung_since(&self, mark: &[u64]) -> bool {
+    /// rings when it ends, so an unchanged count means no write was missed. A polling
+    /// doorbell's rings see every entry added but not every other write (see [`poll`]): they
+    /// vouch for [`POLLED_QUIET`] at most.
+    pub fn unrung_since(&self, mark: &Mark) -> bool {
         self.trusted()
-            && !self.doorbell.polling.load(Ordering::Acquire)
+            && (!self.doorbell.polling.load(Ordering::Acquire) || mark.at.elapsed() < POLLED_QUIET)
             && self
                 .rings()
                 .iter()
                 .map(|rx| *rx.borrow())
-                .eq(mark.iter().copied())
+                .eq(mark.rings.iter().copied())
     }
 
-    /// Wait for a ring: `true` when the reader should read now (a ring, or the doorbell cannot
-    /// vouch for its rings and `block` passed, or it polls and [`QUIET_WAIT`] passed), `false`
-    /// when nothing rang until `until` (or for [`QUIET_WAIT`] without one; at least `block` in
-    /// either case) and nothing could have been missed.
+    /// Wait for a ring: `true` when the waiter should look now (a ring; or the doorbell
+    /// cannot vouch for its rings and `block` passed; or it polls and [`POLLED_QUIET`] passed
+    /// without a ring), `false` when nothing rang until `until` (or for [`QUIET_WAIT`]
+    /// without one; at least `block` in either case) and nothing could have been missed.
     pub async fn wait(&self, block: Duration, until: Option<Instant>) -> bool {
         let mut rings: Vec<watch::Receiver<u64>> = self.rings().clone();
         if rings.is_empty() {
@@ -602,26 +611,35 @@ impl Bell {
         }
         // Going down rings every key; coming back rings the keys it subscribes.
         let trusted = self.trusted();
+        let polling = self.doorbell.polling.load(Ordering::Acquire);
         let any_ring = futures::future::select_all(
             rings
                 .iter_mut()
                 .map(|rx| Box::pin(async move { rx.changed().await.is_ok() })),
         );
+        // A polling doorbell sees entries added, not every other write (see `poll`): after
+        // a longer quiet wait the waiter looks anyway.
+        let most = if polling { POLLED_QUIET } else { QUIET_WAIT };
         let wait = if trusted {
-            let quiet = until.map_or(QUIET_WAIT, |at| {
-                at.saturating_duration_since(Instant::now()).min(QUIET_WAIT)
+            let quiet = until.map_or(most, |at| {
+                at.saturating_duration_since(Instant::now()).min(most)
             });
             block.max(quiet)
         } else {
             block
         };
-        // A polling doorbell does not see every change (see `poll`): after a quiet wait
-        // the reader looks anyway.
         tokio::select! {
             _ = any_ring => true,
-            () = tokio::time::sleep(wait) => !trusted || self.doorbell.polling.load(Ordering::Acquire),
+            () = tokio::time::sleep(wait) => !trusted || (polling && wait >= most),
         }
     }
+}
+
+/// A bell's rings at one moment (see [`Bell::mark`]).
+#[derive(Debug, Clone)]
+pub struct Mark {
+    rings: Vec<u64>,
+    at: Instant,
 }
 
 impl Drop for Bell {

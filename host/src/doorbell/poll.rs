@@ -12,19 +12,22 @@
 //!   paused reader, or a busy one, does not make every write cost a read and a script. While nothing happens, each read is
 //!   renewed every [`BLOCK`]: one command a second per 500 idle keys. A key that holds
 //!   another type (a producer's mistake) is left out too, so it cannot fail its chunk's
-//!   reads; every minute each stream's last id is looked at again, for a stream made again
+//!   reads; every [`TIPS_EVERY`] each stream's last id is looked at again, for a stream made again
 //!   with lower ids or a key that holds a stream again.
 //! - **Delayed sets**: the earliest score of up to [`KEYS_PER_READ`] sets per script call,
-//!   every [`SETS_EVERY`]; a set whose earliest due time changed (another host parked or
+//!   every [`SETS_EVERY`] (with more than 500 sets, [`SET_LOOKS_PER_S`] at most: every set
+//!   within [`SETS_AT_MOST`]); a set whose earliest due time changed (another host parked or
 //!   swept) rings. A host's own parks need no ring: its timer knows them.
 //! - A key newly wanted is read from its last entry (looked up, then rung once, as a
 //!   subscription to keyspace events rings once confirmed); a key wanted again after a
 //!   while keeps the id it had, so nothing written meanwhile is missed.
 //!
 //! What it cannot see, it says: writes that add no entry (`XGROUP SETID`, a claim to another
-//! consumer, a stream deleted and made again with lower ids) ring nothing, so a bell on a
-//! polling doorbell never vouches that nothing changed ([`super::Bell::mark`] answers `None`)
-//! and a waiter reads anyway after [`super::QUIET_WAIT`] without a ring.
+//! consumer, a consumer made, a stream deleted and made again with lower ids) ring nothing,
+//! so a bell on a polling doorbell vouches that nothing changed for [`super::POLLED_QUIET`] at
+//! most ([`super::Bell::unrung_since`]), and a waiter looks anyway after that without a ring.
+//! What the waiters wait for is what it sees: a reader, new entries; a delayed set's timer,
+//! a new earliest due time; the dead-letter migration, new entries.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock};
@@ -45,12 +48,20 @@ use crate::redis_conn::{Reader, ReconnectBackoff};
 pub const KEYS_PER_READ: usize = 500;
 /// How long one read of streams blocks before it is renewed.
 pub const BLOCK: Duration = Duration::from_secs(1);
-/// How often the delayed sets' earliest due times are looked at: a retry another host parked
-/// (and did not live to fire) or an operator made due is seen within this.
+/// How often the delayed sets' earliest due times are looked at, with up to
+/// [`SET_LOOKS_PER_S`] × 5 sets: a retry another host parked (and did not live to fire) or an
+/// operator made due is seen within this. With more sets, each is looked at less often (see
+/// [`sets_every`]).
 pub const SETS_EVERY: Duration = Duration::from_secs(5);
+/// The most delayed sets looked at per second, so that thousands of idle sets cost Redis a
+/// bounded load (5,000 sets every 5 s were 1,000 commands a second).
+pub const SET_LOOKS_PER_S: u32 = 100;
+/// The longest time between two looks at a delayed set, however many there are.
+pub const SETS_AT_MOST: Duration = Duration::from_secs(60);
 /// How often every polled stream's last id is looked at again (a stream made again with
-/// lower ids, a key that holds a stream again).
-const TIPS_EVERY: Duration = Duration::from_secs(60);
+/// lower ids, a key that holds a stream again): rare mistakes, and the look costs two
+/// commands per key.
+const TIPS_EVERY: Duration = Duration::from_secs(600);
 /// How often the server's `notify-keyspace-events` is looked at again (keyspace events on:
 /// the doorbell switches to them).
 const CHECK_EVERY: Duration = Duration::from_secs(10);
@@ -101,8 +112,9 @@ impl Doorbell {
             .await?;
         self.live.send_replace(true);
         tracing::info!(redis = %self.conn.name(), "doorbell up, polling: idle subscriptions wait for their streams' reads");
-        let mut sets = tokio::time::interval(SETS_EVERY);
-        sets.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut sets_at = Instant::now() + sets_every(self.sets_wanted());
+        let mut tidy = tokio::time::interval(SETS_EVERY);
+        tidy.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut check = tokio::time::interval(CHECK_EVERY);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         check.reset();
@@ -164,8 +176,11 @@ impl Doorbell {
                     }
                     self.start_reads(&chunks, &mut running, &mut spare, &mut reads).await?;
                 }
-                _ = sets.tick() => {
+                () = tokio::time::sleep_until(sets_at) => {
                     self.poll_sets(false).await?;
+                    sets_at = Instant::now() + sets_every(self.sets_wanted());
+                }
+                _ = tidy.tick() => {
                     // Keys let go of long enough leave the reads here.
                     if self.drop_unwanted() {
                         self.changed.notify_one();
@@ -509,6 +524,14 @@ impl Doorbell {
         Ok(())
     }
 
+    /// How many delayed sets are wanted now.
+    fn sets_wanted(&self) -> usize {
+        self.lock()
+            .values()
+            .filter(|k| k.kind == Kind::Set && k.wanted > 0)
+            .count()
+    }
+
     /// Stop polling what nobody has wanted for [`UNSUBSCRIBE_AFTER`]: whether a stream left.
     fn drop_unwanted(&self) -> bool {
         let now = Instant::now();
@@ -559,6 +582,13 @@ impl Doorbell {
 }
 
 /// Whether stream id `a` is below `b` (`ms-seq`, compared as numbers).
+/// How long between two looks at `sets` delayed sets: [`SETS_EVERY`], or as long as
+/// [`SET_LOOKS_PER_S`] needs for them all, up to [`SETS_AT_MOST`].
+pub fn sets_every(sets: usize) -> Duration {
+    Duration::from_secs_f64(sets as f64 / f64::from(SET_LOOKS_PER_S))
+        .clamp(SETS_EVERY, SETS_AT_MOST)
+}
+
 fn below(a: &str, b: &str) -> bool {
     let parse = |id: &str| {
         let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
@@ -572,7 +602,18 @@ fn below(a: &str, b: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::below;
+    use std::time::Duration;
+
+    use super::{SETS_AT_MOST, SETS_EVERY, below, sets_every};
+
+    #[test]
+    fn set_looks_are_bounded_per_second_and_in_time() {
+        assert_eq!(sets_every(0), SETS_EVERY);
+        assert_eq!(sets_every(500), SETS_EVERY);
+        assert_eq!(sets_every(1_000), Duration::from_secs(10));
+        assert_eq!(sets_every(5_000), Duration::from_secs(50));
+        assert_eq!(sets_every(100_000), SETS_AT_MOST);
+    }
 
     #[test]
     fn stream_ids_compare_as_numbers() {

@@ -716,32 +716,26 @@ pub async fn migrate_legacy<C: ConnectionLike>(
     let Some(legacy) = keys.legacy_dead_letter.as_deref() else {
         return Ok(Migrated::default());
     };
+    let mut done = Migrated {
+        cursor: cursor.map(str::to_owned),
+        ..Migrated::default()
+    };
+    // Nothing new (the usual case, once an upgrade is done): one command, not the secret's
+    // script and the stream's groups as well.
+    let mut page = legacy_page(conn, legacy, cursor).await?;
+    if page.is_empty() {
+        return Ok(done);
+    }
     let secret = load_secret(conn, keys).await?;
     let owner = Owner {
         key: legacy,
         ..Owner::of(keys, secret.as_ref())
-    };
-    let mut done = Migrated {
-        cursor: cursor.map(str::to_owned),
-        ..Migrated::default()
     };
     done.readers = crate::inspect::groups(conn, legacy).await?;
     if !done.readers.is_empty() {
         return Ok(done);
     }
     loop {
-        let from = done
-            .cursor
-            .as_deref()
-            .map_or("-".to_owned(), |c| format!("({c}"));
-        let page: Vec<RawEntry> = redis::cmd("XRANGE")
-            .arg(legacy)
-            .arg(&from)
-            .arg("+")
-            .arg("COUNT")
-            .arg(BATCH)
-            .query_async(conn)
-            .await?;
         let last = page.len() < BATCH;
         for (id, fields) in page {
             done.cursor = Some(id.clone());
@@ -761,7 +755,26 @@ pub async fn migrate_legacy<C: ConnectionLike>(
         if last {
             return Ok(done);
         }
+        page = legacy_page(conn, legacy, done.cursor.as_deref()).await?;
     }
+}
+
+/// Up to [`BATCH`] entries of the earlier release's dead-letter stream after `cursor` (from
+/// its start without one).
+async fn legacy_page<C: ConnectionLike>(
+    conn: &mut C,
+    legacy: &str,
+    cursor: Option<&str>,
+) -> Result<Vec<RawEntry>, OperateError> {
+    let from = cursor.map_or("-".to_owned(), |c| format!("({c}"));
+    Ok(redis::cmd("XRANGE")
+        .arg(legacy)
+        .arg(&from)
+        .arg("+")
+        .arg("COUNT")
+        .arg(BATCH)
+        .query_async(conn)
+        .await?)
 }
 
 /// The fields of a dead letter of the earlier release as this release writes them, sealed when

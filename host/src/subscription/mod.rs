@@ -192,7 +192,7 @@ enum Quiet {
     /// No other consumer was left, and these were the bell's rings before the look: until a
     /// key of the partition is written, no entry can become pending to another consumer, and
     /// no look is needed.
-    Since(Vec<u64>),
+    Since(crate::doorbell::Mark),
 }
 
 /// Why a read was let through the flow controls.
@@ -926,9 +926,11 @@ impl Subscription {
         // Every read asks the set's timer task for a pass (which also covers entries other
         // hosts parked) and does not wait for it: a read that blocks is woken by what the pass
         // appends, one that does not takes it at the next read. A read woken because a pass
-        // just filled the lane needs no other.
+        // just filled the lane needs no other, nor does a set with a bell of its own: other
+        // hosts' parks ring it (or it passes every `block` while the doorbell cannot vouch).
         if let Some(delayed) = &self.delayed
             && !taken.for_lane
+            && !delayed.has_bell()
         {
             delayed.sweep_soon();
         }

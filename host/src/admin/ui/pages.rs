@@ -216,283 +216,36 @@ pub(super) async fn overview(
     done: Option<&str>,
     query: &ListQuery,
 ) -> Markup {
-    let mut cards = Vec::new();
     let look = |labels: &crate::metrics::SubLabels| needs_look(state, labels);
     let page = listing::page(&state.swaps, query, OVERVIEW_CARDS, Some(&look));
     let looks = state
         .swaps
         .iter()
-        .filter(|c| needs_look(state, c.slot().labels()))
+        .filter(|c| {
+            let labels = c.slot().labels();
+            query.matches(labels) && needs_look(state, labels)
+        })
         .count();
     // One server clock reading for the page's countdowns.
     let now_ms = match state.subscriptions.first() {
-        Some(sub) => crate::inspect::server_now_ms(&mut sub.conn.clone())
-            .await
-            .unwrap_or(0),
+        Some(sub) => tokio::time::timeout(
+            super::super::PROBE_TIMEOUT,
+            crate::inspect::server_now_ms(&mut sub.conn.clone()),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or(0),
         None => 0,
     };
-    for control in &page.shown {
-        let slot = control.slot();
-        let labels = slot.labels();
-        let parts = state.index.parts(&state.subscriptions, labels);
-        let mut outcomes = [0u64; 5];
-        let mut rows = Vec::new();
-        for part in &parts {
-            for (i, (_, n)) in state.metrics.outcomes(&part.labels).iter().enumerate() {
-                outcomes[i] += n;
-            }
-            let mut conn = part.conn.clone();
-            let snapshot = tokio::time::timeout(
-                super::super::PROBE_TIMEOUT,
-                crate::inspect::snapshot(
-                    &mut conn,
-                    &part.labels.stream,
-                    &part.labels.group,
-                    &part.dead_letter,
-                    part.delayed_key.as_deref(),
-                    part.lane.as_deref(),
-                ),
-            )
-            .await;
-            rows.push((part, snapshot, part.health.problem()));
-        }
-        let current = slot.current();
-        let (swaps, refusals) = slot.counts();
-        let facts = match parts.first() {
-            Some(first) => tokio::time::timeout(
-                super::super::PROBE_TIMEOUT,
-                crate::inspect::redis_facts(&mut first.conn.clone()),
-            )
-            .await
-            .ok()
-            .and_then(Result::ok),
-            None => None,
-        };
-        let (limit, breaker_config) = parts
-            .first()
-            .map(|p| (p.rate_limit, p.circuit_breaker))
-            .unwrap_or_default();
-        // The tiles count for the whole group, from Redis (they survive restarts); this host's
-        // own counts only when Redis does not answer.
-        let group_counts = match parts.first() {
-            Some(first) => tokio::time::timeout(
-                super::super::PROBE_TIMEOUT,
-                crate::flow::stats::read(&mut first.conn.clone(), &labels.stream, &labels.group),
-            )
-            .await
-            .ok()
-            .and_then(Result::ok),
-            None => None,
-        };
-        let (outcomes, counted) = match &group_counts {
-            Some(g) => (g.counts, Some(g.since_ms)),
-            None => (outcomes, None),
-        };
-        let waits: u64 = parts
-            .first()
-            .map(|p| state.metrics.rate_limit_waits(&p.of))
-            .unwrap_or(0);
-        let (paused, breaker) = parts
-            .first()
-            .map(|p| {
-                let flow = p.flow.borrow();
-                (flow.paused.clone(), flow.breaker.clone())
-            })
-            .unwrap_or_default();
-        // Pauses, resumes and the breaker's transitions, newest first.
-        let journal = match parts.first() {
-            Some(first) => tokio::time::timeout(
-                super::super::PROBE_TIMEOUT,
-                crate::flow::journal::read(
-                    &mut first.conn.clone(),
-                    &labels.stream,
-                    &labels.group,
-                    JOURNAL_SHOWN,
-                ),
-            )
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or_default(),
-            None => Vec::new(),
-        };
-        // The canary, when the flow hash names one (running, or the last one's verdict).
-        let has_canary = parts
-            .first()
-            .is_some_and(|p| p.flow.borrow().canary.is_some());
-        let canary = match state
-            .rollouts
+    // The cards' probes at once: a Redis that does not answer costs the page one probe's
+    // timeout, not one per card.
+    let cards: Vec<Markup> = futures::future::join_all(
+        page.shown
             .iter()
-            .find(|r| r.control().slot().labels() == labels)
-        {
-            Some(rollout) if has_canary => {
-                tokio::time::timeout(super::super::PROBE_TIMEOUT, rollout.state())
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-            }
-            _ => None,
-        };
-        let canary_running = canary
-            .as_ref()
-            .is_some_and(crate::rollout::canary::CanaryState::running);
-        cards.push(html! {
-            div.card {
-                h2 {
-                    "Stream " code { (labels.stream) } ", group " code { (labels.group) }
-                    @if canary_running { " " span.badge.warn { "canary" } }
-                    @if paused.is_some() { " " span.badge.warn { "paused" } }
-                    @if let Some(b) = &breaker { " " span.badge.bad { "circuit breaker " (b.name()) } }
-                }
-                @if let Some(b) = &breaker {
-                    p.paused { "Circuit breaker " (b.describe()) "." }
-                }
-                @if let Some(p) = &paused {
-                    p.paused {
-                        "Paused by " b { (p.by) }
-                        @if p.at_ms != 0 { " at " (p.at()) }
-                        @if let Some(r) = &p.reason { ": " (r) }
-                        ". No host of the group takes new entries or due retries until it is resumed; deliveries in flight finish."
-                    }
-                }
-                @if viewer.can_act && let Some(first) = parts.first() {
-                    @let keys = first.keys();
-                    div.flow {
-                        @if paused.is_some() {
-                            form.inline method="post" action=(sub_link(&keys, "act")) data-confirm=(format!("Resume stream {} group {} on every host?", labels.stream, labels.group)) {
-                                input type="hidden" name="csrf" value=(viewer.csrf);
-                                input type="hidden" name="action" value="resume";
-                                button.primary type="submit" { "Resume" }
-                            }
-                        } @else {
-                            form.inline method="post" action=(sub_link(&keys, "act")) data-confirm=(format!("Pause stream {} group {} on every host? Deliveries in flight finish; nothing new is read until it is resumed.", labels.stream, labels.group)) {
-                                input type="hidden" name="csrf" value=(viewer.csrf);
-                                input type="hidden" name="action" value="pause";
-                                input type="text" name="reason" placeholder="why (optional)" maxlength=(crate::flow::MAX_REASON);
-                                " "
-                                button.danger type="submit" { "Pause" }
-                            }
-                        }
-                    }
-                }
-                @if let Some(first) = parts.first() {
-                    @for warning in &first.warnings {
-                        p.bad { "Warning: " (warning) }
-                    }
-                }
-                div.grid {
-                    div.stat { b { (outcomes[0]) } span { "acked" } }
-                    div.stat { b { (outcomes[1]) } span { "retried" } }
-                    div.stat { b { (outcomes[2]) } span { "dead-lettered by the handler" } }
-                    div.stat { b { (outcomes[3] + outcomes[4]) } span { "failed (trap or limit)" } }
-                    div.stat { b { code { (current.digest.short()) } } span { "handler, since " (ago(current.since)) } }
-                    div.stat { b { (swaps) " / " (refusals) } span { "swaps / refused" } }
-                }
-                @if !parts.is_empty() {
-                    (super::rollout::panel(canary.as_ref(), viewer, (&labels.stream, &labels.group)))
-                }
-                p.muted {
-                    @match counted {
-                        Some(Some(since)) => { "Deliveries counted by every host of the group since " (format_ms(since as i64)) " (kept in Redis)." },
-                        Some(None) => { "Deliveries counted by every host of the group (kept in Redis): none yet." },
-                        None => { "Redis did not answer: deliveries counted by this host since it started." },
-                    }
-                }
-                p.muted.flow-facts {
-                    @match limit {
-                        Some(l) => { "Rate limit " b { (l.per_second) "/s" } " for the group (burst " (l.burst) "; " (waits) " reads waited on this host). " },
-                        None => { "No rate limit. " },
-                    }
-                    @match breaker_config {
-                        Some(b) => {
-                            "Circuit breaker " b { @if let Some(open) = &breaker { (open.name()) } @else { "closed" } }
-                            " (opens at " (format!("{:.0}", b.failure_rate * 100.0)) "% failed of at least " (b.min_deliveries) " in " (humantime::format_duration(b.window)) "). "
-                        },
-                        None => { "No circuit breaker. " },
-                    }
-                    @if let Some(f) = &facts {
-                        "Redis " (f.version) " (" (f.role) "), " (bytesize::ByteSize::b(f.used_memory)) " used"
-                        @if f.maxmemory > 0 { " of " (bytesize::ByteSize::b(f.maxmemory)) " (" (f.maxmemory_policy) ")" }
-                        ", " (f.clients) " clients."
-                    }
-                }
-                @if !journal.is_empty() {
-                    details.journal {
-                        summary { "Flow journal: " (journal[0].what) " " (ago_ms(journal[0].at_ms)) " (" (journal.len()) " shown)" }
-                        table {
-                            tr { th { "when" } th { "what" } th { "by" } th { "detail" } }
-                            @for j in &journal {
-                                tr {
-                                    td.nowrap { (format_ms(j.at_ms)) }
-                                    td { (j.what) }
-                                    td { code { (j.by) } }
-                                    td { (value(&j.detail)) }
-                                }
-                            }
-                        }
-                    }
-                }
-                table {
-                    tr { th { "stream" } th { "state" } th { "pending" } th { "unread" } th { "parked" } th { "next due" } th { "dead letters" } }
-                    @for (part, snapshot, problem) in &rows {
-                        @let keys = part.keys();
-                        tr {
-                            td { code { (part.labels.stream) } }
-                            td {
-                                @match problem {
-                                    None if paused.is_some() => span.badge.warn { "paused" },
-                                    None if breaker.is_some() => span.badge.bad { "breaker open" },
-                                    None => span.badge.ok { "reading" },
-                                    Some(p) => span.badge.bad title=(p) { "not ready" },
-                                }
-                            }
-                            @match snapshot {
-                                Ok(Ok(s)) => {
-                                    // A retry lane's entries are the subscription's work too.
-                                    @let lane_pending = s.lane.as_ref().map_or(0, |g| g.pending);
-                                    @let lane_unread = s.lane.as_ref().and_then(|g| g.lag).unwrap_or(0);
-                                    td title=[part.lane.as_ref().map(|l| format!("{lane_pending} of them in the retry lane {l}"))] {
-                                        a href=(sub_link(&keys, "pending")) { (s.group.as_ref().map_or(0, |g| g.pending) + lane_pending) }
-                                    }
-                                    td title=[part.lane.as_ref().map(|l| format!("{lane_unread} of them in the retry lane {l}"))] {
-                                        (s.group.as_ref().and_then(|g| g.lag).map_or("?".to_owned(), |l| (l + lane_unread).to_string()))
-                                    }
-                                    td {
-                                        @match &s.delayed {
-                                            Some(d) => a href=(sub_link(&keys, "parked")) { (d.parked) },
-                                            None => span.muted { "no set" },
-                                        }
-                                    }
-                                    td {
-                                        @match s.delayed.as_ref().and_then(|d| d.next_due_ms) {
-                                            Some(due) => span data-due=(due) data-now=(now_ms) { (format_ms(due)) },
-                                            None => span.muted { "-" },
-                                        }
-                                    }
-                                    td { a href=(sub_link(&keys, "dead-letters")) { (s.dead_letters) } }
-                                }
-                                Ok(Err(err)) => td colspan="5" .bad { "Redis: " (err.to_string()) },
-                                Err(_) => td colspan="5" .bad { "Redis did not answer within a second" },
-                            }
-                        }
-                    }
-                }
-                details {
-                    summary.muted { "Handler versions" }
-                    table {
-                        tr { th { "when" } th { "what" } th { "sha256" } }
-                        @for served in slot.history().iter().rev() {
-                            tr {
-                                td { (crate::admin::rfc3339(served.at)) }
-                                td { (served.how) }
-                                td { code { (served.digest.to_string()) } }
-                            }
-                        }
-                    }
-                }
-            }
-        });
-    }
+            .map(|control| overview_card(state, viewer, control, now_ms)),
+    )
+    .await;
     let samples = state
         .samples
         .lock()
@@ -512,6 +265,278 @@ pub(super) async fn overview(
             @for card in cards { (card) }
         },
     )
+}
+
+/// One subscription's card on the overview: its Redis probes (each bounded by
+/// `PROBE_TIMEOUT`) run together.
+async fn overview_card(
+    state: &AdminState,
+    viewer: &Viewer,
+    control: &std::sync::Arc<crate::admin::SwapControl>,
+    now_ms: i64,
+) -> Markup {
+    let slot = control.slot();
+    let labels = slot.labels();
+    let parts = state.index.parts(&state.subscriptions, labels);
+    let mut outcomes = [0u64; 5];
+    for part in &parts {
+        for (i, (_, n)) in state.metrics.outcomes(&part.labels).iter().enumerate() {
+            outcomes[i] += n;
+        }
+    }
+    let rows = futures::future::join_all(parts.iter().map(|part| async move {
+        let mut conn = part.conn.clone();
+        let snapshot = tokio::time::timeout(
+            super::super::PROBE_TIMEOUT,
+            crate::inspect::snapshot(
+                &mut conn,
+                &part.labels.stream,
+                &part.labels.group,
+                &part.dead_letter,
+                part.delayed_key.as_deref(),
+                part.lane.as_deref(),
+            ),
+        )
+        .await;
+        (part, snapshot, part.health.problem())
+    }))
+    .await;
+    let current = slot.current();
+    let (swaps, refusals) = slot.counts();
+    let facts = match parts.first() {
+        Some(first) => tokio::time::timeout(
+            super::super::PROBE_TIMEOUT,
+            crate::inspect::redis_facts(&mut first.conn.clone()),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok),
+        None => None,
+    };
+    let (limit, breaker_config) = parts
+        .first()
+        .map(|p| (p.rate_limit, p.circuit_breaker))
+        .unwrap_or_default();
+    // The tiles count for the whole group, from Redis (they survive restarts); this host's
+    // own counts only when Redis does not answer.
+    let group_counts = match parts.first() {
+        Some(first) => tokio::time::timeout(
+            super::super::PROBE_TIMEOUT,
+            crate::flow::stats::read(&mut first.conn.clone(), &labels.stream, &labels.group),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok),
+        None => None,
+    };
+    let (outcomes, counted) = match &group_counts {
+        Some(g) => (g.counts, Some(g.since_ms)),
+        None => (outcomes, None),
+    };
+    let waits: u64 = parts
+        .first()
+        .map(|p| state.metrics.rate_limit_waits(&p.of))
+        .unwrap_or(0);
+    let (paused, breaker) = parts
+        .first()
+        .map(|p| {
+            let flow = p.flow.borrow();
+            (flow.paused.clone(), flow.breaker.clone())
+        })
+        .unwrap_or_default();
+    // Pauses, resumes and the breaker's transitions, newest first.
+    let journal = match parts.first() {
+        Some(first) => tokio::time::timeout(
+            super::super::PROBE_TIMEOUT,
+            crate::flow::journal::read(
+                &mut first.conn.clone(),
+                &labels.stream,
+                &labels.group,
+                JOURNAL_SHOWN,
+            ),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default(),
+        None => Vec::new(),
+    };
+    // The canary, when the flow hash names one (running, or the last one's verdict).
+    let has_canary = parts
+        .first()
+        .is_some_and(|p| p.flow.borrow().canary.is_some());
+    let canary = match state
+        .rollouts
+        .iter()
+        .find(|r| r.control().slot().labels() == labels)
+    {
+        Some(rollout) if has_canary => {
+            tokio::time::timeout(super::super::PROBE_TIMEOUT, rollout.state())
+                .await
+                .ok()
+                .and_then(Result::ok)
+        }
+        _ => None,
+    };
+    let canary_running = canary
+        .as_ref()
+        .is_some_and(crate::rollout::canary::CanaryState::running);
+    html! {
+        div.card {
+            h2 {
+                "Stream " code { (labels.stream) } ", group " code { (labels.group) }
+                @if canary_running { " " span.badge.warn { "canary" } }
+                @if paused.is_some() { " " span.badge.warn { "paused" } }
+                @if let Some(b) = &breaker { " " span.badge.bad { "circuit breaker " (b.name()) } }
+            }
+            @if let Some(b) = &breaker {
+                p.paused { "Circuit breaker " (b.describe()) "." }
+            }
+            @if let Some(p) = &paused {
+                p.paused {
+                    "Paused by " b { (p.by) }
+                    @if p.at_ms != 0 { " at " (p.at()) }
+                    @if let Some(r) = &p.reason { ": " (r) }
+                    ". No host of the group takes new entries or due retries until it is resumed; deliveries in flight finish."
+                }
+            }
+            @if viewer.can_act && let Some(first) = parts.first() {
+                @let keys = first.keys();
+                div.flow {
+                    @if paused.is_some() {
+                        form.inline method="post" action=(sub_link(&keys, "act")) data-confirm=(format!("Resume stream {} group {} on every host?", labels.stream, labels.group)) {
+                            input type="hidden" name="csrf" value=(viewer.csrf);
+                            input type="hidden" name="action" value="resume";
+                            button.primary type="submit" { "Resume" }
+                        }
+                    } @else {
+                        form.inline method="post" action=(sub_link(&keys, "act")) data-confirm=(format!("Pause stream {} group {} on every host? Deliveries in flight finish; nothing new is read until it is resumed.", labels.stream, labels.group)) {
+                            input type="hidden" name="csrf" value=(viewer.csrf);
+                            input type="hidden" name="action" value="pause";
+                            input type="text" name="reason" placeholder="why (optional)" maxlength=(crate::flow::MAX_REASON);
+                            " "
+                            button.danger type="submit" { "Pause" }
+                        }
+                    }
+                }
+            }
+            @if let Some(first) = parts.first() {
+                @for warning in &first.warnings {
+                    p.bad { "Warning: " (warning) }
+                }
+            }
+            div.grid {
+                div.stat { b { (outcomes[0]) } span { "acked" } }
+                div.stat { b { (outcomes[1]) } span { "retried" } }
+                div.stat { b { (outcomes[2]) } span { "dead-lettered by the handler" } }
+                div.stat { b { (outcomes[3] + outcomes[4]) } span { "failed (trap or limit)" } }
+                div.stat { b { code { (current.digest.short()) } } span { "handler, since " (ago(current.since)) } }
+                div.stat { b { (swaps) " / " (refusals) } span { "swaps / refused" } }
+            }
+            @if !parts.is_empty() {
+                (super::rollout::panel(canary.as_ref(), viewer, (&labels.stream, &labels.group)))
+            }
+            p.muted {
+                @match counted {
+                    Some(Some(since)) => { "Deliveries counted by every host of the group since " (format_ms(since as i64)) " (kept in Redis)." },
+                    Some(None) => { "Deliveries counted by every host of the group (kept in Redis): none yet." },
+                    None => { "Redis did not answer: deliveries counted by this host since it started." },
+                }
+            }
+            p.muted.flow-facts {
+                @match limit {
+                    Some(l) => { "Rate limit " b { (l.per_second) "/s" } " for the group (burst " (l.burst) "; " (waits) " reads waited on this host). " },
+                    None => { "No rate limit. " },
+                }
+                @match breaker_config {
+                    Some(b) => {
+                        "Circuit breaker " b { @if let Some(open) = &breaker { (open.name()) } @else { "closed" } }
+                        " (opens at " (format!("{:.0}", b.failure_rate * 100.0)) "% failed of at least " (b.min_deliveries) " in " (humantime::format_duration(b.window)) "). "
+                    },
+                    None => { "No circuit breaker. " },
+                }
+                @if let Some(f) = &facts {
+                    "Redis " (f.version) " (" (f.role) "), " (bytesize::ByteSize::b(f.used_memory)) " used"
+                    @if f.maxmemory > 0 { " of " (bytesize::ByteSize::b(f.maxmemory)) " (" (f.maxmemory_policy) ")" }
+                    ", " (f.clients) " clients."
+                }
+            }
+            @if !journal.is_empty() {
+                details.journal {
+                    summary { "Flow journal: " (journal[0].what) " " (ago_ms(journal[0].at_ms)) " (" (journal.len()) " shown)" }
+                    table {
+                        tr { th { "when" } th { "what" } th { "by" } th { "detail" } }
+                        @for j in &journal {
+                            tr {
+                                td.nowrap { (format_ms(j.at_ms)) }
+                                td { (j.what) }
+                                td { code { (j.by) } }
+                                td { (value(&j.detail)) }
+                            }
+                        }
+                    }
+                }
+            }
+            table {
+                tr { th { "stream" } th { "state" } th { "pending" } th { "unread" } th { "parked" } th { "next due" } th { "dead letters" } }
+                @for (part, snapshot, problem) in &rows {
+                    @let keys = part.keys();
+                    tr {
+                        td { code { (part.labels.stream) } }
+                        td {
+                            @match problem {
+                                None if paused.is_some() => span.badge.warn { "paused" },
+                                None if breaker.is_some() => span.badge.bad { "breaker open" },
+                                None => span.badge.ok { "reading" },
+                                Some(p) => span.badge.bad title=(p) { "not ready" },
+                            }
+                        }
+                        @match snapshot {
+                            Ok(Ok(s)) => {
+                                // A retry lane's entries are the subscription's work too.
+                                @let lane_pending = s.lane.as_ref().map_or(0, |g| g.pending);
+                                @let lane_unread = s.lane.as_ref().and_then(|g| g.lag).unwrap_or(0);
+                                td title=[part.lane.as_ref().map(|l| format!("{lane_pending} of them in the retry lane {l}"))] {
+                                    a href=(sub_link(&keys, "pending")) { (s.group.as_ref().map_or(0, |g| g.pending) + lane_pending) }
+                                }
+                                td title=[part.lane.as_ref().map(|l| format!("{lane_unread} of them in the retry lane {l}"))] {
+                                    (s.group.as_ref().and_then(|g| g.lag).map_or("?".to_owned(), |l| (l + lane_unread).to_string()))
+                                }
+                                td {
+                                    @match &s.delayed {
+                                        Some(d) => a href=(sub_link(&keys, "parked")) { (d.parked) },
+                                        None => span.muted { "no set" },
+                                    }
+                                }
+                                td {
+                                    @match s.delayed.as_ref().and_then(|d| d.next_due_ms) {
+                                        Some(due) => span data-due=(due) data-now=(now_ms) { (format_ms(due)) },
+                                        None => span.muted { "-" },
+                                    }
+                                }
+                                td { a href=(sub_link(&keys, "dead-letters")) { (s.dead_letters) } }
+                            }
+                            Ok(Err(err)) => td colspan="5" .bad { "Redis: " (err.to_string()) },
+                            Err(_) => td colspan="5" .bad { "Redis did not answer within a second" },
+                        }
+                    }
+                }
+            }
+            details {
+                summary.muted { "Handler versions" }
+                table {
+                    tr { th { "when" } th { "what" } th { "sha256" } }
+                    @for served in slot.history().iter().rev() {
+                        tr {
+                            td { (crate::admin::rfc3339(served.at)) }
+                            td { (served.how) }
+                            td { code { (served.digest.to_string()) } }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Rates between consecutive samples as an inline SVG line chart: acked, retried, failed.
