@@ -6,7 +6,8 @@
 //! Scenarios: `ceiling` (XREADGROUP COUNT 128 + one XACK per batch, no handler), `ceiling-server`
 //! (the same on 4 connections at once, with Redis's own CPU time), `ceiling-lean` (the same loop on
 //! the host's lean read connection instead of redis-rs), `native` (the host's full path with a
-//! native Rust handler), `wasm` (the same work in a component, reused instances), `wasm-isolated`
+//! native Rust handler), `wasm` (the same work in a component, reused instances),
+//! `native-doorbell` and `wasm-doorbell` (the same through the polling doorbell's read path), `wasm-isolated`
 //! (a fresh instance per delivery), `retry` (retry lateness through the durable set and the retry
 //! lane), `retry-backlog` (the same while a 5,000-entry backlog is being handled, retries at the
 //! stream's tail: `retry_lane = false`), `retry-backlog-lane` (the same through the lane), `drain`
@@ -32,12 +33,24 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use scenario::{Bench, Report};
 
+/// The scenarios whose throughput is reported as a ratio to the ceiling of the same run.
+const RATIO_TO_CEILING: [&str; 6] = [
+    "native",
+    "wasm",
+    "native-doorbell",
+    "wasm-doorbell",
+    "wasm-isolated",
+    "ceiling-lean",
+];
+
 const ALL: &[&str] = &[
     "ceiling",
     "ceiling-server",
     "ceiling-lean",
     "native",
     "wasm",
+    "native-doorbell",
+    "wasm-doorbell",
     "wasm-isolated",
     "retry",
     "retry-backlog",
@@ -61,7 +74,7 @@ const ALL: &[&str] = &[
 #[command(about = "Benchmark Sluice against this machine's Redis ceiling")]
 struct Args {
     /// Scenarios to run (default: all but footprint and density): ceiling, ceiling-server,
-    /// ceiling-lean, native, wasm, wasm-isolated, retry, retry-backlog, retry-backlog-lane,
+    /// ceiling-lean, native, wasm, native-doorbell, wasm-doorbell, wasm-isolated, retry, retry-backlog, retry-backlog-lane,
     /// drain, fan-out, swap, sandbox, cluster, ui, retention, languages, traces, flow, canary,
     /// footprint, density.
     scenarios: Vec<String>,
@@ -151,11 +164,7 @@ async fn main() -> Result<()> {
         );
     }
     // Every ratio is to the ceiling measured in the same run.
-    if !wanted.contains(&"ceiling")
-        && wanted
-            .iter()
-            .any(|s| ["native", "wasm", "wasm-isolated", "ceiling-lean"].contains(s))
-    {
+    if !wanted.contains(&"ceiling") && wanted.iter().any(|s| RATIO_TO_CEILING.contains(s)) {
         wanted.insert(0, "ceiling");
     }
     let bench = Bench::start(
@@ -214,6 +223,7 @@ async fn main() -> Result<()> {
             "ceiling-lean" => bench.ceiling_lean(args.messages).await?,
             "native" => bench.host_path("native", args.messages).await?,
             "wasm" => bench.host_path("wasm", args.messages).await?,
+            "native-doorbell" | "wasm-doorbell" => bench.host_path(name, args.messages).await?,
             "wasm-isolated" => bench.host_path("wasm-isolated", args.messages).await?,
             "retry" => bench.retry(args.retries, Duration::from_secs(1)).await?,
             "retry-backlog" => {
@@ -234,7 +244,7 @@ async fn main() -> Result<()> {
         };
         if name == "ceiling" {
             ceiling = Some(report.msgs_per_s);
-        } else if ["native", "wasm", "wasm-isolated", "ceiling-lean"].contains(&name) {
+        } else if RATIO_TO_CEILING.contains(&name) {
             report.ratio_to_ceiling = ceiling.map(|c| report.msgs_per_s / c);
         }
         if args.json {

@@ -24,6 +24,7 @@ use redis::{
 use crate::config::{PrivateFileError, RedisAccess, read_private};
 
 pub mod lean;
+pub mod pool;
 
 /// How long a non-blocking command may take before it counts as failed.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
@@ -249,6 +250,9 @@ struct HandleInner {
     route: Route,
     /// The URL, without credentials, for logs.
     name: String,
+    /// The lean read connections of non-blocking readers (one node, plain TCP), made with
+    /// the first one that asks.
+    pool: std::sync::OnceLock<Option<Arc<pool::LeanPool>>>,
 }
 
 enum Route {
@@ -364,7 +368,11 @@ impl RedisHandle {
             }
         };
         Ok(Self {
-            inner: Arc::new(HandleInner { route, name }),
+            inner: Arc::new(HandleInner {
+                route,
+                name,
+                pool: std::sync::OnceLock::new(),
+            }),
         })
     }
 
@@ -411,6 +419,22 @@ impl RedisHandle {
                 .connect(block + COMMAND_TIMEOUT, &self.inner.name)
                 .await
                 .map(Reader::Cluster),
+        }
+    }
+
+    /// A reader for reads that never block: the node's pool of lean connections (see
+    /// [`pool`]), or the shared connection where the lean reader does not suit (TLS, a Unix
+    /// socket, RESP3, a cluster).
+    pub fn non_blocking_reader(&self) -> Reader {
+        let pool = self.inner.pool.get_or_init(|| match &self.inner.route {
+            Route::Node { current, .. } if lean::suits(current.load().0.get_connection_info()) => {
+                Some(pool::LeanPool::new(Arc::downgrade(&self.inner)))
+            }
+            _ => None,
+        });
+        match pool {
+            Some(pool) => Reader::Pooled(pool.clone()),
+            None => Reader::Shared(self.clone()),
         }
     }
 
@@ -567,6 +591,8 @@ pub enum Reader {
     /// The handle's shared connection, for reads that never block: a partition whose waits
     /// one blocking read serves for all (see [`crate::subscription::shared_read`]).
     Shared(RedisHandle),
+    /// The node's pool of lean read connections, for reads that never block (see [`pool`]).
+    Pooled(Arc<pool::LeanPool>),
 }
 
 impl ConnectionLike for Reader {
@@ -576,6 +602,7 @@ impl ConnectionLike for Reader {
             Self::Node(c) => c.req_packed_command(cmd),
             Self::Cluster(c) => c.req_packed_command(cmd),
             Self::Shared(c) => c.req_packed_command(cmd),
+            Self::Pooled(p) => p.command(cmd),
         }
     }
 
@@ -590,6 +617,7 @@ impl ConnectionLike for Reader {
             Self::Node(c) => c.req_packed_commands(cmd, offset, count),
             Self::Cluster(c) => c.req_packed_commands(cmd, offset, count),
             Self::Shared(c) => c.req_packed_commands(cmd, offset, count),
+            Self::Pooled(p) => p.commands(cmd, offset, count),
         }
     }
 
@@ -599,6 +627,7 @@ impl ConnectionLike for Reader {
             Self::Node(c) => c.get_db(),
             Self::Cluster(_) => 0,
             Self::Shared(c) => c.get_db(),
+            Self::Pooled(p) => p.db(),
         }
     }
 }

@@ -676,9 +676,25 @@ fn resident(pid: u32) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_over_max_entry_bytes_are_dead_lettered_unhandled_and_their_memory_given_back() {
+    big_entries_given_back(false).await;
+}
+
+/// The same for a subscription that reads through the doorbell (as every subscription of a
+/// host of thousands does): its reads take the node's pooled lean connections, which give a
+/// big reply's buffer back too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_doorbell_read_path_too_big_entries_memory_is_given_back() {
+    big_entries_given_back(true).await;
+}
+
+async fn big_entries_given_back(doorbell: bool) {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let host = HostProcess::run(&redis, TestConfig::of(Sub::fixture("big")));
+    let mut config = TestConfig::of(Sub::fixture("big"));
+    if doorbell {
+        config = config.set("doorbell", "poll");
+    }
+    let host = HostProcess::run(&redis, config);
     host.admin_addr().await;
     let first = add(&mut conn, "big", &Control::Ack).await;
     wait_acked(&conn, "big", "g", &first).await;

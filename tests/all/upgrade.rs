@@ -227,21 +227,6 @@ async fn an_earlier_dead_letter_stream_that_others_read_is_left_to_them() {
     );
 }
 
-/// Calls of `command` (lower case, as INFO commandstats names it) Redis has served so far.
-async fn calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
 /// A pass of the dead-letter migration that finds nothing new after its cursor sends one
 /// XRANGE: not the secret's script and the stream's groups as well (thousands of idle
 /// subscriptions on a polling doorbell sent 14 commands each a minute for it). One that finds

@@ -121,7 +121,8 @@ impl Bench {
         Ok(report)
     }
 
-    /// The host's full path: `native`, `wasm` or `wasm-isolated`.
+    /// The host's full path: `native`, `wasm` or `wasm-isolated`; `native-doorbell` and
+    /// `wasm-doorbell` with the polling doorbell.
     pub async fn host_path(&self, scenario: &str, n: usize) -> Result<Report> {
         self.host_path_with(scenario, n, "").await
     }
@@ -163,10 +164,14 @@ impl Bench {
     ) -> Result<Report> {
         let stream = format!("bench-{scenario}");
         self.fill(&stream, n, Self::payment).await?;
-        let mut service = self
-            .service(&path_toml(component, &stream, isolation, extra))
-            .await?;
-        if scenario == "native" {
+        let mut toml = path_toml(component, &stream, isolation, extra);
+        if scenario.ends_with("-doorbell") {
+            // Reads through the doorbell's path (a bell, the shared connections), as a
+            // subscription of a host of thousands reads.
+            toml.insert_str(0, "doorbell = \"poll\"\n");
+        }
+        let mut service = self.service(&toml).await?;
+        if scenario.starts_with("native") {
             service = service.with_handler(0, Arc::new(NativeAck::new()));
         }
         let mut conn = self.conn().await?;

@@ -461,9 +461,11 @@ impl Subscription {
                 Some(conn) => conn,
                 // Only a successful read resets the backoff: a server that accepts connections
                 // but refuses every read must not be asked 20 times a second.
-                None if self.shared.is_some() || self.bell.is_some() => {
-                    reader.insert(Reader::Shared(self.conn.clone()))
-                }
+                // A subscription with a bell: the node's pooled lean connections, one for each
+                // read (a busy one reads as fast as on a connection of its own).
+                None if self.bell.is_some() => reader.insert(self.conn.non_blocking_reader()),
+                // A partition: the shared connection (its waits are the shared read's).
+                None if self.shared.is_some() => reader.insert(Reader::Shared(self.conn.clone())),
                 None => match self.conn.reader(plan.block).await {
                     Ok(conn) => reader.insert(conn),
                     Err(err) => {

@@ -113,14 +113,16 @@ pub async fn read_group(
 ) -> RedisResult<Vec<ReadEntry>> {
     let cmd = read_group_cmd(who, budgeted(who, count), block, from);
     let lane = who.lane.as_deref();
+    let make = |stream: &[u8], id, fields| ReadEntry {
+        id,
+        source: source_named(stream, lane),
+        fields,
+    };
     let entries = if let Reader::Lean(lean) = conn {
         // Parsed where it is read, straight into entries.
-        lean.read_entries(&cmd, |stream, id, fields| ReadEntry {
-            id,
-            source: source_named(stream, lane),
-            fields,
-        })
-        .await?
+        lean.read_entries(&cmd, make).await?
+    } else if let Reader::Pooled(pool) = conn {
+        pool.read_entries(&cmd, make).await?
     } else {
         let reply: Value = cmd.query_async(conn).await?;
         parse_read_reply(reply, lane)?

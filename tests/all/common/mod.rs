@@ -1192,3 +1192,18 @@ pub async fn wait_all_dead_lettered(
         dead: dead.len(),
     }
 }
+
+/// Calls of `command` (lower case, as INFO commandstats names it) Redis has served so far.
+pub async fn calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
