@@ -567,6 +567,12 @@ impl Bell {
         }
     }
 
+    /// Whether its doorbell polls now (no keyspace events): its rings then see entries added,
+    /// not the other writes (see [`poll`]).
+    pub fn polls(&self) -> bool {
+        self.doorbell.polling.load(Ordering::Acquire)
+    }
+
     /// Whether the rings can be trusted now: the doorbell is up and every key subscribed.
     fn trusted(&self) -> bool {
         *self.live.borrow() && self.doorbell.subscribed(&self.keys)

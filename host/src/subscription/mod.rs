@@ -996,6 +996,14 @@ impl Subscription {
             self.idle
                 .store(entries.is_empty(), std::sync::atomic::Ordering::Release);
             bell.set_idle(entries.is_empty());
+            // Woken and nothing read: what rang went to another consumer. A polling bell does
+            // not ring for the consumer that read made, and a look in this same wake may have
+            // come before it: look again at the usual pace, not after the bell's 5 minutes
+            // (found by an attack: a host that died holding such an entry was taken over
+            // after 5 minutes in one race of three).
+            if rung && entries.is_empty() && bell.polls() {
+                self.set_rescue_quiet(Quiet::No);
+            }
         }
         Ok(entries.into_iter().map(|e| (e, 1)).collect())
     }
