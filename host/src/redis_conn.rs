@@ -426,16 +426,33 @@ impl RedisHandle {
     /// [`pool`]), or the shared connection where the lean reader does not suit (TLS, a Unix
     /// socket, RESP3, a cluster).
     pub fn non_blocking_reader(&self) -> Reader {
-        let pool = self.inner.pool.get_or_init(|| match &self.inner.route {
-            Route::Node { current, .. } if lean::suits(current.load().0.get_connection_info()) => {
-                Some(pool::LeanPool::new(Arc::downgrade(&self.inner)))
-            }
-            _ => None,
-        });
-        match pool {
-            Some(pool) => Reader::Pooled(pool.clone()),
+        match self.read_pool() {
+            Some(pool) => Reader::Pooled(pool),
             None => Reader::Shared(self.clone()),
         }
+    }
+
+    /// The handle's pool of lean read connections (made at the first call), if the node
+    /// suits them.
+    fn read_pool(&self) -> Option<Arc<pool::LeanPool>> {
+        self.inner
+            .pool
+            .get_or_init(|| match &self.inner.route {
+                Route::Node { current, .. }
+                    if lean::suits(current.load().0.get_connection_info()) =>
+                {
+                    Some(pool::LeanPool::new(Arc::downgrade(&self.inner)))
+                }
+                _ => None,
+            })
+            .clone()
+    }
+
+    /// Use `other`'s pool of lean read connections (another handle to the same Redis with
+    /// the same credentials), so that the pool's bound holds per Redis, not per handle.
+    pub fn share_read_pool(&self, other: &RedisHandle) {
+        // A pool already made here stays (it is not made before its first read).
+        let _ = self.inner.pool.set(other.read_pool());
     }
 
     /// The client of the node commands go to now (the master behind Sentinel), for a

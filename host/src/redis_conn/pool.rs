@@ -7,7 +7,8 @@
 //! connection and its value tree, which cost a busy subscription a third of its throughput
 //! (`sluice-bench wasm-doorbell` against `wasm`).
 //!
-//! At most [`POOL_SIZE`] connections per node, so a busy tenant's reads cannot take more: a
+//! At most [`POOL_SIZE`] connections per Redis (a host's handles to one Redis share one pool,
+//! see [`super::RedisHandle::share_read_pool`]), so a busy tenant's reads cannot take more: a
 //! read waits for a free one (they are short, never blocking). A connection goes back only
 //! after a command that succeeded; any error (a timeout, a reply cut off, a node that became a
 //! replica) drops it, and the next read connects anew to the node commands go to now.
