@@ -846,7 +846,7 @@ async fn a_silent_redis_costs_the_page_one_probe_timeout_not_one_per_card() {
     let (code, _, page) = http_exchange(admin, "GET", "/ui/", &session.headers(), b"").await;
     assert_eq!(code, 200, "{page}");
     assert_eq!(page.matches("Stream <code>many-").count(), 20, "{page}");
-    // Redis frozen for 6 s (its own connection: the reply comes when it wakes). Both
+    // Redis frozen for 10 s (its own connection: the reply comes when it wakes). Both
     // connections are made first: a connection made during the freeze waits it out.
     let client = redis::Client::open(redis.url()).unwrap();
     let mut frozen = client.get_multiplexed_async_connection().await.unwrap();
@@ -854,7 +854,7 @@ async fn a_silent_redis_costs_the_page_one_probe_timeout_not_one_per_card() {
     let freeze = tokio::spawn(async move {
         let _: redis::RedisResult<()> = redis::cmd("DEBUG")
             .arg("SLEEP")
-            .arg(6)
+            .arg(10)
             .query_async(&mut frozen)
             .await;
     });

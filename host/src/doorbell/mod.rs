@@ -594,7 +594,7 @@ impl Bell {
     /// vouch for [`POLLED_QUIET`] at most.
     pub fn unrung_since(&self, mark: &Mark) -> bool {
         self.trusted()
-            && (!self.doorbell.polling.load(Ordering::Acquire) || mark.at.elapsed() < POLLED_QUIET)
+            && (!self.polls() || mark.at.elapsed() < POLLED_QUIET)
             && self
                 .rings()
                 .iter()
@@ -617,7 +617,7 @@ impl Bell {
         }
         // Going down rings every key; coming back rings the keys it subscribes.
         let trusted = self.trusted();
-        let polling = self.doorbell.polling.load(Ordering::Acquire);
+        let polling = self.polls();
         let any_ring = futures::future::select_all(
             rings
                 .iter_mut()

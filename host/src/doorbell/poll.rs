@@ -581,7 +581,6 @@ impl Doorbell {
     }
 }
 
-/// Whether stream id `a` is below `b` (`ms-seq`, compared as numbers).
 /// How long between two looks at `sets` delayed sets: [`SETS_EVERY`], or as long as
 /// [`SET_LOOKS_PER_S`] needs for them all, up to [`SETS_AT_MOST`].
 pub fn sets_every(sets: usize) -> Duration {
@@ -589,6 +588,7 @@ pub fn sets_every(sets: usize) -> Duration {
         .clamp(SETS_EVERY, SETS_AT_MOST)
 }
 
+/// Whether stream id `a` is below `b` (`ms-seq`, compared as numbers).
 fn below(a: &str, b: &str) -> bool {
     let parse = |id: &str| {
         let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
