@@ -74,7 +74,7 @@ impl Dispatcher {
         // During a canary the entry's origin id picks it, the same for all its attempts.
         // A host joining a canary holds the deliveries the candidate would take until it runs.
         let (version, trial) = self.slot.pick_when_ready(&delivery.origin_id).await;
-        delivery.started = Some(std::time::SystemTime::now());
+        delivery.started = Some(crate::clock::now());
         let parent = crate::telemetry::enabled().then(|| {
             crate::telemetry::parent_of(
                 &delivery.stream,
@@ -380,7 +380,7 @@ impl Dispatcher {
         let delay_ms = delay.as_millis() as u64;
         if self.settler.has_delayed_set() {
             tracing::info!(delay_ms, "parking for a delayed retry");
-            let parked_at = std::time::SystemTime::now();
+            let parked_at = crate::clock::now();
             self.settler.park(delivery, digest, delay, cause).await?;
             if crate::telemetry::enabled() {
                 trace_park(delivery, parked_at, delay);
@@ -428,7 +428,7 @@ fn trace_attempt(
     }
     let _ = span.set_parent(parent.context());
     let sc = parent.span_context();
-    let now = std::time::SystemTime::now();
+    let now = crate::clock::now();
     let basics = || {
         vec![
             KeyValue::new("stream", delivery.stream.clone()),

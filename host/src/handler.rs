@@ -70,7 +70,7 @@ impl Version {
         Self {
             digest: handler.digest().clone(),
             handler,
-            since: SystemTime::now(),
+            since: crate::clock::now(),
         }
     }
 }
@@ -466,7 +466,7 @@ impl HandlerSlot {
         };
         let slot = Self {
             history: Mutex::new(std::collections::VecDeque::from([Served {
-                at: std::time::SystemTime::now(),
+                at: crate::clock::now(),
                 digest: version.digest.clone(),
                 how: "started",
             }])),
@@ -645,7 +645,7 @@ impl HandlerSlot {
                 history.pop_front();
             }
             history.push_back(Served {
-                at: std::time::SystemTime::now(),
+                at: crate::clock::now(),
                 digest: digest.clone(),
                 how,
             });

@@ -60,7 +60,8 @@
 //!   records which subscription owns a key, [`redis_conn`] opens connections and
 //!   classifies Redis errors, [`devredis`] starts a private `redis-server` when none is
 //!   configured, and [`events`] reports each settled delivery to observers (tests, the bench).
-//! - [`when`] writes times for people (RFC 3339), bounded whatever Redis holds.
+//! - [`when`] writes times for people (RFC 3339), bounded whatever Redis holds; [`clock`] is
+//!   the one read of this host's wall clock (a test moves it; Redis's clock decides due times).
 //! - [`memory`] makes big buffers (a big entry's) go back to the kernel when freed, and
 //!   [`private_file`] writes files only this user may read, whole or not at all.
 //! - [`telemetry`] (`telemetry/`) exports the spans (each attempt's) over OTLP to a collector,
@@ -68,6 +69,7 @@
 
 mod admin;
 pub mod chain;
+pub mod clock;
 pub mod commands;
 pub mod config;
 pub mod delayed;

@@ -610,7 +610,6 @@ async fn without_the_descriptor_no_key_is_created_and_no_sweep_runs() {
 
 #[test]
 fn a_skewed_host_clock_does_not_change_when_entries_come_due() {
-    let faketime = faketime();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let redis = Redis::start();
@@ -632,11 +631,7 @@ fn a_skewed_host_clock_does_not_change_when_entries_come_due() {
             hosts.push(HostProcess::spawn_with(
                 &["run", path.to_str().unwrap(), "--redis", &url],
                 dir.path(),
-                &[
-                    ("LD_PRELOAD", faketime),
-                    ("FAKETIME", offset),
-                    ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-                ],
+                &[(sluice_host::clock::SKEW_VAR, offset)],
             ));
         }
         // The retry's second attempt waits (in the host's poll, not spinning) until the test
@@ -665,6 +660,14 @@ fn a_skewed_host_clock_does_not_change_when_entries_come_due() {
             assert!(
                 (0..200).contains(&late),
                 "came back {late} ms after its due time"
+            );
+        }
+        // Both clocks were moved (each host says so at its start).
+        for (host, offset) in hosts.iter().zip(["+2h", "-2h"]) {
+            let log = host.log_text();
+            assert!(
+                log.contains(&format!("wall clock is moved by {offset}")),
+                "{log}"
             );
         }
     });
@@ -772,7 +775,6 @@ async fn an_unreadable_member_is_dead_lettered_instead_of_blocking_the_set() {
 /// Redis clock, not its own (it read 3600 s before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lateness_is_measured_on_the_redis_clock_under_a_skewed_host_clock() {
-    let faketime = faketime();
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let dir = tempfile::tempdir().unwrap();
@@ -784,14 +786,16 @@ async fn lateness_is_measured_on_the_redis_clock_under_a_skewed_host_clock() {
     let host = HostProcess::spawn_with(
         &["run", path.to_str().unwrap(), "--redis", &redis.url()],
         dir.path(),
-        &[
-            ("LD_PRELOAD", faketime),
-            ("FAKETIME", "+1h"),
-            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-        ],
+        &[(sluice_host::clock::SKEW_VAR, "+1h")],
     );
     add(&mut conn, "late", &Control::Retry { ms: 500, times: 1 }).await;
     let admin = host.admin_addr().await;
+    // The clock is moved (the seam's warning comes before the admin server's line).
+    assert!(
+        host.log_text().contains("wall clock is moved by +1h"),
+        "{}",
+        host.log_text()
+    );
     let metrics = wait_for(T, "the retry's lateness to be recorded", || async move {
         let (_, metrics) = http_get(admin, "/metrics").await;
         metrics

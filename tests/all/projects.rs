@@ -1,8 +1,10 @@
 //! A team starts from an empty directory, in any of the three languages: `sluice new` writes a
-//! project that `sluice build` turns into a component and `sluice check` accepts with no edits.
-//! The Rust one builds against the SDK as `cargo package` packs it (the WIT travels inside the
-//! crate), not against this checkout. `sluice dev` rebuilds on every save and hot-swaps the
-//! build into the running host; a broken build leaves the last good handler serving.
+//! project that `sluice build` turns into a component and `sluice check` accepts with no edits
+//! (for Python and JavaScript, `scripts/newcomer` shows it, from the installed binary, in a new
+//! user's HOME). The Rust one builds against the SDK as `cargo package` packs it (the WIT
+//! travels inside the crate), not against this checkout. `sluice dev` rebuilds on every save
+//! and hot-swaps the build into the running host; a broken build leaves the last good handler
+//! serving.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -47,28 +49,13 @@ fn new_build_check(parent: &Path, name: &str, lang: &str, env: &[(&str, &str)]) 
     check
 }
 
-#[test]
-fn new_projects_build_and_pass_check_in_python_and_javascript() {
-    let parent = tempfile::tempdir().unwrap();
-    std::thread::scope(|s| {
-        let py = s.spawn(|| new_build_check(parent.path(), "orders-py", "python", &[]));
-        new_build_check(parent.path(), "orders-js", "js", &[]);
-        py.join().expect("python");
-    });
-    // A second project of the same name is refused, naming what exists.
-    let (ok, _, err) = run_sluice_with(
-        &["new", "orders-py", "--lang", "python"],
-        parent.path(),
-        &[],
-    );
-    assert!(!ok && err.contains("already exists"), "{err}");
-}
-
-/// The three SDK crates as `cargo package` packs them, unpacked into `dir`.
+/// The three SDK crates as `cargo package` packs them, unpacked into `dir`. Without cargo's
+/// verify build (a native build of each, a minute of CPU): the project the caller builds
+/// against them compiles them for their real target, which is the verification that counts.
 fn packaged_sdk(dir: &Path) -> PathBuf {
     let status = Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
         .current_dir(root())
-        .args(["package", "--allow-dirty", "--quiet"])
+        .args(["package", "--allow-dirty", "--quiet", "--no-verify"])
         .args([
             "-p",
             "sluice-descriptor",

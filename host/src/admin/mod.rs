@@ -422,7 +422,7 @@ fn publish_samples(
     samples: &[RedisSample],
 ) {
     let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-    let now_ms = std::time::SystemTime::now()
+    let now_ms = crate::clock::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
     let age = |size: &crate::inspect::StreamSize| {
@@ -536,7 +536,7 @@ async fn sample_outcomes(state: AdminState, stop: CancellationToken) {
                 counts[i] += n;
             }
         }
-        let at_ms = std::time::SystemTime::now()
+        let at_ms = crate::clock::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
         if let Ok(mut samples) = state.samples.lock() {

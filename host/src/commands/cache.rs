@@ -26,7 +26,7 @@ pub fn cache_prune(dir: Option<&Path>, older_than: &str) -> Result<String> {
             dir.display()
         ));
     }
-    let since = std::time::SystemTime::now()
+    let since = crate::clock::file_now()
         .checked_sub(age)
         .unwrap_or(std::time::UNIX_EPOCH);
     let (removed, freed) = compile::evict(&dir, usize::MAX, u64::MAX, Some(since));

@@ -31,6 +31,12 @@ pub async fn run(paths: &[PathBuf], redis: Option<&str>) -> Result<()> {
 /// [`run`], in dev mode when `dev` is given.
 pub async fn run_with(paths: &[PathBuf], redis: Option<&str>, dev: Option<Dev>) -> Result<()> {
     let mut config = super::load(paths)?;
+    if let Some(skew) = crate::clock::skew_note() {
+        tracing::warn!(
+            "this host's wall clock is moved by {skew} ({} is set: a test seam; due times follow Redis's clock)",
+            crate::clock::SKEW_VAR
+        );
+    }
     if dev.is_some() {
         // A new build is taken a quarter of a second after it lands, not a second.
         config.watch_interval = config.watch_interval.map(|i| i.min(DEV_WATCH_INTERVAL));

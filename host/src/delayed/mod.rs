@@ -61,7 +61,7 @@ use crate::keys::{self, Secret, SubscriptionKeys};
 
 /// This host's wall clock, epoch milliseconds.
 fn local_now_ms() -> i64 {
-    std::time::SystemTime::now()
+    crate::clock::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
 }

@@ -81,7 +81,7 @@ pub struct Paused {
 impl Paused {
     /// A pause by `by` now, for `reason`; both bounded and stripped of control characters.
     pub fn now(by: &str, reason: Option<&str>) -> Self {
-        let at_ms = SystemTime::now()
+        let at_ms = crate::clock::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         Self {
@@ -284,7 +284,7 @@ pub(crate) async fn bump_epoch<C: ConnectionLike>(conn: &mut C) -> RedisResult<(
         Err(err)
             if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
         {
-            let now = SystemTime::now()
+            let now = crate::clock::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos());
             redis::cmd("SET")

@@ -109,7 +109,7 @@ impl Counted {
                     .ignore();
             }
         }
-        let now_ms = std::time::SystemTime::now()
+        let now_ms = crate::clock::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         pipe.cmd("HSETNX")

@@ -590,7 +590,7 @@ pub async fn requeue<C: ConnectionLike>(
         .as_deref()
         .filter(|_| letter.trusted)
         .unwrap_or("");
-    let started = std::time::SystemTime::now();
+    let started = crate::clock::now();
     let mut invocation = REQUEUE.key(target);
     invocation
         .key(&*keys.dead_letter)

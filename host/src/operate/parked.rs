@@ -218,7 +218,7 @@ pub async fn retry_now<C: ConnectionLike>(
 ) -> RedisResult<usize> {
     let mut moved = 0;
     for chunk in members.chunks(BATCH) {
-        let started = std::time::SystemTime::now();
+        let started = crate::clock::now();
         let mut invocation = RETRY_NOW.key(key);
         invocation.arg(0);
         for member in chunk {

@@ -312,7 +312,7 @@ impl ArtifactCache {
         let _ = std::fs::File::options()
             .write(true)
             .open(&path)
-            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+            .and_then(|f| f.set_modified(crate::clock::file_now()));
         Some(artifact.to_vec())
     }
 
@@ -437,7 +437,7 @@ impl wasmtime::CacheStore for FunctionStore {
         let _ = std::fs::File::options()
             .write(true)
             .open(&path)
-            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+            .and_then(|f| f.set_modified(crate::clock::file_now()));
         Some(std::borrow::Cow::Owned(stored))
     }
 

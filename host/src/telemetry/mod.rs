@@ -172,7 +172,7 @@ pub fn operator_span(
     Whole {
         name,
         start,
-        end: std::time::SystemTime::now(),
+        end: crate::clock::now(),
         attributes,
     }
     .emit(parent.span_context(), None);

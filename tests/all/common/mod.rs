@@ -57,22 +57,18 @@ pub struct Guests {
 pub fn guests() -> &'static Guests {
     static GUESTS: OnceLock<Guests> = OnceLock::new();
     GUESTS.get_or_init(|| {
-        let status = Command::new(cargo())
-            .current_dir(root())
-            .args(["build", "--release", "--target", "wasm32-wasip2"])
-            .args([
-                "-p",
-                "sluice-fixture",
-                "-p",
-                "bank-payments",
-                "-p",
-                "bank-payments-manual",
-            ])
-            .args(["-p", "sluice-other-world", "-p", "sluice-fixture-v2"])
-            .args(["-p", "sluice-fixture-hang"])
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "building the guest components failed");
+        once_per_run("guests", || {
+            let status = Command::new(cargo())
+                .current_dir(root())
+                .args(["build", "--release", "--target", "wasm32-wasip2"])
+                .args(["-p", "sluice-fixture", "-p", "bank-payments"])
+                .args(["-p", "bank-payments-manual", "-p", "sluice-other-world"])
+                .args(["-p", "sluice-fixture-v2", "-p", "sluice-fixture-hang"])
+                .status()
+                .expect("cargo runs");
+            assert!(status.success(), "building the guest components failed");
+            String::new()
+        });
         let dir = target_dir().join("wasm32-wasip2/release");
         Guests {
             fixture: dir.join("sluice_fixture.wasm"),
@@ -83,6 +79,30 @@ pub fn guests() -> &'static Guests {
             other_world: dir.join("sluice_other_world.wasm"),
         }
     })
+}
+
+/// What `make` gives, made once per test run however many test processes ask for it: nextest
+/// runs each test in a process of its own, so a `OnceLock` alone would build the guests and
+/// the Python and JavaScript examples once per test. The first process to ask makes it under
+/// a file lock and writes the run's id (nextest's, else this process's) and the result beside
+/// it; the others wait on the lock and read the result.
+pub fn once_per_run(name: &str, make: impl FnOnce() -> String) -> String {
+    let run = std::env::var("NEXTEST_RUN_ID")
+        .unwrap_or_else(|_| format!("process-{}", std::process::id()));
+    let dir = target_dir().join("sluice-test-once");
+    std::fs::create_dir_all(&dir).expect("create target/sluice-test-once");
+    let lock = std::fs::File::create(dir.join(format!("{name}.lock"))).expect("lock file");
+    lock.lock().expect("lock target/sluice-test-once");
+    let stamp = dir.join(format!("{name}.done"));
+    if let Some(result) = std::fs::read_to_string(&stamp)
+        .ok()
+        .and_then(|text| text.strip_prefix(&format!("{run}\n")).map(str::to_owned))
+    {
+        return result;
+    }
+    let result = make();
+    std::fs::write(&stamp, format!("{run}\n{result}")).expect("write the stamp");
+    result
 }
 
 /// The `sluice` binary cargo built for these tests.
@@ -202,15 +222,26 @@ pub fn sluice_build(dir: &Path) -> PathBuf {
 /// The hostile Python guest (`tests/guests/probe-python`), built once per test run.
 pub fn probe_python() -> &'static Path {
     static PROBE: OnceLock<PathBuf> = OnceLock::new();
-    PROBE.get_or_init(|| sluice_build(&root().join("tests/guests/probe-python")))
+    PROBE.get_or_init(|| built_once(&root().join("tests/guests/probe-python")))
+}
+
+/// [`sluice_build`] of `dir`, once per test run (see [`once_per_run`]).
+fn built_once(dir: &Path) -> PathBuf {
+    let name = dir
+        .file_name()
+        .expect("a project directory")
+        .to_string_lossy();
+    PathBuf::from(once_per_run(&format!("build-{name}"), || {
+        sluice_build(dir).display().to_string()
+    }))
 }
 
 pub fn polyglot() -> &'static Polyglot {
     static POLYGLOT: OnceLock<Polyglot> = OnceLock::new();
     POLYGLOT.get_or_init(|| {
         let (python, js) = std::thread::scope(|s| {
-            let python = s.spawn(|| sluice_build(&root().join("examples/bank-payments-python")));
-            let js = sluice_build(&root().join("examples/bank-payments-js"));
+            let python = s.spawn(|| built_once(&root().join("examples/bank-payments-python")));
+            let js = built_once(&root().join("examples/bank-payments-js"));
             (python.join().expect("python build"), js)
         });
         Polyglot { python, js }
@@ -227,6 +258,12 @@ pub fn write_config(dir: &Path, name: &str, toml: &str) -> PathBuf {
     } else {
         format!("admin = \"127.0.0.1:0\"\n{toml}")
     };
+    // Hosts share one compile cache (as the in-process ones do), so a `sluice run` does not
+    // compile the fixture again on each start; a test of the cache names its own.
+    if !toml.contains("cache_dir") {
+        let cache = target_dir().join("sluice-test-cache");
+        toml = format!("cache_dir = \"{}\"\n{toml}", cache.display());
+    }
     // Mutating admin calls need a token, on loopback too: tests use `TEST_TOKEN` (a config
     // that says `# no admin token` gets none).
     if !toml.contains("admin_token")
@@ -349,16 +386,6 @@ impl TestHost {
         self.stop.cancel();
         self.task.await.expect("host task did not panic")
     }
-}
-
-/// libfaketime, which `scripts/setup` installs: `LD_PRELOAD` it to move a process's wall clock.
-pub fn faketime() -> &'static str {
-    let path = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
-    assert!(
-        Path::new(path).exists(),
-        "libfaketime is installed by scripts/setup"
-    );
-    path
 }
 
 /// A config written to a directory of its own, for `sluice run` to be started on it (again

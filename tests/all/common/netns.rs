@@ -100,11 +100,13 @@ fn sweep_stale() {
     }
 }
 
-/// The second byte of this process's addresses (10.x.*.*): from its PID, moved on while
-/// another live run uses it.
+/// The second byte of this process's addresses (10.x.*.*): one no other live test process
+/// holds. Each test is a process of its own under nextest, several at once, so the byte is
+/// claimed with a lock file held until the process ends (a killed process lets go of it), and
+/// one that addresses on this machine already use is passed over.
 fn second_byte() -> u32 {
-    static BYTE: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *BYTE.get_or_init(|| {
+    static BYTE: std::sync::OnceLock<(u32, File)> = std::sync::OnceLock::new();
+    let (byte, _held) = BYTE.get_or_init(|| {
         let taken = Command::new("ip")
             .args(["-o", "-4", "addr", "show"])
             .output()
@@ -113,9 +115,16 @@ fn second_byte() -> u32 {
         let pid = std::process::id();
         (0..100)
             .map(|k| 100 + (pid + k) % 100)
-            .find(|byte| !taken.contains(&format!(" 10.{byte}.")))
-            .unwrap_or(100 + pid % 100)
-    })
+            .filter(|byte| !taken.contains(&format!(" 10.{byte}.")))
+            .find_map(|byte| {
+                let path = std::env::temp_dir().join(format!("sluice-test-net-10.{byte}.lock"));
+                let file = File::create(path).ok()?;
+                file.try_lock().ok()?;
+                Some((byte, file))
+            })
+            .expect("a free 10.x.0.0/16 for this test process's namespaces")
+    });
+    *byte
 }
 
 impl Netns {

@@ -131,7 +131,7 @@ fn sub_link(keys: &SubscriptionKeys, page: &str) -> String {
 /// When a page was rendered (ms since the Unix epoch, this host's clock): how a browser (and
 /// its test) tells a refreshed page from the one before.
 fn rendered_ms() -> u128 {
-    std::time::SystemTime::now()
+    crate::clock::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis())
 }
@@ -147,7 +147,9 @@ fn ago_ms(ms: i64) -> String {
 }
 
 fn ago(at: std::time::SystemTime) -> String {
-    let secs = at.elapsed().map_or(0, |d| d.as_secs());
+    let secs = crate::clock::now()
+        .duration_since(at)
+        .map_or(0, |d| d.as_secs());
     match secs {
         0..60 => format!("{secs}s ago"),
         60..3600 => format!("{}m ago", secs / 60),
