@@ -95,8 +95,8 @@ impl Dispatcher {
                 stream = %delivery.stream,
                 group = %delivery.group,
                 id = %delivery.entry.id,
-                retry_count = delivery.retry_count,
-                delivery_count = delivery.delivery_count,
+                retry_count = crate::telemetry::number(delivery.retry_count),
+                delivery_count = crate::telemetry::number(delivery.delivery_count),
                 digest = version.digest.short(),
                 origin_id = tracing::field::Empty,
                 attempt = tracing::field::Empty,
@@ -202,7 +202,9 @@ impl Dispatcher {
         if bytes > self.policy.max_entry_bytes {
             // Held whole only long enough to move it: the handler never gets it.
             let reason = format!(
-                "the entry is {bytes} bytes, more than max_entry_bytes ({}): dead-lettered without being handled",
+                "the entry is {bytes} bytes ({} fields, each counted with {} bytes more), more than max_entry_bytes ({}): dead-lettered without being handled",
+                delivery.entry.fields.len(),
+                crate::delivery::FIELD_OVERHEAD,
                 self.policy.max_entry_bytes
             );
             return self.dead_letter_unhandled(&delivery, digest, &reason).await;
@@ -360,7 +362,10 @@ impl Dispatcher {
             }
             Action::Retry { delay, .. } => {
                 span.record("outcome", "retry");
-                span.record("retry_delay_ms", delay.as_millis() as u64);
+                span.record(
+                    "retry_delay_ms",
+                    crate::telemetry::number(delay.as_millis()),
+                );
             }
             Action::DeadLetter { reason, .. } => {
                 span.record("outcome", "dead-letter");
@@ -421,10 +426,13 @@ fn trace_attempt(
 
     span.record("otel.kind", "consumer");
     span.record("origin_id", delivery.origin_id.as_str());
-    span.record("attempt", delivery.previous_attempts() + 1);
+    span.record(
+        "attempt",
+        crate::telemetry::number(delivery.previous_attempts() + 1),
+    );
     span.record("trace_id", parent.trace_id().as_str());
     if let Some(n) = partition_of(&delivery.stream) {
-        span.record("partition", n);
+        span.record("partition", i64::from(n));
     }
     let _ = span.set_parent(parent.context());
     let sc = parent.span_context();

@@ -1,7 +1,8 @@
 //! An entry's history: one short record for every settle that parked it for a delayed retry or
-//! dead-lettered it, kept in a list per entry in Redis ([`crate::keys::history_key`], in the
-//! stream's hash slot), so that the operator page can show each attempt of an entry, what it
-//! was told and by which host, across hosts and restarts.
+//! dead-lettered it, kept in Redis (a field per entry of one hash per subscription,
+//! [`crate::keys::history_key`], indexed by when each may go, both in the stream's hash slot),
+//! so that the operator page can show each attempt of an entry, what it was told and by which
+//! host, across hosts and restarts.
 //!
 //! The record is written by the settle script itself (`settle/lua/history.lua`), after the
 //! entry's new place and before the XACK, with the Redis server's time: a crash never leaves a
@@ -9,10 +10,15 @@
 //! another program left there (of another type) is skipped, never a reason for a settle to
 //! fail.
 //!
-//! Bounds: the newest [`MAX_RECORDS`] records are kept; a reason is cut to [`MAX_WHY`] bytes;
-//! the list expires [`KEEP`] after the entry's last due time or its dead letter; a reader takes
-//! at most [`MAX_RECORDS`] records of at most [`MAX_RECORD_BYTES`] each, whatever the key holds.
-//! An entry whose origin is no stream id has no history (its key could be anything).
+//! Bounds: the newest [`MAX_RECORDS`] records of an entry are kept (a record is about 170
+//! bytes plus its reason); a reason is cut to
+//! [`MAX_WHY`] bytes; an entry's history goes [`KEEP`] after its last due time or its dead
+//! letter, and a subscription keeps at most `history_entries` of them (1,000 by default, 0 turns
+//! history off: the ones due to go soonest leave first), whatever the number of entries that
+//! retried or the dead-letter stream's length; both keys expire with the last history. A
+//! reader takes at most [`MAX_RECORDS`] records of at most [`MAX_RECORD_BYTES`] each, whatever
+//! the keys hold. An entry whose origin is no stream id has no history. Writes that Redis
+//! refuses (`maxmemory`) are skipped, never a reason for a settle to fail.
 //!
 //! Not recorded: acks (an entry not pending, parked or dead-lettered was handled) and retries
 //! that stay pending without a delayed set (Redis's delivery counter tells those).
@@ -74,18 +80,19 @@ pub struct Record {
 }
 
 impl Record {
-    /// The record of `delivery` settled by `consumer` as `action` for `why` (a retry with its
-    /// `delay`), as the settle script takes it: a JSON object without its closing brace (the
-    /// script appends the server's time and what else only it knows), or empty when the
-    /// entry's origin is no stream id and gets no history.
+    /// The note of `delivery` settled by `consumer` as `action` for `why` (a retry with its
+    /// `delay`), as the settle script takes it (`settle/lua/history.lua`): the origin id, the
+    /// most entries kept (`cap`), and the record as a JSON object without its closing brace
+    /// (the script appends the server's time and what else only it knows); empty when the
+    /// history is off or the entry's origin is no stream id.
     pub fn of(
         delivery: &Delivery,
         consumer: &str,
         action: Action,
-        why: &str,
-        delay: Option<Duration>,
+        (why, delay): (&str, Option<Duration>),
+        cap: u32,
     ) -> String {
-        if !is_stream_id(&delivery.origin_id) {
+        if cap == 0 || !is_stream_id(&delivery.origin_id) {
             return String::new();
         }
         let record = Record {
@@ -102,7 +109,7 @@ impl Record {
         let mut json = serde_json::to_string(&record).unwrap_or_default();
         // `at` is the script's to write: the object is left open after the last field.
         json.pop();
-        json
+        format!("{} {cap} {json}", delivery.origin_id)
     }
 
     /// The record for the admin API, with times for people.
@@ -150,7 +157,9 @@ pub async fn read<C: ConnectionLike>(
         return Ok(Vec::new());
     }
     let raw: Vec<Vec<u8>> = READ
-        .key(crate::keys::history_key(stream, group, origin_id))
+        .key(crate::keys::history_key(stream, group))
+        .key(crate::keys::legacy_history_key(stream, group, origin_id))
+        .arg(origin_id)
         .arg(MAX_RECORDS)
         .arg(MAX_RECORD_BYTES)
         .invoke_async(conn)

@@ -118,6 +118,7 @@ pub const LONG_VERSION: &str = concat!(
 
 pub use config::Config;
 pub use events::{Event, EventKind};
+pub use metrics::Metrics;
 pub use plan::{Plan, SubscriptionPlan};
 pub use service::{RunError, Service};
 pub use settle::dead_letter_script_sha;

@@ -102,6 +102,7 @@ pub struct Metrics {
     pub deliveries: Family<OutcomeLabels, Counter>,
     /// Time in the handler.
     pub handler_duration: HistogramFamily<SubLabels>,
+    /// Deliveries in the handler now.
     pub in_flight: Family<SubLabels, Gauge>,
     /// PEL size, sampled at scrape.
     pub pending: Family<SubLabels, Gauge>,
@@ -127,6 +128,7 @@ pub struct Metrics {
     pub sweep_moved: HistogramFamily<SubLabels>,
     /// Sweep pass duration.
     pub sweep_duration: HistogramFamily<SubLabels>,
+    /// How late a due retry was moved back, seconds.
     pub retry_lateness: HistogramFamily<SubLabels>,
     /// Retries longer than the set's ttl.
     pub retry_over_ttl: Family<SubLabels, Counter>,

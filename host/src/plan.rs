@@ -174,6 +174,8 @@ pub struct SubscriptionPlan {
     pub consumer_gone_after: Option<Duration>,
     /// Trim the dead-letter stream to about this many entries (`None`: never).
     pub dead_letter_maxlen: Option<u64>,
+    /// How many entries' histories the subscription keeps in Redis (0: none).
+    pub history_entries: u32,
     /// Due retries go to the group's retry lane, which the reader serves first (true whenever
     /// there is a delayed set, unless the operator asked for the stream's tail).
     pub retry_lane: bool,
@@ -207,6 +209,10 @@ pub struct Plan {
     pub admin: Option<std::net::SocketAddr>,
     /// Where the admin API's token comes from.
     pub admin_token: Option<crate::config::TokenSource>,
+    /// Where the key that seals canaries comes from (else the admin token's).
+    pub rollout_key: Option<crate::config::TokenSource>,
+    /// Without a key, make one for this process (`sluice dev` on its private Redis).
+    pub rollout_key_ephemeral: bool,
     /// The largest upload the admin API accepts.
     pub admin_max_upload: u64,
     /// Mutating admin calls need no token (loopback only).
@@ -395,6 +401,9 @@ impl Plan {
             subscriptions.push(SubscriptionPlan {
                 consumer_gone_after,
                 dead_letter_maxlen: sub.dead_letter_maxlen,
+                history_entries: sub
+                    .history_entries
+                    .unwrap_or(crate::keys::DEFAULT_HISTORY_ENTRIES),
                 retry_lane,
                 retry_lane_slots: if retry_lane {
                     sub.retry_lane_slots.unwrap_or_else(|| {
@@ -430,6 +439,8 @@ impl Plan {
             shutdown_timeout: config.shutdown_timeout,
             admin: config.admin,
             admin_token: config.admin_token.clone(),
+            rollout_key: config.rollout_key.clone(),
+            rollout_key_ephemeral: false,
             admin_max_upload: config.admin_max_upload,
             admin_open_on_loopback: config.admin_open_on_loopback,
             admin_read_only: config.admin_read_only,

@@ -69,8 +69,11 @@ pub enum RunError {
         error: redis::RedisError,
     },
     /// The admin token could not be read.
-    #[error(transparent)]
+    #[error("cannot use the admin token")]
     Token(#[from] crate::config::TokenError),
+    /// The rollout key could not be read.
+    #[error(transparent)]
+    RolloutKey(Box<crate::rollout::key::KeyError>),
     /// The admin server could not start.
     #[error(transparent)]
     Admin(#[from] crate::admin::AdminError),
@@ -358,6 +361,7 @@ impl Service {
         let breaker = breaker.cloned();
         let mut keys = SubscriptionKeys::of(s)
             .with_dead_letter_maxlen(sub.dead_letter_maxlen)
+            .with_history_entries(sub.history_entries)
             .with_retry_lane(sub.retry_lane);
         // Retries to the tail, but a lane left with work from when they went there: read it
         // until it is empty, so nothing stays stranded in it.
@@ -564,6 +568,28 @@ impl Service {
         Ok(())
     }
 
+    /// The key that seals canaries: configured, from the admin token, or (`sluice dev` on its
+    /// private Redis) made for this process; `None` refuses and ignores canaries.
+    fn rollout_key(
+        &self,
+    ) -> Result<Option<Arc<crate::rollout::key::RolloutKey>>, crate::rollout::key::KeyError> {
+        use crate::rollout::key::RolloutKey;
+        let key = match RolloutKey::resolve(
+            self.plan.rollout_key.as_ref(),
+            self.plan.admin_token.as_ref(),
+        )? {
+            Some(key) => Some(key),
+            None if self.plan.rollout_key_ephemeral => Some(RolloutKey::ephemeral()?),
+            None => None,
+        };
+        if key.is_none() && !self.plan.subscriptions.is_empty() {
+            tracing::info!(
+                "no rollout key (rollout_key_file, rollout_key_env or an admin token): canaries are refused on this host, and records other hosts write are not joined"
+            );
+        }
+        Ok(key.map(Arc::new))
+    }
+
     /// Run until `stop` is cancelled, then shut down. `dev_redis` is the URL used by
     /// subscriptions that have none of their own.
     pub async fn run(
@@ -579,6 +605,9 @@ impl Service {
         let mut swap_controls = Vec::new();
         let mut rollouts = Vec::new();
         let mut counted = Vec::new();
+        let rollout_key = self
+            .rollout_key()
+            .map_err(|err| RunError::RolloutKey(Box::new(err)))?;
         // One watch per component file, for every subscription that runs it.
         let mut watched_files: Vec<(std::path::PathBuf, Vec<Arc<crate::swap::SwapControl>>)> =
             Vec::new();
@@ -675,9 +704,9 @@ impl Service {
                 control.clone(),
                 conn.clone(),
                 sub.canary,
-                sub.consumer.clone(),
-                self.plan.admin_max_upload,
+                (sub.consumer.clone(), self.plan.admin_max_upload),
                 self.metrics.clone(),
+                rollout_key.clone(),
             ));
             // Nothing runs before the host knows whether a canary runs (and has joined it).
             slot.joining(crate::handler::Joining::new("", 10_000, 0));

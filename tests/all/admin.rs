@@ -1,10 +1,13 @@
 //! The admin API as an attacker on the operator's machine sees it: mutations need the token on
 //! loopback too, DNS rebinding and cross-site requests are refused, oversized and concurrent
-//! uploads are cut off before they are read, and the token itself is guarded.
+//! uploads are cut off before they are read, idle connections cannot lock out the probes, and
+//! the token itself is guarded.
 
 use std::time::Duration;
 
 use crate::common::*;
+
+const T: Duration = Duration::from_secs(20);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutating_admin_calls_need_a_token_even_on_loopback() {
@@ -113,6 +116,48 @@ fn a_world_readable_token_file_and_a_token_over_plain_http_are_refused() {
 
 /// Eight uploads that declare a large body and send part of it: one is read, the rest are
 /// refused at once, so the host never buffers more than one upload.
+/// 80 TCP connections that send nothing (more than the admin server serves at once) and as
+/// many sending their headers a byte at a time: `/healthz`, `/readyz` and `/metrics` still
+/// answer, the connections idle longest are closed for the new ones, and one that never sends
+/// a request is closed after the header timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_slow_connections_cannot_lock_out_the_probes() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let redis = Redis::start();
+    let mut host = start_fixture(&redis, Sub::fixture("idle")).await;
+    let admin = host.admin().await;
+    let mut idle = Vec::new();
+    for _ in 0..80 {
+        idle.push(tokio::net::TcpStream::connect(admin).await.unwrap());
+    }
+    let mut slow = Vec::new();
+    for _ in 0..80 {
+        let mut stream = tokio::net::TcpStream::connect(admin).await.unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHo")
+            .await
+            .unwrap();
+        slow.push(stream);
+    }
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let (status, body) = tokio::time::timeout(T, http_get(admin, path))
+            .await
+            .unwrap_or_else(|_| panic!("{path} does not answer while 160 connections are held"));
+        assert_eq!(status, 200, "{path}: {body}");
+    }
+    // The first connections were closed for later ones: reading them ends.
+    let mut first = idle.remove(0);
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(T, first.read(&mut buf)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+    drop((idle, slow));
+    // A lone connection that says nothing is closed after the header timeout.
+    let mut lone = tokio::net::TcpStream::connect(admin).await.unwrap();
+    let read = tokio::time::timeout(Duration::from_secs(10) + T, lone.read(&mut buf)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+    host.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_partial_uploads_are_refused_beyond_one() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

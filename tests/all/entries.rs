@@ -247,3 +247,39 @@ async fn spoofed_bookkeeping_fields_change_nothing() {
     assert_eq!(copy.origin_id, id, "the host's own origin");
     host.stop().await.unwrap();
 }
+
+/// An entry of 200,000 tiny fields (2.6 MB of names and values, but each field costs the host
+/// and the guest far more than its bytes) is over `max_entry_bytes` as it counts fields (64
+/// bytes each more): dead-lettered unhandled, saying so, and the subscription goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_of_very_many_fields_counts_them_and_is_dead_lettered_unhandled() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(&redis, Sub::fixture("wide-many")).await;
+    let mut xadd = redis::cmd("XADD");
+    xadd.arg("wide-many")
+        .arg("*")
+        .arg("payload")
+        .arg(serde_json::to_string(&sluice_fixture_control::Control::Ack).unwrap());
+    for i in 0..200_000u32 {
+        xadd.arg(format!("f{i}")).arg("x");
+    }
+    let wide: String = xadd.query_async(&mut conn).await.unwrap();
+    let after = add(
+        &mut conn,
+        "wide-many",
+        &sluice_fixture_control::Control::Ack,
+    )
+    .await;
+    let dead = wait_dead_letters(&conn, "wide-many", 1).await;
+    let reason = reason_of_origin(&dead, &wide);
+    assert!(
+        reason.contains("200001 fields") && reason.contains("more than max_entry_bytes"),
+        "{reason}"
+    );
+    host.event(T, "the entry after it", |e| {
+        e.id == after && e.kind == EventKind::Acked
+    })
+    .await;
+    host.stop().await.unwrap();
+}

@@ -1076,3 +1076,73 @@ async fn a_circuit_breaker_saves_attempts_while_the_gateway_is_down() {
     guarded.stop().await.unwrap();
     unguarded.stop().await.unwrap();
 }
+
+/// How many scripts Redis has run (`EVALSHA`), from `INFO commandstats`.
+async fn scripts_run(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = cmd(conn, &["INFO", "commandstats"]).await;
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// One subscription's pauses make the watchers read its flow hash again, not every
+/// subscription's: with 100 watched subscriptions, 5 pauses and resumes of one cost a few
+/// script calls each (where every change made every host read all 100 hashes: 1,000 reads);
+/// an epoch moved by another client (nothing logged) still makes them read everything, and a
+/// pause written that way is seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_rereads_only_its_own_flow_hash() {
+    use sluice_host::flow::{FlowWatcher, Paused};
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let handle = sluice_host::redis_conn::RedisHandle::connect(&redis.url(), &Default::default())
+        .await
+        .unwrap();
+    let metrics = sluice_host::Metrics::new(false);
+    let mut watcher = FlowWatcher::new(handle.clone());
+    let watches: Vec<_> = (0..100)
+        .map(|i| watcher.watch(&format!("s{i}"), "g", &metrics))
+        .collect();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(std::sync::Arc::new(watcher).run(stop.clone()));
+    let paused = |i: usize, want: bool| {
+        let state = watches[i].state.clone();
+        async move {
+            wait_for(T, "the watcher sees the change", || {
+                let state = state.clone();
+                async move { (state.borrow().paused.is_some() == want).then_some(()) }
+            })
+            .await;
+        }
+    };
+    let mut writer = handle.clone();
+    sluice_host::flow::pause(&mut writer, "s0", "g", Paused::now("test", None))
+        .await
+        .unwrap();
+    paused(0, true).await;
+    let before = scripts_run(&mut conn).await;
+    for _ in 0..5 {
+        sluice_host::flow::resume(&mut writer, "s0", "g", "test")
+            .await
+            .unwrap();
+        paused(0, false).await;
+        sluice_host::flow::pause(&mut writer, "s0", "g", Paused::now("test", None))
+            .await
+            .unwrap();
+        paused(0, true).await;
+    }
+    let spent = scripts_run(&mut conn).await - before;
+    assert!(
+        spent < 200,
+        "{spent} scripts for 10 changes of one subscription"
+    );
+    // Another client's pause and INCR: nothing logged, everything read.
+    let key = sluice_host::keys::flow_key("s7", "g");
+    let _: () = cmd(&mut conn, &["HSET", &key, "paused", "{}"]).await;
+    let _: i64 = cmd(&mut conn, &["INCR", sluice_host::keys::FLOW_EPOCH]).await;
+    paused(7, true).await;
+    stop.cancel();
+    running.await.unwrap();
+}

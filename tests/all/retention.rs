@@ -297,3 +297,54 @@ async fn every_groups_dead_letters_are_trimmed_under_their_own_lease() {
     a.stop().await.unwrap();
     b.stop().await.unwrap();
 }
+
+/// Entries' histories stay within their bound whatever the number of entries that retried or
+/// were dead-lettered: 3,000 dead letters with `dead_letter_maxlen = 100` and
+/// `history_entries = 500` leave two history keys holding 500 entries' histories (the earlier
+/// release left a key per entry: 3,000 of them, for 7 days), and a handful of keys in all;
+/// `history_entries = 0` writes none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entry_histories_are_bounded_and_can_be_turned_off() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let dead = serde_json::to_string(&sluice_fixture_control::Control::Dead {
+        reason: "declined".into(),
+    })
+    .unwrap();
+    let host = start_fixture(
+        &redis,
+        TestConfig::of(
+            Sub::fixture("hb")
+                .set("dead_letter_maxlen", 100)
+                .set("history_entries", 500),
+        )
+        .and(Sub::fixture("hz").set("history_entries", 0)),
+    )
+    .await;
+    for (stream, n) in [("hb", 3_000), ("hz", 200)] {
+        let mut pipe = redis::pipe();
+        for _ in 0..n {
+            pipe.cmd("XADD")
+                .arg(stream)
+                .arg("*")
+                .arg("payload")
+                .arg(&dead);
+        }
+        let ids: Vec<String> = pipe.query_async(&mut conn).await.unwrap();
+        wait_acked(&conn, stream, "g", ids.last().unwrap()).await;
+    }
+    let histories = sluice_host::keys::history_key("hb", "g");
+    let index = sluice_host::keys::history_index_key("hb", "g");
+    let entries: u64 = cmd(&mut conn, &["HLEN", &histories]).await;
+    let indexed: u64 = cmd(&mut conn, &["ZCARD", &index]).await;
+    assert_eq!((entries, indexed), (500, 500));
+    let keys: Vec<String> = cmd(&mut conn, &["KEYS", "*"]).await;
+    assert!(keys.len() < 30, "{} keys: {keys:?}", keys.len());
+    assert!(
+        !keys
+            .iter()
+            .any(|k| k.contains("hz") && k.contains("histor")),
+        "history_entries = 0 writes no history: {keys:?}"
+    );
+    host.stop().await.unwrap();
+}

@@ -377,17 +377,24 @@ async fn a_host_that_cannot_join_ends_the_canary_for_every_host() {
     b.stop().await.unwrap();
 }
 
-/// A canary record another writer to Redis made (no seal, or one made with another secret)
-/// runs nothing: the hosts ignore it and serve the current version.
+/// A client that can read and write Redis, and holds nothing else, cannot make the hosts run
+/// a component of its own: it reads the stream's secret there and seals a record with it as
+/// the earlier release did (100 % to its component, a verdict "promoted" beside it), and the
+/// host serves the current version and says why. A host without a rollout key refuses to start
+/// a canary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forged_canary_record_runs_nothing() {
+async fn a_redis_writer_cannot_make_the_hosts_run_its_component() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    // A delayed set gives the stream its secret, as a host that ran a canary would have.
+    // A delayed set gives the stream its secret in Redis.
     let mut host = start_fixture(&redis, Sub::fixture("cf").delayed("cf-parked")).await;
     let admin = host.admin().await;
     let v1 = serving(admin).await;
-    // The candidate's bytes where a host would fetch them, and a record naming them.
+    let secret: String = redis::cmd("GET")
+        .arg(sluice_host::keys::secret_key("cf"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let v2 = std::fs::read(&guests().fixture_v2).unwrap();
     let digest = sluice_host::digest::Digest::of(&v2).to_string();
     let _: () = redis::cmd("SET")
@@ -396,19 +403,37 @@ async fn a_forged_canary_record_runs_nothing() {
         .query_async(&mut conn)
         .await
         .unwrap();
+    let id = "0123456789abcdef0123456789abcdef";
     let body = serde_json::json!({
-        "id": "0123456789abcdef0123456789abcdef", "stream": "cf", "group": "g",
+        "id": id, "stream": "cf", "group": "g",
         "candidate": digest, "incumbent": v1, "share_bp": 10000, "started_ms": 0,
         "ends_ms": u64::MAX / 2, "by": "attacker",
         "thresholds": { "failure_rate_increase": 1.0, "dead_letter_rate_increase": 1.0,
             "retry_rate_increase": 1.0, "p99_ratio": 1000.0, "p99_slack_ms": 0, "min_deliveries": 1 }
     })
     .to_string();
-    let forged = serde_json::json!({ "body": body, "seal": "0".repeat(40) }).to_string();
+    // The seal the earlier release checked: a keyed hash under the stream's secret, which any
+    // Redis client computes.
+    let seal: String = redis::cmd("EVAL")
+        .arg("return redis.sha1hex(ARGV[1] .. redis.sha1hex(ARGV[1] .. cmsgpack.pack({'canary', ARGV[2], ARGV[3], ARGV[4]})))")
+        .arg(0)
+        .arg(&secret)
+        .arg("cf")
+        .arg("g")
+        .arg(&body)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let forged = serde_json::json!({ "body": body, "seal": seal }).to_string();
+    let promoted = serde_json::json!({ "id": id, "verdict": "promoted", "why": "", "at_ms": 1,
+        "by": "attacker" })
+    .to_string();
     let _: () = redis::cmd("HSET")
         .arg(sluice_host::keys::flow_key("cf", "g"))
         .arg("canary")
         .arg(&forged)
+        .arg("canary-verdict")
+        .arg(&promoted)
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -426,12 +451,224 @@ async fn a_forged_canary_record_runs_nothing() {
             .all(|(_, f)| field(f, "sluice-reason").unwrap().starts_with("v1@")),
         "only the serving version ran"
     );
+    assert_eq!(serving(admin).await, v1);
     let state = canary_state(admin, "cf").await;
     assert!(state["record"].is_null(), "{state}");
     assert!(
-        state["refused"].as_str().unwrap().contains("seal"),
+        state["refused"].as_str().unwrap().contains("rollout key"),
         "{state}"
     );
+    host.stop().await.unwrap();
+
+    // Without a rollout key (no token, open on loopback), a canary is refused, saying why.
+    let mut open = start_fixture(
+        &redis,
+        TestConfig::of(Sub::fixture("cn")).set("admin_open_on_loopback", Raw("true")),
+    )
+    .await;
+    let (status, body) = put_canary(open.admin().await, "cn", "percent=10").await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("rollout_key_file"), "{body}");
+    open.stop().await.unwrap();
+}
+
+/// The flow hash's verdict field, as Redis holds it.
+async fn verdict_field(
+    conn: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+) -> Option<String> {
+    redis::cmd("HGET")
+        .arg(sluice_host::keys::flow_key(stream, "g"))
+        .arg("canary-verdict")
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+async fn write_verdict_field(
+    conn: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+    value: Option<&str>,
+) {
+    let key = sluice_host::keys::flow_key(stream, "g");
+    let _: () = match value {
+        Some(value) => redis::cmd("HSET")
+            .arg(&key)
+            .arg("canary-verdict")
+            .arg(value)
+            .query_async(conn)
+            .await
+            .unwrap(),
+        None => redis::cmd("HDEL")
+            .arg(&key)
+            .arg("canary-verdict")
+            .query_async(conn)
+            .await
+            .unwrap(),
+    };
+    let _: () = redis::cmd("INCR")
+        .arg(sluice_host::keys::FLOW_EPOCH)
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+/// Only a host's sealed verdict counts, and a canary's life goes one way: a "promoted" written
+/// by hand beside a failing candidate is read past (the candidate is rolled back on its
+/// counts, the hand-written verdict replaced); an aborted canary's verdict deleted or replaced
+/// by hand is written back by the host, which never runs the candidate again; the candidate's
+/// bytes leave Redis with the verdict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_sealed_verdict_counts_and_an_ended_canary_stays_ended() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(
+        &redis,
+        Sub::fixture("cv").set("canary", Raw("{ min_deliveries = 5 }")),
+    )
+    .await;
+    let admin = host.admin().await;
+    let v1 = serving(admin).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let producer = {
+        let mut conn = redis.conn().await;
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let failing = by_version(
+                Control::Ack,
+                Control::Dead {
+                    reason: "v2 bug".into(),
+                },
+            );
+            while !stop.is_cancelled() {
+                add(&mut conn, "cv", &failing).await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let (status, body) = put_canary(admin, "cv", "percent=50&for=10m").await;
+    assert_eq!(status, 200, "{body}");
+    let id = serde_json::from_str::<serde_json::Value>(&body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let promoted = serde_json::json!({ "id": id, "verdict": "promoted", "why": "by hand",
+        "at_ms": 1, "by": "attacker" })
+    .to_string();
+    write_verdict_field(&mut conn, "cv", Some(&promoted)).await;
+    let state = canary_state(admin, "cv").await;
+    assert_eq!(state["running"], true, "{state}");
+    assert!(
+        state["verdict_refused"].as_str().unwrap().contains("seal"),
+        "{state}"
+    );
+    let state = verdict(admin, "cv", T).await;
+    assert_eq!(state["verdict"]["verdict"], "rolled-back", "{state}");
+    assert!(
+        state["verdict"]["why"]
+            .as_str()
+            .unwrap()
+            .contains("dead-letter rate"),
+        "{state}"
+    );
+    assert_eq!(serving(admin).await, v1);
+    let v2 = std::fs::read(&guests().fixture_v2).unwrap();
+    let digest = sluice_host::digest::Digest::of(&v2).to_string();
+    let bytes_key = sluice_host::keys::component_key("cv", &digest);
+    let checker = conn.clone();
+    let exists = move |key: String| {
+        let mut conn = checker.clone();
+        async move {
+            redis::cmd("EXISTS")
+                .arg(key)
+                .query_async::<u8>(&mut conn)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(
+        exists(bytes_key.clone()).await,
+        0,
+        "the candidate's bytes went with the verdict"
+    );
+
+    // A second canary, aborted by the operator.
+    let (status, body) = put_canary(admin, "cv", "percent=50&for=10m").await;
+    assert_eq!(status, 200, "{body}");
+    let id = serde_json::from_str::<serde_json::Value>(&body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, body) = http_request(
+        admin,
+        "POST",
+        "/v1/subscriptions/cv/g/canary/abort",
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        verdict_field(&mut conn, "cv").await.is_some(),
+        "the abort's verdict"
+    );
+    assert_eq!(
+        exists(bytes_key).await,
+        0,
+        "the candidate's bytes went with the abort"
+    );
+    // Deleted by hand, then replaced by a hand-written "promoted": each time a host writes a
+    // sealed "rolled back" back (the one that saw the abort, or one that finds it cannot join
+    // a candidate whose bytes are gone), and runs nothing on the candidate.
+    let promoted = serde_json::json!({ "id": id, "verdict": "promoted", "why": "by hand",
+        "at_ms": 1, "by": "attacker" })
+    .to_string();
+    for forged in [None, Some(promoted.as_str())] {
+        write_verdict_field(&mut conn, "cv", forged).await;
+        let id = &id;
+        wait_for(
+            T,
+            "a sealed rolled-back verdict written back",
+            || async move {
+                let state = canary_state(admin, "cv").await;
+                (state["record"]["id"] == id.as_str()
+                    && state["verdict"]["verdict"] == "rolled-back"
+                    && state["verdict_refused"].is_null())
+                .then_some(())
+            },
+        )
+        .await;
+    }
+    let mut markers = Vec::new();
+    for _ in 0..20 {
+        markers.push(add(&mut conn, "cv", &Control::Version).await);
+    }
+    let dead = wait_for(T, "the markers dead-lettered", || {
+        let mut conn = conn.clone();
+        let markers = markers.clone();
+        async move {
+            let dead = dead_lettered(&mut conn, "cv").await;
+            let found = markers
+                .iter()
+                .filter(|m| {
+                    dead.iter()
+                        .any(|(_, f)| field(f, "sluice-origin-id") == Some(m.as_str()))
+                })
+                .count();
+            (found == markers.len()).then_some(dead)
+        }
+    })
+    .await;
+    for marker in &markers {
+        let reason = reason_of_origin(&dead, marker);
+        assert!(reason.starts_with("v1@"), "{marker}: {reason}");
+    }
+    assert_eq!(
+        canary_state(admin, "cv").await["verdict"]["verdict"],
+        "rolled-back"
+    );
+    stop.cancel();
+    producer.await.unwrap();
     host.stop().await.unwrap();
 }
 
@@ -660,17 +897,22 @@ async fn a_replay_reports_what_the_candidate_would_do_and_writes_nothing() {
 async fn the_judge_rolls_back_a_failing_candidate_and_not_an_equal_one_by_chance() {
     use sluice_host::handler::Tally;
     use sluice_host::rollout::canary::{self, Outcome, Reported};
+    use sluice_host::rollout::key::{Origin, RolloutKey};
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let starter = conn.clone();
+    let key = RolloutKey::derive(TEST_TOKEN, Origin::AdminToken);
+    let starting_key = key.clone();
     let v1 = std::fs::read(&guests().fixture).unwrap();
     let v2 = std::fs::read(&guests().fixture_v2).unwrap();
     let start = |stream: String| {
         let (v1, v2) = (v1.clone(), v2.clone());
         let mut conn = starter.clone();
+        let key = starting_key.clone();
         async move {
             canary::start(
                 &mut conn,
+                &key,
                 canary::Start {
                     stream: &stream,
                     group: "g",
@@ -716,7 +958,7 @@ async fn the_judge_rolls_back_a_failing_candidate_and_not_an_equal_one_by_chance
                 judged.ends_ms = judged.started_ms;
             }
             let (inc, can) = (tally(18, draw(18, 0.05)), tally(2, draw(2, 0.05)));
-            match canary::report(&mut conn, &judged, "the test", &inc, &can)
+            match canary::report(&mut conn, &key, &judged, ("the test", b""), (&inc, &can))
                 .await
                 .unwrap()
             {
@@ -727,7 +969,7 @@ async fn the_judge_rolls_back_a_failing_candidate_and_not_an_equal_one_by_chance
                     }
                     break;
                 }
-                Reported::Gone => panic!("the canary is gone"),
+                other => panic!("{other:?}"),
             }
         }
     }
@@ -760,13 +1002,19 @@ async fn the_judge_rolls_back_a_failing_candidate_and_not_an_equal_one_by_chance
                 attempts <= 20,
                 "{spoil:?}: still running after 20 failed attempts"
             );
-            match canary::report(&mut conn, &record, "the test", &tally(9, 0), &tally(1, 1))
-                .await
-                .unwrap()
+            match canary::report(
+                &mut conn,
+                &key,
+                &record,
+                ("the test", b""),
+                (&tally(9, 0), &tally(1, 1)),
+            )
+            .await
+            .unwrap()
             {
                 Reported::Running => {}
                 Reported::Decided { verdict, .. } => break verdict,
-                Reported::Gone => panic!("the canary is gone"),
+                other => panic!("{other:?}"),
             }
         };
         assert_eq!(
@@ -780,5 +1028,31 @@ async fn the_judge_rolls_back_a_failing_candidate_and_not_an_equal_one_by_chance
             attempts <= 10,
             "{spoil:?}: rolled back after {attempts} failed attempts"
         );
+    }
+    // How few failed attempts roll a candidate back, as the book says: 1 once the incumbent
+    // has 135 clean attempts, 2 once it has 64, 4 once it has 31; one clean attempt fewer and
+    // the same failures do not.
+    for (failed, clean) in [(1, 135), (2, 64), (4, 31)] {
+        for (incumbent, expected) in [(clean - 1, None), (clean, Some(Outcome::RolledBack))] {
+            let record = start(format!("trap-{failed}-{incumbent}")).await;
+            let reported = canary::report(
+                &mut conn,
+                &key,
+                &record,
+                ("the test", b""),
+                (&tally(incumbent, 0), &tally(failed, failed)),
+            )
+            .await
+            .unwrap();
+            let outcome = match reported {
+                Reported::Running => None,
+                Reported::Decided { verdict, .. } => Some(verdict.outcome),
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(
+                outcome, expected,
+                "{failed} failed against {incumbent} clean"
+            );
+        }
     }
 }

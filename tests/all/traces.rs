@@ -151,6 +151,19 @@ impl Receiver {
     }
 }
 
+/// The value of a span's attribute `key` when it is a number (an integer attribute, as a
+/// backend's numeric queries need); `None` when missing or sent as anything else.
+fn number(span: &Span, key: &str) -> Option<i64> {
+    span.attributes
+        .iter()
+        .find(|a| a.key == key)
+        .and_then(|a| a.value.as_ref())
+        .and_then(|v| match &v.value {
+            Some(Value::IntValue(n)) => Some(*n),
+            _ => None,
+        })
+}
+
 /// The value of a span's attribute `key`, as text.
 fn attribute(span: &Span, key: &str) -> Option<String> {
     span.attributes
@@ -270,20 +283,22 @@ async fn one_trace_follows_an_entry_through_two_parked_retries_to_its_ack() {
             attempt.parent_span_id, producer_span,
             "attempt {n}'s parent"
         );
-        assert_eq!(attribute(attempt, "attempt"), Some((n + 1).to_string()));
+        assert_eq!(number(attempt, "attempt"), Some(n as i64 + 1));
+        assert_eq!(number(attempt, "retry_count"), Some(n as i64));
+        assert_eq!(number(attempt, "delivery_count"), Some(1));
         assert_eq!(attribute(attempt, "outcome").as_deref(), Some(outcome));
         assert_eq!(attribute(attempt, "stream").as_deref(), Some("traced"));
         assert_eq!(attribute(attempt, "group").as_deref(), Some("g"));
         assert!(attribute(attempt, "digest").is_some());
-        assert_eq!(attribute(attempt, "time_limit_ms").as_deref(), Some("7000"));
-        let memory: u64 = attribute(attempt, "memory_bytes").unwrap().parse().unwrap();
+        assert_eq!(number(attempt, "time_limit_ms"), Some(7000));
+        let memory = number(attempt, "memory_bytes").unwrap();
         assert!(memory > 0, "memory used is recorded");
         assert_eq!(
             attempt.trace_state, "vendor=abc",
             "the producer's tracestate kept"
         );
         if n < 2 {
-            assert_eq!(attribute(attempt, "retry_delay_ms").as_deref(), Some("300"));
+            assert_eq!(number(attempt, "retry_delay_ms"), Some(300));
         }
     }
     assert_eq!(attribute(attempts[0], "id").as_deref(), Some(id.as_str()));
@@ -300,13 +315,15 @@ async fn one_trace_follows_an_entry_through_two_parked_retries_to_its_ack() {
             (wait.end_time_unix_nano - wait.start_time_unix_nano) / 1_000_000,
             300
         );
-        assert_eq!(attribute(wait, "delay_ms").as_deref(), Some("300"));
+        assert_eq!(number(wait, "delay_ms"), Some(300));
+        assert!(number(wait, "retry_count").is_some());
     }
     // Each sweep says when the retry was due and how late it moved.
     for sweep in named(&spans, "sweep") {
         assert_eq!(sweep.parent_span_id, producer_span);
-        assert!(attribute(sweep, "due_ms").is_some());
-        let late: i64 = attribute(sweep, "lateness_ms").unwrap().parse().unwrap();
+        assert!(number(sweep, "due_ms").is_some());
+        assert!(number(sweep, "retry_count").is_some());
+        let late = number(sweep, "lateness_ms").unwrap();
         assert!(late >= 0);
     }
     drop(host);
@@ -430,7 +447,7 @@ async fn the_trace_survives_a_sigkill_between_attempts() {
     assert_eq!(attempts[1].trace_id, first_attempt.trace_id);
     assert_eq!(attempts[1].parent_span_id, first_attempt.parent_span_id);
     assert_eq!(attribute(attempts[1], "outcome").as_deref(), Some("ack"));
-    assert_eq!(attribute(attempts[1], "attempt").as_deref(), Some("2"));
+    assert_eq!(number(attempts[1], "attempt"), Some(2));
     assert_eq!(named(&spans, "sweep").len(), 1);
     let retry_now = wait_for(SPAN_WAIT, "the operator's retry-now span", || {
         let found = receiver
@@ -672,10 +689,7 @@ async fn outbound_requests_are_child_spans_and_carry_the_hosts_traceparent() {
         attribute(&request, "server.address").as_deref(),
         Some("127.0.0.1")
     );
-    assert_eq!(
-        attribute(&request, "http.response.status_code").as_deref(),
-        Some("200")
-    );
+    assert_eq!(number(&request, "http.response.status_code"), Some(200));
     assert!(request.end_time_unix_nano > request.start_time_unix_nano);
     let headers = seen.lock().unwrap().clone();
     assert_eq!(

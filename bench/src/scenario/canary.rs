@@ -88,12 +88,25 @@ impl Bench {
     ) -> Result<(f64, f64)> {
         let stream = format!("bench-canary-{run}");
         let mut conn = self.conn().await?;
+        // The rollout key the host reads from a private file, and the benchmark seals with.
+        let key_file =
+            std::env::temp_dir().join(format!("sluice-bench-rollout-{}", std::process::id()));
+        std::fs::write(&key_file, ROLLOUT_KEY)?;
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600))?;
+        }
+        let key = sluice_host::rollout::key::RolloutKey::derive(
+            ROLLOUT_KEY,
+            sluice_host::rollout::key::Origin::AdminToken,
+        );
         let from = match candidate {
             Some((candidate, share_bp)) => {
                 let v1 = std::fs::read(&self.fixture)?;
                 let v2 = std::fs::read(candidate)?;
                 sluice_host::rollout::canary::start(
                     &mut conn,
+                    &key,
                     sluice_host::rollout::canary::Start {
                         stream: &stream,
                         group: "g",
@@ -126,9 +139,12 @@ impl Bench {
             }
             pipe.query_async::<()>(&mut conn).await?;
         }
-        let service = self
-            .service(&path_toml(&self.fixture, &stream, "reuse", ""))
-            .await?;
+        let toml = format!(
+            "rollout_key_file = {:?}\n{}",
+            key_file.display().to_string(),
+            path_toml(&self.fixture, &stream, "reuse", "")
+        );
+        let service = self.service(&toml).await?;
         let mut events = service.events().subscribe();
         let stop = CancellationToken::new();
         let task = tokio::spawn(service.run(None, stop.clone()));
@@ -159,7 +175,8 @@ impl Bench {
         stop.cancel();
         task.await?.context("the host failed")?;
         if candidate.is_some() {
-            let state = sluice_host::rollout::canary::read(&mut conn, &stream, "g").await?;
+            let state =
+                sluice_host::rollout::canary::read(&mut conn, Some(&key), &stream, "g").await?;
             if !state.running() || state.candidate.attempts == 0 {
                 bail!(
                     "the canary did not run through the measurement: {:?}",
@@ -167,6 +184,7 @@ impl Bench {
                 );
             }
         }
+        let _ = std::fs::remove_file(&key_file);
         // The next run finds Redis as this one did: without the 300k entries of every run before.
         redis::cmd("DEL")
             .arg(&stream)
@@ -175,3 +193,6 @@ impl Bench {
         Ok((rate, us))
     }
 }
+
+/// The rollout key of the benchmark's canaries (no secret: the benchmark's Redis is its own).
+const ROLLOUT_KEY: &str = "3f9c2a7be1d04c6f8a5e9b2d7c1f0e4a9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a";

@@ -1,16 +1,10 @@
 //! The admin server's defences, apart from the routes they guard: which `Host` it answers to,
-//! what a browser may not send it, how large a declared body may be, token comparison, and a
-//! cap on open connections.
+//! what a browser may not send it, how large a declared body may be, and token comparison
+//! (how many connections, and for how long, is `connections.rs`).
 
-use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use axum::http::{HeaderMap, StatusCode, header};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 type Refusal = (StatusCode, String);
 
@@ -171,80 +165,6 @@ pub(super) fn declared_size(headers: &HeaderMap, max: usize) -> Result<(), Refus
 pub(super) fn same_secret(given: &str, token: &str) -> bool {
     use subtle::ConstantTimeEq as _;
     given.as_bytes().ct_eq(token.as_bytes()).into()
-}
-
-/// A listener that serves at most `max` connections at once: each accepted connection holds a
-/// permit until it closes, and accepting waits for one.
-pub(super) struct Limited<L> {
-    inner: L,
-    permits: Arc<Semaphore>,
-}
-
-impl<L> Limited<L> {
-    pub(super) fn new(inner: L, max: usize) -> Self {
-        Self {
-            inner,
-            permits: Arc::new(Semaphore::new(max)),
-        }
-    }
-}
-
-impl axum::serve::Listener for Limited<tokio::net::TcpListener> {
-    type Io = Counted;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        let Ok(permit) = self.permits.clone().acquire_owned().await else {
-            // The semaphore is never closed; wait like an idle listener would.
-            return std::future::pending().await;
-        };
-        let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
-        (
-            Counted {
-                stream,
-                _permit: permit,
-            },
-            addr,
-        )
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        self.inner.local_addr()
-    }
-}
-
-/// A connection that holds one of the listener's permits.
-pub(super) struct Counted {
-    stream: tokio::net::TcpStream,
-    _permit: OwnedSemaphorePermit,
-}
-
-impl AsyncRead for Counted {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Counted {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
-    }
 }
 
 #[cfg(test)]

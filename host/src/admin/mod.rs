@@ -24,8 +24,9 @@
 //!   `/readyz` stay open for probes and scrapers.
 //! - The token is checked (in constant time) before any body is read; a declared
 //!   `Content-Length` over `admin_max_upload` is refused at once (413); one upload at a time
-//!   (429 for the next); every request must finish within [`REQUEST_TIMEOUT`] (408); at most
-//!   [`MAX_CONNECTIONS`] connections are served at once.
+//!   (429 for the next); every request must finish within [`REQUEST_TIMEOUT`] (408); a
+//!   connection that sends no request is closed, and the probes answer however many
+//!   connections others hold (see [`connections`]).
 //! - Browsers: a request whose `Host` is not the bound address or a loopback name is refused
 //!   (DNS rebinding), and so is any `/v1` request a browser marks as cross-site (`Origin` of
 //!   another host, `Sec-Fetch-Site: cross-site`): CSRF.
@@ -47,6 +48,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
+mod connections;
 mod flow;
 mod guard;
 pub(crate) mod listing;
@@ -61,8 +63,6 @@ use crate::swap::{SwapControl, SwapError};
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// The longest one request (upload included) may take.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
-/// Connections served at once; more wait to be accepted.
-pub const MAX_CONNECTIONS: usize = 64;
 
 /// What the admin server knows about one subscription (one partition of a partitioned one).
 #[derive(Clone)]
@@ -224,10 +224,24 @@ pub async fn serve(
         ui::guard_ui_hardened,
     ));
     tokio::spawn(sample_outcomes(state.clone(), stop.clone()));
-    let app = Router::new()
-        .route("/metrics", get(metrics_handler))
+    let probes = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(ready_handler))
+        .route("/readyz", get(ready_handler));
+    let busy = probes
+        .clone()
+        .fallback(|| async {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the admin server is busy: every connection has a request in flight; only /healthz and /readyz are served on this one\n",
+            )
+        })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard_all,
+        ))
+        .with_state(state.clone());
+    let app = probes
+        .route("/metrics", get(metrics_handler))
         .merge(api)
         .merge(page)
         .layer(axum::middleware::from_fn_with_state(
@@ -235,15 +249,7 @@ pub async fn serve(
             guard_all,
         ))
         .with_state(state);
-    let listener = guard::Limited::new(listener, MAX_CONNECTIONS);
-    tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
-        if let Err(err) = served {
-            tracing::error!(%err, "admin server failed");
-        }
-    });
+    tokio::spawn(connections::serve(listener, app, busy, stop));
     tracing::info!(addr = %bound, "admin server listening (/ui/, /metrics, /healthz, /readyz)");
     Ok(bound)
 }

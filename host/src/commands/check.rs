@@ -14,5 +14,8 @@ pub async fn check(paths: &[PathBuf], redis: Option<&str>) -> Result<String> {
     if let Some(token) = &plan.admin_token {
         token.read().context("the admin token")?;
     }
+    if let Some(key) = &plan.rollout_key {
+        key.read().context("the rollout key")?;
+    }
     Ok(plan.render())
 }

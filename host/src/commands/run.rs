@@ -71,6 +71,8 @@ pub async fn run_with(paths: &[PathBuf], redis: Option<&str>, dev: Option<Dev>) 
         // or read-only mode still rules. On any other Redis, as `sluice run`.
         if private {
             plan.admin_open_on_loopback |= plan.admin_token.is_none() && !plan.admin_read_only;
+            // Canaries on this one host, sealed with a key made for this process.
+            plan.rollout_key_ephemeral = true;
         }
         eprint!(
             "{}",

@@ -12,6 +12,9 @@ use sluice_descriptor::{Backoff, DelayedRetry, MAX_DURATION, Overrides};
 use super::allow::{AllowedHost, EntryError};
 use super::{ConfigError, Isolation, Limits, RedisAccess, SubscriptionConfig, TokenSource};
 
+/// The most entries' histories a subscription may keep: about 5 GiB of Redis at the most.
+const MAX_HISTORY_ENTRIES: u64 = 1_000_000;
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
@@ -27,6 +30,8 @@ struct RawConfig {
     admin: Option<String>,
     admin_token_file: Option<PathBuf>,
     admin_token_env: Option<String>,
+    rollout_key_file: Option<PathBuf>,
+    rollout_key_env: Option<String>,
     admin_max_upload: Option<String>,
     cache_max_size: Option<String>,
     max_instances: Option<u64>,
@@ -97,6 +102,7 @@ struct RawSubscription {
     claim_min_idle: Option<String>,
     consumer_gone_after: Option<String>,
     dead_letter_maxlen: Option<u64>,
+    history_entries: Option<u64>,
     retention: Option<RawRetention>,
     dead_letter_retention: Option<RawDeadLetterRetention>,
     block: Option<String>,
@@ -205,6 +211,7 @@ pub(super) struct Globals {
     pub(super) shutdown_timeout: Option<Duration>,
     pub(super) admin: Option<Option<std::net::SocketAddr>>,
     pub(super) admin_token: Option<TokenSource>,
+    pub(super) rollout_key: Option<TokenSource>,
     pub(super) admin_max_upload: Option<u64>,
     pub(super) cache_max_size: Option<u64>,
     pub(super) max_instances: Option<u32>,
@@ -230,6 +237,11 @@ impl Globals {
             &mut self.admin_token,
             other.admin_token,
             "admin_token_file/admin_token_env",
+        )?;
+        merge(
+            &mut self.rollout_key,
+            other.rollout_key,
+            "rollout_key_file/rollout_key_env",
         )?;
         merge(
             &mut self.admin_max_upload,
@@ -376,6 +388,18 @@ fn globals(v: &Validator<'_>, base: &Path, raw: &RawConfig) -> Result<Globals, C
         (None, Some(var)) => Some(TokenSource::Env(var.clone())),
         (None, None) => None,
     };
+    let rollout_key = match (&raw.rollout_key_file, &raw.rollout_key_env) {
+        (Some(_), Some(_)) => {
+            return Err(v.invalid(
+                "rollout_key_file",
+                "",
+                "set rollout_key_file or rollout_key_env, not both",
+            ));
+        }
+        (Some(file), None) => Some(TokenSource::File(base.join(file))),
+        (None, Some(var)) => Some(TokenSource::Env(var.clone())),
+        (None, None) => None,
+    };
     let watch_interval = match raw.watch_interval.as_deref() {
         None => None,
         Some("off") => Some(None),
@@ -391,6 +415,7 @@ fn globals(v: &Validator<'_>, base: &Path, raw: &RawConfig) -> Result<Globals, C
         shutdown_timeout: v.opt_duration("shutdown_timeout", &raw.shutdown_timeout)?,
         admin,
         admin_token,
+        rollout_key,
         admin_max_upload: raw
             .admin_max_upload
             .as_deref()
@@ -581,6 +606,16 @@ fn subscription(
                 ));
             }
             other => other,
+        },
+        history_entries: match sub.history_entries {
+            Some(n) if n > MAX_HISTORY_ENTRIES => {
+                return Err(v.invalid(
+                    &key("history_entries"),
+                    &n.to_string(),
+                    &format!("must be at most {MAX_HISTORY_ENTRIES} (0 turns the history off)"),
+                ));
+            }
+            other => other.map(|n| n as u32),
         },
         origin: v.path.to_owned(),
     })
@@ -1251,7 +1286,12 @@ mod tests {
             for secret in [
                 "/etc/sluice/secrets/redis/password",
                 "/etc/sluice/secrets/admin/token",
+                "/etc/sluice/secrets/redis/ca.crt",
             ] {
+                // A CA only where the overlay talks TLS.
+                if secret.ends_with("ca.crt") && !text.contains(secret) {
+                    continue;
+                }
                 assert!(text.contains(secret), "{config}: {secret}");
                 let file = secrets.path().join(secret.rsplit('/').next().unwrap());
                 std::fs::write(&file, "not-a-real-secret").unwrap();

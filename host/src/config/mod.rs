@@ -101,8 +101,8 @@ pub const DEFAULT_HOST_MEMORY_LIMIT: u64 = 8 * 1024 * 1024;
 pub const DEFAULT_LOG_LINES: u32 = 100;
 /// Guest log bytes one delivery may write.
 pub const DEFAULT_LOG_BYTES: u64 = 64 * 1024;
-/// The largest entry handed to a handler, in bytes (its fields' names and values): a larger
-/// one is dead-lettered unhandled, with a reason saying so.
+/// The largest entry handed to a handler, in bytes (its fields' names and values, and 64 per
+/// field): a larger one is dead-lettered unhandled, with a reason saying so.
 pub const DEFAULT_MAX_ENTRY_BYTES: u64 = 8 * 1024 * 1024;
 
 /// Why a configuration was refused.
@@ -343,6 +343,8 @@ pub struct SubscriptionConfig {
     pub consumer_gone_after: Option<Option<Duration>>,
     /// `dead_letter_maxlen`: trim the dead-letter stream to about this many entries.
     pub dead_letter_maxlen: Option<u64>,
+    /// `history_entries`: how many entries' histories to keep (0: none); `None` for the default.
+    pub history_entries: Option<u32>,
     /// `retry_lane`: `None` or `Some(true)` send due retries to the group's own lane, read
     /// before new entries; `Some(false)` to the stream's tail, where every group reads them.
     pub retry_lane: Option<bool>,
@@ -411,6 +413,8 @@ pub struct Config {
     pub admin: Option<std::net::SocketAddr>,
     /// Where the admin API's bearer token comes from.
     pub admin_token: Option<TokenSource>,
+    /// Where the key that seals canaries comes from; the admin token's when `None`.
+    pub rollout_key: Option<TokenSource>,
     /// The largest upload the admin API accepts, in bytes.
     pub admin_max_upload: u64,
     /// Mutating admin calls need no token (loopback only).
@@ -447,6 +451,7 @@ impl Config {
                         values: BTreeMap::new(),
                         consumer_gone_after: None,
                         dead_letter_maxlen: None,
+                        history_entries: None,
                         retry_lane: None,
                         retry_lane_slots: None,
                         rate_limit: None,
@@ -485,6 +490,7 @@ impl Config {
             shutdown_timeout: globals.shutdown_timeout.unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT),
             admin: globals.admin.unwrap_or(DEFAULT_ADMIN.parse().ok()),
             admin_token: globals.admin_token,
+            rollout_key: globals.rollout_key,
             admin_max_upload: globals.admin_max_upload.unwrap_or(DEFAULT_ADMIN_MAX_UPLOAD),
             admin_open_on_loopback: globals.admin_open_on_loopback.unwrap_or(false),
             admin_read_only: globals.admin_read_only.unwrap_or(false),

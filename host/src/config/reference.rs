@@ -84,6 +84,12 @@ pub const KEYS: &[KeyDoc] = &[
     },
     KeyDoc {
         scope: Scope::Top,
+        keys: &["rollout_key_file", "rollout_key_env"],
+        meaning: "where the key that seals canaries is (at least 128 random bits, the same on every host of a group, never in Redis): only a host holding it starts a canary, and hosts run a candidate or take a verdict only under its seal, so a Redis user cannot make them run its code",
+        default: "derived from the admin token; without either, canaries are refused",
+    },
+    KeyDoc {
+        scope: Scope::Top,
         keys: &["cache_max_size"],
         meaning: "the most the compiled-component cache holds; the least recently used go first (also at most 32 components). Besides, `sluice dev` keeps compiled functions there (`functions/`, at most 1 GiB, least recently used first). `sluice cache prune` empties both of what was not used lately",
         default: "`2GiB`",
@@ -278,6 +284,12 @@ pub const KEYS: &[KeyDoc] = &[
     },
     KeyDoc {
         scope: Scope::Subscription,
+        keys: &["history_entries"],
+        meaning: "how many entries' histories (each park and dead letter of an entry, for the entry's page) the subscription keeps in Redis: two keys in all, about 170 bytes per record plus its reason, up to 32 records an entry; the ones due to go soonest leave first, each goes 7 days after its last record; `0` turns the history off",
+        default: "`1000`",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
         keys: &["retention"],
         meaning: "`{ keep_acked = \"1h\", max_len = 1000000, every = \"10s\" }`: trim entries every consumer group of the stream has acknowledged, older than `keep_acked`; never one a group has pending or unread (see [Stream retention](../operating/retention.md))",
         default: "off: the stream grows until producers cap it",
@@ -327,7 +339,7 @@ pub const KEYS: &[KeyDoc] = &[
     KeyDoc {
         scope: Scope::Subscription,
         keys: &["max_entry_bytes"],
-        meaning: "the largest entry given to the handler; a larger one is dead-lettered unhandled",
+        meaning: "the largest entry given to the handler, counting its fields' names and values and 64 bytes for each field (a million one-byte fields cost the host and the guest far more than their bytes); a larger one is dead-lettered unhandled",
         default: "`8MiB`",
     },
     KeyDoc {

@@ -24,11 +24,11 @@ pub fn read_private(path: &Path) -> Result<String, PrivateFileError> {
     Ok(text.trim().to_owned())
 }
 
-/// Why the admin token could not be read.
+/// Why a secret (the admin token, the rollout key) could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
     /// The file could not be read.
-    #[error("cannot read the admin token file {}", path.display())]
+    #[error("cannot read the secret file {}", path.display())]
     File {
         /// The file.
         path: PathBuf,
@@ -37,13 +37,13 @@ pub enum TokenError {
     },
     /// Every user of the machine could read the token.
     #[error(
-        "the admin token file {} is readable by every user; make it private (chmod 600)",
+        "the secret file {} is readable by every user; make it private (chmod 600)",
         .0.display()
     )]
     WorldReadable(PathBuf),
     /// The token is too short to withstand guessing.
     #[error(
-        "the admin token in {from} holds at most {bits} bits of randomness; it needs {min}: make one with `openssl rand -hex 32 > admin-token && chmod 600 admin-token`",
+        "the secret in {from} holds at most {bits} bits of randomness; it needs {min}: make one with `openssl rand -hex 32 > secret-file && chmod 600 secret-file`",
         min = MIN_TOKEN_BITS as u32
     )]
     Weak {
@@ -53,7 +53,7 @@ pub enum TokenError {
         bits: u32,
     },
     /// The variable is unset or not UTF-8.
-    #[error("cannot read the admin token from ${name}")]
+    #[error("cannot read the secret from ${name}")]
     Env {
         /// The variable.
         name: String,
@@ -61,7 +61,7 @@ pub enum TokenError {
         source: std::env::VarError,
     },
     /// The token is blank.
-    #[error("the admin token from {0} is empty")]
+    #[error("the secret from {0} is empty")]
     Empty(TokenSource),
 }
 

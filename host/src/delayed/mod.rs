@@ -329,11 +329,8 @@ impl DelayedSet {
         let mut invocation = PARK.key(delivery.source.key(&self.stream, self.lane.as_deref()));
         invocation
             .key(&*self.key)
-            .key(keys::history_key(
-                &self.stream,
-                &self.group,
-                &delivery.origin_id,
-            ))
+            .key(keys::history_key(&self.stream, &self.group))
+            .key(keys::history_index_key(&self.stream, &self.group))
             .arg(&*self.group)
             .arg(&delivery.entry.id)
             .arg(delay_ms)

@@ -27,7 +27,9 @@
 //! PING within [`PING_TIMEOUT`], the server stopped publishing, Sentinel moved the master),
 //! it says it is down: subscriptions then read every `block` without waiting for a ring, until
 //! the doorbell is back and rings every key once. Pub/sub is at most once, and these are the
-//! ways a ring can be lost.
+//! ways a ring can be lost. What it cannot see (events off and on again between two checks
+//! of the setting, writes that publish only generic events) it finds by looking: an entry
+//! added without a ring is read within about [`unseen::EVERY`] (see [`unseen`]).
 //!
 //! Anyone who may PUBLISH on the server can ring a bell (the channel name is no secret): that
 //! costs one read per ring at most (rings that come while a read is in flight count once),
@@ -47,6 +49,7 @@ use tokio_util::sync::CancellationToken;
 use crate::redis_conn::{ReconnectBackoff, RedisHandle};
 
 pub mod poll;
+pub mod unseen;
 
 /// How long a key nobody waits on stays subscribed: a subscription that finds entries now and
 /// then does not subscribe and unsubscribe at every read.
@@ -107,7 +110,8 @@ enum Kind {
 
 struct Key {
     kind: Kind,
-    /// Polling: the last entry id seen (a stream) or the earliest score (a set).
+    /// Polling: the last entry id seen (a stream) or the earliest score (a set); keyspace
+    /// events: the stream's last id when it was subscribed or last looked at (see [`unseen`]).
     last: Option<String>,
     /// Polling: which of the doorbell's reads names this stream.
     chunk: Option<usize>,
@@ -360,9 +364,12 @@ impl Doorbell {
         let mut ping = tokio::time::interval(PING_EVERY);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut pings = 0u32;
+        let mut look = tokio::time::interval(unseen::EVERY);
+        look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 () = stop.cancelled() => return Ok(()),
+                _ = look.tick() => self.look_for_unseen().await?,
                 message = messages.next() => {
                     let Some(message) = message else {
                         return Err(Down::Failed("the subscriber connection closed".to_owned()));
@@ -428,6 +435,9 @@ impl Doorbell {
             (add, drop)
         };
         for chunk in add.chunks(CHANNELS_PER_COMMAND) {
+            // Where each stream stands before it is subscribed: what comes after is heard or
+            // found by the look for unheard entries.
+            self.take_tips(chunk).await?;
             let channels: Vec<String> = chunk.iter().map(|k| self.channel(k)).collect();
             self.timed(sink.subscribe(&channels), "SUBSCRIBE").await?;
             let mut keys = self.lock();

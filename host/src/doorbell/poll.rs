@@ -70,7 +70,8 @@ const CHECK_EVERY: Duration = Duration::from_secs(10);
 /// once, every time.
 const MIN_GAP: Duration = Duration::from_millis(2);
 
-static TIPS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/tips.lua")));
+pub(super) static TIPS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/tips.lua")));
 static EARLIEST: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/earliest.lua")));
 
 /// A read connection of the doorbell's and its client id (to unblock it when its keys
@@ -551,7 +552,7 @@ impl Doorbell {
     }
 
     /// Run `script` over `keys`: one string per key.
-    async fn script(
+    pub(super) async fn script(
         &self,
         script: &Script,
         keys: &[Arc<str>],

@@ -251,10 +251,7 @@ impl Breaker {
     /// Tell every host to look at the flow controls again.
     async fn bump(&self) {
         let mut conn = self.conn.clone();
-        let bumped: redis::RedisResult<i64> = redis::cmd("INCR")
-            .arg(crate::keys::FLOW_EPOCH)
-            .query_async(&mut conn)
-            .await;
+        let bumped = super::bump(&mut conn, &self.stream, &self.group).await;
         if let Err(err) = bumped {
             tracing::warn!(%err, "cannot bump the flow epoch; hosts see the breaker's change within 30 s");
         }

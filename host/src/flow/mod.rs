@@ -4,13 +4,18 @@
 //!
 //! An operator pauses a subscription (`sluice pause`, the admin API, the page): the pause is a
 //! field of the subscription's flow hash ([`crate::keys::flow_key`]), written with HSETNX so
-//! a second pause keeps who paused first, and followed by an INCR of
-//! [`crate::keys::FLOW_EPOCH`]. Each host polls that one counter every [`POLL`] per Redis
-//! ([`FlowWatcher`]) and reads its subscriptions' flow hashes when it moves (and each one
-//! again every [`FULL_REFRESH`] in any case, should a writer have died between the two
-//! commands: a few at each poll, at most [`MAX_REREAD_PER_POLL`], so past 1,200 subscriptions
-//! on one Redis a round takes longer), so a pause reaches every host within about [`POLL`],
-//! and a host that starts while its subscription is paused learns it before its first read.
+//! a second pause keeps who paused first, and followed by a note in the change log
+//! ([`crate::keys::FLOW_CHANGES`], a capped stream naming the flow hash) and an INCR of
+//! [`crate::keys::FLOW_EPOCH`], in one script. Each host polls that one counter every [`POLL`]
+//! per Redis ([`FlowWatcher`]); when it moves, it reads the log from where it stood and reads
+//! again only the flow hashes the log names (at most [`CHANGES_PER_POLL`] notes a poll), so one
+//! subscription's pause does not make every host read every subscription's hash. An epoch
+//! that moves with nothing logged (a host of the earlier release, or any client's INCR) makes
+//! a host read everything, at most every [`FULL_REREAD_EVERY`]. Each hash is read again every
+//! [`FULL_REFRESH`] in any case, should a writer have died between its write and its note: a
+//! few at each poll, at most [`MAX_REREAD_PER_POLL`], so past 1,200 subscriptions on one Redis
+//! a round takes longer. A pause reaches every host within about [`POLL`], and a host that
+//! starts while its subscription is paused learns it before its first read.
 //!
 //! What a paused subscription does (see the read loop in `subscription/`): it reads nothing
 //! new, claims nothing and takes over nothing; deliveries in flight finish and settle; due
@@ -39,7 +44,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::health::FlowFreshness;
-use crate::keys::{FLOW_EPOCH, flow_key};
+use crate::keys::{FLOW_CHANGES, FLOW_EPOCH, flow_key};
 use crate::metrics::Metrics;
 use crate::redis_conn::RedisHandle;
 
@@ -237,7 +242,7 @@ pub async fn pause<C: ConnectionLike>(
             None => return Box::pin(pause(conn, stream, group, paused)).await,
         }
     };
-    bump_epoch(conn).await.map_err(err)?;
+    bump(conn, stream, group).await.map_err(err)?;
     Ok(result)
 }
 
@@ -271,30 +276,82 @@ pub async fn resume<C: ConnectionLike>(
         };
         journal::write(conn, stream, group, "resumed", &clean(by, MAX_BY), &detail).await;
     }
-    bump_epoch(conn).await.map_err(err)?;
+    bump(conn, stream, group).await.map_err(err)?;
     Ok(if removed > 0 { was } else { None })
 }
 
-pub(crate) async fn bump_epoch<C: ConnectionLike>(conn: &mut C) -> RedisResult<()> {
-    let bumped: RedisResult<i64> = redis::cmd("INCR").arg(FLOW_EPOCH).query_async(conn).await;
-    match bumped {
-        Ok(_) => Ok(()),
-        // Not a number, or at its maximum (another writer's doing): any new value makes the
-        // hosts look, since they compare it as bytes.
-        Err(err)
-            if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
-        {
-            let now = crate::clock::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos());
-            redis::cmd("SET")
-                .arg(FLOW_EPOCH)
-                .arg(format!("reset-{now}"))
-                .query_async(conn)
-                .await
+/// How many changes the change log keeps (about): a host that falls further behind reads
+/// everything again, at most every [`FULL_REREAD_EVERY`].
+const CHANGES_KEPT: usize = 1_000;
+/// The most changes a poll takes from the log; more wait for the next poll.
+const CHANGES_PER_POLL: usize = 200;
+/// The least time between two full re-reads the epoch alone asks for (a move with no change
+/// logged: a host of the earlier release, or any client's INCR).
+pub const FULL_REREAD_EVERY: Duration = Duration::from_secs(2);
+
+/// Tell every host that the flow hash of `stream` and `group` changed.
+pub(crate) async fn bump<C: ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+    group: &str,
+) -> RedisResult<()> {
+    static BUMP: std::sync::LazyLock<Script> =
+        std::sync::LazyLock::new(|| Script::new(include_str!("lua/bump.lua")));
+    BUMP.key(FLOW_CHANGES)
+        .key(FLOW_EPOCH)
+        .arg(flow_key(stream, group))
+        .arg(CHANGES_KEPT)
+        .invoke_async(conn)
+        .await
+}
+
+/// The flow hashes named in the change log after `after` (at most [`CHANGES_PER_POLL`]
+/// entries), the id to read on from, and whether the log may hold more.
+async fn changes<C: ConnectionLike>(
+    conn: &mut C,
+    after: &str,
+) -> RedisResult<(Vec<Vec<u8>>, String, bool)> {
+    type Reply = Option<Vec<(String, Vec<(String, Vec<(Vec<u8>, Vec<u8>)>)>)>>;
+    let reply: Reply = redis::cmd("XREAD")
+        .arg("COUNT")
+        .arg(CHANGES_PER_POLL)
+        .arg("STREAMS")
+        .arg(FLOW_CHANGES)
+        .arg(after)
+        .query_async(conn)
+        .await?;
+    let mut last = after.to_owned();
+    let mut keys = Vec::new();
+    let mut read = 0;
+    for (_, entries) in reply.unwrap_or_default() {
+        for (id, fields) in entries {
+            read += 1;
+            last = id;
+            keys.extend(
+                fields
+                    .into_iter()
+                    .filter(|(name, _)| name == b"k")
+                    .map(|(_, value)| value),
+            );
         }
-        Err(err) => Err(err),
     }
+    Ok((keys, last, read >= CHANGES_PER_POLL))
+}
+
+/// The id of the change log's newest entry (`0-0` when it is empty or unreadable).
+async fn newest_change<C: ConnectionLike>(conn: &mut C) -> String {
+    let newest: RedisResult<Vec<(String, redis::Value)>> = redis::cmd("XREVRANGE")
+        .arg(FLOW_CHANGES)
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(1)
+        .query_async(conn)
+        .await;
+    newest
+        .ok()
+        .and_then(|entries| entries.into_iter().next())
+        .map_or_else(|| "0-0".to_owned(), |(id, _)| id)
 }
 
 /// The pause of the subscription to `stream` with `group`, if it is paused (at most
@@ -343,6 +400,8 @@ pub async fn read<C: ConnectionLike>(
 struct Watched {
     stream: String,
     group: String,
+    /// Its flow hash's name, as the change log names it.
+    key: Vec<u8>,
     state: watch::Sender<FlowState>,
     fresh: Arc<FlowFreshness>,
     paused_gauge: crate::metrics::Share,
@@ -391,6 +450,7 @@ impl FlowWatcher {
         self.watched.push(Watched {
             stream: stream.to_owned(),
             group: group.to_owned(),
+            key: flow_key(stream, group).into_bytes(),
             state,
             fresh: fresh.clone(),
             paused_gauge: metrics.share(&metrics.paused, &Metrics::labels(stream, group)),
@@ -412,6 +472,10 @@ impl FlowWatcher {
         let mut cursor = 0;
         let mut unread: Vec<usize> = Vec::new();
         let mut confirmed_at: Option<tokio::time::Instant> = None;
+        // Where this host stands in the change log, and when it last read everything because
+        // the epoch moved with nothing logged.
+        let mut logged_to = String::new();
+        let mut full_at: Option<tokio::time::Instant> = None;
         let all = || 0..self.watched.len();
         loop {
             let mut conn = self.conn.clone();
@@ -427,10 +491,31 @@ impl FlowWatcher {
             match epoch {
                 Ok(epoch) => {
                     let epoch = Some(epoch);
-                    if refreshed_at.is_none() || epoch != seen {
+                    if refreshed_at.is_none() {
+                        logged_to = newest_change(&mut conn).await;
                         unread = self.refresh(&mut conn, all()).await;
                         seen = epoch;
                         refreshed_at = Some(tokio::time::Instant::now());
+                    } else if epoch != seen {
+                        let (mut which, moved, more) =
+                            self.changed(&mut conn, &mut logged_to).await;
+                        if moved {
+                            which.append(&mut unread);
+                            which.sort_unstable();
+                            which.dedup();
+                            unread = self.refresh(&mut conn, which.into_iter()).await;
+                            // With more logged than a poll takes, the next poll goes on.
+                            if !more {
+                                seen = epoch;
+                            }
+                        } else if full_at.is_none_or(|at| at.elapsed() >= FULL_REREAD_EVERY) {
+                            // The epoch moved with nothing logged: a host of the earlier
+                            // release, or another client's INCR. Everything, but not often.
+                            unread = self.refresh(&mut conn, all()).await;
+                            seen = epoch;
+                            full_at = Some(tokio::time::Instant::now());
+                            refreshed_at = full_at;
+                        }
                     } else {
                         // Nothing changed since the last full read: every state is current but
                         // those whose read failed. A writer that died between its write and
@@ -489,6 +574,29 @@ impl FlowWatcher {
                 () = stop.cancelled() => return,
             }
         }
+    }
+
+    /// The watched subscriptions the change log names after `logged_to` (which moves on),
+    /// whether it named anything (a log that cannot be read names nothing), and whether it
+    /// may name more.
+    async fn changed(
+        &self,
+        conn: &mut RedisHandle,
+        logged_to: &mut String,
+    ) -> (Vec<usize>, bool, bool) {
+        let Ok((keys, next, more)) = changes(conn, logged_to).await else {
+            return (Vec::new(), false, false);
+        };
+        let moved = next != *logged_to;
+        *logged_to = next;
+        let which = self
+            .watched
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| keys.contains(&w.key))
+            .map(|(i, _)| i)
+            .collect();
+        (which, moved, more)
     }
 
     /// Read the states of the watched subscriptions at `which`; those that could not be read

@@ -137,10 +137,30 @@ pub fn journal_key(stream: &str, group: &str) -> String {
     )
 }
 
-/// The history of one entry of a subscription (see `history`): a list in the stream's hash slot,
-/// named like [`flow_key`] and then the entry's origin id (a stream id, so the name cannot be
-/// read two ways).
-pub fn history_key(stream: &str, group: &str, origin_id: &str) -> String {
+/// A subscription's entry histories (see `history`): one hash in the stream's hash slot, a
+/// field per entry, named like [`flow_key`]; [`history_index_key`] orders them by when each
+/// may go. One pair of keys per subscription, however many entries retried.
+pub fn history_key(stream: &str, group: &str) -> String {
+    format!(
+        "sluice-histories:{{{}}}:{}:{stream}:{group}",
+        hash_tag(stream),
+        stream.len()
+    )
+}
+
+/// The index of [`history_key`]'s entries: a sorted set of origin ids by the time (ms) each
+/// history may be removed.
+pub fn history_index_key(stream: &str, group: &str) -> String {
+    format!(
+        "sluice-histories-index:{{{}}}:{}:{stream}:{group}",
+        hash_tag(stream),
+        stream.len()
+    )
+}
+
+/// Where the earlier release kept one entry's history: a list per entry. Read (never written)
+/// until it expires, 7 days after its last record.
+pub fn legacy_history_key(stream: &str, group: &str, origin_id: &str) -> String {
     format!(
         "sluice-history:{{{}}}:{}:{stream}:{group}:{origin_id}",
         hash_tag(stream),
@@ -171,6 +191,11 @@ pub fn component_key(stream: &str, digest: &str) -> String {
 /// Bumped after every change of any subscription's flow controls on this Redis: hosts poll
 /// this one key, and read the subscriptions' own keys only when it moves.
 pub const FLOW_EPOCH: &str = "sluice-flow-epoch";
+
+/// Which flow hashes changed, newest last: a capped stream in [`FLOW_EPOCH`]'s hash slot (its
+/// hash tag is that key's whole name), so a host re-reads only what changed when the epoch
+/// moves.
+pub const FLOW_CHANGES: &str = "{sluice-flow-epoch}:changes";
 
 /// Where the owner of `key` (a delayed set, a retry lane, a dead-letter stream) is recorded:
 /// the first subscription to use the key claims it, and a different one is refused at start.
@@ -535,7 +560,13 @@ pub struct SubscriptionKeys {
     /// Where an earlier release kept this group's dead letters, when the dead-letter stream is
     /// the default one (see `sluice_descriptor::legacy_dead_letter`).
     pub legacy_dead_letter: Option<Arc<str>>,
+    /// How many entries' histories the subscription keeps (0: none).
+    pub history_entries: u32,
 }
+
+/// How many entries' histories a subscription keeps when its config does not say (each up to
+/// 32 records of about 170 bytes plus the reason).
+pub const DEFAULT_HISTORY_ENTRIES: u32 = 1_000;
 
 impl SubscriptionKeys {
     /// The keys of a subscription to `stream` as `group`.
@@ -548,6 +579,7 @@ impl SubscriptionKeys {
             lane: None,
             dead_letter_maxlen: None,
             legacy_dead_letter: None,
+            history_entries: DEFAULT_HISTORY_ENTRIES,
         }
     }
 
@@ -584,6 +616,12 @@ impl SubscriptionKeys {
     /// The same keys, with the dead-letter stream trimmed to about `maxlen` entries.
     pub fn with_dead_letter_maxlen(mut self, maxlen: Option<u64>) -> Self {
         self.dead_letter_maxlen = maxlen;
+        self
+    }
+
+    /// The same keys, keeping the histories of at most `entries` entries (0: none).
+    pub fn with_history_entries(mut self, entries: u32) -> Self {
+        self.history_entries = entries;
         self
     }
 

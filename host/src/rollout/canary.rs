@@ -3,10 +3,15 @@
 //!
 //! - **Record**: the flow hash's `canary` field (`crate::flow::CANARY`), so every host learns
 //!   of it the way it learns of a pause. Its body (id, candidate and incumbent digests, share,
-//!   start and end by the server's clock, thresholds, who) is sealed with the stream's secret
-//!   ([`crate::keys::Seal::Canary`]): a writer to Redis without the secret cannot make the
-//!   hosts run a component of its own. The candidate's bytes wait under
+//!   start and end by the server's clock, thresholds, who) is sealed with the hosts' rollout
+//!   key ([`super::key`]), which Redis never holds: a writer to Redis, whatever it reads there,
+//!   cannot make the hosts run a component of its own. The candidate's bytes wait under
 //!   [`crate::keys::component_key`]; a host checks them against the sealed digest.
+//! - **Verdict**: sealed with the same key over the record's id, and written by a host
+//!   (`lua/canary_verdict.lua`) only while no verdict for that record is there, or in place of
+//!   one that does not verify; with it the candidate's bytes are deleted. A record's life is one
+//!   way (running, then promoted or rolled back): a host that saw a verdict writes it back if it
+//!   goes, and never joins that record again.
 //! - **Judging** (`lua/canary_report.lua`): each host adds what its attempts came to, per
 //!   version, every [`REPORT`], and the same call judges the group's totals: a rate (failure,
 //!   dead letter, retry) whose lowest value the candidate's counts allow is above the highest
@@ -14,8 +19,8 @@
 //!   the window, which is looked at hundreds of times, 99 % at its end) rolls the candidate
 //!   back, at once during the window, as does a p99 handler time above the ratio; otherwise the
 //!   window's end promotes it (or rolls it back if it had too few attempts to judge). The
-//!   first call to decide writes the verdict (`canary-verdict`); every later call reads it, so
-//!   all hosts agree.
+//!   script only answers what it judged: the host seals it, and the first to write it
+//!   (`canary-verdict`) decides for every host; every later report reads it.
 //! - **Bounds**: the record and verdict are read through the flow module's bounded read; the
 //!   judging script reads only its own 248 count fields, counts that are not numbers read as
 //!   nothing (and are started again by the next report), counts above the attempts as the
@@ -27,9 +32,10 @@ use std::time::Duration;
 use redis::Script;
 use redis::aio::ConnectionLike;
 
+use super::key::{RolloutKey, Use};
 use crate::flow::clean;
 use crate::handler::{TIME_BUCKETS, Tally, bucket_floor_us};
-use crate::keys::{Seal, Secret, canary_key, component_key, flow_key};
+use crate::keys::{canary_key, component_key, flow_key};
 
 /// How often a host adds its counts to the group's and asks for the verdict.
 pub const REPORT: Duration = Duration::from_millis(500);
@@ -48,6 +54,8 @@ const Z_WINDOW: f64 = 3.29;
 pub const KEEP_AFTER: Duration = Duration::from_secs(7 * 86_400);
 /// The longest "who" and "why" kept, in characters.
 const MAX_TEXT: usize = 500;
+/// Why a host without a rollout key neither starts nor joins a canary.
+pub const NO_KEY: &str = "this host holds no rollout key (set rollout_key_file or rollout_key_env, or an admin token, the same on every host of the group): a canary makes hosts run code from Redis, which only a key Redis does not hold may allow";
 
 /// How a canary is judged, as its record carries it: every host judges by the same numbers,
 /// whatever its own configuration says.
@@ -113,11 +121,11 @@ struct Sealed {
 
 impl Record {
     /// The record as stored: its body and the seal over stream, group and body.
-    fn sealed(&self, secret: &Secret) -> String {
+    fn sealed(&self, key: &RolloutKey) -> String {
         // A struct of strings and numbers always serializes.
         let body = serde_json::to_string(self).unwrap_or_default();
-        let seal = secret.seal(
-            Seal::Canary,
+        let seal = key.seal(
+            Use::Record,
             &[
                 self.stream.as_bytes(),
                 self.group.as_bytes(),
@@ -128,24 +136,22 @@ impl Record {
     }
 
     /// The record stored as `raw` for the subscription to `stream` with `group`, if its seal
-    /// verifies with `secret` and it is for that subscription; otherwise why not.
+    /// verifies with `key` and it is for that subscription; otherwise why not.
     pub fn open(
         raw: &[u8],
-        secret: Option<&Secret>,
+        key: Option<&RolloutKey>,
         stream: &str,
         group: &str,
     ) -> Result<Self, String> {
         let sealed: Sealed = serde_json::from_slice(raw)
             .map_err(|_| "the canary record is not Sluice's (not a sealed record)".to_owned())?;
-        let Some(secret) = secret else {
-            return Err(
-                "the canary record cannot be checked: the stream has no secret in Redis".to_owned(),
-            );
+        let Some(key) = key else {
+            return Err(NO_KEY.to_owned());
         };
         let parts: [&[u8]; 3] = [stream.as_bytes(), group.as_bytes(), sealed.body.as_bytes()];
-        if !secret.verify(Seal::Canary, &parts, sealed.seal.as_bytes()) {
+        if !key.verify(Use::Record, &parts, &sealed.seal) {
             return Err(
-                "the canary record's seal does not verify (not written by a host of this stream)"
+                "the canary record's seal does not verify with this host's rollout key (written by something that does not hold it, or by a host with another rollout_key)"
                     .to_owned(),
             );
         }
@@ -222,41 +228,89 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    /// A stored verdict; `None` when it is not one (another writer's).
-    pub fn from_record(raw: &[u8]) -> Option<Self> {
-        let value: serde_json::Value = serde_json::from_slice(raw).ok()?;
+    /// A new verdict for the canary `id`, its texts bounded.
+    pub fn new(id: &str, outcome: Outcome, why: &str, at_ms: u64, by: &str) -> Self {
+        Self {
+            id: id.to_owned(),
+            outcome,
+            why: clean(why, MAX_TEXT),
+            at_ms,
+            by: clean(by, MAX_TEXT),
+        }
+    }
+
+    /// The verdict as stored for the record of `stream` and `group`: its body and the seal
+    /// over stream, group, the record's id and the body.
+    pub fn sealed(&self, key: &RolloutKey, stream: &str, group: &str) -> String {
+        let body = serde_json::json!({
+            "id": self.id,
+            "verdict": self.outcome.name(),
+            "why": self.why,
+            "at_ms": self.at_ms,
+            "by": self.by,
+        })
+        .to_string();
+        let seal = key.seal(
+            Use::Verdict,
+            &[
+                stream.as_bytes(),
+                group.as_bytes(),
+                self.id.as_bytes(),
+                body.as_bytes(),
+            ],
+        );
+        serde_json::to_string(&Sealed { body, seal }).unwrap_or_default()
+    }
+
+    /// The verdict stored as `raw` for the record `id` of `stream` and `group`, if its seal
+    /// verifies with `key`; otherwise why not (anything else is another writer's).
+    pub fn open(
+        raw: &[u8],
+        key: Option<&RolloutKey>,
+        (stream, group): (&str, &str),
+        id: &str,
+    ) -> Result<Self, String> {
+        let sealed: Sealed = serde_json::from_slice(raw)
+            .map_err(|_| "the canary verdict is not Sluice's (not sealed)".to_owned())?;
+        let key = key.ok_or_else(|| NO_KEY.to_owned())?;
+        let parts: [&[u8]; 4] = [
+            stream.as_bytes(),
+            group.as_bytes(),
+            id.as_bytes(),
+            sealed.body.as_bytes(),
+        ];
+        if !key.verify(Use::Verdict, &parts, &sealed.seal) {
+            return Err(
+                "the canary verdict's seal does not verify with this host's rollout key (not written by a host of the group)"
+                    .to_owned(),
+            );
+        }
+        let value: serde_json::Value = serde_json::from_str(&sealed.body)
+            .map_err(|err| format!("the canary verdict's body does not read: {err}"))?;
         let text = |name: &str| {
             value
                 .get(name)
                 .and_then(serde_json::Value::as_str)
                 .map(|t| clean(t, MAX_TEXT))
         };
-        let outcome = match value.get("verdict").and_then(serde_json::Value::as_str)? {
-            "promoted" => Outcome::Promoted,
-            "rolled-back" => Outcome::RolledBack,
-            _ => return None,
+        let outcome = match value.get("verdict").and_then(serde_json::Value::as_str) {
+            Some("promoted") => Outcome::Promoted,
+            Some("rolled-back") => Outcome::RolledBack,
+            _ => return Err("the canary verdict names no outcome".to_owned()),
         };
-        Some(Self {
-            id: text("id")?,
+        if text("id").as_deref() != Some(id) {
+            return Err("the canary verdict is for another record".to_owned());
+        }
+        Ok(Self {
+            id: id.to_owned(),
             outcome,
             why: text("why").unwrap_or_default(),
             at_ms: value
                 .get("at_ms")
-                .and_then(serde_json::Value::as_f64)
-                .map_or(0, |n| n.max(0.0) as u64),
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0),
             by: text("by").unwrap_or_default(),
         })
-    }
-
-    fn json(id: &str, outcome: Outcome, why: &str, at_ms: u64, by: &str) -> String {
-        serde_json::json!({
-            "id": id,
-            "verdict": outcome.name(),
-            "why": clean(why, MAX_TEXT),
-            "at_ms": at_ms,
-            "by": clean(by, MAX_TEXT),
-        })
-        .to_string()
     }
 
     /// Its JSON for the API and the page.
@@ -348,9 +402,11 @@ pub struct Start<'a> {
 }
 
 /// Start a canary for every host of the group: the candidate's bytes are stored, then the
-/// sealed record, unless another canary runs. The record written.
+/// record sealed with `key`, unless another canary runs (a record that does not verify is not
+/// one: it is replaced). The record written.
 pub async fn start<C: ConnectionLike>(
     conn: &mut C,
+    key: &RolloutKey,
     start: Start<'_>,
 ) -> Result<Record, CanaryError> {
     static START: std::sync::LazyLock<Script> =
@@ -360,7 +416,6 @@ pub async fn start<C: ConnectionLike>(
         group: start.group.to_owned(),
         source,
     };
-    let secret = Secret::load_or_create(conn, start.stream, &[]).await?;
     let mut id = [0u8; 16];
     getrandom::fill(&mut id).map_err(|e| {
         err(redis::RedisError::from((
@@ -383,6 +438,14 @@ pub async fn start<C: ConnectionLike>(
         by: clean(start.by, MAX_TEXT),
         thresholds: start.thresholds,
     };
+    // What is there and does not verify is another writer's: it holds no canary back.
+    let flow = crate::flow::read(conn, start.stream, start.group)
+        .await
+        .map_err(err)?;
+    let forged = flow
+        .canary
+        .filter(|raw| Record::open(raw, Some(key), start.stream, start.group).is_err())
+        .unwrap_or_default();
     let keep_ms = window_ms.saturating_add(u64::try_from(KEEP_AFTER.as_millis()).unwrap_or(0));
     redis::cmd("SET")
         .arg(component_key(start.stream, start.candidate))
@@ -395,14 +458,15 @@ pub async fn start<C: ConnectionLike>(
     let (started, running): (u8, Vec<u8>) = START
         .key(flow_key(start.stream, start.group))
         .key(canary_key(start.stream, start.group))
-        .arg(record.sealed(&secret))
+        .arg(record.sealed(key))
         .arg(&record.id)
         .arg(u64::try_from(ABANDONED_AFTER.as_millis()).unwrap_or(u64::MAX))
+        .arg(forged)
         .invoke_async(conn)
         .await
         .map_err(err)?;
     if started == 0 {
-        let running = Record::open(&running, Some(&secret), start.stream, start.group).ok();
+        let running = Record::open(&running, Some(key), start.stream, start.group).ok();
         return Err(CanaryError::Running {
             stream: start.stream.to_owned(),
             group: start.group.to_owned(),
@@ -429,7 +493,9 @@ pub async fn start<C: ConnectionLike>(
         ),
     )
     .await;
-    crate::flow::bump_epoch(conn).await.map_err(err)?;
+    crate::flow::bump(conn, start.stream, start.group)
+        .await
+        .map_err(err)?;
     Ok(record)
 }
 
@@ -442,6 +508,7 @@ pub fn short(digest: &str) -> String {
 /// host. The record it ended.
 pub async fn abort<C: ConnectionLike>(
     conn: &mut C,
+    key: &RolloutKey,
     stream: &str,
     group: &str,
     by: &str,
@@ -450,13 +517,14 @@ pub async fn abort<C: ConnectionLike>(
         stream: stream.to_owned(),
         group: group.to_owned(),
     };
-    let state = read(conn, stream, group).await?;
+    let state = read(conn, Some(key), stream, group).await?;
     let record = state.record.ok_or_else(not_running)?;
-    if state.verdict.as_ref().is_some_and(|v| v.id == record.id) {
+    if state.verdict.is_some() {
         return Err(not_running());
     }
     let why = format!("aborted by {by}");
-    match roll_back(conn, &record, by, &why).await {
+    let verdict = Verdict::new(&record.id, Outcome::RolledBack, &why, 0, by);
+    match decide(conn, key, &record, verdict, &state.verdict_raw).await {
         Ok(true) => Ok(record),
         Ok(false) => Err(not_running()),
         Err(source) => Err(CanaryError::Redis {
@@ -469,47 +537,77 @@ pub async fn abort<C: ConnectionLike>(
 
 /// End the canary `record` because the host `by` cannot run its candidate (`why`): a canary
 /// runs on every host of the group or on none, or entries picked for the candidate would run
-/// the incumbent on that host. Whether this call ended it (false: it had a verdict already).
+/// the incumbent on that host. `seen` is the verdict field as this host last read it (one that
+/// does not verify is replaced). Whether this call ended it (false: it had a verdict already).
 pub async fn refuse<C: ConnectionLike>(
     conn: &mut C,
+    key: &RolloutKey,
     record: &Record,
-    by: &str,
-    why: &str,
+    (by, why): (&str, &str),
+    seen: &[u8],
 ) -> redis::RedisResult<bool> {
-    roll_back(conn, record, by, &format!("{by} could not join it: {why}")).await
+    let why = format!("{by} could not join it: {why}");
+    let verdict = Verdict::new(&record.id, Outcome::RolledBack, &why, 0, by);
+    decide(conn, key, record, verdict, seen).await
 }
 
-/// Write a rolled-back verdict for `record` (only while it runs without one), with the flow
-/// journal's entry, and wake every host's flow watcher. Whether it was written.
-async fn roll_back<C: ConnectionLike>(
+/// Write `verdict` for `record`, sealed, while that record is the canary and the verdict field
+/// holds `seen` (what this host read: nothing, or what does not verify); the candidate's bytes
+/// go with it. The flow journal gets the entry and every host's flow watcher is woken. Whether
+/// it was written. A verdict's time (`at_ms` 0) is the server's.
+pub async fn decide<C: ConnectionLike>(
     conn: &mut C,
+    key: &RolloutKey,
     record: &Record,
-    by: &str,
-    why: &str,
+    mut verdict: Verdict,
+    seen: &[u8],
 ) -> redis::RedisResult<bool> {
-    static ABORT: std::sync::LazyLock<Script> =
-        std::sync::LazyLock::new(|| Script::new(include_str!("lua/canary_abort.lua")));
-    let now = server_ms(conn).await?;
-    let why = clean(why, MAX_TEXT);
-    let verdict = Verdict::json(&record.id, Outcome::RolledBack, &why, now, by);
-    let written: u8 = ABORT
-        .key(flow_key(&record.stream, &record.group))
-        .arg(verdict)
-        .arg(&record.id)
-        .invoke_async(conn)
-        .await?;
-    if written == 1 {
+    if verdict.at_ms == 0 {
+        verdict.at_ms = server_ms(conn).await?;
+    }
+    let written = write_verdict(
+        conn,
+        record,
+        &verdict.sealed(key, &record.stream, &record.group),
+        seen,
+    )
+    .await?;
+    if written {
+        let what = match verdict.outcome {
+            Outcome::Promoted => "canary promoted",
+            Outcome::RolledBack => "canary rolled back",
+        };
         crate::flow::journal::write(
             conn,
             &record.stream,
             &record.group,
-            "canary rolled back",
-            by,
-            &why,
+            what,
+            &verdict.by,
+            &verdict.why,
         )
         .await;
-        crate::flow::bump_epoch(conn).await?;
+        crate::flow::bump(conn, &record.stream, &record.group).await?;
     }
+    Ok(written)
+}
+
+/// `lua/canary_verdict.lua`: `sealed` in place of `seen`, while `record` is the canary.
+pub async fn write_verdict<C: ConnectionLike>(
+    conn: &mut C,
+    record: &Record,
+    sealed: &str,
+    seen: &[u8],
+) -> redis::RedisResult<bool> {
+    static VERDICT: std::sync::LazyLock<Script> =
+        std::sync::LazyLock::new(|| Script::new(include_str!("lua/canary_verdict.lua")));
+    let written: u8 = VERDICT
+        .key(flow_key(&record.stream, &record.group))
+        .key(component_key(&record.stream, &record.candidate))
+        .arg(sealed)
+        .arg(&record.id)
+        .arg(seen)
+        .invoke_async(conn)
+        .await?;
     Ok(written == 1)
 }
 
@@ -591,8 +689,12 @@ pub struct CanaryState {
     pub record: Option<Record>,
     /// Why a record that is there was not taken, if it was not.
     pub refused: Option<String>,
-    /// The verdict, when it is for this record.
+    /// The verdict, when it is for this record and its seal verifies.
     pub verdict: Option<Verdict>,
+    /// The verdict field as read (what a new verdict may replace when `verdict` is `None`).
+    pub verdict_raw: Vec<u8>,
+    /// Why a verdict for this record that is there was not taken, if it was not.
+    pub verdict_refused: Option<String>,
     /// The incumbent's totals.
     pub incumbent: Totals,
     /// The candidate's totals.
@@ -612,15 +714,18 @@ impl CanaryState {
             "record": self.record.as_ref().map(Record::to_json),
             "refused": self.refused,
             "verdict": self.verdict.as_ref().map(Verdict::to_json),
+            "verdict_refused": self.verdict_refused,
             "incumbent": self.incumbent.to_json(),
             "candidate": self.candidate.to_json(),
         })
     }
 }
 
-/// The canary of the subscription to `stream` with `group`, as Redis holds it.
+/// The canary of the subscription to `stream` with `group`, as Redis holds it and `key`
+/// verifies it.
 pub async fn read<C: ConnectionLike>(
     conn: &mut C,
+    key: Option<&RolloutKey>,
     stream: &str,
     group: &str,
 ) -> Result<CanaryState, CanaryError> {
@@ -633,8 +738,7 @@ pub async fn read<C: ConnectionLike>(
     let Some(raw) = flow.canary else {
         return Ok(CanaryState::default());
     };
-    let secret = Secret::load(conn, stream, &[]).await?;
-    let (record, refused) = match Record::open(&raw, secret.as_ref(), stream, group) {
+    let (record, refused) = match Record::open(&raw, key, stream, group) {
         Ok(record) => (Some(record), None),
         Err(why) => (None, Some(why)),
     };
@@ -644,11 +748,17 @@ pub async fn read<C: ConnectionLike>(
             ..CanaryState::default()
         });
     };
-    let verdict = flow
-        .canary_verdict
-        .as_deref()
-        .and_then(Verdict::from_record)
-        .filter(|v| v.id == record.id);
+    let verdict_raw = flow.canary_verdict.unwrap_or_default();
+    let (verdict, verdict_refused) = if verdict_raw.is_empty() {
+        (None, None)
+    } else {
+        match Verdict::open(&verdict_raw, key, (stream, group), &record.id) {
+            Ok(verdict) => (Some(verdict), None),
+            // A verdict of an earlier canary is no verdict of this one.
+            Err(_) if !contains(&verdict_raw, record.id.as_bytes()) => (None, None),
+            Err(why) => (None, Some(why)),
+        }
+    };
     let key = canary_key(stream, group);
     let mut totals = Vec::new();
     for role in ["i", "c"] {
@@ -678,9 +788,16 @@ pub async fn read<C: ConnectionLike>(
         record: Some(record),
         refused: None,
         verdict,
+        verdict_raw,
+        verdict_refused,
         incumbent,
         candidate,
     })
+}
+
+/// Whether `needle` is in `haystack` (as the scripts' `string.find` looks for a record's id).
+pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// What a report found.
@@ -690,6 +807,9 @@ pub enum Reported {
     Gone,
     /// Still running.
     Running,
+    /// A verdict for this record is there whose seal does not verify (another writer's): its
+    /// field as read, for the next report to read past and a verdict to replace.
+    Forged(Vec<u8>),
     /// Judged: by this call (`new`) or an earlier one.
     Decided {
         /// The verdict.
@@ -700,13 +820,14 @@ pub enum Reported {
 }
 
 /// Add `incumbent` and `candidate` to the group's counts of the canary `record` and judge it;
-/// `by` names this host in a verdict.
+/// `by` names this host in a verdict it writes, sealed with `key`; `forged` is a verdict field
+/// found not to verify (read as none).
 pub async fn report<C: ConnectionLike>(
     conn: &mut C,
+    key: &RolloutKey,
     record: &Record,
-    by: &str,
-    incumbent: &Tally,
-    candidate: &Tally,
+    (by, forged): (&str, &[u8]),
+    (incumbent, candidate): (&Tally, &Tally),
 ) -> redis::RedisResult<Reported> {
     static REPORT_SCRIPT: std::sync::LazyLock<Script> =
         std::sync::LazyLock::new(|| Script::new(include_str!("lua/canary_report.lua")));
@@ -729,7 +850,8 @@ pub async fn report<C: ConnectionLike>(
         .arg(t.min_deliveries)
         .arg(Z_WINDOW)
         .arg(Z_END)
-        .arg(keep_ms);
+        .arg(keep_ms)
+        .arg(forged);
     for tally in [incumbent, candidate] {
         invocation
             .arg(tally.attempts)
@@ -741,26 +863,40 @@ pub async fn report<C: ConnectionLike>(
             invocation.arg(*bucket).arg(*count);
         }
     }
-    let answer: Vec<String> = invocation.invoke_async(conn).await?;
-    let verdict = || {
+    let answer: Vec<Vec<u8>> = invocation.invoke_async(conn).await?;
+    let text = |i: usize| {
         answer
-            .get(1)
-            .and_then(|v| Verdict::from_record(v.as_bytes()))
-            .filter(|v| v.id == record.id)
+            .get(i)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
     };
-    Ok(match answer.first().map(String::as_str) {
+    let labels = (record.stream.as_str(), record.group.as_str());
+    Ok(match text(0).as_deref() {
         Some("running") => Reported::Running,
-        Some("new") => match verdict() {
-            Some(verdict) => Reported::Decided { verdict, new: true },
-            None => Reported::Gone,
-        },
-        Some("decided") => match verdict() {
-            Some(verdict) => Reported::Decided {
-                verdict,
-                new: false,
-            },
-            None => Reported::Gone,
-        },
+        Some("verdict") => {
+            let raw = answer.get(1).cloned().unwrap_or_default();
+            match Verdict::open(&raw, Some(key), labels, &record.id) {
+                Ok(verdict) => Reported::Decided {
+                    verdict,
+                    new: false,
+                },
+                Err(_) => Reported::Forged(raw),
+            }
+        }
+        Some("judged") => {
+            let outcome = match text(1).as_deref() {
+                Some("promoted") => Outcome::Promoted,
+                _ => Outcome::RolledBack,
+            };
+            let at_ms = text(3).and_then(|t| t.parse().ok()).unwrap_or(0);
+            let verdict =
+                Verdict::new(&record.id, outcome, &text(2).unwrap_or_default(), at_ms, by);
+            if decide(conn, key, record, verdict.clone(), forged).await? {
+                Reported::Decided { verdict, new: true }
+            } else {
+                // Another host decided first: the next report reads its verdict.
+                Reported::Running
+            }
+        }
         _ => Reported::Gone,
     })
 }
@@ -827,35 +963,56 @@ mod tests {
         }
     }
 
-    #[test]
-    fn only_a_record_sealed_for_its_subscription_opens() {
-        let secret = Secret::from_value("s3cret");
-        let sealed = record().sealed(&secret);
-        assert_eq!(
-            Record::open(sealed.as_bytes(), Some(&secret), "orders", "billing"),
-            Ok(record())
-        );
-        // Another secret, another subscription, no secret, an edited body: refused.
-        let other = Secret::from_value("other");
-        assert!(Record::open(sealed.as_bytes(), Some(&other), "orders", "billing").is_err());
-        assert!(Record::open(sealed.as_bytes(), Some(&secret), "orders", "audit").is_err());
-        assert!(Record::open(sealed.as_bytes(), None, "orders", "billing").is_err());
-        let edited = sealed.replace("\\\"share_bp\\\":1000", "\\\"share_bp\\\":10000");
-        assert_ne!(edited, sealed);
-        assert!(Record::open(edited.as_bytes(), Some(&secret), "orders", "billing").is_err());
-        assert!(Record::open(b"garbage", Some(&secret), "orders", "billing").is_err());
+    fn key(material: &str) -> RolloutKey {
+        RolloutKey::derive(material, super::super::key::Origin::AdminToken)
     }
 
     #[test]
-    fn verdicts_are_bounded_and_foreign_ones_are_none() {
+    fn only_a_record_sealed_for_its_subscription_opens() {
+        let k = key("s3cret");
+        let sealed = record().sealed(&k);
+        assert_eq!(
+            Record::open(sealed.as_bytes(), Some(&k), "orders", "billing"),
+            Ok(record())
+        );
+        // Another key, another subscription, no key, an edited body: refused.
+        assert!(Record::open(sealed.as_bytes(), Some(&key("other")), "orders", "billing").is_err());
+        assert!(Record::open(sealed.as_bytes(), Some(&k), "orders", "audit").is_err());
+        assert!(Record::open(sealed.as_bytes(), None, "orders", "billing").is_err());
+        let edited = sealed.replace("\\\"share_bp\\\":1000", "\\\"share_bp\\\":10000");
+        assert_ne!(edited, sealed);
+        assert!(Record::open(edited.as_bytes(), Some(&k), "orders", "billing").is_err());
+        assert!(Record::open(b"garbage", Some(&k), "orders", "billing").is_err());
+    }
+
+    #[test]
+    fn verdicts_are_bounded_sealed_and_bound_to_their_record() {
+        let k = key("s3cret");
         let long = "x".repeat(10_000);
-        let v = Verdict::json("abc", Outcome::Promoted, &long, 5, "host\u{1b}[2J");
-        let read = Verdict::from_record(v.as_bytes()).expect("a verdict");
+        let v = Verdict::new("abc", Outcome::Promoted, &long, 5, "host\u{1b}[2J");
+        let sealed = v.sealed(&k, "orders", "billing");
+        let read = Verdict::open(sealed.as_bytes(), Some(&k), ("orders", "billing"), "abc")
+            .expect("a verdict");
         assert_eq!(read.why.chars().count(), MAX_TEXT);
         assert_eq!(read.by, "host[2J");
         assert_eq!(read.outcome, Outcome::Promoted);
-        assert!(Verdict::from_record(b"{\"id\":\"abc\",\"verdict\":\"maybe\"}").is_none());
-        assert!(Verdict::from_record(b"1").is_none());
+        assert_eq!(read.at_ms, 5);
+        // Another record, subscription or key; the unsealed form; an edited outcome: refused.
+        assert!(Verdict::open(sealed.as_bytes(), Some(&k), ("orders", "billing"), "abd").is_err());
+        assert!(Verdict::open(sealed.as_bytes(), Some(&k), ("orders", "audit"), "abc").is_err());
+        assert!(
+            Verdict::open(
+                sealed.as_bytes(),
+                Some(&key("x")),
+                ("orders", "billing"),
+                "abc"
+            )
+            .is_err()
+        );
+        let plain = br#"{"id":"abc","verdict":"promoted","why":"","at_ms":1,"by":"x"}"#;
+        assert!(Verdict::open(plain, Some(&k), ("orders", "billing"), "abc").is_err());
+        let edited = sealed.replace("promoted", "rolled-back");
+        assert!(Verdict::open(edited.as_bytes(), Some(&k), ("orders", "billing"), "abc").is_err());
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! handled once per group, retried, parked and dead-lettered as before.
 
 pub mod canary;
+pub mod key;
 pub mod replay;
 
 use std::path::PathBuf;
@@ -23,11 +24,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::flow::FlowState;
 use crate::handler::{Joining, Role, Tally, Trial};
-use crate::keys::Secret;
 use crate::metrics::{Metrics, VerdictLabels};
 use crate::redis_conn::RedisHandle;
 use crate::swap::{SwapControl, SwapError};
 use canary::{CanaryError, Outcome, Record, Reported, Verdict};
+use key::RolloutKey;
 
 /// Why a canary could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +45,9 @@ pub enum RolloutError {
     /// The window is out of bounds.
     #[error("a canary's window must be between 10s and 1 day (got {0:?})")]
     Window(Duration),
+    /// This host holds no rollout key.
+    #[error("{}", canary::NO_KEY)]
+    NoKey,
     /// The candidate is what serves.
     #[error("the candidate is the version serving now ({0}): nothing to try")]
     Serving(String),
@@ -88,20 +92,23 @@ pub struct Rollout {
     consumer: String,
     max_component: u64,
     metrics: Arc<Metrics>,
+    /// Seals and checks records and verdicts; without it no canary starts or is joined.
+    key: Option<Arc<RolloutKey>>,
     /// Its part of `sluice_canary_share_basis_points`, made with its first canary.
     share: std::sync::OnceLock<crate::metrics::Share>,
 }
 
 impl Rollout {
     /// Rollouts of the subscription `control` swaps, through `conn`; `consumer` names this
-    /// host in verdicts; a candidate of more than `max_component` bytes is not fetched.
+    /// host in verdicts; a candidate of more than `max_component` bytes is not fetched; `key`
+    /// seals and checks what lets hosts run a candidate.
     pub fn new(
         control: Arc<SwapControl>,
         conn: RedisHandle,
         config: crate::config::Canary,
-        consumer: String,
-        max_component: u64,
+        (consumer, max_component): (String, u64),
         metrics: Arc<Metrics>,
+        key: Option<Arc<RolloutKey>>,
     ) -> Self {
         Self {
             control,
@@ -110,8 +117,13 @@ impl Rollout {
             consumer,
             max_component,
             metrics,
+            key,
             share: std::sync::OnceLock::new(),
         }
+    }
+
+    fn key(&self) -> Result<&RolloutKey, RolloutError> {
+        self.key.as_deref().ok_or(RolloutError::NoKey)
     }
 
     /// Show a running canary's share (0: none) in the metrics; summed per host, a running
@@ -151,6 +163,7 @@ impl Rollout {
         window: Option<Duration>,
         by: &str,
     ) -> Result<Record, RolloutError> {
+        let key = self.key()?;
         if !percent.is_finite() || percent <= 0.0 || percent >= 100.0 {
             return Err(RolloutError::Share(percent));
         }
@@ -168,6 +181,7 @@ impl Rollout {
         let mut conn = self.conn.clone();
         let record = canary::start(
             &mut conn,
+            key,
             canary::Start {
                 stream: self.stream(),
                 group: self.group(),
@@ -186,8 +200,9 @@ impl Rollout {
 
     /// End the running canary by an operator's word: rolled back on every host.
     pub async fn abort(&self, by: &str) -> Result<Record, RolloutError> {
+        let key = self.key()?;
         let mut conn = self.conn.clone();
-        Ok(canary::abort(&mut conn, self.stream(), self.group(), by).await?)
+        Ok(canary::abort(&mut conn, key, self.stream(), self.group(), by).await?)
     }
 
     /// Run `bytes` on up to `limit` dead letters of each of `keys` (the subscription's
@@ -248,7 +263,7 @@ impl Rollout {
     /// The canary as Redis holds it.
     pub async fn state(&self) -> Result<canary::CanaryState, RolloutError> {
         let mut conn = self.conn.clone();
-        Ok(canary::read(&mut conn, self.stream(), self.group()).await?)
+        Ok(canary::read(&mut conn, self.key.as_deref(), self.stream(), self.group()).await?)
     }
 
     /// Follow the subscription's canary, as `flow` shows it, until `stop`: join a running one,
@@ -260,7 +275,8 @@ impl Rollout {
     ) {
         let mut follower = Follower {
             rollout: &self,
-            secret: None,
+            forged: Vec::new(),
+            ended: std::collections::VecDeque::new(),
             installed: None,
             pending: [Tally::default(), Tally::default()],
             failed: None,
@@ -315,7 +331,12 @@ struct Installed {
 
 struct Follower<'a> {
     rollout: &'a Rollout,
-    secret: Option<Secret>,
+    /// A verdict field for the current record that does not verify (another writer's): read
+    /// past by reports, replaced by a verdict.
+    forged: Vec<u8>,
+    /// The last canaries this host saw decided, with their verdicts: a record's life is one
+    /// way, so a verdict that goes from Redis is written back and the record not joined again.
+    ended: std::collections::VecDeque<Verdict>,
     installed: Option<Installed>,
     /// Counts not yet added to the group's (a report failed).
     pending: [Tally; 2],
@@ -333,51 +354,118 @@ type Seen = (Option<Vec<u8>>, Option<Vec<u8>>);
 
 /// How long a host waits before trying again to join a canary it could not.
 const JOIN_RETRY: Duration = Duration::from_secs(5);
+/// How many decided canaries a host remembers (see [`Follower::ended`]).
+const REMEMBERED: usize = 16;
 
 impl Follower<'_> {
     fn labels(&self) -> (&str, &str) {
         (self.rollout.stream(), self.rollout.group())
     }
 
-    async fn open(&mut self, raw: &[u8]) -> Result<Record, String> {
-        let (stream, group) = self.labels();
-        let (stream, group) = (stream.to_owned(), group.to_owned());
-        if let Ok(record) = Record::open(raw, self.secret.as_ref(), &stream, &group) {
-            return Ok(record);
+    fn key(&self) -> Option<&RolloutKey> {
+        self.rollout.key.as_deref()
+    }
+
+    fn remember(&mut self, verdict: &Verdict) {
+        if self.ended.iter().any(|v| v.id == verdict.id) {
+            return;
         }
-        // The secret may be new (the canary made it): read it again.
+        if self.ended.len() == REMEMBERED {
+            self.ended.pop_front();
+        }
+        self.ended.push_back(verdict.clone());
+    }
+
+    /// The record in `state`, if its seal verifies (a refused one is logged once).
+    fn record(&mut self, state: &FlowState) -> Option<Record> {
+        let raw = state.canary.as_ref()?;
+        let (stream, group) = self.labels();
+        match Record::open(raw, self.key(), stream, group) {
+            Ok(record) => {
+                self.refused = None;
+                Some(record)
+            }
+            Err(why) => {
+                if self.refused.as_deref() != Some(raw.as_slice()) {
+                    tracing::warn!(stream, group, "canary record ignored: {why}");
+                    self.refused = Some(raw.clone());
+                }
+                None
+            }
+        }
+    }
+
+    /// The verdict for `record` in `state`, if one is there and its seal verifies; one that
+    /// does not is kept in `forged` and logged.
+    fn verdict(&mut self, state: &FlowState, record: &Record) -> Option<Verdict> {
+        let raw = state.canary_verdict.as_deref().unwrap_or_default();
+        if !canary::contains(raw, record.id.as_bytes()) {
+            self.forged.clear();
+            return None;
+        }
+        let (stream, group) = self.labels();
+        match Verdict::open(raw, self.key(), (stream, group), &record.id) {
+            Ok(verdict) => {
+                self.forged.clear();
+                Some(verdict)
+            }
+            Err(why) => {
+                if self.forged != raw {
+                    tracing::warn!(stream, group, "canary verdict ignored: {why}");
+                    self.forged = raw.to_vec();
+                }
+                None
+            }
+        }
+    }
+
+    /// A canary this host saw decided whose verdict is gone or replaced: its verdict is
+    /// written back, and the record stays ended.
+    async fn restore(&mut self, record: &Record, state: &FlowState) -> bool {
+        let Some(verdict) = self.ended.iter().find(|v| v.id == record.id).cloned() else {
+            return false;
+        };
+        let Some(key) = self.key() else {
+            return true;
+        };
+        let (stream, group) = self.labels();
+        tracing::warn!(
+            stream,
+            group,
+            candidate = %canary::short(&record.candidate),
+            "the verdict of a canary this host saw {} is gone from Redis or not sealed: written back, and the canary stays ended",
+            verdict.outcome.name()
+        );
+        let sealed = verdict.sealed(key, stream, group);
+        let seen = state.canary_verdict.clone().unwrap_or_default();
         let mut conn = self.rollout.conn.clone();
-        self.secret = Secret::load(&mut conn, &stream, &[])
-            .await
-            .map_err(|e| e.to_string())?;
-        Record::open(raw, self.secret.as_ref(), &stream, &group)
+        match canary::write_verdict(&mut conn, record, &sealed, &seen).await {
+            Ok(_) => {
+                let _ = crate::flow::bump(&mut conn, stream, group).await;
+            }
+            Err(err) => {
+                tracing::warn!(stream, group, %err, "cannot write the canary's verdict back")
+            }
+        }
+        true
+    }
+
+    /// Whether the record's window is over by the server's clock (a minute's grace): a record
+    /// past it is not joined (written back by another writer, say).
+    async fn past_window(&self, record: &Record) -> bool {
+        let mut conn = self.rollout.conn.clone();
+        let now = canary::server_ms(&mut conn).await.unwrap_or(0);
+        now > record
+            .ends_ms
+            .saturating_add(u64::try_from(canary::ABANDONED_AFTER.as_millis()).unwrap_or(0))
     }
 
     /// Make this host's part match what Redis says.
     async fn converge(&mut self, state: &FlowState) {
-        let record = match &state.canary {
-            None => None,
-            Some(raw) => match self.open(raw).await {
-                Ok(record) => {
-                    self.refused = None;
-                    Some(record)
-                }
-                Err(why) => {
-                    if self.refused.as_deref() != Some(raw.as_slice()) {
-                        let (stream, group) = self.labels();
-                        tracing::warn!(stream, group, "canary record ignored: {why}");
-                        self.refused = Some(raw.clone());
-                    }
-                    None
-                }
-            },
-        };
-        let verdict = state
-            .canary_verdict
-            .as_deref()
-            .and_then(Verdict::from_record);
+        let record = self.record(state);
         let Some(record) = record else {
             self.failed = None;
+            self.forged.clear();
             if let Some(installed) = self.installed.take() {
                 self.end(
                     installed,
@@ -387,9 +475,10 @@ impl Follower<'_> {
             }
             return;
         };
-        let decided = verdict.filter(|v| v.id == record.id);
+        let decided = self.verdict(state, &record);
         if let Some(verdict) = decided {
             self.failed = None;
+            self.remember(&verdict);
             if let Some(installed) = self.installed.take() {
                 if installed.record.id == record.id {
                     self.apply(installed, &verdict);
@@ -397,6 +486,9 @@ impl Follower<'_> {
                     self.end(installed, Outcome::RolledBack, "another canary replaced it");
                 }
             }
+            return;
+        }
+        if self.restore(&record, state).await {
             return;
         }
         if let Some(installed) = &self.installed {
@@ -411,6 +503,16 @@ impl Follower<'_> {
             && *id == record.id
             && at.elapsed() < JOIN_RETRY
         {
+            return;
+        }
+        if self.past_window(&record).await {
+            let (stream, group) = self.labels();
+            tracing::warn!(
+                stream,
+                group,
+                candidate = %canary::short(&record.candidate),
+                "canary record not joined: its window ended more than a minute ago"
+            );
             return;
         }
         match self.join(&record).await {
@@ -432,8 +534,19 @@ impl Follower<'_> {
                 // the incumbent are the candidate's on the others. The deliveries the candidate
                 // would take stay held until the canary has ended.
                 let mut conn = self.rollout.conn.clone();
-                let ended =
-                    canary::refuse(&mut conn, &record, &self.rollout.consumer, &explained).await;
+                let ended = match self.key() {
+                    Some(key) => {
+                        canary::refuse(
+                            &mut conn,
+                            key,
+                            &record,
+                            (&self.rollout.consumer, &explained),
+                            &self.forged,
+                        )
+                        .await
+                    }
+                    None => Ok(false),
+                };
                 match ended {
                     Ok(_) => {
                         self.rollout.control.slot().joined();
@@ -555,15 +668,18 @@ impl Follower<'_> {
         let Some(installed) = &self.installed else {
             return;
         };
+        let Some(key) = self.rollout.key.clone() else {
+            return;
+        };
         self.pending[0].merge(installed.trial.take(Role::Incumbent));
         self.pending[1].merge(installed.trial.take(Role::Candidate));
         let mut conn = self.rollout.conn.clone();
         let result = canary::report(
             &mut conn,
+            &key,
             &installed.record,
-            &self.rollout.consumer,
-            &self.pending[0],
-            &self.pending[1],
+            (&self.rollout.consumer, &self.forged),
+            (&self.pending[0], &self.pending[1]),
         )
         .await;
         let record = installed.record.clone();
@@ -572,55 +688,11 @@ impl Follower<'_> {
                 + canary::ABANDONED_AFTER;
         match result {
             Ok(reported) => {
-                self.pending = [Tally::default(), Tally::default()];
                 if self.report_failing {
                     tracing::info!(stream = %record.stream, group = %record.group, "canary reports reach Redis again");
                     self.report_failing = false;
                 }
-                match reported {
-                    Reported::Running if overdue => {
-                        if let Some(installed) = self.installed.take() {
-                            self.end(
-                                installed,
-                                Outcome::RolledBack,
-                                "its window ended a minute ago and Redis still judges it running (a clock far off?)",
-                            );
-                        }
-                    }
-                    Reported::Running => {}
-                    Reported::Gone => {
-                        if let Some(installed) = self.installed.take() {
-                            self.end(
-                                installed,
-                                Outcome::RolledBack,
-                                "its record is gone from Redis",
-                            );
-                        }
-                    }
-                    Reported::Decided { verdict, new } => {
-                        if new {
-                            let what = match verdict.outcome {
-                                Outcome::Promoted => "canary promoted",
-                                Outcome::RolledBack => "canary rolled back",
-                            };
-                            crate::flow::journal::write(
-                                &mut conn,
-                                &record.stream,
-                                &record.group,
-                                what,
-                                &self.rollout.consumer,
-                                &verdict.why,
-                            )
-                            .await;
-                            if let Err(err) = crate::flow::bump_epoch(&mut conn).await {
-                                tracing::warn!(%err, "cannot tell the other hosts of the canary's verdict now; they read it within 30 s");
-                            }
-                        }
-                        if let Some(installed) = self.installed.take() {
-                            self.apply(installed, &verdict);
-                        }
-                    }
-                }
+                self.reported(reported, &record, overdue);
             }
             Err(err) => {
                 self.rollout.conn.saw_error(&err);
@@ -634,6 +706,43 @@ impl Follower<'_> {
                         Outcome::RolledBack,
                         "its window ended a minute ago and it cannot be judged (Redis refuses the reports)",
                     );
+                }
+            }
+        }
+    }
+
+    /// Act on what a report of `record` found.
+    fn reported(&mut self, reported: Reported, record: &Record, overdue: bool) {
+        // A forged verdict stopped the script before it counted: the counts wait.
+        if !matches!(reported, Reported::Forged(_)) {
+            self.pending = [Tally::default(), Tally::default()];
+        }
+        let end = |this: &mut Self, why: &str| {
+            if let Some(installed) = this.installed.take() {
+                this.end(installed, Outcome::RolledBack, why);
+            }
+        };
+        match reported {
+            Reported::Running if overdue => end(
+                self,
+                "its window ended a minute ago and Redis still judges it running (a clock far off?)",
+            ),
+            Reported::Running => {}
+            Reported::Forged(raw) => {
+                if self.forged != raw {
+                    tracing::warn!(
+                        stream = %record.stream,
+                        group = %record.group,
+                        "canary verdict ignored: its seal does not verify with this host's rollout key (not written by a host of the group); the canary goes on"
+                    );
+                    self.forged = raw;
+                }
+            }
+            Reported::Gone => end(self, "its record is gone from Redis"),
+            Reported::Decided { verdict, .. } => {
+                self.remember(&verdict);
+                if let Some(installed) = self.installed.take() {
+                    self.apply(installed, &verdict);
                 }
             }
         }

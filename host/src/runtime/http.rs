@@ -271,7 +271,10 @@ impl WasiHttpHooks for HttpHooks {
             if let Some(s) = &request_span {
                 match &sent {
                     Ok((response, _)) => {
-                        s.record("http.response.status_code", response.status().as_u16());
+                        s.record(
+                            "http.response.status_code",
+                            i64::from(response.status().as_u16()),
+                        );
                     }
                     Err(err) => {
                         s.record(

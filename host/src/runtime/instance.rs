@@ -371,7 +371,7 @@ impl WasmHandler {
         if traced {
             span.record(
                 "time_limit_ms",
-                self.limits.handler_timeout.as_millis() as u64,
+                crate::telemetry::number(self.limits.handler_timeout.as_millis()),
             );
         }
         if self.component.runtime().fuel_enabled() {
@@ -391,7 +391,10 @@ impl WasmHandler {
         // The attempt's span ends with the attempt, not when the instance is next used.
         instance.store.data_mut().http_hooks.trace = None;
         if traced {
-            span.record("memory_bytes", instance.store.data().limiter.peak);
+            span.record(
+                "memory_bytes",
+                crate::telemetry::number(instance.store.data().limiter.peak),
+            );
         }
         let dropped = instance.store.data().log.dropped;
         if dropped > 0 {

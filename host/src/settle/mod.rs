@@ -83,6 +83,8 @@ pub struct Settler {
     consumer: Arc<str>,
     dead_letter: Arc<str>,
     dead_letter_maxlen: u64,
+    /// How many entries' histories the subscription keeps (0: none).
+    history_entries: u32,
     conn: RedisHandle,
     delayed: Option<Arc<DelayedSet>>,
     /// The stream's secret, which seals dead letters (none: they go unsealed).
@@ -125,6 +127,7 @@ impl Settler {
                 consumer: consumer.into(),
                 dead_letter: keys.dead_letter.clone(),
                 dead_letter_maxlen: keys.maxlen_arg(),
+                history_entries: keys.history_entries,
                 conn,
                 delayed,
                 secret,
@@ -205,8 +208,8 @@ impl Settler {
             delivery,
             &self.consumer,
             crate::history::Action::Retry,
-            &cause,
-            Some(delay),
+            (&cause, Some(delay)),
+            self.history_entries,
         );
         let parked = self
             .until_done(delivery, "parking", || {
@@ -261,11 +264,8 @@ impl Settler {
             DEAD_LETTER.key(delivery.source.key(&self.stream, self.lane.as_deref()));
         invocation
             .key(&*self.dead_letter)
-            .key(keys::history_key(
-                &self.stream,
-                &self.group,
-                &delivery.origin_id,
-            ))
+            .key(keys::history_key(&self.stream, &self.group))
+            .key(keys::history_index_key(&self.stream, &self.group))
             .arg(&*self.group)
             .arg(&delivery.entry.id)
             .arg(self.dead_letter_maxlen)
@@ -273,8 +273,8 @@ impl Settler {
                 delivery,
                 &self.consumer,
                 crate::history::Action::DeadLetter,
-                reason,
-                None,
+                (reason, None),
+                self.history_entries,
             ))
             .arg(crate::history::KEEP.as_millis() as u64);
         let fields = delivery.user_fields();

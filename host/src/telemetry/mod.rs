@@ -85,6 +85,12 @@ pub fn parent_of(
 /// character boundary) and end with `…`.
 pub const MAX_ATTRIBUTE_BYTES: usize = 4096;
 
+/// A count or duration as a span attribute: `tracing` hands unsigned numbers to the exporter
+/// as text (a backend's numeric queries then fail on them), signed ones as numbers.
+pub fn number(n: impl TryInto<i64>) -> i64 {
+    n.try_into().unwrap_or(i64::MAX)
+}
+
 /// `value` cut to [`MAX_ATTRIBUTE_BYTES`].
 pub fn bounded(value: &str) -> String {
     if value.len() <= MAX_ATTRIBUTE_BYTES {

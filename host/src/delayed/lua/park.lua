@@ -3,7 +3,7 @@
 --
 -- KEYS[1]  the stream the entry was read from
 -- KEYS[2]  the delayed-retry sorted set
--- KEYS[3]  the entry's history list (see settle/lua/history.lua)
+-- KEYS[3]  the subscription's histories, KEYS[4] their index (see settle/lua/history.lua)
 -- ARGV[1]  the consumer group
 -- ARGV[2]  the entry id (kept in the member, which makes members unique per entry)
 -- ARGV[3]  the delay in milliseconds (the caller keeps it within what a score holds exactly)
@@ -16,7 +16,7 @@
 -- The member is MessagePack {stream, group, entry id, retry count, {name, value, ...}, origin
 -- id} (see delayed/lua/member.lua): the owner first, so a sweep tells its own members by their
 -- first bytes.
--- ARGV[8]  the history record (JSON without its closing brace, '' for none)
+-- ARGV[8]  the history note (origin, cap and record: see history.lua; '' for none)
 -- ARGV[9]  how long the history outlives the due time, ms
 -- ARGV[10..] the entry's fields: name, value, name, value, ... (any number: they are packed
 --          into the member, never unpacked into one command)
@@ -51,7 +51,8 @@ for i = 10, #ARGV do
 end
 local member = cmsgpack.pack({ARGV[7], ARGV[1], ARGV[2], tonumber(ARGV[5]), fields, ARGV[6]})
 redis.call('ZADD', KEYS[2], due, member)
-remember(KEYS[3], ARGV[8], string.format(',"at":%.0f,"due":%.0f', now, due), due + tonumber(ARGV[9]))
+remember(KEYS[3], KEYS[4], ARGV[8], string.format(',"at":%.0f,"due":%.0f', now, due), now,
+  due + tonumber(ARGV[9]))
 local ttl = tonumber(ARGV[4])
 if ttl > 0 then
   local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')

@@ -3,18 +3,20 @@
 -- ARGV: 1 id, 2 who reports, 3 ends_ms, 4..6 the allowed increases of the failure, dead-letter
 -- and retry rates, 7 p99 ratio, 8 p99 slack (us), 9 min attempts, 10 z during the window
 -- (judged at every report: a stricter bound), 11 z at the window's end, 12 how long the counts
--- are kept (ms); from 13, for the incumbent then the candidate: attempts, failures, dead
--- letters, retries, the number of time buckets, then (bucket, count) pairs.
--- Answers {'gone'} (no such canary), {'decided', verdict} (judged before), {'running'}, or
--- {'new', verdict} when this call judged it (the caller tells the hosts).
+-- are kept (ms), 13 a verdict field the caller found not to verify (empty: none), read as no
+-- verdict; from 14, for the incumbent then the candidate: attempts, failures, dead letters,
+-- retries, the number of time buckets, then (bucket, count) pairs.
+-- Answers {'gone'} (no such canary), {'verdict', field} (a verdict is there: the caller checks
+-- its seal; nothing is counted), {'running'}, or {'judged', outcome, why, now} when the counts
+-- decide it: the script holds no key, so the caller seals the verdict and writes it.
 local id = ARGV[1]
 local record = redis.call('HGET', KEYS[1], 'canary')
 if not record or not string.find(record, id, 1, true) then
   return {'gone'}
 end
 local verdict = redis.call('HGET', KEYS[1], 'canary-verdict')
-if verdict and string.find(verdict, id, 1, true) then
-  return {'decided', verdict}
+if verdict and string.find(verdict, id, 1, true) and verdict ~= ARGV[13] then
+  return {'verdict', verdict}
 end
 if redis.call('HGET', KEYS[2], 'id') ~= id then
   redis.call('DEL', KEYS[2])
@@ -30,7 +32,7 @@ local function add(field, n)
     redis.call('HSET', KEYS[2], field, n)
   end
 end
-local i = 13
+local i = 14
 for _, role in ipairs({'i', 'c'}) do
   for _, name in ipairs(names) do
     local n = tonumber(ARGV[i]) or 0
@@ -183,8 +185,6 @@ if not outcome and now >= ends then
   end
 end
 if outcome then
-  local v = cjson.encode({id = id, verdict = outcome, why = why, at_ms = now, by = ARGV[2]})
-  redis.call('HSET', KEYS[1], 'canary-verdict', v)
-  return {'new', v}
+  return {'judged', outcome, why, tostring(now)}
 end
 return {'running'}

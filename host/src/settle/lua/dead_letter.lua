@@ -3,11 +3,11 @@
 --
 -- KEYS[1]  the stream the entry was read from
 -- KEYS[2]  the dead-letter stream
--- KEYS[3]  the entry's history list (see settle/lua/history.lua)
+-- KEYS[3]  the subscription's histories, KEYS[4] their index (see settle/lua/history.lua)
 -- ARGV[1]  the consumer group
 -- ARGV[2]  the entry id
 -- ARGV[3]  trim the dead-letter stream to about this many entries (MAXLEN ~), 0 for never
--- ARGV[4]  the history record (JSON without its closing brace, '' for none)
+-- ARGV[4]  the history note (origin, cap and record: see history.lua; '' for none)
 -- ARGV[5]  how long the history outlives the dead letter, ms
 -- ARGV[6..] field, value, field, value, ... to record (the entry's fields plus the reason and
 --           origin bookkeeping; the caller packs them when there are too many for one XADD)
@@ -39,7 +39,8 @@ end
 local id = redis.call('XADD', unpack(args))
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-remember(KEYS[3], ARGV[4], string.format(',"at":%.0f,"dl":"%s"', now, id), now + tonumber(ARGV[5]))
+remember(KEYS[3], KEYS[4], ARGV[4], string.format(',"at":%.0f,"dl":"%s"', now, id), now,
+  now + tonumber(ARGV[5]))
 if state == 'group-gone' then
   return {id, 0}
 end

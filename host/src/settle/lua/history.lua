@@ -2,29 +2,69 @@
 -- settle/lua/dead_letter.lua), which are loaded with this text in front of them: one record of
 -- the entry's history (see history.rs).
 --
--- key         the entry's history list (in the stream's hash slot)
--- head        the record as JSON without its closing brace, or '' for none (the entry's
---             origin is no stream id); this appends what only the script knows (`tail`: the
---             server's time, a due time, a dead letter's id) and the brace, with no JSON
---             decoding: a park pays two commands for its record
--- keep_until  epoch ms (server clock) the list lives at least until; never shortened
+-- hkey        the subscription's histories: a hash, one field per entry (its origin id), the
+--             value its records joined by newlines (JSON escapes every newline in a string)
+-- ikey        their index: a sorted set of origin ids by the time each history may go
+-- note        '' for none (the history is off, or the entry's origin is no stream id), else
+--             '<origin id> <most entries kept> <record>', the record as JSON without its
+--             closing brace: this appends what only the script knows (`tail`: the server's
+--             time, a due time, a dead letter's id) and the brace, with no JSON decoding
+-- now         epoch ms, server clock
+-- keep_until  epoch ms the entry's history lives at least until; never shortened
 --
--- Best effort on purpose: a key of another type (another program's) is skipped and the
--- settle goes on. The newest 32 records are kept.
-local function remember(key, head, tail, keep_until)
-  if head == '' then
+-- Bounds: the newest 32 records of an entry; at most the cap's entries per subscription (the
+-- ones to go soonest leave first); a history past its time is removed, a few per call; both
+-- keys expire with the last history. Best effort on purpose: a key of another type (another
+-- program's) or a refused write (maxmemory) is skipped and the settle goes on.
+local function remember(hkey, ikey, note, tail, now, keep_until)
+  if note == '' then
     return
   end
-  local pushed = redis.pcall('RPUSH', key, head .. tail .. '}')
-  if type(pushed) ~= 'number' then
+  local origin, cap, head = string.match(note, '^(%S+) (%d+) (.*)$')
+  cap = tonumber(cap)
+  if not origin or not cap or cap < 1 then
     return
   end
-  if pushed > 32 then
-    redis.pcall('LTRIM', key, -32, -1)
+  local record = head .. tail .. '}'
+  local old = redis.pcall('HGET', hkey, origin)
+  if type(old) == 'table' then
+    return
   end
-  if pushed == 1 then
-    redis.pcall('PEXPIREAT', key, keep_until)
-  else
-    redis.pcall('PEXPIREAT', key, keep_until, 'GT')
+  local value = record
+  if old then
+    value = old .. '\n' .. record
+    local _, newlines = string.gsub(value, '\n', '\n')
+    for _ = 32, newlines do
+      value = string.sub(value, string.find(value, '\n', 1, true) + 1)
+    end
+  end
+  if type(redis.pcall('HSET', hkey, origin, value)) ~= 'number' then
+    return
+  end
+  if type(redis.pcall('ZADD', ikey, 'GT', keep_until, origin)) ~= 'number' then
+    return
+  end
+  -- A new member is added whatever GT says; an existing one keeps the later time.
+  local gone = redis.pcall('ZRANGEBYSCORE', ikey, '-inf', now, 'LIMIT', 0, 8)
+  if type(gone) == 'table' and not gone.err and #gone > 0 then
+    redis.pcall('HDEL', hkey, unpack(gone))
+    redis.pcall('ZREM', ikey, unpack(gone))
+  end
+  local over = redis.pcall('ZCARD', ikey)
+  if type(over) == 'number' and over > cap then
+    local popped = redis.pcall('ZPOPMIN', ikey, math.min(over - cap, 8))
+    if type(popped) == 'table' and not popped.err then
+      for i = 1, #popped, 2 do
+        redis.pcall('HDEL', hkey, popped[i])
+      end
+    end
+  end
+  redis.pcall('PEXPIREAT', hkey, keep_until, 'GT')
+  redis.pcall('PEXPIREAT', ikey, keep_until, 'GT')
+  if redis.pcall('PTTL', hkey) == -1 then
+    redis.pcall('PEXPIREAT', hkey, keep_until)
+  end
+  if redis.pcall('PTTL', ikey) == -1 then
+    redis.pcall('PEXPIREAT', ikey, keep_until)
   end
 end

@@ -1,12 +1,24 @@
--- An entry's history (see history.rs), bounded whatever another program left at the key: the
--- newest ARGV[1] records, each cut to ARGV[2] bytes. A key of another type reads as none.
--- KEYS[1]: the history list.
-local records = redis.pcall('LRANGE', KEYS[1], -tonumber(ARGV[1]), -1)
-if type(records) ~= 'table' or records.err then
-  return {}
+-- An entry's history (see history.rs), bounded whatever another program left at the keys: the
+-- newest ARGV[2] records, each cut to ARGV[3] bytes. KEYS[1]: the subscription's histories
+-- (a hash), ARGV[1] the entry's origin id; KEYS[2]: the earlier release's list for the entry,
+-- read when the hash has none. A key of another type reads as none.
+local max, cut = tonumber(ARGV[2]), tonumber(ARGV[3])
+local records = {}
+local value = redis.pcall('HGET', KEYS[1], ARGV[1])
+if type(value) == 'string' then
+  -- Only the tail can hold the newest records (another writer's huge value is not walked).
+  value = string.sub(value, -max * (cut + 1))
+  for record in string.gmatch(value, '[^\n]+') do
+    records[#records + 1] = record
+  end
+else
+  local listed = redis.pcall('LRANGE', KEYS[2], -max, -1)
+  if type(listed) == 'table' and not listed.err then
+    records = listed
+  end
 end
-local max = tonumber(ARGV[2])
-for i = 1, #records do
-  records[i] = string.sub(records[i], 1, max)
+local out = {}
+for i = math.max(1, #records - max + 1), #records do
+  out[#out + 1] = string.sub(records[i], 1, cut)
 end
-return records
+return out
