@@ -380,6 +380,7 @@ impl Service {
         }
         crate::keys::check_same_slot(&mut conn.clone(), &keys).await?;
         crate::keys::claim(&mut conn.clone(), &keys).await?;
+        tokio::spawn(renew_claims(conn.clone(), keys.clone(), stop.clone()));
         // The secret, made with the subscription's set; and which entries of its streams were
         // there before this release first used them (only those may carry the earlier
         // release's unsealed bookkeeping).
@@ -893,5 +894,28 @@ impl Service {
         }
         tracing::info!("all deliveries settled; stopped");
         Ok(())
+    }
+}
+
+/// Claim `keys` again every [`crate::keys::CLAIM_RENEW`] until `stop`, so that they stay this
+/// subscription's while it runs and lapse a day after its last host stopped.
+async fn renew_claims(
+    conn: redis_conn::RedisHandle,
+    keys: SubscriptionKeys,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(crate::keys::CLAIM_RENEW) => {}
+        }
+        if let Err(err) = crate::keys::claim(&mut conn.clone(), &keys).await {
+            tracing::error!(
+                stream = %keys.stream,
+                group = %keys.group,
+                err = %crate::chain::chain(&err),
+                "cannot renew this subscription's claim on its keys"
+            );
+        }
     }
 }

@@ -451,6 +451,41 @@ async fn a_shared_set_key_is_refused_in_a_config_and_across_hosts() {
     let _ = id;
     same.stop().await.unwrap();
     first.stop().await.unwrap();
+    // A claim is a lease: a day after its subscription's last claim (renewed every hour while
+    // it runs) it lapses, and the key is free; here it is made to lapse at once.
+    let claim = "sluice-claim:keys.delayed";
+    let ttl: i64 = cmd(&mut conn, &["PTTL", claim]).await;
+    assert!(
+        ttl > 0 && ttl <= 86_400_000,
+        "the claim has a lease of at most a day: {ttl}"
+    );
+    let _: i64 = cmd(&mut conn, &["PEXPIRE", claim, "1"]).await;
+    wait_for(T, "the claim lapsed", || {
+        let mut conn = conn.clone();
+        async move { (cmd::<i64>(&mut conn, &["EXISTS", claim]).await == 0).then_some(()) }
+    })
+    .await;
+    let taker = start_fixture(&redis, Sub::fixture("keys.delayed").set("group", "spy")).await;
+    taker.stop().await.unwrap();
+}
+
+/// A subscription that names another's stream as its dead-letter stream, started first, does
+/// not make that stream a feed of its dead letters: the stream's own subscription is refused,
+/// naming it (before, reading a dead-letter stream as a stream was let through whatever its
+/// name, so a tenant could inject entries into another's stream). Under its owner's default
+/// name a dead-letter stream is still read as a stream (see the test above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_stream_named_after_another_stream_feeds_nothing() {
+    let redis = Redis::start();
+    let squatter = start_fixture(&redis, Sub::fixture("inj").set("dead_letter", "victim")).await;
+    let mut victim = HostProcess::run(&redis, Sub::fixture("victim"));
+    assert!(!victim.wait_exit().await.success());
+    let log = victim.log_text();
+    assert!(
+        log.contains("`victim` is the dead-letter stream of stream `inj` group `g`"),
+        "{log}"
+    );
+    squatter.stop().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
