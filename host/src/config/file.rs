@@ -364,6 +364,27 @@ pub(super) fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigEr
     })
 }
 
+/// Where the secret `<name>_file` or `<name>_env` names is (one of them at most).
+fn secret_source(
+    v: &Validator<'_>,
+    base: &Path,
+    name: &str,
+    (file, env): (&Option<PathBuf>, &Option<String>),
+) -> Result<Option<TokenSource>, ConfigError> {
+    Ok(match (file, env) {
+        (Some(_), Some(_)) => {
+            return Err(v.invalid(
+                &format!("{name}_file"),
+                "",
+                &format!("set {name}_file or {name}_env, not both"),
+            ));
+        }
+        (Some(file), None) => Some(TokenSource::File(base.join(file))),
+        (None, Some(var)) => Some(TokenSource::Env(var.clone())),
+        (None, None) => None,
+    })
+}
+
 fn globals(v: &Validator<'_>, base: &Path, raw: &RawConfig) -> Result<Globals, ConfigError> {
     let admin = match raw.admin.as_deref() {
         None => None,
@@ -376,30 +397,18 @@ fn globals(v: &Validator<'_>, base: &Path, raw: &RawConfig) -> Result<Globals, C
             )
         })?)),
     };
-    let admin_token = match (&raw.admin_token_file, &raw.admin_token_env) {
-        (Some(_), Some(_)) => {
-            return Err(v.invalid(
-                "admin_token_file",
-                "",
-                "set admin_token_file or admin_token_env, not both",
-            ));
-        }
-        (Some(file), None) => Some(TokenSource::File(base.join(file))),
-        (None, Some(var)) => Some(TokenSource::Env(var.clone())),
-        (None, None) => None,
-    };
-    let rollout_key = match (&raw.rollout_key_file, &raw.rollout_key_env) {
-        (Some(_), Some(_)) => {
-            return Err(v.invalid(
-                "rollout_key_file",
-                "",
-                "set rollout_key_file or rollout_key_env, not both",
-            ));
-        }
-        (Some(file), None) => Some(TokenSource::File(base.join(file))),
-        (None, Some(var)) => Some(TokenSource::Env(var.clone())),
-        (None, None) => None,
-    };
+    let admin_token = secret_source(
+        v,
+        base,
+        "admin_token",
+        (&raw.admin_token_file, &raw.admin_token_env),
+    )?;
+    let rollout_key = secret_source(
+        v,
+        base,
+        "rollout_key",
+        (&raw.rollout_key_file, &raw.rollout_key_env),
+    )?;
     let watch_interval = match raw.watch_interval.as_deref() {
         None => None,
         Some("off") => Some(None),

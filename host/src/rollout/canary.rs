@@ -119,6 +119,29 @@ struct Sealed {
     seal: String,
 }
 
+impl Sealed {
+    /// The body stored as `raw`, if it is sealed with `key` for `use_` over `parts` and the
+    /// body; otherwise why not (`what` names it: "record", "verdict").
+    fn open(
+        raw: &[u8],
+        key: Option<&RolloutKey>,
+        (use_, what): (Use, &str),
+        parts: &[&[u8]],
+    ) -> Result<String, String> {
+        let sealed: Sealed = serde_json::from_slice(raw)
+            .map_err(|_| format!("the canary {what} is not Sluice's (not sealed)"))?;
+        let key = key.ok_or_else(|| NO_KEY.to_owned())?;
+        let mut all = parts.to_vec();
+        all.push(sealed.body.as_bytes());
+        if !key.verify(use_, &all, &sealed.seal) {
+            return Err(format!(
+                "the canary {what}'s seal does not verify with this host's rollout key (written by something that does not hold it, or by a host with another rollout key)"
+            ));
+        }
+        Ok(sealed.body)
+    }
+}
+
 impl Record {
     /// The record as stored: its body and the seal over stream, group and body.
     fn sealed(&self, key: &RolloutKey) -> String {
@@ -143,19 +166,13 @@ impl Record {
         stream: &str,
         group: &str,
     ) -> Result<Self, String> {
-        let sealed: Sealed = serde_json::from_slice(raw)
-            .map_err(|_| "the canary record is not Sluice's (not a sealed record)".to_owned())?;
-        let Some(key) = key else {
-            return Err(NO_KEY.to_owned());
-        };
-        let parts: [&[u8]; 3] = [stream.as_bytes(), group.as_bytes(), sealed.body.as_bytes()];
-        if !key.verify(Use::Record, &parts, &sealed.seal) {
-            return Err(
-                "the canary record's seal does not verify with this host's rollout key (written by something that does not hold it, or by a host with another rollout_key)"
-                    .to_owned(),
-            );
-        }
-        let record: Self = serde_json::from_str(&sealed.body)
+        let body = Sealed::open(
+            raw,
+            key,
+            (Use::Record, "record"),
+            &[stream.as_bytes(), group.as_bytes()],
+        )?;
+        let record: Self = serde_json::from_str(&body)
             .map_err(|err| format!("the canary record's body does not read: {err}"))?;
         if record.stream != stream || record.group != group {
             return Err("the canary record names another subscription".to_owned());
@@ -270,22 +287,13 @@ impl Verdict {
         (stream, group): (&str, &str),
         id: &str,
     ) -> Result<Self, String> {
-        let sealed: Sealed = serde_json::from_slice(raw)
-            .map_err(|_| "the canary verdict is not Sluice's (not sealed)".to_owned())?;
-        let key = key.ok_or_else(|| NO_KEY.to_owned())?;
-        let parts: [&[u8]; 4] = [
-            stream.as_bytes(),
-            group.as_bytes(),
-            id.as_bytes(),
-            sealed.body.as_bytes(),
-        ];
-        if !key.verify(Use::Verdict, &parts, &sealed.seal) {
-            return Err(
-                "the canary verdict's seal does not verify with this host's rollout key (not written by a host of the group)"
-                    .to_owned(),
-            );
-        }
-        let value: serde_json::Value = serde_json::from_str(&sealed.body)
+        let body = Sealed::open(
+            raw,
+            key,
+            (Use::Verdict, "verdict"),
+            &[stream.as_bytes(), group.as_bytes(), id.as_bytes()],
+        )?;
+        let value: serde_json::Value = serde_json::from_str(&body)
             .map_err(|err| format!("the canary verdict's body does not read: {err}"))?;
         let text = |name: &str| {
             value
