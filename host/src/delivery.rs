@@ -295,6 +295,9 @@ pub struct Delivery {
     pub started: Option<std::time::SystemTime>,
     /// The attempt's trace, while traces are exported (set by the dispatcher).
     pub trace: Option<crate::telemetry::AttemptTrace>,
+    /// What of its fields the read did not keep (see [`crate::redis_conn::lean::Cut`]): such
+    /// an entry is dead-lettered from Redis, never handled.
+    pub cut: crate::redis_conn::lean::Cut,
 }
 
 impl Delivery {
@@ -351,6 +354,7 @@ impl Delivery {
             entry,
             delivery_count: delivery_count.max(1),
             trace: None,
+            cut: Default::default(),
             started: None,
         }
     }
@@ -364,11 +368,13 @@ impl Delivery {
     /// [`FIELD_OVERHEAD`] for each field (a million one-byte fields are 8 MB of bytes but cost
     /// the host and the guest about 60 times that).
     pub fn entry_bytes(&self) -> u64 {
-        self.entry
+        let read: u64 = self
+            .entry
             .fields
             .iter()
             .map(|(name, value)| (name.len() + value.len()) as u64 + FIELD_OVERHEAD)
-            .sum()
+            .sum();
+        read + self.cut.bytes + self.cut.fields as u64 * FIELD_OVERHEAD
     }
 
     /// Attempts of this message that came before this one: each park-and-re-add and each

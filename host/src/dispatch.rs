@@ -184,6 +184,29 @@ impl Dispatcher {
         trial: Option<&(Arc<Trial>, Role)>,
     ) -> Settled {
         let digest = &version.digest;
+        if delivery.cut.fields > 0 {
+            // Not read whole: what bookkeeping it carries cannot be checked, and the host holds
+            // no copy of it; Redis copies it to the dead letters.
+            let reason = format!(
+                "the entry is at least {} bytes: {} of its fields are over max_entry_bytes ({}) and were not read; dead-lettered without being handled, copied whole in Redis",
+                delivery.entry_bytes(),
+                delivery.cut.fields,
+                self.policy.max_entry_bytes
+            );
+            tracing::warn!(id = %delivery.entry.id, "{reason}");
+            return match self
+                .settler
+                .dead_letter_in_place(&delivery, digest, &reason)
+                .await
+            {
+                Ok(_) => Settled::Done,
+                Err(err) => {
+                    self.metrics.settle_errors.inc();
+                    tracing::error!(%err, "cannot dead-letter the entry; it stays pending");
+                    Settled::RetryPending(self.failure_delay(delivery.delivery_count))
+                }
+            };
+        }
         if let Some(group) = &delivery.other_group {
             // Another group's retry at the stream's tail: that group handles it, not this one.
             self.metrics.other_groups_retries.inc();

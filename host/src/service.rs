@@ -478,6 +478,7 @@ impl Service {
             max_in_flight: sub.limits.max_in_flight,
             lane_slots: sub.retry_lane_slots,
             largest_entry: Arc::default(),
+            max_entry_bytes: usize::try_from(sub.limits.max_entry_bytes).unwrap_or(usize::MAX),
         };
         // Idle, it waits on the host's doorbell rather than on a connection of its own; not
         // when it waits with its other partitions, nor when it claims (XAUTOCLAIM must run at
@@ -722,9 +723,12 @@ impl Service {
                     .map(|_| {
                         let shared = Arc::new(crate::subscription::SharedRead::new(
                             conn.clone(),
-                            sub.stream.group.as_str().into(),
-                            sub.consumer.as_str().into(),
+                            (
+                                sub.stream.group.as_str().into(),
+                                sub.consumer.as_str().into(),
+                            ),
                             sub.stream.block,
+                            usize::try_from(sub.limits.max_entry_bytes).unwrap_or(usize::MAX),
                         ));
                         readers.spawn(shared.clone().run(stop.clone()));
                         shared

@@ -663,15 +663,143 @@ async fn a_python_guest_is_held_to_the_same_sandbox() {
 
 /// The resident memory of process `pid`, in bytes.
 fn resident(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:") * 1024
+}
+
+/// The most resident memory process `pid` has had, in bytes.
+fn peak_resident(pid: u32) -> u64 {
+    status_kib(pid, "VmHWM:") * 1024
+}
+
+/// A memory cgroup (v1) holding one process to a limit, removed when dropped; `None` where
+/// the machine has none to make (not root): CI (`SLUICE_CI=1`) runs as root and must.
+struct MemoryLimit(std::path::PathBuf);
+
+impl MemoryLimit {
+    fn hold(pid: u32, bytes: u64) -> Option<Self> {
+        let dir = std::path::PathBuf::from(format!("/sys/fs/cgroup/memory/sluice-test-{pid}"));
+        let made = std::fs::create_dir(&dir)
+            .and_then(|()| std::fs::write(dir.join("memory.limit_in_bytes"), bytes.to_string()))
+            .and_then(|()| std::fs::write(dir.join("cgroup.procs"), pid.to_string()));
+        match made {
+            Ok(()) => Some(Self(dir)),
+            Err(err) => {
+                let _ = std::fs::remove_dir(&dir);
+                assert!(
+                    std::env::var_os("SLUICE_CI").is_none(),
+                    "no memory cgroup for the test under SLUICE_CI: {err}"
+                );
+                eprintln!("no memory cgroup ({err}): the limit is not applied");
+                None
+            }
+        }
+    }
+
+    /// Whether the kernel killed anything in it for memory.
+    fn oom_kills(&self) -> u64 {
+        std::fs::read_to_string(self.0.join("memory.oom_control"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("oom_kill "))
+                    .and_then(|n| n.trim().parse().ok())
+            })
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for MemoryLimit {
+    fn drop(&mut self) {
+        // Its process back to the root group, so that the group can go.
+        if let Ok(procs) = std::fs::read_to_string(self.0.join("cgroup.procs")) {
+            for pid in procs.lines() {
+                let _ = std::fs::write("/sys/fs/cgroup/memory/cgroup.procs", pid);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+fn status_kib(pid: u32, key: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .find_map(|l| l.strip_prefix(key))
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         })
         .unwrap_or(0)
-        * 1024
+}
+
+/// Four 100 MB entries added at once, to a host held to 700 MB by a memory cgroup: it holds
+/// none of them whole (a value over `max_entry_bytes` is dropped as it arrives), dead-letters
+/// each unhandled with its fields copied whole inside Redis, and lives on (before: the first
+/// read after a start took all of them and more, 873 MB for four 100 MB entries and 4.4 GB for
+/// three of 400 MB, and a limit killed it again at every restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_100_mb_entries_under_a_700_mb_limit_are_dead_lettered_and_the_host_lives() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let host = HostProcess::run(&redis, TestConfig::of(Sub::fixture("huge")));
+    host.admin_addr().await;
+    let first = add(&mut conn, "huge", &Control::Ack).await;
+    wait_acked(&conn, "huge", "g", &first).await;
+    let limit = MemoryLimit::hold(host.pid(), 700 << 20);
+    let blob = vec![b'x'; 100 << 20];
+    let mut huge = Vec::new();
+    for _ in 0..4 {
+        let id: String = redis::cmd("XADD")
+            .arg("huge")
+            .arg("*")
+            .arg("payload")
+            .arg(Control::Ack.to_string())
+            .arg("blob")
+            .arg(&blob)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        huge.push(id);
+    }
+    drop(blob);
+    let small = add(&mut conn, "huge", &Control::Ack).await;
+    wait_acked(&conn, "huge", "g", &small).await;
+    // Each dead letter: the reason, the origin and the blob's length, read in Redis.
+    let letters: Vec<(String, String, i64)> = redis::cmd("EVAL")
+        .arg(
+            "local out = {} for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do \
+             local f, got = e[2], {'', '', 0} for i = 1, #f, 2 do \
+             if f[i] == 'sluice-reason' then got[1] = f[i + 1] end \
+             if f[i] == 'sluice-origin-id' then got[2] = f[i + 1] end \
+             if f[i] == 'blob' then got[3] = #f[i + 1] end end \
+             out[#out + 1] = got end return out",
+        )
+        .arg(1)
+        .arg(dead_letter_key("huge"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(letters.len(), 4, "{letters:?}");
+    for (reason, origin, blob) in &letters {
+        assert!(
+            reason.contains("over max_entry_bytes") && reason.contains("without being handled"),
+            "{reason}"
+        );
+        assert!(huge.contains(origin), "{origin}");
+        assert_eq!(*blob, 100 << 20, "copied whole");
+    }
+    let peak = peak_resident(host.pid());
+    eprintln!("host peak resident memory: {} MiB", peak >> 20);
+    assert!(peak < 700 << 20, "peak resident {} MiB", peak >> 20);
+    if let Some(limit) = &limit {
+        assert_eq!(limit.oom_kills(), 0, "the host was killed for memory");
+    }
+    assert!(
+        std::path::Path::new(&format!("/proc/{}", host.pid())).exists(),
+        "the host lives"
+    );
+    assert!(!host.log_text().contains("attempt failed"), "never handled");
+    drop(host);
+    drop(limit);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -720,9 +848,8 @@ async fn big_entries_given_back(doorbell: bool) {
     for (_, fields) in &dead {
         let reason = field(fields, "sluice-reason").unwrap();
         assert!(
-            reason.contains(
-                "more than max_entry_bytes (8388608): dead-lettered without being handled"
-            ),
+            reason.contains("over max_entry_bytes (8388608)")
+                && reason.contains("dead-lettered without being handled"),
             "{reason}"
         );
         let origin = field(fields, "sluice-origin-id").unwrap();

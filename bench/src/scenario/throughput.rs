@@ -65,7 +65,9 @@ impl Bench {
         let started = Instant::now();
         let mut handled = 0;
         loop {
-            let ids = lean.read_entries(&read, |_, id, _fields| id).await?;
+            let ids = lean
+                .read_entries(&read, usize::MAX, |_, id, _fields, _| id)
+                .await?;
             if ids.is_empty() {
                 break;
             }

@@ -339,7 +339,7 @@ pub const KEYS: &[KeyDoc] = &[
     KeyDoc {
         scope: Scope::Subscription,
         keys: &["max_entry_bytes"],
-        meaning: "the largest entry given to the handler, counting its fields' names and values and 64 bytes for each field (a million one-byte fields cost the host and the guest far more than their bytes); a larger one is dead-lettered unhandled",
+        meaning: "the largest entry given to the handler, counting its fields' names and values and 64 bytes for each field (a million one-byte fields cost the host and the guest far more than their bytes); a larger one is dead-lettered unhandled. On plain `redis://` (the lean reader) a field's name or value over it is never held by the host: its bytes are dropped as they are read, and the entry is copied whole to the dead letters inside Redis",
         default: "`8MiB`",
     },
     KeyDoc {

@@ -96,6 +96,11 @@ struct Framing {
     /// How far the line at `at` was searched for its end, so that a long line arriving in
     /// many reads is searched once.
     searched: usize,
+    /// A bulk string longer than this is not kept: its header is marked `~` (no RESP2 reply
+    /// starts so) and its bytes are dropped as they arrive.
+    cut_over: usize,
+    /// Bytes of a cut bulk string (and its CRLF) still to drop.
+    skip: usize,
 }
 
 impl Framing {
@@ -103,7 +108,17 @@ impl Framing {
         at: 0,
         left: 1,
         searched: 0,
+        cut_over: usize::MAX,
+        skip: 0,
     };
+
+    /// The start of a reply whose bulk strings over `cut_over` bytes are cut.
+    fn cutting(cut_over: usize) -> Self {
+        Self {
+            cut_over,
+            ..Self::START
+        }
+    }
 }
 
 /// The longest header or simple-string line a reply may have: Redis's own are short (a
@@ -113,8 +128,22 @@ const MAX_LINE: usize = 1 << 20;
 /// The length of the first whole RESP2 reply in `buf`, or `None` while it is incomplete
 /// (then `state` says where to go on once more bytes came). A reply Redis could not have sent
 /// (an empty or unknown header, a length past any buffer) is a protocol error, never a panic.
-fn frame_len(buf: &[u8], state: &mut Framing) -> Result<Option<usize>, RedisError> {
-    while state.left > 0 {
+/// A bulk string over `state.cut_over` bytes leaves only its header, marked `~`: its bytes
+/// are dropped from `buf` as they come, so a reply never holds it.
+fn frame_len(buf: &mut Vec<u8>, state: &mut Framing) -> Result<Option<usize>, RedisError> {
+    loop {
+        if state.skip > 0 {
+            let drop = buf.len().saturating_sub(state.at).min(state.skip);
+            buf.drain(state.at..state.at + drop);
+            state.skip -= drop;
+            state.searched = state.at;
+            if state.skip > 0 {
+                return Ok(None);
+            }
+        }
+        if state.left == 0 {
+            break;
+        }
         let at = state.at;
         let Some(end) = line_end_from(buf, at, state.searched.max(at)) else {
             if buf.len().saturating_sub(at) > MAX_LINE {
@@ -131,7 +160,16 @@ fn frame_len(buf: &[u8], state: &mut Framing) -> Result<Option<usize>, RedisErro
         match kind {
             b'+' | b'-' | b':' => {}
             b'$' => {
-                if let Ok(n) = usize::try_from(int(line)?) {
+                // Nil (-1) has no bytes.
+                let n = usize::try_from(int(line)?).ok();
+                if let Some(n) = n
+                    && n > state.cut_over
+                {
+                    buf[at] = b'~';
+                    state.skip = n
+                        .checked_add(2)
+                        .ok_or_else(|| protocol_error("a bulk length past any buffer"))?;
+                } else if let Some(n) = n {
                     let Some(after) = next.checked_add(n).and_then(|a| a.checked_add(2)) else {
                         return Err(protocol_error("a bulk length past any buffer"));
                     };
@@ -197,6 +235,16 @@ impl<'a> Frame<'a> {
         Ok(usize::try_from(self.header(b'*')?).ok())
     }
 
+    /// A field's name or value: its bytes, or how many bytes it had when the framing cut it.
+    fn bulk_or_cut(&mut self) -> Result<Bulk<'a>, RedisError> {
+        if self.buf.get(self.at) == Some(&b'~') {
+            let n = usize::try_from(self.header(b'~')?)
+                .map_err(|_| protocol_error("a cut bulk string of no length"))?;
+            return Ok(Bulk::Cut(n));
+        }
+        self.bulk().map(Bulk::Bytes)
+    }
+
     /// A bulk string's bytes (nil is an error: XREADGROUP has none where bytes are).
     fn bulk(&mut self) -> Result<&'a [u8], RedisError> {
         let n = usize::try_from(self.header(b'$')?)
@@ -214,11 +262,28 @@ impl<'a> Frame<'a> {
 /// An entry's fields as the reply holds them; `None` for an entry deleted while pending.
 pub type Fields = Option<Vec<(Vec<u8>, Vec<u8>)>>;
 
+/// A field's name or value in a reply.
+enum Bulk<'a> {
+    Bytes(&'a [u8]),
+    /// Over the reply's cut: not kept, this many bytes.
+    Cut(usize),
+}
+
+/// What of an entry a read did not keep: its fields whose name or value was over the read's
+/// cut (left out of its fields), and their bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cut {
+    /// Fields left out.
+    pub fields: usize,
+    /// Their names' and values' bytes.
+    pub bytes: u64,
+}
+
 /// XREADGROUP's reply: nil, or `[[stream, [[id, [field, value, ...] | nil], ...]], ...]`; each
 /// entry made by `make` from its stream's name, its id and its fields.
 fn parse_read<T>(
     frame: &[u8],
-    mut make: impl FnMut(&[u8], String, Fields) -> T,
+    mut make: impl FnMut(&[u8], String, Fields, Cut) -> T,
 ) -> Result<Vec<T>, RedisError> {
     let mut f = Frame { buf: frame, at: 0 };
     let mut out = Vec::new();
@@ -232,19 +297,31 @@ fn parse_read<T>(
             f.array()?;
             let id = String::from_utf8(f.bulk()?.to_vec())
                 .map_err(|_| protocol_error("an entry id that is not UTF-8"))?;
+            let mut cut = Cut::default();
             let fields = match f.array()? {
                 Some(flat) => {
                     let mut fields = Vec::with_capacity(f.room_for(flat / 2, 8));
                     for _ in 0..flat / 2 {
-                        let name = f.bulk()?.to_vec();
-                        fields.push((name, f.bulk()?.to_vec()));
+                        match (f.bulk_or_cut()?, f.bulk_or_cut()?) {
+                            (Bulk::Bytes(name), Bulk::Bytes(value)) => {
+                                fields.push((name.to_vec(), value.to_vec()));
+                            }
+                            (name, value) => {
+                                let len = |b: &Bulk<'_>| match b {
+                                    Bulk::Bytes(bytes) => bytes.len() as u64,
+                                    Bulk::Cut(n) => *n as u64,
+                                };
+                                cut.fields += 1;
+                                cut.bytes += len(&name) + len(&value);
+                            }
+                        }
                     }
                     Some(fields)
                 }
                 // Deleted while pending.
                 None => None,
             };
-            out.push(make(stream, id, fields));
+            out.push(make(stream, id, fields, cut));
         }
     }
     Ok(out)
@@ -305,15 +382,17 @@ impl LeanConn {
     }
 
     /// XREADGROUP (as `cmd`), its reply parsed straight into entries, each made by `make`
-    /// from its stream's name, its id and its fields.
+    /// from its stream's name, its id, its fields and what of them was cut: a name or value
+    /// over `cut_over` bytes is never held whole, not even in the read buffer.
     pub async fn read_entries<T>(
         &mut self,
         cmd: &Cmd,
-        mut make: impl FnMut(&[u8], String, Fields) -> T,
+        cut_over: usize,
+        mut make: impl FnMut(&[u8], String, Fields, Cut) -> T,
     ) -> Result<Vec<T>, RedisError> {
         cmd.write_packed_command(self.out_cleared());
         let mut entries = None;
-        self.request(1, |frame| {
+        self.request(1, cut_over, |frame| {
             entries = Some(if frame.first() == Some(&b'-') {
                 Err(parse_value(frame)
                     .err()
@@ -335,6 +414,7 @@ impl LeanConn {
     async fn request(
         &mut self,
         replies: usize,
+        cut_over: usize,
         mut each: impl FnMut(&[u8]),
     ) -> Result<(), RedisError> {
         if self.broken {
@@ -348,8 +428,9 @@ impl LeanConn {
         let exchange = async {
             self.tcp.write_all(&self.out).await?;
             for _ in 0..replies {
+                self.framing = Framing::cutting(cut_over);
                 let len = loop {
-                    if let Some(len) = frame_len(&self.buf, &mut self.framing)? {
+                    if let Some(len) = frame_len(&mut self.buf, &mut self.framing)? {
                         self.framing = Framing::START;
                         break len;
                     }
@@ -389,7 +470,7 @@ impl ConnectionLike for LeanConn {
         Box::pin(async move {
             cmd.write_packed_command(self.out_cleared());
             let mut value = None;
-            self.request(1, |frame| value = Some(parse_value(frame)))
+            self.request(1, usize::MAX, |frame| value = Some(parse_value(frame)))
                 .await?;
             value.unwrap_or_else(|| Err(protocol_error("no reply")))
         })
@@ -406,7 +487,7 @@ impl ConnectionLike for LeanConn {
             self.out.extend_from_slice(&pipeline.get_packed_pipeline());
             let mut values = Vec::with_capacity(count);
             let mut seen = 0;
-            self.request(offset + count, |frame| {
+            self.request(offset + count, usize::MAX, |frame| {
                 if seen >= offset {
                     values.push(redis::parse_redis_value(frame));
                 }
@@ -431,7 +512,7 @@ mod tests {
     /// Frame `buf` from the start, in one go.
     fn framed(buf: &[u8]) -> Result<Option<usize>, RedisError> {
         let mut state = Framing::START;
-        frame_len(buf, &mut state)
+        frame_len(&mut buf.to_vec(), &mut state)
     }
 
     #[test]
@@ -454,19 +535,31 @@ mod tests {
         // Byte by byte, as the slowest socket would deliver it: the same length at the end.
         let mut state = Framing::START;
         for cut in 0..REPLY.len() {
-            assert_eq!(frame_len(&REPLY[..cut], &mut state).unwrap(), None);
+            assert_eq!(
+                frame_len(&mut REPLY[..cut].to_vec(), &mut state).unwrap(),
+                None
+            );
         }
-        assert_eq!(frame_len(REPLY, &mut state).unwrap(), Some(REPLY.len()));
+        assert_eq!(
+            frame_len(&mut REPLY.to_vec(), &mut state).unwrap(),
+            Some(REPLY.len())
+        );
         // A long line in many reads, its "\r" and "\n" in different ones.
         let mut line = b"+".to_vec();
         line.extend(std::iter::repeat_n(b'x', 100_000));
         line.extend_from_slice(b"\r\n");
         let mut state = Framing::START;
         for cut in (1..line.len()).step_by(4096).chain([line.len() - 1]) {
-            assert_eq!(frame_len(&line[..cut], &mut state).unwrap(), None);
+            assert_eq!(
+                frame_len(&mut line[..cut].to_vec(), &mut state).unwrap(),
+                None
+            );
         }
         assert!(state.searched > 90_000, "{state:?}");
-        assert_eq!(frame_len(&line, &mut state).unwrap(), Some(line.len()));
+        assert_eq!(
+            frame_len(&mut line.clone(), &mut state).unwrap(),
+            Some(line.len())
+        );
     }
 
     /// An endless line (a hostile server's) is an error once past 1 MiB, not a buffer that
@@ -489,13 +582,13 @@ mod tests {
             b"$18446744073709551615\r\n",
         ] {
             let _ = framed(bad);
-            let _ = parse_read(bad, |_, id, _| id);
+            let _ = parse_read(bad, |_, id, _, _| id);
         }
         assert!(framed(b"\r\n").is_err());
         assert!(framed(b"*1\r\n\r\n").is_err());
         // Counts far beyond the reply: refused when the reply runs out, nothing reserved.
         let huge = b"*1\r\n*2\r\n$1\r\ns\r\n*4611686018427387903\r\n*2\r\n$3\r\n1-0\r\n*4611686018427387903\r\n";
-        assert!(parse_read(huge, |_, id, _| id).is_err());
+        assert!(parse_read(huge, |_, id, _, _| id).is_err());
     }
 
     proptest::proptest! {
@@ -506,22 +599,22 @@ mod tests {
             cut in 0..=REPLY.len(),
         ) {
             let _ = framed(&bytes);
-            let _ = parse_read(&bytes, |_, id, _| id);
+            let _ = parse_read(&bytes, |_, id, _, _| id);
             let mut mutated = REPLY.to_vec();
             for (at, byte) in flips {
                 mutated[at] = byte;
             }
             mutated.truncate(cut.max(1));
             if let Ok(Some(len)) = framed(&mutated) {
-                let _ = parse_read(&mutated[..len], |_, id, _| id);
+                let _ = parse_read(&mutated[..len], |_, id, _, _| id);
             }
-            let _ = parse_read(&mutated, |_, id, _| id);
+            let _ = parse_read(&mutated, |_, id, _, _| id);
             // Resumed framing agrees with framing in one go.
             let mut state = Framing::START;
             let half = mutated.len() / 2;
-            let first = frame_len(&mutated[..half], &mut state);
+            let first = frame_len(&mut mutated[..half].to_vec(), &mut state);
             if matches!(first, Ok(None)) {
-                let resumed = frame_len(&mutated, &mut state).ok();
+                let resumed = frame_len(&mut mutated.clone(), &mut state).ok();
                 proptest::prop_assert_eq!(resumed, framed(&mutated).ok());
             }
         }
@@ -530,7 +623,7 @@ mod tests {
     #[test]
     fn entries_are_parsed_with_their_stream_and_deleted_ones_have_no_fields() {
         let entries =
-            parse_read(REPLY, |stream, id, fields| (stream.to_vec(), id, fields)).unwrap();
+            parse_read(REPLY, |stream, id, fields, _| (stream.to_vec(), id, fields)).unwrap();
         assert_eq!(
             entries,
             vec![
@@ -543,7 +636,55 @@ mod tests {
                 (b"lane".to_vec(), "3-0".to_owned(), Some(vec![])),
             ]
         );
-        assert!(parse_read(b"*-1\r\n", |_, id, _| id).unwrap().is_empty());
+        assert!(parse_read(b"*-1\r\n", |_, id, _, _| id).unwrap().is_empty());
+    }
+
+    /// A value over the cut is never held: its bytes are dropped as they come, byte by byte
+    /// too, and the entry says what was left out; the rest of the reply reads as it was.
+    #[test]
+    fn a_value_over_the_cut_is_dropped_as_it_arrives() {
+        let big = "x".repeat(100);
+        let reply = format!(
+            "*1\r\n*2\r\n$1\r\ns\r\n*2\r\n*2\r\n$3\r\n1-0\r\n*4\r\n$1\r\na\r\n$2\r\nxy\r\n$4\r\nblob\r\n$100\r\n{big}\r\n*2\r\n$3\r\n2-0\r\n*2\r\n$1\r\nb\r\n$1\r\nz\r\n"
+        );
+        let reply = reply.as_bytes();
+        let expect =
+            |frame: &[u8]| parse_read(frame, |_, id, fields, cut| (id, fields, cut)).unwrap();
+        // In one go, and byte by byte.
+        for step in [reply.len(), 1] {
+            let mut state = Framing::cutting(10);
+            let mut buf = Vec::new();
+            let mut largest = 0;
+            let mut len = None;
+            for chunk in reply.chunks(step) {
+                buf.extend_from_slice(chunk);
+                largest = largest.max(buf.len());
+                len = frame_len(&mut buf, &mut state).unwrap();
+                if len.is_some() {
+                    break;
+                }
+            }
+            let len = len.expect("framed");
+            assert!(
+                largest < reply.len() - 50 || step == reply.len(),
+                "{largest}"
+            );
+            let entries = expect(&buf[..len]);
+            assert_eq!(entries.len(), 2);
+            assert_eq!(
+                entries[0],
+                (
+                    "1-0".to_owned(),
+                    Some(vec![(b"a".to_vec(), b"xy".to_vec())]),
+                    Cut {
+                        fields: 1,
+                        bytes: 104
+                    }
+                )
+            );
+            assert_eq!(entries[1].2, Cut::default());
+            assert_eq!(entries[1].1, Some(vec![(b"b".to_vec(), b"z".to_vec())]));
+        }
     }
 
     #[test]

@@ -21,7 +21,7 @@ use redis::{Cmd, RedisError, RedisFuture, Value};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use super::lean::{Fields, LeanConn};
+use super::lean::{Cut, Fields, LeanConn};
 use super::{COMMAND_TIMEOUT, CONNECT_TIMEOUT, HandleInner, RedisHandle};
 
 /// The most lean read connections one node's pool holds.
@@ -117,9 +117,10 @@ impl LeanPool {
     pub async fn read_entries<T>(
         &self,
         cmd: &Cmd,
-        make: impl FnMut(&[u8], String, Fields) -> T,
+        cut_over: usize,
+        make: impl FnMut(&[u8], String, Fields, Cut) -> T,
     ) -> Result<Vec<T>, RedisError> {
-        self.with(async move |conn: &mut LeanConn| conn.read_entries(cmd, make).await)
+        self.with(async move |conn: &mut LeanConn| conn.read_entries(cmd, cut_over, make).await)
             .await
     }
 

@@ -60,6 +60,16 @@ static DEAD_LETTER: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+/// `lua/dead_letter_in_place.lua`, behind the pending check, the history record and the seal.
+static IN_PLACE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("lua/pending.lua"),
+        include_str!("lua/history.lua"),
+        include_str!("../keys/lua/seal.lua"),
+        include_str!("lua/dead_letter_in_place.lua")
+    ))
+});
+
 /// The dead-letter script's SHA-1, as Redis names it in `EVALSHA`, `SLOWLOG` and `MONITOR`: how
 /// an operator (or a fault test's proxy) tells a dead-letter write from the host's other calls.
 pub fn dead_letter_script_sha() -> &'static str {
@@ -333,6 +343,17 @@ impl Settler {
                 }
             })
             .await?;
+        Ok(self.dead_lettered(delivery, digest, reason, written))
+    }
+
+    /// Report what a dead-letter script came to: whether the entry went.
+    fn dead_lettered(
+        &self,
+        delivery: &Delivery,
+        digest: &Digest,
+        reason: &str,
+        written: Option<Option<(String, i64)>>,
+    ) -> bool {
         match written {
             Some(Some((_, acked))) => {
                 if acked == 0 {
@@ -342,14 +363,77 @@ impl Settler {
                     reason: reason.to_owned(),
                 };
                 self.events.send(self.event(delivery, digest, kind));
-                Ok(true)
+                true
             }
             Some(None) => {
                 not_pending(delivery, "dead-lettering");
-                Ok(false)
+                false
             }
-            None => Ok(false),
+            None => false,
         }
+    }
+
+    /// Dead-letter an entry the read did not keep whole (a field over `max_entry_bytes`),
+    /// copying its fields inside Redis (`lua/dead_letter_in_place.lua`), and ack it, retrying
+    /// while Redis is away: the host never holds them. As [`Self::dead_letter`] otherwise.
+    pub async fn dead_letter_in_place(
+        &self,
+        delivery: &Delivery,
+        digest: &Digest,
+        reason: &str,
+    ) -> Result<bool, SettleError> {
+        let retry_count = delivery.retry_count.to_string();
+        let delivery_count = delivery.delivery_count.to_string();
+        let mut invocation = IN_PLACE.key(delivery.source.key(&self.stream, self.lane.as_deref()));
+        invocation
+            .key(&*self.dead_letter)
+            .key(keys::history_key(&self.stream, &self.group))
+            .key(keys::history_index_key(&self.stream, &self.group))
+            .arg(&*self.group)
+            .arg(&delivery.entry.id)
+            .arg(self.dead_letter_maxlen)
+            .arg(crate::history::Record::of(
+                delivery,
+                &self.consumer,
+                crate::history::Action::DeadLetter,
+                (reason, None),
+                self.history_entries,
+            ))
+            .arg(crate::history::KEEP.as_millis() as u64)
+            .arg(keys::SCRIPT_MAX_FIELDS)
+            .arg(keys::PACKED_FIELDS)
+            .arg(self.secret.as_ref().map_or("", |s| s.value()))
+            .arg(keys::Seal::DeadLetter.name())
+            .arg(keys::Seal::DeadLetterPacked.name())
+            .arg(&*self.stream)
+            .arg(&delivery.origin_id)
+            .arg(keys::MARK)
+            .arg(keys::REASON)
+            .arg(reason)
+            .arg(keys::ORIGIN_STREAM)
+            .arg(&*self.stream)
+            .arg(keys::ORIGIN_GROUP)
+            .arg(&*self.group)
+            .arg(keys::ORIGIN_ID)
+            .arg(&delivery.origin_id)
+            .arg(keys::ENTRY_ID)
+            .arg(&delivery.entry.id)
+            .arg(keys::RETRY_COUNT)
+            .arg(&retry_count)
+            .arg(keys::DELIVERY_COUNT)
+            .arg(&delivery_count);
+        let written = self
+            .until_done(delivery, "dead-lettering", || {
+                let mut conn = self.conn.clone();
+                let invocation = &invocation;
+                async move {
+                    invocation
+                        .invoke_async::<Option<(String, i64)>>(&mut conn)
+                        .await
+                }
+            })
+            .await?;
+        Ok(self.dead_lettered(delivery, digest, reason, written))
     }
 
     /// Run `attempt` until Redis answers, pausing with capped backoff while it is unreachable

@@ -112,6 +112,9 @@ pub struct ReadPlan {
     /// The largest entry of the latest read, in bytes: the next read asks for no more entries
     /// of that size than [`read::MAX_READ_BYTES`] holds.
     pub largest_entry: Arc<std::sync::atomic::AtomicUsize>,
+    /// `max_entry_bytes`: a field's name or value over this is not kept by a read (on the
+    /// lean readers), and its entry is dead-lettered from Redis unhandled.
+    pub max_entry_bytes: usize,
 }
 
 impl ReadPlan {
@@ -1112,7 +1115,7 @@ impl Subscription {
         // thread (and their acks back), wake-ups that cost more than a light handler.
         let mut group = Vec::with_capacity(batch.len());
         for (read, delivery_count) in batch {
-            let (id, source) = (read.id.clone(), read.source);
+            let (id, source, cut) = (read.id.clone(), read.source, read.cut);
             let Some(entry) = read.into_entry() else {
                 self.drop_deleted(source, &id).await;
                 continue;
@@ -1128,7 +1131,7 @@ impl Subscription {
                     }
                 }
             };
-            if let Some(delivery) = self.delivery(entry, source, delivery_count, permit) {
+            if let Some(delivery) = self.delivery((entry, cut), source, delivery_count, permit) {
                 group.push(delivery);
             }
         }
@@ -1211,7 +1214,9 @@ impl Subscription {
         delivery_count: u64,
         permit: OwnedSemaphorePermit,
     ) {
-        if let Some(delivery) = self.delivery(entry, source, delivery_count, permit) {
+        if let Some(delivery) =
+            self.delivery((entry, Default::default()), source, delivery_count, permit)
+        {
             self.spawn_alone(delivery);
         }
     }
@@ -1220,7 +1225,7 @@ impl Subscription {
     /// handled already.
     fn delivery(
         self: &Arc<Self>,
-        entry: Entry,
+        (entry, cut): (Entry, crate::redis_conn::lean::Cut),
         source: Source,
         delivery_count: u64,
         permit: OwnedSemaphorePermit,
@@ -1231,7 +1236,7 @@ impl Subscription {
             // XAUTOCLAIM handed back an entry this host is still handling.
             return None;
         }
-        let delivery = Delivery::new(
+        let mut delivery = Delivery::new(
             &self.plan.stream,
             &self.plan.group,
             (source, self.plan.key(source)),
@@ -1239,6 +1244,7 @@ impl Subscription {
             delivery_count,
             self.secret.as_deref(),
         );
+        delivery.cut = cut;
         let this = self.clone();
         // The tracker counts deliveries, not tasks: shutdown waits for each to settle.
         let tracked = self.tracker.token();

@@ -21,6 +21,9 @@ pub struct ReadEntry {
     pub source: Source,
     /// Its fields, unless it was deleted.
     pub fields: Option<Vec<(Vec<u8>, Vec<u8>)>>,
+    /// What of its fields the read did not keep (over `max_entry_bytes`): such an entry is
+    /// dead-lettered from Redis, never handled.
+    pub cut: crate::redis_conn::lean::Cut,
 }
 
 impl ReadEntry {
@@ -113,16 +116,17 @@ pub async fn read_group(
 ) -> RedisResult<Vec<ReadEntry>> {
     let cmd = read_group_cmd(who, budgeted(who, count), block, from);
     let lane = who.lane.as_deref();
-    let make = |stream: &[u8], id, fields| ReadEntry {
+    let make = |stream: &[u8], id, fields, cut| ReadEntry {
         id,
         source: source_named(stream, lane),
         fields,
+        cut,
     };
     let entries = if let Reader::Lean(lean) = conn {
         // Parsed where it is read, straight into entries.
-        lean.read_entries(&cmd, make).await?
+        lean.read_entries(&cmd, who.max_entry_bytes, make).await?
     } else if let Reader::Pooled(pool) = conn {
-        pool.read_entries(&cmd, make).await?
+        pool.read_entries(&cmd, who.max_entry_bytes, make).await?
     } else {
         let reply: Value = cmd.query_async(conn).await?;
         parse_read_reply(reply, lane)?
@@ -178,7 +182,7 @@ pub async fn read_new_from(
     group: &str,
     consumer: &str,
     count: usize,
-    block: Duration,
+    (block, cut_over): (Duration, usize),
     keys: &[(Arc<str>, Source)],
 ) -> RedisResult<Vec<(usize, ReadEntry)>> {
     let from = keys.iter().map(|(key, _)| (&**key, ">"));
@@ -191,12 +195,20 @@ pub async fn read_new_from(
     if let Reader::Lean(lean) = conn {
         let mut stray = false;
         let entries = lean
-            .read_entries(&cmd, |stream, id, fields| {
+            .read_entries(&cmd, cut_over, |stream, id, fields, cut| {
                 let (i, source) = index.get(stream).copied().unwrap_or_else(|| {
                     stray = true;
                     (0, Source::Stream)
                 });
-                (i, ReadEntry { id, source, fields })
+                (
+                    i,
+                    ReadEntry {
+                        id,
+                        source,
+                        fields,
+                        cut,
+                    },
+                )
             })
             .await?;
         if stray {
@@ -405,6 +417,7 @@ pub async fn own_pending_among<C: ConnectionLike>(
             id: id.clone(),
             source,
             fields: None,
+            cut: Default::default(),
         });
         found.push((entry, count));
     }
@@ -603,7 +616,12 @@ fn parse_entries(value: Value, source: Source) -> RedisResult<Vec<ReadEntry>> {
             }
             _ => None,
         };
-        out.push(ReadEntry { id, source, fields });
+        out.push(ReadEntry {
+            id,
+            source,
+            fields,
+            cut: Default::default(),
+        });
     }
     Ok(out)
 }

@@ -57,6 +57,8 @@ pub struct SharedRead {
     consumer: Arc<str>,
     /// The partitions' block time: the longest a read waits, and the reader's reply deadline.
     block: Duration,
+    /// A field's name or value over this many bytes is not kept (`max_entry_bytes`).
+    cut_over: usize,
     state: Mutex<State>,
     /// A partition started or stopped waiting.
     changed: Notify,
@@ -115,13 +117,19 @@ impl Drop for Leave<'_> {
 
 impl SharedRead {
     /// The shared wait for partitions read as `consumer` of `group` through `conn`, each
-    /// blocking up to `block`.
-    pub fn new(conn: RedisHandle, group: Arc<str>, consumer: Arc<str>, block: Duration) -> Self {
+    /// blocking up to `block`; a field's name or value over `cut_over` bytes is not kept.
+    pub fn new(
+        conn: RedisHandle,
+        (group, consumer): (Arc<str>, Arc<str>),
+        block: Duration,
+        cut_over: usize,
+    ) -> Self {
         Self {
             conn,
             group,
             consumer,
             block,
+            cut_over,
             state: Mutex::new(State::default()),
             changed: Notify::new(),
             reads_ended: watch::Sender::new(0),
@@ -211,7 +219,7 @@ impl SharedRead {
                 &self.group,
                 &self.consumer,
                 snapshot.count,
-                block,
+                (block, self.cut_over),
                 &snapshot.keys,
             );
             let id = *id;

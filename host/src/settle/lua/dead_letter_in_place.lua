@@ -1,0 +1,58 @@
+-- Move one pending entry the host did not read whole (a field over max_entry_bytes) to the
+-- dead-letter stream, copying its fields inside Redis, and acknowledge it, atomically: as
+-- dead_letter.lua, but the fields never travel through the host.
+--
+-- KEYS[1]  the stream the entry was read from
+-- KEYS[2]  the dead-letter stream
+-- KEYS[3]  the subscription's histories, KEYS[4] their index (see settle/lua/history.lua)
+-- ARGV[1]  the consumer group
+-- ARGV[2]  the entry id
+-- ARGV[3]  trim the dead-letter stream to about this many entries (MAXLEN ~), 0 for never
+-- ARGV[4]  the history note ('' for none), ARGV[5] how long it outlives the dead letter, ms
+-- ARGV[6]  the most fields one XADD from a script carries; past it they go packed into one,
+--          ARGV[7] (the packed field's name)
+-- ARGV[8]  the stream's secret ('' for none: the dead letter goes unsealed)
+-- ARGV[9], ARGV[10]  the seal's uses: a dead letter, one with its fields packed
+-- ARGV[11] the subscription's stream, ARGV[12] the origin id (what the seal covers)
+-- ARGV[13] the seal's field name
+-- ARGV[14..] the bookkeeping to record after the fields: name, value, ...
+--
+-- Reply: as dead_letter.lua's.
+local state, stop = pending_state(KEYS[1], ARGV[1], ARGV[2])
+if not state then
+  return stop
+end
+local found = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
+local fields = {}
+if found[1] then
+  fields = found[1][2]
+end
+local written, use = fields, ARGV[9]
+if #fields / 2 > tonumber(ARGV[6]) then
+  written, use = {ARGV[7], cmsgpack.pack(fields)}, ARGV[10]
+end
+local args = {KEYS[2]}
+if tonumber(ARGV[3]) > 0 then
+  args = {KEYS[2], 'MAXLEN', '~', ARGV[3]}
+end
+args[#args + 1] = '*'
+for _, v in ipairs(written) do
+  args[#args + 1] = v
+end
+for i = 14, #ARGV do
+  args[#args + 1] = ARGV[i]
+end
+if ARGV[8] ~= '' then
+  args[#args + 1] = ARGV[13]
+  args[#args + 1] = seal(ARGV[8], {use, ARGV[11], ARGV[1], ARGV[12], fields_digest(written)})
+end
+local id = redis.call('XADD', unpack(args))
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+remember(KEYS[3], KEYS[4], ARGV[4], string.format(',"at":%.0f,"dl":"%s"', now, id), now,
+  now + tonumber(ARGV[5]))
+if state == 'group-gone' then
+  return {id, 0}
+end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+return {id, 1}
