@@ -110,12 +110,24 @@ impl Sessions {
         if let Ok(mut all) = self.inner.lock() {
             all.retain(|_, s| s.created.elapsed() < SESSION_TTL);
             // Full: the least recently used of the sessions nobody came back with goes first
-            // (a flood of cookie-less requests makes only those), then the least recently
-            // used of all. An operator's session, used again and again, stays.
+            // (a flood of cookie-less requests makes only those), then the youngest of those
+            // that came back: a flood whose sessions come back too is younger than the
+            // operator's session, which stays however often the flood's come back.
             if all.len() >= MAX_SESSIONS
                 && let Some(evicted) = all
                     .iter()
-                    .min_by_key(|(_, s)| (s.returns > 0, s.last_used))
+                    .min_by_key(|(_, s)| {
+                        let young = std::cmp::Reverse(s.created);
+                        (
+                            s.returns > 0,
+                            if s.returns > 0 {
+                                None
+                            } else {
+                                Some(s.last_used)
+                            },
+                            young,
+                        )
+                    })
                     .map(|(k, _)| k.clone())
             {
                 all.remove(&evicted);
