@@ -283,3 +283,52 @@ async fn an_entry_of_very_many_fields_counts_them_and_is_dead_lettered_unhandled
     .await;
     host.stop().await.unwrap();
 }
+
+/// A producer's own `sluice-*` fields on an entry that is dead-lettered do not pass for the
+/// host's: in the dead letter they go in under `producer:<name>`, so a reader that keeps the
+/// first `sluice-reason` or `sluice-origin-id` reads the host's (before, the producer's came
+/// first and won); the API gives the producer its fields back as it wrote them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producers_reserved_fields_do_not_pass_for_the_hosts_in_a_dead_letter() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(&redis, Sub::fixture("forge")).await;
+    let admin = host.admin().await;
+    let id: String = redis::cmd("XADD")
+        .arg("forge")
+        .arg("*")
+        .arg("payload")
+        .arg(
+            serde_json::to_string(&sluice_fixture_control::Control::Dead {
+                reason: "declined".into(),
+            })
+            .unwrap(),
+        )
+        .arg("sluice-reason")
+        .arg("all good")
+        .arg("sluice-origin-id")
+        .arg("1-1")
+        .arg("producer:x")
+        .arg("y")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let dead = wait_dead_letters(&conn, "forge", 1).await;
+    let fields = &dead[0].1;
+    assert_eq!(field(fields, "sluice-reason"), Some("declined"));
+    assert_eq!(field(fields, "sluice-origin-id"), Some(id.as_str()));
+    assert_eq!(field(fields, "producer:sluice-reason"), Some("all good"));
+    assert_eq!(field(fields, "producer:producer:x"), Some("y"));
+    let (code, body) = http_get(admin, "/v1/subscriptions/forge/g/dead-letters").await;
+    assert_eq!(code, 200, "{body}");
+    let listed: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let own = listed["items"][0]["fields"].to_string();
+    for pair in [
+        r#"["sluice-reason","all good"]"#,
+        r#"["sluice-origin-id","1-1"]"#,
+        r#"["producer:x","y"]"#,
+    ] {
+        assert!(own.contains(pair), "{pair} in {own}");
+    }
+    host.stop().await.unwrap();
+}

@@ -204,6 +204,30 @@ pub fn claim_key(key: &str) -> String {
     format!("sluice-claim:{key}")
 }
 
+/// What a producer's field named like the host's own gets in front of its name in a dead
+/// letter, so that a reader that keeps the first value of a name (`sluice-reason`,
+/// `sluice-origin-id`) reads the host's, never a producer's forgery.
+pub const PRODUCER_PREFIX: &str = "producer:";
+
+/// A producer's field name as a dead letter keeps it: one starting with `sluice-` (the host's
+/// names) or with [`PRODUCER_PREFIX`] gets the prefix, so that [`producer_name`] gives back
+/// exactly what the producer wrote.
+pub fn escaped_name(name: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if name.starts_with(FIELD_PREFIX.as_bytes()) || name.starts_with(PRODUCER_PREFIX.as_bytes()) {
+        let mut out = PRODUCER_PREFIX.as_bytes().to_vec();
+        out.extend_from_slice(name);
+        std::borrow::Cow::Owned(out)
+    } else {
+        std::borrow::Cow::Borrowed(name)
+    }
+}
+
+/// The name a producer wrote, from a dead letter's (see [`escaped_name`]).
+pub fn producer_name(name: &[u8]) -> &[u8] {
+    name.strip_prefix(PRODUCER_PREFIX.as_bytes())
+        .unwrap_or(name)
+}
+
 /// A list of byte strings as MessagePack: an array of str, each with the shortest header, as
 /// Lua's `cmsgpack.pack` writes a table of strings (so Rust and the scripts hash the same bytes;
 /// every part's length is in it, so no two lists read the same).

@@ -262,6 +262,12 @@ impl DeadLetter {
                 "it belongs to stream `{stream}` group `{group}`, not to this subscription"
             ));
         }
+        // The producer's names, as it wrote them (see `keys::escaped_name`).
+        for (name, _) in &mut own {
+            if name.starts_with(keys::PRODUCER_PREFIX.as_bytes()) {
+                *name = keys::producer_name(name).to_vec();
+            }
+        }
         Self {
             id,
             shape: Shape::Delivery,

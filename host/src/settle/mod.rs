@@ -287,7 +287,14 @@ impl Settler {
                 self.history_entries,
             ))
             .arg(crate::history::KEEP.as_millis() as u64);
-        let fields = delivery.user_fields();
+        // A producer's fields named like the host's own go in under another name (undone when
+        // the dead letter is read), so that the host's bookkeeping is the only `sluice-*`.
+        let fields: Vec<(Vec<u8>, Vec<u8>)> = delivery
+            .user_fields()
+            .iter()
+            .map(|(name, value)| (keys::escaped_name(name).into_owned(), value.clone()))
+            .collect();
+        let fields = fields.as_slice();
         let packed;
         let written: &[(Vec<u8>, Vec<u8>)] = if fields.len() > keys::SCRIPT_MAX_FIELDS {
             packed = [(keys::PACKED_FIELDS.as_bytes().to_vec(), pack_fields(fields))];
@@ -408,6 +415,8 @@ impl Settler {
             .arg(&*self.stream)
             .arg(&delivery.origin_id)
             .arg(keys::MARK)
+            .arg("")
+            .arg(keys::PRODUCER_PREFIX)
             .arg(keys::REASON)
             .arg(reason)
             .arg(keys::ORIGIN_STREAM)
