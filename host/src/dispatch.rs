@@ -184,7 +184,7 @@ impl Dispatcher {
         trial: Option<&(Arc<Trial>, Role)>,
     ) -> Settled {
         let digest = &version.digest;
-        if delivery.cut.fields > 0 {
+        if delivery.cut.over {
             // Not read whole: what bookkeeping it carries cannot be checked, and the host holds
             // no copy of it; Redis copies it to the dead letters.
             let reason = format!(

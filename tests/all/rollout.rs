@@ -738,6 +738,8 @@ async fn a_replay_reports_what_the_candidate_would_do_and_writes_nothing() {
         .query_async(&mut conn)
         .await
         .unwrap();
+    // Dead-lettered before the entries that call out, which are then the newest dead letters.
+    wait_dead_letters(&conn, "rp", 1001).await;
     let mut calls_out = Vec::new();
     for _ in 0..5 {
         let http = Control::Http {

@@ -802,6 +802,99 @@ async fn four_100_mb_entries_under_a_700_mb_limit_are_dead_lettered_and_the_host
     drop(limit);
 }
 
+/// Sixty 7 MiB entries (each under `max_entry_bytes`) added at once: a read keeps at most
+/// 64 MiB of them and leaves the rest to be read again alone, so the host never holds the
+/// 420 MB a read of them all would (before: the first read after a start took `count` entries
+/// of any size); every one is handled, none dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_holds_at_most_its_budget_and_handles_the_rest_alone() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let host = HostProcess::run(&redis, TestConfig::of(Sub::fixture("wide")));
+    host.admin_addr().await;
+    let first = add(&mut conn, "wide", &Control::Ack).await;
+    wait_acked(&conn, "wide", "g", &first).await;
+    let blob = vec![b'x'; 7 << 20];
+    let mut last = String::new();
+    for _ in 0..60 {
+        last = redis::cmd("XADD")
+            .arg("wide")
+            .arg("*")
+            .arg("payload")
+            .arg(Control::Ack.to_string())
+            .arg("blob")
+            .arg(&blob)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    drop(blob);
+    wait_for(Duration::from_secs(120), "every wide entry acked", || {
+        let mut conn = conn.clone();
+        let last = last.clone();
+        async move {
+            acked_through(&mut conn, "wide", "g", &last)
+                .await
+                .then_some(())
+        }
+    })
+    .await;
+    assert!(dead_lettered(&mut conn, "wide").await.is_empty());
+    let peak = peak_resident(host.pid());
+    eprintln!("host peak resident memory: {} MiB", peak >> 20);
+    assert!(peak < 400 << 20, "peak resident {} MiB", peak >> 20);
+}
+
+/// An entry over `max_entry_bytes` only as a whole: 150 fields of 1,000 KiB each, under a
+/// 1 MiB limit (found by an attack: the per-value cut let it through, and the read held all
+/// 146 MiB of it). The read keeps its budget of it, sees the whole is over the limit, and
+/// dead-letters it from Redis, copied whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_over_the_limit_only_as_a_whole_is_not_read_whole() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let host = HostProcess::run(
+        &redis,
+        TestConfig::of(Sub::fixture("fields").set("max_entry_bytes", "1MiB")),
+    );
+    host.admin_addr().await;
+    let first = add(&mut conn, "fields", &Control::Ack).await;
+    wait_acked(&conn, "fields", "g", &first).await;
+    let value = vec![b'x'; 1000 << 10];
+    let mut xadd = redis::cmd("XADD");
+    xadd.arg("fields")
+        .arg("*")
+        .arg("payload")
+        .arg(Control::Ack.to_string());
+    for i in 0..150 {
+        xadd.arg(format!("f{i}")).arg(&value);
+    }
+    let wide: String = xadd.query_async(&mut conn).await.unwrap();
+    drop((xadd, value));
+    let after = add(&mut conn, "fields", &Control::Ack).await;
+    wait_acked(&conn, "fields", "g", &after).await;
+    let (reason, fields): (String, i64) = redis::cmd("EVAL")
+        .arg(
+            "local e = redis.call('XRANGE', KEYS[1], '-', '+')[1] local r = '' \
+             for i = 1, #e[2], 2 do if e[2][i] == 'sluice-reason' then r = e[2][i + 1] end end \
+             return {r, #e[2] / 2}",
+        )
+        .arg(1)
+        .arg(dead_letter_key("fields"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(reason.contains("over max_entry_bytes"), "{reason}");
+    assert!(fields > 150, "copied whole: {fields} fields");
+    let peak = peak_resident(host.pid());
+    eprintln!(
+        "host peak resident memory: {} MiB (the entry: 146 MiB)",
+        peak >> 20
+    );
+    assert!(peak < 250 << 20, "peak resident {} MiB", peak >> 20);
+    let _ = wide;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_over_max_entry_bytes_are_dead_lettered_unhandled_and_their_memory_given_back() {
     big_entries_given_back(false).await;

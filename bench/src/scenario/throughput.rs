@@ -66,7 +66,7 @@ impl Bench {
         let mut handled = 0;
         loop {
             let ids = lean
-                .read_entries(&read, usize::MAX, |_, id, _fields, _| id)
+                .read_entries(&read, (usize::MAX, usize::MAX), |_, id, _fields, _| id)
                 .await?;
             if ids.is_empty() {
                 break;

@@ -99,9 +99,18 @@ struct Framing {
     /// A bulk string longer than this is not kept: its header is marked `~` (no RESP2 reply
     /// starts so) and its bytes are dropped as they arrive.
     cut_over: usize,
+    /// Bulk strings kept in this reply, in bytes: once one more (of over [`DEFER_OVER`]
+    /// bytes) would pass `budget`, it is not kept either, marked `^` (its entry is to be read
+    /// again alone).
+    kept: usize,
+    budget: usize,
     /// Bytes of a cut bulk string (and its CRLF) still to drop.
     skip: usize,
 }
+
+/// Bulk strings up to this size are always kept (ids, names, small values): only bigger ones
+/// are left for a later read when a reply's budget runs out.
+pub const DEFER_OVER: usize = 4096;
 
 impl Framing {
     const START: Self = Self {
@@ -109,13 +118,17 @@ impl Framing {
         left: 1,
         searched: 0,
         cut_over: usize::MAX,
+        kept: 0,
+        budget: usize::MAX,
         skip: 0,
     };
 
-    /// The start of a reply whose bulk strings over `cut_over` bytes are cut.
-    fn cutting(cut_over: usize) -> Self {
+    /// The start of a reply whose bulk strings over `cut_over` bytes are cut, and which keeps
+    /// at most `budget` bytes of them (see [`Framing::kept`]).
+    fn cutting((cut_over, budget): (usize, usize)) -> Self {
         Self {
             cut_over,
+            budget,
             ..Self::START
         }
     }
@@ -162,14 +175,17 @@ fn frame_len(buf: &mut Vec<u8>, state: &mut Framing) -> Result<Option<usize>, Re
             b'$' => {
                 // Nil (-1) has no bytes.
                 let n = usize::try_from(int(line)?).ok();
+                let over_budget =
+                    |n: usize| n > DEFER_OVER && state.kept.saturating_add(n) > state.budget;
                 if let Some(n) = n
-                    && n > state.cut_over
+                    && (n > state.cut_over || over_budget(n))
                 {
-                    buf[at] = b'~';
+                    buf[at] = if n > state.cut_over { b'~' } else { b'^' };
                     state.skip = n
                         .checked_add(2)
                         .ok_or_else(|| protocol_error("a bulk length past any buffer"))?;
                 } else if let Some(n) = n {
+                    state.kept = state.kept.saturating_add(n);
                     let Some(after) = next.checked_add(n).and_then(|a| a.checked_add(2)) else {
                         return Err(protocol_error("a bulk length past any buffer"));
                     };
@@ -235,12 +251,15 @@ impl<'a> Frame<'a> {
         Ok(usize::try_from(self.header(b'*')?).ok())
     }
 
-    /// A field's name or value: its bytes, or how many bytes it had when the framing cut it.
+    /// A field's name or value: its bytes, or how many bytes it had when the framing cut it
+    /// (over the limit, or past the reply's budget).
     fn bulk_or_cut(&mut self) -> Result<Bulk<'a>, RedisError> {
-        if self.buf.get(self.at) == Some(&b'~') {
-            let n = usize::try_from(self.header(b'~')?)
-                .map_err(|_| protocol_error("a cut bulk string of no length"))?;
-            return Ok(Bulk::Cut(n));
+        for (mark, over) in [(b'~', true), (b'^', false)] {
+            if self.buf.get(self.at) == Some(&mark) {
+                let n = usize::try_from(self.header(mark)?)
+                    .map_err(|_| protocol_error("a cut bulk string of no length"))?;
+                return Ok(Bulk::Cut(n, over));
+            }
         }
         self.bulk().map(Bulk::Bytes)
     }
@@ -265,18 +284,21 @@ pub type Fields = Option<Vec<(Vec<u8>, Vec<u8>)>>;
 /// A field's name or value in a reply.
 enum Bulk<'a> {
     Bytes(&'a [u8]),
-    /// Over the reply's cut: not kept, this many bytes.
-    Cut(usize),
+    /// Not kept: this many bytes, over the limit (`true`) or past the reply's budget.
+    Cut(usize, bool),
 }
 
 /// What of an entry a read did not keep: its fields whose name or value was over the read's
-/// cut (left out of its fields), and their bytes.
+/// cut or past its budget (left out of its fields), and their bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Cut {
     /// Fields left out.
     pub fields: usize,
     /// Their names' and values' bytes.
     pub bytes: u64,
+    /// Whether one of them was over the limit (else they were only past the budget: the
+    /// entry is to be read again alone).
+    pub over: bool,
 }
 
 /// XREADGROUP's reply: nil, or `[[stream, [[id, [field, value, ...] | nil], ...]], ...]`; each
@@ -309,10 +331,12 @@ fn parse_read<T>(
                             (name, value) => {
                                 let len = |b: &Bulk<'_>| match b {
                                     Bulk::Bytes(bytes) => bytes.len() as u64,
-                                    Bulk::Cut(n) => *n as u64,
+                                    Bulk::Cut(n, _) => *n as u64,
                                 };
+                                let over = |b: &Bulk<'_>| matches!(b, Bulk::Cut(_, true));
                                 cut.fields += 1;
                                 cut.bytes += len(&name) + len(&value);
+                                cut.over |= over(&name) || over(&value);
                             }
                         }
                     }
@@ -382,12 +406,13 @@ impl LeanConn {
     }
 
     /// XREADGROUP (as `cmd`), its reply parsed straight into entries, each made by `make`
-    /// from its stream's name, its id, its fields and what of them was cut: a name or value
-    /// over `cut_over` bytes is never held whole, not even in the read buffer.
+    /// from its stream's name, its id, its fields and what of them was cut: with `cut` as
+    /// (`over`, `budget`), a name or value over `over` bytes is never held, not even in the
+    /// read buffer, nor one of more than [`DEFER_OVER`] once the reply holds `budget` bytes.
     pub async fn read_entries<T>(
         &mut self,
         cmd: &Cmd,
-        cut_over: usize,
+        cut_over: (usize, usize),
         mut make: impl FnMut(&[u8], String, Fields, Cut) -> T,
     ) -> Result<Vec<T>, RedisError> {
         cmd.write_packed_command(self.out_cleared());
@@ -414,7 +439,7 @@ impl LeanConn {
     async fn request(
         &mut self,
         replies: usize,
-        cut_over: usize,
+        cut_over: (usize, usize),
         mut each: impl FnMut(&[u8]),
     ) -> Result<(), RedisError> {
         if self.broken {
@@ -470,8 +495,10 @@ impl ConnectionLike for LeanConn {
         Box::pin(async move {
             cmd.write_packed_command(self.out_cleared());
             let mut value = None;
-            self.request(1, usize::MAX, |frame| value = Some(parse_value(frame)))
-                .await?;
+            self.request(1, (usize::MAX, usize::MAX), |frame| {
+                value = Some(parse_value(frame));
+            })
+            .await?;
             value.unwrap_or_else(|| Err(protocol_error("no reply")))
         })
     }
@@ -487,7 +514,7 @@ impl ConnectionLike for LeanConn {
             self.out.extend_from_slice(&pipeline.get_packed_pipeline());
             let mut values = Vec::with_capacity(count);
             let mut seen = 0;
-            self.request(offset + count, usize::MAX, |frame| {
+            self.request(offset + count, (usize::MAX, usize::MAX), |frame| {
                 if seen >= offset {
                     values.push(redis::parse_redis_value(frame));
                 }
@@ -652,7 +679,7 @@ mod tests {
             |frame: &[u8]| parse_read(frame, |_, id, fields, cut| (id, fields, cut)).unwrap();
         // In one go, and byte by byte.
         for step in [reply.len(), 1] {
-            let mut state = Framing::cutting(10);
+            let mut state = Framing::cutting((10, usize::MAX));
             let mut buf = Vec::new();
             let mut largest = 0;
             let mut len = None;
@@ -678,13 +705,50 @@ mod tests {
                     Some(vec![(b"a".to_vec(), b"xy".to_vec())]),
                     Cut {
                         fields: 1,
-                        bytes: 104
+                        bytes: 104,
+                        over: true
                     }
                 )
             );
             assert_eq!(entries[1].2, Cut::default());
             assert_eq!(entries[1].1, Some(vec![(b"b".to_vec(), b"z".to_vec())]));
         }
+    }
+
+    /// Past a reply's budget, bigger values are left for later (marked `^`, their entry says
+    /// so), small ones and ids stay, and the framing goes on to the end of the reply.
+    #[test]
+    fn past_the_budget_bigger_values_are_left_for_later() {
+        let big = "x".repeat(5000);
+        let entry = |id: &str| {
+            format!(
+                "*2\r\n$3\r\n{id}\r\n*4\r\n$1\r\na\r\n$1\r\nb\r\n$4\r\nblob\r\n$5000\r\n{big}\r\n"
+            )
+        };
+        let reply = format!(
+            "*1\r\n*2\r\n$1\r\ns\r\n*2\r\n{}{}",
+            entry("1-0"),
+            entry("2-0")
+        );
+        let mut buf = reply.into_bytes();
+        let mut state = Framing::cutting((usize::MAX, 6000));
+        let len = frame_len(&mut buf, &mut state).unwrap().expect("framed");
+        let entries = parse_read(&buf[..len], |_, id, fields, cut| (id, fields, cut)).unwrap();
+        assert_eq!(entries[0].2, Cut::default());
+        assert_eq!(entries[0].1.as_ref().unwrap().len(), 2);
+        assert_eq!(
+            entries[1].2,
+            Cut {
+                fields: 1,
+                bytes: 5004,
+                over: false
+            }
+        );
+        assert_eq!(
+            entries[1].1,
+            Some(vec![(b"a".to_vec(), b"b".to_vec())]),
+            "the small field kept"
+        );
     }
 
     #[test]

@@ -117,7 +117,7 @@ impl LeanPool {
     pub async fn read_entries<T>(
         &self,
         cmd: &Cmd,
-        cut_over: usize,
+        cut_over: (usize, usize),
         make: impl FnMut(&[u8], String, Fields, Cut) -> T,
     ) -> Result<Vec<T>, RedisError> {
         self.with(async move |conn: &mut LeanConn| conn.read_entries(cmd, cut_over, make).await)

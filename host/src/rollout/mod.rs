@@ -728,6 +728,12 @@ impl Follower<'_> {
                 "its window ended a minute ago and Redis still judges it running (a clock far off?)",
             ),
             Reported::Running => {}
+            // A verdict field another writer keeps changing must not keep a canary past its
+            // window: ended here as if nobody judged it.
+            Reported::Forged(_) if overdue => end(
+                self,
+                "its window ended a minute ago and its verdict field holds what no host wrote",
+            ),
             Reported::Forged(raw) => {
                 if self.forged != raw {
                     tracing::warn!(

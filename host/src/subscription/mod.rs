@@ -1115,7 +1115,23 @@ impl Subscription {
         // thread (and their acks back), wake-ups that cost more than a light handler.
         let mut group = Vec::with_capacity(batch.len());
         for (read, delivery_count) in batch {
-            let (id, source, cut) = (read.id.clone(), read.source, read.cut);
+            let (id, source, mut cut) = (read.id.clone(), read.source, read.cut);
+            // Left out past the budget, but over the limit as a whole (many fields, each under
+            // it): never read whole, dead-lettered from Redis.
+            if cut.fields > 0 && !cut.over {
+                let kept: u64 = read
+                    .fields
+                    .iter()
+                    .flatten()
+                    .map(|(n, v)| (n.len() + v.len()) as u64)
+                    .sum();
+                cut.over = kept + cut.bytes > self.plan.max_entry_bytes as u64;
+            }
+            if cut.fields > 0 && !cut.over {
+                // Past the read's budget: read again alone, when a slot is free.
+                self.read_alone(id, source, delivery_count);
+                continue;
+            }
             let Some(entry) = read.into_entry() else {
                 self.drop_deleted(source, &id).await;
                 continue;

@@ -1,5 +1,6 @@
 //! A retry that stays pending in the stream (no delayed set): a local timer takes the entry
-//! back when its delay is over.
+//! back when its delay is over. And an entry a read left for later (past the reply's budget):
+//! read again alone ([`Subscription::read_alone`]).
 //!
 //! The entry is re-claimed by this consumer with XCLAIM, which also bumps Redis's delivery
 //! counter, and handed to dispatch like a newly read one. The timer lives only in this
@@ -92,6 +93,52 @@ impl Subscription {
                 () = this.stop.cancelled() => return,
             };
             this.spawn_delivery(entry, source, delivery_count + 1, permit);
+        });
+    }
+
+    /// Read the pending entry `id` again alone, by id (XRANGE: not an attempt, Redis's
+    /// delivery counter stays), once a slot is free, and hand it to dispatch: a read left it
+    /// past its reply's budget (see `read::cutting`). Gone meanwhile: nothing to do; Redis
+    /// away: tried again with backoff, and it stays pending for a restart's re-read.
+    pub(super) fn read_alone(self: &Arc<Self>, id: String, source: Source, delivery_count: u64) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let permit = tokio::select! {
+                permit = this.slots.one() => match permit {
+                    Some(permit) => permit,
+                    None => return,
+                },
+                () = this.stop.cancelled() => return,
+            };
+            let mut backoff = ReconnectBackoff::default();
+            let found = loop {
+                let mut conn = this.conn.clone();
+                let read: redis::RedisResult<Vec<read::RawEntry>> = redis::cmd("XRANGE")
+                    .arg(this.plan.key(source))
+                    .arg(&id)
+                    .arg(&id)
+                    .query_async(&mut conn)
+                    .await;
+                match read {
+                    Ok(found) => break found,
+                    Err(err) => {
+                        let message = format!(
+                            "cannot read entry {id} again: {}: {err}",
+                            ErrorClass::of(&err).describe()
+                        );
+                        if !this.pause_after_error(&message, &mut backoff).await {
+                            return;
+                        }
+                    }
+                }
+            };
+            match found.into_iter().next() {
+                Some((id, fields)) => {
+                    let entry = crate::delivery::Entry { id, fields };
+                    this.spawn_delivery(entry, source, delivery_count, permit);
+                }
+                None => this.drop_deleted(source, &id).await,
+            }
         });
     }
 }

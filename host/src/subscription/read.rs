@@ -73,6 +73,18 @@ pub async fn create_group_at<C: ConnectionLike>(
 /// host to 873 MB).
 pub const MAX_READ_BYTES: usize = 64 << 20;
 
+/// An entry as XRANGE returns it: its id and its fields.
+pub(super) type RawEntry = (String, Vec<(Vec<u8>, Vec<u8>)>);
+
+/// What a lean read cuts, for a subscription whose `max_entry_bytes` is `limit`: a name or
+/// value over it (never one of [`crate::redis_conn::lean::DEFER_OVER`] bytes or less: ids
+/// and names stay), and, past [`MAX_READ_BYTES`] kept (or one whole value, if more), every
+/// bigger one, whose entry is read again alone.
+pub(super) fn cutting(limit: usize) -> (usize, usize) {
+    let over = limit.max(crate::redis_conn::lean::DEFER_OVER);
+    (over, MAX_READ_BYTES.max(over))
+}
+
 /// `count`, or fewer when the latest read's largest entry says that many would pass
 /// [`MAX_READ_BYTES`]; at least one.
 pub(super) fn budgeted(who: &ReadPlan, count: usize) -> usize {
@@ -124,9 +136,11 @@ pub async fn read_group(
     };
     let entries = if let Reader::Lean(lean) = conn {
         // Parsed where it is read, straight into entries.
-        lean.read_entries(&cmd, who.max_entry_bytes, make).await?
+        lean.read_entries(&cmd, cutting(who.max_entry_bytes), make)
+            .await?
     } else if let Reader::Pooled(pool) = conn {
-        pool.read_entries(&cmd, who.max_entry_bytes, make).await?
+        pool.read_entries(&cmd, cutting(who.max_entry_bytes), make)
+            .await?
     } else {
         let reply: Value = cmd.query_async(conn).await?;
         parse_read_reply(reply, lane)?
@@ -195,7 +209,7 @@ pub async fn read_new_from(
     if let Reader::Lean(lean) = conn {
         let mut stray = false;
         let entries = lean
-            .read_entries(&cmd, cut_over, |stream, id, fields, cut| {
+            .read_entries(&cmd, cutting(cut_over), |stream, id, fields, cut| {
                 let (i, source) = index.get(stream).copied().unwrap_or_else(|| {
                     stray = true;
                     (0, Source::Stream)

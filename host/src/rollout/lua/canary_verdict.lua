@@ -8,8 +8,18 @@ local record = redis.call('HGET', KEYS[1], 'canary')
 if not record or not string.find(record, ARGV[2], 1, true) then
   return 0
 end
+-- A verdict for this record: one whose body names exactly its id (another writer's
+-- malformed value names none, and is written over).
+local function names(value, id)
+  local ok, outer = pcall(cjson.decode, value)
+  if not ok or type(outer) ~= 'table' or type(outer.body) ~= 'string' then
+    return false
+  end
+  local ok2, body = pcall(cjson.decode, outer.body)
+  return ok2 and type(body) == 'table' and body.id == id
+end
 local verdict = redis.call('HGET', KEYS[1], 'canary-verdict')
-if verdict and string.find(verdict, ARGV[2], 1, true) and verdict ~= ARGV[3] then
+if verdict and verdict ~= ARGV[3] and names(verdict, ARGV[2]) then
   return 0
 end
 redis.call('HSET', KEYS[1], 'canary-verdict', ARGV[1])

@@ -24,10 +24,14 @@ if not state then
   return stop
 end
 local found = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
-local fields = {}
-if found[1] then
-  fields = found[1][2]
+if not found[1] then
+  -- Deleted while pending: nothing to copy (as a read of a deleted entry, it is let go).
+  if state ~= 'group-gone' then
+    redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+  end
+  return false
 end
+local fields = found[1][2]
 -- A producer's field named like the host's own goes in under another name (settle/mod.rs).
 local prefix = ARGV[15]
 for i = 1, #fields, 2 do
