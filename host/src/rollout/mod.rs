@@ -520,48 +520,52 @@ impl Follower<'_> {
                 self.failed = None;
                 self.installed = Some(installed);
             }
-            Err(err) => {
+            Err(err) => self.could_not_join(&record, &err).await,
+        }
+    }
+
+    /// This host cannot run the candidate of `record`: the canary ends for every host (it runs
+    /// on every host or on none: the entries this host would run on the incumbent are the
+    /// candidate's on the others). The deliveries the candidate would take stay held until it
+    /// has ended.
+    async fn could_not_join(&mut self, record: &Record, err: &RolloutError) {
+        let (stream, group) = self.labels();
+        let explained = err.explain();
+        tracing::error!(
+            stream,
+            group,
+            candidate = %canary::short(&record.candidate),
+            err = %explained,
+            "cannot join the canary: ending it for every host of the group"
+        );
+        let mut conn = self.rollout.conn.clone();
+        let ended = match self.key() {
+            Some(key) => {
+                canary::refuse(
+                    &mut conn,
+                    key,
+                    record,
+                    (&self.rollout.consumer, &explained),
+                    &self.forged,
+                )
+                .await
+            }
+            None => Ok(false),
+        };
+        match ended {
+            Ok(_) => {
+                self.rollout.control.slot().joined();
+                self.failed = None;
+            }
+            Err(e) => {
                 let (stream, group) = self.labels();
-                let explained = err.explain();
                 tracing::error!(
                     stream,
                     group,
-                    candidate = %canary::short(&record.candidate),
-                    err = %explained,
-                    "cannot join the canary: ending it for every host of the group"
+                    err = %e,
+                    "cannot end the canary this host cannot join; its share of deliveries stays held (trying again in 5 s)"
                 );
-                // A canary runs on every host or on none: the entries this host would run on
-                // the incumbent are the candidate's on the others. The deliveries the candidate
-                // would take stay held until the canary has ended.
-                let mut conn = self.rollout.conn.clone();
-                let ended = match self.key() {
-                    Some(key) => {
-                        canary::refuse(
-                            &mut conn,
-                            key,
-                            &record,
-                            (&self.rollout.consumer, &explained),
-                            &self.forged,
-                        )
-                        .await
-                    }
-                    None => Ok(false),
-                };
-                match ended {
-                    Ok(_) => {
-                        self.rollout.control.slot().joined();
-                        self.failed = None;
-                    }
-                    Err(e) => {
-                        tracing::error!(
-                            stream,
-                            group,
-                            err = %e,
-                            "cannot end the canary this host cannot join; its share of deliveries stays held (trying again in 5 s)"
-                        );
-                        self.failed = Some((record.id.clone(), tokio::time::Instant::now()));
-                    }
-                }
+                self.failed = Some((record.id.clone(), tokio::time::Instant::now()));
             }
         }
     }
