@@ -211,6 +211,10 @@ pub struct Plan {
     pub admin_token: Option<crate::config::TokenSource>,
     /// Where the key that seals canaries comes from (else the admin token's).
     pub rollout_key: Option<crate::config::TokenSource>,
+    /// With no admin token (and no `admin_open_on_loopback`), the key the admin API and page
+    /// take instead, made for this process (`sluice dev` prints it in its banner; `None`: the
+    /// host makes one at start and writes it to standard error).
+    pub admin_session_key: Option<String>,
     /// Without a key, make one for this process (`sluice dev` on its private Redis).
     pub rollout_key_ephemeral: bool,
     /// The largest upload the admin API accepts.
@@ -440,6 +444,7 @@ impl Plan {
             admin: config.admin,
             admin_token: config.admin_token.clone(),
             rollout_key: config.rollout_key.clone(),
+            admin_session_key: None,
             rollout_key_ephemeral: false,
             admin_max_upload: config.admin_max_upload,
             admin_open_on_loopback: config.admin_open_on_loopback,

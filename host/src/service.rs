@@ -570,6 +570,23 @@ impl Service {
         Ok(())
     }
 
+    /// This process's admin session key: the one the plan carries (`sluice dev` printed it in
+    /// its banner), else a new one, written once to standard error (the terminal of whoever
+    /// started the process), never to the log.
+    fn session_key(&self) -> String {
+        if let Some(key) = &self.plan.admin_session_key {
+            return key.clone();
+        }
+        let key = crate::admin::new_session_key();
+        eprintln!(
+            "no admin token is configured: the admin API and page take this process's session key instead (set admin_token_file for a lasting one):\n  {key}"
+        );
+        tracing::warn!(
+            "no admin token is configured: the admin API and page take this process's session key, written to standard error at start"
+        );
+        key
+    }
+
     /// The key that seals canaries: configured, from the admin token, or (`sluice dev` on its
     /// private Redis) made for this process; `None` refuses and ignores canaries.
     fn rollout_key(
@@ -817,8 +834,17 @@ impl Service {
                 Some(source) => Some(source.read().map_err(RunError::Token)?),
                 None => None,
             };
+            // No token: the page and API are bound to whoever started this process, by a key
+            // made for it (unless the operator opened them on loopback on purpose).
+            let session_key = token.is_none() && !self.plan.admin_open_on_loopback;
+            let token = if session_key {
+                Some(self.session_key())
+            } else {
+                token
+            };
             let options = crate::admin::AdminOptions {
                 token,
+                session_key,
                 max_upload: usize::try_from(self.plan.admin_max_upload).unwrap_or(usize::MAX),
                 open_on_loopback: self.plan.admin_open_on_loopback,
                 read_only: self.plan.admin_read_only,

@@ -130,6 +130,8 @@ struct AdminState {
     swaps: Arc<Vec<Arc<SwapControl>>>,
     rollouts: Arc<Vec<Arc<crate::rollout::Rollout>>>,
     token: Option<Arc<str>>,
+    /// See [`AdminOptions::session_key`].
+    session_key: bool,
     open_on_loopback: bool,
     read_only: bool,
     max_upload: usize,
@@ -147,6 +149,9 @@ struct AdminState {
 pub struct AdminOptions {
     /// The bearer token mutating calls must carry, if any.
     pub token: Option<String>,
+    /// The token is this process's session key (no admin token is configured): the listing of
+    /// subscriptions stays open, everything with entries' data and every action needs it.
+    pub session_key: bool,
     /// Let mutating calls through without a token (loopback only; the operator's explicit
     /// choice).
     pub open_on_loopback: bool,
@@ -193,6 +198,7 @@ pub async fn serve(
         swaps: Arc::new(options.swaps),
         rollouts: Arc::new(options.rollouts),
         token: options.token.map(Into::into),
+        session_key: options.session_key,
         open_on_loopback: options.open_on_loopback && bound.ip().is_loopback(),
         read_only: options.read_only,
         max_upload: options.max_upload,
@@ -252,6 +258,15 @@ pub async fn serve(
     tokio::spawn(connections::serve(listener, app, busy, stop));
     tracing::info!(addr = %bound, "admin server listening (/ui/, /metrics, /healthz, /readyz)");
     Ok(bound)
+}
+
+/// A key for the admin API and page of a process with no admin token: 256 random bits, hex.
+pub fn new_session_key() -> String {
+    let mut bytes = [0u8; 32];
+    // Without randomness, an empty key matches nothing (`guard::same_secret` of two empty
+    // strings is never asked: the login form refuses an empty token).
+    let _ = getrandom::fill(&mut bytes);
+    hex::encode(bytes)
 }
 
 async fn ready_handler(State(state): State<AdminState>) -> impl IntoResponse {
@@ -679,6 +694,11 @@ fn authorized(
             StatusCode::FORBIDDEN,
             "the admin server is read-only (admin_read_only = true)\n".to_owned(),
         ));
+    }
+    // With only a session key, the list of subscriptions (names, versions, counts: no entry's
+    // data) stays open, as without a token.
+    if state.session_key && !mutating && what == "GET /v1/subscriptions" {
+        return Ok(());
     }
     let Some(token) = &state.token else {
         if !mutating || state.open_on_loopback {

@@ -70,9 +70,13 @@ pub async fn run_with(paths: &[PathBuf], redis: Option<&str>, dev: Option<Dev>) 
         // token (the admin server takes this only on a loopback address); a configured token
         // or read-only mode still rules. On any other Redis, as `sluice run`.
         if private {
-            plan.admin_open_on_loopback |= plan.admin_token.is_none() && !plan.admin_read_only;
             // Canaries on this one host, sealed with a key made for this process.
             plan.rollout_key_ephemeral = true;
+        }
+        // No token: the page and API take a key made for this session, which the banner
+        // shows to whoever started it (and nobody else on the machine).
+        if plan.admin_token.is_none() && !plan.admin_open_on_loopback {
+            plan.admin_session_key = Some(crate::admin::new_session_key());
         }
         eprint!(
             "{}",
@@ -164,11 +168,17 @@ fn banner(
             } else if plan.admin_token.is_some() {
                 "actions after logging in with the admin token"
             } else if plan.admin_open_on_loopback && addr.ip().is_loopback() {
-                "actions allowed without a token: dev mode on the private dev Redis, loopback only"
+                "open without a token on loopback: admin_open_on_loopback = true"
             } else {
-                "read-only: set admin_token_file to act (not opened in dev on a Redis of yours)"
+                "log in with this session's key, below"
             };
             let _ = writeln!(out, "  admin page http://{addr}/ui/ ({actions})");
+            if let Some(key) = &plan.admin_session_key {
+                let _ = writeln!(
+                    out,
+                    "  admin key  {key} (made for this session: the page and API take it)"
+                );
+            }
         }
         None => out.push_str("  admin page off (admin = \"off\")\n"),
     }

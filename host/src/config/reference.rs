@@ -127,8 +127,8 @@ pub const KEYS: &[KeyDoc] = &[
     KeyDoc {
         scope: Scope::Top,
         keys: &["admin_open_on_loopback"],
-        meaning: "let swaps and rollbacks through without a token (loopback binds only)",
-        default: "`false`: they need the token",
+        meaning: "open the admin API and page on loopback without any key: every local user and process can then read entries' data and act (a machine only you use). Otherwise, with no admin token, they take a key made for each process, printed to its standard error at start (by `sluice dev` in its banner)",
+        default: "`false`: the admin token, or the process's own key",
     },
     KeyDoc {
         scope: Scope::Top,
