@@ -194,18 +194,11 @@ impl Dispatcher {
                 self.policy.max_entry_bytes
             );
             tracing::warn!(id = %delivery.entry.id, "{reason}");
-            return match self
+            let written = self
                 .settler
                 .dead_letter_in_place(&delivery, digest, &reason)
-                .await
-            {
-                Ok(_) => Settled::Done,
-                Err(err) => {
-                    self.metrics.settle_errors.inc();
-                    tracing::error!(%err, "cannot dead-letter the entry; it stays pending");
-                    Settled::RetryPending(self.failure_delay(delivery.delivery_count))
-                }
-            };
+                .await;
+            return self.settled_dead(&delivery, written);
         }
         if let Some(group) = &delivery.other_group {
             // Another group's retry at the stream's tail: that group handles it, not this one.
@@ -363,11 +356,21 @@ impl Dispatcher {
                 },
             );
         }
-        match self
+        let written = self
             .settler
             .dead_letter(delivery, digest, reason, None)
-            .await
-        {
+            .await;
+        self.settled_dead(delivery, written)
+    }
+
+    /// What a dead letter written unhandled came to: done, or, when Redis refused, the entry
+    /// stays pending for a later attempt.
+    fn settled_dead(
+        &self,
+        delivery: &Delivery,
+        written: Result<bool, crate::settle::SettleError>,
+    ) -> Settled {
+        match written {
             Ok(_) => Settled::Done,
             Err(err) => {
                 self.metrics.settle_errors.inc();

@@ -268,8 +268,6 @@ impl Settler {
         reason: &str,
         trace: Option<&str>,
     ) -> Result<bool, SettleError> {
-        let retry_count = delivery.retry_count.to_string();
-        let delivery_count = delivery.delivery_count.to_string();
         let mut invocation =
             DEAD_LETTER.key(delivery.source.key(&self.stream, self.lane.as_deref()));
         invocation
@@ -305,21 +303,7 @@ impl Settler {
         for (name, value) in written {
             invocation.arg(name.as_slice()).arg(value.as_slice());
         }
-        invocation
-            .arg(keys::REASON)
-            .arg(reason)
-            .arg(keys::ORIGIN_STREAM)
-            .arg(&*self.stream)
-            .arg(keys::ORIGIN_GROUP)
-            .arg(&*self.group)
-            .arg(keys::ORIGIN_ID)
-            .arg(&delivery.origin_id)
-            .arg(keys::ENTRY_ID)
-            .arg(&delivery.entry.id)
-            .arg(keys::RETRY_COUNT)
-            .arg(&retry_count)
-            .arg(keys::DELIVERY_COUNT)
-            .arg(&delivery_count);
+        self.bookkeeping(&mut invocation, delivery, reason);
         if let Some(secret) = &self.secret {
             let digest = keys::fields_digest(written);
             let parts: [&[u8]; 4] = [
@@ -351,6 +335,31 @@ impl Settler {
             })
             .await?;
         Ok(self.dead_lettered(delivery, digest, reason, written))
+    }
+
+    /// The bookkeeping a delivery's dead letter ends with (see `operate::dead_letters::TAIL`,
+    /// before the seal): why, where from, which entry, how many attempts.
+    fn bookkeeping(
+        &self,
+        invocation: &mut redis::ScriptInvocation<'_>,
+        delivery: &Delivery,
+        reason: &str,
+    ) {
+        invocation
+            .arg(keys::REASON)
+            .arg(reason)
+            .arg(keys::ORIGIN_STREAM)
+            .arg(&*self.stream)
+            .arg(keys::ORIGIN_GROUP)
+            .arg(&*self.group)
+            .arg(keys::ORIGIN_ID)
+            .arg(&delivery.origin_id)
+            .arg(keys::ENTRY_ID)
+            .arg(&delivery.entry.id)
+            .arg(keys::RETRY_COUNT)
+            .arg(delivery.retry_count.to_string())
+            .arg(keys::DELIVERY_COUNT)
+            .arg(delivery.delivery_count.to_string());
     }
 
     /// Report what a dead-letter script came to: whether the entry went.
@@ -389,8 +398,6 @@ impl Settler {
         digest: &Digest,
         reason: &str,
     ) -> Result<bool, SettleError> {
-        let retry_count = delivery.retry_count.to_string();
-        let delivery_count = delivery.delivery_count.to_string();
         let mut invocation = IN_PLACE.key(delivery.source.key(&self.stream, self.lane.as_deref()));
         invocation
             .key(&*self.dead_letter)
@@ -416,21 +423,8 @@ impl Settler {
             .arg(&delivery.origin_id)
             .arg(keys::MARK)
             .arg("")
-            .arg(keys::PRODUCER_PREFIX)
-            .arg(keys::REASON)
-            .arg(reason)
-            .arg(keys::ORIGIN_STREAM)
-            .arg(&*self.stream)
-            .arg(keys::ORIGIN_GROUP)
-            .arg(&*self.group)
-            .arg(keys::ORIGIN_ID)
-            .arg(&delivery.origin_id)
-            .arg(keys::ENTRY_ID)
-            .arg(&delivery.entry.id)
-            .arg(keys::RETRY_COUNT)
-            .arg(&retry_count)
-            .arg(keys::DELIVERY_COUNT)
-            .arg(&delivery_count);
+            .arg(keys::PRODUCER_PREFIX);
+        self.bookkeeping(&mut invocation, delivery, reason);
         let written = self
             .until_done(delivery, "dead-lettering", || {
                 let mut conn = self.conn.clone();
