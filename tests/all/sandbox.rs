@@ -895,6 +895,68 @@ async fn an_entry_over_the_limit_only_as_a_whole_is_not_read_whole() {
     let _ = wide;
 }
 
+/// A 200 MB entry another consumer left pending, taken over by a claiming subscription
+/// (XAUTOCLAIM): claimed by id and read alone through the lean reader, it is never held
+/// (before: the claim's reply carried it whole, twice over in the host's memory), and is
+/// dead-lettered unhandled, copied whole in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_entry_taken_over_from_another_consumer_is_not_read_whole() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    create_group(&mut conn, "claimed", "g", "$").await;
+    let huge: String = redis::cmd("XADD")
+        .arg("claimed")
+        .arg("*")
+        .arg("payload")
+        .arg(Control::Ack.to_string())
+        .arg("blob")
+        .arg(vec![b'x'; 200 << 20])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Pending to a consumer that is gone, read inside Redis (nothing comes back here).
+    let _: i64 = redis::cmd("EVAL")
+        .arg("redis.call('XREADGROUP', 'GROUP', 'g', 'gone', 'COUNT', 1, 'STREAMS', KEYS[1], '>') return 1")
+        .arg(1)
+        .arg("claimed")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let host = HostProcess::run(
+        &redis,
+        TestConfig::of(Sub::fixture("claimed").set("claim_min_idle", "100ms")),
+    );
+    host.admin_addr().await;
+    let (reason, blob): (String, i64) = wait_for(Duration::from_secs(60), "the dead letter", || {
+        let mut conn = conn.clone();
+        async move {
+            let got: Option<(String, i64)> = redis::cmd("EVAL")
+                .arg(
+                    "local e = redis.call('XRANGE', KEYS[1], '-', '+')[1] if not e then return nil end \
+                     local r, n = '', 0 for i = 1, #e[2], 2 do \
+                     if e[2][i] == 'sluice-reason' then r = e[2][i + 1] end \
+                     if e[2][i] == 'blob' then n = #e[2][i + 1] end end return {r, n}",
+                )
+                .arg(1)
+                .arg(dead_letter_key("claimed"))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            got
+        }
+    })
+    .await;
+    assert!(reason.contains("over max_entry_bytes"), "{reason}");
+    assert_eq!(blob, 200 << 20, "copied whole");
+    let peak = peak_resident(host.pid());
+    eprintln!(
+        "host peak resident memory: {} MiB (the entry: 200 MB)",
+        peak >> 20
+    );
+    assert!(peak < 200 << 20, "peak resident {} MiB", peak >> 20);
+    let _ = huge;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_over_max_entry_bytes_are_dead_lettered_unhandled_and_their_memory_given_back() {
     big_entries_given_back(false).await;

@@ -240,8 +240,8 @@ pub async fn read_new_from(
 
 /// XAUTOCLAIM: take up to `count` entries idle for at least `min_idle` from any consumer.
 /// Returns the next cursor, the claimed entries, and the ids that were deleted meanwhile.
-pub async fn autoclaim<C: ConnectionLike>(
-    conn: &mut C,
+pub async fn autoclaim(
+    conn: &mut Reader,
     who: &ReadPlan,
     source: Source,
     min_idle: Duration,
@@ -249,16 +249,22 @@ pub async fn autoclaim<C: ConnectionLike>(
     count: usize,
 ) -> RedisResult<(String, Vec<ReadEntry>)> {
     let (stream, group, consumer) = (who.key(source), &*who.group, &*who.consumer);
-    let reply: Value = redis::cmd("XAUTOCLAIM")
-        .arg(stream)
+    let lean = is_lean(conn);
+    let mut cmd = redis::cmd("XAUTOCLAIM");
+    cmd.arg(stream)
         .arg(group)
         .arg(consumer)
         .arg(min_idle.as_millis() as u64)
         .arg(cursor)
         .arg("COUNT")
-        .arg(count)
-        .query_async(conn)
-        .await?;
+        .arg(count);
+    if lean {
+        // Ids only: the entries are read one by one through the lean reader, which never
+        // holds a field over `max_entry_bytes` (another consumer's entries were never read
+        // here, and could be of any size).
+        cmd.arg("JUSTID");
+    }
+    let reply: Value = cmd.query_async(conn).await?;
     let Value::Array(parts) = reply else {
         return Err(unexpected("XAUTOCLAIM", &reply));
     };
@@ -268,10 +274,59 @@ pub async fn autoclaim<C: ConnectionLike>(
         None => return Err(unexpected("XAUTOCLAIM", &Value::Nil)),
     };
     let entries = match parts.next() {
+        Some(v) if lean => read_each_alone(conn, who, source, &ids_of(v)?).await?,
         Some(v) => parse_entries(v, source)?,
         None => Vec::new(),
     };
     Ok((next, entries))
+}
+
+/// Whether `conn` parses reads where they are read (and cuts what is over the limit).
+fn is_lean(conn: &Reader) -> bool {
+    matches!(conn, Reader::Lean(_) | Reader::Pooled(_))
+}
+
+/// The ids of a JUSTID reply.
+fn ids_of(reply: Value) -> RedisResult<Vec<String>> {
+    let Value::Array(items) = reply else {
+        return Err(unexpected("claimed ids", &reply));
+    };
+    items
+        .iter()
+        .map(|v| text(v).ok_or_else(|| unexpected("claimed id", v)))
+        .collect()
+}
+
+/// The id just before `id` (the history read after it starts at `id`); `None` for `0-0`.
+fn id_before(id: &str) -> Option<String> {
+    let (ms, seq) = id.split_once('-')?;
+    let (ms, seq): (u64, u64) = (ms.parse().ok()?, seq.parse().ok()?);
+    match (ms, seq) {
+        (_, seq) if seq > 0 => Some(format!("{ms}-{}", seq - 1)),
+        (0, 0) => None,
+        (ms, _) => Some(format!("{}-{}", ms - 1, u64::MAX)),
+    }
+}
+
+/// The entries `ids` (just made this consumer's), each read alone from this consumer's
+/// pending list on the lean reader: cut as any read is. Each read counts a delivery, as the
+/// claim without JUSTID would have. One no longer pending to it is left out; one deleted comes
+/// without fields.
+async fn read_each_alone(
+    conn: &mut Reader,
+    who: &ReadPlan,
+    source: Source,
+    ids: &[String],
+) -> RedisResult<Vec<ReadEntry>> {
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        let Some(before) = id_before(id) else {
+            continue;
+        };
+        let found = read_group(conn, who, 1, None, &[(source, &before)]).await?;
+        out.extend(found.into_iter().filter(|e| e.id == *id));
+    }
+    Ok(out)
 }
 
 /// XCLAIM one entry for `consumer` regardless of idle time: how a pending retry is taken back
@@ -303,8 +358,8 @@ pub async fn claim_one<C: ConnectionLike>(
 /// knows which entries may have become its own anyway. `clear` is left true only when the
 /// look found no other consumer at all once done (each was gone and held nothing, and was
 /// deleted): until its keys are written again, nothing can become pending to another consumer.
-pub async fn take_over_gone<C: ConnectionLike>(
-    conn: &mut C,
+pub async fn take_over_gone(
+    conn: &mut Reader,
     who: &ReadPlan,
     source: Source,
     gone_after: Duration,
@@ -349,6 +404,11 @@ pub async fn take_over_gone<C: ConnectionLike>(
         for (id, ..) in &rows {
             claim.arg(id);
         }
+        let lean = is_lean(conn);
+        if lean {
+            // Ids only, then each entry read alone and cut (see `autoclaim`).
+            claim.arg("JUSTID");
+        }
         // Known before the XCLAIM goes out: if its reply is lost, these may be pending to
         // this consumer without anyone here handling them.
         asked.extend(rows.into_iter().map(|(id, ..)| id));
@@ -360,7 +420,11 @@ pub async fn take_over_gone<C: ConnectionLike>(
             pending = gone.pending,
             "consumer is gone; taking over its pending entries"
         );
-        taken.extend(parse_entries(reply, source)?);
+        if lean {
+            taken.extend(read_each_alone(conn, who, source, &ids_of(reply)?).await?);
+        } else {
+            taken.extend(parse_entries(reply, source)?);
+        }
         if taken.len() >= count {
             break;
         }
@@ -643,6 +707,15 @@ fn parse_entries(value: Value, source: Source) -> RedisResult<Vec<ReadEntry>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_id_before_an_id() {
+        assert_eq!(id_before("5-3").as_deref(), Some("5-2"));
+        assert_eq!(id_before("5-0").as_deref(), Some("4-18446744073709551615"));
+        assert_eq!(id_before("0-1").as_deref(), Some("0-0"));
+        assert_eq!(id_before("0-0"), None);
+        assert_eq!(id_before("x-1"), None);
+    }
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
