@@ -472,6 +472,14 @@ async fn a_redis_writer_cannot_make_the_hosts_run_its_component() {
     open.stop().await.unwrap();
 }
 
+/// The id of the canary a start's answer describes.
+fn started_id(body: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
 /// The flow hash's verdict field, as Redis holds it.
 async fn verdict_field(
     conn: &mut redis::aio::MultiplexedConnection,
@@ -548,10 +556,7 @@ async fn only_a_sealed_verdict_counts_and_an_ended_canary_stays_ended() {
     };
     let (status, body) = put_canary(admin, "cv", "percent=50&for=10m").await;
     assert_eq!(status, 200, "{body}");
-    let id = serde_json::from_str::<serde_json::Value>(&body).unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = started_id(&body);
     let promoted = serde_json::json!({ "id": id, "verdict": "promoted", "why": "by hand",
         "at_ms": 1, "by": "attacker" })
     .to_string();
@@ -595,10 +600,7 @@ async fn only_a_sealed_verdict_counts_and_an_ended_canary_stays_ended() {
     // A second canary, aborted by the operator.
     let (status, body) = put_canary(admin, "cv", "percent=50&for=10m").await;
     assert_eq!(status, 200, "{body}");
-    let id = serde_json::from_str::<serde_json::Value>(&body).unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = started_id(&body);
     let (status, body) = http_request(
         admin,
         "POST",

@@ -661,6 +661,44 @@ async fn a_python_guest_is_held_to_the_same_sandbox() {
     );
 }
 
+/// What each dead letter of `stream` holds, read inside Redis (its fields never come here):
+/// its reason, its origin id, the length of its `blob` field, and how many fields it has.
+#[derive(Debug)]
+struct LetterSummary {
+    reason: String,
+    origin: String,
+    blob: i64,
+    fields: i64,
+}
+
+async fn letter_summaries(
+    conn: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+) -> Vec<LetterSummary> {
+    let rows: Vec<(String, String, i64, i64)> = redis::cmd("EVAL")
+        .arg(
+            "local out = {} for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do \
+             local f, got = e[2], {'', '', 0, #e[2] / 2} for i = 1, #f, 2 do \
+             if f[i] == 'sluice-reason' then got[1] = f[i + 1] end \
+             if f[i] == 'sluice-origin-id' then got[2] = f[i + 1] end \
+             if f[i] == 'blob' then got[3] = #f[i + 1] end end \
+             out[#out + 1] = got end return out",
+        )
+        .arg(1)
+        .arg(dead_letter_key(stream))
+        .query_async(conn)
+        .await
+        .unwrap();
+    rows.into_iter()
+        .map(|(reason, origin, blob, fields)| LetterSummary {
+            reason,
+            origin,
+            blob,
+            fields,
+        })
+        .collect()
+}
+
 /// The resident memory of process `pid`, in bytes.
 fn resident(pid: u32) -> u64 {
     status_kib(pid, "VmRSS:") * 1024
@@ -763,23 +801,15 @@ async fn four_100_mb_entries_under_a_700_mb_limit_are_dead_lettered_and_the_host
     drop(blob);
     let small = add(&mut conn, "huge", &Control::Ack).await;
     wait_acked(&conn, "huge", "g", &small).await;
-    // Each dead letter: the reason, the origin and the blob's length, read in Redis.
-    let letters: Vec<(String, String, i64)> = redis::cmd("EVAL")
-        .arg(
-            "local out = {} for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do \
-             local f, got = e[2], {'', '', 0} for i = 1, #f, 2 do \
-             if f[i] == 'sluice-reason' then got[1] = f[i + 1] end \
-             if f[i] == 'sluice-origin-id' then got[2] = f[i + 1] end \
-             if f[i] == 'blob' then got[3] = #f[i + 1] end end \
-             out[#out + 1] = got end return out",
-        )
-        .arg(1)
-        .arg(dead_letter_key("huge"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let letters = letter_summaries(&mut conn, "huge").await;
     assert_eq!(letters.len(), 4, "{letters:?}");
-    for (reason, origin, blob) in &letters {
+    for LetterSummary {
+        reason,
+        origin,
+        blob,
+        ..
+    } in &letters
+    {
         assert!(
             reason.contains("over max_entry_bytes") && reason.contains("without being handled"),
             "{reason}"
@@ -873,17 +903,8 @@ async fn an_entry_over_the_limit_only_as_a_whole_is_not_read_whole() {
     drop((xadd, value));
     let after = add(&mut conn, "fields", &Control::Ack).await;
     wait_acked(&conn, "fields", "g", &after).await;
-    let (reason, fields): (String, i64) = redis::cmd("EVAL")
-        .arg(
-            "local e = redis.call('XRANGE', KEYS[1], '-', '+')[1] local r = '' \
-             for i = 1, #e[2], 2 do if e[2][i] == 'sluice-reason' then r = e[2][i + 1] end end \
-             return {r, #e[2] / 2}",
-        )
-        .arg(1)
-        .arg(dead_letter_key("fields"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let letter = letter_summaries(&mut conn, "fields").await.remove(0);
+    let (reason, fields) = (letter.reason, letter.fields);
     assert!(reason.contains("over max_entry_bytes"), "{reason}");
     assert!(fields > 150, "copied whole: {fields} fields");
     let peak = peak_resident(host.pid());
@@ -927,22 +948,13 @@ async fn a_big_entry_taken_over_from_another_consumer_is_not_read_whole() {
         TestConfig::of(Sub::fixture("claimed").set("claim_min_idle", "100ms")),
     );
     host.admin_addr().await;
-    let (reason, blob): (String, i64) = wait_for(Duration::from_secs(60), "the dead letter", || {
+    let (reason, blob) = wait_for(Duration::from_secs(60), "the dead letter", || {
         let mut conn = conn.clone();
         async move {
-            let got: Option<(String, i64)> = redis::cmd("EVAL")
-                .arg(
-                    "local e = redis.call('XRANGE', KEYS[1], '-', '+')[1] if not e then return nil end \
-                     local r, n = '', 0 for i = 1, #e[2], 2 do \
-                     if e[2][i] == 'sluice-reason' then r = e[2][i + 1] end \
-                     if e[2][i] == 'blob' then n = #e[2][i + 1] end end return {r, n}",
-                )
-                .arg(1)
-                .arg(dead_letter_key("claimed"))
-                .query_async(&mut conn)
+            letter_summaries(&mut conn, "claimed")
                 .await
-                .unwrap();
-            got
+                .pop()
+                .map(|l| (l.reason, l.blob))
         }
     })
     .await;

@@ -268,23 +268,7 @@ impl Settler {
         reason: &str,
         trace: Option<&str>,
     ) -> Result<bool, SettleError> {
-        let mut invocation =
-            DEAD_LETTER.key(delivery.source.key(&self.stream, self.lane.as_deref()));
-        invocation
-            .key(&*self.dead_letter)
-            .key(keys::history_key(&self.stream, &self.group))
-            .key(keys::history_index_key(&self.stream, &self.group))
-            .arg(&*self.group)
-            .arg(&delivery.entry.id)
-            .arg(self.dead_letter_maxlen)
-            .arg(crate::history::Record::of(
-                delivery,
-                &self.consumer,
-                crate::history::Action::DeadLetter,
-                (reason, None),
-                self.history_entries,
-            ))
-            .arg(crate::history::KEEP.as_millis() as u64);
+        let mut invocation = self.dead_letter_invocation(&DEAD_LETTER, delivery, reason);
         // A producer's fields named like the host's own go in under another name (undone when
         // the dead letter is read), so that the host's bookkeeping is the only `sluice-*`.
         let fields: Vec<(Vec<u8>, Vec<u8>)> = delivery
@@ -323,10 +307,48 @@ impl Settler {
         if let Some(trace) = trace {
             invocation.arg(keys::TRACE).arg(trace);
         }
+        self.write_dead_letter(delivery, (digest, reason), &invocation)
+            .await
+    }
+
+    /// A dead-letter script's call for `delivery`, with what both forms take first: the
+    /// entry's stream, the dead-letter stream and the histories; the group, the entry, the
+    /// trim, the history note and how long it is kept.
+    fn dead_letter_invocation<'a>(
+        &self,
+        script: &'a Script,
+        delivery: &Delivery,
+        reason: &str,
+    ) -> redis::ScriptInvocation<'a> {
+        let mut invocation = script.key(delivery.source.key(&self.stream, self.lane.as_deref()));
+        invocation
+            .key(&*self.dead_letter)
+            .key(keys::history_key(&self.stream, &self.group))
+            .key(keys::history_index_key(&self.stream, &self.group))
+            .arg(&*self.group)
+            .arg(&delivery.entry.id)
+            .arg(self.dead_letter_maxlen)
+            .arg(crate::history::Record::of(
+                delivery,
+                &self.consumer,
+                crate::history::Action::DeadLetter,
+                (reason, None),
+                self.history_entries,
+            ))
+            .arg(crate::history::KEEP.as_millis() as u64);
+        invocation
+    }
+
+    /// Run a dead-letter script's call until Redis answers, and report what it came to.
+    async fn write_dead_letter(
+        &self,
+        delivery: &Delivery,
+        (digest, reason): (&Digest, &str),
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<bool, SettleError> {
         let written = self
             .until_done(delivery, "dead-lettering", || {
                 let mut conn = self.conn.clone();
-                let invocation = &invocation;
                 async move {
                     invocation
                         .invoke_async::<Option<(String, i64)>>(&mut conn)
@@ -398,22 +420,8 @@ impl Settler {
         digest: &Digest,
         reason: &str,
     ) -> Result<bool, SettleError> {
-        let mut invocation = IN_PLACE.key(delivery.source.key(&self.stream, self.lane.as_deref()));
+        let mut invocation = self.dead_letter_invocation(&IN_PLACE, delivery, reason);
         invocation
-            .key(&*self.dead_letter)
-            .key(keys::history_key(&self.stream, &self.group))
-            .key(keys::history_index_key(&self.stream, &self.group))
-            .arg(&*self.group)
-            .arg(&delivery.entry.id)
-            .arg(self.dead_letter_maxlen)
-            .arg(crate::history::Record::of(
-                delivery,
-                &self.consumer,
-                crate::history::Action::DeadLetter,
-                (reason, None),
-                self.history_entries,
-            ))
-            .arg(crate::history::KEEP.as_millis() as u64)
             .arg(keys::SCRIPT_MAX_FIELDS)
             .arg(keys::PACKED_FIELDS)
             .arg(self.secret.as_ref().map_or("", |s| s.value()))
@@ -422,21 +430,10 @@ impl Settler {
             .arg(&*self.stream)
             .arg(&delivery.origin_id)
             .arg(keys::MARK)
-            .arg("")
             .arg(keys::PRODUCER_PREFIX);
         self.bookkeeping(&mut invocation, delivery, reason);
-        let written = self
-            .until_done(delivery, "dead-lettering", || {
-                let mut conn = self.conn.clone();
-                let invocation = &invocation;
-                async move {
-                    invocation
-                        .invoke_async::<Option<(String, i64)>>(&mut conn)
-                        .await
-                }
-            })
-            .await?;
-        Ok(self.dead_lettered(delivery, digest, reason, written))
+        self.write_dead_letter(delivery, (digest, reason), &invocation)
+            .await
     }
 
     /// Run `attempt` until Redis answers, pausing with capped backoff while it is unreachable

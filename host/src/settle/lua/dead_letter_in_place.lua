@@ -14,9 +14,9 @@
 -- ARGV[8]  the stream's secret ('' for none: the dead letter goes unsealed)
 -- ARGV[9], ARGV[10]  the seal's uses: a dead letter, one with its fields packed
 -- ARGV[11] the subscription's stream, ARGV[12] the origin id (what the seal covers)
--- ARGV[13] the seal's field name, ARGV[14] unused, ARGV[15] the prefix of a producer's field
---          named like the host's own (keys::PRODUCER_PREFIX)
--- ARGV[16..] the bookkeeping to record after the fields: name, value, ...
+-- ARGV[13] the seal's field name, ARGV[14] the prefix of a producer's field named like the
+--          host's own (keys::PRODUCER_PREFIX)
+-- ARGV[15..] the bookkeeping to record after the fields: name, value, ...
 --
 -- Reply: as dead_letter.lua's.
 local state, stop = pending_state(KEYS[1], ARGV[1], ARGV[2])
@@ -33,7 +33,7 @@ if not found[1] then
 end
 local fields = found[1][2]
 -- A producer's field named like the host's own goes in under another name (settle/mod.rs).
-local prefix = ARGV[15]
+local prefix = ARGV[14]
 for i = 1, #fields, 2 do
   local name = fields[i]
   if string.sub(name, 1, 7) == 'sluice-' or string.sub(name, 1, #prefix) == prefix then
@@ -52,7 +52,7 @@ args[#args + 1] = '*'
 for _, v in ipairs(written) do
   args[#args + 1] = v
 end
-for i = 16, #ARGV do
+for i = 15, #ARGV do
   args[#args + 1] = ARGV[i]
 end
 if ARGV[8] ~= '' then
