@@ -56,6 +56,7 @@ static DEAD_LETTER: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("lua/pending.lua"),
         include_str!("lua/history.lua"),
+        include_str!("lua/dead_letter_write.lua"),
         include_str!("lua/dead_letter.lua")
     ))
 });
@@ -66,6 +67,7 @@ static IN_PLACE: LazyLock<Script> = LazyLock::new(|| {
         include_str!("lua/pending.lua"),
         include_str!("lua/history.lua"),
         include_str!("../keys/lua/seal.lua"),
+        include_str!("lua/dead_letter_write.lua"),
         include_str!("lua/dead_letter_in_place.lua")
     ))
 });

@@ -1,6 +1,6 @@
 -- Shared by the scripts that seal what the host writes (delayed/lua/sweep.lua,
--- operate/lua/requeue.lua, operate/lua/dead_letter_now.lua), which are loaded with this text in
--- front of them. The host computes the same in Rust (`keys::Secret::seal`,
+-- operate/lua/requeue.lua, operate/lua/dead_letter_now.lua, settle/lua/dead_letter_in_place.lua),
+-- which are loaded with this text in front of them. The host computes the same in Rust (`keys::Secret::seal`,
 -- `keys::fields_digest`).
 --
 -- A list of strings is hashed as its MessagePack form (`cmsgpack.pack`: an array of str, every

@@ -28,21 +28,8 @@ local state, stop = pending_state(KEYS[1], ARGV[1], ARGV[2])
 if not state then
   return stop
 end
-local args = {KEYS[2]}
-if tonumber(ARGV[3]) > 0 then
-  args = {KEYS[2], 'MAXLEN', '~', ARGV[3]}
-end
-args[#args + 1] = '*'
+local fields = {}
 for i = 6, #ARGV do
-  args[#args + 1] = ARGV[i]
+  fields[#fields + 1] = ARGV[i]
 end
-local id = redis.call('XADD', unpack(args))
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-remember(KEYS[3], KEYS[4], ARGV[4], string.format(',"at":%.0f,"dl":"%s"', now, id), now,
-  now + tonumber(ARGV[5]))
-if state == 'group-gone' then
-  return {id, 0}
-end
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-return {id, 1}
+return write_dead_letter(state, fields)

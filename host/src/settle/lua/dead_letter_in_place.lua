@@ -44,11 +44,7 @@ local written, use = fields, ARGV[9]
 if #fields / 2 > tonumber(ARGV[6]) then
   written, use = {ARGV[7], cmsgpack.pack(fields)}, ARGV[10]
 end
-local args = {KEYS[2]}
-if tonumber(ARGV[3]) > 0 then
-  args = {KEYS[2], 'MAXLEN', '~', ARGV[3]}
-end
-args[#args + 1] = '*'
+local args = {}
 for _, v in ipairs(written) do
   args[#args + 1] = v
 end
@@ -59,13 +55,4 @@ if ARGV[8] ~= '' then
   args[#args + 1] = ARGV[13]
   args[#args + 1] = seal(ARGV[8], {use, ARGV[11], ARGV[1], ARGV[12], fields_digest(written)})
 end
-local id = redis.call('XADD', unpack(args))
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-remember(KEYS[3], KEYS[4], ARGV[4], string.format(',"at":%.0f,"dl":"%s"', now, id), now,
-  now + tonumber(ARGV[5]))
-if state == 'group-gone' then
-  return {id, 0}
-end
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-return {id, 1}
+return write_dead_letter(state, args)

@@ -1,5 +1,6 @@
 -- Shared by the scripts that settle one pending entry (delayed/lua/park.lua,
--- settle/lua/dead_letter.lua), which are loaded with this text in front of them: one record of
+-- settle/lua/dead_letter.lua, settle/lua/dead_letter_in_place.lua), which are loaded with this
+-- text in front of them: one record of
 -- the entry's history (see history.rs).
 --
 -- hkey        the subscription's histories: a hash, one field per entry (its origin id), the
