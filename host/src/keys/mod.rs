@@ -272,8 +272,6 @@ pub enum Seal {
     DeadLetterPacked,
     /// A parked member the host dead-lettered raw: over its set, stream, group and the member.
     Member,
-    /// A canary's record: over the stream, group and the record's body.
-    Canary,
 }
 
 impl Seal {
@@ -286,7 +284,6 @@ impl Seal {
             Seal::DeadLetter => "dead-letter",
             Seal::DeadLetterPacked => "dead-letter-packed",
             Seal::Member => "member",
-            Seal::Canary => "canary",
         }
     }
 }

@@ -848,7 +848,6 @@ pub async fn report<C: ConnectionLike>(
     invocation
         .key(canary_key(&record.stream, &record.group))
         .arg(&record.id)
-        .arg(clean(by, MAX_TEXT))
         .arg(record.ends_ms)
         .arg(t.failure_rate_increase)
         .arg(t.dead_letter_rate_increase)

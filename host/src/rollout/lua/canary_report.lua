@@ -1,11 +1,11 @@
 -- A host adds what its canary attempts came to and judges the canary for the whole group.
 -- KEYS[1]: the flow hash (the record and the verdict), KEYS[2]: the canary's counts.
--- ARGV: 1 id, 2 who reports, 3 ends_ms, 4..6 the allowed increases of the failure, dead-letter
--- and retry rates, 7 p99 ratio, 8 p99 slack (us), 9 min attempts, 10 z during the window
--- (judged at every report: a stricter bound), 11 z at the window's end, 12 how long the counts
--- are kept (ms), 13 a verdict field the caller found not to verify (empty: none), read as no
--- verdict; from 14, for the incumbent then the candidate: attempts, failures, dead letters,
--- retries, the number of time buckets, then (bucket, count) pairs.
+-- ARGV: 1 id, 2 ends_ms, 3..5 the allowed increases of the failure, dead-letter and retry
+-- rates, 6 p99 ratio, 7 p99 slack (us), 8 min attempts, 9 z during the window (judged at every
+-- report: a stricter bound), 10 z at the window's end, 11 how long the counts are kept (ms),
+-- 12 a verdict field the caller found not to verify (empty: none), read as no verdict; from 13,
+-- for the incumbent then the candidate: attempts, failures, dead letters, retries, the number
+-- of time buckets, then (bucket, count) pairs.
 -- Answers {'gone'} (no such canary), {'verdict', field} (a verdict is there: the caller checks
 -- its seal; nothing is counted), {'running'}, or {'judged', outcome, why, now} when the counts
 -- decide it: the script holds no key, so the caller seals the verdict and writes it.
@@ -15,7 +15,7 @@ if not record or not string.find(record, id, 1, true) then
   return {'gone'}
 end
 local verdict = redis.call('HGET', KEYS[1], 'canary-verdict')
-if verdict and string.find(verdict, id, 1, true) and verdict ~= ARGV[13] then
+if verdict and string.find(verdict, id, 1, true) and verdict ~= ARGV[12] then
   return {'verdict', verdict}
 end
 if redis.call('HGET', KEYS[2], 'id') ~= id then
@@ -32,7 +32,7 @@ local function add(field, n)
     redis.call('HSET', KEYS[2], field, n)
   end
 end
-local i = 14
+local i = 13
 for _, role in ipairs({'i', 'c'}) do
   for _, name in ipairs(names) do
     local n = tonumber(ARGV[i]) or 0
@@ -52,7 +52,7 @@ for _, role in ipairs({'i', 'c'}) do
     end
   end
 end
-redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[12]))
+redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[11]))
 
 -- What another writer may have left in the counts reads as nothing.
 local function num(x)
@@ -120,10 +120,10 @@ local inc = totals('i')
 local can = totals('c')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ends = tonumber(ARGV[3])
-local z_window, z_end = tonumber(ARGV[10]), tonumber(ARGV[11])
-local min = tonumber(ARGV[9])
-local checks = {{'failure', tonumber(ARGV[4])}, {'dead-letter', tonumber(ARGV[5])}, {'retry', tonumber(ARGV[6])}}
+local ends = tonumber(ARGV[2])
+local z_window, z_end = tonumber(ARGV[9]), tonumber(ARGV[10])
+local min = tonumber(ARGV[8])
+local checks = {{'failure', tonumber(ARGV[3])}, {'dead-letter', tonumber(ARGV[4])}, {'retry', tonumber(ARGV[5])}}
 
 local function worse(name, k, margin)
   return string.format(
@@ -153,7 +153,7 @@ for _, check in ipairs(checks) do
 end
 if not outcome and can.timed >= min and inc.timed >= min then
   local pc, pi = p99(can), p99(inc)
-  local ratio, slack = tonumber(ARGV[7]), tonumber(ARGV[8])
+  local ratio, slack = tonumber(ARGV[6]), tonumber(ARGV[7])
   if pc > pi * ratio and pc > pi + slack then
     outcome = 'rolled-back'
     why = string.format(
