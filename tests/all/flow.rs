@@ -1134,8 +1134,11 @@ async fn a_pause_rereads_only_its_own_flow_hash() {
         paused(0, true).await;
     }
     let spent = scripts_run(&mut conn).await - before;
+    // A full re-read per change is 100 reads each, 1,000 in all. What a loaded machine adds is
+    // the rolling re-read, about one a poll (4 a second), while the waits above last: under
+    // half of that even at a minute.
     assert!(
-        spent < 200,
+        spent < 500,
         "{spent} scripts for 10 changes of one subscription"
     );
     // Another client's pause and INCR: nothing logged, everything read.
