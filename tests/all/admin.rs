@@ -306,12 +306,7 @@ async fn a_flood_of_cookie_less_requests_does_not_evict_the_operators_session() 
     // operator's, they go first.
     for _ in 0..1_100 {
         let (_, head, _) = http_exchange(admin, "GET", "/ui/", &[], b"").await;
-        let theirs = head
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("set-cookie: ")
-                    .or_else(|| l.strip_prefix("Set-Cookie: "))
-            })
+        let theirs = header(&head, "set-cookie")
             .and_then(|c| c.split(';').next())
             .unwrap()
             .to_owned();
