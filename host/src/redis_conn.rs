@@ -10,21 +10,21 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use redis::RedisFuture;
-use redis::aio::{
-    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
-};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, Client, ClientTlsConfig, ConnectionAddr, ConnectionInfo,
-    IntoConnectionInfo, RedisError, TlsCertificates,
+    Client, ClientTlsConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError,
+    TlsCertificates,
 };
 
 use crate::config::{PrivateFileError, RedisAccess, read_private};
+use transport::Endpoint;
 
 pub mod lean;
 pub mod pool;
+pub mod transport;
 
 /// How long a non-blocking command may take before it counts as failed.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
@@ -240,7 +240,8 @@ impl SentinelUrl {
 ///   caller like any other transient failure.
 /// - A cluster: redis-rs's cluster client routes each command and script by its key's slot,
 ///   follows MOVED and ASK, and reloads the slot map when the cluster changes (a slot
-///   migrated, a replica promoted). Blocking reads get a cluster connection of their own.
+///   migrated, a replica promoted). Reads get a lean connection of their own to the master
+///   that serves their stream's slot.
 #[derive(Clone)]
 pub struct RedisHandle {
     inner: Arc<HandleInner>,
@@ -250,9 +251,11 @@ struct HandleInner {
     route: Route,
     /// The URL, without credentials, for logs.
     name: String,
-    /// The lean read connections of non-blocking readers (one node, plain TCP), made with
-    /// the first one that asks.
+    /// The lean read connections of non-blocking readers (one node), made with the first one
+    /// that asks.
     pool: std::sync::OnceLock<Option<Arc<pool::LeanPool>>>,
+    /// The TLS files the read connections present and trust (see [`transport`]).
+    tls: transport::Tls,
 }
 
 enum Route {
@@ -312,6 +315,87 @@ impl ClusterSeeds {
     }
 }
 
+impl ClusterSeeds {
+    /// The login the seeds were given, for connections of the host's own to cluster nodes.
+    fn settings(&self) -> redis::RedisConnectionInfo {
+        self.nodes
+            .first()
+            .map(|n| n.redis_settings().clone())
+            .unwrap_or_default()
+    }
+
+    /// The master that serves `key`'s slot now, as one node of the cluster (reached through
+    /// `conn`) sees it; reached over TLS when the seeds are.
+    async fn master_of(
+        &self,
+        conn: &mut ClusterConnection,
+        key: &str,
+    ) -> redis::RedisResult<Endpoint> {
+        let slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query_async(conn)
+            .await?;
+        let ranges: Vec<redis::Value> =
+            redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await?;
+        let seed = self.nodes.first().map(ConnectionInfo::addr);
+        let tls = matches!(seed, Some(ConnectionAddr::TcpTls { .. }));
+        // A node that never met another (a cluster of one) announces no host: the seed's.
+        let seed_host = match seed {
+            Some(ConnectionAddr::Tcp(host, _) | ConnectionAddr::TcpTls { host, .. }) => {
+                host.clone()
+            }
+            _ => String::new(),
+        };
+        ranges
+            .iter()
+            .find_map(|range| {
+                let (host, port) = serving(range, slot)?;
+                let host = if host.is_empty() {
+                    seed_host.clone()
+                } else {
+                    host
+                };
+                Some(if tls {
+                    Endpoint::Tls(host, port)
+                } else {
+                    Endpoint::Tcp(host, port)
+                })
+            })
+            .ok_or_else(|| {
+                RedisError::from((
+                    redis::ErrorKind::ClusterConnectionNotFound,
+                    "no master announced for the slot",
+                    format!("slot {slot} of {key:?} (CLUSTER SLOTS)"),
+                ))
+            })
+    }
+}
+
+/// The address of the master in one range of a CLUSTER SLOTS reply
+/// (`[start, end, [host, port, id, ..], replicas..]`) if the range holds `slot` (the host is
+/// empty when the node does not know it).
+fn serving(range: &redis::Value, slot: i64) -> Option<(String, u16)> {
+    use redis::Value;
+    let Value::Array(items) = range else {
+        return None;
+    };
+    let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(master))) =
+        (items.first(), items.get(1), items.get(2))
+    else {
+        return None;
+    };
+    if !(*start..=*end).contains(&slot) {
+        return None;
+    }
+    let (Some(Value::BulkString(host)), Some(Value::Int(port))) = (master.first(), master.get(1))
+    else {
+        return None;
+    };
+    let host = String::from_utf8(host.clone()).ok()?;
+    Some((host, u16::try_from(*port).ok()?))
+}
+
 impl RedisHandle {
     /// Connect to what `configured` names (see [`Target`]) as `access` says. A single URL whose
     /// server is a cluster node is used as the cluster's seed.
@@ -321,6 +405,8 @@ impl RedisHandle {
             url: name.clone(),
             source,
         };
+        // The TLS files of a single node (a cluster's seeds keep their own).
+        let mut certs = None;
         let route = match Target::parse(configured) {
             Target::Cluster(urls) => Self::cluster_route(&urls, access, &name).await?,
             Target::Sentinel(target) => {
@@ -340,6 +426,7 @@ impl RedisHandle {
             }
             Target::Node(url) => {
                 let client = client(&url, access)?;
+                certs = node_info(&url, access)?.1;
                 let mut manager = manager(&client).await?;
                 let info: String = match redis::cmd("INFO")
                     .arg("cluster")
@@ -367,11 +454,15 @@ impl RedisHandle {
                 }
             }
         };
+        if let Route::Cluster { seeds, .. } = &route {
+            certs = seeds.tls.clone();
+        }
         Ok(Self {
             inner: Arc::new(HandleInner {
                 route,
                 name,
                 pool: std::sync::OnceLock::new(),
+                tls: transport::Tls::new(certs),
             }),
         })
     }
@@ -398,38 +489,45 @@ impl RedisHandle {
     }
 
     /// A connection of its own for blocking reads of up to `block`: a blocked XREADGROUP
-    /// would hold up every other command on a shared connection.
-    pub async fn reader(&self, block: Duration) -> Result<Reader, ConnError> {
-        match &self.inner.route {
+    /// would hold up every other command on a shared connection. On a cluster it goes to the
+    /// master that serves `key`'s slot (on one node `key` is not used); when the slot moves,
+    /// the read's MOVED fails the connection and the next one is made to the new master.
+    pub async fn reader(&self, block: Duration, key: &str) -> Result<Reader, ConnError> {
+        let timeouts = (CONNECT_TIMEOUT, block + COMMAND_TIMEOUT);
+        let (endpoint, settings) = match &self.inner.route {
             Route::Node { current, .. } => {
                 let client = current.load().0.clone();
                 let info = client.get_connection_info();
-                if lean::suits(info) {
-                    return lean::LeanConn::connect(info, CONNECT_TIMEOUT, block + COMMAND_TIMEOUT)
-                        .await
-                        .map(Reader::Lean)
-                        .map_err(|source| ConnError::Connect {
-                            url: info.addr().to_string(),
-                            source,
-                        });
-                }
-                blocking(&client, block).await.map(Reader::Node)
+                (Endpoint::of(info.addr()), info.redis_settings().clone())
             }
-            Route::Cluster { seeds, .. } => seeds
-                .connect(block + COMMAND_TIMEOUT, &self.inner.name)
-                .await
-                .map(Reader::Cluster),
-        }
+            Route::Cluster { conn, seeds } => {
+                let endpoint = seeds
+                    .master_of(&mut conn.clone(), key)
+                    .await
+                    .map_err(|source| ConnError::Connect {
+                        url: self.inner.name.clone(),
+                        source,
+                    })?;
+                (Ok(endpoint), seeds.settings())
+            }
+        };
+        let endpoint = endpoint.map_err(|source| ConnError::Connect {
+            url: self.inner.name.clone(),
+            source,
+        })?;
+        lean::LeanConn::connect(&endpoint, &self.inner.tls, &settings, timeouts)
+            .await
+            .map(Reader::Lean)
+            .map_err(|source| ConnError::Connect {
+                url: format!("{endpoint:?}"),
+                source,
+            })
     }
 
     /// A reader for reads that never block: the node's pool of lean connections (see
-    /// [`pool`]), or the shared connection where the lean reader does not suit (TLS, a Unix
-    /// socket, RESP3, a cluster).
-    pub fn non_blocking_reader(&self) -> Reader {
-        match self.read_pool() {
-            Some(pool) => Reader::Pooled(pool),
-            None => Reader::Shared(self.clone()),
-        }
+    /// [`pool`]); `None` on a cluster, where every read has a connection of its own.
+    pub fn non_blocking_reader(&self) -> Option<Reader> {
+        self.read_pool().map(Reader::Pooled)
     }
 
     /// The handle's pool of lean read connections (made at the first call), if the node
@@ -438,12 +536,8 @@ impl RedisHandle {
         self.inner
             .pool
             .get_or_init(|| match &self.inner.route {
-                Route::Node { current, .. }
-                    if lean::suits(current.load().0.get_connection_info()) =>
-                {
-                    Some(pool::LeanPool::new(Arc::downgrade(&self.inner)))
-                }
-                _ => None,
+                Route::Node { .. } => Some(pool::LeanPool::new(Arc::downgrade(&self.inner))),
+                Route::Cluster { .. } => None,
             })
             .clone()
     }
@@ -596,29 +690,36 @@ impl ConnectionLike for RedisHandle {
     }
 }
 
-/// A connection that only one subscription's read loop uses, for its blocking reads.
+/// A connection for one subscription's reads: every read is framed by the lean reader (see
+/// [`lean`]), so none buffers a value over the subscription's `max_entry_bytes`.
 pub enum Reader {
-    /// To the one node (or the current master behind Sentinel) over plain TCP: XREADGROUP
-    /// replies are parsed where they are read (see [`lean`]).
+    /// A connection of its own, to the one node (or the current master behind Sentinel, or
+    /// the cluster master that serves its stream), for blocking reads.
     Lean(lean::LeanConn),
-    /// To the one node (or the current master behind Sentinel) over TLS or a Unix socket.
-    Node(MultiplexedConnection),
-    /// To the cluster, routed by the stream's slot.
-    Cluster(ClusterConnection),
-    /// The handle's shared connection, for reads that never block: a partition whose waits
-    /// one blocking read serves for all (see [`crate::subscription::shared_read`]).
-    Shared(RedisHandle),
     /// The node's pool of lean read connections, for reads that never block (see [`pool`]).
     Pooled(Arc<pool::LeanPool>),
+}
+
+impl Reader {
+    /// XREADGROUP (as `cmd`), its reply parsed straight into entries and cut as
+    /// [`lean::LeanConn::read_entries`] says.
+    pub async fn read_entries<T>(
+        &mut self,
+        cmd: &redis::Cmd,
+        cut_over: (usize, usize),
+        make: impl FnMut(&[u8], String, lean::Fields, lean::Cut) -> T,
+    ) -> Result<Vec<T>, RedisError> {
+        match self {
+            Self::Lean(c) => c.read_entries(cmd, cut_over, make).await,
+            Self::Pooled(p) => p.read_entries(cmd, cut_over, make).await,
+        }
+    }
 }
 
 impl ConnectionLike for Reader {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, redis::Value> {
         match self {
             Self::Lean(c) => c.req_packed_command(cmd),
-            Self::Node(c) => c.req_packed_command(cmd),
-            Self::Cluster(c) => c.req_packed_command(cmd),
-            Self::Shared(c) => c.req_packed_command(cmd),
             Self::Pooled(p) => p.command(cmd),
         }
     }
@@ -631,9 +732,6 @@ impl ConnectionLike for Reader {
     ) -> RedisFuture<'a, Vec<redis::Value>> {
         match self {
             Self::Lean(c) => c.req_packed_commands(cmd, offset, count),
-            Self::Node(c) => c.req_packed_commands(cmd, offset, count),
-            Self::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-            Self::Shared(c) => c.req_packed_commands(cmd, offset, count),
             Self::Pooled(p) => p.commands(cmd, offset, count),
         }
     }
@@ -641,9 +739,6 @@ impl ConnectionLike for Reader {
     fn get_db(&self) -> i64 {
         match self {
             Self::Lean(c) => c.get_db(),
-            Self::Node(c) => c.get_db(),
-            Self::Cluster(_) => 0,
-            Self::Shared(c) => c.get_db(),
             Self::Pooled(p) => p.db(),
         }
     }
@@ -676,20 +771,6 @@ pub async fn manager(client: &Client) -> Result<ConnectionManager, ConnError> {
         .set_min_delay(RECONNECT_BACKOFF.0)
         .set_max_delay(RECONNECT_BACKOFF.1);
     ConnectionManager::new_with_config(client.clone(), config)
-        .await
-        .map_err(|source| ConnError::Connect {
-            url: client.get_connection_info().addr().to_string(),
-            source,
-        })
-}
-
-/// A dedicated connection for blocking reads of up to `block`.
-async fn blocking(client: &Client, block: Duration) -> Result<MultiplexedConnection, ConnError> {
-    let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_response_timeout(Some(block + COMMAND_TIMEOUT));
-    client
-        .get_multiplexed_async_connection_with_config(&config)
         .await
         .map_err(|source| ConnError::Connect {
             url: client.get_connection_info().addr().to_string(),

@@ -815,11 +815,50 @@ async fn fan_out_over_partitions(cluster: &Cluster) {
     host.stop().await.unwrap();
 }
 
+/// A 200 MB entry on a stream whose slot is on another master than the seed: the host's read
+/// goes to that master on a lean connection of its own, which drops the value as it arrives
+/// and dead-letters the entry unhandled, copied whole inside Redis (before: reads on a cluster
+/// went through redis-rs's cluster connection, which buffered and parsed the whole reply).
+async fn a_big_entry_on_another_node_is_not_read_whole(cluster: &Cluster) {
+    let tag = cluster.tag_away_from_seed("big").await;
+    let stream = format!("{{{tag}}}");
+    let mut conn = cluster.conn().await;
+    let huge: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("payload")
+        .arg(Control::Ack.to_string())
+        .arg("blob")
+        .arg(vec![b'x'; 200 << 20])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let small = add(&mut conn, &stream, &Control::Ack).await;
+    let config = TestConfig::of(Sub::fixture(&stream)).set("redis", cluster.nodes[0].url());
+    let host = HostProcess::spawn_in(config);
+    wait_acked(&conn, &stream, "g", &small).await;
+    let letters = memory::letters_in(&mut conn, &dead_letter_key(&stream)).await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert!(
+        letters[0].reason.contains("over max_entry_bytes"),
+        "{letters:?}"
+    );
+    assert_eq!((&*letters[0].origin, letters[0].blob), (&*huge, 200 << 20));
+    let peak = memory::peak_resident(host.pid());
+    eprintln!(
+        "host peak resident memory: {} MiB (the entry: 200 MB)",
+        peak >> 20
+    );
+    assert!(peak < 150 << 20, "peak resident {} MiB", peak >> 20);
+    assert!(!host.log_text().contains("attempt failed"), "never handled");
+}
+
 /// One cluster for every scenario, run in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_host_runs_on_a_redis_cluster() {
     let cluster = Cluster::start().await;
     a_stream_on_another_node(&cluster).await;
+    a_big_entry_on_another_node_is_not_read_whole(&cluster).await;
     a_slot_migration_under_load(&cluster).await;
     a_failover_under_load(&cluster).await;
     partitions_over_the_cluster_with_two_hosts(&cluster).await;

@@ -129,7 +129,13 @@ impl TlsRedis {
             },
         )
         .unwrap();
-        client.get_multiplexed_async_connection().await.unwrap()
+        // Not redis-rs's default 500 ms: a 200 MB entry over TLS takes longer to send.
+        let config =
+            redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(30)));
+        client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .unwrap()
     }
 }
 
@@ -212,6 +218,103 @@ async fn a_server_that_requires_client_certificates_takes_the_hosts() {
     one_entry_is_acked(&mut conn, "mtls").await;
     host.terminate();
     assert!(host.wait_exit().await.success(), "{}", host.log_text());
+}
+
+/// A 200 MB entry over TLS: the host's reads frame the decrypted bytes themselves and drop the
+/// value as it arrives, so the entry is dead-lettered unhandled (copied whole inside Redis)
+/// without the host ever holding it (before: reads over TLS went through redis-rs's
+/// connection, which buffered and parsed the whole reply).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_entry_over_tls_is_not_read_whole() {
+    let pki = Pki::new();
+    let redis = TlsRedis::start(&pki, true).await;
+    let mut conn = redis.conn(&pki).await;
+    let config = TestConfig::of(Sub::fixture("tls-big"))
+        .set("redis", redis.url())
+        .set("redis_ca_file", pki.path("ca.pem").display().to_string())
+        .set(
+            "redis_cert_file",
+            pki.path("client.pem").display().to_string(),
+        )
+        .set(
+            "redis_key_file",
+            pki.path("client.key").display().to_string(),
+        );
+    let huge: String = redis::cmd("XADD")
+        .arg("tls-big")
+        .arg("*")
+        .arg("payload")
+        .arg(Control::Ack.to_string())
+        .arg("blob")
+        .arg(vec![b'x'; 200 << 20])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let host = HostProcess::spawn_in(config);
+    one_entry_is_acked(&mut conn, "tls-big").await;
+    let letters = memory::letter_summaries(&mut conn, "tls-big").await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert!(
+        letters[0].reason.contains("over max_entry_bytes"),
+        "{letters:?}"
+    );
+    assert_eq!((&*letters[0].origin, letters[0].blob), (&*huge, 200 << 20));
+    let peak = memory::peak_resident(host.pid());
+    eprintln!(
+        "host peak resident memory: {} MiB (the entry: 200 MB)",
+        peak >> 20
+    );
+    assert!(peak < 150 << 20, "peak resident {} MiB", peak >> 20);
+    assert!(!host.log_text().contains("attempt failed"), "never handled");
+}
+
+/// A Redis reached by a Unix socket, and one asked for RESP3: the host's read connections
+/// (its own, see `redis_conn/transport.rs`) reach both, and entries are handled, a big one
+/// dead-lettered unhandled as everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unix_socket_and_resp3_urls_are_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("redis.sock");
+    let redis = Redis::start_with(
+        false,
+        &[
+            ("unixsocket", socket.to_str().unwrap()),
+            ("unixsocketperm", "700"),
+        ],
+    );
+    let mut conn = redis.conn().await;
+    let urls = [
+        ("unix", format!("unix://{}", socket.display())),
+        ("resp3", format!("{}/?protocol=resp3", redis.url())),
+    ];
+    for (stream, url) in urls {
+        let host = HostProcess::spawn_in(TestConfig::of(Sub::fixture(stream)).set("redis", url));
+        let first = add(&mut conn, stream, &Control::Ack).await;
+        let deadline = std::time::Instant::now() + T;
+        let mut poll = tokio::time::interval(Duration::from_millis(20));
+        while !acked_through(&mut conn, stream, "g", &first).await {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{stream}: not acked; the host's log:\n{}",
+                host.log_text()
+            );
+            poll.tick().await;
+        }
+        let big: String = redis::cmd("XADD")
+            .arg(stream)
+            .arg("*")
+            .arg("payload")
+            .arg(Control::Ack.to_string())
+            .arg("blob")
+            .arg(vec![b'x'; 9 << 20])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        one_entry_is_acked(&mut conn, stream).await;
+        let letters = memory::letter_summaries(&mut conn, stream).await;
+        assert_eq!(letters.len(), 1, "{stream}: {letters:?}");
+        assert_eq!(letters[0].origin, big, "{stream}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

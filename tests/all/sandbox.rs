@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use crate::common::memory::{LetterSummary, letter_summaries, peak_resident, resident};
 use crate::common::*;
 
 const T: Duration = Duration::from_secs(30);
@@ -661,54 +662,6 @@ async fn a_python_guest_is_held_to_the_same_sandbox() {
     );
 }
 
-/// What each dead letter of `stream` holds, read inside Redis (its fields never come here):
-/// its reason, its origin id, the length of its `blob` field, and how many fields it has.
-#[derive(Debug)]
-struct LetterSummary {
-    reason: String,
-    origin: String,
-    blob: i64,
-    fields: i64,
-}
-
-async fn letter_summaries(
-    conn: &mut redis::aio::MultiplexedConnection,
-    stream: &str,
-) -> Vec<LetterSummary> {
-    let rows: Vec<(String, String, i64, i64)> = redis::cmd("EVAL")
-        .arg(
-            "local out = {} for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do \
-             local f, got = e[2], {'', '', 0, #e[2] / 2} for i = 1, #f, 2 do \
-             if f[i] == 'sluice-reason' then got[1] = f[i + 1] end \
-             if f[i] == 'sluice-origin-id' then got[2] = f[i + 1] end \
-             if f[i] == 'blob' then got[3] = #f[i + 1] end end \
-             out[#out + 1] = got end return out",
-        )
-        .arg(1)
-        .arg(dead_letter_key(stream))
-        .query_async(conn)
-        .await
-        .unwrap();
-    rows.into_iter()
-        .map(|(reason, origin, blob, fields)| LetterSummary {
-            reason,
-            origin,
-            blob,
-            fields,
-        })
-        .collect()
-}
-
-/// The resident memory of process `pid`, in bytes.
-fn resident(pid: u32) -> u64 {
-    status_kib(pid, "VmRSS:") * 1024
-}
-
-/// The most resident memory process `pid` has had, in bytes.
-fn peak_resident(pid: u32) -> u64 {
-    status_kib(pid, "VmHWM:") * 1024
-}
-
 /// A memory cgroup (v1) holding one process to a limit, removed when dropped; `None` where
 /// the machine has none to make (not root): CI (`SLUICE_CI=1`) runs as root and must.
 struct MemoryLimit(std::path::PathBuf);
@@ -756,17 +709,6 @@ impl Drop for MemoryLimit {
         }
         let _ = std::fs::remove_dir(&self.0);
     }
-}
-
-fn status_kib(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix(key))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .unwrap_or(0)
 }
 
 /// Four 100 MB entries added at once, to a host held to 700 MB by a memory cgroup: it holds
@@ -967,6 +909,86 @@ async fn a_big_entry_taken_over_from_another_consumer_is_not_read_whole() {
     );
     assert!(peak < 200 << 20, "peak resident {} MiB", peak >> 20);
     let _ = huge;
+}
+
+/// A 200 MB entry in a partition, there before the host starts: the partition's own first
+/// read takes it (not the shared blocking read), on the node's pooled lean connections, which
+/// drop the value as it arrives (before: that read went through the shared redis-rs
+/// connection, which buffered and parsed the whole reply).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_entry_in_a_partition_is_not_read_whole() {
+    let part = sluice_descriptor::partition_key("parts", "parts", 0);
+    let letters = sluice_descriptor::partition_key(
+        &sluice_descriptor::default_dead_letter("parts", "g"),
+        "parts",
+        0,
+    );
+    let config = TestConfig::of(Sub::fixture("parts").set("partitions", 4));
+    one_big_entry_is_not_read_whole(config, &part, &letters, false).await;
+}
+
+/// A 200 MB entry written to an idle stream the doorbell polls: the doorbell's own read
+/// (`XREAD COUNT 1 BLOCK` over the idle streams) only learns that the stream got an entry,
+/// never holding its value (before: that read buffered and parsed the whole entry), and the
+/// subscription's read dead-letters it unhandled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_entry_is_not_read_whole_by_the_doorbell() {
+    let letters = dead_letter_key("rung");
+    let config = TestConfig::of(Sub::fixture("rung")).set("doorbell", "poll");
+    one_big_entry_is_not_read_whole(config, "rung", &letters, true).await;
+}
+
+/// Add a 200 MB entry and a small one to `stream` (after one entry was handled when `started`,
+/// else before the host starts) and check that the host dead-letters the big one to `letters`
+/// unhandled, handles the small one, and never holds the big one's value.
+async fn one_big_entry_is_not_read_whole(
+    config: TestConfig,
+    stream: &str,
+    letters: &str,
+    started: bool,
+) {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let big = async |conn: &mut redis::aio::MultiplexedConnection| -> String {
+        redis::cmd("XADD")
+            .arg(stream)
+            .arg("*")
+            .arg("payload")
+            .arg(Control::Ack.to_string())
+            .arg("blob")
+            .arg(vec![b'x'; 200 << 20])
+            .query_async(conn)
+            .await
+            .unwrap()
+    };
+    let mut huge = None;
+    if !started {
+        huge = Some(big(&mut conn).await);
+    }
+    let host = HostProcess::run(&redis, config);
+    host.admin_addr().await;
+    if started {
+        let first = add(&mut conn, stream, &Control::Ack).await;
+        wait_acked(&conn, stream, "g", &first).await;
+        huge = Some(big(&mut conn).await);
+    }
+    let small = add(&mut conn, stream, &Control::Ack).await;
+    wait_acked(&conn, stream, "g", &small).await;
+    let found = memory::letters_in(&mut conn, letters).await;
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].reason.contains("over max_entry_bytes"),
+        "{found:?}"
+    );
+    assert_eq!(Some(&found[0].origin), huge.as_ref());
+    assert_eq!(found[0].blob, 200 << 20, "copied whole");
+    let peak = peak_resident(host.pid());
+    eprintln!(
+        "host peak resident memory: {} MiB (the entry: 200 MB)",
+        peak >> 20
+    );
+    assert!(peak < 150 << 20, "peak resident {} MiB", peak >> 20);
+    assert!(!host.log_text().contains("attempt failed"), "never handled");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -48,11 +48,15 @@ impl Bench {
     pub async fn ceiling_lean(&self, n: usize) -> Result<Report> {
         use redis::IntoConnectionInfo as _;
         use sluice_host::redis_conn::lean::LeanConn;
+        use sluice_host::redis_conn::transport::{Endpoint, Tls};
         let stream = "bench-ceiling-lean";
         self.filled_with_group(stream, n).await?;
         let info = self.redis_url().into_connection_info()?;
         let timeout = std::time::Duration::from_secs(5);
-        let mut lean = LeanConn::connect(&info, timeout, timeout).await?;
+        let endpoint = Endpoint::of(info.addr())?;
+        let settings = info.redis_settings();
+        let mut lean =
+            LeanConn::connect(&endpoint, &Tls::default(), settings, (timeout, timeout)).await?;
         let mut read = redis::cmd("XREADGROUP");
         read.arg("GROUP")
             .arg("g")

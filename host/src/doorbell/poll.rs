@@ -37,11 +37,11 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use redis::Script;
-use redis::streams::StreamReadReply;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{Doorbell, Down, Kind, UNSUBSCRIBE_AFTER};
+use crate::redis_conn::lean::DEFER_OVER;
 use crate::redis_conn::{Reader, ReconnectBackoff};
 
 /// The most keys one read (or one script call) names.
@@ -86,7 +86,7 @@ type ReadDone = (
     usize,
     PollReader,
     Instant,
-    redis::RedisResult<Option<StreamReadReply>>,
+    redis::RedisResult<Vec<Arc<str>>>,
 );
 
 impl Doorbell {
@@ -128,12 +128,10 @@ impl Doorbell {
                 done = reads.next(), if !reads.is_empty() => {
                     let Some((i, reader, started, result)) = done else { continue };
                     let gap = match result {
-                        Ok(reply) => {
+                        Ok(mut rung) => {
                             // Only a read that answered counts as the doorbell being up.
                             backoff.reset();
-                            let rung: Vec<Arc<str>> = reply
-                                .map(|reply| reply.keys.into_iter().filter(|k| !k.ids.is_empty()).map(|k| Arc::from(k.key)).collect())
-                                .unwrap_or_default();
+                            rung.dedup();
                             if rung.is_empty() {
                                 None
                             } else {
@@ -319,7 +317,8 @@ impl Doorbell {
     async fn connect_reader(&self) -> Result<PollReader, Down> {
         let mut conn = self
             .conn
-            .reader(BLOCK)
+            // One node only (the doorbell is off on a cluster): no key chooses it.
+            .reader(BLOCK, "")
             .await
             .map_err(|err| Down::Failed(format!("cannot open a read connection: {err}")))?;
         let id = redis::cmd("CLIENT")
@@ -379,7 +378,15 @@ impl Doorbell {
                 cmd.arg(id);
             }
             let started = Instant::now();
-            let result = cmd.query_async(&mut *reader.conn).await;
+            // Only which streams answered matters: no value over a few KiB is held (a read
+            // of up to 500 streams at once may meet an entry of any size in each).
+            let cut = (DEFER_OVER, 0);
+            let result = reader
+                .conn
+                .read_entries(&cmd, cut, |stream, _, _, _| {
+                    Arc::from(String::from_utf8_lossy(stream).as_ref())
+                })
+                .await;
             (i, reader, started, result)
         }))
     }

@@ -10,10 +10,13 @@
 //! sends (XPENDING, XAUTOCLAIM, XCLAIM, XINFO) goes the ordinary way: the reply is framed here
 //! and parsed by redis-rs's own parser, so errors keep their kinds and codes.
 //!
-//! Only for `redis://` (plain TCP, RESP2) nodes: TLS, Unix sockets, RESP3 and Redis Cluster
-//! keep redis-rs's connections ([`super::RedisHandle::reader`] chooses). The login is what
-//! redis-rs would send: AUTH with the URL's or the configured user and password, SELECT for a
-//! database other than 0.
+//! Every read goes this way, over whichever transport the node is reached by (plain TCP, TLS
+//! or a Unix socket, see [`super::transport`]), on one node, behind Sentinel or on a cluster
+//! node (see [`super::RedisHandle::reader`]): so no read path buffers a value over a
+//! subscription's `max_entry_bytes`. The connection speaks RESP2 whatever protocol the URL
+//! asks for (it is a read connection of the host's own: nothing here needs RESP3's pushes).
+//! The login is what redis-rs would send: AUTH with the URL's or the configured user and
+//! password, SELECT for a database other than 0.
 //!
 //! A request that is cut off (its future dropped, a timeout, an I/O error) leaves a reply
 //! half-read on the socket, so the connection refuses every later request; the read loop then
@@ -22,16 +25,17 @@
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError, RedisFuture, Value};
+use redis::{Cmd, ErrorKind, RedisConnectionInfo, RedisError, RedisFuture, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+
+use super::transport::{self, Endpoint, Io, Tls};
 
 /// How much more the read buffer asks the socket for at a time.
 const READ_CHUNK: usize = 64 * 1024;
 
-/// A plain-TCP connection to one Redis node, for one subscription's reads.
+/// A connection to one Redis node, for one subscription's reads.
 pub struct LeanConn {
-    tcp: TcpStream,
+    io: Io,
     /// Bytes read and not yet consumed: the start of the next reply.
     buf: Vec<u8>,
     out: Vec<u8>,
@@ -42,12 +46,6 @@ pub struct LeanConn {
     broken: bool,
     /// How far the reply at the start of `buf` is framed.
     framing: Framing,
-}
-
-/// Whether `info` can be served by a [`LeanConn`]: a TCP address without TLS, RESP2.
-pub fn suits(info: &ConnectionInfo) -> bool {
-    matches!(info.addr(), ConnectionAddr::Tcp(..))
-        && info.redis_settings().protocol() == redis::ProtocolVersion::RESP2
 }
 
 fn protocol_error(what: &str) -> RedisError {
@@ -357,31 +355,17 @@ fn parse_value(frame: &[u8]) -> Result<Value, RedisError> {
 }
 
 impl LeanConn {
-    /// Connect to the node `info` names (see [`suits`]) and log in; requests may take up to
-    /// `timeout`.
+    /// Connect to `endpoint` (over TLS as `tls` says) and log in as `settings` say;
+    /// requests may take up to `timeout`.
     pub async fn connect(
-        info: &ConnectionInfo,
-        connect_timeout: Duration,
-        timeout: Duration,
+        endpoint: &Endpoint,
+        tls: &Tls,
+        settings: &RedisConnectionInfo,
+        (connect_timeout, timeout): (Duration, Duration),
     ) -> Result<Self, RedisError> {
-        let ConnectionAddr::Tcp(host, port) = info.addr() else {
-            return Err(RedisError::from((
-                ErrorKind::InvalidClientConfig,
-                "the lean reader speaks plain TCP only",
-            )));
-        };
-        let tcp = tokio::time::timeout(connect_timeout, TcpStream::connect((host.as_str(), *port)))
-            .await
-            .map_err(|_| {
-                RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "connecting timed out",
-                ))
-            })??;
-        tcp.set_nodelay(true)?;
-        let settings = info.redis_settings();
+        let io = transport::connect(endpoint, tls, connect_timeout).await?;
         let mut conn = Self {
-            tcp,
+            io,
             buf: Vec::with_capacity(READ_CHUNK),
             out: Vec::new(),
             timeout: connect_timeout,
@@ -451,7 +435,7 @@ impl LeanConn {
         // Cleared only when the whole exchange completes.
         self.broken = true;
         let exchange = async {
-            self.tcp.write_all(&self.out).await?;
+            self.io.write_all(&self.out).await?;
             for _ in 0..replies {
                 self.framing = Framing::cutting(cut_over);
                 let len = loop {
@@ -460,7 +444,7 @@ impl LeanConn {
                         break len;
                     }
                     self.buf.reserve(READ_CHUNK);
-                    if self.tcp.read_buf(&mut self.buf).await? == 0 {
+                    if self.io.read_buf(&mut self.buf).await? == 0 {
                         return Err(RedisError::from(std::io::Error::new(
                             std::io::ErrorKind::UnexpectedEof,
                             "Redis closed the connection",

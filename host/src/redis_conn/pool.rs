@@ -22,6 +22,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use super::lean::{Cut, Fields, LeanConn};
+use super::transport::Endpoint;
 use super::{COMMAND_TIMEOUT, CONNECT_TIMEOUT, HandleInner, RedisHandle};
 
 /// The most lean read connections one node's pool holds.
@@ -99,16 +100,24 @@ impl LeanPool {
     }
 
     async fn connect(&self) -> Result<LeanConn, RedisError> {
+        let Some(handle) = self.handle.upgrade() else {
+            return Err(RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "the Redis handle of this pool is gone",
+            )));
+        };
         let Some(client) = self.node_client() else {
             return Err(RedisError::from((
                 redis::ErrorKind::InvalidClientConfig,
                 "no lean read pool on a cluster",
             )));
         };
+        let info = client.get_connection_info();
         LeanConn::connect(
-            client.get_connection_info(),
-            CONNECT_TIMEOUT,
-            COMMAND_TIMEOUT,
+            &Endpoint::of(info.addr())?,
+            &handle.tls,
+            info.redis_settings(),
+            (CONNECT_TIMEOUT, COMMAND_TIMEOUT),
         )
         .await
     }

@@ -460,16 +460,17 @@ impl Subscription {
                 self.unused(admission, tokens, true);
                 continue;
             }
+            // A subscription with a bell, or a partition (whose waits are the shared read's):
+            // the node's pooled lean connections, one for each read (a busy one reads as fast
+            // as on a connection of its own).
+            if reader.is_none() && (self.bell.is_some() || self.shared.is_some()) {
+                reader = self.conn.non_blocking_reader();
+            }
             let conn = match &mut reader {
                 Some(conn) => conn,
                 // Only a successful read resets the backoff: a server that accepts connections
                 // but refuses every read must not be asked 20 times a second.
-                // A subscription with a bell: the node's pooled lean connections, one for each
-                // read (a busy one reads as fast as on a connection of its own).
-                None if self.bell.is_some() => reader.insert(self.conn.non_blocking_reader()),
-                // A partition: the shared connection (its waits are the shared read's).
-                None if self.shared.is_some() => reader.insert(Reader::Shared(self.conn.clone())),
-                None => match self.conn.reader(plan.block).await {
+                None => match self.conn.reader(plan.block, &plan.stream).await {
                     Ok(conn) => reader.insert(conn),
                     Err(err) => {
                         drop(first);

@@ -134,17 +134,10 @@ pub async fn read_group(
         fields,
         cut,
     };
-    let entries = if let Reader::Lean(lean) = conn {
-        // Parsed where it is read, straight into entries.
-        lean.read_entries(&cmd, cutting(who.max_entry_bytes), make)
-            .await?
-    } else if let Reader::Pooled(pool) = conn {
-        pool.read_entries(&cmd, cutting(who.max_entry_bytes), make)
-            .await?
-    } else {
-        let reply: Value = cmd.query_async(conn).await?;
-        parse_read_reply(reply, lane)?
-    };
+    // Parsed where it is read, straight into entries.
+    let entries = conn
+        .read_entries(&cmd, cutting(who.max_entry_bytes), make)
+        .await?;
     note_sizes(who, &entries);
     Ok(entries)
 }
@@ -206,36 +199,31 @@ pub async fn read_new_from(
         .enumerate()
         .map(|(i, (key, source))| (key.as_bytes(), (i, *source)))
         .collect();
-    if let Reader::Lean(lean) = conn {
-        let mut stray = false;
-        let entries = lean
-            .read_entries(&cmd, cutting(cut_over), |stream, id, fields, cut| {
-                let (i, source) = index.get(stream).copied().unwrap_or_else(|| {
-                    stray = true;
-                    (0, Source::Stream)
-                });
-                (
-                    i,
-                    ReadEntry {
-                        id,
-                        source,
-                        fields,
-                        cut,
-                    },
-                )
-            })
-            .await?;
-        if stray {
-            return Err(unexpected(
-                "XREADGROUP stream name",
-                &Value::SimpleString("a stream that was not asked for".to_owned()),
-            ));
-        }
-        Ok(entries)
-    } else {
-        let reply: Value = cmd.query_async(conn).await?;
-        parse_read_reply_by(reply, |name| index.get(name).copied())
+    let mut stray = false;
+    let entries = conn
+        .read_entries(&cmd, cutting(cut_over), |stream, id, fields, cut| {
+            let (i, source) = index.get(stream).copied().unwrap_or_else(|| {
+                stray = true;
+                (0, Source::Stream)
+            });
+            (
+                i,
+                ReadEntry {
+                    id,
+                    source,
+                    fields,
+                    cut,
+                },
+            )
+        })
+        .await?;
+    if stray {
+        return Err(unexpected(
+            "XREADGROUP stream name",
+            &Value::SimpleString("a stream that was not asked for".to_owned()),
+        ));
     }
+    Ok(entries)
 }
 
 /// XAUTOCLAIM: take up to `count` entries idle for at least `min_idle` from any consumer.
@@ -249,7 +237,6 @@ pub async fn autoclaim(
     count: usize,
 ) -> RedisResult<(String, Vec<ReadEntry>)> {
     let (stream, group, consumer) = (who.key(source), &*who.group, &*who.consumer);
-    let lean = is_lean(conn);
     let mut cmd = redis::cmd("XAUTOCLAIM");
     cmd.arg(stream)
         .arg(group)
@@ -257,13 +244,11 @@ pub async fn autoclaim(
         .arg(min_idle.as_millis() as u64)
         .arg(cursor)
         .arg("COUNT")
-        .arg(count);
-    if lean {
+        .arg(count)
         // Ids only: the entries are read one by one through the lean reader, which never
         // holds a field over `max_entry_bytes` (another consumer's entries were never read
         // here, and could be of any size).
-        cmd.arg("JUSTID");
-    }
+        .arg("JUSTID");
     let reply: Value = cmd.query_async(conn).await?;
     let Value::Array(parts) = reply else {
         return Err(unexpected("XAUTOCLAIM", &reply));
@@ -274,16 +259,10 @@ pub async fn autoclaim(
         None => return Err(unexpected("XAUTOCLAIM", &Value::Nil)),
     };
     let entries = match parts.next() {
-        Some(v) if lean => read_each_alone(conn, who, source, &ids_of(v)?).await?,
-        Some(v) => parse_entries(v, source)?,
+        Some(v) => read_each_alone(conn, who, source, &ids_of(v)?).await?,
         None => Vec::new(),
     };
     Ok((next, entries))
-}
-
-/// Whether `conn` parses reads where they are read (and cuts what is over the limit).
-fn is_lean(conn: &Reader) -> bool {
-    matches!(conn, Reader::Lean(_) | Reader::Pooled(_))
 }
 
 /// The ids of a JUSTID reply.
@@ -404,11 +383,8 @@ pub async fn take_over_gone(
         for (id, ..) in &rows {
             claim.arg(id);
         }
-        let lean = is_lean(conn);
-        if lean {
-            // Ids only, then each entry read alone and cut (see `autoclaim`).
-            claim.arg("JUSTID");
-        }
+        // Ids only, then each entry read alone and cut (see `autoclaim`).
+        claim.arg("JUSTID");
         // Known before the XCLAIM goes out: if its reply is lost, these may be pending to
         // this consumer without anyone here handling them.
         asked.extend(rows.into_iter().map(|(id, ..)| id));
@@ -420,11 +396,7 @@ pub async fn take_over_gone(
             pending = gone.pending,
             "consumer is gone; taking over its pending entries"
         );
-        if lean {
-            taken.extend(read_each_alone(conn, who, source, &ids_of(reply)?).await?);
-        } else {
-            taken.extend(parse_entries(reply, source)?);
-        }
+        taken.extend(read_each_alone(conn, who, source, &ids_of(reply)?).await?);
         if taken.len() >= count {
             break;
         }
@@ -596,64 +568,12 @@ fn text(value: &Value) -> Option<String> {
     }
 }
 
-/// XREADGROUP's reply: nil on timeout, else a `[stream, entries]` pair per stream that had
-/// entries (or a map in RESP3); entries of the stream named `lane` come from the lane.
 /// Which source the stream called `name` in a reply is: the lane if it is the lane's name.
 fn source_named(name: &[u8], lane: Option<&str>) -> Source {
     match lane {
         Some(lane) if name == lane.as_bytes() => Source::Lane,
         _ => Source::Stream,
     }
-}
-
-fn parse_read_reply(reply: Value, lane: Option<&str>) -> RedisResult<Vec<ReadEntry>> {
-    parse_read_reply_by(reply, |name| Some(((), source_named(name, lane))))
-        .map(|entries| entries.into_iter().map(|((), e)| e).collect())
-}
-
-/// An XREADGROUP reply's entries, each with what `tag` makes of the name of the stream it
-/// came from (`None`: a stream that was not asked for, a reply not to be trusted).
-fn parse_read_reply_by<T: Copy>(
-    reply: Value,
-    mut tag: impl FnMut(&[u8]) -> Option<(T, Source)>,
-) -> RedisResult<Vec<(T, ReadEntry)>> {
-    let mut tagged = |name: &Value| {
-        let bytes = match name {
-            Value::BulkString(name) => Some(name.as_slice()),
-            Value::SimpleString(name) => Some(name.as_bytes()),
-            _ => None,
-        };
-        bytes
-            .and_then(&mut tag)
-            .ok_or_else(|| unexpected("XREADGROUP stream name", name))
-    };
-    let mut out = Vec::new();
-    let mut add = |name: &Value, entries: Value| -> RedisResult<()> {
-        let (t, source) = tagged(name)?;
-        out.extend(parse_entries(entries, source)?.into_iter().map(|e| (t, e)));
-        Ok(())
-    };
-    match reply {
-        Value::Nil => {}
-        Value::Array(streams) => {
-            for stream in streams {
-                let Value::Array(pair) = stream else {
-                    return Err(unexpected("XREADGROUP stream", &stream));
-                };
-                let mut pair = pair.into_iter();
-                if let (Some(name), Some(entries)) = (pair.next(), pair.next()) {
-                    add(&name, entries)?;
-                }
-            }
-        }
-        Value::Map(streams) => {
-            for (name, entries) in streams {
-                add(&name, entries)?;
-            }
-        }
-        other => return Err(unexpected("XREADGROUP", &other)),
-    }
-    Ok(out)
 }
 
 /// A list of `[id, [field, value, ...] | nil]` read from `source`.
@@ -717,59 +637,6 @@ mod tests {
         assert_eq!(id_before("x-1"), None);
     }
 
-    fn bulk(s: &str) -> Value {
-        Value::BulkString(s.as_bytes().to_vec())
-    }
-
-    /// The shared read's reply: each entry tagged with the key it came from; a reply that
-    /// names a key nobody asked for is refused, not handed to some partition.
-    #[test]
-    fn tags_entries_by_key_and_refuses_strange_keys() {
-        let reply = |name: &str| {
-            Value::Array(vec![Value::Array(vec![
-                bulk(name),
-                Value::Array(vec![Value::Array(vec![
-                    bulk("1-0"),
-                    Value::Array(vec![bulk("a"), bulk("1")]),
-                ])]),
-            ])])
-        };
-        let keys = |name: &[u8]| match name {
-            b"p:{p:0}" => Some((0usize, Source::Stream)),
-            b"p.lane:{p:1}" => Some((3usize, Source::Lane)),
-            _ => None,
-        };
-        let tagged = parse_read_reply_by(reply("p.lane:{p:1}"), keys).unwrap();
-        assert_eq!(tagged.len(), 1);
-        assert_eq!((tagged[0].0, tagged[0].1.source), (3, Source::Lane));
-        let err = parse_read_reply_by(reply("elsewhere"), keys).unwrap_err();
-        assert!(err.to_string().contains("stream name"), "{err}");
-    }
-
-    #[test]
-    fn parses_entries_in_order_and_deleted_ones() {
-        let reply = Value::Array(vec![Value::Array(vec![
-            bulk("s"),
-            Value::Array(vec![
-                Value::Array(vec![
-                    bulk("1-0"),
-                    Value::Array(vec![bulk("b"), bulk("2"), bulk("a"), bulk("1")]),
-                ]),
-                Value::Array(vec![bulk("2-0"), Value::Nil]),
-            ]),
-        ])]);
-        let entries = parse_read_reply(reply, None).unwrap();
-        assert_eq!(entries.len(), 2);
-        assert_eq!(
-            entries[0].fields.as_deref().unwrap(),
-            &[
-                (b"b".to_vec(), b"2".to_vec()),
-                (b"a".to_vec(), b"1".to_vec())
-            ]
-        );
-        assert_eq!(entries[1].fields, None);
-    }
-
     #[test]
     fn field_names_are_bytes() {
         let reply = Value::Array(vec![Value::Array(vec![
@@ -784,28 +651,5 @@ mod tests {
             entries[0].fields.as_deref().unwrap(),
             &[(vec![0xff, 0xfe], vec![0x00])]
         );
-    }
-
-    #[test]
-    fn entries_of_the_lane_are_tagged_with_it() {
-        let reply = Value::Array(vec![
-            Value::Array(vec![
-                bulk("s.delayed.lane"),
-                Value::Array(vec![Value::Array(vec![
-                    bulk("5-0"),
-                    Value::Array(vec![bulk("a"), bulk("1")]),
-                ])]),
-            ]),
-            Value::Array(vec![
-                bulk("s"),
-                Value::Array(vec![Value::Array(vec![
-                    bulk("1-0"),
-                    Value::Array(vec![bulk("b"), bulk("2")]),
-                ])]),
-            ]),
-        ]);
-        let entries = parse_read_reply(reply, Some("s.delayed.lane")).unwrap();
-        let sources: Vec<_> = entries.iter().map(|e| (e.id.as_str(), e.source)).collect();
-        assert_eq!(sources, [("5-0", Source::Lane), ("1-0", Source::Stream)]);
     }
 }

@@ -265,7 +265,8 @@ impl SharedRead {
     /// names) when this Redis user may cut reads short: without `CLIENT ID` and `CLIENT
     /// UNBLOCK` in its ACL, reads block at most [`UNCUT_BLOCK`], and the log says why once.
     async fn connect(&self) -> RedisResult<(Reader, Option<i64>)> {
-        let mut reader = self.conn.reader(self.block).await.map_err(|err| {
+        // One node only (see the module doc): no key chooses it.
+        let mut reader = self.conn.reader(self.block, "").await.map_err(|err| {
             RedisError::from(std::io::Error::other(crate::chain::chain(&err).to_string()))
         })?;
         let id: RedisResult<i64> = redis::cmd("CLIENT")

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 mod config;
 mod cut;
+pub mod memory;
 mod netns;
 
 pub use config::{Raw, Sub, TestConfig};

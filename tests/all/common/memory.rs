@@ -1,0 +1,66 @@
+//! What a host process holds in memory, and what its dead letters hold, read without bringing
+//! a big entry into the test.
+
+use redis::aio::ConnectionLike;
+
+/// What each dead letter of a stream holds, read inside Redis (its fields never come here):
+/// its reason, its origin id, the length of its `blob` field, and how many fields it has.
+#[derive(Debug)]
+pub struct LetterSummary {
+    pub reason: String,
+    pub origin: String,
+    pub blob: i64,
+    pub fields: i64,
+}
+
+/// [`LetterSummary`] of each dead letter of `stream` (group `g`'s default dead-letter stream).
+pub async fn letter_summaries(conn: &mut impl ConnectionLike, stream: &str) -> Vec<LetterSummary> {
+    letters_in(conn, &super::dead_letter_key(stream)).await
+}
+
+/// [`LetterSummary`] of each entry of the dead-letter stream `key`.
+pub async fn letters_in(conn: &mut impl ConnectionLike, key: &str) -> Vec<LetterSummary> {
+    let rows: Vec<(String, String, i64, i64)> = redis::cmd("EVAL")
+        .arg(
+            "local out = {} for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do \
+             local f, got = e[2], {'', '', 0, #e[2] / 2} for i = 1, #f, 2 do \
+             if f[i] == 'sluice-reason' then got[1] = f[i + 1] end \
+             if f[i] == 'sluice-origin-id' then got[2] = f[i + 1] end \
+             if f[i] == 'blob' then got[3] = #f[i + 1] end end \
+             out[#out + 1] = got end return out",
+        )
+        .arg(1)
+        .arg(key)
+        .query_async(conn)
+        .await
+        .unwrap();
+    rows.into_iter()
+        .map(|(reason, origin, blob, fields)| LetterSummary {
+            reason,
+            origin,
+            blob,
+            fields,
+        })
+        .collect()
+}
+
+/// The resident memory of process `pid`, in bytes.
+pub fn resident(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:") * 1024
+}
+
+/// The most resident memory process `pid` has had, in bytes.
+pub fn peak_resident(pid: u32) -> u64 {
+    status_kib(pid, "VmHWM:") * 1024
+}
+
+fn status_kib(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+}
