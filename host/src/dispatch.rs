@@ -188,10 +188,10 @@ impl Dispatcher {
             // Not read whole: what bookkeeping it carries cannot be checked, and the host holds
             // no copy of it; Redis copies it to the dead letters.
             let reason = format!(
-                "the entry is at least {} bytes: {} of its fields are over max_entry_bytes ({}) and were not read; dead-lettered without being handled, copied whole in Redis",
+                "the entry is at least {} bytes, over max_entry_bytes ({}): {} of its fields were not read; dead-lettered without being handled, copied whole in Redis",
                 delivery.entry_bytes(),
-                delivery.cut.fields,
-                self.policy.max_entry_bytes
+                self.policy.max_entry_bytes,
+                delivery.cut.fields
             );
             tracing::warn!(id = %delivery.entry.id, "{reason}");
             let written = self

@@ -248,20 +248,21 @@ pub async fn stream_size<C: ConnectionLike>(conn: &mut C, stream: &str) -> Redis
         .arg(5)
         .query_async(conn)
         .await?;
-    let first: Vec<(String, redis::Value)> = redis::cmd("XRANGE")
-        .arg(stream)
-        .arg("-")
-        .arg("+")
-        .arg("COUNT")
-        .arg(1)
-        .query_async(conn)
-        .await?;
+    // Only the oldest entry's id comes here, never its fields: an entry of any size (one
+    // dead-lettered for being over max_entry_bytes stays in its stream) would otherwise be
+    // read whole at every scrape of /metrics (found by the attack review of issue 52: one
+    // scrape of a stream holding a 400 MB entry killed a host held to 700 MiB).
+    static OLDEST: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(
+            "local e = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1) \
+             if e[1] then return e[1][1] end return false",
+        )
+    });
+    let first: Option<String> = OLDEST.key(stream).invoke_async(conn).await?;
     Ok(StreamSize {
         length,
         bytes: bytes.unwrap_or(0),
-        oldest_ms: first
-            .first()
-            .and_then(|(id, _)| id.split('-').next()?.parse().ok()),
+        oldest_ms: first.and_then(|id| id.split('-').next()?.parse().ok()),
     })
 }
 

@@ -324,58 +324,79 @@ impl ClusterSeeds {
             .unwrap_or_default()
     }
 
-    /// The master that serves `key`'s slot now, as one node of the cluster (reached through
-    /// `conn`) sees it; reached over TLS when the seeds are.
-    async fn master_of(
-        &self,
-        conn: &mut ClusterConnection,
-        key: &str,
-    ) -> redis::RedisResult<Endpoint> {
-        let slot: i64 = redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(key)
-            .query_async(conn)
-            .await?;
-        let ranges: Vec<redis::Value> =
-            redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await?;
-        let seed = self.nodes.first().map(ConnectionInfo::addr);
-        let tls = matches!(seed, Some(ConnectionAddr::TcpTls { .. }));
-        // A node that never met another (a cluster of one) announces no host: the seed's.
-        let seed_host = match seed {
-            Some(ConnectionAddr::Tcp(host, _) | ConnectionAddr::TcpTls { host, .. }) => {
-                host.clone()
+    /// The master that serves `key`'s slot now, as the first seed that answers sees it
+    /// (asked directly, so that a node announced without a host, as a cluster of one or one
+    /// set to `cluster-preferred-endpoint-type unknown-endpoint` announces it, is reached at
+    /// the seed's host); reached over TLS when the seeds are.
+    async fn master_of(&self, key: &str, tls: &transport::Tls) -> Result<Endpoint, RedisError> {
+        let mut failed = None;
+        for seed in &self.nodes {
+            let asked = Endpoint::of(seed.addr());
+            let answer = match &asked {
+                Ok(endpoint) => ask_slots(endpoint, seed, key, tls).await,
+                Err(err) => Err(err.clone()),
+            };
+            match answer {
+                Ok(found) => return Ok(found),
+                Err(err) => failed = Some((seed.addr().to_string(), err)),
             }
-            _ => String::new(),
-        };
-        ranges
-            .iter()
-            .find_map(|range| {
-                let (host, port) = serving(range, slot)?;
-                let host = if host.is_empty() {
-                    seed_host.clone()
-                } else {
-                    host
-                };
-                Some(if tls {
-                    Endpoint::Tls(host, port)
-                } else {
-                    Endpoint::Tcp(host, port)
-                })
-            })
-            .ok_or_else(|| {
-                RedisError::from((
-                    redis::ErrorKind::ClusterConnectionNotFound,
-                    "no master announced for the slot",
-                    format!("slot {slot} of {key:?} (CLUSTER SLOTS)"),
-                ))
-            })
+        }
+        let (node, err) = failed.unwrap_or_else(|| {
+            (
+                "the cluster".to_owned(),
+                RedisError::from((redis::ErrorKind::InvalidClientConfig, "no seed nodes")),
+            )
+        });
+        Err(RedisError::from((
+            redis::ErrorKind::ClusterConnectionNotFound,
+            "cannot find the master of a stream's slot",
+            format!("{key:?}: asking {node}: {err}"),
+        )))
     }
 }
 
+/// `key`'s master, as the seed at `endpoint` (of `seed`) sees it.
+async fn ask_slots(
+    endpoint: &Endpoint,
+    seed: &ConnectionInfo,
+    key: &str,
+    tls: &transport::Tls,
+) -> Result<Endpoint, RedisError> {
+    let timeouts = (CONNECT_TIMEOUT, COMMAND_TIMEOUT);
+    let mut conn = lean::LeanConn::connect(endpoint, tls, seed.redis_settings(), timeouts).await?;
+    let slot: i64 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(key)
+        .query_async(&mut conn)
+        .await?;
+    let ranges: Vec<redis::Value> = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async(&mut conn)
+        .await?;
+    let (Endpoint::Tcp(seed_host, _) | Endpoint::Tls(seed_host, _)) = endpoint else {
+        return Err(RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "a cluster seed on a Unix socket",
+        )));
+    };
+    let Some((host, port)) = ranges.iter().find_map(|range| serving(range, slot)) else {
+        return Err(RedisError::from((
+            redis::ErrorKind::ClusterConnectionNotFound,
+            "no master serves the slot",
+            format!("slot {slot} (CLUSTER SLOTS)"),
+        )));
+    };
+    let host = host.unwrap_or_else(|| seed_host.clone());
+    Ok(match endpoint {
+        Endpoint::Tls(..) => Endpoint::Tls(host, port),
+        _ => Endpoint::Tcp(host, port),
+    })
+}
+
 /// The address of the master in one range of a CLUSTER SLOTS reply
-/// (`[start, end, [host, port, id, ..], replicas..]`) if the range holds `slot` (the host is
-/// empty when the node does not know it).
-fn serving(range: &redis::Value, slot: i64) -> Option<(String, u16)> {
+/// (`[start, end, [host, port, id, ..], replicas..]`) if the range holds `slot`; no host when
+/// the node announces none (nil or empty: the node asked is to be reached as it was).
+fn serving(range: &redis::Value, slot: i64) -> Option<(Option<String>, u16)> {
     use redis::Value;
     let Value::Array(items) = range else {
         return None;
@@ -388,12 +409,14 @@ fn serving(range: &redis::Value, slot: i64) -> Option<(String, u16)> {
     if !(*start..=*end).contains(&slot) {
         return None;
     }
-    let (Some(Value::BulkString(host)), Some(Value::Int(port))) = (master.first(), master.get(1))
-    else {
+    let host = match master.first() {
+        Some(Value::BulkString(host)) => String::from_utf8(host.clone()).ok(),
+        _ => None,
+    };
+    let Some(Value::Int(port)) = master.get(1) else {
         return None;
     };
-    let host = String::from_utf8(host.clone()).ok()?;
-    Some((host, u16::try_from(*port).ok()?))
+    Some((host.filter(|h| !h.is_empty()), u16::try_from(*port).ok()?))
 }
 
 impl RedisHandle {
@@ -500,9 +523,9 @@ impl RedisHandle {
                 let info = client.get_connection_info();
                 (Endpoint::of(info.addr()), info.redis_settings().clone())
             }
-            Route::Cluster { conn, seeds } => {
+            Route::Cluster { seeds, .. } => {
                 let endpoint = seeds
-                    .master_of(&mut conn.clone(), key)
+                    .master_of(key, &self.inner.tls)
                     .await
                     .map_err(|source| ConnError::Connect {
                         url: self.inner.name.clone(),
@@ -519,7 +542,7 @@ impl RedisHandle {
             .await
             .map(Reader::Lean)
             .map_err(|source| ConnError::Connect {
-                url: format!("{endpoint:?}"),
+                url: endpoint.to_string(),
                 source,
             })
     }

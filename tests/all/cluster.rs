@@ -819,7 +819,21 @@ async fn fan_out_over_partitions(cluster: &Cluster) {
 /// goes to that master on a lean connection of its own, which drops the value as it arrives
 /// and dead-letters the entry unhandled, copied whole inside Redis (before: reads on a cluster
 /// went through redis-rs's cluster connection, which buffered and parsed the whole reply).
+/// The nodes announce no endpoint (`cluster-preferred-endpoint-type unknown-endpoint`: a
+/// client reaches a node as it reached the one it asked), which the read's lookup of its
+/// master once could not use (found by the attack review of issue 52).
 async fn a_big_entry_on_another_node_is_not_read_whole(cluster: &Cluster) {
+    let endpoints = |kind: &'static str| async move {
+        for node in &cluster.nodes {
+            let mut conn = node.conn().await;
+            let _: () = cmd(
+                &mut conn,
+                &["CONFIG", "SET", "cluster-preferred-endpoint-type", kind],
+            )
+            .await;
+        }
+    };
+    endpoints("unknown-endpoint").await;
     let tag = cluster.tag_away_from_seed("big").await;
     let stream = format!("{{{tag}}}");
     let mut conn = cluster.conn().await;
@@ -851,6 +865,8 @@ async fn a_big_entry_on_another_node_is_not_read_whole(cluster: &Cluster) {
     );
     assert!(peak < 150 << 20, "peak resident {} MiB", peak >> 20);
     assert!(!host.log_text().contains("attempt failed"), "never handled");
+    drop(host);
+    endpoints("ip").await;
 }
 
 /// One cluster for every scenario, run in order.

@@ -555,6 +555,62 @@ async fn a_half_open_connection_is_replaced_and_nothing_is_stranded() {
     host.stop().await.unwrap();
 }
 
+/// A 60 MB entry over a slow link (8 MB/s: longer than a read's block plus its 5 s command
+/// timeout): the read goes on while the reply keeps coming, cuts the value as it arrives, and
+/// the entry is dead-lettered unhandled; the entry behind it is handled (found by the attack
+/// review of issue 52: before, each read was cut off after block + 5 s and made again, for
+/// ever, the entry's delivery count climbing, nothing behind it read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_entry_over_a_slow_link_is_read_to_its_end_and_dead_lettered() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let upstream: SocketAddr = format!("127.0.0.1:{}", redis.server.port())
+        .parse()
+        .unwrap();
+    let proxy = LinkProxy::start("127.0.0.1", upstream).await;
+    let host = TestHost::start_at(
+        &proxy.url(),
+        &TestConfig::of(Sub::fixture("slow").set("block", "1s")).to_string(),
+    )
+    .await;
+    let first = add(&mut conn, "slow", &Control::Ack).await;
+    wait_acked(&conn, "slow", GROUP, &first).await;
+    proxy.set_rate(8 << 20);
+    let big: String = redis::cmd("XADD")
+        .arg("slow")
+        .arg("*")
+        .arg("payload")
+        .arg(Control::Ack.to_string())
+        .arg("blob")
+        .arg(vec![b'x'; 60 << 20])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let after = add(&mut conn, "slow", &Control::Ack).await;
+    wait_for(
+        Duration::from_secs(90),
+        "the entry behind the big one acked",
+        || {
+            let mut conn = conn.clone();
+            let after = after.clone();
+            async move {
+                acked_through(&mut conn, "slow", GROUP, &after)
+                    .await
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    let letters = memory::letter_summaries(&mut conn, "slow").await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].origin, big);
+    assert!(
+        letters[0].reason.contains("over max_entry_bytes"),
+        "{letters:?}"
+    );
+    host.stop().await.unwrap();
+}
+
 /// A SIGTERM while Redis does not answer yet (a pod stopped during start-up) stops the host at
 /// once, exit 0: nothing was read, so nothing is in flight. Before, the host went on trying to
 /// connect for about 35 s, with nothing in its log, and then failed.

@@ -911,6 +911,72 @@ async fn a_big_entry_taken_over_from_another_consumer_is_not_read_whole() {
     let _ = huge;
 }
 
+/// A 200 MB entry left pending by a consumer that is gone, whose take-over's reply is lost
+/// (the connection dies right after XCLAIM ran): the host finds the entry pending to itself and
+/// reads it alone through the lean reader, cut as any read is, and dead-letters it unhandled
+/// (before: that re-read was an XRANGE through redis-rs's parser: 1.28 GB peak, found by the
+/// attack review of issue 52).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_entry_a_lost_take_over_made_ours_is_not_read_whole() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    create_group(&mut conn, "stranded", "g", "0").await;
+    let huge: String = redis::cmd("XADD")
+        .arg("stranded")
+        .arg("*")
+        .arg("payload")
+        .arg(Control::Ack.to_string())
+        .arg("blob")
+        .arg(vec![b'x'; 200 << 20])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Pending to a consumer that is gone, read inside Redis (nothing comes back here).
+    let _: i64 = redis::cmd("EVAL")
+        .arg("redis.call('XREADGROUP', 'GROUP', 'g', 'gone', 'COUNT', 1, 'STREAMS', KEYS[1], '>') return 1")
+        .arg(1)
+        .arg("stranded")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let small = add(&mut conn, "stranded", &Control::Ack).await;
+    let proxy = CutProxy::start(format!("127.0.0.1:{}", redis.server.port()), b"XCLAIM").await;
+    let config = TestConfig::of(
+        Sub::fixture("stranded")
+            .set("consumer", "new-pod")
+            .set("consumer_gone_after", "1s"),
+    )
+    .set("redis", proxy.url());
+    let host = HostProcess::spawn_in(config);
+    wait_acked(&conn, "stranded", "g", &small).await;
+    let found = wait_for(Duration::from_secs(60), "the dead letter", || {
+        let mut conn = conn.clone();
+        async move {
+            let found = memory::letter_summaries(&mut conn, "stranded").await;
+            (!found.is_empty()).then_some(found)
+        }
+    })
+    .await;
+    assert!(proxy.has_cut(), "the take-over's reply was never cut");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].reason.contains("over max_entry_bytes"),
+        "{found:?}"
+    );
+    assert_eq!((&*found[0].origin, found[0].blob), (&*huge, 200 << 20));
+    assert!(
+        host.log_text().contains("a take-over's reply was lost"),
+        "{}",
+        host.log_text()
+    );
+    let peak = peak_resident(host.pid());
+    eprintln!(
+        "host peak resident memory: {} MiB (the entry: 200 MB)",
+        peak >> 20
+    );
+    assert!(peak < 150 << 20, "peak resident {} MiB", peak >> 20);
+}
+
 /// A 200 MB entry in a partition, there before the host starts: the partition's own first
 /// read takes it (not the shared blocking read), on the node's pooled lean connections, which
 /// drop the value as it arrives (before: that read went through the shared redis-rs
@@ -924,7 +990,7 @@ async fn a_big_entry_in_a_partition_is_not_read_whole() {
         0,
     );
     let config = TestConfig::of(Sub::fixture("parts").set("partitions", 4));
-    one_big_entry_is_not_read_whole(config, &part, &letters, false).await;
+    one_big_entry_is_not_read_whole(config, (&part, &letters), Big::OneValue, false).await;
 }
 
 /// A 200 MB entry written to an idle stream the doorbell polls: the doorbell's own read
@@ -935,42 +1001,124 @@ async fn a_big_entry_in_a_partition_is_not_read_whole() {
 async fn a_big_entry_is_not_read_whole_by_the_doorbell() {
     let letters = dead_letter_key("rung");
     let config = TestConfig::of(Sub::fixture("rung")).set("doorbell", "poll");
-    one_big_entry_is_not_read_whole(config, "rung", &letters, true).await;
+    one_big_entry_is_not_read_whole(config, ("rung", &letters), Big::SmallFields, true).await;
 }
 
-/// Add a 200 MB entry and a small one to `stream` (after one entry was handled when `started`,
-/// else before the host starts) and check that the host dead-letters the big one to `letters`
-/// unhandled, handles the small one, and never holds the big one's value.
+/// A 200 MB entry of 50,000 fields of 4 KiB (none over `max_entry_bytes`, the whole far
+/// over): the read drops its fields once the entry passes the limit, and the entry is
+/// dead-lettered unhandled. Then what an operator does after the alert: `/metrics` is scraped,
+/// the dead letters are listed and the entry's page is opened through the API, while the
+/// entry stays in the stream and its copy in the dead letters: none of it reads the entry
+/// whole (found by the attack review of issue 52: 1.52 GB for the read, an OOM kill at every
+/// start under 700 MiB; 466 MB for one scrape of /metrics, 933 MB for the listing, 1.14 GB for
+/// the entry's page).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_entry_of_small_fields_is_not_read_whole_nor_by_the_operators_views() {
+    let letters = dead_letter_key("wide");
+    let config = TestConfig::of(Sub::fixture("wide"));
+    let (_redis, host, huge) =
+        one_big_entry_is_not_read_whole(config, ("wide", &letters), Big::SmallFields, true).await;
+    let admin = host.admin_addr().await;
+    let (status, metrics) = http_get(admin, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("sluice_"),
+        "{}",
+        &metrics[..metrics.len().min(300)]
+    );
+    let (status, listing) = http_request(
+        admin,
+        "GET",
+        "/v1/subscriptions/wide/g/dead-letters",
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(status, 200, "{}", &listing[..listing.len().min(300)]);
+    // The copy holds the fields packed in one value (binary, shown in hex): cut for display,
+    // its size said.
+    let said: String = " bytes in all, cut to "
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert!(
+        listing.contains(&said),
+        "{}",
+        &listing[..listing.len().min(600)]
+    );
+    assert!(listing.len() < 4 << 20, "{} bytes", listing.len());
+    let (status, page) = http_request(
+        admin,
+        "GET",
+        &format!("/v1/subscriptions/wide/g/entries/{huge}"),
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(status, 200, "{}", &page[..page.len().min(300)]);
+    assert!(
+        page.contains("more fields"),
+        "{}",
+        &page[..page.len().min(300)]
+    );
+    let peak = peak_resident(host.pid());
+    eprintln!(
+        "host peak resident memory after the operator's looks: {} MiB",
+        peak >> 20
+    );
+    assert!(peak < 150 << 20, "peak resident {} MiB", peak >> 20);
+}
+
+/// How the 200 MB of a big entry are made.
+#[derive(Clone, Copy)]
+enum Big {
+    /// One value.
+    OneValue,
+    /// 50,000 fields of 4 KiB.
+    SmallFields,
+}
+
+/// Add a 200 MB entry (made as `big` says) and a small one to `stream` (after one entry was
+/// handled when `started`, else before the host starts) and check that the host dead-letters
+/// the big one to `letters` unhandled, handles the small one, and never holds the big one's
+/// value; the Redis, the host and the big entry's id back.
 async fn one_big_entry_is_not_read_whole(
     config: TestConfig,
-    stream: &str,
-    letters: &str,
+    (stream, letters): (&str, &str),
+    big: Big,
     started: bool,
-) {
+) -> (Redis, HostProcess, String) {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let big = async |conn: &mut redis::aio::MultiplexedConnection| -> String {
-        redis::cmd("XADD")
-            .arg(stream)
+    let add_big = async |conn: &mut redis::aio::MultiplexedConnection| -> String {
+        let mut xadd = redis::cmd("XADD");
+        xadd.arg(stream)
             .arg("*")
             .arg("payload")
-            .arg(Control::Ack.to_string())
-            .arg("blob")
-            .arg(vec![b'x'; 200 << 20])
-            .query_async(conn)
-            .await
-            .unwrap()
+            .arg(Control::Ack.to_string());
+        match big {
+            Big::OneValue => {
+                xadd.arg("blob").arg(vec![b'x'; 200 << 20]);
+            }
+            Big::SmallFields => {
+                let value = vec![b'x'; 4096];
+                for i in 0..50_000 {
+                    xadd.arg(format!("f{i}")).arg(&value);
+                }
+            }
+        }
+        xadd.query_async(conn).await.unwrap()
     };
     let mut huge = None;
     if !started {
-        huge = Some(big(&mut conn).await);
+        huge = Some(add_big(&mut conn).await);
     }
     let host = HostProcess::run(&redis, config);
     host.admin_addr().await;
     if started {
         let first = add(&mut conn, stream, &Control::Ack).await;
         wait_acked(&conn, stream, "g", &first).await;
-        huge = Some(big(&mut conn).await);
+        huge = Some(add_big(&mut conn).await);
     }
     let small = add(&mut conn, stream, &Control::Ack).await;
     wait_acked(&conn, stream, "g", &small).await;
@@ -981,7 +1129,11 @@ async fn one_big_entry_is_not_read_whole(
         "{found:?}"
     );
     assert_eq!(Some(&found[0].origin), huge.as_ref());
-    assert_eq!(found[0].blob, 200 << 20, "copied whole");
+    match big {
+        Big::OneValue => assert_eq!(found[0].blob, 200 << 20, "copied whole"),
+        // Packed into one value: more fields than one XADD from a script takes.
+        Big::SmallFields => assert!(found[0].packed > 50_000 * 4096, "copied whole: {found:?}"),
+    }
     let peak = peak_resident(host.pid());
     eprintln!(
         "host peak resident memory: {} MiB (the entry: 200 MB)",
@@ -989,6 +1141,7 @@ async fn one_big_entry_is_not_read_whole(
     );
     assert!(peak < 150 << 20, "peak resident {} MiB", peak >> 20);
     assert!(!host.log_text().contains("attempt failed"), "never handled");
+    (redis, host, huge.unwrap_or_default())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

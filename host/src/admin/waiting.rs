@@ -117,7 +117,7 @@ async fn list_dead(
     let (sub, keys) = subscription(&state, &stream, &group)?;
     let mut conn = sub.conn.clone();
     let limit = q.limit.unwrap_or(50).clamp(1, BATCH);
-    let page = dead_letters::list(
+    let page = dead_letters::list_view(
         &mut conn,
         &keys,
         q.cursor.as_deref(),
@@ -139,7 +139,7 @@ async fn show_dead(
 ) -> Answer {
     let (sub, keys) = subscription(&state, &stream, &group)?;
     let mut conn = sub.conn.clone();
-    match dead_letters::get(&mut conn, &keys, &id)
+    match dead_letters::get_view(&mut conn, &keys, &id)
         .await
         .map_err(failed)?
     {

@@ -339,7 +339,7 @@ pub const KEYS: &[KeyDoc] = &[
     KeyDoc {
         scope: Scope::Subscription,
         keys: &["max_entry_bytes"],
-        meaning: "the largest entry given to the handler, counting its fields' names and values and 64 bytes for each field (a million one-byte fields cost the host and the guest far more than their bytes); a larger one is dead-lettered unhandled. On plain `redis://` (the lean reader) a field's name or value over it is never held by the host: its bytes are dropped as they are read, and the entry is copied whole to the dead letters inside Redis",
+        meaning: "the largest entry given to the handler, counting its fields' names and values and 64 bytes for each field (a million one-byte fields cost the host and the guest far more than their bytes); a larger one is dead-lettered unhandled. The host never holds more of an entry than this: every read (any transport, a cluster too) drops the fields that would take the entry past it as they arrive, and the entry is copied whole to the dead letters inside Redis; the admin page and API show at most 256 KiB of a value and 1 MiB of an entry",
         default: "`8MiB`",
     },
     KeyDoc {

@@ -435,6 +435,27 @@ pub async fn list<C: ConnectionLike>(
     .await
 }
 
+/// [`list`], each letter cut for display (see [`crate::operate::VIEW_VALUE_BYTES`]): what the
+/// admin page and the API's listing show.
+pub async fn list_view<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &SubscriptionKeys,
+    cursor: Option<&str>,
+    limit: usize,
+    reason: Option<&str>,
+    scan_pages: usize,
+) -> Result<Page<DeadLetter>, OperateError> {
+    let secret = load_secret(conn, keys).await?;
+    let listing = Listing {
+        cursor,
+        limit,
+        reason,
+        scan_pages,
+        view: true,
+    };
+    list_read(conn, keys, secret.as_ref(), listing).await
+}
+
 /// [`list`] with the stream's secret given: a caller that must not write (a replay) reads the
 /// secret without recording anything.
 pub async fn list_with<C: ConnectionLike>(
@@ -446,6 +467,38 @@ pub async fn list_with<C: ConnectionLike>(
     reason: Option<&str>,
     scan_pages: usize,
 ) -> Result<Page<DeadLetter>, OperateError> {
+    let listing = Listing {
+        cursor,
+        limit,
+        reason,
+        scan_pages,
+        view: false,
+    };
+    list_read(conn, keys, secret, listing).await
+}
+
+/// What one listing asks for (see [`list`]); `view`: each letter cut for display.
+struct Listing<'a> {
+    cursor: Option<&'a str>,
+    limit: usize,
+    reason: Option<&'a str>,
+    scan_pages: usize,
+    view: bool,
+}
+
+async fn list_read<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &SubscriptionKeys,
+    secret: Option<&Secret>,
+    listing: Listing<'_>,
+) -> Result<Page<DeadLetter>, OperateError> {
+    let Listing {
+        cursor,
+        limit,
+        reason,
+        scan_pages,
+        view,
+    } = listing;
     if let Some(c) = cursor
         && !is_entry_id(c)
     {
@@ -461,14 +514,18 @@ pub async fn list_with<C: ConnectionLike>(
         } else {
             (limit - items.len()).min(BATCH)
         };
-        let page: Vec<RawEntry> = redis::cmd("XREVRANGE")
-            .arg(&*keys.dead_letter)
-            .arg(&from)
-            .arg("-")
-            .arg("COUNT")
-            .arg(want)
-            .query_async(conn)
-            .await?;
+        let page: Vec<RawEntry> = if view {
+            super::view_range(conn, &keys.dead_letter, true, (&from, "-"), want).await?
+        } else {
+            redis::cmd("XREVRANGE")
+                .arg(&*keys.dead_letter)
+                .arg(&from)
+                .arg("-")
+                .arg("COUNT")
+                .arg(want)
+                .query_async(conn)
+                .await?
+        };
         let exhausted = page.len() < want;
         for (id, fields) in page {
             from = format!("({id}");
@@ -542,15 +599,37 @@ pub async fn get<C: ConnectionLike>(
     keys: &SubscriptionKeys,
     id: &str,
 ) -> Result<Option<DeadLetter>, OperateError> {
+    get_read(conn, keys, id, false).await
+}
+
+/// [`get`], cut for display (see [`crate::operate::VIEW_VALUE_BYTES`]).
+pub async fn get_view<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &SubscriptionKeys,
+    id: &str,
+) -> Result<Option<DeadLetter>, OperateError> {
+    get_read(conn, keys, id, true).await
+}
+
+async fn get_read<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &SubscriptionKeys,
+    id: &str,
+    view: bool,
+) -> Result<Option<DeadLetter>, OperateError> {
     if !is_entry_id(id) {
         return Ok(None);
     }
-    let found: Vec<RawEntry> = redis::cmd("XRANGE")
-        .arg(&*keys.dead_letter)
-        .arg(id)
-        .arg(id)
-        .query_async(conn)
-        .await?;
+    let found: Vec<RawEntry> = if view {
+        super::view_range(conn, &keys.dead_letter, false, (id, id), 1).await?
+    } else {
+        redis::cmd("XRANGE")
+            .arg(&*keys.dead_letter)
+            .arg(id)
+            .arg(id)
+            .query_async(conn)
+            .await?
+    };
     let Some((id, fields)) = found.into_iter().next() else {
         return Ok(None);
     };

@@ -1,4 +1,4 @@
-//! One entry, whole: its fields, where it is now, and its history ([`crate::history`]). What
+//! One entry: its fields (cut for display past [`super::VIEW_VALUE_BYTES`]), where it is now, and its history ([`crate::history`]). What
 //! the page per entry and `GET /v1/subscriptions/{stream}/{group}/entries/{origin id}` show.
 //!
 //! "Where it is now" is found from the entry's last history record, so every lookup is a
@@ -183,7 +183,7 @@ async fn dead_lettered<C: ConnectionLike>(
             how: "dead-lettered".to_owned(),
         });
     };
-    Ok(match super::dead_letters::get(conn, keys, dl).await? {
+    Ok(match super::dead_letters::get_view(conn, keys, dl).await? {
         Some(letter) => {
             if fields.is_empty() {
                 fields.clone_from(&letter.fields);
@@ -360,15 +360,17 @@ async fn where_in<C: ConnectionLike>(
     })
 }
 
-/// Entry `id` of `key`, if it is there.
+/// Entry `id` of `key`, if it is there, cut for display (see
+/// [`crate::operate::VIEW_VALUE_BYTES`]: an entry over `max_entry_bytes` stays in its stream).
 async fn one_entry<C: ConnectionLike>(
     conn: &mut C,
     key: &str,
     id: &str,
 ) -> RedisResult<Option<Entry>> {
-    Ok(range(conn, key, id, 1)
+    Ok(super::view_range(conn, key, false, (id, id), 1)
         .await?
         .into_iter()
+        .map(|(id, fields)| Entry { id, fields })
         .find(|e| e.id == id))
 }
 

@@ -25,6 +25,36 @@ pub mod parked;
 /// The most entries one listing page or one script call handles.
 pub const BATCH: usize = 128;
 
+/// What an operator's view of an entry (the admin page, the API's listings, an entry's page)
+/// shows of one name or value, and of one entry in all: an entry over `max_entry_bytes` is
+/// dead-lettered whole, and a page of such letters read whole took the host past 900 MB (the
+/// attack review of issue 52). Requeues, replays and the CLI read entries whole.
+pub const VIEW_VALUE_BYTES: usize = 256 << 10;
+/// See [`VIEW_VALUE_BYTES`].
+pub const VIEW_ENTRY_BYTES: usize = 1 << 20;
+
+/// Up to `count` entries of `key` between `bounds` (XREVRANGE when `reverse`), each cut for
+/// display as [`VIEW_VALUE_BYTES`] and [`VIEW_ENTRY_BYTES`] say, inside Redis.
+pub async fn view_range<C: redis::aio::ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    reverse: bool,
+    bounds: (&str, &str),
+    count: usize,
+) -> redis::RedisResult<Vec<(String, Vec<(Vec<u8>, Vec<u8>)>)>> {
+    static VIEW: std::sync::LazyLock<redis::Script> =
+        std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/view_range.lua")));
+    VIEW.key(key)
+        .arg(if reverse { "XREVRANGE" } else { "XRANGE" })
+        .arg(bounds.0)
+        .arg(bounds.1)
+        .arg(count)
+        .arg(VIEW_VALUE_BYTES)
+        .arg(VIEW_ENTRY_BYTES)
+        .invoke_async(conn)
+        .await
+}
+
 /// Why an operation could not be carried out.
 #[derive(Debug, thiserror::Error)]
 pub enum OperateError {

@@ -33,6 +33,25 @@ use super::transport::{self, Endpoint, Io, Tls};
 /// How much more the read buffer asks the socket for at a time.
 const READ_CHUNK: usize = 64 * 1024;
 
+/// Once an answer has begun, how long it may pause before the request counts as failed.
+const KEEPS_COMING: Duration = Duration::from_secs(5);
+/// How long an answer may take beyond the request's timeout, however steadily it comes: a
+/// 512 MB entry at 2 MB/s (a reply that trickles for ever is a failed request).
+const LONGEST_TRANSFER: Duration = Duration::from_secs(300);
+
+/// The error of an answer that stopped coming, `got` bytes in.
+fn stalled(got: usize) -> RedisError {
+    let what = if got == 0 {
+        "Redis did not answer in time".to_owned()
+    } else {
+        format!(
+            "Redis's answer stopped coming for {} s, {got} bytes in",
+            KEEPS_COMING.as_secs()
+        )
+    };
+    RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, what))
+}
+
 /// A connection to one Redis node, for one subscription's reads.
 pub struct LeanConn {
     io: Io,
@@ -87,6 +106,13 @@ fn int(line: &[u8]) -> Result<i64, RedisError> {
 /// How far framing the reply at the start of the buffer has come: the values before `at` are
 /// whole, `left` values (at least the one at `at`) are still to come. Kept between reads, so
 /// a reply that arrives in many reads is walked once, not once per read.
+///
+/// A cutting frame (see [`Framing::cutting`]) also knows which bulk strings are an entry's
+/// fields: in an XREADGROUP or XRANGE reply a bulk string follows its array's header with no
+/// other array between them (a stream's name and an entry's id come first in their two-item
+/// arrays, each followed by an array), so the bulk strings since the latest array header are
+/// one "run", and a run's strings are fields when the run's array holds more than two items,
+/// or for the second item of a two-item array (an entry of one field).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Framing {
     at: usize,
@@ -94,21 +120,29 @@ struct Framing {
     /// How far the line at `at` was searched for its end, so that a long line arriving in
     /// many reads is searched once.
     searched: usize,
-    /// A bulk string longer than this is not kept: its header is marked `~` (no RESP2 reply
-    /// starts so) and its bytes are dropped as they arrive.
+    /// A bulk string that would take its run (an entry's fields) past this many bytes, each
+    /// string counted with [`STRING_OVERHEAD`] more, is not kept: its header is marked `~` (no
+    /// RESP2 reply starts so) and its bytes are dropped as they arrive.
     cut_over: usize,
-    /// Bulk strings kept in this reply, in bytes: once one more (of over [`DEFER_OVER`]
-    /// bytes) would pass `budget`, it is not kept either, marked `^` (its entry is to be read
-    /// again alone).
+    /// Field bytes kept in this reply: once one more field string would pass `budget`, it is
+    /// not kept either, marked `^` (its entry is to be read again alone).
     kept: usize,
     budget: usize,
     /// Bytes of a cut bulk string (and its CRLF) still to drop.
     skip: usize,
+    /// The items of the latest array header, the bulk strings seen since, and their bytes.
+    run: (u64, u64, usize),
 }
 
-/// Bulk strings up to this size are always kept (ids, names, small values): only bigger ones
-/// are left for a later read when a reply's budget runs out.
+/// Bulk strings outside an entry's fields (stream names, ids) up to this size are always
+/// kept; a field string is kept while its entry is under the cut and the reply under its
+/// budget.
 pub const DEFER_OVER: usize = 4096;
+
+/// What a field string counts beyond its bytes, as `max_entry_bytes` counts a field (two
+/// strings) with [`crate::delivery::FIELD_OVERHEAD`] more: a million one-byte fields are cut
+/// as soon as a million 64-byte ones would be.
+const STRING_OVERHEAD: usize = crate::delivery::FIELD_OVERHEAD as usize / 2;
 
 impl Framing {
     const START: Self = Self {
@@ -119,15 +153,45 @@ impl Framing {
         kept: 0,
         budget: usize::MAX,
         skip: 0,
+        run: (0, 0, 0),
     };
 
-    /// The start of a reply whose bulk strings over `cut_over` bytes are cut, and which keeps
-    /// at most `budget` bytes of them (see [`Framing::kept`]).
+    /// The start of a reply whose entries are cut past `cut_over` bytes each, and which keeps
+    /// at most `budget` bytes of fields (see [`Framing::kept`]).
     fn cutting((cut_over, budget): (usize, usize)) -> Self {
         Self {
             cut_over,
             budget,
             ..Self::START
+        }
+    }
+
+    /// What to do with the next bulk string of `n` bytes: keep it (`None`), or drop it and mark
+    /// its header `~` (over the cut) or `^` (past the budget). Asked again for the same string
+    /// while its bytes are still arriving: it counts only once taken ([`Framing::took`]).
+    fn mark(&self, n: usize) -> Option<u8> {
+        let (items, seen, bytes) = self.run;
+        let field = items > 2 || seen == 1;
+        let cost = n.saturating_add(STRING_OVERHEAD);
+        if n > self.cut_over || (field && bytes.saturating_add(cost) > self.cut_over) {
+            Some(b'~')
+        } else if field && self.kept.saturating_add(n) > self.budget {
+            Some(b'^')
+        } else {
+            None
+        }
+    }
+
+    /// The next bulk string (of `n` bytes) is taken whole (`kept`) or dropped.
+    fn took(&mut self, n: usize, kept: bool) {
+        let (items, seen, bytes) = &mut self.run;
+        let field = *items > 2 || *seen == 1;
+        *seen += 1;
+        if kept {
+            *bytes = bytes.saturating_add(n.saturating_add(STRING_OVERHEAD));
+            if field {
+                self.kept = self.kept.saturating_add(n);
+            }
         }
     }
 }
@@ -173,31 +237,31 @@ fn frame_len(buf: &mut Vec<u8>, state: &mut Framing) -> Result<Option<usize>, Re
             b'$' => {
                 // Nil (-1) has no bytes.
                 let n = usize::try_from(int(line)?).ok();
-                let over_budget =
-                    |n: usize| n > DEFER_OVER && state.kept.saturating_add(n) > state.budget;
-                if let Some(n) = n
-                    && (n > state.cut_over || over_budget(n))
-                {
-                    buf[at] = if n > state.cut_over { b'~' } else { b'^' };
+                let mark = n.and_then(|n| state.mark(n));
+                if let (Some(n), Some(mark)) = (n, mark) {
+                    buf[at] = mark;
                     state.skip = n
                         .checked_add(2)
                         .ok_or_else(|| protocol_error("a bulk length past any buffer"))?;
+                    state.took(n, false);
                 } else if let Some(n) = n {
-                    state.kept = state.kept.saturating_add(n);
                     let Some(after) = next.checked_add(n).and_then(|a| a.checked_add(2)) else {
                         return Err(protocol_error("a bulk length past any buffer"));
                     };
                     if buf.len() < after {
                         return Ok(None);
                     }
+                    state.took(n, true);
                     next = after;
                 }
             }
             b'*' => {
+                let items = u64::try_from(int(line)?).unwrap_or(0);
                 state.left = state
                     .left
-                    .checked_add(u64::try_from(int(line)?).unwrap_or(0))
+                    .checked_add(items)
                     .ok_or_else(|| protocol_error("an array length past any buffer"))?;
+                state.run = (items, 0, 0);
             }
             other => {
                 return Err(protocol_error(&format!(
@@ -434,8 +498,14 @@ impl LeanConn {
         }
         // Cleared only when the whole exchange completes.
         self.broken = true;
+        // The first byte of the answer may take the whole timeout (a blocked read); after it,
+        // a reply only has to keep coming: a big one over a slow link is read (and cut) to
+        // its end instead of being cut off and read again for ever (found by the attack
+        // review of issue 52: a 200 MB entry at 20 MB/s was never dead-lettered).
+        let first_by = tokio::time::Instant::now() + self.timeout;
         let exchange = async {
             self.io.write_all(&self.out).await?;
+            let mut got = 0usize;
             for _ in 0..replies {
                 self.framing = Framing::cutting(cut_over);
                 let len = loop {
@@ -444,11 +514,22 @@ impl LeanConn {
                         break len;
                     }
                     self.buf.reserve(READ_CHUNK);
-                    if self.io.read_buf(&mut self.buf).await? == 0 {
-                        return Err(RedisError::from(std::io::Error::new(
-                            std::io::ErrorKind::UnexpectedEof,
-                            "Redis closed the connection",
-                        )));
+                    let wait = if got == 0 {
+                        first_by.saturating_duration_since(tokio::time::Instant::now())
+                    } else {
+                        KEEPS_COMING
+                    };
+                    let read = tokio::time::timeout(wait, self.io.read_buf(&mut self.buf)).await;
+                    match read {
+                        Ok(Ok(0)) => {
+                            return Err(RedisError::from(std::io::Error::new(
+                                std::io::ErrorKind::UnexpectedEof,
+                                "Redis closed the connection",
+                            )));
+                        }
+                        Ok(Ok(n)) => got = got.saturating_add(n),
+                        Ok(Err(err)) => return Err(err.into()),
+                        Err(_) => return Err(stalled(got)),
                     }
                 };
                 each(&self.buf[..len]);
@@ -460,7 +541,7 @@ impl LeanConn {
             }
             Ok(())
         };
-        match tokio::time::timeout(self.timeout, exchange).await {
+        match tokio::time::timeout(self.timeout + LONGEST_TRANSFER, exchange).await {
             Ok(Ok(())) => {
                 self.broken = false;
                 Ok(())
@@ -468,7 +549,10 @@ impl LeanConn {
             Ok(Err(err)) => Err(err),
             Err(_) => Err(RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
-                "Redis did not answer in time",
+                format!(
+                    "Redis's answer took more than {} s in all",
+                    (self.timeout + LONGEST_TRANSFER).as_secs()
+                ),
             ))),
         }
     }
@@ -663,7 +747,8 @@ mod tests {
             |frame: &[u8]| parse_read(frame, |_, id, fields, cut| (id, fields, cut)).unwrap();
         // In one go, and byte by byte.
         for step in [reply.len(), 1] {
-            let mut state = Framing::cutting((10, usize::MAX));
+            // The first entry passes 150 bytes (each string counted 32 more) with its blob.
+            let mut state = Framing::cutting((150, usize::MAX));
             let mut buf = Vec::new();
             let mut largest = 0;
             let mut len = None;
@@ -732,6 +817,101 @@ mod tests {
             entries[1].1,
             Some(vec![(b"a".to_vec(), b"b".to_vec())]),
             "the small field kept"
+        );
+    }
+
+    /// A reply of `entries` entries (ids `1-0`, `2-0`, ...) of `fields` fields each, every value
+    /// `value_len` bytes, from a stream whose name is `stream`.
+    fn reply_of(stream: &str, entries: usize, fields: usize, value_len: usize) -> Vec<u8> {
+        let value = "v".repeat(value_len);
+        let mut reply = format!(
+            "*1\r\n*2\r\n${}\r\n{stream}\r\n*{entries}\r\n",
+            stream.len()
+        );
+        for e in 1..=entries {
+            let id = format!("{e}-0");
+            reply += &format!("*2\r\n${}\r\n{id}\r\n*{}\r\n", id.len(), fields * 2);
+            for f in 0..fields {
+                let name = format!("f{f}");
+                reply += &format!("${}\r\n{name}\r\n${value_len}\r\n{value}\r\n", name.len());
+            }
+        }
+        reply.into_bytes()
+    }
+
+    /// An entry over the cut only as a whole (many small fields, none over it): the fields past
+    /// the cut are dropped as they arrive and the entry is marked over (found by the attack
+    /// review of issue 52: 50,000 fields of 4 KiB, 208 MB, were read whole on every path).
+    #[test]
+    fn an_entry_of_many_small_fields_is_cut_once_it_passes_the_cut() {
+        let mut buf = reply_of("s", 2, 100, 100);
+        let whole = buf.len();
+        let mut state = Framing::cutting((2000, usize::MAX));
+        let len = frame_len(&mut buf, &mut state).unwrap().expect("framed");
+        assert!(
+            len < whole / 4,
+            "the cut fields' bytes are gone: {len} of {whole}"
+        );
+        let entries = parse_read(&buf[..len], |stream, id, fields, cut| {
+            (stream.to_vec(), id, fields.map_or(0, |f| f.len()), cut)
+        })
+        .unwrap();
+        assert_eq!(entries.len(), 2);
+        for (stream, _, kept, cut) in &entries {
+            assert_eq!(stream, b"s");
+            // (2 + 32) + (100 + 32) bytes a field (3 + 32 for a name from `f10`): 12 fit
+            // under 2,000.
+            assert_eq!(*kept, 12);
+            assert!(cut.over, "{cut:?}");
+            assert_eq!(cut.fields, 88);
+        }
+        assert_eq!((&*entries[0].1, &*entries[1].1), ("1-0", "2-0"));
+    }
+
+    /// Past the reply's budget, small field values are left for a later read too (the budget
+    /// once counted only values over 4 KiB, so 64 entries of 2,000 × 4 KiB fields each, every
+    /// one under the limit, were held at once); stream names and ids stay.
+    #[test]
+    fn past_the_budget_small_values_are_left_for_later_too() {
+        let mut buf = reply_of("a-stream-name", 3, 10, 100);
+        let mut state = Framing::cutting((usize::MAX, 1500));
+        let len = frame_len(&mut buf, &mut state).unwrap().expect("framed");
+        let entries = parse_read(&buf[..len], |stream, id, fields, cut| {
+            (stream.to_vec(), id, fields.map_or(0, |f| f.len()), cut)
+        })
+        .unwrap();
+        let ids: Vec<&str> = entries.iter().map(|e| &*e.1).collect();
+        assert_eq!(ids, ["1-0", "2-0", "3-0"]);
+        assert!(entries.iter().all(|e| e.0 == b"a-stream-name"));
+        // 1,020 bytes per entry: the first whole, the second in part, the third's names only.
+        assert_eq!((entries[0].2, entries[0].3), (10, Cut::default()));
+        let (second, third) = (entries[1].3, entries[2].3);
+        assert!(second.fields > 0 && !second.over, "{second:?}");
+        assert_eq!((third.fields, third.over), (10, false), "{third:?}");
+    }
+
+    /// The doorbell's read keeps no field at all (a budget of 0): it only learns which streams
+    /// answered.
+    #[test]
+    fn a_budget_of_nothing_keeps_names_and_ids_only() {
+        let mut buf = reply_of("s", 2, 3, 10);
+        let mut state = Framing::cutting((DEFER_OVER, 0));
+        let len = frame_len(&mut buf, &mut state).unwrap().expect("framed");
+        let entries = parse_read(&buf[..len], |stream, id, fields, cut| {
+            (
+                stream.to_vec(),
+                id,
+                fields.map_or(0, |f| f.len()),
+                cut.fields,
+            )
+        })
+        .unwrap();
+        assert_eq!(
+            entries,
+            [
+                (b"s".to_vec(), "1-0".to_owned(), 0, 3),
+                (b"s".to_vec(), "2-0".to_owned(), 0, 3)
+            ]
         );
     }
 

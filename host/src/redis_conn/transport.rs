@@ -56,6 +56,18 @@ impl Endpoint {
     }
 }
 
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Tcp(host, port) if host.contains(':') => write!(f, "redis://[{host}]:{port}"),
+            Self::Tcp(host, port) => write!(f, "redis://{host}:{port}"),
+            Self::Tls(host, port) if host.contains(':') => write!(f, "rediss://[{host}]:{port}"),
+            Self::Tls(host, port) => write!(f, "rediss://{host}:{port}"),
+            Self::Unix(path) => write!(f, "unix://{}", path.display()),
+        }
+    }
+}
+
 /// The TLS files a handle was configured with, and the rustls configuration made from them
 /// at the first TLS connection (kept: the system roots are read once, not per connection).
 #[derive(Default)]

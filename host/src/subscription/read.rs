@@ -440,10 +440,11 @@ async fn forget_gone<C: ConnectionLike>(
 /// Those of `ids` (ids of `source`) that are pending to this consumer, each with its fields and
 /// Redis's delivery counter: what a take-over whose reply was lost made this consumer's. Only
 /// reads: the consumer's pending list over the ids' range (entries this host is handling are
-/// in it too, and are left alone), then each such entry (XRANGE; one deleted meanwhile comes
-/// back without fields).
-pub async fn own_pending_among<C: ConnectionLike>(
-    conn: &mut C,
+/// in it too, and are left alone), then each such entry alone (`XREAD COUNT 1` from just
+/// before it, which counts no delivery, through the lean reader, cut as any read is: another
+/// consumer's entry may be of any size); one deleted meanwhile comes back without fields.
+pub async fn own_pending_among(
+    conn: &mut Reader,
     who: &ReadPlan,
     source: Source,
     ids: &[String],
@@ -457,13 +458,27 @@ pub async fn own_pending_among<C: ConnectionLike>(
         let Some(count) = counts.remove(id) else {
             continue;
         };
-        let reply: Value = redis::cmd("XRANGE")
-            .arg(who.key(source))
-            .arg(id)
-            .arg(id)
-            .query_async(conn)
-            .await?;
-        let entry = parse_entries(reply, source)?.pop().unwrap_or(ReadEntry {
+        let read = match id_before(id) {
+            Some(before) => {
+                let mut cmd = redis::cmd("XREAD");
+                cmd.arg("COUNT")
+                    .arg(1)
+                    .arg("STREAMS")
+                    .arg(who.key(source))
+                    .arg(before);
+                conn.read_entries(&cmd, cutting(who.max_entry_bytes), |_, id, fields, cut| {
+                    ReadEntry {
+                        id,
+                        source,
+                        fields,
+                        cut,
+                    }
+                })
+                .await?
+            }
+            None => Vec::new(),
+        };
+        let entry = read.into_iter().find(|e| e.id == *id).unwrap_or(ReadEntry {
             id: id.clone(),
             source,
             fields: None,

@@ -4,13 +4,15 @@
 use redis::aio::ConnectionLike;
 
 /// What each dead letter of a stream holds, read inside Redis (its fields never come here):
-/// its reason, its origin id, the length of its `blob` field, and how many fields it has.
+/// its reason, its origin id, the length of its `blob` field, how many fields it has, and the
+/// length of its packed fields (an entry of more fields than one XADD from a script takes).
 #[derive(Debug)]
 pub struct LetterSummary {
     pub reason: String,
     pub origin: String,
     pub blob: i64,
     pub fields: i64,
+    pub packed: i64,
 }
 
 /// [`LetterSummary`] of each dead letter of `stream` (group `g`'s default dead-letter stream).
@@ -20,11 +22,12 @@ pub async fn letter_summaries(conn: &mut impl ConnectionLike, stream: &str) -> V
 
 /// [`LetterSummary`] of each entry of the dead-letter stream `key`.
 pub async fn letters_in(conn: &mut impl ConnectionLike, key: &str) -> Vec<LetterSummary> {
-    let rows: Vec<(String, String, i64, i64)> = redis::cmd("EVAL")
+    let rows: Vec<(String, String, i64, i64, i64)> = redis::cmd("EVAL")
         .arg(
             "local out = {} for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do \
-             local f, got = e[2], {'', '', 0, #e[2] / 2} for i = 1, #f, 2 do \
+             local f, got = e[2], {'', '', 0, #e[2] / 2, 0} for i = 1, #f, 2 do \
              if f[i] == 'sluice-reason' then got[1] = f[i + 1] end \
+             if f[i] == 'sluice-packed-fields' then got[5] = #f[i + 1] end \
              if f[i] == 'sluice-origin-id' then got[2] = f[i + 1] end \
              if f[i] == 'blob' then got[3] = #f[i + 1] end end \
              out[#out + 1] = got end return out",
@@ -35,11 +38,12 @@ pub async fn letters_in(conn: &mut impl ConnectionLike, key: &str) -> Vec<Letter
         .await
         .unwrap();
     rows.into_iter()
-        .map(|(reason, origin, blob, fields)| LetterSummary {
+        .map(|(reason, origin, blob, fields, packed)| LetterSummary {
             reason,
             origin,
             blob,
             fields,
+            packed,
         })
         .collect()
 }

@@ -307,6 +307,8 @@ impl Drop for Netns {
 pub struct LinkProxy {
     addr: SocketAddr,
     delay_ms: Arc<AtomicU64>,
+    /// Bytes a second each direction passes at most (0: as fast as it can).
+    rate: Arc<AtomicU64>,
     held: Arc<tokio::sync::watch::Sender<bool>>,
     marker: Arc<Mutex<Option<Vec<u8>>>>,
     tripped: Arc<tokio::sync::Notify>,
@@ -324,6 +326,7 @@ impl LinkProxy {
         let listener = TcpListener::bind((listen_ip, 0)).await.expect("bind proxy");
         let addr = listener.local_addr().expect("proxy address");
         let delay_ms = Arc::new(AtomicU64::new(0));
+        let rate = Arc::new(AtomicU64::new(0));
         let (held, _) = tokio::sync::watch::channel(false);
         let held = Arc::new(held);
         let marker: Arc<Mutex<Option<Vec<u8>>>> = Arc::new(Mutex::new(None));
@@ -332,6 +335,7 @@ impl LinkProxy {
         let frozen_below = Arc::new(AtomicU64::new(0));
         let link = Link {
             delay_ms: delay_ms.clone(),
+            rate: rate.clone(),
             held: held.clone(),
             marker: marker.clone(),
             tripped: tripped.clone(),
@@ -360,6 +364,7 @@ impl LinkProxy {
         Self {
             addr,
             delay_ms,
+            rate,
             held,
             marker,
             tripped,
@@ -395,6 +400,11 @@ impl LinkProxy {
             .store(delay.as_millis() as u64, Ordering::Release);
     }
 
+    /// Pass at most `bytes_per_s` each way from now on (a slow link).
+    pub fn set_rate(&self, bytes_per_s: u64) {
+        self.rate.store(bytes_per_s, Ordering::Release);
+    }
+
     /// Stop the link right after the first request that holds `marker` reaches Redis.
     pub fn arm(&self, marker: &[u8]) {
         *self.marker.lock().unwrap() = Some(marker.to_vec());
@@ -421,6 +431,7 @@ impl Drop for LinkProxy {
 #[derive(Clone)]
 struct Link {
     delay_ms: Arc<AtomicU64>,
+    rate: Arc<AtomicU64>,
     held: Arc<tokio::sync::watch::Sender<bool>>,
     marker: Arc<Mutex<Option<Vec<u8>>>>,
     tripped: Arc<tokio::sync::Notify>,
@@ -444,6 +455,7 @@ impl Link {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Chunk>();
         let mut held = self.held.subscribe();
         let (frozen_below, number) = (self.frozen_below.clone(), self.number);
+        let rate = self.rate.clone();
         let writer = tokio::spawn(async move {
             while let Some((due, chunk, trips)) = rx.recv().await {
                 tokio::time::sleep_until(due).await;
@@ -456,6 +468,12 @@ impl Link {
                 }
                 if to.write_all(&chunk).await.is_err() {
                     return;
+                }
+                let rate = rate.load(Ordering::Acquire);
+                if rate > 0 {
+                    // The time the chunk takes on a link of that rate.
+                    let secs = chunk.len() as f64 / rate as f64;
+                    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
                 }
             }
             let _ = to.shutdown().await;

@@ -519,8 +519,8 @@ async fn dead_letters_page(
             .arg(&*keys.dead_letter)
             .query_async(&mut conn)
             .await?;
-        let page =
-            dead_letters::list(&mut conn, &keys, q.cursor.as_deref(), PAGE, reason, 20).await?;
+        let page = dead_letters::list_view(&mut conn, &keys, q.cursor.as_deref(), PAGE, reason, 20)
+            .await?;
         Ok::<_, OperateError>((total, page))
     }
     .await;
