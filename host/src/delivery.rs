@@ -384,8 +384,6 @@ impl Delivery {
     }
 }
 
-/// What a field costs beyond its bytes, as `max_entry_bytes` counts it: its two buffers and
-/// their bookkeeping, in the host and again in the guest.
-pub const FIELD_OVERHEAD: u64 = 64;
+pub use crate::redis_conn::lean::FIELD_OVERHEAD;
 
 pub use crate::keys::cmp_ids;

@@ -139,10 +139,14 @@ struct Framing {
 /// budget.
 pub const DEFER_OVER: usize = 4096;
 
+/// What a field costs beyond its bytes, as `max_entry_bytes` counts it: its two buffers and
+/// their bookkeeping, in the host and again in the guest.
+pub const FIELD_OVERHEAD: u64 = 64;
+
 /// What a field string counts beyond its bytes, as `max_entry_bytes` counts a field (two
-/// strings) with [`crate::delivery::FIELD_OVERHEAD`] more: a million one-byte fields are cut
-/// as soon as a million 64-byte ones would be.
-const STRING_OVERHEAD: usize = crate::delivery::FIELD_OVERHEAD as usize / 2;
+/// strings) with [`FIELD_OVERHEAD`] more: a million one-byte fields are cut as soon as a
+/// million 64-byte ones would be.
+const STRING_OVERHEAD: usize = FIELD_OVERHEAD as usize / 2;
 
 impl Framing {
     const START: Self = Self {
