@@ -265,10 +265,10 @@ pub fn unpack_fields(packed: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
 /// An entry on its way to a handler. Not comparable: it carries its attempt's span.
 #[derive(Debug)]
 pub struct Delivery {
-    /// The stream it was read from.
-    pub stream: String,
+    /// The stream it was read from (shared with the subscription: no copy per delivery).
+    pub stream: std::sync::Arc<str>,
     /// The group that read it.
-    pub group: String,
+    pub group: std::sync::Arc<str>,
     /// Whether it was read from the stream or from the retry lane (`stream` names the
     /// subscription's stream either way).
     pub source: Source,
@@ -304,14 +304,15 @@ impl Delivery {
     /// Wrap an entry read from `source` (the stream or its lane, whose key is `key`) by `group`
     /// of `stream`; bookkeeping counts only if its seal verifies with the stream's `secret`.
     pub fn new(
-        stream: &str,
-        group: &str,
+        stream: impl Into<std::sync::Arc<str>>,
+        group: impl Into<std::sync::Arc<str>>,
         (source, key): (Source, &str),
         mut entry: Entry,
         delivery_count: u64,
         secret: Option<&Secret>,
     ) -> Self {
-        let trust = trust(stream, group, (source, key), &entry, secret);
+        let (stream, group) = (stream.into(), group.into());
+        let trust = trust(&stream, &group, (source, key), &entry, secret);
         let (bookkeeping, other_group) = match trust {
             Trust::Own(bookkeeping, Fields::Leading(n)) => (Some((bookkeeping, n)), None),
             Trust::Own(bookkeeping, Fields::Unpacked(fields)) => {
@@ -332,7 +333,7 @@ impl Delivery {
                 .any(|(n, _)| n.starts_with(keys::FIELD_PREFIX.as_bytes()))
         {
             tracing::debug!(
-                stream,
+                stream = &*stream,
                 id = %entry.id,
                 "entry carries sluice-* fields the host did not write; treated as the producer's data"
             );
@@ -340,8 +341,8 @@ impl Delivery {
         let user_len = bookkeeping.as_ref().map_or(entry.fields.len(), |(_, n)| *n);
         let bookkeeping = bookkeeping.map(|(b, _)| b);
         Self {
-            stream: stream.to_owned(),
-            group: group.to_owned(),
+            stream,
+            group,
             source,
             retry_count: bookkeeping.as_ref().map_or(0, |b| b.retry_count),
             origin_id: bookkeeping

@@ -89,7 +89,14 @@ impl Dispatcher {
             .is_some_and(|p| p.span_context().is_sampled())
             && delivery.other_group.is_none()
             && !delivery.stray;
+        // Made only when it goes somewhere: a sampled trace, or log lines at info (whose
+        // context it is). Otherwise even a span every layer turns down cost the registry a
+        // slot, a lookup per poll and a close, per delivery (issue 50).
+        let wanted = sampled || tracing::span_enabled!(tracing::Level::INFO);
         let span = crate::telemetry::attempt_span(sampled, || {
+            if !wanted {
+                return tracing::Span::none();
+            }
             tracing::info_span!(
                 "delivery",
                 stream = %delivery.stream,

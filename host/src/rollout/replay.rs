@@ -202,8 +202,8 @@ fn delivery_of(keys: &SubscriptionKeys, letter: &DeadLetter) -> Delivery {
         letter.id.as_bytes().to_vec(),
     ));
     let mut delivery = Delivery::new(
-        &keys.stream,
-        &keys.group,
+        keys.stream.clone(),
+        keys.group.clone(),
         (Source::Stream, &keys.stream),
         Entry {
             id: letter.id.clone(),

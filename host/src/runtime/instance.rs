@@ -367,8 +367,9 @@ impl WasmHandler {
             .trace
             .as_ref()
             .is_some_and(|t| t.span.is_some());
-        let span = tracing::Span::current();
-        if traced {
+        // Looked up only when traced: finding the current span costs a registry lookup.
+        let span = traced.then(tracing::Span::current);
+        if let Some(span) = &span {
             span.record(
                 "time_limit_ms",
                 crate::telemetry::number(self.limits.handler_timeout.as_millis()),
@@ -383,14 +384,23 @@ impl WasmHandler {
         // Epoch interruption stops a guest that runs past its deadline, but not one waiting in
         // a host call (an HTTP response, a WASI sleep): the timer covers those. Dropping the
         // call mid-way leaves the instance unusable, so it is dropped too.
-        let call = instance.handler.call_handle(&mut instance.store, request);
-        let Ok(result) = tokio::time::timeout(self.limits.handler_timeout + EPOCH_TICK, call).await
-        else {
+        let limit_at = tokio::time::Instant::now() + self.limits.handler_timeout + EPOCH_TICK;
+        // A handler that never waits on the host ends in its first poll: no timer is set for it
+        // (one per delivery was a measurable share of a light handler's cost, issue 50).
+        let result = {
+            let mut call =
+                std::pin::pin!(instance.handler.call_handle(&mut instance.store, request));
+            match futures::poll!(call.as_mut()) {
+                std::task::Poll::Ready(result) => Some(result),
+                std::task::Poll::Pending => tokio::time::timeout_at(limit_at, call).await.ok(),
+            }
+        };
+        let Some(result) = result else {
             return Err(Failure::Timeout(self.limits.handler_timeout));
         };
         // The attempt's span ends with the attempt, not when the instance is next used.
         instance.store.data_mut().http_hooks.trace = None;
-        if traced {
+        if let Some(span) = &span {
             span.record(
                 "memory_bytes",
                 crate::telemetry::number(instance.store.data().limiter.peak),

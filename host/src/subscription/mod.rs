@@ -1254,8 +1254,8 @@ impl Subscription {
             return None;
         }
         let mut delivery = Delivery::new(
-            &self.plan.stream,
-            &self.plan.group,
+            self.plan.stream.clone(),
+            self.plan.group.clone(),
             (source, self.plan.key(source)),
             entry,
             delivery_count,
