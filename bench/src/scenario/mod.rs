@@ -68,6 +68,19 @@ impl Report {
         }
     }
 
+    /// Note how far over its budget (see [`crate::budget`]) the host's µs per message are,
+    /// when more than 10 % over.
+    pub fn mark_budget(&mut self) {
+        let host_us = self
+            .extra
+            .iter()
+            .find(|(name, _)| *name == "x_host_us_per_msg")
+            .map(|(_, us)| *us);
+        if let Some(over) = host_us.and_then(|us| crate::budget::over(&self.scenario, us)) {
+            self.extra.push(("OVER_BUDGET_PCT", over * 100.0));
+        }
+    }
+
     pub fn json(&self) -> String {
         let mut obj = serde_json::json!({
             "scenario": self.scenario,
