@@ -1118,15 +1118,19 @@ impl Subscription {
         for (read, delivery_count) in batch {
             let (id, source, mut cut) = (read.id.clone(), read.source, read.cut);
             // Left out past the budget, but over the limit as a whole (many fields, each under
-            // it): never read whole, dead-lettered from Redis.
+            // it): never read whole, dead-lettered from Redis. Counted as `max_entry_bytes`
+            // counts, each field with its overhead (found by the attack review of issue 52: by
+            // bytes alone a million one-byte fields passed, and were read again whole).
             if cut.fields > 0 && !cut.over {
+                let overhead = crate::delivery::FIELD_OVERHEAD;
                 let kept: u64 = read
                     .fields
                     .iter()
                     .flatten()
-                    .map(|(n, v)| (n.len() + v.len()) as u64)
+                    .map(|(n, v)| (n.len() + v.len()) as u64 + overhead)
                     .sum();
-                cut.over = kept + cut.bytes > self.plan.max_entry_bytes as u64;
+                let left_out = cut.bytes + cut.fields as u64 * overhead;
+                cut.over = kept + left_out > self.plan.max_entry_bytes as u64;
             }
             if cut.fields > 0 && !cut.over {
                 // Past the read's budget: read again alone, when a slot is free.

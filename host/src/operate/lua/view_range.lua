@@ -11,15 +11,22 @@ local function shown(s)
   end
   return string.sub(s, 1, cap) .. '... [' .. #s .. ' bytes in all, cut to ' .. cap .. ' for display]'
 end
+-- Each field counts 64 bytes more (as max_entry_bytes counts it: a million empty fields are no
+-- small view), and the host's own `sluice-*` fields (a dead letter's reason, its origin) are
+-- shown wherever they are (the first 64 of them: a producer can name its fields so too).
 for _, row in ipairs(rows) do
   local fields = row[2]
-  local out, bytes, left, left_bytes = {}, 0, 0, 0
+  local out, bytes, left, left_bytes, owns = {}, 0, 0, 0, 0
   for i = 1, #fields - 1, 2 do
     local size = #fields[i] + #fields[i + 1]
-    if bytes < total then
+    local own = owns < 64 and string.sub(fields[i], 1, 7) == 'sluice-'
+    if own then
+      owns = owns + 1
+    end
+    if bytes < total or own then
       out[#out + 1] = shown(fields[i])
       out[#out + 1] = shown(fields[i + 1])
-      bytes = bytes + math.min(#fields[i], cap) + math.min(#fields[i + 1], cap)
+      bytes = bytes + math.min(#fields[i], cap) + math.min(#fields[i + 1], cap) + 64
     else
       left, left_bytes = left + 1, left_bytes + size
     end
