@@ -540,7 +540,7 @@ impl RedisHandle {
         })?;
         lean::LeanConn::connect(&endpoint, &self.inner.tls, &settings, timeouts)
             .await
-            .map(Reader::Lean)
+            .map(|conn| Reader::Lean(Box::new(conn)))
             .map_err(|source| ConnError::Connect {
                 url: endpoint.to_string(),
                 source,
@@ -718,7 +718,7 @@ impl ConnectionLike for RedisHandle {
 pub enum Reader {
     /// A connection of its own, to the one node (or the current master behind Sentinel, or
     /// the cluster master that serves its stream), for blocking reads.
-    Lean(lean::LeanConn),
+    Lean(Box<lean::LeanConn>),
     /// The node's pool of lean read connections, for reads that never block (see [`pool`]).
     Pooled(Arc<pool::LeanPool>),
 }

@@ -837,34 +837,18 @@ async fn a_big_entry_on_another_node_is_not_read_whole(cluster: &Cluster) {
     let tag = cluster.tag_away_from_seed("big").await;
     let stream = format!("{{{tag}}}");
     let mut conn = cluster.conn().await;
-    let huge: String = redis::cmd("XADD")
-        .arg(&stream)
-        .arg("*")
-        .arg("payload")
-        .arg(Control::Ack.to_string())
-        .arg("blob")
-        .arg(vec![b'x'; 200 << 20])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let huge: String = memory::add_blob(&mut conn, &stream, 200 << 20).await;
     let small = add(&mut conn, &stream, &Control::Ack).await;
     let config = TestConfig::of(Sub::fixture(&stream)).set("redis", cluster.nodes[0].url());
     let host = HostProcess::spawn_in(config);
     wait_acked(&conn, &stream, "g", &small).await;
-    let letters = memory::letters_in(&mut conn, &dead_letter_key(&stream)).await;
-    assert_eq!(letters.len(), 1, "{letters:?}");
-    assert!(
-        letters[0].reason.contains("over max_entry_bytes"),
-        "{letters:?}"
-    );
-    assert_eq!((&*letters[0].origin, letters[0].blob), (&*huge, 200 << 20));
-    let peak = memory::peak_resident(host.pid());
-    eprintln!(
-        "host peak resident memory: {} MiB (the entry: 200 MB)",
-        peak >> 20
-    );
-    assert!(peak < 150 << 20, "peak resident {} MiB", peak >> 20);
-    assert!(!host.log_text().contains("attempt failed"), "never handled");
+    memory::assert_dead_lettered_unread(
+        &mut conn,
+        &dead_letter_key(&stream),
+        (&huge, 200 << 20),
+        &host,
+    )
+    .await;
     drop(host);
     endpoints("ip").await;
 }

@@ -576,16 +576,7 @@ async fn a_big_entry_over_a_slow_link_is_read_to_its_end_and_dead_lettered() {
     let first = add(&mut conn, "slow", &Control::Ack).await;
     wait_acked(&conn, "slow", GROUP, &first).await;
     proxy.set_rate(8 << 20);
-    let big: String = redis::cmd("XADD")
-        .arg("slow")
-        .arg("*")
-        .arg("payload")
-        .arg(Control::Ack.to_string())
-        .arg("blob")
-        .arg(vec![b'x'; 60 << 20])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let big: String = memory::add_blob(&mut conn, "slow", 60 << 20).await;
     let after = add(&mut conn, "slow", &Control::Ack).await;
     wait_for(
         Duration::from_secs(90),

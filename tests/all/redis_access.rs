@@ -240,32 +240,16 @@ async fn a_big_entry_over_tls_is_not_read_whole() {
             "redis_key_file",
             pki.path("client.key").display().to_string(),
         );
-    let huge: String = redis::cmd("XADD")
-        .arg("tls-big")
-        .arg("*")
-        .arg("payload")
-        .arg(Control::Ack.to_string())
-        .arg("blob")
-        .arg(vec![b'x'; 200 << 20])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let huge: String = memory::add_blob(&mut conn, "tls-big", 200 << 20).await;
     let host = HostProcess::spawn_in(config);
     one_entry_is_acked(&mut conn, "tls-big").await;
-    let letters = memory::letter_summaries(&mut conn, "tls-big").await;
-    assert_eq!(letters.len(), 1, "{letters:?}");
-    assert!(
-        letters[0].reason.contains("over max_entry_bytes"),
-        "{letters:?}"
-    );
-    assert_eq!((&*letters[0].origin, letters[0].blob), (&*huge, 200 << 20));
-    let peak = memory::peak_resident(host.pid());
-    eprintln!(
-        "host peak resident memory: {} MiB (the entry: 200 MB)",
-        peak >> 20
-    );
-    assert!(peak < 150 << 20, "peak resident {} MiB", peak >> 20);
-    assert!(!host.log_text().contains("attempt failed"), "never handled");
+    memory::assert_dead_lettered_unread(
+        &mut conn,
+        &dead_letter_key("tls-big"),
+        (&huge, 200 << 20),
+        &host,
+    )
+    .await;
 }
 
 /// A Redis reached by a Unix socket, and one asked for RESP3: the host's read connections
@@ -300,16 +284,7 @@ async fn a_unix_socket_and_resp3_urls_are_read() {
             );
             poll.tick().await;
         }
-        let big: String = redis::cmd("XADD")
-            .arg(stream)
-            .arg("*")
-            .arg("payload")
-            .arg(Control::Ack.to_string())
-            .arg("blob")
-            .arg(vec![b'x'; 9 << 20])
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let big: String = memory::add_blob(&mut conn, stream, 9 << 20).await;
         one_entry_is_acked(&mut conn, stream).await;
         let letters = memory::letter_summaries(&mut conn, stream).await;
         assert_eq!(letters.len(), 1, "{stream}: {letters:?}");

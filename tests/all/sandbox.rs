@@ -867,24 +867,9 @@ async fn a_big_entry_taken_over_from_another_consumer_is_not_read_whole() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     create_group(&mut conn, "claimed", "g", "$").await;
-    let huge: String = redis::cmd("XADD")
-        .arg("claimed")
-        .arg("*")
-        .arg("payload")
-        .arg(Control::Ack.to_string())
-        .arg("blob")
-        .arg(vec![b'x'; 200 << 20])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let huge: String = memory::add_blob(&mut conn, "claimed", 200 << 20).await;
     // Pending to a consumer that is gone, read inside Redis (nothing comes back here).
-    let _: i64 = redis::cmd("EVAL")
-        .arg("redis.call('XREADGROUP', 'GROUP', 'g', 'gone', 'COUNT', 1, 'STREAMS', KEYS[1], '>') return 1")
-        .arg(1)
-        .arg("claimed")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    memory::pend_to_gone(&mut conn, "claimed").await;
     let host = HostProcess::run(
         &redis,
         TestConfig::of(Sub::fixture("claimed").set("claim_min_idle", "100ms")),
@@ -921,24 +906,9 @@ async fn a_big_entry_a_lost_take_over_made_ours_is_not_read_whole() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     create_group(&mut conn, "stranded", "g", "0").await;
-    let huge: String = redis::cmd("XADD")
-        .arg("stranded")
-        .arg("*")
-        .arg("payload")
-        .arg(Control::Ack.to_string())
-        .arg("blob")
-        .arg(vec![b'x'; 200 << 20])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let huge: String = memory::add_blob(&mut conn, "stranded", 200 << 20).await;
     // Pending to a consumer that is gone, read inside Redis (nothing comes back here).
-    let _: i64 = redis::cmd("EVAL")
-        .arg("redis.call('XREADGROUP', 'GROUP', 'g', 'gone', 'COUNT', 1, 'STREAMS', KEYS[1], '>') return 1")
-        .arg(1)
-        .arg("stranded")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    memory::pend_to_gone(&mut conn, "stranded").await;
     let small = add(&mut conn, "stranded", &Control::Ack).await;
     let proxy = CutProxy::start(format!("127.0.0.1:{}", redis.server.port()), b"XCLAIM").await;
     let config = TestConfig::of(
@@ -1172,16 +1142,7 @@ async fn big_entries_given_back(doorbell: bool) {
     // Five 20 MB entries in one read (count 64), each over the 8 MiB default.
     let mut big = Vec::new();
     for _ in 0..5 {
-        let id: String = redis::cmd("XADD")
-            .arg("big")
-            .arg("*")
-            .arg("payload")
-            .arg(Control::Ack.to_string())
-            .arg("blob")
-            .arg(vec![b'x'; 20 << 20])
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let id: String = memory::add_blob(&mut conn, "big", 20 << 20).await;
         big.push(id);
     }
     let small = add(&mut conn, "big", &Control::Ack).await;

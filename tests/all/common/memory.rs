@@ -68,3 +68,56 @@ fn status_kib(pid: u32, key: &str) -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// Add an entry to `stream` that acks (as the fixture reads it) with a `blob` of `bytes` bytes;
+/// its id.
+pub async fn add_blob(conn: &mut impl ConnectionLike, stream: &str, bytes: usize) -> String {
+    redis::cmd("XADD")
+        .arg(stream)
+        .arg("*")
+        .arg("payload")
+        .arg(super::Control::Ack.to_string())
+        .arg("blob")
+        .arg(vec![b'x'; bytes])
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+/// Make the next entry of `stream` pending to consumer `gone` of group `g`, read inside Redis
+/// (its fields never come here).
+pub async fn pend_to_gone(conn: &mut impl ConnectionLike, stream: &str) {
+    let _: i64 = redis::cmd("EVAL")
+        .arg("redis.call('XREADGROUP', 'GROUP', 'g', 'gone', 'COUNT', 1, 'STREAMS', KEYS[1], '>') return 1")
+        .arg(1)
+        .arg(stream)
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+/// Check that `host` dead-lettered the entry `origin` (a `blob` of `blob` bytes) to `letters`
+/// unhandled, copied whole, as its only dead letter, without ever holding it: its peak resident
+/// memory stays under 150 MiB.
+pub async fn assert_dead_lettered_unread(
+    conn: &mut impl ConnectionLike,
+    letters: &str,
+    (origin, blob): (&str, usize),
+    host: &super::HostProcess,
+) {
+    let found = letters_in(conn, letters).await;
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].reason.contains("over max_entry_bytes"),
+        "{found:?}"
+    );
+    assert_eq!((&*found[0].origin, found[0].blob), (origin, blob as i64));
+    let peak = peak_resident(host.pid());
+    eprintln!(
+        "host peak resident memory: {} MiB (the entry: {} MB)",
+        peak >> 20,
+        blob / 1_000_000
+    );
+    assert!(peak < 150 << 20, "peak resident {} MiB", peak >> 20);
+    assert!(!host.log_text().contains("attempt failed"), "never handled");
+}
