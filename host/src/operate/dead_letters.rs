@@ -422,17 +422,14 @@ pub async fn list<C: ConnectionLike>(
     reason: Option<&str>,
     scan_pages: usize,
 ) -> Result<Page<DeadLetter>, OperateError> {
-    let secret = load_secret(conn, keys).await?;
-    list_with(
-        conn,
-        keys,
-        secret.as_ref(),
+    let listing = Listing {
         cursor,
         limit,
         reason,
         scan_pages,
-    )
-    .await
+        view: false,
+    };
+    list_loaded(conn, keys, listing).await
 }
 
 /// [`list`], each letter cut for display (see [`crate::operate::VIEW_VALUE_BYTES`]): what the
@@ -445,7 +442,6 @@ pub async fn list_view<C: ConnectionLike>(
     reason: Option<&str>,
     scan_pages: usize,
 ) -> Result<Page<DeadLetter>, OperateError> {
-    let secret = load_secret(conn, keys).await?;
     let listing = Listing {
         cursor,
         limit,
@@ -453,6 +449,16 @@ pub async fn list_view<C: ConnectionLike>(
         scan_pages,
         view: true,
     };
+    list_loaded(conn, keys, listing).await
+}
+
+/// `listing`, with the stream's secret read first.
+async fn list_loaded<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &SubscriptionKeys,
+    listing: Listing<'_>,
+) -> Result<Page<DeadLetter>, OperateError> {
+    let secret = load_secret(conn, keys).await?;
     list_read(conn, keys, secret.as_ref(), listing).await
 }
 
