@@ -101,6 +101,10 @@ struct Args {
     /// Redis server): the doorbell polls instead of listening.
     #[arg(long)]
     density_polling: bool,
+    /// Do not add the ceilings before the scenarios asked for (no ratios then): to profile
+    /// one scenario alone, e.g. under `perf record`.
+    #[arg(long)]
+    no_ceilings: bool,
     /// Parked retries behind the admin page in the ui scenario.
     #[arg(long, default_value_t = 1_000_000)]
     ui_parked: usize,
@@ -166,7 +170,7 @@ async fn main() -> Result<()> {
     }
     // Every ratio is to the ceilings measured in the same run: redis-rs's and the lean
     // reader's (the host's own read client, what the hot path's goals are set against).
-    if wanted.iter().any(|s| RATIO_TO_CEILING.contains(s)) {
+    if !args.no_ceilings && wanted.iter().any(|s| RATIO_TO_CEILING.contains(s)) {
         for ceiling in ["ceiling-lean", "ceiling"] {
             if !wanted.contains(&ceiling) {
                 wanted.insert(0, ceiling);

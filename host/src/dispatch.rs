@@ -74,7 +74,10 @@ impl Dispatcher {
         // During a canary the entry's origin id picks it, the same for all its attempts.
         // A host joining a canary holds the deliveries the candidate would take until it runs.
         let (version, trial) = self.slot.pick_when_ready(&delivery.origin_id).await;
-        delivery.started = Some(crate::clock::now());
+        // Only an event reports it: no clock read per delivery while nobody listens.
+        if self.settler.events_listened() {
+            delivery.started = Some(crate::clock::now());
+        }
         let parent = crate::telemetry::enabled().then(|| {
             crate::telemetry::parent_of(
                 &delivery.stream,

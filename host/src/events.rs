@@ -3,6 +3,7 @@
 //! after the script ran, a retry once it was scheduled.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::broadcast;
@@ -24,7 +25,8 @@ pub struct Event {
     pub delivery_count: u64,
     /// The digest of the handler that handled it.
     pub digest: crate::digest::Digest,
-    /// When the delivery took that handler version.
+    /// When the delivery took that handler version (`None` if nobody listened to the events
+    /// then: the clock is read only for a listener).
     pub started: Option<std::time::SystemTime>,
     /// What was done.
     pub kind: EventKind,
@@ -68,24 +70,66 @@ pub enum EventKind {
 #[derive(Debug, Clone)]
 pub struct Events {
     sender: broadcast::Sender<Event>,
+    /// Listeners alive: with none, a delivery builds no event at all (issue 50: an ack's
+    /// event cost two string copies and the channel's lock on every delivery, for nobody).
+    listeners: Arc<AtomicUsize>,
 }
 
 impl Default for Events {
     fn default() -> Self {
         Self {
             sender: broadcast::channel(65_536).0,
+            listeners: Arc::default(),
         }
     }
 }
 
 impl Events {
     /// Listen to every event from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
-        self.sender.subscribe()
+    pub fn subscribe(&self) -> Listener {
+        // Counted before it can receive, so no event sent after this returns is skipped.
+        self.listeners.fetch_add(1, Ordering::SeqCst);
+        Listener {
+            receiver: self.sender.subscribe(),
+            listeners: self.listeners.clone(),
+        }
+    }
+
+    /// Whether anyone listens: events are only worth making then.
+    pub fn listened(&self) -> bool {
+        self.listeners.load(Ordering::Relaxed) > 0
     }
 
     pub(crate) fn send(&self, event: Event) {
         // No listener is fine.
         let _ = self.sender.send(event);
+    }
+}
+
+/// A listener to [`Events`]: a broadcast receiver (it derefs to one) that is counted while it
+/// lives.
+#[derive(Debug)]
+pub struct Listener {
+    receiver: broadcast::Receiver<Event>,
+    listeners: Arc<AtomicUsize>,
+}
+
+impl std::ops::Deref for Listener {
+    type Target = broadcast::Receiver<Event>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.receiver
+    }
+}
+
+impl std::ops::DerefMut for Listener {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.receiver
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.listeners.fetch_sub(1, Ordering::SeqCst);
     }
 }

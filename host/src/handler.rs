@@ -425,6 +425,10 @@ pub struct HandlerSlot {
     trial: arc_swap::ArcSwapOption<Trial>,
     /// A canary being joined, if any.
     joining: arc_swap::ArcSwapOption<Joining>,
+    /// Neither a trial nor a join is set: what every delivery asks first, one relaxed load
+    /// instead of two swaps' (issue 50). Written under `changing`, after the swaps it sums up.
+    plain: std::sync::atomic::AtomicBool,
+    changing: Mutex<()>,
     /// The latest versions made current, newest last (at most [`HISTORY`]).
     history: Mutex<std::collections::VecDeque<Served>>,
     current: ArcSwap<Version>,
@@ -473,6 +477,8 @@ impl HandlerSlot {
             counters,
             trial: arc_swap::ArcSwapOption::empty(),
             joining: arc_swap::ArcSwapOption::empty(),
+            plain: std::sync::atomic::AtomicBool::new(true),
+            changing: Mutex::default(),
             swaps,
             refusals,
             serving: Mutex::default(),
@@ -494,6 +500,9 @@ impl HandlerSlot {
     /// trial when the trial takes it, the current version otherwise; with the trial and the
     /// role, for the delivery to count its attempt.
     pub fn pick(&self, origin_id: &str) -> Picked {
+        if self.plain.load(std::sync::atomic::Ordering::Acquire) {
+            return Picked::Run(self.current(), None);
+        }
         if let Some(joining) = &*self.joining.load()
             && joining.holds(origin_id)
         {
@@ -510,6 +519,17 @@ impl HandlerSlot {
         } else {
             Picked::Run(self.current(), Some((trial, Role::Incumbent)))
         }
+    }
+
+    /// Run `change` (a swap of the trial or the join) and say again whether either is set.
+    fn changed<T>(&self, change: impl FnOnce() -> T) -> T {
+        let _one_at_a_time = self.changing.lock().unwrap_or_else(|e| e.into_inner());
+        // Not plain before the change is seen, so no delivery misses a join for long.
+        self.plain.store(false, std::sync::atomic::Ordering::SeqCst);
+        let out = change();
+        let plain = self.trial.load().is_none() && self.joining.load().is_none();
+        self.plain.store(plain, std::sync::atomic::Ordering::SeqCst);
+        out
     }
 
     /// The version a delivery of `origin_id` runs (see [`Self::pick`]), once no join holds it.
@@ -530,14 +550,15 @@ impl HandlerSlot {
 
     /// Hold the deliveries `joining` would take until [`Self::joined`].
     pub fn joining(&self, joining: Joining) {
-        if let Some(old) = self.joining.swap(Some(Arc::new(joining))) {
+        let old = self.changed(|| self.joining.swap(Some(Arc::new(joining))));
+        if let Some(old) = old {
             old.done.send_replace(true);
         }
     }
 
     /// The join ended (with a trial started, or not): held deliveries go on.
     pub fn joined(&self) {
-        if let Some(old) = self.joining.swap(None) {
+        if let Some(old) = self.changed(|| self.joining.swap(None)) {
             old.done.send_replace(true);
         }
     }
@@ -560,7 +581,7 @@ impl HandlerSlot {
             share_percent = f64::from(trial.share_bp()) / 100.0,
             "canary started: a share of deliveries runs the candidate"
         );
-        if let Some(old) = self.trial.swap(Some(trial)) {
+        if let Some(old) = self.changed(|| self.trial.swap(Some(trial))) {
             old.candidate.handler.retire();
         }
     }
@@ -574,7 +595,7 @@ impl HandlerSlot {
         if running.id != id {
             return None;
         }
-        let ended = self.trial.swap(None)?;
+        let ended = self.changed(|| self.trial.swap(None))?;
         if promote {
             self.publish_as(ended.candidate.clone(), "promoted (canary)");
         } else {

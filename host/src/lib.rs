@@ -117,7 +117,7 @@ pub const LONG_VERSION: &str = concat!(
 );
 
 pub use config::Config;
-pub use events::{Event, EventKind};
+pub use events::{Event, EventKind, Listener};
 pub use metrics::Metrics;
 pub use plan::{Plan, SubscriptionPlan};
 pub use service::{RunError, Service};

@@ -82,7 +82,9 @@ pub fn dead_letter_script_sha() -> &'static str {
 #[derive(Debug)]
 pub struct Ack {
     source: Source,
-    event: Event,
+    id: String,
+    /// Made only while someone listens to the events.
+    event: Option<Box<Event>>,
 }
 
 /// Settles one subscription's deliveries.
@@ -166,6 +168,11 @@ impl Settler {
         }
     }
 
+    /// Whether anyone listens to the events (only then are they made).
+    pub fn events_listened(&self) -> bool {
+        self.events.listened()
+    }
+
     /// The ack of `delivery`, to be queued with [`Self::ack_all`].
     pub fn ack_of(&self, delivery: &Delivery, digest: &Digest) -> Ack {
         self.ack_as(delivery, digest, EventKind::Acked)
@@ -175,7 +182,11 @@ impl Settler {
     pub fn ack_as(&self, delivery: &Delivery, digest: &Digest, kind: EventKind) -> Ack {
         Ack {
             source: delivery.source,
-            event: self.event(delivery, digest, kind),
+            id: delivery.entry.id.clone(),
+            event: self
+                .events
+                .listened()
+                .then(|| Box::new(self.event(delivery, digest, kind))),
         }
     }
 
@@ -187,7 +198,7 @@ impl Settler {
         if let Err(unsent) = self.acks.send(acks) {
             // Only after a forced shutdown: the entries stay pending and are re-read on restart.
             for ack in unsent.0 {
-                tracing::warn!(id = %ack.event.id, "acker is gone; entry stays pending");
+                tracing::warn!(id = %ack.id, "acker is gone; entry stays pending");
             }
         }
     }
@@ -515,7 +526,7 @@ fn not_pending(delivery: &Delivery, what: &str) {
 /// the retry lane go to the lane, in a second XACK when a batch holds both.
 async fn run_acker(
     keys: SubscriptionKeys,
-    mut conn: RedisHandle,
+    conn: RedisHandle,
     mut rx: mpsc::UnboundedReceiver<Vec<Ack>>,
     events: Events,
     abandon: CancellationToken,
@@ -523,6 +534,10 @@ async fn run_acker(
     let (stream, group) = (&*keys.stream, &*keys.group);
     let mut batch: Vec<Ack> = Vec::with_capacity(ACK_BATCH);
     let mut backoff = ReconnectBackoff::default();
+    let mut conn = AckConn {
+        pooled: conn.non_blocking_reader(),
+        handle: conn,
+    };
     while let Some(acks) = rx.recv().await {
         batch.extend(acks);
         while batch.len() < ACK_BATCH
@@ -556,6 +571,30 @@ async fn run_acker(
 }
 
 /// Where one XACK goes: the key, the group, and which queued acks it carries.
+/// Where the acker sends its XACKs: a connection of the node's lean pool when the node has
+/// one (the acker writes and reads the reply itself, without redis-rs's connection task and
+/// its reply parser between: issue 50), else the handle's shared connection (a cluster).
+struct AckConn {
+    handle: RedisHandle,
+    pooled: Option<crate::redis_conn::Reader>,
+}
+
+impl AckConn {
+    async fn query(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<u64> {
+        match &mut self.pooled {
+            Some(pooled) => {
+                let reply = cmd.query_async(pooled).await;
+                if let Err(err) = &reply {
+                    // The pool drops the connection; the handle follows a failover it shows.
+                    self.handle.saw_error(err);
+                }
+                reply
+            }
+            None => cmd.query_async(&mut self.handle).await,
+        }
+    }
+}
+
 struct AckTarget<'a> {
     key: &'a str,
     group: &'a str,
@@ -567,7 +606,7 @@ struct AckTarget<'a> {
 async fn ack_one_source(
     target: AckTarget<'_>,
     batch: &mut Vec<Ack>,
-    conn: &mut RedisHandle,
+    conn: &mut AckConn,
     events: &Events,
     backoff: &mut ReconnectBackoff,
     abandon: &CancellationToken,
@@ -579,18 +618,20 @@ async fn ack_one_source(
     let mut cmd = redis::cmd("XACK");
     cmd.arg(target.key).arg(target.group);
     for ack in batch.iter().filter(|a| a.source == target.source) {
-        cmd.arg(&ack.event.id);
+        cmd.arg(&ack.id);
     }
     loop {
         let reply = tokio::select! {
-            reply = cmd.query_async::<u64>(conn) => reply,
+            reply = conn.query(&cmd) => reply,
             () = abandon.cancelled() => return false,
         };
         match reply {
             Ok(_) => {
                 backoff.reset();
                 for ack in batch.extract_if(.., |a| a.source == target.source) {
-                    events.send(ack.event);
+                    if let Some(event) = ack.event {
+                        events.send(*event);
+                    }
                 }
                 return true;
             }

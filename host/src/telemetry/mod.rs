@@ -53,9 +53,25 @@ struct Active {
 
 static ACTIVE: arc_swap::ArcSwapOption<Active> = arc_swap::ArcSwapOption::const_empty();
 
+/// [`ACTIVE`] is set: one relaxed load on every delivery's path instead of a swap's.
+static ON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Whether spans are exported (the host works out an entry's trace only then).
 pub fn enabled() -> bool {
-    ACTIVE.load().is_some()
+    ON.load(Ordering::Relaxed)
+}
+
+/// Export through `active` (or stop exporting). When that turns exporting on or off, every
+/// call site's interest is asked again: while nothing is exported the [`layer`] wants none, so
+/// a span or event that the log does not print is ruled out at its call site, as if the
+/// layer were not there (issue 50: its `sometimes` had every delivery make a span that no
+/// layer kept, and `span_enabled!` answer yes).
+fn set_active(active: Option<Arc<Active>>) {
+    let on = active.is_some();
+    ACTIVE.store(active);
+    if ON.swap(on, Ordering::SeqCst) != on {
+        tracing::callsite::rebuild_interest_cache();
+    }
 }
 
 /// Whether an entry's own trace (no producer's context) with this id is sampled, by the
@@ -250,7 +266,8 @@ pub fn layer() -> impl tracing_subscriber::Layer<tracing_subscriber::Registry> +
             // process's max level stays the log's), not on every call.
             .with_max_level_hint(tracing::level_filters::LevelFilter::INFO)
             .with_callsite_filter(|meta| {
-                if traced(meta) {
+                // Asked again whenever exporting starts or stops (see `set_active`).
+                if enabled() && traced(meta) {
                     tracing::subscriber::Interest::sometimes()
                 } else {
                     tracing::subscriber::Interest::never()
@@ -411,7 +428,7 @@ impl Exporting {
     /// within one run needs (a new exporter each time would flush and reconnect). Attempts
     /// already running keep the decision they were made with.
     pub fn set_sampling(&self, per_million: Option<u32>) {
-        ACTIVE.store(
+        set_active(
             per_million.map(|per_million| Arc::new(active(self.processor.clone(), per_million))),
         );
     }
@@ -425,7 +442,7 @@ impl Exporting {
 
     /// Export what is queued (for at most [`FLUSH_TIMEOUT`]) and stop.
     pub fn stop(self) {
-        ACTIVE.store(None);
+        set_active(None);
         if let Err(err) = self.processor.shutdown_with_timeout(FLUSH_TIMEOUT) {
             tracing::warn!(%err, "traces: the last spans were not all exported");
         }
@@ -528,7 +545,7 @@ pub fn start(config: Option<&Telemetry>) -> Result<Option<Exporting>, TelemetryE
         queued,
         dropped: dropped.clone(),
     });
-    ACTIVE.store(Some(Arc::new(active(
+    set_active(Some(Arc::new(active(
         processor.clone(),
         t.sampling_per_million,
     ))));

@@ -22,7 +22,6 @@ pub use netns::{LinkProxy, Netns};
 pub use sluice_fixture_control::Control;
 use sluice_host::devredis::{DevRedis, DevRedisOptions};
 use sluice_host::{Config, Event, Plan, Service};
-use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 /// The workspace root.
@@ -305,7 +304,7 @@ pub struct TestHost {
     stop: CancellationToken,
     admin: tokio::sync::watch::Receiver<Option<std::net::SocketAddr>>,
     task: tokio::task::JoinHandle<Result<(), sluice_host::RunError>>,
-    pub events: broadcast::Receiver<Event>,
+    pub events: sluice_host::Listener,
     _dir: tempfile::TempDir,
 }
 
