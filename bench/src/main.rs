@@ -274,3 +274,7 @@ async fn main() -> Result<()> {
     }
     Ok(())
 }
+
+/// The host's allocator (see the `sluice` binary's), so the bench measures what ships.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
