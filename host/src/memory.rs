@@ -5,6 +5,10 @@
 //! freed, so the next big buffers come from the heap, which keeps them once freed: one 100 MB
 //! entry once left the host 374 MB resident for good. A fixed threshold keeps every big
 //! buffer a mapping of its own, returned whole when freed.
+//!
+//! The `sluice` and `sluice-bench` binaries allocate with mimalloc (see `main.rs`), which maps
+//! huge blocks on its own and gives them back after its purge delay; this setting is for a
+//! program that embeds the library with glibc's allocator.
 
 /// Allocations from this size on are mappings of their own.
 pub const BIG_ALLOCATION: usize = 1 << 20;
