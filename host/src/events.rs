@@ -87,7 +87,8 @@ impl Default for Events {
 impl Events {
     /// Listen to every event from now on.
     pub fn subscribe(&self) -> Listener {
-        // Counted before it can receive, so no event sent after this returns is skipped.
+        // Counted before it can receive. An ack is given its event when it is made: one made
+        // while nobody listened reports nothing, even if Redis takes it after this returns.
         self.listeners.fetch_add(1, Ordering::SeqCst);
         Listener {
             receiver: self.sender.subscribe(),
@@ -112,6 +113,18 @@ impl Events {
 pub struct Listener {
     receiver: broadcast::Receiver<Event>,
     listeners: Arc<AtomicUsize>,
+}
+
+impl Listener {
+    /// Another listener from now on, counted like this one (shadows the receiver's own
+    /// `resubscribe`, whose receiver the count would not see).
+    pub fn resubscribe(&self) -> Listener {
+        self.listeners.fetch_add(1, Ordering::SeqCst);
+        Listener {
+            receiver: self.receiver.resubscribe(),
+            listeners: self.listeners.clone(),
+        }
+    }
 }
 
 impl std::ops::Deref for Listener {

@@ -584,8 +584,11 @@ impl AckConn {
         match &mut self.pooled {
             Some(pooled) => {
                 let reply = cmd.query_async(pooled).await;
-                if let Err(err) = &reply {
-                    // The pool drops the connection; the handle follows a failover it shows.
+                // The pool drops the connection; the handle follows a failover it shows (not a
+                // timeout: that says nothing of the shared connection, which it would replace).
+                if let Err(err) = &reply
+                    && !err.is_timeout()
+                {
                     self.handle.saw_error(err);
                 }
                 reply
