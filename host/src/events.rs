@@ -146,3 +146,21 @@ impl Drop for Listener {
         self.listeners.fetch_sub(1, Ordering::SeqCst);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Events;
+
+    #[test]
+    fn events_are_made_only_while_a_listener_lives() {
+        let events = Events::default();
+        assert!(!events.listened(), "nobody listens yet");
+        let first = events.subscribe();
+        assert!(events.listened());
+        let second = first.resubscribe();
+        drop(first);
+        assert!(events.listened(), "the resubscribed listener is counted");
+        drop(second);
+        assert!(!events.listened(), "every listener gone");
+    }
+}
