@@ -511,6 +511,17 @@ async fn redis_out_of_memory_refuses_settles_whole_and_resumes() {
     drop(host);
 }
 
+/// A host running `sub`, reaching `redis` through a [`LinkProxy`] on loopback (which the test
+/// can freeze or slow).
+async fn behind_a_proxy(redis: &Redis, sub: Sub) -> (LinkProxy, TestHost) {
+    let upstream: SocketAddr = format!("127.0.0.1:{}", redis.server.port())
+        .parse()
+        .unwrap();
+    let proxy = LinkProxy::start("127.0.0.1", upstream).await;
+    let host = TestHost::start_at(&proxy.url(), &TestConfig::of(sub).to_string()).await;
+    (proxy, host)
+}
+
 /// A connection whose peer vanished without a reset (half-open: nothing passes, nothing
 /// closes) must not strand a host: the blocking read reconnects by itself, and the shared
 /// connection, where acks and scripts go, is replaced once a command on it times out. Before,
@@ -521,15 +532,7 @@ async fn redis_out_of_memory_refuses_settles_whole_and_resumes() {
 async fn a_half_open_connection_is_replaced_and_nothing_is_stranded() {
     let redis = Redis::start();
     let conn = redis.conn().await;
-    let upstream: SocketAddr = format!("127.0.0.1:{}", redis.server.port())
-        .parse()
-        .unwrap();
-    let proxy = LinkProxy::start("127.0.0.1", upstream).await;
-    let host = TestHost::start_at(
-        &proxy.url(),
-        &TestConfig::of(Sub::fixture("half-open")).to_string(),
-    )
-    .await;
+    let (proxy, host) = behind_a_proxy(&redis, Sub::fixture("half-open")).await;
     let first = add(&mut conn.clone(), "half-open", &Control::Ack).await;
     wait_acked(&conn, "half-open", GROUP, &first).await;
 
@@ -538,20 +541,8 @@ async fn a_half_open_connection_is_replaced_and_nothing_is_stranded() {
     for _ in 0..20 {
         last = add(&mut conn.clone(), "half-open", &Control::Ack).await;
     }
-    wait_for(
-        Duration::from_secs(120),
-        "every entry added after the freeze acked",
-        || {
-            let mut conn = conn.clone();
-            let last = last.clone();
-            async move {
-                acked_through(&mut conn, "half-open", GROUP, &last)
-                    .await
-                    .then_some(())
-            }
-        },
-    )
-    .await;
+    // Every entry added after the freeze.
+    wait_acked_within(&conn, "half-open", GROUP, &last, Duration::from_secs(120)).await;
     host.stop().await.unwrap();
 }
 
@@ -564,34 +555,14 @@ async fn a_half_open_connection_is_replaced_and_nothing_is_stranded() {
 async fn a_big_entry_over_a_slow_link_is_read_to_its_end_and_dead_lettered() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let upstream: SocketAddr = format!("127.0.0.1:{}", redis.server.port())
-        .parse()
-        .unwrap();
-    let proxy = LinkProxy::start("127.0.0.1", upstream).await;
-    let host = TestHost::start_at(
-        &proxy.url(),
-        &TestConfig::of(Sub::fixture("slow").set("block", "1s")).to_string(),
-    )
-    .await;
+    let (proxy, host) = behind_a_proxy(&redis, Sub::fixture("slow").set("block", "1s")).await;
     let first = add(&mut conn, "slow", &Control::Ack).await;
     wait_acked(&conn, "slow", GROUP, &first).await;
     proxy.set_rate(8 << 20);
     let big: String = memory::add_blob(&mut conn, "slow", 60 << 20).await;
     let after = add(&mut conn, "slow", &Control::Ack).await;
-    wait_for(
-        Duration::from_secs(90),
-        "the entry behind the big one acked",
-        || {
-            let mut conn = conn.clone();
-            let after = after.clone();
-            async move {
-                acked_through(&mut conn, "slow", GROUP, &after)
-                    .await
-                    .then_some(())
-            }
-        },
-    )
-    .await;
+    // The entry behind the big one.
+    wait_acked_within(&conn, "slow", GROUP, &after, Duration::from_secs(90)).await;
     let letters = memory::letter_summaries(&mut conn, "slow").await;
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!(letters[0].origin, big);

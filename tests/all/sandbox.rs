@@ -801,16 +801,8 @@ async fn a_read_holds_at_most_its_budget_and_handles_the_rest_alone() {
             .unwrap();
     }
     drop(blob);
-    wait_for(Duration::from_secs(120), "every wide entry acked", || {
-        let mut conn = conn.clone();
-        let last = last.clone();
-        async move {
-            acked_through(&mut conn, "wide", "g", &last)
-                .await
-                .then_some(())
-        }
-    })
-    .await;
+    // Every wide entry.
+    wait_acked_within(&conn, "wide", "g", &last, Duration::from_secs(120)).await;
     assert!(dead_lettered(&mut conn, "wide").await.is_empty());
     let peak = peak_resident(host.pid());
     eprintln!("host peak resident memory: {} MiB", peak >> 20);

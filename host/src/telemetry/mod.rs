@@ -67,6 +67,9 @@ pub fn enabled() -> bool {
 /// layer were not there (issue 50: its `sometimes` had every delivery make a span that no
 /// layer kept, and `span_enabled!` answer yes).
 fn set_active(active: Option<Arc<Active>>) {
+    // One change at a time, so the flag and the exporter never end up out of step.
+    static CHANGING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = CHANGING.lock().unwrap_or_else(|e| e.into_inner());
     let on = active.is_some();
     ACTIVE.store(active);
     if ON.swap(on, Ordering::SeqCst) != on {

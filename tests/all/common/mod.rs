@@ -667,18 +667,25 @@ pub type RawEntry = (String, Vec<(Vec<u8>, Vec<u8>)>);
 
 /// Wait until `group` has acked `stream` through entry `id` (see [`acked_through`]).
 pub async fn wait_acked(conn: &(impl ConnectionLike + Clone), stream: &str, group: &str, id: &str) {
-    wait_for(
-        Duration::from_secs(30),
-        &format!("{stream} acked through {id}"),
-        || {
-            let mut conn = conn.clone();
-            async move {
-                acked_through(&mut conn, stream, group, id)
-                    .await
-                    .then_some(())
-            }
-        },
-    )
+    wait_acked_within(conn, stream, group, id, Duration::from_secs(30)).await;
+}
+
+/// [`wait_acked`] for at most `within` (a slow link, big entries).
+pub async fn wait_acked_within(
+    conn: &(impl ConnectionLike + Clone),
+    stream: &str,
+    group: &str,
+    id: &str,
+    within: Duration,
+) {
+    wait_for(within, &format!("{stream} acked through {id}"), || {
+        let mut conn = conn.clone();
+        async move {
+            acked_through(&mut conn, stream, group, id)
+                .await
+                .then_some(())
+        }
+    })
     .await;
 }
 
