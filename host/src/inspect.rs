@@ -272,7 +272,7 @@ pub async fn retention_record<C: ConnectionLike>(
     stream: &str,
 ) -> RedisResult<Option<std::collections::HashMap<String, String>>> {
     let record: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
-        .arg(crate::retention::record_key(stream))
+        .arg(crate::keys::retention_record_key(stream))
         .query_async(conn)
         .await?;
     Ok((!record.is_empty()).then_some(record))

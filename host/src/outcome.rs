@@ -13,7 +13,7 @@
 //! A `retry-after` longer than the subscription's `max_delay` is **clamped** to `max_delay`
 //! (and reported), not dead-lettered: a handler that asks to wait too long still gets its
 //! retry, sooner than it asked. Without a `max_delay` the ceiling is
-//! [`crate::delayed::MAX_REPRESENTABLE_DELAY`] (~285 years), the longest delay whose due time a
+//! [`MAX_REPRESENTABLE_DELAY`] (~285 years), the longest delay whose due time a
 //! sorted-set score holds exactly. A shorter one than `min_delay` (the operator's floor, 1 ms
 //! by default) is raised to it: a handler that answers `retry-after(0)` for ever must not turn
 //! one entry into a loop that holds a core and Redis busy.
@@ -21,6 +21,11 @@
 use std::time::Duration;
 
 use sluice_descriptor::Backoff;
+
+/// The longest delay a park accepts: due times must stay integers a sorted-set score (a double)
+/// holds exactly, and far enough from 2^53 that adding it to "now" cannot overflow. About 285
+/// years; the subscription's `max_delay` is normally much shorter.
+pub const MAX_REPRESENTABLE_DELAY: Duration = Duration::from_millis((1 << 53) - (1 << 52));
 
 /// The longest reason or failure cause kept, in bytes. A reason is the guest's own text and
 /// goes to Redis, the log and the page with every dead letter: five small entries answered with
@@ -140,8 +145,8 @@ impl Policy {
     /// The longest delay a retry may wait under this policy.
     pub fn delay_ceiling(&self) -> Duration {
         self.max_delay
-            .unwrap_or(crate::delayed::MAX_REPRESENTABLE_DELAY)
-            .min(crate::delayed::MAX_REPRESENTABLE_DELAY)
+            .unwrap_or(MAX_REPRESENTABLE_DELAY)
+            .min(MAX_REPRESENTABLE_DELAY)
     }
 }
 
@@ -329,7 +334,7 @@ mod tests {
         else {
             panic!("expected a retry");
         };
-        assert_eq!(delay, crate::delayed::MAX_REPRESENTABLE_DELAY);
+        assert_eq!(delay, MAX_REPRESENTABLE_DELAY);
         assert!(clamped_from.is_some());
         // A due time this far out is still an integer a double holds exactly.
         let due = 1_800_000_000_000u64 + delay.as_millis() as u64;

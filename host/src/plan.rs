@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use sluice_descriptor::{DelayedRetry, DescriptorError, ResolvedStream};
 
-use crate::config::{Config, Isolation, Limits};
+use crate::config::{
+    Config, Isolation, Limits, MAX_COMPONENT_PARTITIONS, MAX_COMPONENT_RETRIES,
+    check_component_partitions,
+};
 use crate::runtime::{LoadedComponent, Runtime, RuntimeError};
 
 /// Why a plan could not be built.
@@ -121,31 +124,6 @@ pub struct SharedKey {
     pub other_stream: String,
     /// The earlier subscription's group.
     pub other_group: String,
-}
-
-/// The most failed attempts a component's own descriptor may ask for before an entry is
-/// dead-lettered: a component is a tenant's code, and `max_retries(u32::MAX)` with
-/// `retry_after(0)` would keep one entry cycling for ever. The operator's `max_retries` in the
-/// config is not capped.
-pub const MAX_COMPONENT_RETRIES: u32 = 100;
-
-/// The most partitions a component's own descriptor may ask for: each partition is a read
-/// loop, a connection and a set of metric series, and one component asking for 1,024 once
-/// opened 1,030 connections and made `/metrics` 9 MB. The operator's `partitions` in the
-/// config may go up to [`sluice_descriptor::MAX_PARTITIONS`]. Refused, not capped: producers
-/// write to as many partitions as the count says, and a smaller count would never read some.
-pub const MAX_COMPONENT_PARTITIONS: u32 = 64;
-
-/// `Err(asked)` when a component's own descriptor asks for more partitions than
-/// [`MAX_COMPONENT_PARTITIONS`] and the operator did not set the count.
-pub fn check_component_partitions(
-    overrides: &sluice_descriptor::Overrides,
-    partitions: u32,
-) -> Result<(), u32> {
-    if overrides.partitions.is_none() && partitions > MAX_COMPONENT_PARTITIONS {
-        return Err(partitions);
-    }
-    Ok(())
 }
 
 /// One subscription, ready to run.

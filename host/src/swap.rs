@@ -65,7 +65,7 @@ pub enum SwapError {
     /// Its descriptor asks for more partitions than a component may.
     #[error(
         "the new component asks for {0} partitions; a component may ask for at most {max} (set partitions in the config)",
-        max = crate::plan::MAX_COMPONENT_PARTITIONS
+        max = crate::config::MAX_COMPONENT_PARTITIONS
     )]
     TooManyPartitions(u32),
     /// There is nothing to roll back to.
@@ -234,7 +234,7 @@ impl SwapControl {
             .map_err(interrupted_or_refused)?
             .overlay(&self.overrides)
             .resolve()?;
-        crate::plan::check_component_partitions(&self.overrides, descriptor.partitions)
+        crate::config::check_component_partitions(&self.overrides, descriptor.partitions)
             .map_err(SwapError::TooManyPartitions)?;
         let running = self.slot.labels();
         if !force && (descriptor.stream != running.stream || descriptor.group != running.group) {

@@ -337,7 +337,7 @@ async fn scenario(stream: &'static str, fault: Fault) {
         }
         Fault::LeaseHolder => {
             pair.under_way().await;
-            let lease = sluice_host::retention::lease_key(stream);
+            let lease = sluice_host::keys::retention_lease_key(stream);
             let mut conn = pair.conn.clone();
             let holder: String = wait_for(Duration::from_secs(60), "a lease holder", || {
                 let mut conn = conn.clone();

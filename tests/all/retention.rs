@@ -25,7 +25,7 @@ async fn next_run(
     stream: &str,
     after: i64,
 ) -> HashMap<String, String> {
-    let key = sluice_host::retention::record_key(stream);
+    let key = sluice_host::keys::retention_record_key(stream);
     wait_for(T, "a retention run", || {
         let mut conn = conn.clone();
         let key = key.clone();

@@ -140,11 +140,6 @@ pub struct Swept {
     pub held: bool,
 }
 
-/// The longest delay a park accepts: due times must stay integers a sorted-set score (a double)
-/// holds exactly, and far enough from 2^53 that adding it to "now" cannot overflow. About 285
-/// years; the subscription's `max_delay` is normally much shorter (see [`crate::outcome`]).
-pub const MAX_REPRESENTABLE_DELAY: Duration = Duration::from_millis((1 << 53) - (1 << 52));
-
 /// One subscription's delayed-retry set.
 pub struct DelayedSet {
     stream: Arc<str>,
@@ -298,7 +293,7 @@ impl DelayedSet {
     }
 
     /// Park `delivery` for `delay` and acknowledge the original, atomically, whatever its
-    /// number of fields. The caller keeps `delay` at or below [`MAX_REPRESENTABLE_DELAY`].
+    /// number of fields. The caller keeps `delay` at or below [`crate::outcome::MAX_REPRESENTABLE_DELAY`].
     pub async fn park(&self, delivery: &Delivery, delay: Duration) -> RedisResult<Parked> {
         self.park_noting(delivery, delay, "", Duration::ZERO).await
     }
@@ -313,7 +308,7 @@ impl DelayedSet {
         record: &str,
         keep: Duration,
     ) -> RedisResult<Parked> {
-        let delay = delay.min(MAX_REPRESENTABLE_DELAY);
+        let delay = delay.min(crate::outcome::MAX_REPRESENTABLE_DELAY);
         if let Some(ttl) = self.ttl
             && delay > ttl
         {

@@ -97,6 +97,18 @@ pub fn flow_key(stream: &str, group: &str) -> String {
     )
 }
 
+/// The lease that makes one host at a time trim `stream` (a stream, or a dead-letter stream):
+/// one per stream (streams that share a hash tag are trimmed each by its own holder), in the
+/// stream's slot.
+pub fn retention_lease_key(stream: &str) -> String {
+    format!("sluice-retention:{{{}}}:{stream}", hash_tag(stream))
+}
+
+/// Where the last run's record of `stream` is kept (one per stream, in its slot).
+pub fn retention_record_key(stream: &str) -> String {
+    format!("sluice-retention-last:{{{}}}:{stream}", hash_tag(stream))
+}
+
 /// A subscription's shared rate-limit bucket (see `flow::rate`): a hash in the stream's hash
 /// slot, named like [`flow_key`].
 pub fn rate_key(stream: &str, group: &str) -> String {

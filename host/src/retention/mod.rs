@@ -29,7 +29,7 @@ use redis::{RedisResult, Script};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Retention;
-use crate::keys::{SubscriptionKeys, hash_tag};
+use crate::keys::SubscriptionKeys;
 
 /// `lua/trim.lua`, behind the exact id comparisons it shares with the sweep (`lua/ids.lua`).
 static TRIM: LazyLock<Script> = LazyLock::new(|| {
@@ -41,18 +41,6 @@ static TRIM: LazyLock<Script> = LazyLock::new(|| {
 
 /// The most entries one run trims (from the stream, and from the dead-letter stream).
 pub const MAX_TRIM_PER_RUN: u64 = 100_000;
-
-/// The lease that makes one host at a time trim `stream` (a stream, or a dead-letter stream):
-/// one per stream (streams that share a hash tag are trimmed each by its own holder), in the
-/// stream's slot.
-pub fn lease_key(stream: &str) -> String {
-    format!("sluice-retention:{{{}}}:{stream}", hash_tag(stream))
-}
-
-/// Where the last run's record of `stream` is kept (one per stream, in its slot).
-pub fn record_key(stream: &str) -> String {
-    format!("sluice-retention-last:{{{}}}:{stream}", hash_tag(stream))
-}
 
 /// What one run did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,10 +126,10 @@ impl Trimmer {
             u64,
         ) = TRIM
             .key(&*self.keys.stream)
-            .key(lease_key(&self.keys.stream))
-            .key(record_key(&self.keys.stream))
+            .key(crate::keys::retention_lease_key(&self.keys.stream))
+            .key(crate::keys::retention_record_key(&self.keys.stream))
             .key(&*self.keys.dead_letter)
-            .key(lease_key(&self.keys.dead_letter))
+            .key(crate::keys::retention_lease_key(&self.keys.dead_letter))
             .arg(&self.holder)
             .arg(ms(self.every * 3))
             .arg(keep_acked)
