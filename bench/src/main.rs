@@ -132,7 +132,7 @@ fn guest(name: &str) -> Result<PathBuf> {
 async fn main() -> Result<()> {
     // Components are compiled in child processes of this executable.
     sluice_host::runtime::compile::serve_compiles();
-    sluice_host::memory::give_back_big_allocations();
+    sluice_host::support::memory::give_back_big_allocations();
     let args = Args::parse();
     {
         use tracing_subscriber::Layer as _;
@@ -144,7 +144,7 @@ async fn main() -> Result<()> {
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
         tracing_subscriber::registry()
-            .with(sluice_host::telemetry::layer())
+            .with(sluice_host::observe::telemetry::layer())
             .with(
                 tracing_subscriber::fmt::layer()
                     .with_writer(std::io::stderr)

@@ -3,10 +3,10 @@
 
 use futures::future::BoxFuture;
 use sluice_fixture_control::Control;
-use sluice_host::delivery::Delivery;
-use sluice_host::digest::Digest;
+use sluice_host::entry::delivery::Delivery;
+use sluice_host::entry::outcome::{Failure, Outcome};
 use sluice_host::handler::Handler;
-use sluice_host::outcome::{Failure, Outcome};
+use sluice_host::support::digest::Digest;
 
 /// The native handler.
 pub struct NativeAck {

@@ -8,9 +8,9 @@
 //! is paused and no entry is re-read.
 //!
 //! A slot may also hold a [`Trial`]: a candidate version that a share of deliveries runs (a
-//! canary, see `crate::rollout`), chosen per entry by a keyed hash of its origin id so that
+//! canary, see `crate::control::rollout`), chosen per entry by a keyed hash of its origin id so that
 //! every attempt of one entry runs on the same version. The trial counts what each version's
-//! attempts came to; `crate::rollout` compares the two and ends the trial.
+//! attempts came to; `crate::control::rollout` compares the two and ends the trial.
 //!
 //! This module sits between the runtime (which implements [`Handler`]) and dispatch (which
 //! calls it), so neither depends on the other; `swap` decides what gets published here.
@@ -24,10 +24,12 @@ use futures::future::BoxFuture;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 
-use crate::delivery::Delivery;
-use crate::digest::Digest;
-use crate::metrics::{CanaryLabels, CanaryVersionLabels, HandlerLabels, Metrics, SubLabels};
-use crate::outcome::{Failure, Outcome};
+use crate::entry::delivery::Delivery;
+use crate::entry::outcome::{Failure, Outcome};
+use crate::observe::metrics::{
+    CanaryLabels, CanaryVersionLabels, HandlerLabels, Metrics, SubLabels,
+};
+use crate::support::digest::Digest;
 
 /// Something that handles deliveries: a WASM component, or native code in tests and benches.
 pub trait Handler: Send + Sync + 'static {
@@ -70,7 +72,7 @@ impl Version {
         Self {
             digest: handler.digest().clone(),
             handler,
-            since: crate::clock::now(),
+            since: crate::support::clock::now(),
         }
     }
 }
@@ -377,7 +379,8 @@ impl Split {
     /// Whether the entry first added as `origin_id` runs on the candidate.
     pub fn takes(&self, origin_id: &str) -> bool {
         use std::hash::Hasher as _;
-        if self.share_bp == 0 || crate::when::entry_ms(origin_id).is_none_or(|ms| ms < self.from_ms)
+        if self.share_bp == 0
+            || crate::support::when::entry_ms(origin_id).is_none_or(|ms| ms < self.from_ms)
         {
             return false;
         }
@@ -435,8 +438,8 @@ pub struct HandlerSlot {
     previous: Mutex<Option<Arc<Version>>>,
     metrics: Arc<Metrics>,
     labels: SubLabels,
-    swaps: crate::metrics::Count,
-    refusals: crate::metrics::Count,
+    swaps: crate::observe::metrics::Count,
+    refusals: crate::observe::metrics::Count,
     /// The digests this slot counts in `sluice_handler_info` when it is summed per host.
     serving: Mutex<std::collections::HashSet<String>>,
     /// Where the handler versions of this subscription count what they refuse.
@@ -470,7 +473,7 @@ impl HandlerSlot {
         };
         let slot = Self {
             history: Mutex::new(std::collections::VecDeque::from([Served {
-                at: crate::clock::now(),
+                at: crate::support::clock::now(),
                 digest: version.digest.clone(),
                 how: "started",
             }])),
@@ -666,7 +669,7 @@ impl HandlerSlot {
                 history.pop_front();
             }
             history.push_back(Served {
-                at: crate::clock::now(),
+                at: crate::support::clock::now(),
                 digest: digest.clone(),
                 how,
             });
@@ -782,7 +785,7 @@ mod tests {
         assert!(!all.takes("not-an-id") && !all.takes("") && !all.takes("5000"));
         assert!(!all.takes("-1") && !all.takes("99999999999999999999999-0"));
         assert_eq!(
-            crate::when::entry_ms("1700000000000-3"),
+            crate::support::when::entry_ms("1700000000000-3"),
             Some(1_700_000_000_000)
         );
     }

@@ -431,8 +431,8 @@ fn init_tracing(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuar
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(true)
         .finish(std::io::stderr());
-    // Traces: off until the config says where they go (see `sluice_host::telemetry`).
-    let otel = sluice_host::telemetry::layer();
+    // Traces: off until the config says where they go (see `sluice_host::observe::telemetry`).
+    let otel = sluice_host::observe::telemetry::layer();
     let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(writer);
@@ -457,7 +457,7 @@ fn main() -> ExitCode {
     // The host's own compiling child (see `sluice_host::runtime::compile`): not a command for
     // people, so not in the help.
     sluice_host::runtime::compile::serve_compiles();
-    sluice_host::memory::give_back_big_allocations();
+    sluice_host::support::memory::give_back_big_allocations();
     let cli = Cli::parse();
     let _logs = init_tracing(cli.log_format);
     let runtime = match tokio::runtime::Runtime::new() {
@@ -474,7 +474,7 @@ fn main() -> ExitCode {
                 lang,
                 sdk_path,
                 template,
-            } => sluice_host::commands::new(&name, lang, template, sdk_path.as_deref()),
+            } => sluice_host::cli::new(&name, lang, template, sdk_path.as_deref()),
             Command::Send {
                 args,
                 config,
@@ -485,20 +485,16 @@ fn main() -> ExitCode {
                     [stream, json] => (Some(stream.clone()), json.clone()),
                     _ => anyhow::bail!("give [STREAM] JSON"),
                 };
-                let added = sluice_host::commands::send(
-                    &config,
-                    redis.as_deref(),
-                    stream.as_deref(),
-                    &json,
-                )
-                .await?;
+                let added =
+                    sluice_host::cli::send(&config, redis.as_deref(), stream.as_deref(), &json)
+                        .await?;
                 println!("{added}");
                 Ok(())
             }
             Command::Tools { action } => {
                 let report = match action {
-                    None => sluice_host::commands::tools_list(),
-                    Some(ToolsAction::Install) => sluice_host::commands::tools_install()?,
+                    None => sluice_host::cli::tools_list(),
+                    Some(ToolsAction::Install) => sluice_host::cli::tools_install()?,
                 };
                 print!("{report}");
                 Ok(())
@@ -506,15 +502,13 @@ fn main() -> ExitCode {
             Command::Cache {
                 action: CacheAction::Prune { dir, older_than },
             } => {
-                let done = sluice_host::commands::cache_prune(dir.as_deref(), &older_than)?;
+                let done = sluice_host::cli::cache_prune(dir.as_deref(), &older_than)?;
                 print!("{done}");
                 Ok(())
             }
-            Command::Build { dir } => sluice_host::commands::build(&dir).map(|_| ()),
-            Command::Dev { dir, redis } => sluice_host::commands::dev(&dir, redis.as_deref()).await,
-            Command::Run { paths, redis } => {
-                sluice_host::commands::run(&paths, redis.as_deref()).await
-            }
+            Command::Build { dir } => sluice_host::cli::build(&dir).map(|_| ()),
+            Command::Dev { dir, redis } => sluice_host::cli::dev(&dir, redis.as_deref()).await,
+            Command::Run { paths, redis } => sluice_host::cli::run(&paths, redis.as_deref()).await,
             Command::Parked {
                 paths,
                 stream,
@@ -522,7 +516,7 @@ fn main() -> ExitCode {
                 limit,
                 redis,
             } => {
-                let listing = sluice_host::commands::parked(
+                let listing = sluice_host::cli::parked(
                     &paths,
                     redis.as_deref(),
                     stream.as_deref(),
@@ -541,14 +535,13 @@ fn main() -> ExitCode {
                 timeout,
                 redis,
             } => {
-                let options = sluice_host::commands::StatusOptions {
+                let options = sluice_host::cli::StatusOptions {
                     json,
                     all,
                     stream,
                     timeout,
                 };
-                let report =
-                    sluice_host::commands::status(&paths, redis.as_deref(), &options).await?;
+                let report = sluice_host::cli::status(&paths, redis.as_deref(), &options).await?;
                 print!("{}", report.text);
                 if report.failed > 0 {
                     anyhow::bail!(
@@ -565,7 +558,7 @@ fn main() -> ExitCode {
                 by,
                 redis,
             } => {
-                let done = sluice_host::commands::pause(
+                let done = sluice_host::cli::pause(
                     &paths,
                     redis.as_deref(),
                     stream.as_deref(),
@@ -582,8 +575,7 @@ fn main() -> ExitCode {
                 redis,
             } => {
                 let done =
-                    sluice_host::commands::resume(&paths, redis.as_deref(), stream.as_deref())
-                        .await?;
+                    sluice_host::cli::resume(&paths, redis.as_deref(), stream.as_deref()).await?;
                 print!("{done}");
                 Ok(())
             }
@@ -608,7 +600,7 @@ fn main() -> ExitCode {
                     ),
                     None => token,
                 };
-                let request = sluice_host::commands::SwapRequest {
+                let request = sluice_host::cli::SwapRequest {
                     admin,
                     stream,
                     group,
@@ -619,7 +611,7 @@ fn main() -> ExitCode {
                     abort_canary,
                     token,
                 };
-                let done = sluice_host::commands::swap(request).await?;
+                let done = sluice_host::cli::swap(request).await?;
                 print!("{done}");
                 Ok(())
             }
@@ -632,17 +624,16 @@ fn main() -> ExitCode {
                 json,
                 redis,
             } => {
-                let listing =
-                    sluice_host::commands::dead_letters(sluice_host::commands::DeadLetterQuery {
-                        paths,
-                        redis,
-                        stream,
-                        reason,
-                        limit,
-                        ids,
-                        json,
-                    })
-                    .await?;
+                let listing = sluice_host::cli::dead_letters(sluice_host::cli::DeadLetterQuery {
+                    paths,
+                    redis,
+                    stream,
+                    reason,
+                    limit,
+                    ids,
+                    json,
+                })
+                .await?;
                 print!("{listing}");
                 Ok(())
             }
@@ -655,7 +646,7 @@ fn main() -> ExitCode {
                 redis,
             } => {
                 let (path, ids) = config_and_ids(args, all)?;
-                let done = sluice_host::commands::requeue(sluice_host::commands::RequeueRequest {
+                let done = sluice_host::cli::requeue(sluice_host::cli::RequeueRequest {
                     paths: vec![path],
                     redis,
                     stream,
@@ -682,7 +673,7 @@ fn main() -> ExitCode {
                 json,
                 redis,
             } => {
-                let done = sluice_host::commands::replay(sluice_host::commands::ReplayRequest {
+                let done = sluice_host::cli::replay(sluice_host::cli::ReplayRequest {
                     paths,
                     redis,
                     stream,
@@ -707,7 +698,7 @@ fn main() -> ExitCode {
                 redis,
             } => {
                 let (path, ids) = config_and_ids(args, all)?;
-                let done = sluice_host::commands::retry_now(
+                let done = sluice_host::cli::retry_now(
                     &[path],
                     redis.as_deref(),
                     stream.as_deref(),
@@ -726,22 +717,18 @@ fn main() -> ExitCode {
                 redis,
             } => {
                 let what = if parked.is_empty() {
-                    sluice_host::commands::Deletion::DeadLetters(dead_letter)
+                    sluice_host::cli::Deletion::DeadLetters(dead_letter)
                 } else {
-                    sluice_host::commands::Deletion::Parked(parked)
+                    sluice_host::cli::Deletion::Parked(parked)
                 };
-                let done = sluice_host::commands::delete(
-                    &paths,
-                    redis.as_deref(),
-                    stream.as_deref(),
-                    what,
-                )
-                .await?;
+                let done =
+                    sluice_host::cli::delete(&paths, redis.as_deref(), stream.as_deref(), what)
+                        .await?;
                 print!("{done}");
                 Ok(())
             }
             Command::Check { paths, redis } => {
-                let plan = sluice_host::commands::check(&paths, redis.as_deref()).await?;
+                let plan = sluice_host::cli::check(&paths, redis.as_deref()).await?;
                 print!("{plan}");
                 Ok(())
             }
@@ -754,7 +741,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             // Each cause once, even where a library prints its source in its own message.
-            eprintln!("error: {}", sluice_host::chain::join(err.chain()));
+            eprintln!("error: {}", sluice_host::support::chain::join(err.chain()));
             ExitCode::FAILURE
         }
     }

@@ -437,7 +437,7 @@ async fn an_operator_logs_in_and_requeues_a_dead_letter_in_a_browser() {
             .contains("Pause stream payments group g on every host?"),
         "{asked}"
     );
-    let paused = sluice_host::flow::state(&mut conn, "payments", "g")
+    let paused = sluice_host::pipeline::admit::state(&mut conn, "payments", "g")
         .await
         .unwrap()
         .expect("paused in Redis");
@@ -459,7 +459,7 @@ async fn an_operator_logs_in_and_requeues_a_dead_letter_in_a_browser() {
         )
         .await;
     assert_eq!(
-        sluice_host::flow::state(&mut conn, "payments", "g")
+        sluice_host::pipeline::admit::state(&mut conn, "payments", "g")
             .await
             .unwrap(),
         None

@@ -628,7 +628,7 @@ async fn partitions_over_the_cluster_with_two_hosts(cluster: &Cluster) {
     assert_eq!(finals.by_origin.len(), ids.len());
     for p in 0..PARTITIONS {
         let key = sluice_descriptor::partition_key(&stream, &stream, p);
-        let consumers = sluice_host::inspect::consumers(&mut conn, &key, "g")
+        let consumers = sluice_host::store::inspect::consumers(&mut conn, &key, "g")
             .await
             .unwrap();
         let names: Vec<&str> = consumers.iter().map(|c| c.name.as_str()).collect();

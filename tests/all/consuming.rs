@@ -386,7 +386,7 @@ async fn pending_entries_of_a_gone_consumer_are_taken_over() {
     wait_for(T, "old-pod deleted from the group", || {
         let mut conn = conn.clone();
         async move {
-            let consumers = sluice_host::inspect::consumers(&mut conn, "pods", "g")
+            let consumers = sluice_host::store::inspect::consumers(&mut conn, "pods", "g")
                 .await
                 .unwrap();
             (!consumers.iter().any(|c| c.name == "old-pod")).then_some(())
@@ -415,7 +415,7 @@ async fn the_forget_script_deletes_only_idle_consumers_that_hold_nothing() {
         .await
         .unwrap();
     let script = redis::Script::new(include_str!(
-        "../../host/src/subscription/lua/forget_gone.lua"
+        "../../host/src/pipeline/read/lua/forget_gone.lua"
     ));
     let forget = |name: &'static str, idle_ms: u64| {
         let mut conn = conn.clone();
@@ -440,7 +440,7 @@ async fn the_forget_script_deletes_only_idle_consumers_that_hold_nothing() {
     );
     assert_eq!(forget("nobody", 0).await, 0, "a consumer that is not there");
     assert_eq!(forget("empty", 0).await, 1);
-    let consumers = sluice_host::inspect::consumers(&mut conn, "forget", "g")
+    let consumers = sluice_host::store::inspect::consumers(&mut conn, "forget", "g")
         .await
         .unwrap();
     let names: Vec<&str> = consumers.iter().map(|c| c.name.as_str()).collect();

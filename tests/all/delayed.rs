@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_host::EventKind;
-use sluice_host::delayed::{DelayedSet, SWEEP_BATCH};
-use sluice_host::delivery::{Delivery, Entry};
-use sluice_host::keys::SubscriptionKeys;
-use sluice_host::member;
+use sluice_host::entry::delivery::{Delivery, Entry};
+use sluice_host::entry::member;
+use sluice_host::pipeline::delayed::{DelayedSet, SWEEP_BATCH};
+use sluice_host::store::keys::SubscriptionKeys;
 
 use crate::common::*;
 
@@ -52,8 +52,8 @@ async fn add_with_memo(
     .await
 }
 
-async fn manager(redis: &Redis) -> sluice_host::redis_conn::RedisHandle {
-    sluice_host::redis_conn::RedisHandle::connect(&redis.url(), &Default::default())
+async fn manager(redis: &Redis) -> sluice_host::store::redis_conn::RedisHandle {
+    sluice_host::store::redis_conn::RedisHandle::connect(&redis.url(), &Default::default())
         .await
         .unwrap()
 }
@@ -631,7 +631,7 @@ fn a_skewed_host_clock_does_not_change_when_entries_come_due() {
             hosts.push(HostProcess::spawn_with(
                 &["run", path.to_str().unwrap(), "--redis", &url],
                 dir.path(),
-                &[(sluice_host::clock::SKEW_VAR, offset)],
+                &[(sluice_host::support::clock::SKEW_VAR, offset)],
             ));
         }
         // The retry's second attempt waits (in the host's poll, not spinning) until the test
@@ -786,7 +786,7 @@ async fn lateness_is_measured_on_the_redis_clock_under_a_skewed_host_clock() {
     let host = HostProcess::spawn_with(
         &["run", path.to_str().unwrap(), "--redis", &redis.url()],
         dir.path(),
-        &[(sluice_host::clock::SKEW_VAR, "+1h")],
+        &[(sluice_host::support::clock::SKEW_VAR, "+1h")],
     );
     add(&mut conn, "late", &Control::Retry { ms: 500, times: 1 }).await;
     let admin = host.admin_addr().await;
@@ -868,9 +868,9 @@ async fn a_member_of_any_width_moves_back_whole() {
     let _: i64 = redis::cmd("ZADD")
         .arg("bulky.delayed")
         .arg(0)
-        .arg(sluice_host::member::encode_legacy("1-1", 1, &big))
+        .arg(sluice_host::entry::member::encode_legacy("1-1", 1, &big))
         .arg(1)
-        .arg(sluice_host::member::encode_legacy("1-2", 1, &small))
+        .arg(sluice_host::entry::member::encode_legacy("1-2", 1, &small))
         .query_async(&mut conn)
         .await
         .unwrap();

@@ -590,7 +590,7 @@ async fn looks_again_only_after_a_write(polling: bool) {
     assert_eq!(pending(&mut conn, "quiet", "g").await, 0);
     // `elsewhere`, holding nothing now, is deleted; then the looks stop again.
     wait_looks_stop(&mut conn).await;
-    let consumers = sluice_host::inspect::consumers(&mut conn, "quiet", "g")
+    let consumers = sluice_host::store::inspect::consumers(&mut conn, "quiet", "g")
         .await
         .unwrap();
     assert!(consumers.iter().all(|c| c.name == "here"), "{consumers:?}");
@@ -1060,7 +1060,7 @@ async fn a_pause_written_without_its_epoch_bump_is_still_seen() {
     let mut conn = redis.conn().await;
     let mut host = start_fixture(&redis, many(30)).await;
     let admin = host.admin().await;
-    let key = sluice_host::keys::flow_key("many-3", "g3");
+    let key = sluice_host::store::keys::flow_key("many-3", "g3");
     let _: bool = cmd(
         &mut conn,
         &[

@@ -6,8 +6,8 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use sluice_host::EventKind;
-use sluice_host::keys::Secret;
-use sluice_host::member;
+use sluice_host::entry::member;
+use sluice_host::store::keys::Secret;
 
 use crate::common::*;
 
@@ -529,15 +529,16 @@ async fn a_foreign_member_is_dead_lettered_not_delivered() {
     assert_eq!(parked(&mut conn, "owned.g.delayed").await, 0);
     // Shown to the operator; requeueable, as an entry of its own (its origin is not vouched
     // for).
-    let keys = sluice_host::keys::SubscriptionKeys::new(
+    let keys = sluice_host::store::keys::SubscriptionKeys::new(
         "owned",
         "g",
         &dead_letter_key("owned"),
         Some("owned.g.delayed"),
     );
-    let page = sluice_host::operate::dead_letters::list(&mut conn, &keys, None, 10, None, 1)
-        .await
-        .unwrap();
+    let page =
+        sluice_host::control::operate::dead_letters::list(&mut conn, &keys, None, 10, None, 1)
+            .await
+            .unwrap();
     assert_eq!(page.items.len(), 1);
     let letter = &page.items[0];
     assert!(
@@ -595,14 +596,14 @@ async fn a_forged_dead_letter_is_not_requeued_with_its_origin() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let keys = sluice_host::keys::SubscriptionKeys::new(
+    let keys = sluice_host::store::keys::SubscriptionKeys::new(
         "sealed",
         "g",
         &dead_letter_key("sealed"),
         Some("sealed.g.delayed"),
     )
     .with_retry_lane(true);
-    use sluice_host::operate::dead_letters;
+    use sluice_host::control::operate::dead_letters;
     for (id, trusted) in [(&dead[0].0, true), (&made_up, false), (&unsealed, false)] {
         let letter = dead_letters::get(&mut conn, &keys, id)
             .await
@@ -632,7 +633,7 @@ async fn a_forged_dead_letter_is_not_requeued_with_its_origin() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let keys = sluice_host::keys::SubscriptionKeys::new(
+    let keys = sluice_host::store::keys::SubscriptionKeys::new(
         "virgin",
         "g",
         &dead_letter_key("virgin"),
@@ -869,7 +870,7 @@ async fn a_broken_legacy_record_is_named_and_the_secret_never_printed() {
         &["SET", "sluice-secret:{broken}", "do-not-print-me"],
     )
     .await;
-    let record = sluice_host::keys::legacy_marks_key("broken");
+    let record = sluice_host::store::keys::legacy_marks_key("broken");
     let _: () = cmd(&mut conn, &["SET", &record, "not a hash"]).await;
     let mut host = HostProcess::run(&redis, member_of("broken", "g"));
     assert!(!host.wait_exit().await.success());

@@ -415,7 +415,7 @@ async fn a_take_over_answered_after_the_pause_waits_for_the_resume() {
 async fn unreadable_flow_controls_make_the_host_not_ready() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let key = sluice_host::keys::flow_key("unsure", "g");
+    let key = sluice_host::store::keys::flow_key("unsure", "g");
     let _: () = cmd(&mut conn, &["SET", &key, "not a hash"]).await;
     let mut host = start_fixture(&redis, Sub::fixture("unsure")).await;
     let admin = host.admin().await;
@@ -455,7 +455,7 @@ async fn unreadable_flow_controls_make_the_host_not_ready() {
 async fn an_unreadable_rate_budget_makes_the_host_not_ready() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let bucket = sluice_host::keys::rate_key("rk", "g");
+    let bucket = sluice_host::store::keys::rate_key("rk", "g");
     let _: () = cmd(&mut conn, &["SET", &bucket, "x"]).await;
     let mut host = start_fixture(
         &redis,
@@ -491,7 +491,7 @@ async fn an_unreadable_rate_budget_makes_the_host_not_ready() {
 async fn a_bucket_time_ahead_of_the_server_does_not_starve_the_group() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let bucket = sluice_host::keys::rate_key("rt", "g");
+    let bucket = sluice_host::store::keys::rate_key("rt", "g");
     let (secs, micros): (String, String) = cmd(&mut conn, &["TIME"]).await;
     let now_ms = secs.parse::<u64>().unwrap() * 1000 + micros.parse::<u64>().unwrap() / 1000;
     let ahead = (now_ms + 59_000).to_string();
@@ -517,13 +517,13 @@ async fn a_foreign_pause_record_is_bounded_and_a_bad_body_refused() {
     let mut conn = redis.conn().await;
     let mut host = start_fixture(&redis, Sub::fixture("foreign").set("max_retries", 0)).await;
     let admin = host.admin().await;
-    let key = sluice_host::keys::flow_key("foreign", "g");
+    let key = sluice_host::store::keys::flow_key("foreign", "g");
     // The journal's key is another program's string: pauses and resumes go on without it.
-    let journal = sluice_host::keys::journal_key("foreign", "g");
+    let journal = sluice_host::store::keys::journal_key("foreign", "g");
     let _: () = cmd(&mut conn, &["SET", &journal, "not a stream"]).await;
     let big = "x".repeat(1 << 20);
     let _: () = cmd(&mut conn, &["HSET", &key, "paused", &big]).await;
-    let _: i64 = cmd(&mut conn, &["INCR", sluice_host::keys::FLOW_EPOCH]).await;
+    let _: i64 = cmd(&mut conn, &["INCR", sluice_host::store::keys::FLOW_EPOCH]).await;
     let paused = wait_for(Duration::from_secs(5), "the foreign pause", || {
         listed_paused(admin, "foreign")
     })
@@ -559,14 +559,14 @@ async fn a_foreign_pause_record_is_bounded_and_a_bad_body_refused() {
     // A time past year 9999 and an epoch that is not a number: the host still sees the pause.
     let _: () = cmd(
         &mut conn,
-        &["SET", sluice_host::keys::FLOW_EPOCH, "garbage"],
+        &["SET", sluice_host::store::keys::FLOW_EPOCH, "garbage"],
     )
     .await;
     let far = r#"{"by":"x","at_ms":253402300800000}"#;
     let _: () = cmd(&mut conn, &["HSET", &key, "paused", far]).await;
     let _: () = cmd(
         &mut conn,
-        &["SET", sluice_host::keys::FLOW_EPOCH, "garbage2"],
+        &["SET", sluice_host::store::keys::FLOW_EPOCH, "garbage2"],
     )
     .await;
     let paused = wait_for(Duration::from_secs(5), "the far-future pause", || {
@@ -620,7 +620,7 @@ async fn three_hosts_share_one_rate_limit() {
     const RATE: f64 = 200.0;
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let bucket = sluice_host::keys::rate_key("limited", "g");
+    let bucket = sluice_host::store::keys::rate_key("limited", "g");
     let _: () = cmd(&mut conn, &["HSET", &bucket, "t", "1e308", "at", "9e18"]).await;
     let sub = |consumer: &str| {
         TestConfig::of(
@@ -903,7 +903,7 @@ async fn a_circuit_breaker_saves_attempts_while_the_gateway_is_down() {
     up.abort();
     let _ = up.await;
     let down_at = std::time::Instant::now();
-    let key = sluice_host::keys::flow_key("guarded", "g");
+    let key = sluice_host::store::keys::flow_key("guarded", "g");
     let mut opened_at: Option<std::time::Instant> = None;
     while down_at.elapsed() < DOWN {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1094,12 +1094,13 @@ async fn scripts_run(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
 /// pause written that way is seen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_rereads_only_its_own_flow_hash() {
-    use sluice_host::flow::{FlowWatcher, Paused};
+    use sluice_host::pipeline::admit::{FlowWatcher, Paused};
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let handle = sluice_host::redis_conn::RedisHandle::connect(&redis.url(), &Default::default())
-        .await
-        .unwrap();
+    let handle =
+        sluice_host::store::redis_conn::RedisHandle::connect(&redis.url(), &Default::default())
+            .await
+            .unwrap();
     let metrics = sluice_host::Metrics::new(false);
     let mut watcher = FlowWatcher::new(handle.clone());
     let watches: Vec<_> = (0..100)
@@ -1118,17 +1119,17 @@ async fn a_pause_rereads_only_its_own_flow_hash() {
         }
     };
     let mut writer = handle.clone();
-    sluice_host::flow::pause(&mut writer, "s0", "g", Paused::now("test", None))
+    sluice_host::pipeline::admit::pause(&mut writer, "s0", "g", Paused::now("test", None))
         .await
         .unwrap();
     paused(0, true).await;
     let before = scripts_run(&mut conn).await;
     for _ in 0..5 {
-        sluice_host::flow::resume(&mut writer, "s0", "g", "test")
+        sluice_host::pipeline::admit::resume(&mut writer, "s0", "g", "test")
             .await
             .unwrap();
         paused(0, false).await;
-        sluice_host::flow::pause(&mut writer, "s0", "g", Paused::now("test", None))
+        sluice_host::pipeline::admit::pause(&mut writer, "s0", "g", Paused::now("test", None))
             .await
             .unwrap();
         paused(0, true).await;
@@ -1142,9 +1143,9 @@ async fn a_pause_rereads_only_its_own_flow_hash() {
         "{spent} scripts for 10 changes of one subscription"
     );
     // Another client's pause and INCR: nothing logged, everything read.
-    let key = sluice_host::keys::flow_key("s7", "g");
+    let key = sluice_host::store::keys::flow_key("s7", "g");
     let _: () = cmd(&mut conn, &["HSET", &key, "paused", "{}"]).await;
-    let _: i64 = cmd(&mut conn, &["INCR", sluice_host::keys::FLOW_EPOCH]).await;
+    let _: i64 = cmd(&mut conn, &["INCR", sluice_host::store::keys::FLOW_EPOCH]).await;
     paused(7, true).await;
     stop.cancel();
     running.await.unwrap();

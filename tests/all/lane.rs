@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use sluice_host::member;
+use sluice_host::entry::member;
 use sluice_host::{Event, EventKind};
 
 use crate::common::*;
@@ -526,7 +526,7 @@ async fn bookkeeping_written_into_the_lane_by_hand_is_not_trusted() {
 async fn lane_trimming_is_exact_above_2_pow_53() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let keys = sluice_host::keys::SubscriptionKeys::new(
+    let keys = sluice_host::store::keys::SubscriptionKeys::new(
         "exact",
         "g",
         "exact.dead-letter",
@@ -582,7 +582,7 @@ async fn a_lane_left_behind_is_drained_after_retry_lane_is_turned_off() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     // Retries a host of the group moved into the lane while `retry_lane` was on, unread.
-    let lane = sluice_host::keys::lane_key("leftover.delayed");
+    let lane = sluice_host::store::keys::lane_key("leftover.delayed");
     create_group(&mut conn, &lane, "g", "0").await;
     let mut left = std::collections::HashSet::new();
     for _ in 0..3 {

@@ -337,7 +337,7 @@ async fn scenario(stream: &'static str, fault: Fault) {
         }
         Fault::LeaseHolder => {
             pair.under_way().await;
-            let lease = sluice_host::keys::retention_lease_key(stream);
+            let lease = sluice_host::store::keys::retention_lease_key(stream);
             let mut conn = pair.conn.clone();
             let holder: String = wait_for(Duration::from_secs(60), "a lease holder", || {
                 let mut conn = conn.clone();
@@ -405,7 +405,7 @@ async fn cutting_the_retention_lease_holder_moves_the_lease_and_loses_nothing() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_in_the_middle_of_a_sweep_pass_moves_each_retry_once() {
-    let sha = sluice_host::delayed::sweep_script_sha().to_owned();
+    let sha = sluice_host::pipeline::delayed::sweep_script_sha().to_owned();
     scenario(
         "net-sweep",
         Fault::MidCall {
@@ -476,12 +476,12 @@ async fn redis_out_of_memory_refuses_settles_whole_and_resumes() {
     let waiting = pending(&mut conn, stream, GROUP).await
         + pending(
             &mut conn,
-            &sluice_host::keys::lane_key(&format!("{stream}.delayed")),
+            &sluice_host::store::keys::lane_key(&format!("{stream}.delayed")),
             GROUP,
         )
         .await
         + parked(&mut conn, &format!("{stream}.delayed")).await;
-    let unread = sluice_host::inspect::group(&mut conn, stream, GROUP)
+    let unread = sluice_host::store::inspect::group(&mut conn, stream, GROUP)
         .await
         .unwrap()
         .and_then(|g| g.lag)

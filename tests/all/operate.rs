@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use sluice_host::EventKind;
-use sluice_host::keys::SubscriptionKeys;
-use sluice_host::operate::{dead_letters, parked};
+use sluice_host::control::operate::{dead_letters, parked};
+use sluice_host::store::keys::SubscriptionKeys;
 
 use crate::common::*;
 
@@ -100,7 +100,7 @@ async fn dead_letters_are_listed_requeued_and_deleted_from_the_cli() {
     // Newest first (by dead-letter id; deliveries run concurrently, so not by origin).
     let ids: Vec<&str> = rows.iter().map(|r| r["id"].as_str().unwrap()).collect();
     let mut sorted = ids.clone();
-    sorted.sort_by(|a, b| sluice_host::delivery::cmp_ids(b, a));
+    sorted.sort_by(|a, b| sluice_host::entry::delivery::cmp_ids(b, a));
     assert_eq!(ids, sorted);
     let row_of = |origin: &str| {
         rows.iter()
@@ -444,7 +444,7 @@ async fn a_killed_requeue_all_loses_and_doubles_nothing() {
         url.as_str(),
     ];
     let mut cli = HostProcess::spawn(&args, dir.path());
-    let lane = sluice_host::keys::lane_key("killed.delayed");
+    let lane = sluice_host::store::keys::lane_key("killed.delayed");
     wait_for(T, "the requeue to be under way", || {
         let mut conn = conn.clone();
         let lane = lane.clone();
@@ -747,7 +747,7 @@ async fn dead_lettered_parked_retries_are_sealed_and_requeued_whole_with_their_o
     wide.extend((0..4000).map(|i| (format!("f{i}").into_bytes(), b"v".to_vec())));
     let mut members = Vec::new();
     for (origin, fields) in [("7-1", &small), ("8-1", &wide)] {
-        let member = sluice_host::member::NewMember {
+        let member = sluice_host::entry::member::NewMember {
             entry_id: origin,
             retry_count: 2,
             fields,
@@ -757,7 +757,7 @@ async fn dead_lettered_parked_retries_are_sealed_and_requeued_whole_with_their_o
         }
         .encode();
         // Due in an hour: only the operator moves them.
-        let due = sluice_host::inspect::server_now_ms(&mut conn)
+        let due = sluice_host::store::inspect::server_now_ms(&mut conn)
             .await
             .unwrap()
             + 3_600_000;

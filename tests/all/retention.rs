@@ -25,7 +25,7 @@ async fn next_run(
     stream: &str,
     after: i64,
 ) -> HashMap<String, String> {
-    let key = sluice_host::keys::retention_record_key(stream);
+    let key = sluice_host::store::keys::retention_record_key(stream);
     wait_for(T, "a retention run", || {
         let mut conn = conn.clone();
         let key = key.clone();
@@ -333,8 +333,8 @@ async fn entry_histories_are_bounded_and_can_be_turned_off() {
         let ids: Vec<String> = pipe.query_async(&mut conn).await.unwrap();
         wait_acked(&conn, stream, "g", ids.last().unwrap()).await;
     }
-    let histories = sluice_host::keys::history_key("hb", "g");
-    let index = sluice_host::keys::history_index_key("hb", "g");
+    let histories = sluice_host::store::keys::history_key("hb", "g");
+    let index = sluice_host::store::keys::history_index_key("hb", "g");
     let entries: u64 = cmd(&mut conn, &["HLEN", &histories]).await;
     let indexed: u64 = cmd(&mut conn, &["ZCARD", &index]).await;
     assert_eq!((entries, indexed), (500, 500));

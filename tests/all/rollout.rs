@@ -365,7 +365,7 @@ async fn a_host_that_cannot_join_ends_the_canary_for_every_host() {
     wait_for(T, "every entry acknowledged", || {
         let mut conn = conn.clone();
         async move {
-            let group = sluice_host::inspect::group(&mut conn, "cj", "g")
+            let group = sluice_host::store::inspect::group(&mut conn, "cj", "g")
                 .await
                 .unwrap()?;
             (group.pending == 0 && group.lag == Some(0)).then_some(())
@@ -391,14 +391,14 @@ async fn a_redis_writer_cannot_make_the_hosts_run_its_component() {
     let admin = host.admin().await;
     let v1 = serving(admin).await;
     let secret: String = redis::cmd("GET")
-        .arg(sluice_host::keys::secret_key("cf"))
+        .arg(sluice_host::store::keys::secret_key("cf"))
         .query_async(&mut conn)
         .await
         .unwrap();
     let v2 = std::fs::read(&guests().fixture_v2).unwrap();
-    let digest = sluice_host::digest::Digest::of(&v2).to_string();
+    let digest = sluice_host::support::digest::Digest::of(&v2).to_string();
     let _: () = redis::cmd("SET")
-        .arg(sluice_host::keys::component_key("cf", &digest))
+        .arg(sluice_host::store::keys::component_key("cf", &digest))
         .arg(&v2)
         .query_async(&mut conn)
         .await
@@ -429,7 +429,7 @@ async fn a_redis_writer_cannot_make_the_hosts_run_its_component() {
         "by": "attacker" })
     .to_string();
     let _: () = redis::cmd("HSET")
-        .arg(sluice_host::keys::flow_key("cf", "g"))
+        .arg(sluice_host::store::keys::flow_key("cf", "g"))
         .arg("canary")
         .arg(&forged)
         .arg("canary-verdict")
@@ -438,7 +438,7 @@ async fn a_redis_writer_cannot_make_the_hosts_run_its_component() {
         .await
         .unwrap();
     let _: () = redis::cmd("INCR")
-        .arg(sluice_host::keys::FLOW_EPOCH)
+        .arg(sluice_host::store::keys::FLOW_EPOCH)
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -486,7 +486,7 @@ async fn verdict_field(
     stream: &str,
 ) -> Option<String> {
     redis::cmd("HGET")
-        .arg(sluice_host::keys::flow_key(stream, "g"))
+        .arg(sluice_host::store::keys::flow_key(stream, "g"))
         .arg("canary-verdict")
         .query_async(conn)
         .await
@@ -498,7 +498,7 @@ async fn write_verdict_field(
     stream: &str,
     value: Option<&str>,
 ) {
-    let key = sluice_host::keys::flow_key(stream, "g");
+    let key = sluice_host::store::keys::flow_key(stream, "g");
     let _: () = match value {
         Some(value) => redis::cmd("HSET")
             .arg(&key)
@@ -515,7 +515,7 @@ async fn write_verdict_field(
             .unwrap(),
     };
     let _: () = redis::cmd("INCR")
-        .arg(sluice_host::keys::FLOW_EPOCH)
+        .arg(sluice_host::store::keys::FLOW_EPOCH)
         .query_async(conn)
         .await
         .unwrap();
@@ -578,8 +578,8 @@ async fn only_a_sealed_verdict_counts_and_an_ended_canary_stays_ended() {
     );
     assert_eq!(serving(admin).await, v1);
     let v2 = std::fs::read(&guests().fixture_v2).unwrap();
-    let digest = sluice_host::digest::Digest::of(&v2).to_string();
-    let bytes_key = sluice_host::keys::component_key("cv", &digest);
+    let digest = sluice_host::support::digest::Digest::of(&v2).to_string();
+    let bytes_key = sluice_host::store::keys::component_key("cv", &digest);
     let checker = conn.clone();
     let exists = move |key: String| {
         let mut conn = checker.clone();
@@ -899,9 +899,9 @@ async fn a_replay_reports_what_the_candidate_would_do_and_writes_nothing() {
 /// failing candidate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_judge_rolls_back_a_failing_candidate_and_not_an_equal_one_by_chance() {
+    use sluice_host::control::rollout::canary::{self, Outcome, Reported};
+    use sluice_host::control::rollout::key::{Origin, RolloutKey};
     use sluice_host::handler::Tally;
-    use sluice_host::rollout::canary::{self, Outcome, Reported};
-    use sluice_host::rollout::key::{Origin, RolloutKey};
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let starter = conn.clone();
@@ -921,8 +921,8 @@ async fn the_judge_rolls_back_a_failing_candidate_and_not_an_equal_one_by_chance
                     stream: &stream,
                     group: "g",
                     bytes: &v2,
-                    candidate: sluice_host::digest::Digest::of(&v2).as_str(),
-                    incumbent: sluice_host::digest::Digest::of(&v1).as_str(),
+                    candidate: sluice_host::support::digest::Digest::of(&v2).as_str(),
+                    incumbent: sluice_host::support::digest::Digest::of(&v1).as_str(),
                     share_bp: 1_000,
                     window: Duration::from_secs(3600),
                     thresholds: (&sluice_host::config::Canary::default()).into(),
@@ -988,7 +988,7 @@ async fn the_judge_rolls_back_a_failing_candidate_and_not_an_equal_one_by_chance
     for spoil in [None, Some("abc"), Some("-5"), Some("1.5")] {
         let record = start(format!("failing-{spoil:?}")).await;
         if let Some(value) = spoil {
-            let key = sluice_host::keys::canary_key(&record.stream, "g");
+            let key = sluice_host::store::keys::canary_key(&record.stream, "g");
             redis::cmd("HSET")
                 .arg(&key)
                 .arg("id")

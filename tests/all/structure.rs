@@ -1,12 +1,26 @@
-//! The host's shape: its modules depend on each other in one direction only, and `lib.rs`, the
-//! map, names every one of them.
+//! The host's shape: its files depend on each other in one direction only, each layer (a folder
+//! under `host/src`) uses only the layers below it, and every map (`lib.rs`, each layer's
+//! `mod.rs`) names what it holds.
 //!
-//! A module `a` depends on `b` when any file under `a` names `crate::b` in code (comments and
-//! doc links do not count). A cycle means two modules can only be understood, tested or
-//! changed together; this test names the cycle so it is cut where it appears.
+//! A file depends on a module when its code (before its `#[cfg(test)]` part; comments and
+//! strings do not count) names it by a `crate::`, `super::` or `self::` path, alone or in a
+//! `use` group. Each path is resolved to the longest prefix that is a file of the crate. A
+//! cycle means two files can only be understood, tested or changed together; an import against
+//! the layer order means a lower layer knows about a higher one. This test names either where
+//! it appears, so it is cut there.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+
+/// The layers, bottom up: the order `lib.rs` gives. A file may use its own layer and those
+/// before it in this list, never one after it.
+const LAYERS: &[&str] = &[
+    "support", "config", "observe", "store", "entry", "handler", "runtime", "pipeline", "control",
+    "serve", "service", "project", "cli",
+];
+
+/// A module path inside the crate (`["pipeline", "read"]`); the crate root is empty.
+type Module = Vec<String>;
 
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
@@ -24,126 +38,243 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The top-level module a file belongs to (`runtime/http.rs` -> `runtime`); `None` for the
-/// crate root and the binary.
-fn module_of(file: &Path) -> Option<String> {
-    let rel = file.strip_prefix(src()).unwrap();
-    let first = rel.components().next()?.as_os_str().to_str()?.to_owned();
-    let name = first.strip_suffix(".rs").unwrap_or(&first).to_owned();
-    (name != "lib" && name != "main").then_some(name)
+/// The module a file defines (`pipeline/read/mod.rs` and `pipeline/read.rs` are both
+/// `pipeline::read`), or `None` for the binary's `main.rs`.
+fn module_of(rel: &Path) -> Option<Module> {
+    let mut parts: Module = rel
+        .with_extension("")
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    match parts.last().map(String::as_str) {
+        Some("main") if parts.len() == 1 => return None,
+        Some("lib") if parts.len() == 1 => parts.clear(),
+        Some("mod") => {
+            parts.pop();
+        }
+        _ => {}
+    }
+    Some(parts)
 }
 
-/// The code of a file without its comments.
-fn code(text: &str) -> String {
-    text.lines()
-        .map(|line| match line.find("//") {
-            Some(at) if !line[..at].contains('"') => &line[..at],
-            _ => line,
+/// Every module of the crate and the file that defines it.
+fn modules() -> BTreeMap<Module, PathBuf> {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    files
+        .into_iter()
+        .filter_map(|file| {
+            let rel = file.strip_prefix(src()).unwrap().to_owned();
+            Some((module_of(&rel)?, file))
         })
-        .collect::<Vec<_>>()
-        .join("\n")
+        .collect()
 }
 
-/// The top-level modules named in `code` as `crate::name` or inside `use crate::{..}`.
-fn named_modules(code: &str) -> BTreeSet<String> {
-    let ident = |s: &str| -> String {
-        s.chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect()
-    };
-    let mut out = BTreeSet::new();
-    for (at, _) in code.match_indices("crate::") {
-        let rest = &code[at + "crate::".len()..];
+/// The code of a file without its tests, comments and string contents.
+fn code(text: &str) -> String {
+    let text = &text[..text.find("#[cfg(test)]").unwrap_or(text.len())];
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    let mut in_string = false;
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if in_string => {
+                chars.next();
+            }
+            '"' => {
+                in_string = !in_string;
+                out.push(c);
+            }
+            '/' if !in_string && chars.peek() == Some(&'/') => {
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        out.push('\n');
+                        break;
+                    }
+                }
+            }
+            _ if in_string => {}
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// Every path in `code` that starts with `crate`, `super` or `self`, as its segments; a `use`
+/// group (`crate::a::{b, c::d}`) gives one path per member.
+fn paths(code: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for head in ["crate", "super", "self"] {
+        for (at, _) in code.match_indices(head) {
+            let before = code[..at].chars().next_back();
+            let after = &code[at + head.len()..];
+            if before.is_some_and(|c| is_ident(c) || c == ':') || !after.starts_with("::") {
+                continue;
+            }
+            walk(vec![head.to_owned()], &after[2..], &mut out);
+        }
+    }
+    out
+}
+
+/// Reads the rest of a path after `prefix::` from `rest`, into `out`.
+fn walk(mut prefix: Vec<String>, mut rest: &str, out: &mut Vec<Vec<String>>) {
+    loop {
+        rest = rest.trim_start();
         if let Some(group) = rest.strip_prefix('{') {
-            // Only the first segment of each path in the group is a module of the crate.
             let mut depth = 0;
-            let mut start = true;
+            let mut start = 0;
             for (i, c) in group.char_indices() {
                 match c {
                     '{' => depth += 1,
-                    '}' if depth == 0 => break,
+                    '}' if depth == 0 => {
+                        walk(prefix.clone(), &group[start..i], out);
+                        return;
+                    }
                     '}' => depth -= 1,
-                    ',' if depth == 0 => start = true,
-                    c if start && !c.is_whitespace() => {
-                        out.insert(ident(&group[i..]));
-                        start = false;
+                    ',' if depth == 0 => {
+                        walk(prefix.clone(), &group[start..i], out);
+                        start = i + 1;
                     }
                     _ => {}
                 }
             }
-        } else {
-            out.insert(ident(rest));
+            return;
+        }
+        let name: String = rest.chars().take_while(|c| is_ident(*c)).collect();
+        if name.is_empty() {
+            break;
+        }
+        rest = &rest[name.len()..];
+        prefix.push(name);
+        match rest.strip_prefix("::") {
+            Some(more) => rest = more,
+            None => break,
         }
     }
-    out.retain(|m| !m.is_empty());
-    out
+    out.push(prefix);
 }
 
-fn graph() -> BTreeMap<String, BTreeSet<String>> {
-    let mut files = Vec::new();
-    rust_files(&src(), &mut files);
-    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for file in files {
-        let Some(module) = module_of(&file) else {
-            continue;
-        };
-        let text = std::fs::read_to_string(&file).unwrap();
-        let deps = edges.entry(module.clone()).or_default();
-        for dep in named_modules(&code(&text)) {
-            if dep != module {
-                deps.insert(dep);
+/// The module of the crate that `path`, written in `file`'s module `here`, names.
+fn resolve(path: &[String], here: &Module, modules: &BTreeMap<Module, PathBuf>) -> Option<Module> {
+    let (mut base, rest): (Module, &[String]) = match path[0].as_str() {
+        "crate" => (Vec::new(), &path[1..]),
+        _ => {
+            // `self` and `super` count from the file's module (`a/b.rs` and `a/b/mod.rs` are
+            // both `a::b`, and `super` is `a` from either).
+            let mut base = here.clone();
+            let mut rest = path;
+            if rest[0] == "self" {
+                rest = &rest[1..];
             }
+            while rest.first().is_some_and(|s| s == "super") {
+                base.pop();
+                rest = &rest[1..];
+            }
+            (base, rest)
         }
+    };
+    base.extend(rest.iter().filter(|s| s.as_str() != "self").cloned());
+    (1..=base.len())
+        .rev()
+        .map(|n| base[..n].to_vec())
+        .find(|m| modules.contains_key(m))
+}
+
+/// Each module's file-level dependencies on other modules of the crate.
+fn graph() -> BTreeMap<Module, BTreeSet<Module>> {
+    let modules = modules();
+    let mut edges = BTreeMap::new();
+    for (module, file) in &modules {
+        if module.is_empty() {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).unwrap();
+        let deps: BTreeSet<Module> = paths(&code(&text))
+            .iter()
+            .filter_map(|p| resolve(p, module, &modules))
+            .filter(|m| m != module && !m.is_empty())
+            .collect();
+        edges.insert(module.clone(), deps);
     }
     edges
 }
 
 /// A cycle through `node`, if there is one reachable from it, as the list of modules on it.
-fn find_cycle(
-    node: &str,
-    edges: &BTreeMap<String, BTreeSet<String>>,
-    path: &mut Vec<String>,
-    done: &mut BTreeSet<String>,
-) -> Option<Vec<String>> {
+fn find_cycle<N: Clone + Ord>(
+    node: &N,
+    edges: &BTreeMap<N, BTreeSet<N>>,
+    path: &mut Vec<N>,
+    done: &mut BTreeSet<N>,
+) -> Option<Vec<N>> {
     if let Some(at) = path.iter().position(|m| m == node) {
         let mut cycle = path[at..].to_vec();
-        cycle.push(node.to_owned());
+        cycle.push(node.clone());
         return Some(cycle);
     }
     if done.contains(node) {
         return None;
     }
-    path.push(node.to_owned());
+    path.push(node.clone());
     for next in edges.get(node).into_iter().flatten() {
         if let Some(cycle) = find_cycle(next, edges, path, done) {
             return Some(cycle);
         }
     }
     path.pop();
-    done.insert(node.to_owned());
+    done.insert(node.clone());
     None
 }
 
+fn layer_of(module: &Module) -> usize {
+    let top = module.first().map(String::as_str).unwrap_or_default();
+    LAYERS
+        .iter()
+        .position(|l| *l == top)
+        .unwrap_or_else(|| panic!("`{top}` is not a layer of LAYERS: place it in the order"))
+}
+
 #[test]
-fn the_module_graph_has_no_cycle() {
+fn no_file_imports_another_that_imports_it_back() {
     let edges = graph();
     assert!(
-        edges.len() > 10,
-        "the host's modules were not found: {edges:?}"
+        edges.len() > 50,
+        "the host's files were not found: {edges:?}"
     );
     let mut done = BTreeSet::new();
     for module in edges.keys() {
         if let Some(cycle) = find_cycle(module, &edges, &mut Vec::new(), &mut done) {
+            let names: Vec<String> = cycle.iter().map(|m| m.join("::")).collect();
             panic!(
-                "import cycle between the host's modules: {}",
-                cycle.join(" -> ")
+                "import cycle between the host's files: {}",
+                names.join(" -> ")
             );
         }
     }
 }
 
 #[test]
-fn the_cycle_finder_finds_a_cycle() {
+fn every_file_uses_only_its_own_layer_and_those_below() {
+    let mut against = Vec::new();
+    for (module, deps) in graph() {
+        for dep in deps {
+            if layer_of(&dep) > layer_of(&module) {
+                against.push(format!("{} -> {}", module.join("::"), dep.join("::")));
+            }
+        }
+    }
+    assert!(
+        against.is_empty(),
+        "imports against the layer order (a layer uses only those below it: {LAYERS:?}): {against:#?}"
+    );
+}
+
+#[test]
+fn the_checker_finds_cycles_groups_and_relative_paths() {
     let mut edges = BTreeMap::new();
     for (from, to) in [("a", "b"), ("b", "c"), ("c", "a"), ("d", "a")] {
         edges
@@ -151,30 +282,87 @@ fn the_cycle_finder_finds_a_cycle() {
             .or_insert_with(BTreeSet::new)
             .insert(to.to_owned());
     }
-    let cycle = find_cycle("d", &edges, &mut Vec::new(), &mut BTreeSet::new()).unwrap();
-    assert_eq!(cycle, ["a", "b", "c", "a"]);
+    let cycle = find_cycle(
+        &"d".to_owned(),
+        &edges,
+        &mut Vec::new(),
+        &mut BTreeSet::new(),
+    );
+    assert_eq!(cycle.unwrap(), ["a", "b", "c", "a"]);
+
+    let found = paths(&code(
+        "use crate::{config::{A, B}, store::keys};\n// crate::observe::x\nlet s = \"crate::entry\";\nlet _ = super::super::read::X;\nuse self::y::{self};",
+    ));
+    let strs: Vec<String> = found.iter().map(|p| p.join("::")).collect();
     assert_eq!(
-        named_modules("use crate::{config::{A, B}, keys, runtime::x};\nlet _ = crate::metrics::M;"),
-        BTreeSet::from(["config", "keys", "metrics", "runtime"].map(String::from))
+        strs,
+        [
+            "crate::config::A",
+            "crate::config::B",
+            "crate::store::keys",
+            "super::super::read::X",
+            "self::y::self",
+        ]
+    );
+    let modules: BTreeMap<Module, PathBuf> = [
+        vec!["pipeline".to_owned()],
+        vec!["pipeline".to_owned(), "read".to_owned()],
+        vec!["pipeline".to_owned(), "admit".to_owned()],
+    ]
+    .into_iter()
+    .map(|m| (m, PathBuf::new()))
+    .collect();
+    let here = vec!["pipeline".to_owned(), "admit".to_owned(), "rate".to_owned()];
+    assert_eq!(
+        resolve(&found[3], &here, &modules),
+        Some(vec!["pipeline".to_owned(), "read".to_owned()])
     );
 }
 
-#[test]
-fn lib_rs_names_every_module_in_its_map() {
-    let lib = std::fs::read_to_string(src().join("lib.rs")).unwrap();
-    let map: String = lib
+/// The `//!` lines of a file.
+fn map_of(file: &Path) -> String {
+    std::fs::read_to_string(file)
+        .unwrap()
         .lines()
         .filter(|l| l.starts_with("//!"))
         .collect::<Vec<_>>()
-        .join("\n");
+        .join("\n")
+}
+
+#[test]
+fn lib_rs_lists_the_layers_in_order_and_each_layer_maps_its_modules() {
+    let modules = modules();
+    let layers: Vec<&str> = modules
+        .keys()
+        .filter(|m| m.len() == 1)
+        .map(|m| m[0].as_str())
+        .collect();
+    let mut sorted: Vec<&str> = LAYERS.to_vec();
+    sorted.sort_unstable();
+    assert_eq!(layers, sorted, "the crate root holds exactly the layers");
+    let lib = map_of(&src().join("lib.rs"));
+    let at: Vec<usize> = LAYERS
+        .iter()
+        .map(|l| {
+            lib.find(&format!("[`{l}`]"))
+                .unwrap_or_else(|| panic!("lib.rs's map does not name the layer `{l}`"))
+        })
+        .collect();
+    assert!(at.is_sorted(), "lib.rs's map names the layers out of order");
     let mut missing = Vec::new();
-    for module in graph().keys() {
-        if !map.contains(&format!("[`{module}`]")) {
-            missing.push(module.clone());
+    for (module, file) in &modules {
+        if module.len() != 2 {
+            continue;
+        }
+        let layer = &modules[&module[..1].to_vec()];
+        let name = &module[1];
+        let own = map_of(layer);
+        if !own.contains(&format!("[`{name}`]")) && !own.contains(&format!("`{name}`")) {
+            missing.push(format!("{} ({})", module.join("::"), file.display()));
         }
     }
     assert!(
         missing.is_empty(),
-        "lib.rs's module doc does not place these modules on the data's way: {missing:?}"
+        "each layer's mod.rs is its map; these modules are missing from theirs: {missing:?}"
     );
 }

@@ -952,7 +952,7 @@ async fn the_python_sdk_gives_the_handler_its_trace() {
 
 /// The trace id and root span id of an entry's own trace, as the host derives them.
 fn own_root_of(stream: &str, group: &str, origin: &str) -> (String, String) {
-    let (trace, span) = sluice_host::telemetry::context::own_ids(stream, group, origin);
+    let (trace, span) = sluice_host::observe::telemetry::context::own_ids(stream, group, origin);
     (trace.to_string(), span.to_string())
 }
 

@@ -466,7 +466,7 @@ async fn the_pages_counts_survive_a_restart_and_add_up_over_hosts() {
         let id = add(&mut conn, "counted", &Control::Ack).await;
         first.event(T, "an entry acked", |e| e.id == id).await;
     }
-    let key = sluice_host::keys::stats_key("counted", "g");
+    let key = sluice_host::store::keys::stats_key("counted", "g");
     wait_for(T, "the counts written to Redis", || {
         let mut conn = conn.clone();
         let key = key.clone();
@@ -523,7 +523,11 @@ async fn an_entrys_page_shows_where_it_is_and_every_attempt() {
         .unwrap();
     let _: () = cmd(
         &mut conn,
-        &["SET", &sluice_host::keys::history_key("hist", "g"), "x"],
+        &[
+            "SET",
+            &sluice_host::store::keys::history_key("hist", "g"),
+            "x",
+        ],
     )
     .await;
     let mut host = start_fixture(
@@ -547,7 +551,7 @@ async fn an_entrys_page_shows_where_it_is_and_every_attempt() {
     .await;
     let _: () = cmd(
         &mut conn,
-        &["DEL", &sluice_host::keys::history_key("hist", "g")],
+        &["DEL", &sluice_host::store::keys::history_key("hist", "g")],
     )
     .await;
     let flaky = add(&mut conn, "hist", &Control::TrapThenAck { times: 2 }).await;
@@ -654,7 +658,7 @@ async fn an_entrys_page_shows_where_it_is_and_every_attempt() {
     // 100 records of 100 KB each, another program's, where the entry's history is.
     let junk = format!("{}\n", "j".repeat(100_000)).repeat(100);
     let _: () = redis::cmd("HSET")
-        .arg(sluice_host::keys::history_key("hist", "g"))
+        .arg(sluice_host::store::keys::history_key("hist", "g"))
         .arg(&flaky)
         .arg(junk)
         .query_async(&mut conn)

@@ -8,9 +8,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use sluice_host::EventKind;
-use sluice_host::keys::Secret;
-use sluice_host::member;
-use sluice_host::operate::dead_letters;
+use sluice_host::control::operate::dead_letters;
+use sluice_host::entry::member;
+use sluice_host::store::keys::Secret;
 
 use crate::common::*;
 
@@ -174,7 +174,7 @@ async fn an_earlier_releases_state_comes_back_once() {
         .map(|(id, _)| id)
         .collect();
     assert_eq!(left, [theirs], "{mine} and {member_letter} moved");
-    let keys = sluice_host::keys::SubscriptionKeys::new(stream, "g", &own, Some(set))
+    let keys = sluice_host::store::keys::SubscriptionKeys::new(stream, "g", &own, Some(set))
         .with_retry_lane(true);
     let page = dead_letters::list(&mut conn, &keys, None, 10, None, 1)
         .await
@@ -236,7 +236,8 @@ async fn a_migration_pass_with_nothing_new_costs_one_command() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let own = dead_letter_key("old");
-    let mut keys = sluice_host::keys::SubscriptionKeys::new("old", "g", &own, Some("old.delayed"));
+    let mut keys =
+        sluice_host::store::keys::SubscriptionKeys::new("old", "g", &own, Some("old.delayed"));
     keys.legacy_dead_letter = Some("old.dead-letter".into());
     let first = xadd(&mut conn, "old.dead-letter", &old_dead_letter("g", "6-1")).await;
     let done = dead_letters::migrate_legacy(&mut conn, &keys, None)

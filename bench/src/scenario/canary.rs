@@ -96,24 +96,24 @@ impl Bench {
             use std::os::unix::fs::PermissionsExt as _;
             std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600))?;
         }
-        let key = sluice_host::rollout::key::RolloutKey::derive(
+        let key = sluice_host::control::rollout::key::RolloutKey::derive(
             ROLLOUT_KEY,
-            sluice_host::rollout::key::Origin::AdminToken,
+            sluice_host::control::rollout::key::Origin::AdminToken,
         );
         let from = match candidate {
             Some((candidate, share_bp)) => {
                 let v1 = std::fs::read(&self.fixture)?;
                 let v2 = std::fs::read(candidate)?;
-                sluice_host::rollout::canary::start(
+                sluice_host::control::rollout::canary::start(
                     &mut conn,
                     &key,
-                    sluice_host::rollout::canary::Start {
+                    sluice_host::control::rollout::canary::Start {
                         stream: &stream,
                         group: "g",
                         bytes: &v2,
                         // The same code gets the same digest: a second handler of it all the same.
-                        candidate: sluice_host::digest::Digest::of(&v2).as_str(),
-                        incumbent: sluice_host::digest::Digest::of(&v1).as_str(),
+                        candidate: sluice_host::support::digest::Digest::of(&v2).as_str(),
+                        incumbent: sluice_host::support::digest::Digest::of(&v1).as_str(),
                         share_bp,
                         window: Duration::from_secs(3600),
                         thresholds: (&sluice_host::config::Canary::default()).into(),
@@ -124,7 +124,7 @@ impl Bench {
                 .context("cannot start the canary")?
                 .from_ms()
             }
-            None => sluice_host::rollout::canary::server_ms(&mut conn).await? + 2_000,
+            None => sluice_host::control::rollout::canary::server_ms(&mut conn).await? + 2_000,
         };
         let first = from + 1_000;
         for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
@@ -176,7 +176,8 @@ impl Bench {
         task.await?.context("the host failed")?;
         if candidate.is_some() {
             let state =
-                sluice_host::rollout::canary::read(&mut conn, Some(&key), &stream, "g").await?;
+                sluice_host::control::rollout::canary::read(&mut conn, Some(&key), &stream, "g")
+                    .await?;
             if !state.running() || state.candidate.attempts == 0 {
                 bail!(
                     "the canary did not run through the measurement: {:?}",

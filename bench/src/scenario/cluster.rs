@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use redis::cluster_async::ClusterConnection;
-use sluice_host::devredis::{DevRedis, DevRedisOptions};
+use sluice_host::store::devredis::{DevRedis, DevRedisOptions};
 use tokio_util::sync::CancellationToken;
 
 use super::{Bench, Report};
@@ -179,7 +179,7 @@ impl Bench {
         loop {
             let mut done = true;
             for key in &streams {
-                let group = sluice_host::inspect::group(&mut conn, key, "g").await?;
+                let group = sluice_host::store::inspect::group(&mut conn, key, "g").await?;
                 if !group.is_some_and(|g| g.pending == 0 && g.lag == Some(0)) {
                     done = false;
                     break;

@@ -21,15 +21,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Result, bail};
 use redis::aio::MultiplexedConnection;
-use sluice_host::devredis::{DevRedis, DevRedisOptions};
 use sluice_host::runtime::Runtime;
+use sluice_host::store::devredis::{DevRedis, DevRedisOptions};
 use sluice_host::{Config, Plan, Service};
 
 /// A member parked by group `g` of `stream` for entry `n` (its own origin), retry count 1, as
 /// the park script writes it: what the scenarios that fill a set by hand put there.
 fn parked_member(stream: &str, n: usize, fields: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
     let id = format!("{n}-0");
-    sluice_host::member::NewMember {
+    sluice_host::entry::member::NewMember {
         entry_id: &id,
         retry_count: 1,
         fields,
@@ -271,7 +271,7 @@ impl Bench {
         conn: &mut MultiplexedConnection,
         stream: &str,
     ) -> Result<Option<(i64, i64)>> {
-        let group = sluice_host::inspect::group(conn, stream, "g").await?;
+        let group = sluice_host::store::inspect::group(conn, stream, "g").await?;
         Ok(group.and_then(|g| g.lag.map(|lag| (g.pending as i64, lag as i64))))
     }
 
@@ -283,13 +283,17 @@ impl Bench {
         let mut last_progress = Instant::now();
         loop {
             let parked: i64 = match extra_key {
-                Some(key) => sluice_host::inspect::delayed(&mut conn, key).await?.parked as i64,
+                Some(key) => {
+                    sluice_host::store::inspect::delayed(&mut conn, key)
+                        .await?
+                        .parked as i64
+                }
                 None => 0,
             };
             // A lane without a group (retries to the stream's tail) holds nothing.
             let lane_idle = match extra_key {
                 Some(key) => {
-                    let lane = sluice_host::keys::lane_key(key);
+                    let lane = sluice_host::store::keys::lane_key(key);
                     Self::group_state(&mut conn, &lane)
                         .await?
                         .is_none_or(|(pending, lag)| pending == 0 && lag == 0)

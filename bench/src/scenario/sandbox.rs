@@ -25,7 +25,7 @@ pub(crate) async fn time_handler(
     n: usize,
 ) -> Result<Duration> {
     use sluice_host::config::Limits;
-    use sluice_host::delivery::{Delivery, Entry};
+    use sluice_host::entry::delivery::{Delivery, Entry};
     use sluice_host::handler::Handler;
     use sluice_host::runtime::WasmHandler;
     let entry = Entry {

@@ -42,13 +42,13 @@ impl Bench {
     }
 
     /// `ceiling-lean`: the `ceiling` loop through the host's lean read connection
-    /// (`sluice_host::redis_conn::lean`), which parses XREADGROUP replies straight into entries
+    /// (`sluice_host::store::redis_conn::lean`), which parses XREADGROUP replies straight into entries
     /// with owned fields: what the client side gains without redis-rs's reply tree and
     /// connection task.
     pub async fn ceiling_lean(&self, n: usize) -> Result<Report> {
         use redis::IntoConnectionInfo as _;
-        use sluice_host::redis_conn::lean::LeanConn;
-        use sluice_host::redis_conn::transport::{Endpoint, Tls};
+        use sluice_host::store::redis_conn::lean::LeanConn;
+        use sluice_host::store::redis_conn::transport::{Endpoint, Tls};
         let stream = "bench-ceiling-lean";
         self.filled_with_group(stream, n).await?;
         let info = self.redis_url().into_connection_info()?;

@@ -70,9 +70,9 @@ impl Bench {
                 for scenario in ["wasm", "retry"] {
                     let exporting = match per_million {
                         None => None,
-                        Some(sampling_per_million) => sluice_host::telemetry::start(Some(
-                            &exporting_to(&endpoint, sampling_per_million),
-                        ))?,
+                        Some(sampling_per_million) => sluice_host::observe::telemetry::start(
+                            Some(&exporting_to(&endpoint, sampling_per_million)),
+                        )?,
                     };
                     let before = bytes.load(Ordering::Relaxed);
                     let mut report = match scenario {
@@ -158,12 +158,12 @@ impl Bench {
     }
 
     /// `wasm` with the setting switched every [`WINDOW`] within one run, between off, 0 % and
-    /// 1 % (one exporter, [`sluice_host::telemetry::Exporting::set_sampling`]), [`MIXED_RUNS`]
+    /// 1 % (one exporter, [`sluice_host::observe::telemetry::Exporting::set_sampling`]), [`MIXED_RUNS`]
     /// runs of [`MIXED_MESSAGES`]: whatever state a run falls into, the three settings share it,
     /// so the ratio of each cycle's windows is what tracing costs. A sampled window ends with
     /// a flush, counted in its time, so the export its spans caused is not charged to the next.
     async fn interleaved(&self, endpoint: &str) -> Result<Vec<Report>> {
-        let exporting = sluice_host::telemetry::start(Some(&exporting_to(endpoint, 0)))?
+        let exporting = sluice_host::observe::telemetry::start(Some(&exporting_to(endpoint, 0)))?
             .context("the exporter did not start")?;
         let exporting = Arc::new(exporting);
         let mixed: [(&str, Option<u32>); 3] = [SETTINGS[0], SETTINGS[1], SETTINGS[2]];

@@ -473,7 +473,7 @@ fn subscription(
     }
     let limits = limits(v, &key, &sub)?;
     // Whether the subscription has a delayed set is known only once its component's descriptor
-    // is read (`crate::plan`): here only what the keys say among themselves is checked.
+    // is read (`crate::service::plan`): here only what the keys say among themselves is checked.
     if sub.retry_lane == Some(false)
         && let Some(n) = sub.retry_lane_slots
     {
@@ -1125,7 +1125,7 @@ mod tests {
             ("[\"redis+sentinel://a:1/m\"]", "Sentinel URL as one string"),
         ] {
             let text = format!("[[subscription]]\ncomponent = \"COMPONENT\"\nredis = {value}\n");
-            let err = crate::chain::chain(&parse(&text).err().unwrap());
+            let err = crate::support::chain::chain(&parse(&text).err().unwrap());
             assert!(err.contains("subscription[0].redis"), "{err}");
             assert!(err.contains(expected), "{err}");
         }
@@ -1179,7 +1179,7 @@ mod tests {
         let err = parse("[[subscription]]\ncomponent = \"COMPONENT\"\nblok = \"1s\"\n")
             .err()
             .unwrap();
-        let text = crate::chain::chain(&err);
+        let text = crate::support::chain::chain(&err);
         assert!(text.contains("blok"), "{text}");
     }
 

@@ -2,7 +2,8 @@
 //!
 //! `file` reads one TOML file (raw shape, then each value checked), this module merges the
 //! files and components of one invocation into a [`Config`], `allow` is the outbound-HTTP
-//! allow-list grammar and `token` where the admin token comes from.
+//! allow-list grammar, `token` where the admin token comes from and [`telemetry`] the
+//! `[telemetry]` table (and the `OTEL_*` variables).
 //!
 //! `sluice run` and `sluice check` take TOML files and/or `.wasm` components. A lone component
 //! runs with the descriptor it exports; a TOML file names one or more subscriptions, each with
@@ -10,7 +11,7 @@
 //! before any task starts: unknown keys, bad durations and sizes, and missing files are errors
 //! that name the key or the file.
 //!
-//! Every key, what it does and its default are in one table, [`reference::KEYS`]: a test
+//! Every key, what it does and its default are in one table, [`reference::KEYS`] ([`reference`]): a test
 //! checks it against the keys the parser accepts, and the book's configuration reference is
 //! written from it.
 
@@ -244,7 +245,7 @@ impl RedisAccess {
 }
 
 /// A subscription's shared rate limit: a token bucket in Redis that every host of the group
-/// draws from (see [`crate::flow::rate`]).
+/// draws from (see [`crate::pipeline::admit::rate`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RateLimit {
     /// Tokens added a second: the most deliveries a second, sustained.
@@ -263,7 +264,7 @@ impl Eq for RateLimit {}
 /// `window` failed (traps, limits, retries the handler marked "downstream down"), and there were
 /// at least `min_deliveries`, every host of the group stops reading for `open_for`; then
 /// `probes` deliveries try, and the first answer closes it or opens it again (see
-/// [`crate::flow::breaker`]).
+/// [`crate::pipeline::admit::breaker`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CircuitBreaker {
     /// The share of failed deliveries that opens it.
@@ -281,7 +282,7 @@ pub struct CircuitBreaker {
 // The rate is checked finite (never NaN) when the configuration is read.
 impl Eq for CircuitBreaker {}
 
-/// How a canary of a subscription is judged (see `crate::rollout`): the candidate is rolled
+/// How a canary of a subscription is judged (see `crate::control::rollout`): the candidate is rolled
 /// back as soon as one of its rates is shown (confidence bounds on both versions' counts) to
 /// be more than the incumbent's plus the allowed increase, or its handler time p99 is more than `p99_ratio` times the
 /// incumbent's (and `p99_slack` more); it is promoted when `window` passes within every

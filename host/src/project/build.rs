@@ -461,7 +461,7 @@ impl Inputs {
     pub fn kept(&self) -> Option<PathBuf> {
         let path = self.path();
         let file = std::fs::File::options().write(true).open(&path).ok()?;
-        let _ = file.set_modified(crate::clock::file_now());
+        let _ = file.set_modified(crate::support::clock::file_now());
         Some(path)
     }
 

@@ -22,8 +22,8 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use super::RuntimeError;
-use crate::digest::Digest;
-use crate::private_file::write_private;
+use crate::support::digest::Digest;
+use crate::support::private_file::write_private;
 
 /// CPU time one compile may use (every compiler thread counted).
 pub const COMPILE_CPU: Duration = Duration::from_secs(120);
@@ -312,7 +312,7 @@ impl ArtifactCache {
         let _ = std::fs::File::options()
             .write(true)
             .open(&path)
-            .and_then(|f| f.set_modified(crate::clock::file_now()));
+            .and_then(|f| f.set_modified(crate::support::clock::file_now()));
         Some(artifact.to_vec())
     }
 
@@ -437,7 +437,7 @@ impl wasmtime::CacheStore for FunctionStore {
         let _ = std::fs::File::options()
             .write(true)
             .open(&path)
-            .and_then(|f| f.set_modified(crate::clock::file_now()));
+            .and_then(|f| f.set_modified(crate::support::clock::file_now()));
         Some(std::borrow::Cow::Owned(stored))
     }
 
@@ -544,7 +544,7 @@ impl Compiler {
         }
         use std::os::unix::process::ExitStatusExt;
         let stderr = String::from_utf8_lossy(&output.stderr);
-        let (said, _) = crate::outcome::bounded_text(stderr.trim(), 2048);
+        let (said, _) = crate::entry::outcome::bounded_text(stderr.trim(), 2048);
         let why = match output.status.signal() {
             Some(9) | Some(24) => format!(
                 "compiling used more than its CPU time ({COMPILE_CPU:?}) or was killed{}",

@@ -10,9 +10,9 @@ use sluice_descriptor::{Backoff, DelayedRetry, RedisStream};
 use wasmtime::component::Component;
 
 use super::bindings::{self, sluice::handler::types as wit};
-use super::instance::new_store;
+use super::guest::new_store;
 use super::{Runtime, RuntimeError};
-use crate::digest::Digest;
+use crate::support::digest::Digest;
 
 /// From this size on, loading a component is announced (it may take seconds).
 const LARGE_COMPONENT: usize = 4 * 1024 * 1024;

@@ -18,6 +18,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use wasmtime::{Store, UpdateDeadline};
+
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{Engine, ResourceLimiter};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
@@ -133,7 +135,10 @@ impl GuestState {
     }
 
     /// Start a delivery's log budget afresh, in the attempt's `trace` (if exported).
-    pub(crate) fn reset_log_budget(&mut self, trace: Option<crate::telemetry::AttemptTrace>) {
+    pub(crate) fn reset_log_budget(
+        &mut self,
+        trace: Option<crate::observe::telemetry::AttemptTrace>,
+    ) {
         self.log = LogBudget {
             lines: self.limits.log_lines,
             bytes: self.limits.log_bytes,
@@ -209,7 +214,7 @@ pub const MAX_LOG_LINE: usize = 4096;
 /// `text` cut to at most `max` bytes (on a character boundary) with control characters escaped
 /// (`\n`, `\r`, `\u{1b}`, ...), so it stays one line of the host's log.
 fn sanitize(text: &str, max: usize) -> String {
-    crate::outcome::bounded_text(text, max).0
+    crate::entry::outcome::bounded_text(text, max).0
 }
 
 /// The most of a traceback the host keeps (in the log and the dead letter).
@@ -225,7 +230,7 @@ fn trace_lines(text: &str) -> String {
             out.push_str("…[cut]");
             break;
         }
-        let (line, cut) = crate::outcome::bounded_text(line.trim_end(), left);
+        let (line, cut) = crate::entry::outcome::bounded_text(line.trim_end(), left);
         if !out.is_empty() {
             out.push('\n');
         }
@@ -362,7 +367,7 @@ impl bindings::sluice::handler::flow::Host for GuestState {
         let reason = if reason.trim().is_empty() {
             "the handler gave no reason".to_owned()
         } else {
-            crate::outcome::bounded_text(&reason, MAX_DOWNSTREAM_REASON).0
+            crate::entry::outcome::bounded_text(&reason, MAX_DOWNSTREAM_REASON).0
         };
         self.downstream_down = Some(reason);
     }
@@ -373,7 +378,7 @@ impl bindings::sluice::handler::trace::Host for GuestState {
         self.http_hooks
             .trace
             .as_ref()
-            .map(crate::telemetry::attempt_traceparent)
+            .map(crate::observe::telemetry::attempt_traceparent)
     }
 }
 
@@ -388,6 +393,34 @@ impl bindings::sluice::handler::config::Host for GuestState {
     fn get_all(&mut self) -> Vec<(String, String)> {
         self.values.to_vec()
     }
+}
+
+/// A store set up with the limits and the epoch callback that enforces deadlines.
+pub(crate) fn new_store(
+    runtime: &super::Runtime,
+    values: Arc<[(String, String)]>,
+    limits: Arc<StoreLimits>,
+    http: Arc<HttpGrant>,
+) -> Store<GuestState> {
+    let mut store = Store::new(runtime.engine(), GuestState::new(values, limits, http));
+    store.limiter(|state| &mut state.limiter);
+    store.epoch_deadline_callback(|mut ctx| {
+        let state = ctx.data_mut();
+        match state.deadline {
+            Some(deadline) if Instant::now() >= deadline => {
+                state.timed_out = true;
+                Ok(UpdateDeadline::Interrupt)
+            }
+            // Yield at every tick so a busy guest never holds an executor thread for long.
+            _ => Ok(UpdateDeadline::Yield(1)),
+        }
+    });
+    store.set_epoch_deadline(1);
+    // With fuel metering on, a store starts empty; only deliveries are budgeted.
+    if runtime.fuel_enabled() {
+        let _ = store.set_fuel(u64::MAX);
+    }
+    store
 }
 
 #[cfg(test)]

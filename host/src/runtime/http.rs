@@ -149,7 +149,7 @@ pub(crate) struct HttpHooks {
     pub(crate) spans: u32,
     /// The current attempt's trace, while traces are exported (taken when the call starts: a
     /// hook may run inside spans of the HTTP crates).
-    pub(crate) trace: Option<crate::telemetry::AttemptTrace>,
+    pub(crate) trace: Option<crate::observe::telemetry::AttemptTrace>,
 }
 
 /// With traces exported: a span for the request (a child of the attempt's, while the attempt
@@ -157,7 +157,7 @@ pub(crate) struct HttpHooks {
 /// guest put there.
 fn trace_request(
     spans: &mut u32,
-    trace: Option<&crate::telemetry::AttemptTrace>,
+    trace: Option<&crate::observe::telemetry::AttemptTrace>,
     request: &mut http::Request<WasiBody>,
 ) -> Option<tracing::Span> {
     use opentelemetry::trace::TraceContextExt as _;
@@ -165,8 +165,8 @@ fn trace_request(
 
     let trace = trace?;
     let headers = request.headers_mut();
-    headers.remove(crate::telemetry::context::TRACEPARENT);
-    headers.remove(crate::telemetry::context::TRACESTATE);
+    headers.remove(crate::observe::telemetry::context::TRACEPARENT);
+    headers.remove(crate::observe::telemetry::context::TRACESTATE);
     let Some(attempt) = &trace.span else {
         // Not sampled: the request still goes out in the entry's trace, marked unsampled.
         set_context(request.headers_mut(), &trace.parent);
@@ -182,14 +182,14 @@ fn trace_request(
             "otel.name" = method,
             "http.request.method" = method,
             "server.address" = request.uri().host().unwrap_or_default(),
-            "url.full" = crate::telemetry::bounded(&request.uri().to_string()).as_str(),
+            "url.full" = crate::observe::telemetry::bounded(&request.uri().to_string()).as_str(),
             "http.response.status_code" = tracing::field::Empty,
             "error.type" = tracing::field::Empty,
             "otel.status_code" = tracing::field::Empty,
         );
         Some(span)
     } else {
-        crate::telemetry::count_dropped();
+        crate::observe::telemetry::count_dropped();
         None
     };
     let cx = span.as_ref().unwrap_or(attempt).context();
@@ -203,14 +203,16 @@ fn trace_request(
 
 /// Set a request's `traceparent` (and `tracestate`) to `sc`.
 fn set_context(headers: &mut http::HeaderMap, sc: &opentelemetry::trace::SpanContext) {
-    if let Ok(value) = http::HeaderValue::from_str(&crate::telemetry::context::traceparent(sc)) {
-        headers.insert(crate::telemetry::context::TRACEPARENT, value);
+    if let Ok(value) =
+        http::HeaderValue::from_str(&crate::observe::telemetry::context::traceparent(sc))
+    {
+        headers.insert(crate::observe::telemetry::context::TRACEPARENT, value);
     }
     let state = sc.trace_state().header();
     if !state.is_empty()
         && let Ok(value) = http::HeaderValue::from_str(&state)
     {
-        headers.insert(crate::telemetry::context::TRACESTATE, value);
+        headers.insert(crate::observe::telemetry::context::TRACESTATE, value);
     }
 }
 
@@ -279,7 +281,7 @@ impl WasiHttpHooks for HttpHooks {
                     Err(err) => {
                         s.record(
                             "error.type",
-                            crate::telemetry::bounded(&err.to_string()).as_str(),
+                            crate::observe::telemetry::bounded(&err.to_string()).as_str(),
                         );
                         s.record("otel.status_code", "error");
                     }

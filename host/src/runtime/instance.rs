@@ -23,46 +23,18 @@ use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use futures::future::BoxFuture;
-use wasmtime::{Store, UpdateDeadline};
+use wasmtime::Store;
 
 use super::EPOCH_TICK;
 use super::bindings::{self, sluice::handler::types as wit};
 use super::component::LoadedComponent;
-use super::guest::{GuestState, StoreLimits};
+use super::guest::{GuestState, StoreLimits, new_store};
 use super::http::HttpGrant;
 use crate::config::{Isolation, Limits};
-use crate::delivery::Delivery;
-use crate::digest::Digest;
+use crate::entry::delivery::Delivery;
+use crate::entry::outcome::{Failure, Outcome};
 use crate::handler::{Handler, HandlerCounters};
-use crate::outcome::{Failure, Outcome};
-
-/// A store set up with the limits and the epoch callback that enforces deadlines.
-pub(crate) fn new_store(
-    runtime: &super::Runtime,
-    values: Arc<[(String, String)]>,
-    limits: Arc<StoreLimits>,
-    http: Arc<HttpGrant>,
-) -> Store<GuestState> {
-    let mut store = Store::new(runtime.engine(), GuestState::new(values, limits, http));
-    store.limiter(|state| &mut state.limiter);
-    store.epoch_deadline_callback(|mut ctx| {
-        let state = ctx.data_mut();
-        match state.deadline {
-            Some(deadline) if Instant::now() >= deadline => {
-                state.timed_out = true;
-                Ok(UpdateDeadline::Interrupt)
-            }
-            // Yield at every tick so a busy guest never holds an executor thread for long.
-            _ => Ok(UpdateDeadline::Yield(1)),
-        }
-    });
-    store.set_epoch_deadline(1);
-    // With fuel metering on, a store starts empty; only deliveries are budgeted.
-    if runtime.fuel_enabled() {
-        let _ = store.set_fuel(u64::MAX);
-    }
-    store
-}
+use crate::support::digest::Digest;
 
 /// How long an idle instance is kept warm when no one needs its slot.
 pub const IDLE_INSTANCE_TTL: Duration = Duration::from_secs(30);
@@ -372,7 +344,7 @@ impl WasmHandler {
         if let Some(span) = &span {
             span.record(
                 "time_limit_ms",
-                crate::telemetry::number(self.limits.handler_timeout.as_millis()),
+                crate::observe::telemetry::number(self.limits.handler_timeout.as_millis()),
             );
         }
         if self.component.runtime().fuel_enabled() {
@@ -403,7 +375,7 @@ impl WasmHandler {
         if let Some(span) = &span {
             span.record(
                 "memory_bytes",
-                crate::telemetry::number(instance.store.data().limiter.peak),
+                crate::observe::telemetry::number(instance.store.data().limiter.peak),
             );
         }
         let dropped = instance.store.data().log.dropped;
@@ -440,7 +412,7 @@ impl WasmHandler {
                 Some(trace) => tracing::warn!(
                     target: "sluice::guest",
                     "before it failed, the guest reported: {error}\n{}",
-                    crate::outcome::indented(trace)
+                    crate::entry::outcome::indented(trace)
                 ),
                 None => tracing::warn!(
                     target: "sluice::guest",

@@ -2,11 +2,13 @@
 //! compiled once and cached on disk by content (wasmtime's own cache, keyed on the engine's
 //! settings and version), and handlers that run a component's `handle` export.
 //!
+//! - [`compile`] compiles a component in a child process, bounded in time and memory, so a
+//!   hostile component cannot take the host down with the compiler.
 //! - [`component`] loads a `.wasm` file, checks it implements the `sluice:handler/handler`
 //!   world, reads its descriptor, and builds the `InstancePre` every instance starts from.
 //! - [`instance`] is the [`crate::handler::Handler`] for a component: it keeps reusable
 //!   instances (or makes a fresh one per delivery), enforces the time and memory limits, and
-//!   turns traps into [`crate::outcome::Failure`]s.
+//!   turns traps into [`crate::entry::outcome::Failure`]s.
 //! - [`guest`] is the per-store state and the host side of the WIT imports (logging into
 //!   `tracing`, the subscription's config values, WASI with every capability denied).
 //! - [`http`] is outbound HTTP: the subscription's `allowed_outbound_hosts` and timeouts in
@@ -259,7 +261,10 @@ pub struct Runtime {
     /// more goes.
     loaded: Arc<
         std::sync::Mutex<
-            std::collections::HashMap<crate::digest::Digest, std::sync::Weak<component::Compiled>>,
+            std::collections::HashMap<
+                crate::support::digest::Digest,
+                std::sync::Weak<component::Compiled>,
+            >,
         >,
     >,
     protected: http::Protected,
@@ -361,7 +366,7 @@ impl Runtime {
     /// The component with `digest`, if one is loaded now.
     pub(crate) fn loaded(
         &self,
-        digest: &crate::digest::Digest,
+        digest: &crate::support::digest::Digest,
     ) -> Option<Arc<component::Compiled>> {
         let loaded = self
             .loaded
@@ -373,7 +378,7 @@ impl Runtime {
     /// Keep `compiled` findable by `digest` while anything runs it.
     pub(crate) fn keep_loaded(
         &self,
-        digest: &crate::digest::Digest,
+        digest: &crate::support::digest::Digest,
         compiled: component::Compiled,
     ) -> Arc<component::Compiled> {
         let compiled = Arc::new(compiled);

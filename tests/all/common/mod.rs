@@ -20,7 +20,7 @@ pub use config::{Raw, Sub, TestConfig};
 pub use cut::CutProxy;
 pub use netns::{LinkProxy, Netns};
 pub use sluice_fixture_control::Control;
-use sluice_host::devredis::{DevRedis, DevRedisOptions};
+use sluice_host::store::devredis::{DevRedis, DevRedisOptions};
 use sluice_host::{Config, Event, Plan, Service};
 use tokio_util::sync::CancellationToken;
 
@@ -652,8 +652,8 @@ pub async fn acked_through(
     group: &str,
     id: &str,
 ) -> bool {
-    use sluice_host::delivery::cmp_ids;
-    match sluice_host::inspect::group(conn, stream, group)
+    use sluice_host::entry::delivery::cmp_ids;
+    match sluice_host::store::inspect::group(conn, stream, group)
         .await
         .expect("XINFO GROUPS")
     {
@@ -997,13 +997,20 @@ pub async fn http_exchange(
 /// that park and sweep directly.
 pub async fn delayed_set(
     redis: &Redis,
-    keys: &sluice_host::keys::SubscriptionKeys,
-) -> sluice_host::delayed::DelayedSet {
-    let conn = sluice_host::redis_conn::RedisHandle::connect(&redis.url(), &Default::default())
-        .await
-        .expect("connect");
-    sluice_host::delayed::DelayedSet::new(keys, None, test_secret(), conn, &Default::default())
-        .expect("the keys name a delayed set")
+    keys: &sluice_host::store::keys::SubscriptionKeys,
+) -> sluice_host::pipeline::delayed::DelayedSet {
+    let conn =
+        sluice_host::store::redis_conn::RedisHandle::connect(&redis.url(), &Default::default())
+            .await
+            .expect("connect");
+    sluice_host::pipeline::delayed::DelayedSet::new(
+        keys,
+        None,
+        test_secret(),
+        conn,
+        &Default::default(),
+    )
+    .expect("the keys name a delayed set")
 }
 
 /// Put a retry copy of `control` into the retry lane of group `g` of `stream` (delayed set
@@ -1015,12 +1022,12 @@ pub async fn sealed_lane_copy(
     set: &str,
     control: &Control,
 ) -> String {
-    use sluice_host::keys::{Seal, Secret};
+    use sluice_host::store::keys::{Seal, Secret};
     let secret = Secret::load_or_create(conn, stream, &[])
         .await
         .expect("secret");
     let fields = vec![(b"payload".to_vec(), control.to_string().into_bytes())];
-    let member = sluice_host::member::NewMember {
+    let member = sluice_host::entry::member::NewMember {
         entry_id: "1-1",
         retry_count: 1,
         fields: &fields,
@@ -1035,7 +1042,7 @@ pub async fn sealed_lane_copy(
         &[stream.as_bytes(), b"g", &member, due.as_bytes()],
     );
     redis::cmd("XADD")
-        .arg(sluice_host::keys::lane_key(set))
+        .arg(sluice_host::store::keys::lane_key(set))
         .arg("*")
         .arg("sluice-parked")
         .arg(member)
@@ -1049,8 +1056,8 @@ pub async fn sealed_lane_copy(
 }
 
 /// A stream secret for sets and deliveries a test builds by hand.
-pub fn test_secret() -> std::sync::Arc<sluice_host::keys::Secret> {
-    std::sync::Arc::new(sluice_host::keys::Secret::from_value("test-secret"))
+pub fn test_secret() -> std::sync::Arc<sluice_host::store::keys::Secret> {
+    std::sync::Arc::new(sluice_host::store::keys::Secret::from_value("test-secret"))
 }
 
 /// A retry copy in a retry lane, decoded from the member it carries.
@@ -1072,7 +1079,7 @@ pub struct LaneCopy {
 
 /// The retry copies in the lane of delayed set `set`.
 pub async fn lane_copies(conn: &mut impl ConnectionLike, set: &str) -> Vec<LaneCopy> {
-    let reply = raw_entries(conn, &sluice_host::keys::lane_key(set)).await;
+    let reply = raw_entries(conn, &sluice_host::store::keys::lane_key(set)).await;
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     reply
         .into_iter()
@@ -1084,7 +1091,8 @@ pub async fn lane_copies(conn: &mut impl ConnectionLike, set: &str) -> Vec<LaneC
                     .map(|(_, v)| v.clone())
             };
             let due_ms = text(&value("sluice-due-ms")?).parse::<f64>().ok()? as i64;
-            let parked = sluice_host::member::decode(&value("sluice-parked")?, due_ms).ok()?;
+            let parked =
+                sluice_host::entry::member::decode(&value("sluice-parked")?, due_ms).ok()?;
             Some(LaneCopy {
                 id,
                 origin_id: parked.origin_id,
@@ -1181,7 +1189,7 @@ pub async fn wait_all_dead_lettered(
     within: Duration,
 ) -> DeadLettered {
     let delayed = format!("{stream}.delayed");
-    let lane = sluice_host::keys::lane_key(&delayed);
+    let lane = sluice_host::store::keys::lane_key(&delayed);
     let dead = wait_for(
         within,
         "every entry dead-lettered, nothing pending or parked",

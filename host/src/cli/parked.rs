@@ -1,0 +1,129 @@
+//! `sluice parked`: the retries waiting in each delayed set.
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
+
+use super::{format_ms, plan_after_redis, redis_url_for};
+
+/// `sluice parked`: what waits in each delayed-retry set, oldest first, at most `limit` per
+/// set (read as one page: a set of millions is never read whole).
+pub async fn parked(
+    paths: &[PathBuf],
+    redis: Option<&str>,
+    stream: Option<&str>,
+    json: bool,
+    limit: usize,
+) -> Result<String> {
+    use sluice_descriptor::DelayedRetry;
+    let plan = plan_after_redis(paths, redis).await?;
+    let mut out = String::new();
+    let mut seen = 0;
+    for sub in &plan.subscriptions {
+        let parts = sub.stream.partitioned();
+        // `--stream` names the subscription's stream or one partition's.
+        let parts: Vec<_> = parts
+            .iter()
+            .filter(|p| {
+                stream.is_none_or(|name| name == p.stream || name == sub.stream.stream)
+                    && p.delayed_retry.is_some()
+            })
+            .collect();
+        if parts.is_empty() {
+            continue;
+        }
+        let url = redis_url_for(sub.redis.as_deref())?;
+        let mut conn =
+            crate::store::redis_conn::RedisHandle::connect(&url, &sub.redis_access).await?;
+        for s in parts {
+            let Some(DelayedRetry::DurableZset { key, .. }) = &s.delayed_retry else {
+                continue;
+            };
+            seen += 1;
+            let read = async {
+                let now_ms = crate::store::inspect::server_now_ms(&mut conn).await?;
+                let total: u64 = redis::cmd("ZCARD").arg(key).query_async(&mut conn).await?;
+                let page =
+                    crate::control::operate::parked::list(&mut conn, key, None, limit).await?;
+                Ok::<_, crate::control::operate::OperateError>((now_ms, total, page))
+            };
+            let (now_ms, total, page) = read
+                .await
+                .with_context(|| format!("cannot read the delayed set `{key}`"))?;
+            let traces: Vec<Option<String>> = page.items.iter().map(|p| p.trace_id()).collect();
+            let entries: Vec<_> = page.items.into_iter().map(|p| p.entry).collect();
+            if json {
+                let rows: Vec<serde_json::Value> = entries
+                .iter()
+                .zip(&traces)
+                .map(|(e, trace_id)| {
+                    serde_json::json!({
+                        "trace_id": trace_id,
+                        "trace_link": trace_id.as_deref().and_then(crate::observe::telemetry::trace_link),
+                        "entry_id": e.entry_id,
+                        "retry_count": e.retry_count,
+                        "due_ms": e.due_ms,
+                        "due": format_ms(e.due_ms),
+                        "due_in_ms": e.due_ms - now_ms,
+                        "origin_id": e.origin_id,
+                        "fields": e.fields.iter().map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), serde_json::Value::String(String::from_utf8_lossy(v).into_owned()))).collect::<serde_json::Map<String, serde_json::Value>>(),
+                    })
+                })
+                .collect();
+                let line = serde_json::json!({
+                    "stream": s.stream,
+                    "group": s.group,
+                    "key": key,
+                    "total": entries.len(),
+                    "entries": rows,
+                });
+                out.push_str(&line.to_string());
+                out.push('\n');
+            } else {
+                use std::fmt::Write as _;
+                let _ = writeln!(out, "{key} (stream `{}`, group `{}`)", s.stream, s.group);
+                if !entries.is_empty() {
+                    let _ = writeln!(
+                        out,
+                        "  {:<24} {:>5}  {:<26} {:>10}",
+                        "ORIGIN ID", "RETRY", "DUE (UTC)", "DUE IN"
+                    );
+                }
+                for e in &entries {
+                    let left = e.due_ms - now_ms;
+                    let due_in = if left <= 0 {
+                        "due now".to_owned()
+                    } else {
+                        format!("{:.1}s", left as f64 / 1000.0)
+                    };
+                    let _ = writeln!(
+                        out,
+                        "  {:<24} {:>5}  {:<26} {:>10}",
+                        e.origin_id,
+                        e.retry_count,
+                        format_ms(e.due_ms),
+                        due_in
+                    );
+                }
+                let more = if (entries.len() as u64) < total && entries.len() >= limit {
+                    format!(" (showing the first {}: raise --limit)", entries.len())
+                } else if (entries.len() as u64) < total {
+                    format!(
+                        " (showing {}: the others are not retries Sluice parked; the next sweep that finds them due dead-letters them raw)",
+                        entries.len()
+                    )
+                } else {
+                    String::new()
+                };
+                let _ = writeln!(out, "  total: {total}{more}");
+            }
+        }
+    }
+    if seen == 0 {
+        anyhow::bail!(
+            "no subscription{} has a delayed-retry set",
+            stream.map(|s| format!(" to `{s}`")).unwrap_or_default()
+        );
+    }
+    Ok(out)
+}

@@ -1,0 +1,74 @@
+//! `sluice retry-now`: parked retries made due now, so the next sweep moves them back.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+
+use anyhow::{Context as _, Result};
+
+use super::{interrupted, plan_after_redis, progress, targets};
+use crate::control::operate::parked;
+
+/// `sluice retry-now`: the parked retries with these origin ids, or with `all` every one that
+/// is not yet due.
+pub async fn retry_now(
+    paths: &[PathBuf],
+    redis: Option<&str>,
+    stream: Option<&str>,
+    origins: &[String],
+    all: bool,
+) -> Result<String> {
+    if all != origins.is_empty() {
+        anyhow::bail!("name the parked retries by origin id, or pass --all (not both)");
+    }
+    let plan = plan_after_redis(paths, redis).await?;
+    let _traces = super::OperatorTraces::start(paths)?;
+    let stop = interrupted();
+    let bar = progress("making retries due");
+    let mut out = String::new();
+    let mut total = 0;
+    let mut found = std::collections::HashSet::new();
+    for mut target in targets(&plan, stream).await? {
+        let Some(key) = target.keys.delayed.clone() else {
+            continue;
+        };
+        if all {
+            loop {
+                if stop.load(Ordering::Acquire) {
+                    let _ = writeln!(out, "interrupted: stopped after a whole batch");
+                    break;
+                }
+                let n = parked::retry_batch_now(&mut target.conn, &key)
+                    .await
+                    .with_context(|| format!("cannot update `{key}`"))?;
+                if n == 0 {
+                    break;
+                }
+                total += n;
+                bar.inc(n as u64);
+            }
+            continue;
+        }
+        let matches = parked::find(&mut target.conn, &key, origins, None)
+            .await
+            .with_context(|| format!("cannot search `{key}`"))?;
+        let members: Vec<Vec<u8>> = matches.iter().map(|p| p.member.clone()).collect();
+        let n = parked::retry_now(&mut target.conn, &key, &members).await?;
+        for p in &matches {
+            found.insert(p.entry.origin_id.clone());
+            let _ = writeln!(out, "{} in `{key}` is due now", p.entry.origin_id);
+        }
+        total += n;
+    }
+    bar.finish_and_clear();
+    for origin in origins {
+        if !found.contains(origin) {
+            let _ = writeln!(out, "{origin}: not parked");
+        }
+    }
+    let _ = writeln!(
+        out,
+        "{total} retries due now; a running host moves them back onto the stream within its block time"
+    );
+    Ok(out)
+}

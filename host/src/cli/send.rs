@@ -1,0 +1,91 @@
+//! `sluice send`: add a test entry to a subscription's stream, so trying a handler needs no
+//! redis-cli: the JSON goes into the subscription's payload field, on the partition its `id`
+//! picks, in the Redis the project's config (or its running dev server) names.
+
+use std::path::Path;
+
+use anyhow::{Context as _, Result};
+
+use super::{plan_after_redis, redis_url_for};
+
+/// The largest entry `sluice send` writes: a test entry, not a bulk load.
+const MAX_SEND_BYTES: usize = 1024 * 1024;
+
+/// Add `json` (an object) to `stream` (or the config's only subscription's); returns what was
+/// added where.
+pub async fn send(
+    config: &Path,
+    redis: Option<&str>,
+    stream: Option<&str>,
+    json: &str,
+) -> Result<String> {
+    if json.len() > MAX_SEND_BYTES {
+        anyhow::bail!(
+            "the entry is {} bytes; `sluice send` writes at most {MAX_SEND_BYTES}",
+            json.len()
+        );
+    }
+    let value: serde_json::Value = serde_json::from_str(json)
+        .with_context(|| format!("the entry is not valid JSON: {json}"))?;
+    if !value.is_object() {
+        anyhow::bail!("the entry must be a JSON object, like '{{\"id\":\"1\"}}'; got {json}");
+    }
+    // Redis first; compiled as `sluice dev` compiles (its cache then serves this too).
+    let plan = plan_after_redis(&[config.to_owned()], redis).await?;
+    let sub = match stream {
+        Some(name) => plan
+            .subscriptions
+            .iter()
+            .find(|s| s.stream.stream == name)
+            .with_context(|| {
+                let streams: Vec<_> = plan
+                    .subscriptions
+                    .iter()
+                    .map(|s| s.stream.stream.as_str())
+                    .collect();
+                format!(
+                    "no subscription of {} reads stream `{name}` (it has: {})",
+                    config.display(),
+                    streams.join(", ")
+                )
+            })?,
+        None => match plan.subscriptions.as_slice() {
+            [only] => only,
+            subs => anyhow::bail!(
+                "{} has {} subscriptions: name the stream, as `sluice send <stream> '<json>'` (one of: {})",
+                config.display(),
+                subs.len(),
+                subs.iter()
+                    .map(|s| s.stream.stream.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        },
+    };
+    // Partitioned: the partition a producer would pick for this entry's `id`.
+    let key = match &value["id"] {
+        serde_json::Value::String(id) => id.clone(),
+        serde_json::Value::Null => json.to_owned(),
+        other => other.to_string(),
+    };
+    let target = sluice_descriptor::partition_stream(
+        &sub.stream.stream,
+        sub.stream.partitions,
+        key.as_bytes(),
+    );
+    let url = redis_url_for(sub.redis.as_deref().or(redis))
+        .context("start `sluice dev` (or `sluice run`) in this directory first, or give --redis")?;
+    let mut conn = crate::store::redis_conn::RedisHandle::connect(&url, &sub.redis_access).await?;
+    let id: String = redis::cmd("XADD")
+        .arg(&target)
+        .arg("*")
+        .arg(&sub.stream.payload_field)
+        .arg(json)
+        .query_async(&mut conn)
+        .await
+        .with_context(|| format!("cannot add the entry to `{target}`"))?;
+    Ok(format!(
+        "added {id} to {target} ({} = {json})",
+        sub.stream.payload_field
+    ))
+}

@@ -1,0 +1,19 @@
+//! The data's way, one step per module, in the order an entry takes them:
+//!
+//! 1. [`admit`] decides whether a subscription may take entries now: an operator's pause, a
+//!    shared rate limit and a circuit breaker, followed by every host of the group.
+//! 2. [`read`] reads: it creates the group, re-reads this consumer's own pending entries after
+//!    a restart, takes over those of a consumer that is gone, claims idle entries, and reads
+//!    new entries with XREADGROUP (the partitions of a subscription wait in one blocking read).
+//! 3. [`dispatch`] runs the subscription's current handler on each delivery inside its span and
+//!    decides with [`crate::entry::outcome`].
+//! 4. [`settle`] carries the decision out in Redis: batched XACKs, atomic dead-lettering, and
+//!    retries that stay pending.
+//! 5. [`delayed`] parks a retry in its durable sorted set and sweeps due retries into the
+//!    group's retry lane, where step 2 reads them again.
+
+pub mod admit;
+pub mod delayed;
+pub(crate) mod dispatch;
+pub(crate) mod read;
+pub(crate) mod settle;

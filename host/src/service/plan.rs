@@ -1,0 +1,778 @@
+//! The plan: each subscription's component loaded and checked, its descriptor read and
+//! overlaid with the operator's configuration, every default resolved. `sluice check` prints
+//! it; `sluice run` runs it. Building the plan is where a bad descriptor, a component of the
+//! wrong world or two subscriptions that would collide are refused, before anything starts.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sluice_descriptor::{DelayedRetry, DescriptorError, ResolvedStream};
+
+use crate::config::{
+    Config, Isolation, Limits, MAX_COMPONENT_PARTITIONS, MAX_COMPONENT_RETRIES,
+    check_component_partitions,
+};
+use crate::runtime::{LoadedComponent, Runtime, RuntimeError};
+
+/// Why a plan could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// The component could not be loaded or does not implement the world.
+    #[error(transparent)]
+    Component(#[from] RuntimeError),
+    /// The resolved descriptor is invalid.
+    #[error("{} (component {}): {problem}", origin.display(), component.display())]
+    Descriptor {
+        /// Where the subscription was configured.
+        origin: PathBuf,
+        /// The component.
+        component: PathBuf,
+        /// What is wrong (in the message itself, not repeated as a source).
+        problem: DescriptorError,
+    },
+    /// The component asks for more partitions than a component may.
+    #[error(
+        "{} (component {}): the component asks for {asked} partitions; a component may ask for at most {MAX_COMPONENT_PARTITIONS} (set partitions in the config to allow up to {})",
+        origin.display(), component.display(), sluice_descriptor::MAX_PARTITIONS
+    )]
+    ComponentPartitions {
+        /// Where the subscription was configured.
+        origin: PathBuf,
+        /// The component.
+        component: PathBuf,
+        /// What it asked for.
+        asked: u32,
+    },
+    /// Two subscriptions would read as the same consumer of the same group.
+    #[error(
+        "two subscriptions read stream `{stream}` as consumer `{consumer}` of group `{group}`; give one a different group or consumer"
+    )]
+    Duplicate {
+        /// The stream.
+        stream: String,
+        /// The group.
+        group: String,
+        /// The consumer.
+        consumer: String,
+    },
+    /// `retry_lane` or `retry_lane_slots` ask for a lane for retries the subscription has no
+    /// delayed set for.
+    #[error(
+        "{} (component {}): {key} needs a delayed-retry set: the lane carries retries the set holds; give the subscription `delayed_retry = {{ key = \"...\" }}` or drop {key}",
+        origin.display(), component.display()
+    )]
+    LaneWithoutSet {
+        /// Where the subscription was configured.
+        origin: PathBuf,
+        /// The component.
+        component: PathBuf,
+        /// The key that asks for a lane.
+        key: &'static str,
+    },
+    /// One key would serve two subscriptions (or two roles): each would take or trim the
+    /// other's retries or dead letters.
+    #[error(transparent)]
+    SharedKey(Box<SharedKey>),
+    /// A subscription sends retries to the tail of a stream another subscription of the plan
+    /// reads as another group.
+    #[error(
+        "stream `{stream}` is read by groups `{group}` and `{other_group}`, and retry_lane = false sends group `{group}`'s due retries to the stream's tail, where `{other_group}` would read each as a new entry: remove retry_lane = false (retries then wait in the group's own lane), or set other_groups_see_retries = true to accept it"
+    )]
+    TailWithOtherGroup {
+        /// The stream.
+        stream: String,
+        /// The group whose retries go to the tail.
+        group: String,
+        /// The other group.
+        other_group: String,
+    },
+    /// The operator's floor for retry delays is above the longest delay.
+    #[error(
+        "{} (component {}): min_delay ({}) is longer than max_delay ({}): no retry delay satisfies both",
+        origin.display(), component.display(), human(*min_delay), human(*max_delay)
+    )]
+    MinDelayAboveMax {
+        /// Where the subscription was configured.
+        origin: PathBuf,
+        /// The component.
+        component: PathBuf,
+        /// The floor.
+        min_delay: Duration,
+        /// The ceiling.
+        max_delay: Duration,
+    },
+}
+
+/// A key two subscriptions of one plan would both use as their own.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "`{key}` would be the {role} of stream `{stream}` group `{group}` and the {other_role} of stream `{other_stream}` group `{other_group}`; give each subscription keys of its own (e.g. delayed_retry = {{ key = \"{stream}.{group}.delayed\" }}, dead_letter = \"{stream}.{group}.dead-letter\")"
+)]
+pub struct SharedKey {
+    /// The key.
+    pub key: String,
+    /// What it is for the later subscription.
+    pub role: &'static str,
+    /// The later subscription's stream.
+    pub stream: String,
+    /// The later subscription's group.
+    pub group: String,
+    /// What it is for the earlier one.
+    pub other_role: &'static str,
+    /// The earlier subscription's stream.
+    pub other_stream: String,
+    /// The earlier subscription's group.
+    pub other_group: String,
+}
+
+/// One subscription, ready to run.
+#[derive(Debug, Clone)]
+pub struct SubscriptionPlan {
+    /// The handler component.
+    pub component: LoadedComponent,
+    /// The resolved descriptor.
+    pub stream: ResolvedStream,
+    /// The consumer name.
+    pub consumer: String,
+    /// The Redis URL; `None` means the private dev server.
+    pub redis: Option<String>,
+    /// Credentials and TLS files for it.
+    pub redis_access: crate::config::RedisAccess,
+    /// Limits and instance policy.
+    pub limits: Limits,
+    /// Config values passed to the guest (including the host's `sluice.*` ones).
+    pub values: Vec<(String, String)>,
+    /// The operator's overrides, laid over a swapped-in component's descriptor too.
+    pub overrides: sluice_descriptor::Overrides,
+    /// Things that work but probably are not what the operator wants.
+    pub warnings: Vec<String>,
+    /// On a non-claiming subscription: how long another consumer must have been idle, holding
+    /// pending entries, before this one takes them over (`None`: never).
+    pub consumer_gone_after: Option<Duration>,
+    /// Trim the dead-letter stream to about this many entries (`None`: never).
+    pub dead_letter_maxlen: Option<u64>,
+    /// How many entries' histories the subscription keeps in Redis (0: none).
+    pub history_entries: u32,
+    /// Due retries go to the group's retry lane, which the reader serves first (true whenever
+    /// there is a delayed set, unless the operator asked for the stream's tail).
+    pub retry_lane: bool,
+    /// Handler slots kept for due retries, which new stream entries never take (0 without a
+    /// lane).
+    pub retry_lane_slots: usize,
+    /// With retries at the stream's tail: run although other groups read the stream.
+    pub other_groups_see_retries: bool,
+    /// The group's shared rate limit, if any.
+    pub rate_limit: Option<crate::config::RateLimit>,
+    /// The group's circuit breaker, if any.
+    pub circuit_breaker: Option<crate::config::CircuitBreaker>,
+    /// How a canary of this subscription is judged.
+    pub canary: crate::config::Canary,
+    /// The shortest wait of any retry.
+    pub min_delay: Duration,
+    /// Trim what every group has acknowledged (`None`: off).
+    pub retention: Option<crate::config::Retention>,
+    /// Trim dead letters older than this (`None`: never).
+    pub dead_letter_keep: Option<Duration>,
+}
+
+/// Every subscription of one invocation.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The subscriptions, in configuration order.
+    pub subscriptions: Vec<SubscriptionPlan>,
+    /// How long a shutdown waits for in-flight deliveries.
+    pub shutdown_timeout: Duration,
+    /// Where the admin server listens, if anywhere.
+    pub admin: Option<std::net::SocketAddr>,
+    /// Where the admin API's token comes from.
+    pub admin_token: Option<crate::config::TokenSource>,
+    /// Where the key that seals canaries comes from (else the admin token's).
+    pub rollout_key: Option<crate::config::TokenSource>,
+    /// With no admin token (and no `admin_open_on_loopback`), the key the admin API and page
+    /// take instead, made for this process (`sluice dev` prints it in its banner; `None`: the
+    /// host makes one at start and writes it to standard error).
+    pub admin_session_key: Option<String>,
+    /// Without a key, make one for this process (`sluice dev` on its private Redis).
+    pub rollout_key_ephemeral: bool,
+    /// The largest upload the admin API accepts.
+    pub admin_max_upload: u64,
+    /// Mutating admin calls need no token (loopback only).
+    pub admin_open_on_loopback: bool,
+    /// Every mutating admin call is refused.
+    pub admin_read_only: bool,
+    /// How often component files are checked for a new version.
+    pub watch_interval: Option<Duration>,
+    /// Whether metrics are labelled by subscription (see [`crate::observe::metrics::Metrics::new`]).
+    pub metrics_per_subscription: bool,
+    /// How idle subscriptions learn that their streams were written.
+    pub doorbell: crate::config::DoorbellMode,
+}
+
+/// The default consumer name: stable across restarts of the same machine, so a restarted host
+/// finds its own pending entries.
+pub fn default_consumer() -> String {
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    format!("sluice-{host}")
+}
+
+/// How long a consumer must be idle, holding pending entries, to count as gone: longer than a
+/// live host can go without reading (all its deliveries busy for `handler_timeout`, then a
+/// blocked read), with room to spare, and at least a minute.
+pub fn default_gone_after(handler_timeout: Duration, block: Duration) -> Duration {
+    (handler_timeout * 2 + block).max(Duration::from_secs(60))
+}
+
+/// What `sluice check` says of the credentials and TLS files (file names only, never a
+/// secret); `None` when there are none.
+fn render_access(access: &crate::config::RedisAccess) -> Option<String> {
+    let mut parts = Vec::new();
+    if let Some(user) = &access.username {
+        parts.push(format!("user {user}"));
+    }
+    if let Some(path) = &access.password_file {
+        parts.push(format!("password from {}", path.display()));
+    }
+    if let Some(path) = &access.ca_file {
+        parts.push(format!("TLS trusting {}", path.display()));
+    }
+    if let Some((cert, _)) = &access.client_cert {
+        parts.push(format!("client certificate {}", cert.display()));
+    }
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
+impl Plan {
+    /// Load every component and resolve every subscription. `redis_override` (from `--redis`
+    /// or `SLUICE_REDIS_URL`) replaces every configured URL.
+    pub async fn build(
+        config: &Config,
+        runtime: &Runtime,
+        redis_override: Option<&str>,
+    ) -> Result<Self, PlanError> {
+        let mut subscriptions: Vec<SubscriptionPlan> = Vec::new();
+        // Each file is read, hashed and asked for its descriptor once, however many
+        // subscriptions run it: thousands of subscriptions of one component spent most of
+        // their start doing it again for each.
+        let mut loaded: std::collections::HashMap<PathBuf, (LoadedComponent, _)> =
+            std::collections::HashMap::new();
+        for sub in &config.subscriptions {
+            let (component, descriptor) = match loaded.get(&sub.component) {
+                Some(known) => known.clone(),
+                None => {
+                    let component = runtime.load(&sub.component).await?;
+                    let descriptor = component.descriptor().await?;
+                    loaded.insert(
+                        sub.component.clone(),
+                        (component.clone(), descriptor.clone()),
+                    );
+                    (component, descriptor)
+                }
+            };
+            let descriptor = descriptor.overlay(&sub.overrides);
+            let stream = descriptor
+                .resolve()
+                .map_err(|problem| PlanError::Descriptor {
+                    origin: sub.origin.clone(),
+                    component: sub.component.clone(),
+                    problem,
+                })?;
+            let consumer = stream.consumer.clone().unwrap_or_else(default_consumer);
+            if let Some(other) = subscriptions.iter().find(|p| {
+                p.stream.stream == stream.stream
+                    && p.stream.group == stream.group
+                    && p.consumer == consumer
+            }) {
+                return Err(PlanError::Duplicate {
+                    stream: other.stream.stream.clone(),
+                    group: other.stream.group.clone(),
+                    consumer,
+                });
+            }
+            let has_set = stream.delayed_retry.is_some();
+            let lane_without_set = match (sub.retry_lane, sub.retry_lane_slots) {
+                (Some(true), _) => Some("retry_lane = true"),
+                (_, Some(_)) => Some("retry_lane_slots"),
+                _ => None,
+            };
+            if let Some(key) = lane_without_set.filter(|_| !has_set) {
+                return Err(PlanError::LaneWithoutSet {
+                    origin: sub.origin.clone(),
+                    component: sub.component.clone(),
+                    key,
+                });
+            }
+            let retry_lane = has_set && sub.retry_lane != Some(false);
+            if let Some(max_delay) = stream.max_delay
+                && max_delay < sub.min_delay
+            {
+                return Err(PlanError::MinDelayAboveMax {
+                    origin: sub.origin.clone(),
+                    component: sub.component.clone(),
+                    min_delay: sub.min_delay,
+                    max_delay,
+                });
+            }
+            check_component_partitions(&sub.overrides, stream.partitions).map_err(|asked| {
+                PlanError::ComponentPartitions {
+                    origin: sub.origin.clone(),
+                    component: sub.component.clone(),
+                    asked,
+                }
+            })?;
+            let mut warnings = Vec::new();
+            let mut stream = stream;
+            if sub.overrides.max_retries.is_none() && stream.max_retries > MAX_COMPONENT_RETRIES {
+                warnings.push(format!(
+                    "the component asks for max_retries {}; a component's own value is capped at {MAX_COMPONENT_RETRIES} (set max_retries in the config to allow more)",
+                    stream.max_retries
+                ));
+                stream.max_retries = MAX_COMPONENT_RETRIES;
+            }
+            if has_set && !retry_lane && sub.other_groups_see_retries {
+                warnings.push(format!(
+                    "retry_lane = false with other_groups_see_retries: due retries go back to the tail of `{}`, where every other consumer group of the stream reads each one as a new entry (Sluice groups skip each other's; other services do not)",
+                    stream.stream
+                ));
+            }
+            if let Some(min_idle) = stream.claim_min_idle
+                && min_idle <= sub.limits.handler_timeout
+            {
+                warnings.push(format!(
+                    "claim_min_idle ({min_idle:?}) is not longer than handler_timeout ({:?}): another consumer may claim an entry that is still being handled",
+                    sub.limits.handler_timeout
+                ));
+            }
+            if let Some(DelayedRetry::DurableZset {
+                key,
+                ttl: Some(ttl),
+            }) = &stream.delayed_retry
+            {
+                warnings.push(format!(
+                    "delayed set `{key}` has a ttl of {}: if no host sweeps it for that long after its latest due retry (every host down, or none running this subscription), Redis deletes the set and every retry in it; without a ttl it never expires",
+                    human(*ttl)
+                ));
+            }
+            let size = std::fs::metadata(&sub.component).map_or(0, |m| m.len());
+            if sub.limits.isolation == Isolation::PerDelivery && size >= 4 << 20 {
+                warnings.push(format!(
+                    "isolation = \"per-delivery\" with a {:.1} MiB component (an interpreter snapshot, as Python and JavaScript components are): every delivery instantiates it anew, which costs milliseconds (hundreds of deliveries per second, see docs/src/benchmarks-journal.md); reused instances cost tens of microseconds",
+                    size as f64 / (1024.0 * 1024.0)
+                ));
+            }
+            if let Some(maxlen) = sub.dead_letter_maxlen {
+                warnings.push(format!(
+                    "dead_letter_maxlen = {maxlen} trims `{}` on every write: once it holds about {maxlen} entries, the oldest dead letters are deleted for good, unseen",
+                    stream.dead_letter
+                ));
+            }
+            let mut values: Vec<(String, String)> = sub
+                .values
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            values.push((
+                sluice_descriptor::PAYLOAD_FIELD_CONFIG_KEY.to_owned(),
+                stream.payload_field.clone(),
+            ));
+            let consumer_gone_after = match sub.consumer_gone_after {
+                Some(choice) => choice,
+                None => Some(default_gone_after(sub.limits.handler_timeout, stream.block)),
+            }
+            .filter(|_| stream.claim_min_idle.is_none());
+            subscriptions.push(SubscriptionPlan {
+                consumer_gone_after,
+                dead_letter_maxlen: sub.dead_letter_maxlen,
+                history_entries: sub
+                    .history_entries
+                    .unwrap_or(crate::store::keys::DEFAULT_HISTORY_ENTRIES),
+                retry_lane,
+                retry_lane_slots: if retry_lane {
+                    sub.retry_lane_slots.unwrap_or_else(|| {
+                        crate::config::default_lane_slots(sub.limits.max_in_flight)
+                    })
+                } else {
+                    0
+                },
+                other_groups_see_retries: sub.other_groups_see_retries,
+                rate_limit: sub.rate_limit,
+                circuit_breaker: sub.circuit_breaker,
+                canary: sub.canary,
+                min_delay: sub.min_delay,
+                retention: sub.retention,
+                dead_letter_keep: sub.dead_letter_keep,
+                component,
+                stream,
+                consumer,
+                redis: redis_override
+                    .map(str::to_owned)
+                    .or_else(|| sub.redis.clone()),
+                redis_access: sub.redis_access.clone(),
+                limits: sub.limits.clone(),
+                values,
+                overrides: sub.overrides.clone(),
+                warnings,
+            });
+        }
+        check_keys(&subscriptions)?;
+        check_tail_readers(&subscriptions)?;
+        Ok(Self {
+            subscriptions,
+            shutdown_timeout: config.shutdown_timeout,
+            admin: config.admin,
+            admin_token: config.admin_token.clone(),
+            rollout_key: config.rollout_key.clone(),
+            admin_session_key: None,
+            rollout_key_ephemeral: false,
+            admin_max_upload: config.admin_max_upload,
+            admin_open_on_loopback: config.admin_open_on_loopback,
+            admin_read_only: config.admin_read_only,
+            watch_interval: config.watch_interval,
+            metrics_per_subscription: config.metrics_per_subscription,
+            doorbell: config.doorbell,
+        })
+    }
+
+    /// Whether some subscription has no Redis URL and needs the private dev server.
+    pub fn needs_dev_redis(&self) -> bool {
+        self.subscriptions.iter().any(|s| s.redis.is_none())
+    }
+
+    /// The plan as `sluice check` prints it.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for (i, sub) in self.subscriptions.iter().enumerate() {
+            let s = &sub.stream;
+            let _ = writeln!(
+                out,
+                "subscription {}: stream `{}`, group `{}`",
+                i + 1,
+                s.stream,
+                s.group
+            );
+            let row = |out: &mut String, name: &str, value: String| {
+                let _ = writeln!(out, "  {name:<12} {value}");
+            };
+            row(
+                &mut out,
+                "component",
+                format!(
+                    "{} (sha256 {})",
+                    sub.component.path().display(),
+                    sub.component.digest().short()
+                ),
+            );
+            row(
+                &mut out,
+                "redis",
+                sub.redis
+                    .as_deref()
+                    .map(crate::store::redis_conn::redact)
+                    .unwrap_or_else(|| "private dev redis-server (.sluice/dev-redis)".to_owned()),
+            );
+            if let Some(access) = render_access(&sub.redis_access) {
+                row(&mut out, "redis login", access);
+            }
+            row(&mut out, "consumer", sub.consumer.clone());
+            row(
+                &mut out,
+                "read",
+                format!(
+                    "own pending entries first, then XREADGROUP COUNT {} BLOCK {}",
+                    s.count,
+                    human(s.block)
+                ),
+            );
+            row(
+                &mut out,
+                "claiming",
+                match (s.claim_min_idle, sub.consumer_gone_after) {
+                    (Some(d), _) => format!("XAUTOCLAIM entries idle for at least {}", human(d)),
+                    (None, Some(gone)) => format!(
+                        "no; takes over the pending entries of consumers idle for {}",
+                        human(gone)
+                    ),
+                    (None, None) => "no".to_owned(),
+                },
+            );
+            if let Some(limit) = &sub.rate_limit {
+                row(
+                    &mut out,
+                    "rate limit",
+                    format!(
+                        "{} deliveries a second for the whole group, every host together (burst {}; bucket `{}`)",
+                        limit.per_second,
+                        limit.burst,
+                        crate::store::keys::rate_key(&s.stream, &s.group)
+                    ),
+                );
+            }
+            if let Some(b) = &sub.circuit_breaker {
+                row(
+                    &mut out,
+                    "circuit breaker",
+                    format!(
+                        "opens when {}% of at least {} deliveries in {} failed (traps, limits, downstream down); stays open {}, then {} probes",
+                        b.failure_rate * 100.0,
+                        b.min_deliveries,
+                        human(b.window),
+                        human(b.open_for),
+                        b.probes
+                    ),
+                );
+            }
+            let retries = match &s.delayed_retry {
+                Some(DelayedRetry::DurableZset { key, ttl }) => format!(
+                    "wait in sorted set `{key}` (ttl {}), then {}",
+                    ttl.map(human).unwrap_or_else(|| "none".to_owned()),
+                    if sub.retry_lane {
+                        format!(
+                            "go to the group's own retry lane `{}`, read before the stream ({} of {} handler slots kept for them)",
+                            crate::store::keys::lane_key(key),
+                            sub.retry_lane_slots,
+                            sub.limits.max_in_flight
+                        )
+                    } else if sub.other_groups_see_retries {
+                        "go back to the stream's tail, where other groups read them too (other_groups_see_retries)".to_owned()
+                    } else {
+                        "go back to the stream's tail (refused while another group reads the stream)".to_owned()
+                    }
+                ),
+                None if s.claim_min_idle.is_some() => {
+                    "stay pending; XAUTOCLAIM brings them back (delay rounded up to min_idle)"
+                        .to_owned()
+                }
+                None => "stay pending; a local timer brings them back after the delay".to_owned(),
+            };
+            row(
+                &mut out,
+                "retries",
+                format!(
+                    "max {}; each waits at least {}; retries {retries}",
+                    s.max_retries,
+                    human(sub.min_delay)
+                ),
+            );
+            row(
+                &mut out,
+                "failures",
+                format!(
+                    "backoff {} doubling up to {}",
+                    human(s.failure_backoff.initial),
+                    human(s.failure_backoff.max)
+                ),
+            );
+            row(
+                &mut out,
+                "dead letter",
+                match &s.legacy_dead_letter {
+                    Some(legacy) => format!(
+                        "`{}` (this group's own; what an earlier release left for it in `{legacy}` is moved here)",
+                        s.dead_letter
+                    ),
+                    None => format!("`{}`", s.dead_letter),
+                },
+            );
+            row(
+                &mut out,
+                "retention",
+                match &sub.retention {
+                    Some(r) => format!(
+                        "acknowledged by every group and older than {} trimmed every {}{}; never what a group has pending or unread",
+                        human(r.keep_acked),
+                        human(r.every),
+                        r.max_len
+                            .map(|n| format!(", sooner while longer than {n}"))
+                            .unwrap_or_default()
+                    ),
+                    None => "off: the stream grows until something else trims it".to_owned(),
+                },
+            );
+            if let Some(keep) = sub.dead_letter_keep {
+                row(
+                    &mut out,
+                    "dead letters",
+                    format!("kept for {}, then trimmed", human(keep)),
+                );
+            }
+            if s.partitions > 1 {
+                let parts = s.partitioned();
+                row(
+                    &mut out,
+                    "partitions",
+                    format!(
+                        "{}: streams `{}` .. `{}` (keys `<name>:{{{}:<n>}}`); producers pick one with crc32(key) % {}",
+                        s.partitions,
+                        parts[0].stream,
+                        parts[parts.len() - 1].stream,
+                        s.stream,
+                        s.partitions
+                    ),
+                );
+            }
+            row(
+                &mut out,
+                "payload",
+                format!("JSON in field `{}`", s.payload_field),
+            );
+            let l = &sub.limits;
+            row(
+                &mut out,
+                "handler",
+                format!(
+                    "{}, {} in flight, {} time limit, {} MiB memory",
+                    match l.isolation {
+                        Isolation::Reuse =>
+                            format!("reuse instances (recycle after {})", l.recycle_after),
+                        Isolation::PerDelivery => "fresh instance per delivery".to_owned(),
+                    },
+                    l.max_in_flight,
+                    human(l.handler_timeout),
+                    l.memory_limit / (1024 * 1024)
+                ),
+            );
+            let http = &l.outbound_http;
+            row(
+                &mut out,
+                "network",
+                if http.allowed.is_empty() {
+                    "none (no allowed_outbound_hosts)".to_owned()
+                } else {
+                    let hosts: Vec<String> = http.allowed.iter().map(|h| h.to_string()).collect();
+                    format!(
+                        "HTTP to {} ({} per request)",
+                        hosts.join(", "),
+                        human(http.timeout)
+                    )
+                },
+            );
+            let config: Vec<String> = sub
+                .values
+                .iter()
+                .filter(|(k, _)| !k.starts_with(sluice_descriptor::RESERVED_CONFIG_PREFIX))
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            if !config.is_empty() {
+                row(&mut out, "config", config.join(", "));
+            }
+            if i == 0 {
+                row(
+                    &mut out,
+                    "admin",
+                    self.admin.map_or("off".to_owned(), |a| {
+                        format!("http://{a} (/metrics, /healthz, /readyz)")
+                    }),
+                );
+            }
+            for warning in &sub.warnings {
+                row(&mut out, "warning", warning.clone());
+            }
+        }
+        out
+    }
+}
+
+/// Refuse a subscription whose retries go to its stream's tail (`retry_lane = false`, without
+/// `other_groups_see_retries`) when another subscription of the plan reads that stream as
+/// another group; other hosts' groups are checked in Redis at start and at every sweep.
+fn check_tail_readers(subscriptions: &[SubscriptionPlan]) -> Result<(), PlanError> {
+    for sub in subscriptions {
+        let to_tail =
+            sub.stream.delayed_retry.is_some() && !sub.retry_lane && !sub.other_groups_see_retries;
+        if !to_tail {
+            continue;
+        }
+        if let Some(other) = subscriptions
+            .iter()
+            .find(|o| o.stream.stream == sub.stream.stream && o.stream.group != sub.stream.group)
+        {
+            return Err(PlanError::TailWithOtherGroup {
+                stream: sub.stream.stream.clone(),
+                group: sub.stream.group.clone(),
+                other_group: other.stream.group.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What one key is for one subscription.
+#[derive(Clone, Copy)]
+struct Use<'a> {
+    role: &'static str,
+    stream: &'a str,
+    group: &'a str,
+}
+
+/// Refuse a key that two subscriptions of the plan would both use as their own (a delayed set,
+/// a retry lane, a dead-letter stream), or that one uses as its own and another reads as its
+/// stream. Subscriptions to one stream share the stream; those of one group (on one stream)
+/// share everything.
+fn check_keys(subscriptions: &[SubscriptionPlan]) -> Result<(), PlanError> {
+    let mut seen: std::collections::HashMap<String, Use<'_>> = std::collections::HashMap::new();
+    for sub in subscriptions {
+        for part in sub.stream.partitioned() {
+            let lane = part
+                .delayed_retry
+                .as_ref()
+                .filter(|_| sub.retry_lane)
+                .map(|d| crate::store::keys::lane_key(d.key()));
+            let mut keys = vec![(part.stream.clone(), "stream")];
+            keys.push((part.dead_letter.clone(), "dead-letter stream"));
+            keys.extend(
+                part.delayed_retry
+                    .as_ref()
+                    .map(|d| (d.key().to_owned(), "delayed-retry set")),
+            );
+            keys.extend(lane.map(|l| (l, "retry lane")));
+            for (key, role) in keys {
+                let (stream, group) = (sub.stream.stream.as_str(), sub.stream.group.as_str());
+                let this = Use {
+                    role,
+                    stream,
+                    group,
+                };
+                let Some(other) = seen.get(&key).copied() else {
+                    seen.insert(key, this);
+                    continue;
+                };
+                let same_role = other.role == role;
+                let shared_stream = same_role && role == "stream";
+                let same_owner = same_role && other.stream == stream && other.group == group;
+                if !shared_stream && !same_owner {
+                    return Err(PlanError::SharedKey(Box::new(SharedKey {
+                        key,
+                        role,
+                        stream: stream.to_owned(),
+                        group: group.to_owned(),
+                        other_role: other.role,
+                        other_stream: other.stream.to_owned(),
+                        other_group: other.group.to_owned(),
+                    })));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn human(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_component_asks_for_at_most_64_partitions_unless_the_operator_sets_them() {
+        let none = sluice_descriptor::Overrides::default();
+        assert_eq!(check_component_partitions(&none, 64), Ok(()));
+        assert_eq!(check_component_partitions(&none, 1024), Err(1024));
+        let operator = sluice_descriptor::Overrides {
+            partitions: Some(1024),
+            ..Default::default()
+        };
+        assert_eq!(check_component_partitions(&operator, 1024), Ok(()));
+    }
+}
