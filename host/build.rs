@@ -2,7 +2,8 @@
 //! commit it was built from (when built from a checkout) and the WIT package its guests build
 //! against. And packs the Rust guest SDK (`sluice-guest`, its macros and descriptor crates, with
 //! manifests that stand alone) for `sluice new` to write into a Rust project, so the project
-//! builds wherever it is moved, with the SDK of the `sluice` that made it.
+//! builds wherever it is moved, with the SDK of the `sluice` that made it. And expands the Lua
+//! scripts' `-- @include lib/NAME` lines (see [`expand_lua`]).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -11,6 +12,9 @@ use std::process::Command;
 fn main() {
     if let Err(err) = pack_sdk() {
         panic!("cannot pack the guest SDK: {err}");
+    }
+    if let Err(err) = expand_lua() {
+        panic!("cannot expand the Lua scripts: {err}");
     }
     let wit = "../guest-sdk/wit/sluice.wit";
     println!("cargo:rerun-if-changed={wit}");
@@ -174,4 +178,92 @@ fn files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     }
     found.sort();
     Ok(found)
+}
+
+/// Where the Lua library's helpers are (`-- @include lib/seal` is `src/store/lua/lib/seal.lua`).
+const LUA_ROOT: &str = "src/store/lua";
+
+/// Writes every Lua script under `src/` to `$OUT_DIR/lua/<its path under src>`, each
+/// `-- @include lib/NAME` line replaced by that helper's text (helpers may include helpers;
+/// each is expanded once per script, where it is first named). The host loads the expanded
+/// text with `store::lua!`; an include that names no helper, or helpers that include each
+/// other in a circle, fail the build with the script's name.
+fn expand_lua() -> Result<(), Box<dyn std::error::Error>> {
+    let out = PathBuf::from(std::env::var("OUT_DIR")?).join("lua");
+    println!("cargo:rerun-if-changed=src");
+    let mut scripts = Vec::new();
+    lua_files(Path::new("src"), &mut scripts)?;
+    for script in scripts {
+        let rel = script.strip_prefix("src")?;
+        if rel.starts_with("store/lua/lib") {
+            continue;
+        }
+        let mut seen = Vec::new();
+        let text = expand(&script, &mut seen, &mut Vec::new())
+            .map_err(|e| format!("{}: {e}", script.display()))?;
+        let target = out.join(rel);
+        if let Some(dir) = target.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        // Unchanged scripts keep their time, so the crate is not rebuilt for them.
+        if std::fs::read_to_string(&target).ok().as_deref() != Some(text.as_str()) {
+            std::fs::write(target, text)?;
+        }
+    }
+    Ok(())
+}
+
+/// The text of `file` with its includes expanded; `seen` holds the helpers already expanded
+/// into this script, `stack` those being expanded now (a helper on it again is a circle).
+fn expand(file: &Path, seen: &mut Vec<String>, stack: &mut Vec<String>) -> Result<String, String> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        let Some(name) = line.strip_prefix("-- @include ").map(str::trim) else {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        };
+        if stack.iter().any(|n| n == name) {
+            return Err(format!(
+                "`{name}` includes itself through {}",
+                stack.join(" -> ")
+            ));
+        }
+        if seen.iter().any(|n| n == name) {
+            let _ = writeln!(out, "-- ({name}: expanded above)");
+            continue;
+        }
+        let helper = Path::new(LUA_ROOT).join(format!("{name}.lua"));
+        if !name.starts_with("lib/") || !helper.is_file() {
+            return Err(format!(
+                "`-- @include {name}` names no helper (expected {})",
+                helper.display()
+            ));
+        }
+        seen.push(name.to_owned());
+        stack.push(name.to_owned());
+        let body = expand(&helper, seen, stack)?;
+        stack.pop();
+        let _ = writeln!(out, "-- >>> {name}");
+        out.push_str(&body);
+        let _ = writeln!(out, "-- <<< {name}");
+    }
+    Ok(out)
+}
+
+/// Every `.lua` file under `dir`, sorted.
+fn lua_files(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            lua_files(&path, out)?;
+        } else if path.extension().is_some_and(|e| e == "lua") {
+            out.push(path);
+        }
+    }
+    Ok(())
 }

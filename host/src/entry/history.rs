@@ -152,7 +152,7 @@ pub async fn read<C: ConnectionLike>(
     origin_id: &str,
 ) -> RedisResult<Vec<Record>> {
     static READ: LazyLock<Script> =
-        LazyLock::new(|| Script::new(include_str!("../pipeline/settle/lua/read_history.lua")));
+        LazyLock::new(|| Script::new(crate::store::lua!("entry/lua/read_history")));
     if !is_stream_id(origin_id) {
         return Ok(Vec::new());
     }

@@ -252,12 +252,8 @@ pub async fn stream_size<C: ConnectionLike>(conn: &mut C, stream: &str) -> Redis
     // dead-lettered for being over max_entry_bytes stays in its stream) would otherwise be
     // read whole at every scrape of /metrics (found by the attack review of issue 52: one
     // scrape of a stream holding a 400 MB entry killed a host held to 700 MiB).
-    static OLDEST: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-        redis::Script::new(
-            "local e = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1) \
-             if e[1] then return e[1][1] end return false",
-        )
-    });
+    static OLDEST: std::sync::LazyLock<redis::Script> =
+        std::sync::LazyLock::new(|| redis::Script::new(crate::store::lua!("store/lua/oldest")));
     let first: Option<String> = OLDEST.key(stream).invoke_async(conn).await?;
     Ok(StreamSize {
         length,

@@ -7,12 +7,30 @@
 //!   records which subscription owns a key.
 //! - [`inspect`] reads a subscription's state (group, consumers, delayed set, dead letters) for
 //!   the admin API, `sluice status` and the benchmark.
+//! - [`options`] sends a Lua script's many options as one map of named fields.
 //! - [`doorbell`] tells idle subscriptions and delayed sets when their keys are written
 //!   (keyspace events on one connection per Redis), so an idle subscription holds no
 //!   connection and sends no command.
+//!
+//! Lua: every script lives beside the module that runs it (`<module>/lua/*.lua`); what several
+//! share is a helper in `store/lua/lib/`, which a script names with `-- @include lib/NAME`.
+//! The build script expands the includes, and [`lua!`] loads the expanded text. Every script
+//! opens with the same header: what it does, `KEYS`, `ARGV`, `Reply:`, and `Crash:` (what a
+//! crash of the host or of Redis at each step leaves); `tests/all/lua.rs` runs each one alone.
 
 pub mod devredis;
 pub mod doorbell;
 pub mod inspect;
 pub mod keys;
+pub(crate) mod options;
 pub mod redis_conn;
+
+/// The text of a Lua script under `host/src`, its `-- @include lib/NAME` lines expanded by the
+/// build script: `lua!("pipeline/delayed/lua/sweep")` is `pipeline/delayed/lua/sweep.lua` with
+/// the helpers it names in front of its own code.
+macro_rules! lua {
+    ($path:literal) => {
+        include_str!(concat!(env!("OUT_DIR"), "/lua/", $path, ".lua"))
+    };
+}
+pub(crate) use lua;

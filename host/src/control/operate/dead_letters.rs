@@ -33,14 +33,11 @@ use redis::aio::ConnectionLike;
 
 use super::{BATCH, OperateError, Page};
 use crate::store::keys::{self, Seal, Secret, SubscriptionKeys};
+use crate::store::options::ScriptOptions;
 
 /// `lua/requeue.lua`, behind the seal it shares with the sweep.
-static REQUEUE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../../store/keys/lua/seal.lua"),
-        include_str!("lua/requeue.lua")
-    ))
-});
+static REQUEUE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(crate::store::lua!("control/operate/lua/requeue")));
 
 /// The bookkeeping a delivery's dead letter ends with, in order.
 pub const TAIL: [&str; 8] = [
@@ -656,6 +653,43 @@ pub enum Requeued {
     Gone,
 }
 
+/// The requeue script's options (see the header of `lua/requeue.lua`).
+fn requeue_options(
+    keys: &SubscriptionKeys,
+    letter: &DeadLetter,
+    origin: &str,
+    mode: &str,
+) -> Vec<u8> {
+    ScriptOptions::default()
+        .with("id", letter.id.as_str())
+        .with("origin", origin)
+        .with("stream", &*keys.stream)
+        .with("group", &*keys.group)
+        .with("mode", mode)
+        .names(
+            "fields",
+            &[
+                ("retry_count", keys::RETRY_COUNT),
+                ("origin_id", keys::ORIGIN_ID),
+                ("due_ms", keys::DUE_MS),
+                ("origin_group", keys::ORIGIN_GROUP),
+                ("mark", keys::MARK),
+                ("parked", keys::PARKED),
+                ("packed_fields", keys::PACKED_FIELDS),
+            ],
+        )
+        .names(
+            "seals",
+            &[
+                ("lane", Seal::Lane.name()),
+                ("tail", Seal::Tail.name()),
+                ("tail_packed", Seal::TailPacked.name()),
+            ],
+        )
+        .with("max_fields", keys::SCRIPT_MAX_FIELDS as u64)
+        .encode()
+}
+
 /// Put `letter` back to this subscription's group: into its retry lane (as the sweep puts a
 /// due retry there), or with `retry_lane = false` onto its stream, with its own fields and a
 /// `sluice-requeued-from` field naming the dead letter; with a trusted origin (see
@@ -686,26 +720,7 @@ pub async fn requeue<C: ConnectionLike>(
     invocation
         .key(&*keys.dead_letter)
         .key(keys.secret())
-        .arg(&letter.id)
-        .arg(origin)
-        .arg(&*keys.stream)
-        .arg(&*keys.group)
-        .arg(mode)
-        .arg(&[
-            keys::RETRY_COUNT,
-            keys::ORIGIN_ID,
-            keys::DUE_MS,
-            keys::ORIGIN_GROUP,
-            keys::MARK,
-            keys::PARKED,
-            keys::PACKED_FIELDS,
-        ])
-        .arg(&[
-            Seal::Lane.name(),
-            Seal::Tail.name(),
-            Seal::TailPacked.name(),
-        ])
-        .arg(keys::SCRIPT_MAX_FIELDS);
+        .arg(requeue_options(keys, letter, origin, mode));
     for (name, value) in &letter.fields {
         invocation.arg(name.as_slice()).arg(value.as_slice());
     }
@@ -777,7 +792,7 @@ pub async fn delete<C: ConnectionLike>(
 
 /// `lua/move_dead_letter.lua`.
 static MOVE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/move_dead_letter.lua")));
+    LazyLock::new(|| Script::new(crate::store::lua!("control/operate/lua/move_dead_letter")));
 
 /// What one pass over the earlier release's default dead-letter stream did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -42,8 +42,9 @@ pub async fn view_range<C: redis::aio::ConnectionLike>(
     bounds: (&str, &str),
     count: usize,
 ) -> redis::RedisResult<Vec<(String, Vec<(Vec<u8>, Vec<u8>)>)>> {
-    static VIEW: std::sync::LazyLock<redis::Script> =
-        std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/view_range.lua")));
+    static VIEW: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(crate::store::lua!("control/operate/lua/view_range"))
+    });
     VIEW.key(key)
         .arg(if reverse { "XREVRANGE" } else { "XRANGE" })
         .arg(bounds.0)

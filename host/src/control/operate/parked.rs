@@ -14,17 +14,13 @@ use redis::{RedisResult, Script};
 use super::{BATCH, OperateError, Page};
 use crate::entry::member::{ParkedEntry, decode};
 use crate::store::keys::{self, SubscriptionKeys};
+use crate::store::options::ScriptOptions;
 
 static RETRY_NOW: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/retry_now.lua")));
+    LazyLock::new(|| Script::new(crate::store::lua!("control/operate/lua/retry_now")));
 /// `lua/dead_letter_now.lua`, behind the seal it shares with the sweep.
-static DEAD_LETTER_NOW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../../store/keys/lua/seal.lua"),
-        include_str!("../../pipeline/delayed/lua/member.lua"),
-        include_str!("lua/dead_letter_now.lua")
-    ))
-});
+static DEAD_LETTER_NOW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(crate::store::lua!("control/operate/lua/dead_letter_now")));
 
 /// One parked retry with the set member it is stored as (what the operations act on).
 #[derive(Debug, Clone)]
@@ -288,6 +284,41 @@ pub async fn delete<C: ConnectionLike>(
     Ok(deleted)
 }
 
+/// The dead-letter-now script's options (see the header of `lua/dead_letter_now.lua`).
+fn dead_letter_now_options(keys: &SubscriptionKeys, reason: &str) -> Vec<u8> {
+    ScriptOptions::default()
+        .with("reason", reason)
+        .with("stream", &*keys.stream)
+        .with("group", &*keys.group)
+        .with("max_fields", keys::SCRIPT_MAX_FIELDS as u64)
+        .names(
+            "fields",
+            &[
+                ("reason", keys::REASON),
+                ("origin_stream", keys::ORIGIN_STREAM),
+                ("origin_group", keys::ORIGIN_GROUP),
+                ("origin_id", keys::ORIGIN_ID),
+                ("entry_id", keys::ENTRY_ID),
+                ("retry_count", keys::RETRY_COUNT),
+                ("delivery_count", keys::DELIVERY_COUNT),
+                ("member", keys::MEMBER),
+                ("origin_key", keys::ORIGIN_KEY),
+                ("mark", keys::MARK),
+                ("packed_fields", keys::PACKED_FIELDS),
+            ],
+        )
+        .with("dead_letter_maxlen", keys.maxlen_arg())
+        .names(
+            "seals",
+            &[
+                ("dead_letter", keys::Seal::DeadLetter.name()),
+                ("member", keys::Seal::Member.name()),
+                ("dead_letter_packed", keys::Seal::DeadLetterPacked.name()),
+            ],
+        )
+        .encode()
+}
+
 /// Move `members` to the subscription's dead-letter stream with `reason`; returns how many
 /// were still parked.
 pub async fn dead_letter_now<C: ConnectionLike>(
@@ -305,25 +336,7 @@ pub async fn dead_letter_now<C: ConnectionLike>(
         invocation
             .key(&*keys.dead_letter)
             .key(keys.secret())
-            .arg(reason)
-            .arg(&*keys.stream)
-            .arg(&*keys.group)
-            .arg(keys::SCRIPT_MAX_FIELDS)
-            .arg(keys::REASON)
-            .arg(keys::ORIGIN_STREAM)
-            .arg(keys::ORIGIN_GROUP)
-            .arg(keys::ORIGIN_ID)
-            .arg(keys::ENTRY_ID)
-            .arg(keys::RETRY_COUNT)
-            .arg(keys::DELIVERY_COUNT)
-            .arg(keys::MEMBER)
-            .arg(keys::ORIGIN_KEY)
-            .arg(keys::MARK)
-            .arg(keys::PACKED_FIELDS)
-            .arg(keys.maxlen_arg())
-            .arg(keys::Seal::DeadLetter.name())
-            .arg(keys::Seal::Member.name())
-            .arg(keys::Seal::DeadLetterPacked.name());
+            .arg(dead_letter_now_options(keys, reason));
         for member in chunk {
             invocation.arg(member.as_slice());
         }

@@ -32,12 +32,8 @@ use crate::config::Retention;
 use crate::store::keys::SubscriptionKeys;
 
 /// `lua/trim.lua`, behind the exact id comparisons it shares with the sweep (`lua/ids.lua`).
-static TRIM: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("lua/ids.lua"),
-        include_str!("lua/trim.lua")
-    ))
-});
+static TRIM: LazyLock<Script> =
+    LazyLock::new(|| Script::new(crate::store::lua!("control/retention/lua/trim")));
 
 /// The most entries one run trims (from the stream, and from the dead-letter stream).
 pub const MAX_TRIM_PER_RUN: u64 = 100_000;

@@ -417,8 +417,9 @@ pub async fn start<C: ConnectionLike>(
     key: &RolloutKey,
     start: Start<'_>,
 ) -> Result<Record, CanaryError> {
-    static START: std::sync::LazyLock<Script> =
-        std::sync::LazyLock::new(|| Script::new(include_str!("lua/canary_start.lua")));
+    static START: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
+        Script::new(crate::store::lua!("control/rollout/lua/canary_start"))
+    });
     let err = |source| CanaryError::Redis {
         stream: start.stream.to_owned(),
         group: start.group.to_owned(),
@@ -606,8 +607,9 @@ pub async fn write_verdict<C: ConnectionLike>(
     sealed: &str,
     seen: &[u8],
 ) -> redis::RedisResult<bool> {
-    static VERDICT: std::sync::LazyLock<Script> =
-        std::sync::LazyLock::new(|| Script::new(include_str!("lua/canary_verdict.lua")));
+    static VERDICT: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
+        Script::new(crate::store::lua!("control/rollout/lua/canary_verdict"))
+    });
     let written: u8 = VERDICT
         .key(flow_key(&record.stream, &record.group))
         .key(component_key(&record.stream, &record.candidate))
@@ -839,8 +841,9 @@ pub async fn report<C: ConnectionLike>(
     (by, forged): (&str, &[u8]),
     (incumbent, candidate): (&Tally, &Tally),
 ) -> redis::RedisResult<Reported> {
-    static REPORT_SCRIPT: std::sync::LazyLock<Script> =
-        std::sync::LazyLock::new(|| Script::new(include_str!("lua/canary_report.lua")));
+    static REPORT_SCRIPT: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
+        Script::new(crate::store::lua!("control/rollout/lua/canary_report"))
+    });
     let t = &record.thresholds;
     let keep_ms = record
         .ends_ms

@@ -263,10 +263,7 @@ impl Breaker {
     /// Add this host's counts to the window every [`FLUSH`] until `stop`.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
         static RECORD: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
-            Script::new(concat!(
-                include_str!("lua/journal.lua"),
-                include_str!("lua/breaker_record.lua")
-            ))
+            Script::new(crate::store::lua!("pipeline/admit/lua/breaker_record"))
         });
         loop {
             tokio::select! {
@@ -322,10 +319,7 @@ impl Breaker {
     /// Ask the open breaker what this host may do now.
     pub async fn gate(&self) -> Gate {
         static PROBE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
-            Script::new(concat!(
-                include_str!("lua/journal.lua"),
-                include_str!("lua/breaker_probe.lua")
-            ))
+            Script::new(crate::store::lua!("pipeline/admit/lua/breaker_probe"))
         });
         let mut conn = self.conn.clone();
         let asked: redis::RedisResult<(String, u64, String)> = PROBE
@@ -378,10 +372,7 @@ impl Breaker {
     /// A probe's answer: success closes the breaker, failure opens it again.
     async fn answer(&self, success: bool, why: &str) {
         static RESULT: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
-            Script::new(concat!(
-                include_str!("lua/journal.lua"),
-                include_str!("lua/breaker_result.lua")
-            ))
+            Script::new(crate::store::lua!("pipeline/admit/lua/breaker_result"))
         });
         let mut conn = self.conn.clone();
         let answered: redis::RedisResult<(String, String)> = RESULT

@@ -68,7 +68,7 @@ pub async fn read<C: ConnectionLike>(
     count: usize,
 ) -> RedisResult<Vec<JournalEntry>> {
     static READ: LazyLock<Script> =
-        LazyLock::new(|| Script::new(include_str!("lua/read_journal.lua")));
+        LazyLock::new(|| Script::new(crate::store::lua!("pipeline/admit/lua/read_journal")));
     let raw: Vec<(String, Vec<String>)> = READ
         .key(crate::store::keys::journal_key(stream, group))
         .arg(count.min(MAX_ENTRIES))

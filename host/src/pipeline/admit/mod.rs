@@ -296,7 +296,7 @@ pub(crate) async fn bump<C: ConnectionLike>(
     group: &str,
 ) -> RedisResult<()> {
     static BUMP: std::sync::LazyLock<Script> =
-        std::sync::LazyLock::new(|| Script::new(include_str!("lua/bump.lua")));
+        std::sync::LazyLock::new(|| Script::new(crate::store::lua!("pipeline/admit/lua/bump")));
     BUMP.key(FLOW_CHANGES)
         .key(FLOW_EPOCH)
         .arg(flow_key(stream, group))
@@ -370,8 +370,9 @@ pub async fn read<C: ConnectionLike>(
     stream: &str,
     group: &str,
 ) -> RedisResult<FlowState> {
-    static READ: std::sync::LazyLock<Script> =
-        std::sync::LazyLock::new(|| Script::new(include_str!("lua/read_fields.lua")));
+    static READ: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
+        Script::new(crate::store::lua!("pipeline/admit/lua/read_fields"))
+    });
     type Fields = (
         Option<Vec<u8>>,
         Option<Vec<u8>>,

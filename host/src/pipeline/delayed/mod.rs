@@ -58,6 +58,7 @@ pub mod timer;
 
 use crate::entry::delivery::Delivery;
 use crate::store::keys::{self, Secret, SubscriptionKeys};
+use crate::store::options::ScriptOptions;
 
 /// This host's wall clock, epoch milliseconds.
 fn local_now_ms() -> i64 {
@@ -71,24 +72,13 @@ pub const SWEEP_BATCH: usize = 128;
 
 /// `lua/park.lua`, behind the pending check and the history record it shares with the
 /// dead-letter script.
-static PARK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../settle/lua/pending.lua"),
-        include_str!("../settle/lua/history.lua"),
-        include_str!("lua/park.lua")
-    ))
-});
+static PARK: LazyLock<Script> =
+    LazyLock::new(|| Script::new(crate::store::lua!("pipeline/delayed/lua/park")));
 
 /// `lua/sweep.lua`, behind the exact stream-id comparisons it shares with retention, the seal it
 /// shares with the operations on dead letters, and the member reader it shares with them.
-static SWEEP: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../../control/retention/lua/ids.lua"),
-        include_str!("../../store/keys/lua/seal.lua"),
-        include_str!("lua/member.lua"),
-        include_str!("lua/sweep.lua")
-    ))
-});
+static SWEEP: LazyLock<Script> =
+    LazyLock::new(|| Script::new(crate::store::lua!("pipeline/delayed/lua/sweep")));
 
 /// The sweep script's SHA-1, as Redis names it in `EVALSHA`, `SLOWLOG` and `MONITOR`: how an
 /// operator (or a fault test's proxy) tells a sweep pass from the host's other calls.
@@ -359,39 +349,52 @@ impl DelayedSet {
 
     /// The sweep script's invocation for this set.
     fn sweep_invocation(&self) -> ScriptInvocation<'static> {
-        use keys::Seal;
         let mut invocation = SWEEP.key(self.target());
         invocation
             .key(&*self.key)
             .key(&*self.dead_letter)
-            .arg(SWEEP_BATCH)
-            .arg(self.secret.value())
-            .arg(self.ttl_ms())
-            .arg(keys::SCRIPT_MAX_FIELDS)
-            .arg(&[
-                keys::RETRY_COUNT,
-                keys::ORIGIN_ID,
-                keys::DUE_MS,
-                keys::MARK,
-                keys::MEMBER,
-                keys::REASON,
-                keys::ORIGIN_KEY,
-                keys::ORIGIN_STREAM,
-                keys::ORIGIN_GROUP,
-                keys::PACKED_FIELDS,
-                keys::PARKED,
-            ])
-            .arg(self.dead_letter_maxlen)
-            .arg(&*self.stream)
-            .arg(&*self.group)
-            .arg(u8::from(self.other_groups_see_retries))
-            .arg(&[
-                Seal::Lane.name(),
-                Seal::Tail.name(),
-                Seal::Member.name(),
-                Seal::TailPacked.name(),
-            ]);
+            .arg(self.sweep_options());
         invocation
+    }
+
+    /// The sweep script's options (see the header of `lua/sweep.lua`).
+    fn sweep_options(&self) -> Vec<u8> {
+        use keys::Seal;
+        ScriptOptions::default()
+            .with("batch", SWEEP_BATCH as u64)
+            .with("secret", self.secret.value())
+            .with("ttl_ms", self.ttl_ms())
+            .with("max_fields", keys::SCRIPT_MAX_FIELDS as u64)
+            .names(
+                "fields",
+                &[
+                    ("retry_count", keys::RETRY_COUNT),
+                    ("origin_id", keys::ORIGIN_ID),
+                    ("due_ms", keys::DUE_MS),
+                    ("mark", keys::MARK),
+                    ("member", keys::MEMBER),
+                    ("reason", keys::REASON),
+                    ("origin_key", keys::ORIGIN_KEY),
+                    ("origin_stream", keys::ORIGIN_STREAM),
+                    ("origin_group", keys::ORIGIN_GROUP),
+                    ("packed_fields", keys::PACKED_FIELDS),
+                    ("parked", keys::PARKED),
+                ],
+            )
+            .with("dead_letter_maxlen", self.dead_letter_maxlen)
+            .with("stream", &*self.stream)
+            .with("group", &*self.group)
+            .with("past_other_groups", self.other_groups_see_retries)
+            .names(
+                "seals",
+                &[
+                    ("lane", Seal::Lane.name()),
+                    ("tail", Seal::Tail.name()),
+                    ("member", Seal::Member.name()),
+                    ("tail_packed", Seal::TailPacked.name()),
+                ],
+            )
+            .encode()
     }
 
     /// Move what is due (at most [`SWEEP_BATCH`] entries) back onto the stream.

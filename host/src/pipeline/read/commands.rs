@@ -416,8 +416,9 @@ async fn forget_gone<C: ConnectionLike>(
     name: &str,
     idle_ms: u64,
 ) -> RedisResult<bool> {
-    static FORGET: std::sync::LazyLock<redis::Script> =
-        std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/forget_gone.lua")));
+    static FORGET: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(crate::store::lua!("pipeline/read/lua/forget_gone"))
+    });
     let deleted: i64 = FORGET
         .key(stream)
         .arg(group)

@@ -52,23 +52,13 @@ const ACK_BATCH: usize = 1024;
 
 /// `lua/dead_letter.lua`, behind the pending check and the history record it shares with the
 /// park script.
-static DEAD_LETTER: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("lua/pending.lua"),
-        include_str!("lua/history.lua"),
-        include_str!("lua/dead_letter_write.lua"),
-        include_str!("lua/dead_letter.lua")
-    ))
-});
+static DEAD_LETTER: LazyLock<Script> =
+    LazyLock::new(|| Script::new(crate::store::lua!("pipeline/settle/lua/dead_letter")));
 
 /// `lua/dead_letter_in_place.lua`, behind the pending check, the history record and the seal.
 static IN_PLACE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("lua/pending.lua"),
-        include_str!("lua/history.lua"),
-        include_str!("../../store/keys/lua/seal.lua"),
-        include_str!("lua/dead_letter_write.lua"),
-        include_str!("lua/dead_letter_in_place.lua")
+    Script::new(crate::store::lua!(
+        "pipeline/settle/lua/dead_letter_in_place"
     ))
 });
 

@@ -71,8 +71,9 @@ const CHECK_EVERY: Duration = Duration::from_secs(10);
 const MIN_GAP: Duration = Duration::from_millis(2);
 
 pub(super) static TIPS: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/tips.lua")));
-static EARLIEST: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/earliest.lua")));
+    LazyLock::new(|| Script::new(crate::store::lua!("store/doorbell/lua/tips")));
+static EARLIEST: LazyLock<Script> =
+    LazyLock::new(|| Script::new(crate::store::lua!("store/doorbell/lua/earliest")));
 
 /// A read connection of the doorbell's and its client id (to unblock it when its keys
 /// change; `None` when this user may not ask).

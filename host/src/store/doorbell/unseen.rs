@@ -19,7 +19,8 @@ use super::{Doorbell, Down, Kind};
 /// How often the doorbell looks for entries it did not hear of.
 pub const EVERY: Duration = Duration::from_secs(10);
 
-static UNSEEN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/unseen.lua")));
+static UNSEEN: LazyLock<Script> =
+    LazyLock::new(|| Script::new(crate::store::lua!("store/doorbell/lua/unseen")));
 
 impl Doorbell {
     /// Take the last id of the streams among `keys`, before they are subscribed.

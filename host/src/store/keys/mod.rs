@@ -326,7 +326,7 @@ impl std::fmt::Debug for Secret {
 
 /// `lua/secret.lua`: the stream's secret and the legacy cutoffs of a subscription's keys.
 static LOAD: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/secret.lua")));
+    std::sync::LazyLock::new(|| redis::Script::new(crate::store::lua!("store/keys/lua/secret")));
 
 /// Why the stream's secret could not be read or made. Never says the secret.
 #[derive(Debug, thiserror::Error)]
@@ -725,7 +725,7 @@ pub enum ClaimError {
 
 /// `lua/claim.lua`.
 static CLAIM: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/claim.lua")));
+    std::sync::LazyLock::new(|| redis::Script::new(crate::store::lua!("store/keys/lua/claim")));
 
 /// What a stream read by subscriptions is, in its claim.
 const STREAM_ROLE: &str = "stream";

@@ -4,14 +4,18 @@
 -- KEYS[1]  the delayed-retry set
 -- KEYS[2]  the dead-letter stream
 -- KEYS[3]  the stream's secret (may not exist: then nothing is sealed)
--- ARGV[1]  the reason
--- ARGV[2]  the stream and ARGV[3] the group the retries belong to (recorded with them)
--- ARGV[4]  the most fields one XADD from this script may carry
--- ARGV[5..15] field names: reason, origin stream, origin group, origin id, entry id, retry
---          count, delivery count, member, origin key, mark, packed fields (the host's keys module)
--- ARGV[16] trim the dead-letter stream to about this many entries (MAXLEN ~), 0 for never
--- ARGV[17..19] the seals' uses: dead letter, member, dead letter with packed fields
--- ARGV[20..] members
+-- ARGV[1]  the options: one MessagePack map of named fields (`dead_letter_now` in
+--          control/operate/parked.rs writes it):
+--          reason              the operator's reason
+--          stream, group       the subscription the retries belong to (recorded with them)
+--          max_fields          the most fields one XADD from this script may carry
+--          fields              the field names (the host's keys module): reason, origin_stream,
+--                              origin_group, origin_id, entry_id, retry_count, delivery_count,
+--                              member, origin_key, mark, packed_fields
+--          dead_letter_maxlen  trim the dead-letter stream to about this many entries
+--                              (MAXLEN ~), 0 for never
+--          seals               the seals' uses: dead_letter, member, dead_letter_packed
+-- ARGV[2..] members
 --
 -- A member the park script wrote for this subscription becomes a dead letter like the
 -- dispatcher's (its fields, packed past what one XADD carries, then the bookkeeping and the
@@ -19,17 +23,26 @@
 -- another subscription) is kept raw under the member field, as the sweep does.
 --
 -- Reply: how many members were dead-lettered (members no longer in the set are skipped).
-local F_REASON, F_STREAM, F_GROUP, F_ORIGIN, F_ENTRY = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-local F_RETRY, F_DELIVERIES, F_MEMBER, F_KEY = ARGV[10], ARGV[11], ARGV[12], ARGV[13]
-local F_MARK, F_PACKED = ARGV[14], ARGV[15]
-local SEAL_DEAD_LETTER, SEAL_MEMBER, SEAL_DEAD_LETTER_PACKED = ARGV[17], ARGV[18], ARGV[19]
-local stream, group = ARGV[2], ARGV[3]
-local max_fields = tonumber(ARGV[4])
+-- @include lib/seal
+-- @include lib/member
+local ok, o = pcall(cmsgpack.unpack, ARGV[1])
+if not ok or type(o) ~= 'table' or type(o.fields) ~= 'table' or type(o.seals) ~= 'table' then
+  return redis.error_reply('dead_letter_now: ARGV[1] is not the options map')
+end
+local names, uses = o.fields, o.seals
+local F_REASON, F_STREAM, F_GROUP = names.reason, names.origin_stream, names.origin_group
+local F_ORIGIN, F_ENTRY, F_RETRY = names.origin_id, names.entry_id, names.retry_count
+local F_DELIVERIES, F_MEMBER, F_KEY = names.delivery_count, names.member, names.origin_key
+local F_MARK, F_PACKED = names.mark, names.packed_fields
+local SEAL_DEAD_LETTER, SEAL_MEMBER = uses.dead_letter, uses.member
+local SEAL_DEAD_LETTER_PACKED = uses.dead_letter_packed
+local stream, group, reason = o.stream, o.group, o.reason
+local max_fields = tonumber(o.max_fields)
 local secret = redis.call('GET', KEYS[3])
 local function xadd(values)
   local args = {KEYS[2]}
-  if tonumber(ARGV[16]) > 0 then
-    args = {KEYS[2], 'MAXLEN', '~', ARGV[16]}
+  if tonumber(o.dead_letter_maxlen) > 0 then
+    args = {KEYS[2], 'MAXLEN', '~', tostring(o.dead_letter_maxlen)}
   end
   args[#args + 1] = '*'
   for _, v in ipairs(values) do
@@ -38,7 +51,7 @@ local function xadd(values)
   return redis.call('XADD', unpack(args))
 end
 local moved = 0
-for i = 20, #ARGV do
+for i = 2, #ARGV do
   local member = ARGV[i]
   if redis.call('ZSCORE', KEYS[1], member) then
     local id, retry, fields, origin, owner_stream, owner_group = read_member(member)
@@ -53,7 +66,7 @@ for i = 20, #ARGV do
       for _, v in ipairs(own) do
         values[#values + 1] = v
       end
-      for _, v in ipairs({F_REASON, ARGV[1], F_STREAM, stream, F_GROUP, group, F_ORIGIN, origin,
+      for _, v in ipairs({F_REASON, reason, F_STREAM, stream, F_GROUP, group, F_ORIGIN, origin,
           F_ENTRY, id, F_RETRY, tostring(retry), F_DELIVERIES, '0'}) do
         values[#values + 1] = v
       end
@@ -63,7 +76,7 @@ for i = 20, #ARGV do
       end
       xadd(values)
     else
-      local raw = {F_MEMBER, member, F_REASON, ARGV[1], F_KEY, KEYS[1], F_STREAM, stream}
+      local raw = {F_MEMBER, member, F_REASON, reason, F_KEY, KEYS[1], F_STREAM, stream}
       if secret then
         for _, v in ipairs({F_GROUP, group, F_MARK,
             seal(secret, {SEAL_MEMBER, KEYS[1], stream, group, member})}) do

@@ -5,15 +5,18 @@
 --          the stream
 -- KEYS[2]  the dead-letter stream
 -- KEYS[3]  the stream's secret (may not exist)
--- ARGV[1]  the dead letter's id
--- ARGV[2]  the origin id to keep ('' when it cannot be trusted: the copy is its own origin)
--- ARGV[3]  the subscription's stream, ARGV[4] its group (what the seal covers)
--- ARGV[5]  'lane' or 'tail': the form of the copy
--- ARGV[6..12] field names, in order: retry count, origin id, due time, origin group, mark,
---          parked, packed fields (from the host's keys module)
--- ARGV[13..15] the seals' uses: lane, tail, tail with packed fields
--- ARGV[16] the most fields one XADD from this script may carry
--- ARGV[17..] the fields to add: name, value, ... (the entry's own fields and the requeue record)
+-- ARGV[1]  the options: one MessagePack map of named fields (`requeue` in
+--          control/operate/dead_letters.rs writes it):
+--          id              the dead letter's id
+--          origin          the origin id to keep ('' when it cannot be trusted: the copy is
+--                          its own origin)
+--          stream, group   the subscription (what the seal covers)
+--          mode            'lane' or 'tail': the form of the copy
+--          fields          the field names (the host's keys module): retry_count, origin_id,
+--                          due_ms, origin_group, mark, parked, packed_fields
+--          seals           the seals' uses: lane, tail, tail_packed
+--          max_fields      the most fields one XADD from this script may carry
+-- ARGV[2..] the fields to add: name, value, ... (the entry's own fields and the requeue record)
 --
 -- Into the lane: the copy is what the sweep writes there, a member (the stream and group, the
 -- dead letter's id, retry count 0, the fields, the origin id or ''), "due" now, and the seal over
@@ -28,31 +31,38 @@
 -- before the XDEL and the dead letter stays.
 --
 -- Reply: the new entry's id, or false when the dead letter was no longer there.
-local F_RETRY, F_ORIGIN, F_DUE, F_GROUP = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-local F_MARK, F_PARKED, F_PACKED = ARGV[10], ARGV[11], ARGV[12]
-local SEAL_LANE, SEAL_TAIL, SEAL_TAIL_PACKED = ARGV[13], ARGV[14], ARGV[15]
-local stream, group, origin = ARGV[3], ARGV[4], ARGV[2]
-if #redis.call('XRANGE', KEYS[2], ARGV[1], ARGV[1]) == 0 then
+-- @include lib/seal
+local ok, o = pcall(cmsgpack.unpack, ARGV[1])
+if not ok or type(o) ~= 'table' or type(o.fields) ~= 'table' or type(o.seals) ~= 'table' then
+  return redis.error_reply('requeue: ARGV[1] is not the options map')
+end
+local names, uses = o.fields, o.seals
+local F_RETRY, F_ORIGIN, F_DUE = names.retry_count, names.origin_id, names.due_ms
+local F_GROUP, F_MARK = names.origin_group, names.mark
+local F_PARKED, F_PACKED = names.parked, names.packed_fields
+local SEAL_LANE, SEAL_TAIL, SEAL_TAIL_PACKED = uses.lane, uses.tail, uses.tail_packed
+local stream, group, origin, dead_id = o.stream, o.group, o.origin, o.id
+if #redis.call('XRANGE', KEYS[2], dead_id, dead_id) == 0 then
   return false
 end
 local fields = {}
-for i = 17, #ARGV do
+for i = 2, #ARGV do
   fields[#fields + 1] = ARGV[i]
 end
 local secret = redis.call('GET', KEYS[3])
 local time = redis.call('TIME')
 local now = string.format('%.0f', tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000))
 local id
-if ARGV[5] == 'lane' then
+if o.mode == 'lane' then
   if not secret then
     return redis.error_reply('NOSECRET the stream has no secret to seal a lane copy with')
   end
-  local member = cmsgpack.pack({stream, group, ARGV[1], 0, fields, origin})
+  local member = cmsgpack.pack({stream, group, dead_id, 0, fields, origin})
   local mark = seal(secret, {SEAL_LANE, stream, group, member, now})
   id = redis.call('XADD', KEYS[1], '*', F_PARKED, member, F_DUE, now, F_MARK, mark)
 else
   local own, use = fields, SEAL_TAIL
-  if #fields / 2 > tonumber(ARGV[16]) then
+  if #fields / 2 > tonumber(o.max_fields) then
     own, use = {F_PACKED, cmsgpack.pack(fields)}, SEAL_TAIL_PACKED
   end
   local args = {KEYS[1], '*'}
@@ -67,5 +77,5 @@ else
   end
   id = redis.call('XADD', unpack(args))
 end
-redis.call('XDEL', KEYS[2], ARGV[1])
+redis.call('XDEL', KEYS[2], dead_id)
 return id

@@ -31,6 +31,7 @@
 --
 -- Reply: {held (1, or 0 when another host holds the stream's lease), trimmed, length after,
 -- blocked (1/0), threshold id ('' when nothing could be trimmed), dead letters trimmed}.
+-- @include lib/ids
 
 -- Whether this host holds `lease` (taking it when it is free, renewing it when it is ours).
 local function hold(lease)

@@ -6,6 +6,7 @@
 -- the state says whether this call moved it to half-open).
 -- A record that is not Sluice's counts as open from now (never as closed); a time more than
 -- two days ahead is taken as now.
+-- @include lib/journal
 local raw = redis.call('HGET', KEYS[1], 'breaker')
 if not raw then
   return {'closed', 0, ''}

@@ -8,6 +8,7 @@
 -- {'not-closed', ''} when it was open already (the counts are not kept: an open breaker's
 -- stragglers say nothing new).
 -- Only the window's own 90 fields are read, whatever else the hash holds.
+-- @include lib/journal
 if redis.call('HEXISTS', KEYS[2], 'breaker') == 1 then
   return {'not-closed', ''}
 end

@@ -4,6 +4,7 @@
 -- journal.lua). ARGV: 1 (success) or 0, open for (ms), why, who.
 -- Returns {'closed', ''}, {'reopened', state}, or {'ignored', ''} when it was not half-open
 -- (another probe answered first).
+-- @include lib/journal
 local raw = redis.call('HGET', KEYS[1], 'breaker')
 if not raw then
   return {'ignored', ''}

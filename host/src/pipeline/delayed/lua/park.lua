@@ -35,6 +35,8 @@
 -- Reply: {due_ms, now_ms, 1 if acknowledged or 0 if the group was gone, microseconds from the
 -- server's clock now to the due time}, or false when the entry was no longer pending for the
 -- group (another consumer settled it), in which case nothing is written.
+-- @include lib/pending
+-- @include lib/history
 local state, stop = pending_state(KEYS[1], ARGV[1], ARGV[2])
 if not state then
   return stop

@@ -7,27 +7,33 @@
 -- KEYS[2]  the delayed-retry set
 -- KEYS[3]  the dead-letter stream: a member that cannot go back goes there instead of blocking
 --          every sweep after it
--- ARGV[1]  the most entries to move in this pass
--- ARGV[2]  the stream's secret, which keys the seals
--- ARGV[3]  the set's ttl in milliseconds, 0 for none
--- ARGV[4]  the most fields one XADD from this script may carry
--- ARGV[5..15] field names, in order: retry count, origin id, due time, mark, member, reason,
---          origin key, origin stream, origin group, packed fields, parked (the host's keys module)
--- ARGV[16] trim the dead-letter stream to about this many entries (MAXLEN ~), 0 for never
--- ARGV[17] the subscription's stream: the name the seals cover and dead letters record as their
---          origin, whether KEYS[1] is that stream or the lane
--- ARGV[18] the subscription's group
--- ARGV[19] 1 to move due entries to the stream's tail even while other groups read the stream
---          (other_groups_see_retries), 0 to hold them then
--- ARGV[20..23] the seals' uses: lane, tail, member, tail with packed fields (the host's keys
---          module)
+-- ARGV[1]  the options: one MessagePack map of named fields (`sweep_options` in
+--          pipeline/delayed/mod.rs writes it):
+--          batch               the most entries to move in this pass
+--          secret              the stream's secret, which keys the seals
+--          ttl_ms              the set's ttl in milliseconds, 0 for none
+--          max_fields          the most fields one XADD from this script may carry
+--          fields              the bookkeeping field names (the host's keys module): retry_count,
+--                              origin_id, due_ms, mark, member, reason, origin_key,
+--                              origin_stream, origin_group, packed_fields, parked
+--          dead_letter_maxlen  trim the dead-letter stream to about this many entries
+--                              (MAXLEN ~), 0 for never
+--          stream              the subscription's stream: the name the seals cover and dead
+--                              letters record as their origin, whether KEYS[1] is that stream or
+--                              the lane
+--          group               the subscription's group
+--          past_other_groups   true to move due entries to the stream's tail even while other
+--                              groups read the stream (other_groups_see_retries), false to hold
+--                              them then
+--          seals               the seals' uses (the host's keys module): lane, tail, member,
+--                              tail_packed
 --
 -- Only members of this subscription move: a member names the stream and group that parked it
 -- (its first bytes, see delayed/lua/member.lua), and one that names another subscription is
 -- dead-lettered raw with a reason naming both (never delivered to this subscription's handler).
 -- Members of earlier releases name no owner and are taken as this set's.
 --
--- To the lane (KEYS[1] is not ARGV[17]): the copy is three fields, the member itself (which
+-- To the lane (KEYS[1] is not the option `stream`): the copy is three fields, the member itself (which
 -- carries the entry's fields, however many, and its bookkeeping), the due time, and a seal over
 -- the stream, the group, the member and the due time. Only this group reads the lane, so no other
 -- group ever sees a retry. The lane is the host's own stream, so the sweep keeps it short: before
@@ -40,7 +46,7 @@
 -- count, the due time and the digest of the fields before them. An entry with more fields than
 -- one XADD can carry goes with them packed into one value, under a seal of its own use (so a
 -- producer's own field of that name is never taken for packed fields). While another group reads the stream
--- and ARGV[19] is 0, nothing moves: the pass answers which group it saw (the host holds retries
+-- and past_other_groups is false, nothing moves: the pass answers which group it saw (the host holds retries
 -- then, and says so), since that group would read every retry as a new entry of its own.
 --
 -- The host trusts a copy's bookkeeping only when its seal verifies: a producer that writes such
@@ -57,19 +63,29 @@
 -- Reply: {moved, wait_us, now_ms, dead_lettered, stuck, held_by}: wait_us is how long after the
 -- pass ended (server clock, microseconds) the earliest member left is due, 0 if it is due already,
 -- -1 if the set is empty; held_by is the other group that held this pass's retries ('' if none
--- did), or, with ARGV[19] = 1, the other group the pass moved retries past.
-local F_RETRY, F_ORIGIN, F_DUE, F_MARK = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-local F_MEMBER, F_REASON, F_ORIGIN_KEY, F_ORIGIN_STREAM = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
-local F_ORIGIN_GROUP, F_PACKED, F_PARKED = ARGV[13], ARGV[14], ARGV[15]
-local SEAL_LANE, SEAL_TAIL, SEAL_MEMBER, SEAL_TAIL_PACKED = ARGV[20], ARGV[21], ARGV[22], ARGV[23]
+-- did), or, with past_other_groups, the other group the pass moved retries past.
+-- @include lib/ids
+-- @include lib/seal
+-- @include lib/member
+local ok, o = pcall(cmsgpack.unpack, ARGV[1])
+if not ok or type(o) ~= 'table' or type(o.fields) ~= 'table' or type(o.seals) ~= 'table' then
+  return redis.error_reply('sweep: ARGV[1] is not the options map')
+end
+local names, uses = o.fields, o.seals
+local F_RETRY, F_ORIGIN, F_DUE = names.retry_count, names.origin_id, names.due_ms
+local F_MARK, F_MEMBER, F_REASON = names.mark, names.member, names.reason
+local F_ORIGIN_KEY, F_ORIGIN_STREAM = names.origin_key, names.origin_stream
+local F_ORIGIN_GROUP, F_PACKED, F_PARKED = names.origin_group, names.packed_fields, names.parked
+local SEAL_LANE, SEAL_TAIL = uses.lane, uses.tail
+local SEAL_MEMBER, SEAL_TAIL_PACKED = uses.member, uses.tail_packed
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0,
-  tonumber(ARGV[1]))
-local secret = ARGV[2]
-local max_fields = tonumber(ARGV[4])
+  tonumber(o.batch))
+local secret = o.secret
+local max_fields = tonumber(o.max_fields)
 local moved, dead, stuck = 0, 0, 0
-local stream, group = ARGV[17], ARGV[18]
+local stream, group = o.stream, o.group
 local to_lane = KEYS[1] ~= stream
 local held_by = ''
 
@@ -120,15 +136,15 @@ if #due > 0 and to_lane then
 end
 if #due > 0 and not to_lane then
   held_by = other_group() or ''
-  if held_by ~= '' and ARGV[19] ~= '1' then
+  if held_by ~= '' and o.past_other_groups ~= true then
     due = {}
   end
 end
 
 local function dead_letter(member, reason, owner_stream, owner_group)
   local args = {KEYS[3]}
-  if tonumber(ARGV[16]) > 0 then
-    args = {KEYS[3], 'MAXLEN', '~', ARGV[16]}
+  if tonumber(o.dead_letter_maxlen) > 0 then
+    args = {KEYS[3], 'MAXLEN', '~', tostring(o.dead_letter_maxlen)}
   end
   local mark = seal(secret, {SEAL_MEMBER, KEYS[2], owner_stream, owner_group, member})
   for _, v in ipairs({'*', F_MEMBER, member, F_REASON, reason, F_ORIGIN_KEY, KEYS[2],
@@ -204,7 +220,7 @@ local wait_us = -1
 local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 if #first == 2 then
   local next_due = tonumber(first[2])
-  local ttl = tonumber(ARGV[3])
+  local ttl = tonumber(o.ttl_ms)
   if ttl > 0 then
     local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
     redis.call('PEXPIREAT', KEYS[2], math.max(tonumber(last[2]), now) + ttl)

@@ -24,6 +24,8 @@
 -- Reply: {dead-letter id, 1 if acknowledged or 0 if the group was gone}, or false when the
 -- entry was no longer pending for the group (someone else settled it first), in which case
 -- nothing is written. Any other failure is an error reply.
+-- @include lib/pending
+-- @include lib/dead_letter_write
 local state, stop = pending_state(KEYS[1], ARGV[1], ARGV[2])
 if not state then
   return stop

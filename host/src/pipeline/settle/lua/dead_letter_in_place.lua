@@ -19,6 +19,9 @@
 -- ARGV[15..] the bookkeeping to record after the fields: name, value, ...
 --
 -- Reply: as dead_letter.lua's.
+-- @include lib/pending
+-- @include lib/seal
+-- @include lib/dead_letter_write
 local state, stop = pending_state(KEYS[1], ARGV[1], ARGV[2])
 if not state then
   return stop

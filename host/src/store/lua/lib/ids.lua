@@ -1,5 +1,4 @@
--- Shared by the scripts that compare stream ids (retention/lua/trim.lua, delayed/lua/sweep.lua),
--- which are loaded with this text in front of them.
+-- Library: comparing stream ids as text.
 --
 -- Stream ids are `<ms>-<seq>`, each part up to 2^64 - 1. A Lua number (a double) holds integers
 -- exactly only up to 2^53, so ids are never turned into numbers: each part is compared as the

@@ -1,6 +1,5 @@
--- Shared by the scripts that read parked members (delayed/lua/sweep.lua,
--- operate/lua/dead_letter_now.lua), which are loaded with this text in front of them. The host
--- reads them in Rust (`member.rs`).
+-- Library: reading the members of a delayed-retry set, as the host reads them in Rust
+-- (`entry/member.rs`).
 --
 -- A member is MessagePack: {stream, group, entry id, retry count, {name, value, ...}, origin id}
 -- as this release's park script writes it (the origin may be '': the entry is its own), or

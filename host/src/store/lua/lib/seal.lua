@@ -1,7 +1,5 @@
--- Shared by the scripts that seal what the host writes (delayed/lua/sweep.lua,
--- operate/lua/requeue.lua, operate/lua/dead_letter_now.lua, settle/lua/dead_letter_in_place.lua),
--- which are loaded with this text in front of them. The host computes the same in Rust (`keys::Secret::seal`,
--- `keys::fields_digest`).
+-- Library: the seal over what the host writes, as the host computes it in Rust
+-- (`keys::Secret::seal`, `keys::fields_digest`).
 --
 -- A list of strings is hashed as its MessagePack form (`cmsgpack.pack`: an array of str, every
 -- length in it), which is unambiguous, and much cheaper in Lua than building the message by

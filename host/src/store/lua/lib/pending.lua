@@ -1,6 +1,4 @@
--- Shared by the scripts that settle one pending entry (settle/lua/dead_letter.lua,
--- settle/lua/dead_letter_in_place.lua, delayed/lua/park.lua), which are loaded with this text
--- in front of them.
+-- Library: whether the entry a settle script is about to settle is still pending.
 --
 -- Whether entry `id` is still pending for `group` on `stream`, asked before anything is
 -- written. Returns 'pending', or 'group-gone' on NOGROUP (the stream or the group was

@@ -1,10 +1,10 @@
--- Shared by the scripts that dead-letter one pending entry (settle/lua/dead_letter.lua,
--- settle/lua/dead_letter_in_place.lua), loaded with this text in front of them; both take
--- KEYS[1..4] and ARGV[1..5] alike (see dead_letter.lua).
+-- Library: the dead-letter write both dead-letter scripts end with; each takes KEYS[1..4] and
+-- ARGV[1..5] alike (see `pipeline/settle/lua/dead_letter.lua`).
 --
 -- XADD `fields` (name, value, ...) to the dead-letter stream, trimmed as ARGV[3] says; record
 -- the history; acknowledge the entry last, unless its group is gone (`state` from
 -- pending_state). Reply: {dead-letter id, 1 if acknowledged or 0 if the group was gone}.
+-- @include lib/history
 local function write_dead_letter(state, fields)
   local args = {KEYS[2]}
   if tonumber(ARGV[3]) > 0 then

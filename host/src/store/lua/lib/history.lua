@@ -1,7 +1,4 @@
--- Shared by the scripts that settle one pending entry (delayed/lua/park.lua,
--- settle/lua/dead_letter.lua, settle/lua/dead_letter_in_place.lua), which are loaded with this
--- text in front of them: one record of
--- the entry's history (see history.rs).
+-- Library: one record of an entry's history (see `entry/history.rs`).
 --
 -- hkey        the subscription's histories: a hash, one field per entry (its origin id), the
 --             value its records joined by newlines (JSON escapes every newline in a string)

@@ -1,7 +1,0 @@
--- Shared by the circuit-breaker scripts, which are loaded with this text in front of them: one
--- entry of the subscription's flow journal (see flow/journal.rs), a stream capped at the newest
--- 100 entries. Best effort: a key of another type (another program's) is skipped, and the
--- transition still happens.
-local function journal(key, what, by, detail)
-  redis.pcall('XADD', key, 'MAXLEN', 100, '*', 'what', what, 'by', by, 'detail', detail)
-end
