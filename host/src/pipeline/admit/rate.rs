@@ -19,7 +19,10 @@
 //!
 //! When the bucket is short, a host waits for the time the script names until a batch (a
 //! twentieth of a second's worth, at least one) is there, so hosts waiting on a tight budget
-//! read in batches rather than an entry at a time. If the script fails (Redis away, a hostile
+//! read in batches rather than an entry at a time. Each waits that time plus a random part of
+//! up to a quarter of it: hosts that wake together would otherwise reach the bucket in the same
+//! order every time, and the host that took the last batch (it asked again first, so its wait
+//! ends exactly at the refill) would take every batch after it while the others starve. If the script fails (Redis away, a hostile
 //! value of the wrong type in the key), the host takes nothing and tries again with backoff:
 //! an unreadable budget never means an unlimited one.
 
@@ -34,6 +37,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::RateLimit;
 use crate::store::redis_conn::{ErrorClass, ReconnectBackoff, RedisHandle};
+
+/// `wait` plus a random part of up to a quarter of it (see the module doc: no host wins every
+/// refill by the order of its wake-ups).
+fn jittered(wait: Duration) -> Duration {
+    let quarter = u64::try_from(wait.as_micros() / 4).unwrap_or(u64::MAX);
+    let random = getrandom::u64().unwrap_or(0);
+    wait + Duration::from_micros(random % quarter.saturating_add(1))
+}
 
 /// How long tokens taken from Redis may wait unused in a host's lease.
 pub const LEASE_TTL: Duration = Duration::from_secs(1);
@@ -162,8 +173,9 @@ impl RateLimiter {
 
     /// One script call: up to `want` tokens granted, or how long to wait for a batch.
     async fn fetch(&self, want: usize) -> redis::RedisResult<(usize, Duration)> {
-        static TAKE: std::sync::LazyLock<Script> =
-            std::sync::LazyLock::new(|| Script::new(include_str!("lua/take_tokens.lua")));
+        static TAKE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
+            Script::new(crate::store::lua!("pipeline/admit/lua/take_tokens"))
+        });
         self.calls.inc();
         let mut conn = self.conn.clone();
         let (granted, wait_ms): (u64, u64) = TAKE
@@ -222,7 +234,7 @@ impl RateLimiter {
                         self.waits.inc();
                         waited = true;
                     }
-                    wait
+                    jittered(wait)
                 }
                 Err(err) => {
                     self.conn.saw_error(&err);
