@@ -11,5 +11,5 @@
 
 pub(crate) mod events;
 pub(crate) mod health;
-pub(crate) mod metrics;
+pub mod metrics;
 pub mod telemetry;

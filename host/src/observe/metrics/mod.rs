@@ -14,38 +14,10 @@
 //! gauges that describe Redis state (pending entries, lag, parked entries, oldest due time) are
 //! sampled when `/metrics` is scraped, so they are never stale and cost nothing in between.
 //!
-//! | metric | type | meaning |
-//! |---|---|---|
-//! | `sluice_deliveries_total{outcome}` | counter | handler results: `ack`, `retry`, `dead_letter`, `trap`, `limit` |
-//! | `sluice_handler_duration_seconds` | histogram | time in the handler per delivery |
-//! | `sluice_in_flight` | gauge | deliveries being handled now |
-//! | `sluice_pending_entries` | gauge | the group's pending-entries list (scrape time), its retry lane's included |
-//! | `sluice_consumer_lag` | gauge | entries not yet read by the group (scrape time), its retry lane's included |
-//! | `sluice_parked_entries` | gauge | entries waiting in the delayed-retry set (scrape time) |
-//! | `sluice_parked_oldest_due_seconds` | gauge | due time of the earliest parked entry, Unix seconds |
-//! | `sluice_sweep_moved` | histogram | entries moved back per sweep pass |
-//! | `sluice_sweep_duration_seconds` | histogram | duration of a sweep pass |
-//! | `sluice_retry_lateness_seconds` | histogram | handled time minus due time of a parked retry, both by the Redis server's clock |
-//! | `sluice_retry_over_ttl_total` | counter | retries asked for longer than the set's ttl |
-//! | `sluice_read_loop_restarts_total` | counter | read loops that ended or panicked without a stop, and were started again |
-//! | `sluice_redis_reconnects_total` | counter | reads that had to reconnect to Redis |
-//! | `sluice_dead_letter_entries` | gauge | length of the dead-letter stream (scrape time) |
-//! | `sluice_handler_info{digest}` | gauge | 1 for the handler digest currently serving, 0 for earlier ones |
-//! | `sluice_handler_swaps_total` | counter | hot swaps and rollbacks that took effect |
-//! | `sluice_handler_swap_refusals_total` | counter | swaps refused (bad component, changed descriptor) |
-//! | `sluice_http_denied_total` | counter | outbound HTTP requests refused by `allowed_outbound_hosts` |
-//! | `sluice_retry_delay_clamped_total` | counter | retries asked for longer than `max_delay` (clamped to it) |
-//! | `sluice_other_groups_retries_total` | counter | retry copies another group parked at the stream's tail (`retry_lane = false` with `other_groups_see_retries`), acknowledged by this group without handling them |
-//! | `sluice_settle_errors_total` | counter | parks, dead letters refused by Redis in a way retrying cannot fix (entry kept pending) |
-//! | `sluice_retention_trimmed_total` | counter | stream entries trimmed by retention (acknowledged by every group) |
-//! | `sluice_retention_blocked_total` | counter | retention runs that left the stream over `max_len` because groups still need the rest |
-//! | `sluice_stream_length` | gauge | entries in the stream (scrape time) |
-//! | `sluice_stream_bytes` | gauge | the stream's memory, MEMORY USAGE sampled (scrape time) |
-//! | `sluice_stream_oldest_age_seconds` | gauge | age of the stream's oldest entry (scrape time) |
-//! | `sluice_reasons_cut_total` | counter | dead-letter reasons longer than 4 KiB, stored and logged cut to it |
-//! | `sluice_guest_log_dropped_total` | counter | guest log lines dropped or truncated by the per-delivery log budget |
-//! | `sluice_trace_spans_dropped_total` | counter | spans dropped because the trace exporter's queue was full (or past an attempt's cap of request spans) |
-//! | `sluice_trace_context_rejected_total` | counter | producers' `traceparent`/`tracestate` fields ignored as invalid (the entry got a trace of its own) |
+//! Every family, its type, labels and meaning are in one table, [`series::SERIES`], which
+//! registers them here and writes the book's metrics reference.
+
+pub mod series;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -178,6 +150,8 @@ pub struct Metrics {
     pub canary_share: Family<SubLabels, Gauge>,
     /// Canaries ended while this host ran them, by verdict.
     pub canary_verdicts: Family<VerdictLabels, Counter>,
+    /// The registered families' names, in order.
+    families: Vec<&'static str>,
 }
 
 /// The labels of a canary's attempt counter.
@@ -237,253 +211,90 @@ impl Metrics {
     /// subscription's labels or are summed per host (see the module doc).
     pub fn new(per_subscription: bool) -> Self {
         let mut registry = Registry::with_prefix("sluice");
+        let mut families = Vec::new();
+        // Each family registered under its name with its row's help (see `series.rs`).
+        macro_rules! reg {
+            ($name:literal, $metric:expr) => {
+                registered(&mut registry, &mut families, $name, $metric)
+            };
+        }
         Self {
             per_subscription,
             own: Mutex::default(),
             digests: Mutex::default(),
-            deliveries: registered(
-                &mut registry,
-                "deliveries",
-                "Handler results by outcome",
-                Family::default(),
-            ),
-            handler_duration: registered(
-                &mut registry,
+            deliveries: reg!("deliveries", Family::default()),
+            handler_duration: reg!(
                 "handler_duration_seconds",
-                "Time in the handler per delivery",
-                Family::new_with_constructor(seconds_histogram),
+                Family::new_with_constructor(seconds_histogram)
             ),
-            in_flight: registered(
-                &mut registry,
-                "in_flight",
-                "Deliveries being handled",
-                Family::default(),
-            ),
-            pending: registered(
-                &mut registry,
-                "pending_entries",
-                "Entries in the group's pending list",
-                Family::default(),
-            ),
-            lag: registered(
-                &mut registry,
-                "consumer_lag",
-                "Entries the group has not read yet",
-                Family::default(),
-            ),
-            parked: registered(
-                &mut registry,
-                "parked_entries",
-                "Entries waiting in the delayed-retry set",
-                Family::default(),
-            ),
-            parked_oldest_due: registered(
-                &mut registry,
-                "parked_oldest_due_seconds",
-                "Due time of the earliest parked entry, Unix seconds (0 when none)",
-                Family::default(),
-            ),
-            dead_letters: registered(
-                &mut registry,
-                "dead_letter_entries",
-                "Length of the dead-letter stream",
-                Family::default(),
-            ),
-            retention_trimmed: registered(
-                &mut registry,
-                "retention_trimmed",
-                "Stream entries trimmed by retention (acknowledged by every group)",
-                Family::default(),
-            ),
-            retention_blocked: registered(
-                &mut registry,
-                "retention_blocked",
-                "Retention runs that left the stream over max_len because groups still need the rest",
-                Family::default(),
-            ),
-            stream_length: registered(
-                &mut registry,
-                "stream_length",
-                "Entries in the stream",
-                Family::default(),
-            ),
-            stream_bytes: registered(
-                &mut registry,
-                "stream_bytes",
-                "The stream's memory (MEMORY USAGE, sampled)",
-                Family::default(),
-            ),
-            stream_oldest_age: registered(
-                &mut registry,
-                "stream_oldest_age_seconds",
-                "Age of the stream's oldest entry",
-                Family::default(),
-            ),
-            sweep_moved: registered(
-                &mut registry,
-                "sweep_moved",
-                "Entries moved back onto the stream per sweep pass",
-                Family::new_with_constructor(count_histogram),
-            ),
-            sweep_duration: registered(
-                &mut registry,
+            in_flight: reg!("in_flight", Family::default()),
+            pending: reg!("pending_entries", Family::default()),
+            lag: reg!("consumer_lag", Family::default()),
+            parked: reg!("parked_entries", Family::default()),
+            parked_oldest_due: reg!("parked_oldest_due_seconds", Family::default()),
+            dead_letters: reg!("dead_letter_entries", Family::default()),
+            retention_trimmed: reg!("retention_trimmed", Family::default()),
+            retention_blocked: reg!("retention_blocked", Family::default()),
+            stream_length: reg!("stream_length", Family::default()),
+            stream_bytes: reg!("stream_bytes", Family::default()),
+            stream_oldest_age: reg!("stream_oldest_age_seconds", Family::default()),
+            sweep_moved: reg!("sweep_moved", Family::new_with_constructor(count_histogram)),
+            sweep_duration: reg!(
                 "sweep_duration_seconds",
-                "Duration of a sweep pass",
-                Family::new_with_constructor(seconds_histogram),
+                Family::new_with_constructor(seconds_histogram)
             ),
-            retry_lateness: registered(
-                &mut registry,
+            retry_lateness: reg!(
                 "retry_lateness_seconds",
-                "Handled time minus due time of a parked retry, both by the Redis server's clock",
-                Family::new_with_constructor(seconds_histogram),
+                Family::new_with_constructor(seconds_histogram)
             ),
-            retry_over_ttl: registered(
-                &mut registry,
-                "retry_over_ttl",
-                "Retries asked for longer than the delayed set's ttl",
-                Family::default(),
-            ),
-            reconnects: registered(
-                &mut registry,
-                "redis_reconnects",
-                "Times the read loop reconnected to Redis",
-                Family::default(),
-            ),
-            read_loop_restarts: registered(
-                &mut registry,
-                "read_loop_restarts",
-                "Read loops that ended or panicked without a stop, and were started again",
-                Family::default(),
-            ),
-            handler_info: registered(
-                &mut registry,
-                "handler_info",
-                "The handler digest serving each subscription",
-                Family::default(),
-            ),
-            swaps: registered(
-                &mut registry,
-                "handler_swaps",
-                "Hot swaps and rollbacks that took effect",
-                Family::default(),
-            ),
-            swap_refusals: registered(
-                &mut registry,
-                "handler_swap_refusals",
-                "Hot swaps refused",
-                Family::default(),
-            ),
-            http_denied: registered(
-                &mut registry,
-                "http_denied",
-                "Outbound HTTP requests refused: not on the subscription's allowed_outbound_hosts",
-                Family::default(),
-            ),
-            retry_delay_clamped: registered(
-                &mut registry,
-                "retry_delay_clamped",
-                "Retries asked for longer than max_delay, clamped to it",
-                Family::default(),
-            ),
-            settle_errors: registered(
-                &mut registry,
-                "settle_errors",
-                "Parks and dead letters Redis refused in a way retrying cannot fix; the entry stays pending",
-                Family::default(),
-            ),
-            other_groups_retries: registered(
-                &mut registry,
-                "other_groups_retries",
-                "Retry copies another group parked at the stream's tail, acknowledged by this group without handling them",
-                Family::default(),
-            ),
-            guest_log_dropped: registered(
-                &mut registry,
-                "guest_log_dropped",
-                "Guest log lines dropped or truncated by the per-delivery log budget",
-                Family::default(),
-            ),
-            reasons_cut: registered(
-                &mut registry,
-                "reasons_cut",
-                "Dead-letter reasons longer than 4 KiB, stored and logged cut to it",
-                Family::default(),
-            ),
-            trace_spans_dropped: registered(
-                &mut registry,
-                "trace_spans_dropped",
-                "Spans dropped because the trace exporter's queue was full (the collector slow or away)",
-                Counter::default(),
-            ),
-            trace_context_rejected: registered(
-                &mut registry,
-                "trace_context_rejected",
-                "Producers' traceparent/tracestate fields ignored as invalid (the entry got a trace of its own)",
-                Counter::default(),
-            ),
-            paused: registered(
-                &mut registry,
-                "paused",
-                "1 while the subscription is paused: no host of its group takes new entries or due retries",
-                Family::default(),
-            ),
-            rate_limit_calls: registered(
-                &mut registry,
-                "rate_limit_calls",
-                "Script calls that took tokens from the group's shared rate-limit bucket (about one per read)",
-                Family::default(),
-            ),
-            rate_limit_waits: registered(
-                &mut registry,
-                "rate_limit_waits",
-                "Reads that waited for the group's shared rate limit",
-                Family::default(),
-            ),
-            breaker_state: registered(
-                &mut registry,
-                "breaker_state",
-                "The group's circuit breaker: 0 closed, 1 open (nothing read), 2 half-open (probing)",
-                Family::default(),
-            ),
-            breaker_transitions: registered(
-                &mut registry,
-                "breaker_transitions",
-                "Circuit-breaker transitions this host made, by the state it moved to",
-                Family::default(),
-            ),
-            canary_deliveries: registered(
-                &mut registry,
-                "canary_deliveries",
-                "Attempts of a running canary on this host, by version (incumbent, candidate) and result",
-                Family::default(),
-            ),
-            canary_handler_duration: registered(
-                &mut registry,
+            retry_over_ttl: reg!("retry_over_ttl", Family::default()),
+            reconnects: reg!("redis_reconnects", Family::default()),
+            read_loop_restarts: reg!("read_loop_restarts", Family::default()),
+            handler_info: reg!("handler_info", Family::default()),
+            swaps: reg!("handler_swaps", Family::default()),
+            swap_refusals: reg!("handler_swap_refusals", Family::default()),
+            http_denied: reg!("http_denied", Family::default()),
+            retry_delay_clamped: reg!("retry_delay_clamped", Family::default()),
+            settle_errors: reg!("settle_errors", Family::default()),
+            other_groups_retries: reg!("other_groups_retries", Family::default()),
+            guest_log_dropped: reg!("guest_log_dropped", Family::default()),
+            reasons_cut: reg!("reasons_cut", Family::default()),
+            trace_spans_dropped: reg!("trace_spans_dropped", Counter::default()),
+            trace_context_rejected: reg!("trace_context_rejected", Counter::default()),
+            paused: reg!("paused", Family::default()),
+            rate_limit_calls: reg!("rate_limit_calls", Family::default()),
+            rate_limit_waits: reg!("rate_limit_waits", Family::default()),
+            breaker_state: reg!("breaker_state", Family::default()),
+            breaker_transitions: reg!("breaker_transitions", Family::default()),
+            canary_deliveries: reg!("canary_deliveries", Family::default()),
+            canary_handler_duration: reg!(
                 "canary_handler_seconds",
-                "Time in the handler during a canary on this host, by version",
-                Family::new_with_constructor(seconds_histogram),
+                Family::new_with_constructor(seconds_histogram)
             ),
-            canary_share: registered(
-                &mut registry,
-                "canary_share_basis_points",
-                "Of 10,000 deliveries, how many a running canary's candidate takes (0: no canary)",
-                Family::default(),
-            ),
-            canary_verdicts: registered(
-                &mut registry,
-                "canary_verdicts",
-                "Canaries that ended while this host ran them, by verdict",
-                Family::default(),
-            ),
+            canary_share: reg!("canary_share_basis_points", Family::default()),
+            canary_verdicts: reg!("canary_verdicts", Family::default()),
             registry,
             results_counted: Arc::default(),
+            families,
         }
+    }
+
+    /// The names of the families registered, in order (each has a row in [`series::SERIES`]).
+    pub fn families(&self) -> &[&'static str] {
+        &self.families
     }
 }
 
-/// Register `metric` under `name` and hand it back, so each field is declared in one place.
-fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
-    registry.register(name, help, metric.clone());
+/// Register `metric` under `name` with its help from [`series::SERIES`], and hand it back, so
+/// each field is declared in one place.
+fn registered<M: Metric + Clone>(
+    registry: &mut Registry,
+    families: &mut Vec<&'static str>,
+    name: &'static str,
+    metric: M,
+) -> M {
+    registry.register(name, series::help(name), metric.clone());
+    families.push(name);
     metric
 }
 
