@@ -11,5 +11,8 @@
 
 pub(crate) mod events;
 pub(crate) mod health;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod telemetry;
+
+/// The table of every metric family (public: the book's metrics reference is written from it).
+pub use metrics::series;
