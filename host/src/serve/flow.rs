@@ -26,6 +26,7 @@ type Answer = Result<axum::Json<serde_json::Value>, (StatusCode, String)>;
 /// Who a call without a `by` is recorded as.
 const ANONYMOUS: &str = "the admin API";
 
+/// The pause, resume and journal calls.
 pub(super) fn routes() -> Router<AdminState> {
     let base = "/v1/subscriptions/{stream}/{group}";
     Router::new()

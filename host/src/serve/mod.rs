@@ -16,6 +16,12 @@
 //! - `.../canary` and the replay calls: a rollout (see [`rollout`]);
 //! - `/` and `/ui/...`: the web page (see [`ui`]).
 //!
+//! The files: this one holds the server's state and its router; [`probes`] the probes and the
+//! scrape; [`versions`] the handler API (listing, swap, rollback); [`waiting`], [`flow`] and
+//! [`rollout`] the API over what waits, the flow controls and rollouts; [`listing`] which
+//! subscriptions a listing shows; [`middleware`] the layers every request passes, with the
+//! checks of [`guard`]; [`connections`] how many connections, and for how long; [`ui`] the page.
+//!
 //! Who may call it:
 //! - It binds to loopback unless configured otherwise; beyond loopback a bearer token is
 //!   required (the config refuses to start without one).
@@ -44,9 +50,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::http::StatusCode;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
@@ -54,11 +58,14 @@ mod connections;
 mod flow;
 mod guard;
 pub(crate) mod listing;
+mod middleware;
+mod probes;
 mod rollout;
 mod ui;
+mod versions;
 mod waiting;
 
-use crate::control::swap::{SwapControl, SwapError};
+use crate::control::swap::SwapControl;
 use crate::observe::metrics::{Metrics, SubLabels};
 
 /// How long a readiness or scrape probe waits for Redis.
@@ -144,7 +151,7 @@ struct AdminState {
     /// Each subscription's partitions, by its labels.
     index: Arc<listing::Index>,
     /// Each subscription's Redis state when last sampled for `/metrics`, by index.
-    redis_samples: Arc<tokio::sync::Mutex<Samples>>,
+    redis_samples: Arc<tokio::sync::Mutex<probes::Samples>>,
 }
 
 /// The handler API's settings.
@@ -191,50 +198,53 @@ pub async fn serve(
     let bound = listener
         .local_addr()
         .map_err(|source| AdminError { addr, source })?;
-    let state = AdminState {
-        sessions: Arc::default(),
-        samples: Arc::default(),
-        metrics,
-        index: Arc::new(listing::Index::new(&subscriptions)),
-        subscriptions: Arc::new(subscriptions),
-        swaps: Arc::new(options.swaps),
-        rollouts: Arc::new(options.rollouts),
-        token: options.token.map(Into::into),
-        session_key: options.session_key,
-        open_on_loopback: options.open_on_loopback && bound.ip().is_loopback(),
-        read_only: options.read_only,
-        max_upload: options.max_upload,
-        bound,
-        uploads: Arc::new(tokio::sync::Semaphore::new(1)),
-        throttle: Arc::default(),
-        redis_samples: Arc::default(),
-    };
-    let api = Router::new()
-        .route("/v1/subscriptions", get(list_handler))
-        .route(
-            "/v1/subscriptions/{stream}/{group}/handler",
-            axum::routing::put(swap_handler)
-                .layer(axum::extract::DefaultBodyLimit::max(options.max_upload)),
-        )
-        .route(
-            "/v1/subscriptions/{stream}/{group}/rollback",
-            axum::routing::post(rollback_handler),
-        )
-        .merge(waiting::routes())
-        .merge(flow::routes())
-        .merge(rollout::routes(options.max_upload))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            guard_api,
-        ));
-    let page = ui::routes(options.max_upload).layer(axum::middleware::from_fn_with_state(
+    let state = AdminState::new(metrics, subscriptions, options, bound);
+    tokio::spawn(sample_outcomes(state.clone(), stop.clone()));
+    let (app, busy) = routers(state);
+    tokio::spawn(connections::serve(listener, app, busy, stop));
+    tracing::info!(addr = %bound, "admin server listening (/ui/, /metrics, /healthz, /readyz)");
+    Ok(bound)
+}
+
+impl AdminState {
+    /// The state of a server bound to `bound`: loopback-only settings hold only there.
+    fn new(
+        metrics: Arc<Metrics>,
+        subscriptions: Vec<AdminSubscription>,
+        options: AdminOptions,
+        bound: SocketAddr,
+    ) -> Self {
+        Self {
+            sessions: Arc::default(),
+            samples: Arc::default(),
+            metrics,
+            index: Arc::new(listing::Index::new(&subscriptions)),
+            subscriptions: Arc::new(subscriptions),
+            swaps: Arc::new(options.swaps),
+            rollouts: Arc::new(options.rollouts),
+            token: options.token.map(Into::into),
+            session_key: options.session_key,
+            open_on_loopback: options.open_on_loopback && bound.ip().is_loopback(),
+            read_only: options.read_only,
+            max_upload: options.max_upload,
+            bound,
+            uploads: Arc::new(tokio::sync::Semaphore::new(1)),
+            throttle: Arc::default(),
+            redis_samples: Arc::default(),
+        }
+    }
+}
+
+/// The app (every route behind its guards), and what a connection gets while every other
+/// one has a request in flight: the probes, and "busy" for the rest.
+fn routers(state: AdminState) -> (Router, Router) {
+    let page = ui::routes(state.max_upload).layer(axum::middleware::from_fn_with_state(
         state.clone(),
         ui::guard_ui_hardened,
     ));
-    tokio::spawn(sample_outcomes(state.clone(), stop.clone()));
     let probes = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(ready_handler));
+        .route("/readyz", get(probes::ready_handler));
     let busy = probes
         .clone()
         .fallback(|| async {
@@ -245,21 +255,41 @@ pub async fn serve(
         })
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            guard_all,
+            middleware::guard_all,
         ))
         .with_state(state.clone());
     let app = probes
-        .route("/metrics", get(metrics_handler))
-        .merge(api)
+        .route("/metrics", get(probes::metrics_handler))
+        .merge(api(&state))
         .merge(page)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            guard_all,
+            middleware::guard_all,
         ))
         .with_state(state);
-    tokio::spawn(connections::serve(listener, app, busy, stop));
-    tracing::info!(addr = %bound, "admin server listening (/ui/, /metrics, /healthz, /readyz)");
-    Ok(bound)
+    (app, busy)
+}
+
+/// The `/v1` API behind its guard.
+fn api(state: &AdminState) -> Router<AdminState> {
+    Router::new()
+        .route("/v1/subscriptions", get(versions::list_handler))
+        .route(
+            "/v1/subscriptions/{stream}/{group}/handler",
+            axum::routing::put(versions::swap_handler)
+                .layer(axum::extract::DefaultBodyLimit::max(state.max_upload)),
+        )
+        .route(
+            "/v1/subscriptions/{stream}/{group}/rollback",
+            axum::routing::post(versions::rollback_handler),
+        )
+        .merge(waiting::routes())
+        .merge(flow::routes())
+        .merge(rollout::routes(state.max_upload))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::guard_api,
+        ))
 }
 
 /// A key for the admin API and page of a process with no admin token: 256 random bits, hex.
@@ -269,275 +299,6 @@ pub fn new_session_key() -> String {
     // strings is never asked: the login form refuses an empty token).
     let _ = getrandom::fill(&mut bytes);
     hex::encode(bytes)
-}
-
-async fn ready_handler(State(state): State<AdminState>) -> impl IntoResponse {
-    // One PING per Redis, however many subscriptions share it.
-    let mut pinged: Vec<&crate::store::redis_conn::RedisHandle> = Vec::new();
-    for sub in state.subscriptions.iter() {
-        if let Some(problem) = sub.health.problem() {
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!(
-                    "not ready: the subscription to stream `{}` (group `{}`) cannot read: {problem}\n",
-                    sub.labels.stream, sub.labels.group
-                ),
-            );
-        }
-        if pinged.iter().any(|conn| conn.same_as(&sub.conn)) {
-            continue;
-        }
-        pinged.push(&sub.conn);
-        let mut conn = sub.conn.clone();
-        let ping = tokio::time::timeout(
-            PROBE_TIMEOUT,
-            redis::cmd("PING").query_async::<String>(&mut conn),
-        )
-        .await;
-        let problem = match ping {
-            Ok(Ok(_)) => continue,
-            Ok(Err(err)) => err.to_string(),
-            Err(_) => format!("no answer within {PROBE_TIMEOUT:?}"),
-        };
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "not ready: Redis for stream `{}` (group `{}`) is unreachable: {problem}\n",
-                sub.labels.stream, sub.labels.group
-            ),
-        );
-    }
-    (StatusCode::OK, "ready\n".to_owned())
-}
-
-async fn metrics_handler(State(state): State<AdminState>) -> impl IntoResponse {
-    {
-        // Held while sampling: a second scrape waits and then finds the samples fresh,
-        // instead of asking Redis the same again.
-        let mut samples = state.redis_samples.lock().await;
-        refresh_samples(&state.subscriptions, &mut samples).await;
-        let taken: Vec<RedisSample> = samples.iter().map(|(s, _)| s.clone()).collect();
-        publish_samples(&state.metrics, &state.subscriptions, &taken);
-    }
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics.encode(),
-    )
-}
-
-/// A sample younger than this is not taken again: scrapes more often than this cost Redis
-/// nothing more.
-const SAMPLE_FRESH: Duration = Duration::from_secs(5);
-/// Subscriptions sampled at once (their commands pipelined on the shared connections).
-const SAMPLE_AT_ONCE: usize = 32;
-/// The longest a scrape spends sampling; subscriptions not reached keep their last sample.
-const SAMPLE_BUDGET: Duration = Duration::from_secs(3);
-
-/// Each subscription's last sample and when it was last tried (answered or not).
-type Samples = Vec<(RedisSample, Option<tokio::time::Instant>)>;
-
-/// What one subscription's Redis state was when last sampled.
-#[derive(Debug, Clone, Default)]
-struct RedisSample {
-    taken: Option<tokio::time::Instant>,
-    size: Option<crate::store::inspect::StreamSize>,
-    /// Its group's pending entries and unread ones, its retry lane's included.
-    pending: Option<u64>,
-    lag: Option<u64>,
-    dead_letters: u64,
-    /// Parked entries and the earliest due time (Unix seconds, 0 when none).
-    parked: Option<(u64, i64)>,
-}
-
-/// Sample the subscriptions whose sample is older than [`SAMPLE_FRESH`], oldest first,
-/// [`SAMPLE_AT_ONCE`] at a time, for at most [`SAMPLE_BUDGET`].
-async fn refresh_samples(subscriptions: &[AdminSubscription], samples: &mut Samples) {
-    use futures::StreamExt;
-    samples.resize_with(subscriptions.len(), Default::default);
-    let now = tokio::time::Instant::now();
-    // By when each was last tried, answered or not: a Redis that does not answer goes to
-    // the back of the line instead of taking every scrape's budget.
-    let mut stale: Vec<usize> = (0..subscriptions.len())
-        .filter(|&i| {
-            samples[i]
-                .1
-                .is_none_or(|at| now.duration_since(at) >= SAMPLE_FRESH)
-        })
-        .collect();
-    stale.sort_by_key(|&i| samples[i].1);
-    let mut taken = futures::stream::iter(stale)
-        .map(|i| async move {
-            let sample = tokio::time::timeout(PROBE_TIMEOUT, sample(&subscriptions[i])).await;
-            (i, sample)
-        })
-        .buffer_unordered(SAMPLE_AT_ONCE);
-    let deadline = now + SAMPLE_BUDGET;
-    loop {
-        match tokio::time::timeout_at(deadline, taken.next()).await {
-            Ok(Some((i, Ok(Some(sample))))) => {
-                samples[i] = (sample, Some(tokio::time::Instant::now()));
-            }
-            Ok(Some((i, _))) => {
-                samples[i].1 = Some(tokio::time::Instant::now());
-                tracing::debug!(stream = %subscriptions[i].labels.stream, "Redis gauges not sampled");
-            }
-            Ok(None) => break,
-            Err(_) => {
-                tracing::debug!(
-                    "Redis gauges: sampling budget spent, the rest keep their last sample"
-                );
-                break;
-            }
-        }
-    }
-}
-
-/// One subscription's Redis state, `None` when Redis did not answer.
-async fn sample(sub: &AdminSubscription) -> Option<RedisSample> {
-    let mut conn = sub.conn.clone();
-    let snapshot = crate::store::inspect::snapshot(
-        &mut conn,
-        &sub.labels.stream,
-        &sub.labels.group,
-        &sub.dead_letter,
-        sub.delayed_key.as_deref(),
-        sub.lane.as_deref(),
-    )
-    .await
-    .ok()?;
-    let size = crate::store::inspect::stream_size(&mut conn, &sub.labels.stream)
-        .await
-        .ok();
-    // With a retry lane, its pending and unread entries count too: they are the same
-    // subscription's work.
-    let lane = snapshot.lane;
-    let (pending, lag) = match snapshot.group {
-        Some(group) => {
-            let lane_pending = lane.as_ref().map_or(0, |l| l.pending as u64);
-            let lag = group.lag.map(|lag| {
-                let lane_lag = lane.as_ref().and_then(|l| l.lag).unwrap_or(0);
-                (lag + lane_lag) as u64
-            });
-            (Some(group.pending as u64 + lane_pending), lag)
-        }
-        None => (None, None),
-    };
-    Some(RedisSample {
-        taken: Some(tokio::time::Instant::now()),
-        size,
-        pending,
-        lag,
-        dead_letters: snapshot.dead_letters,
-        parked: snapshot
-            .delayed
-            .map(|d| (d.parked, d.next_due_ms.map_or(0, |ms| ms / 1000))),
-    })
-}
-
-/// Set the Redis-state gauges from the samples: each subscription's, or their sums per host
-/// (a stream read by several groups counted once).
-fn publish_samples(
-    metrics: &Metrics,
-    subscriptions: &[AdminSubscription],
-    samples: &[RedisSample],
-) {
-    let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-    let now_ms = crate::support::clock::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
-    let age = |size: &crate::store::inspect::StreamSize| {
-        size.oldest_ms
-            .map_or(0, |oldest| (now_ms - oldest).max(0) / 1000)
-    };
-    if metrics.per_subscription() {
-        for (sub, s) in subscriptions.iter().zip(samples) {
-            if s.taken.is_none() {
-                continue;
-            }
-            let labels = &sub.labels;
-            if let Some(size) = &s.size {
-                metrics
-                    .stream_length
-                    .get_or_create(labels)
-                    .set(gauge(size.length));
-                metrics
-                    .stream_bytes
-                    .get_or_create(labels)
-                    .set(gauge(size.bytes));
-                metrics
-                    .stream_oldest_age
-                    .get_or_create(labels)
-                    .set(age(size));
-            }
-            if let Some(pending) = s.pending {
-                metrics.pending.get_or_create(labels).set(gauge(pending));
-            }
-            if let Some(lag) = s.lag {
-                metrics.lag.get_or_create(labels).set(gauge(lag));
-            }
-            metrics
-                .dead_letters
-                .get_or_create(labels)
-                .set(gauge(s.dead_letters));
-            if let Some((parked, due)) = s.parked {
-                metrics.parked.get_or_create(labels).set(gauge(parked));
-                metrics.parked_oldest_due.get_or_create(labels).set(due);
-            }
-        }
-        return;
-    }
-    let mut streams = std::collections::HashSet::new();
-    let mut dead_letter_streams = std::collections::HashSet::new();
-    let (mut length, mut bytes, mut oldest_age) = (0u64, 0u64, 0i64);
-    let (mut pending, mut lag, mut dead_letters, mut parked) = (0u64, 0u64, 0u64, 0u64);
-    let mut earliest_due: Option<i64> = None;
-    for (sub, s) in subscriptions.iter().zip(samples) {
-        if s.taken.is_none() {
-            continue;
-        }
-        if let Some(size) = &s.size
-            && streams.insert(sub.labels.stream.as_str())
-        {
-            length = length.saturating_add(size.length);
-            bytes = bytes.saturating_add(size.bytes);
-            oldest_age = oldest_age.max(age(size));
-        }
-        pending = pending.saturating_add(s.pending.unwrap_or(0));
-        lag = lag.saturating_add(s.lag.unwrap_or(0));
-        if dead_letter_streams.insert(sub.dead_letter.as_str()) {
-            dead_letters = dead_letters.saturating_add(s.dead_letters);
-        }
-        if let Some((n, due)) = s.parked {
-            parked = parked.saturating_add(n);
-            if due > 0 {
-                earliest_due = Some(earliest_due.map_or(due, |e| e.min(due)));
-            }
-        }
-    }
-    let host = metrics.series(&Metrics::labels("", ""));
-    metrics
-        .stream_length
-        .get_or_create(&host)
-        .set(gauge(length));
-    metrics.stream_bytes.get_or_create(&host).set(gauge(bytes));
-    metrics
-        .stream_oldest_age
-        .get_or_create(&host)
-        .set(oldest_age);
-    metrics.pending.get_or_create(&host).set(gauge(pending));
-    metrics.lag.get_or_create(&host).set(gauge(lag));
-    metrics
-        .dead_letters
-        .get_or_create(&host)
-        .set(gauge(dead_letters));
-    metrics.parked.get_or_create(&host).set(gauge(parked));
-    metrics
-        .parked_oldest_due
-        .get_or_create(&host)
-        .set(earliest_due.unwrap_or(0));
 }
 
 /// Every [`SAMPLE_EVERY`], the host's delivery counts, for the page's chart.
@@ -571,225 +332,7 @@ async fn sample_outcomes(state: AdminState, stop: CancellationToken) {
     }
 }
 
+/// A time as the API and the page show it (RFC 3339, UTC).
 pub(crate) fn rfc3339(at: std::time::SystemTime) -> String {
     crate::support::when::rfc3339(at)
-}
-
-async fn list_handler(
-    State(state): State<AdminState>,
-    axum::extract::Query(query): axum::extract::Query<listing::ListQuery>,
-) -> axum::response::Response {
-    if let Err(refusal) = query.check() {
-        return refusal.into_response();
-    }
-    let page = listing::page(&state.swaps, &query, listing::MAX_LIMIT, None);
-    let rows: Vec<serde_json::Value> = page
-        .shown
-        .iter()
-        .map(|control| {
-            let slot = control.slot();
-            let current = slot.current();
-            let (swaps, refusals) = slot.counts();
-            let labels = slot.labels();
-            let deliveries = state.metrics.handler_results(labels);
-            let flow_state = state
-                .index
-                .first(&state.subscriptions, labels)
-                .map(|s| s.flow.borrow().clone())
-                .unwrap_or_default();
-            let paused = flow_state.paused.as_ref().map(flow::paused_json);
-            let breaker = flow_state.breaker.as_ref().map(flow::breaker_json);
-            serde_json::json!({
-                "stream": labels.stream,
-                "group": labels.group,
-                "digest": current.digest,
-                "since": rfc3339(current.since),
-                "previous_digest": slot.previous().map(|p| p.digest.clone()),
-                "swaps": swaps,
-                "refusals": refusals,
-                "deliveries": deliveries,
-                "paused": paused,
-                "breaker": breaker,
-            })
-        })
-        .collect();
-    (
-        [
-            ("x-total-count", page.matched.to_string()),
-            ("x-offset", page.offset.to_string()),
-            ("x-subscriptions", page.total.to_string()),
-        ],
-        axum::Json(rows),
-    )
-        .into_response()
-}
-
-type Refusal = (StatusCode, String);
-
-/// Every request: a `Host` this server answers to (DNS rebinding), and a deadline.
-async fn guard_all(
-    State(state): State<AdminState>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    if let Err(refusal) = guard::host_allowed(request.headers(), state.bound) {
-        return refusal.into_response();
-    }
-    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(request)).await {
-        Ok(response) => response,
-        Err(_) => (
-            StatusCode::REQUEST_TIMEOUT,
-            format!("the request took longer than {REQUEST_TIMEOUT:?}\n"),
-        )
-            .into_response(),
-    }
-}
-
-/// The `/v1` API: no cross-site browser requests, the token before the body, the size before
-/// the body, one upload at a time.
-async fn guard_api(
-    State(state): State<AdminState>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    let what = format!("{} {}", request.method(), request.uri().path());
-    let mutating = request.method() != axum::http::Method::GET;
-    let checked = guard::not_cross_site(request.headers(), state.bound)
-        .and_then(|()| authorized(&state, request.headers(), &what, mutating))
-        .and_then(|()| guard::declared_size(request.headers(), state.max_upload));
-    if let Err(refusal) = checked {
-        if refusal.0 == StatusCode::UNAUTHORIZED {
-            state.throttle.refused(&what).await;
-        }
-        return refusal.into_response();
-    }
-    let _upload = if request.method() == axum::http::Method::PUT {
-        match state.uploads.clone().try_acquire_owned() {
-            Ok(permit) => Some(permit),
-            Err(_) => {
-                return (
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "another upload is in progress; try again when it is done\n",
-                )
-                    .into_response();
-            }
-        }
-    } else {
-        None
-    };
-    next.run(request).await
-}
-
-/// Whether a `/v1` call may proceed; logs and answers 401/403 when not.
-fn authorized(
-    state: &AdminState,
-    headers: &axum::http::HeaderMap,
-    what: &str,
-    mutating: bool,
-) -> Result<(), Refusal> {
-    if mutating && state.read_only {
-        tracing::warn!(
-            call = what,
-            "admin call refused: the admin server is read-only"
-        );
-        return Err((
-            StatusCode::FORBIDDEN,
-            "the admin server is read-only (admin_read_only = true)\n".to_owned(),
-        ));
-    }
-    // With only a session key, the list of subscriptions (names, versions, counts: no entry's
-    // data) stays open, as without a token.
-    if state.session_key && !mutating && what == "GET /v1/subscriptions" {
-        return Ok(());
-    }
-    let Some(token) = &state.token else {
-        if !mutating || state.open_on_loopback {
-            return Ok(());
-        }
-        tracing::warn!(
-            call = what,
-            "admin call refused: no admin token is configured"
-        );
-        return Err((
-            StatusCode::FORBIDDEN,
-            "this call changes the host and needs a bearer token: set admin_token_file or admin_token_env (or admin_open_on_loopback = true to allow it without one on loopback)\n".to_owned(),
-        ));
-    };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    if given.is_some_and(|given| guard::same_secret(given, token)) {
-        return Ok(());
-    }
-    // Logged by the throttle, which also makes the answer wait.
-    Err((
-        StatusCode::UNAUTHORIZED,
-        "missing or wrong bearer token\n".to_owned(),
-    ))
-}
-
-fn find<'a>(
-    state: &'a AdminState,
-    stream: &str,
-    group: &str,
-) -> Result<&'a Arc<SwapControl>, (StatusCode, String)> {
-    state
-        .swaps
-        .iter()
-        .find(|c| c.slot().labels().stream == stream && c.slot().labels().group == group)
-        .ok_or_else(|| {
-            (
-                StatusCode::NOT_FOUND,
-                format!("no subscription to stream `{stream}` with group `{group}` on this host\n"),
-            )
-        })
-}
-
-#[derive(serde::Deserialize)]
-struct SwapQuery {
-    #[serde(default)]
-    force: bool,
-}
-
-async fn swap_handler(
-    State(state): State<AdminState>,
-    axum::extract::Path((stream, group)): axum::extract::Path<(String, String)>,
-    axum::extract::Query(query): axum::extract::Query<SwapQuery>,
-    body: axum::body::Bytes,
-) -> Result<axum::Json<serde_json::Value>, (StatusCode, String)> {
-    let control = find(&state, &stream, &group)?;
-    let origin = std::path::PathBuf::from(format!("upload for {stream}/{group}"));
-    match control.swap(origin, body.to_vec(), query.force).await {
-        Ok(version) => Ok(axum::Json(serde_json::json!({
-            "digest": version.digest,
-            "since": rfc3339(version.since),
-        }))),
-        Err(err @ SwapError::Changed { .. }) => {
-            Err((StatusCode::CONFLICT, format!("{}\n", err.explain())))
-        }
-        Err(err) => Err((
-            StatusCode::UNPROCESSABLE_ENTITY,
-            format!("{}\n", err.explain()),
-        )),
-    }
-}
-
-async fn rollback_handler(
-    State(state): State<AdminState>,
-    axum::extract::Path((stream, group)): axum::extract::Path<(String, String)>,
-) -> Result<axum::Json<serde_json::Value>, (StatusCode, String)> {
-    let control = find(&state, &stream, &group)?;
-    match control.rollback() {
-        Ok(version) => {
-            tracing::info!(
-                stream,
-                group,
-                digest = version.digest.short(),
-                "rolled back"
-            );
-            Ok(axum::Json(serde_json::json!({ "digest": version.digest })))
-        }
-        Err(err) => Err((StatusCode::CONFLICT, format!("{}\n", err.explain()))),
-    }
 }

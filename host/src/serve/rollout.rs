@@ -26,6 +26,7 @@ use crate::control::rollout::{Rollout, RolloutError};
 
 type Answer = Result<axum::Json<serde_json::Value>, (StatusCode, String)>;
 
+/// The rollout calls, their uploads bounded by `max_upload`.
 pub(super) fn routes(max_upload: usize) -> Router<AdminState> {
     let base = "/v1/subscriptions/{stream}/{group}";
     Router::new()
@@ -42,6 +43,7 @@ pub(super) fn routes(max_upload: usize) -> Router<AdminState> {
         )
 }
 
+/// The rollout of the subscription to `stream` with `group`, or a 404.
 pub(super) fn find<'a>(
     state: &'a AdminState,
     stream: &str,

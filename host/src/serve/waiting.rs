@@ -31,6 +31,7 @@ pub const ALL_PER_CALL: usize = 1_000;
 
 type Answer = Result<axum::Json<serde_json::Value>, (StatusCode, String)>;
 
+/// The calls over dead letters, parked retries and entries.
 pub(super) fn routes() -> Router<AdminState> {
     let base = "/v1/subscriptions/{stream}/{group}";
     Router::new()

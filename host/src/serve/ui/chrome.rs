@@ -24,6 +24,7 @@ fn head(title: &str) -> Markup {
     }
 }
 
+/// Every page but the loader: its head, the header with who is looking, and `body`.
 pub(super) fn layout(title: &str, viewer: Option<&Viewer>, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
@@ -112,16 +113,33 @@ pub(super) fn message(text: &str) -> Markup {
     )
 }
 
+/// The result of the viewer's last action, shown once at the top of the next page.
 pub(super) fn flash(done: Option<&str>) -> Markup {
     html! { @if let Some(done) = done { div.flash { (done) } } }
 }
 
+/// The link to `page` of a subscription (one partition of a partitioned one).
 pub(super) fn sub_link(keys: &SubscriptionKeys, page: &str) -> String {
     format!(
         "/ui/s/{}/{}/{page}",
         segment(&keys.stream),
         segment(&keys.group)
     )
+}
+
+/// A link to the page of the entry whose origin id is `id`.
+pub(super) fn entry_link(keys: &SubscriptionKeys, id: &str) -> String {
+    format!("{}?id={}", sub_link(keys, "entry"), segment(id))
+}
+
+/// A form that opens an entry's page by its id.
+pub(super) fn find_entry(keys: &SubscriptionKeys) -> Markup {
+    html! {
+        form.inline method="get" action=(sub_link(keys, "entry")) {
+            input type="text" name="id" placeholder="entry id" size="18" pattern="[0-9]+-[0-9]+" required;
+            " " button type="submit" { "Show entry" }
+        }
+    }
 }
 
 /// When a page was rendered (ms since the Unix epoch, this host's clock): how a browser (and

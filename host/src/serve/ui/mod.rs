@@ -6,6 +6,16 @@
 //! payload with `<script>` renders as text), one small stylesheet and one small script, both
 //! compiled into the binary: no build step, no CDN, it works on an air-gapped host.
 //!
+//! This file routes `/ui` and keeps the sessions; each page is a file whose handler gathers
+//! what it shows into a plain struct and renders it:
+//! - [`overview`]: the overview, with a [`card`] per subscription;
+//! - [`waiting`]: a subscription's parked retries and dead letters; [`pending`]: its entries in
+//!   flight; [`entry`]: one entry, whole;
+//! - [`act`]: the actions the pages' forms post (one [`act::Action`] each);
+//! - [`rollout`]: the canary panel, its forms and the replay's result;
+//! - [`chrome`]: the frame every page shares (layout, login, messages, links); [`fields`]: how
+//!   an entry's data shows.
+//!
 //! Who may do what:
 //! - With an admin token, every page needs a session: the login form takes the token and sets
 //!   an HttpOnly, SameSite=Strict cookie naming a random session (the token itself is never in
@@ -25,22 +35,28 @@
 //! - Every action is a POST carrying the session's CSRF token, and the admin server's
 //!   cross-site and DNS-rebinding checks apply to it as to the API.
 
+mod act;
+mod card;
 mod chrome;
-mod pages;
+mod entry;
+mod fields;
+mod overview;
+mod pending;
 mod rollout;
+mod waiting;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 
 use super::{AdminState, guard};
-use crate::control::operate::{OperateError, dead_letters, parked};
+use crate::control::operate::OperateError;
 
 /// How long a session lasts.
 const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
@@ -190,6 +206,8 @@ fn set_cookie(id: &str) -> String {
     )
 }
 
+/// The page's routes: the overview, a subscription's pages and their forms (a rollout's
+/// upload bounded by `max_upload`), login and logout, the stylesheet and the script.
 pub(super) fn routes(max_upload: usize) -> Router<AdminState> {
     let sub = "/ui/s/{stream}/{group}";
     Router::new()
@@ -199,12 +217,15 @@ pub(super) fn routes(max_upload: usize) -> Router<AdminState> {
         .route("/ui/logout", post(log_out))
         .route("/ui/style.css", get(style))
         .route("/ui/script.js", get(script))
-        .route("/ui/", get(overview))
-        .route(&format!("{sub}/parked"), get(parked_page))
-        .route(&format!("{sub}/dead-letters"), get(dead_letters_page))
-        .route(&format!("{sub}/pending"), get(pending_page))
-        .route(&format!("{sub}/entry"), get(entry_page))
-        .route(&format!("{sub}/act"), post(act))
+        .route("/ui/", get(overview::overview))
+        .route(&format!("{sub}/parked"), get(waiting::parked_page))
+        .route(
+            &format!("{sub}/dead-letters"),
+            get(waiting::dead_letters_page),
+        )
+        .route(&format!("{sub}/pending"), get(pending::pending_page))
+        .route(&format!("{sub}/entry"), get(entry::entry_page))
+        .route(&format!("{sub}/act"), post(act::act))
         .route(
             &format!("{sub}/rollout"),
             post(rollout::act).layer(axum::extract::DefaultBodyLimit::max(max_upload)),
@@ -423,6 +444,7 @@ fn subscription<'a>(
     })
 }
 
+/// The page refusing an action or a request (403), saying why.
 fn forbidden(why: &str) -> Response {
     (
         StatusCode::FORBIDDEN,
@@ -431,6 +453,7 @@ fn forbidden(why: &str) -> Response {
         .into_response()
 }
 
+/// The page for an operation that failed: 400 for the request's fault, else 503.
 fn unavailable(err: impl Into<OperateError>) -> Response {
     let err = err.into();
     let status = match err {
@@ -442,504 +465,4 @@ fn unavailable(err: impl Into<OperateError>) -> Response {
         Html(chrome::message(&crate::support::chain::chain(&err)).into_string()),
     )
         .into_response()
-}
-
-async fn overview(
-    State(state): State<AdminState>,
-    axum::Extension(viewer): axum::Extension<Viewer>,
-    Query(query): Query<super::listing::ListQuery>,
-) -> Response {
-    if let Err((code, why)) = query.check() {
-        return (code, Html(chrome::message(&why).into_string())).into_response();
-    }
-    let done = state.sessions.take_flash(&viewer.id);
-    Html(
-        pages::overview(&state, &viewer, done.as_deref(), &query)
-            .await
-            .into_string(),
-    )
-    .into_response()
-}
-
-#[derive(serde::Deserialize)]
-struct PageQuery {
-    cursor: Option<String>,
-    reason: Option<String>,
-}
-
-async fn parked_page(
-    State(state): State<AdminState>,
-    axum::Extension(viewer): axum::Extension<Viewer>,
-    Path((stream, group)): Path<(String, String)>,
-    Query(q): Query<PageQuery>,
-) -> Response {
-    let (sub, keys) = match subscription(&state, &stream, &group) {
-        Ok(found) => found,
-        Err(page) => return *page,
-    };
-    let Some(set) = keys.delayed.clone() else {
-        return Html(chrome::message("This subscription has no delayed-retry set: its retries stay pending in the stream.").into_string()).into_response();
-    };
-    let mut conn = sub.conn.clone();
-    let listing = async {
-        let now_ms = crate::store::inspect::server_now_ms(&mut conn).await?;
-        let total: u64 = redis::cmd("ZCARD")
-            .arg(&*set)
-            .query_async(&mut conn)
-            .await?;
-        let page = parked::list(&mut conn, &set, q.cursor.as_deref(), PAGE).await?;
-        Ok::<_, OperateError>((now_ms, total, page))
-    }
-    .await;
-    match listing {
-        Ok((now_ms, total, page)) => Html(
-            pages::parked(
-                &viewer,
-                &keys,
-                &set,
-                now_ms,
-                total,
-                &page,
-                state.sessions.take_flash(&viewer.id).as_deref(),
-            )
-            .into_string(),
-        )
-        .into_response(),
-        Err(err) => unavailable(err),
-    }
-}
-
-async fn dead_letters_page(
-    State(state): State<AdminState>,
-    axum::Extension(viewer): axum::Extension<Viewer>,
-    Path((stream, group)): Path<(String, String)>,
-    Query(q): Query<PageQuery>,
-) -> Response {
-    let (sub, keys) = match subscription(&state, &stream, &group) {
-        Ok(found) => found,
-        Err(page) => return *page,
-    };
-    let mut conn = sub.conn.clone();
-    let reason = q.reason.as_deref().map(str::trim).filter(|r| !r.is_empty());
-    let listing = async {
-        let total: u64 = redis::cmd("XLEN")
-            .arg(&*keys.dead_letter)
-            .query_async(&mut conn)
-            .await?;
-        let page = dead_letters::list_view(&mut conn, &keys, q.cursor.as_deref(), PAGE, reason, 20)
-            .await?;
-        Ok::<_, OperateError>((total, page))
-    }
-    .await;
-    match listing {
-        Ok((total, page)) => Html(
-            pages::dead_letters(
-                &viewer,
-                &keys,
-                total,
-                &page,
-                reason,
-                state.sessions.take_flash(&viewer.id).as_deref(),
-            )
-            .into_string(),
-        )
-        .into_response(),
-        Err(err) => unavailable(err),
-    }
-}
-
-#[derive(serde::Deserialize)]
-struct PendingQuery {
-    consumer: Option<String>,
-}
-
-/// Entries in flight per consumer: the group's consumers on the stream and on its retry lane
-/// (pending count, idle time), and for the one asked for, its oldest pending entries.
-async fn pending_page(
-    State(state): State<AdminState>,
-    axum::Extension(viewer): axum::Extension<Viewer>,
-    Path((stream, group)): Path<(String, String)>,
-    Query(q): Query<PendingQuery>,
-) -> Response {
-    let (sub, keys) = match subscription(&state, &stream, &group) {
-        Ok(found) => found,
-        Err(page) => return *page,
-    };
-    let mut conn = sub.conn.clone();
-    let mut sources = vec![keys.stream.to_string()];
-    if let Some(lane) = &sub.lane {
-        sources.push(lane.clone());
-    }
-    let listing = async {
-        let mut tables = Vec::new();
-        for key in &sources {
-            let consumers = crate::store::inspect::consumers(&mut conn, key, &keys.group)
-                .await
-                .unwrap_or_default();
-            let entries = match &q.consumer {
-                Some(c) => {
-                    crate::store::inspect::pending_of(&mut conn, key, &keys.group, c, PAGE).await?
-                }
-                None => Vec::new(),
-            };
-            tables.push(pages::PendingTable {
-                key: key.clone(),
-                consumers,
-                entries,
-            });
-        }
-        Ok::<_, OperateError>(tables)
-    }
-    .await;
-    match listing {
-        Ok(tables) => Html(
-            pages::pending(
-                &viewer,
-                &keys,
-                &sub.consumer,
-                q.consumer.as_deref(),
-                &tables,
-            )
-            .into_string(),
-        )
-        .into_response(),
-        Err(err) => unavailable(err),
-    }
-}
-
-#[derive(serde::Deserialize)]
-struct EntryQuery {
-    id: String,
-}
-
-async fn entry_page(
-    State(state): State<AdminState>,
-    axum::Extension(viewer): axum::Extension<Viewer>,
-    Path((stream, group)): Path<(String, String)>,
-    Query(q): Query<EntryQuery>,
-) -> Response {
-    let (sub, keys) = match subscription(&state, &stream, &group) {
-        Ok(found) => found,
-        Err(page) => return *page,
-    };
-    let mut conn = sub.conn.clone();
-    let id = q.id.trim();
-    match crate::control::operate::entry::lookup(&mut conn, &keys, id).await {
-        Ok(Some(view)) => Html(pages::entry(&viewer, &keys, &view).into_string()).into_response(),
-        Ok(None) => (
-            StatusCode::NOT_FOUND,
-            Html(
-                chrome::message(&format!(
-                    "Nothing is known of entry {id} of {}: no history, and not in the stream.",
-                    keys.stream
-                ))
-                .into_string(),
-            ),
-        )
-            .into_response(),
-        Err(err) => unavailable(err),
-    }
-}
-
-/// One action form: which, on what.
-#[derive(Default)]
-struct ActForm {
-    csrf: String,
-    action: String,
-    id: Option<String>,
-    origin: Option<String>,
-    due_ms: Option<i64>,
-    reason: Option<String>,
-    /// The ticked entries of a bulk form: `<due_ms>|<origin id>` each.
-    picks: Vec<String>,
-}
-
-impl ActForm {
-    /// The form's fields from its urlencoded body; a field given twice keeps its last value,
-    /// but every `pick`. Unknown fields are ignored, as a browser may add some.
-    fn parse(body: &[u8]) -> Self {
-        let mut form = Self::default();
-        for (name, value) in form_urlencoded::parse(body) {
-            let value = value.into_owned();
-            match &*name {
-                "csrf" => form.csrf = value,
-                "action" => form.action = value,
-                "id" => form.id = Some(value),
-                "origin" => form.origin = Some(value),
-                "due_ms" => form.due_ms = value.parse().ok(),
-                "reason" => form.reason = Some(value),
-                "pick" => form.picks.push(value),
-                _ => {}
-            }
-        }
-        form
-    }
-
-    /// The operator's reason, trimmed, if they gave one.
-    fn reason(&self) -> Option<&str> {
-        self.reason
-            .as_deref()
-            .map(str::trim)
-            .filter(|r| !r.is_empty())
-    }
-}
-
-/// The parked retries of a bulk form's ticks, looked up by due time and origin id: at most
-/// [`crate::control::operate::BATCH`] a request, as the API allows.
-async fn picked(
-    conn: &mut crate::store::redis_conn::RedisHandle,
-    set: &str,
-    picks: &[String],
-) -> Result<Vec<Vec<u8>>, OperateError> {
-    if picks.len() > crate::control::operate::BATCH {
-        return Err(OperateError::Invalid(format!(
-            "at most {} entries a request: tick fewer",
-            crate::control::operate::BATCH
-        )));
-    }
-    let mut members = Vec::new();
-    // The same tick twice is one entry.
-    let picks: std::collections::BTreeSet<&String> = picks.iter().collect();
-    for pick in picks {
-        let Some((due, origin)) = pick.split_once('|') else {
-            return Err(OperateError::Invalid(format!(
-                "not a ticked entry: {pick:?}"
-            )));
-        };
-        let due = due
-            .parse::<i64>()
-            .map_err(|_| OperateError::Invalid(format!("not a ticked entry: {pick:?}")))?;
-        let found = parked::find(conn, set, &[origin.to_owned()], Some(due)).await?;
-        members.extend(found.into_iter().map(|p| p.member));
-    }
-    Ok(members)
-}
-
-/// The first [`crate::control::operate::BATCH`] members of `set`, earliest due first.
-async fn first_parked(
-    conn: &mut crate::store::redis_conn::RedisHandle,
-    set: &str,
-) -> Result<Vec<Vec<u8>>, OperateError> {
-    Ok(redis::cmd("ZRANGE")
-        .arg(set)
-        .arg(0)
-        .arg(crate::control::operate::BATCH - 1)
-        .query_async(conn)
-        .await?)
-}
-
-async fn act(
-    State(state): State<AdminState>,
-    axum::Extension(viewer): axum::Extension<Viewer>,
-    Path((stream, group)): Path<(String, String)>,
-    body: axum::body::Bytes,
-) -> Response {
-    let form = ActForm::parse(&body);
-    if !guard::same_secret(&form.csrf, &viewer.csrf) {
-        tracing::warn!(stream, group, "admin page action refused: bad CSRF token");
-        return forbidden("the form is stale or came from another site: reload the page");
-    }
-    if !viewer.can_act {
-        return forbidden(if state.read_only {
-            "the admin server is read-only (admin_read_only = true)"
-        } else if state.token.is_some() {
-            "actions need the admin token: log in again"
-        } else {
-            "actions need an admin token (admin_token_file or admin_token_env) to log in with, or admin_open_on_loopback = true"
-        });
-    }
-    let (sub, keys) = match subscription(&state, &stream, &group) {
-        Ok(found) => found,
-        Err(page) => return *page,
-    };
-    let mut conn = sub.conn.clone();
-    // The result is kept in the session for the next page, never put in a link: a link
-    // anyone can make would put any text in the banner.
-    let back = |page: &str, done: &str| {
-        state.sessions.set_flash(&viewer.id, done.to_owned());
-        let to = if page.is_empty() {
-            "/ui/".to_owned()
-        } else {
-            format!(
-                "/ui/s/{}/{}/{page}",
-                chrome::segment(&stream),
-                chrome::segment(&group),
-            )
-        };
-        Redirect::to(&to).into_response()
-    };
-    let set = keys.delayed.clone().unwrap_or_default();
-    let origins: Vec<String> = form.origin.iter().cloned().collect();
-    let outcome: Result<(&str, String), OperateError> = async {
-        match form.action.as_str() {
-            "requeue" => {
-                let id = form.id.clone().unwrap_or_default();
-                let Some(letter) = dead_letters::get(&mut conn, &keys, &id).await? else {
-                    return Ok(("dead-letters", format!("{id} was already gone")));
-                };
-                Ok(
-                    match dead_letters::requeue(&mut conn, &keys, &letter).await? {
-                        dead_letters::Requeued::To(new) => (
-                            "dead-letters",
-                            format!("requeued {id} onto the stream as {new}"),
-                        ),
-                        dead_letters::Requeued::Gone => {
-                            ("dead-letters", format!("{id} was already gone"))
-                        }
-                    },
-                )
-            }
-            "requeue-all" => {
-                let reason = form
-                    .reason
-                    .as_deref()
-                    .map(str::trim)
-                    .filter(|r| !r.is_empty());
-                let (letters, more) = dead_letters::requeueable(
-                    &mut conn,
-                    &keys,
-                    reason,
-                    super::waiting::ALL_PER_CALL,
-                )
-                .await?;
-                let mut moved = 0usize;
-                for letter in &letters {
-                    if let dead_letters::Requeued::To(_) =
-                        dead_letters::requeue(&mut conn, &keys, letter).await?
-                    {
-                        moved += 1;
-                    }
-                }
-                let rest = if more {
-                    "; more remain: requeue all again"
-                } else {
-                    ""
-                };
-                Ok((
-                    "dead-letters",
-                    format!("requeued {moved} dead letters{rest}"),
-                ))
-            }
-            "delete-dead" => {
-                let id = form.id.clone().unwrap_or_default();
-                let n = dead_letters::delete(&mut conn, &keys, std::slice::from_ref(&id)).await?;
-                Ok(("dead-letters", format!("deleted {n} dead letter ({id})")))
-            }
-            "retry-now" | "delete-parked" | "dead-letter" => {
-                let found = parked::find(&mut conn, &set, &origins, form.due_ms).await?;
-                let members: Vec<Vec<u8>> = found.into_iter().map(|p| p.member).collect();
-                let origin = origins.first().cloned().unwrap_or_default();
-                let done = match form.action.as_str() {
-                    "retry-now" => {
-                        let n = parked::retry_now(&mut conn, &set, &members).await?;
-                        format!("{origin}: {n} made due now; a sweep moves it back within a second")
-                    }
-                    "delete-parked" => {
-                        let n = parked::delete(&mut conn, &set, &members).await?;
-                        format!("{origin}: {n} deleted")
-                    }
-                    _ => {
-                        let reason = form
-                            .reason
-                            .as_deref()
-                            .map(str::trim)
-                            .filter(|r| !r.is_empty())
-                            .unwrap_or("dead-lettered by an operator");
-                        let n = parked::dead_letter_now(&mut conn, &keys, &members, reason).await?;
-                        format!("{origin}: {n} dead-lettered")
-                    }
-                };
-                Ok(("parked", done))
-            }
-            "pause" => {
-                // The subscription's, not the partition's: a pause holds every partition.
-                let (of_stream, of_group) = (&sub.of.stream, &sub.of.group);
-                let asked = crate::pipeline::admit::Paused::now("the admin page", form.reason.as_deref());
-                let done = crate::pipeline::admit::pause(&mut conn, of_stream, of_group, asked)
-                    .await?;
-                Ok(("", match done {
-                    crate::pipeline::admit::PauseResult::Paused(p) => format!(
-                        "stream {of_stream} group {of_group}: {}; every host stops reading within a second",
-                        p.describe()
-                    ),
-                    crate::pipeline::admit::PauseResult::Already(p) => {
-                        format!("stream {of_stream} group {of_group}: already {}", p.describe())
-                    }
-                }))
-            }
-            "resume" => {
-                let (of_stream, of_group) = (&sub.of.stream, &sub.of.group);
-                let was = crate::pipeline::admit::resume(&mut conn, of_stream, of_group, "the admin page")
-                    .await?;
-                Ok(("", match was {
-                    Some(_) => format!("stream {of_stream} group {of_group}: resumed; every host reads again within a second"),
-                    None => format!("stream {of_stream} group {of_group} was not paused"),
-                }))
-            }
-            "retry-selected" | "delete-selected" | "dead-letter-selected" => {
-                let members = picked(&mut conn, &set, &form.picks).await?;
-                let asked = form
-                    .picks
-                    .iter()
-                    .collect::<std::collections::BTreeSet<_>>()
-                    .len();
-                let done = match form.action.as_str() {
-                    "retry-selected" => {
-                        let n = parked::retry_now(&mut conn, &set, &members).await?;
-                        format!("{n} of {asked} selected made due now; a sweep moves them back within a second")
-                    }
-                    "delete-selected" => {
-                        let n = parked::delete(&mut conn, &set, &members).await?;
-                        format!("{n} of {asked} selected deleted")
-                    }
-                    _ => {
-                        let reason = form.reason().unwrap_or("dead-lettered by an operator");
-                        let n = parked::dead_letter_now(&mut conn, &keys, &members, reason).await?;
-                        format!("{n} of {asked} selected dead-lettered")
-                    }
-                };
-                Ok(("parked", done))
-            }
-            "retry-all" | "delete-all" | "dead-letter-all" => {
-                let reason = form.reason().unwrap_or("dead-lettered by an operator");
-                let mut moved = 0usize;
-                let mut more = false;
-                // Bounded like the API's `all` calls: the rest on the next press.
-                for round in 0..super::waiting::ALL_PER_CALL / crate::control::operate::BATCH {
-                    let n = match form.action.as_str() {
-                        "retry-all" => parked::retry_batch_now(&mut conn, &set).await?,
-                        "delete-all" => {
-                            let members = first_parked(&mut conn, &set).await?;
-                            parked::delete(&mut conn, &set, &members).await?
-                        }
-                        _ => {
-                            let members = first_parked(&mut conn, &set).await?;
-                            parked::dead_letter_now(&mut conn, &keys, &members, reason).await?
-                        }
-                    };
-                    moved += n;
-                    if n == 0 {
-                        break;
-                    }
-                    more = round + 1 == super::waiting::ALL_PER_CALL / crate::control::operate::BATCH;
-                }
-                let what = match form.action.as_str() {
-                    "retry-all" => "made due now",
-                    "delete-all" => "deleted",
-                    _ => "dead-lettered",
-                };
-                let rest = if more { "; more remain: press again" } else { "" };
-                Ok(("parked", format!("{moved} parked retries {what}{rest}")))
-            }
-            other => Err(OperateError::Invalid(format!("unknown action {other:?}"))),
-        }
-    }
-    .await;
-    match outcome {
-        Ok((page, done)) => {
-            tracing::info!(stream, group, action = form.action, "{done} (admin page)");
-            back(page, &done)
-        }
-        Err(err) => unavailable(err),
-    }
 }

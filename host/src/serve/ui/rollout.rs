@@ -20,6 +20,38 @@ use super::{AdminState, Viewer, forbidden};
 use crate::control::rollout::canary::{CanaryState, Outcome, Totals, short};
 use crate::control::rollout::{ReplayOutcome, Rollout};
 
+/// Who the page's canaries and aborts are recorded as.
+const BY: &str = "the admin page";
+
+/// What a rollout form asks for: its `action` field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RolloutAction {
+    /// Roll the running canary back.
+    AbortCanary,
+    /// Start a canary of the uploaded component.
+    Canary,
+    /// Replay dead letters on the uploaded component.
+    Replay,
+}
+
+impl RolloutAction {
+    /// Its name in a form's `action` field.
+    fn name(self) -> &'static str {
+        match self {
+            Self::AbortCanary => "abort-canary",
+            Self::Canary => "canary",
+            Self::Replay => "replay",
+        }
+    }
+
+    /// The action a form's field names, if it is one of these.
+    fn parse(name: &str) -> Option<Self> {
+        [Self::AbortCanary, Self::Canary, Self::Replay]
+            .into_iter()
+            .find(|a| a.name() == name)
+    }
+}
+
 /// The canary part of a subscription's card: the running canary (or the last verdict), and
 /// the forms.
 pub(super) fn panel(
@@ -46,7 +78,7 @@ pub(super) fn panel(
                         @if viewer.can_act {
                             form.inline method="post" action=(action) data-confirm="Roll the candidate back on every host?" {
                                 input type="hidden" name="csrf" value=(viewer.csrf);
-                                input type="hidden" name="action" value="abort-canary";
+                                input type="hidden" name="action" value=(RolloutAction::AbortCanary.name());
                                 button.danger type="submit" { "Abort the canary" }
                             }
                         }
@@ -70,7 +102,7 @@ pub(super) fn panel(
             @if viewer.can_act && !running {
                 form.inline.start-canary method="post" action=(action) data-upload="" {
                     input type="hidden" name="csrf" value=(viewer.csrf);
-                    input type="hidden" name="action" value="canary";
+                    input type="hidden" name="action" value=(RolloutAction::Canary.name());
                     "Try a candidate on "
                     input type="number" name="percent" value="10" min="0.01" max="99.99" step="0.01" aria-label="share in percent";
                     "% of deliveries for "
@@ -84,7 +116,7 @@ pub(super) fn panel(
             @if viewer.can_act {
                 form.inline.replay method="post" action=(action) data-upload="" {
                     input type="hidden" name="csrf" value=(viewer.csrf);
-                    input type="hidden" name="action" value="replay";
+                    input type="hidden" name="action" value=(RolloutAction::Replay.name());
                     "Try a candidate on the dead letters whose reason contains "
                     input type="text" name="reason" placeholder="(any)" aria-label="reason contains";
                     " (at most "
@@ -101,6 +133,7 @@ pub(super) fn panel(
     }
 }
 
+/// The canary's totals for the group, incumbent and candidate side by side.
 fn side_by_side(incumbent: &str, candidate: &str, c: &CanaryState) -> Markup {
     let pct = |t: &Totals, n: u64| {
         if t.attempts == 0 {
@@ -161,16 +194,10 @@ pub(super) async fn act(
         state.sessions.set_flash(&viewer.id, done);
         Redirect::to("/ui/").into_response()
     };
-    let action = params.get("action").map(String::as_str).unwrap_or_default();
-    if action == "abort-canary" {
-        return match rollout.abort("the admin page").await {
-            Ok(record) => back(format!(
-                "canary of {} aborted: every host serves {} again",
-                short(&record.candidate),
-                short(&record.incumbent)
-            )),
-            Err(err) => back(format!("cannot abort the canary: {}", err.explain())),
-        };
+    let name = params.get("action").map(String::as_str).unwrap_or_default();
+    let action = RolloutAction::parse(name);
+    if action == Some(RolloutAction::AbortCanary) {
+        return back(abort_canary(rollout).await);
     }
     if form_body || body.is_empty() {
         return back("choose a component (.wasm) to send".to_owned());
@@ -183,44 +210,58 @@ pub(super) async fn act(
             .into_response();
     };
     match action {
-        "canary" => {
-            let percent = params
-                .get("percent")
-                .and_then(|p| super::super::rollout::percent(p))
-                .unwrap_or(f64::NAN);
-            let window = match params
-                .get("for")
-                .map(|w| w.trim())
-                .filter(|w| !w.is_empty())
-            {
-                None => None,
-                Some(text) => match humantime::parse_duration(text) {
-                    Ok(d) => Some(d),
-                    Err(err) => {
-                        return back(format!("`{text}` is not a duration (e.g. 5m): {err}"));
-                    }
-                },
-            };
-            match rollout
-                .start(body.to_vec(), percent, window, "the admin page")
-                .await
-            {
-                Ok(record) => back(format!(
-                    "canary started: {}% of deliveries run {} on every host until {}; the hosts promote it or roll it back by themselves",
-                    record.percent(),
-                    short(&record.candidate),
-                    crate::support::when::rfc3339_ms(
-                        i64::try_from(record.ends_ms).unwrap_or(i64::MAX)
-                    )
-                )),
-                Err(err) => back(format!("the canary was not started: {}", err.explain())),
-            }
-        }
-        "replay" => replay(&state, rollout, &viewer, &params, &body).await,
-        _ => back(format!("unknown action `{action}`")),
+        Some(RolloutAction::Canary) => back(start_canary(rollout, &params, body.to_vec()).await),
+        Some(RolloutAction::Replay) => replay(&state, rollout, &viewer, &params, &body).await,
+        _ => back(format!("unknown action `{name}`")),
     }
 }
 
+/// Abort the running canary; what came of it, for the banner.
+async fn abort_canary(rollout: &Rollout) -> String {
+    match rollout.abort(BY).await {
+        Ok(record) => format!(
+            "canary of {} aborted: every host serves {} again",
+            short(&record.candidate),
+            short(&record.incumbent)
+        ),
+        Err(err) => format!("cannot abort the canary: {}", err.explain()),
+    }
+}
+
+/// Start a canary of `component` with the form's share (`percent`) and window (`for`); what
+/// came of it, for the banner.
+async fn start_canary(
+    rollout: &Rollout,
+    params: &HashMap<String, String>,
+    component: Vec<u8>,
+) -> String {
+    let percent = params
+        .get("percent")
+        .and_then(|p| super::super::rollout::percent(p))
+        .unwrap_or(f64::NAN);
+    let window = match params
+        .get("for")
+        .map(|w| w.trim())
+        .filter(|w| !w.is_empty())
+    {
+        None => None,
+        Some(text) => match humantime::parse_duration(text) {
+            Ok(d) => Some(d),
+            Err(err) => return format!("`{text}` is not a duration (e.g. 5m): {err}"),
+        },
+    };
+    match rollout.start(component, percent, window, BY).await {
+        Ok(record) => format!(
+            "canary started: {}% of deliveries run {} on every host until {}; the hosts promote it or roll it back by themselves",
+            record.percent(),
+            short(&record.candidate),
+            crate::support::when::rfc3339_ms(i64::try_from(record.ends_ms).unwrap_or(i64::MAX))
+        ),
+        Err(err) => format!("the canary was not started: {}", err.explain()),
+    }
+}
+
+/// Replay the dead letters the form picks on the uploaded candidate: the result's page.
 async fn replay(
     state: &AdminState,
     rollout: &Rollout,
@@ -257,6 +298,7 @@ async fn replay(
     Html(layout("Replay", Some(viewer), page).into_string()).into_response()
 }
 
+/// A replay's page: per dead-letter stream, what the candidate would have done with each.
 fn result(stream: &str, group: &str, outcomes: &[ReplayOutcome], requeued: bool) -> Markup {
     html! {
         h1 { "Replay on stream " code { (stream) } ", group " code { (group) } }
