@@ -34,13 +34,20 @@
 //! Anyone who may PUBLISH on the server can ring a bell (the channel name is no secret): that
 //! costs one read per ring at most (rings that come while a read is in flight count once),
 //! never an entry.
+//!
+//! - This file: the [`Doorbell`] and its keys, and its life ([`Doorbell::run`]): on keyspace
+//!   events or polling, down and up again.
+//! - [`bell`]: a reader's [`Bell`]: what it has seen, whether it wants its keys, its wait.
+//! - [`events`]: the session on keyspace events (SUBSCRIBE, rings, PINGs).
+//! - [`poll`]: the session without them (reads of the streams, looks at the sets), and
+//!   [`poll_keys`], where each polled key stands.
+//! - [`unseen`]: the look for entries no event told of.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use futures::StreamExt;
 use redis::RedisResult;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
@@ -48,8 +55,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::store::redis_conn::{ReconnectBackoff, RedisHandle};
 
+mod bell;
+mod events;
 pub mod poll;
+mod poll_keys;
 pub mod unseen;
+
+pub use bell::{Bell, Mark};
 
 /// How long a key nobody waits on stays subscribed: a subscription that finds entries now and
 /// then does not subscribe and unsubscribe at every read.
@@ -179,55 +191,12 @@ impl Doorbell {
         })
     }
 
+    /// The keys (a holder that panicked left them whole: each change is one step).
     fn lock(&self) -> MutexGuard<'_, HashMap<Arc<str>, Key>> {
         self.keys.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A bell for the streams `keys` (a partition's stream and lane, an earlier release's
-    /// dead-letter stream).
-    pub fn bell(self: &Arc<Self>, keys: &[&str]) -> Bell {
-        self.bell_of(keys, Kind::Stream)
-    }
-
-    /// A bell for the delayed set `key`.
-    pub fn set_bell(self: &Arc<Self>, key: &str) -> Bell {
-        self.bell_of(&[key], Kind::Set)
-    }
-
-    fn bell_of(self: &Arc<Self>, keys: &[&str], kind: Kind) -> Bell {
-        let mut map = self.lock();
-        let mut rings = Vec::with_capacity(keys.len());
-        let mut names = Vec::with_capacity(keys.len());
-        let mut awaiting = Vec::with_capacity(keys.len());
-        for key in keys {
-            let name: Arc<str> = Arc::from(*key);
-            let entry = map.entry(name.clone()).or_insert_with(|| Key::new(kind));
-            rings.push(entry.rings.subscribe());
-            awaiting.push(entry.awaiting.clone());
-            names.push(name);
-        }
-        Bell {
-            doorbell: self.clone(),
-            keys: names,
-            awaiting,
-            rings: Mutex::new(rings),
-            live: self.live.subscribe(),
-            wanting: AtomicBool::new(false),
-        }
-    }
-
-    /// Polling: `keys` were read by an idle reader after they rang; read them again.
-    fn rejoin(&self, keys: Vec<Arc<str>>) {
-        if keys.is_empty() {
-            return;
-        }
-        self.rejoined
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend(keys);
-        self.changed.notify_one();
-    }
-
+    /// Ring every key: whoever waits reads now.
     fn ring_all(&self) {
         for key in self.lock().values() {
             key.ring();
@@ -334,182 +303,6 @@ impl Doorbell {
             }
         }
     }
-
-    /// One connection's life: subscribe what is wanted, ring on every message, check the
-    /// connection and the server; `Ok` only when stopped.
-    async fn session(
-        &self,
-        stop: &CancellationToken,
-        backoff: &mut ReconnectBackoff,
-    ) -> Result<(), Down> {
-        let Some(client) = self.conn.node_client() else {
-            return Err(Down::Off("a cluster".to_owned()));
-        };
-        let address = client.get_connection_info().addr().to_string();
-        let pubsub = tokio::time::timeout(
-            crate::store::redis_conn::CONNECT_TIMEOUT,
-            client.get_async_pubsub(),
-        )
-        .await
-        .map_err(|_| Down::Failed(format!("no connection to {address} within the timeout")))?
-        .map_err(|err| Down::Failed(format!("cannot connect to {address}: {err}")))?;
-        let (mut sink, mut messages) = pubsub.split();
-        for key in self.lock().values_mut() {
-            key.subscribed = false;
-        }
-        self.reconcile(&mut sink).await?;
-        self.live.send_replace(true);
-        backoff.reset();
-        tracing::info!(redis = %self.conn.name(), %address, "doorbell up: idle subscriptions wait for keyspace events");
-        let mut ping = tokio::time::interval(PING_EVERY);
-        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut pings = 0u32;
-        let mut look = tokio::time::interval(unseen::EVERY);
-        look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = stop.cancelled() => return Ok(()),
-                _ = look.tick() => self.look_for_unseen().await?,
-                message = messages.next() => {
-                    let Some(message) = message else {
-                        return Err(Down::Failed("the subscriber connection closed".to_owned()));
-                    };
-                    let channel = message.get_channel_name();
-                    if let Some(key) = channel.strip_prefix(self.prefix.as_str())
-                        && let Some(entry) = self.lock().get(key)
-                    {
-                        entry.ring();
-                    }
-                }
-                () = self.changed.notified() => {
-                    // Readers going idle together (thousands at start) are subscribed in a few
-                    // commands, not one scan of every key each.
-                    tokio::time::sleep(GATHER).await;
-                    self.reconcile(&mut sink).await?;
-                }
-                _ = ping.tick() => {
-                    match tokio::time::timeout(PING_TIMEOUT, sink.ping::<redis::Value>()).await {
-                        Ok(Ok(_)) => {}
-                        Ok(Err(err)) => return Err(Down::Failed(format!("PING: {err}"))),
-                        Err(_) => return Err(Down::Failed(format!("PING not answered within {PING_TIMEOUT:?}"))),
-                    }
-                    // Keys let go of long enough are unsubscribed here.
-                    self.reconcile(&mut sink).await?;
-                    pings = pings.wrapping_add(1);
-                    if pings.is_multiple_of(CHECK_EVERY_PINGS) {
-                        match self.check_server().await {
-                            Ok(None) => {}
-                            Ok(Some(why)) => return Err(Down::Off(why)),
-                            Err(err) => return Err(Down::Failed(format!("CONFIG GET: {err}"))),
-                        }
-                        if self.conn.node_client().map(|c| c.get_connection_info().addr().to_string()) != Some(address.clone()) {
-                            return Err(Down::Failed("the master moved".to_owned()));
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// SUBSCRIBE what is wanted and not subscribed (ringing each once Redis confirms), and
-    /// UNSUBSCRIBE what nobody has wanted for [`UNSUBSCRIBE_AFTER`].
-    async fn reconcile(&self, sink: &mut redis::aio::PubSubSink) -> Result<(), Down> {
-        let (add, drop): (Vec<Arc<str>>, Vec<Arc<str>>) = {
-            let keys = self.lock();
-            let now = Instant::now();
-            let add = keys
-                .iter()
-                .filter(|(_, k)| k.wanted > 0 && !k.subscribed)
-                .map(|(name, _)| name.clone())
-                .collect();
-            let drop = keys
-                .iter()
-                .filter(|(_, k)| {
-                    k.wanted == 0
-                        && k.subscribed
-                        && k.unwanted_since
-                            .is_some_and(|since| now.duration_since(since) >= UNSUBSCRIBE_AFTER)
-                })
-                .map(|(name, _)| name.clone())
-                .collect();
-            (add, drop)
-        };
-        for chunk in add.chunks(CHANNELS_PER_COMMAND) {
-            // Where each stream stands before it is subscribed: what comes after is heard or
-            // found by the look for unheard entries.
-            self.take_tips(chunk).await?;
-            let channels: Vec<String> = chunk.iter().map(|k| self.channel(k)).collect();
-            self.timed(sink.subscribe(&channels), "SUBSCRIBE").await?;
-            let mut keys = self.lock();
-            for name in chunk {
-                if let Some(key) = keys.get_mut(name) {
-                    key.subscribed = true;
-                    // From here on every write rings it; one may have come before.
-                    key.ring();
-                }
-            }
-        }
-        for chunk in drop.chunks(CHANNELS_PER_COMMAND) {
-            let channels: Vec<String> = chunk.iter().map(|k| self.channel(k)).collect();
-            self.timed(sink.unsubscribe(&channels), "UNSUBSCRIBE")
-                .await?;
-            let mut keys = self.lock();
-            for name in chunk {
-                if let Some(key) = keys.get_mut(name) {
-                    key.subscribed = false;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    async fn timed(
-        &self,
-        call: impl std::future::Future<Output = RedisResult<()>>,
-        what: &str,
-    ) -> Result<(), Down> {
-        match tokio::time::timeout(PING_TIMEOUT, call).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(err)) => Err(Down::Failed(format!("{what}: {err}"))),
-            Err(_) => Err(Down::Failed(format!(
-                "{what} not answered within {PING_TIMEOUT:?}"
-            ))),
-        }
-    }
-
-    fn channel(&self, key: &str) -> String {
-        format!("{}{key}", self.prefix)
-    }
-
-    fn want(&self, keys: &[Arc<str>], yes: bool) {
-        let mut map = self.lock();
-        let mut changed = false;
-        for name in keys {
-            let Some(key) = map.get_mut(name) else {
-                continue;
-            };
-            if yes {
-                key.wanted += 1;
-                key.unwanted_since = None;
-                changed |= !key.subscribed;
-            } else {
-                key.wanted = key.wanted.saturating_sub(1);
-                if key.wanted == 0 {
-                    key.unwanted_since = Some(Instant::now());
-                }
-            }
-        }
-        drop(map);
-        if changed {
-            self.changed.notify_one();
-        }
-    }
-
-    fn subscribed(&self, keys: &[Arc<str>]) -> bool {
-        let map = self.lock();
-        keys.iter()
-            .all(|name| map.get(name).is_some_and(|k| k.subscribed))
-    }
 }
 
 /// Why a doorbell session ended.
@@ -518,152 +311,6 @@ enum Down {
     Off(String),
     /// The connection failed.
     Failed(String),
-}
-
-/// One reader's bell: rings when one of its keys is written (see the module doc).
-pub struct Bell {
-    doorbell: Arc<Doorbell>,
-    keys: Vec<Arc<str>>,
-    /// Each key's state between rings and reads (polling).
-    awaiting: Vec<Arc<AtomicU8>>,
-    /// What the reader has seen of each key's rings.
-    rings: Mutex<Vec<watch::Receiver<u64>>>,
-    live: watch::Receiver<bool>,
-    /// Whether it holds its keys wanted now.
-    wanting: AtomicBool,
-}
-
-impl Bell {
-    fn rings(&self) -> MutexGuard<'_, Vec<watch::Receiver<u64>>> {
-        self.rings.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Mark every ring so far as seen: called before a read, so that a write after it rings.
-    pub fn seen(&self) {
-        for rx in self.rings().iter_mut() {
-            rx.mark_unchanged();
-        }
-        if self.wanting.load(Ordering::Acquire) {
-            self.rejoin();
-        } else {
-            // A busy reader takes the ring, but a key left out stays out: it reads anyway.
-            for awaiting in &self.awaiting {
-                let _ = awaiting.compare_exchange(RANG, QUIET, Ordering::AcqRel, Ordering::Acquire);
-            }
-        }
-    }
-
-    /// Polling: this idle reader is about to read its keys: those that rang are quiet again,
-    /// and those left out are read again.
-    fn rejoin(&self) {
-        let rejoined: Vec<Arc<str>> = self
-            .keys
-            .iter()
-            .zip(&self.awaiting)
-            .filter(|(_, awaiting)| awaiting.swap(QUIET, Ordering::AcqRel) == OUT)
-            .map(|(name, _)| name.clone())
-            .collect();
-        self.doorbell.rejoin(rejoined);
-    }
-
-    /// The read found nothing (`idle`) or something: an idle reader wants its keys
-    /// subscribed, a busy one lets go of them.
-    pub fn set_idle(&self, idle: bool) {
-        if self.wanting.swap(idle, Ordering::AcqRel) != idle {
-            self.doorbell.want(&self.keys, idle);
-            if idle {
-                self.rejoin();
-            }
-        }
-    }
-
-    /// Whether its doorbell polls now (no keyspace events): its rings then see entries added,
-    /// not the other writes (see [`poll`]).
-    pub fn polls(&self) -> bool {
-        self.doorbell.polling.load(Ordering::Acquire)
-    }
-
-    /// Whether the rings can be trusted now: the doorbell is up and every key subscribed.
-    fn trusted(&self) -> bool {
-        *self.live.borrow() && self.doorbell.subscribed(&self.keys)
-    }
-
-    /// The rings so far, if they can be trusted now: taken before a look at Redis, so that
-    /// [`Bell::unrung_since`] can later say nothing was written to the keys since.
-    pub fn mark(&self) -> Option<Mark> {
-        self.trusted().then(|| Mark {
-            rings: self.rings().iter().map(|rx| *rx.borrow()).collect(),
-            at: Instant::now(),
-        })
-    }
-
-    /// Whether no key was written since `mark` was taken and the rings can still be trusted.
-    /// Every gap in what the doorbell saw (it went down, a key was unsubscribed for a while)
-    /// rings when it ends, so an unchanged count means no write was missed. A polling
-    /// doorbell's rings see every entry added but not every other write (see [`poll`]): they
-    /// vouch for [`POLLED_QUIET`] at most.
-    pub fn unrung_since(&self, mark: &Mark) -> bool {
-        self.trusted()
-            && (!self.polls() || mark.at.elapsed() < POLLED_QUIET)
-            && self
-                .rings()
-                .iter()
-                .map(|rx| *rx.borrow())
-                .eq(mark.rings.iter().copied())
-    }
-
-    /// Wait for a ring: `true` when the waiter should look now (a ring; or the doorbell
-    /// cannot vouch for its rings and `block` passed; or it polls and [`POLLED_QUIET`] passed
-    /// without a ring), `false` when nothing rang until `until` (or for [`QUIET_WAIT`]
-    /// without one; at least `block` in either case) and nothing could have been missed.
-    pub async fn wait(&self, block: Duration, until: Option<Instant>) -> bool {
-        let mut rings: Vec<watch::Receiver<u64>> = self.rings().clone();
-        if rings.is_empty() {
-            tokio::time::sleep(block).await;
-            return true;
-        }
-        if rings.iter().any(|rx| rx.has_changed().unwrap_or(true)) {
-            return true;
-        }
-        // Going down rings every key; coming back rings the keys it subscribes.
-        let trusted = self.trusted();
-        let polling = self.polls();
-        let any_ring = futures::future::select_all(
-            rings
-                .iter_mut()
-                .map(|rx| Box::pin(async move { rx.changed().await.is_ok() })),
-        );
-        // A polling doorbell sees entries added, not every other write (see `poll`): after
-        // a longer quiet wait the waiter looks anyway.
-        let most = if polling { POLLED_QUIET } else { QUIET_WAIT };
-        let wait = if trusted {
-            let quiet = until.map_or(most, |at| {
-                at.saturating_duration_since(Instant::now()).min(most)
-            });
-            block.max(quiet)
-        } else {
-            block
-        };
-        tokio::select! {
-            _ = any_ring => true,
-            () = tokio::time::sleep(wait) => !trusted || (polling && wait >= most),
-        }
-    }
-}
-
-/// A bell's rings at one moment (see [`Bell::mark`]).
-#[derive(Debug, Clone)]
-pub struct Mark {
-    rings: Vec<u64>,
-    at: Instant,
-}
-
-impl Drop for Bell {
-    fn drop(&mut self) {
-        if self.wanting.load(Ordering::Acquire) {
-            self.doorbell.want(&self.keys, false);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -37,12 +37,12 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use redis::Script;
-use tokio::time::Instant;
+use tokio::time::{Instant, Interval};
 use tokio_util::sync::CancellationToken;
 
-use super::{Doorbell, Down, Kind, UNSUBSCRIBE_AFTER};
+use super::{Doorbell, Down, GATHER, OUT, PING_TIMEOUT};
 use crate::store::redis_conn::lean::DEFER_OVER;
-use crate::store::redis_conn::{Reader, ReconnectBackoff};
+use crate::store::redis_conn::{COMMAND_TIMEOUT, Reader, ReconnectBackoff};
 
 /// The most keys one read (or one script call) names.
 pub const KEYS_PER_READ: usize = 500;
@@ -70,9 +70,11 @@ const CHECK_EVERY: Duration = Duration::from_secs(10);
 /// once, every time.
 const MIN_GAP: Duration = Duration::from_millis(2);
 
+/// `lua/tips.lua`: each stream's last id (empty for none, `!` for a key of another type).
 pub(super) static TIPS: LazyLock<Script> =
     LazyLock::new(|| Script::new(crate::store::lua!("store/doorbell/lua/tips")));
-static EARLIEST: LazyLock<Script> =
+/// `lua/earliest.lua`: each delayed set's earliest due time.
+pub(super) static EARLIEST: LazyLock<Script> =
     LazyLock::new(|| Script::new(crate::store::lua!("store/doorbell/lua/earliest")));
 
 /// A read connection of the doorbell's and its client id (to unblock it when its keys
@@ -90,6 +92,29 @@ type ReadDone = (
     redis::RedisResult<Vec<Arc<str>>>,
 );
 
+/// The reads of one polling session: the polled streams in chunks of up to
+/// [`KEYS_PER_READ`], one read each, and the connections they run on.
+#[derive(Default)]
+struct Polls {
+    chunks: Vec<Vec<Arc<str>>>,
+    /// The client id of the read in flight for each chunk.
+    running: Vec<Option<Option<i64>>>,
+    /// Connections with no read on them now.
+    spare: Vec<PollReader>,
+    reads: FuturesUnordered<BoxFuture<'static, ReadDone>>,
+}
+
+/// A timer that ticks every `every`, its first tick after `every` when `later` (else at
+/// once), and late ticks delayed rather than bunched.
+fn every(every: Duration, later: bool) -> Interval {
+    let mut timer = tokio::time::interval(every);
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    if later {
+        timer.reset();
+    }
+    timer
+}
+
 impl Doorbell {
     /// One polling session: read, ring, renew, until `stop` (`Ok`), a failure, or keyspace
     /// events turned on (`Down::Off`, to switch to them).
@@ -104,78 +129,23 @@ impl Doorbell {
         }
         let master = self.master();
         self.poll_reconcile().await?;
-        let mut chunks: Vec<Vec<Arc<str>>> = Vec::new();
-        self.place(&mut chunks);
-        let mut reads: FuturesUnordered<BoxFuture<'static, ReadDone>> = FuturesUnordered::new();
-        // The client id of the read in flight for each chunk.
-        let mut running: Vec<Option<Option<i64>>> = Vec::new();
-        let mut spare: Vec<PollReader> = Vec::new();
-        self.start_reads(&chunks, &mut running, &mut spare, &mut reads)
-            .await?;
+        let mut polls = Polls::default();
+        self.place(&mut polls.chunks);
+        self.start_reads(&mut polls).await?;
         self.live.send_replace(true);
         tracing::info!(redis = %self.conn.name(), "doorbell up, polling: idle subscriptions wait for their streams' reads");
         let mut sets_at = Instant::now() + sets_every(self.sets_wanted());
-        let mut tidy = tokio::time::interval(SETS_EVERY);
-        tidy.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut check = tokio::time::interval(CHECK_EVERY);
-        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        check.reset();
-        let mut tips = tokio::time::interval(TIPS_EVERY);
-        tips.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tips.reset();
+        let mut tidy = every(SETS_EVERY, false);
+        let mut check = every(CHECK_EVERY, true);
+        let mut tips = every(TIPS_EVERY, true);
         loop {
             tokio::select! {
                 () = stop.cancelled() => return Ok(()),
-                done = reads.next(), if !reads.is_empty() => {
-                    let Some((i, reader, started, result)) = done else { continue };
-                    let gap = match result {
-                        Ok(mut rung) => {
-                            // Only a read that answered counts as the doorbell being up.
-                            backoff.reset();
-                            rung.dedup();
-                            if rung.is_empty() {
-                                None
-                            } else {
-                                self.advance(&rung).await?;
-                                // Answered at once: written without pause, so not again at once.
-                                (started.elapsed() < MIN_GAP).then(|| Instant::now() + MIN_GAP)
-                            }
-                        }
-                        // Another type under a key's name (a producer's mistake): find it and
-                        // leave it out, instead of failing every read of its chunk.
-                        Err(err) if err.code() == Some("WRONGTYPE") => {
-                            let keys = chunks.get(i).cloned().unwrap_or_default();
-                            self.recheck(&keys).await?;
-                            None
-                        }
-                        Err(err) => return Err(Down::Failed(format!("XREAD: {err}"))),
-                    };
-                    let keys = chunks.get(i).map_or(&[][..], Vec::as_slice);
-                    match self.read(i, reader, keys, gap) {
-                        Ok(read) => reads.push(read),
-                        Err(reader) => {
-                            if let Some(slot) = running.get_mut(i) {
-                                *slot = None;
-                            }
-                            spare.push(reader);
-                        }
-                    }
+                done = polls.reads.next(), if !polls.reads.is_empty() => {
+                    let Some(done) = done else { continue };
+                    self.read_done(&mut polls, done, backoff).await?;
                 }
-                () = self.changed.notified() => {
-                    tokio::time::sleep(super::GATHER).await;
-                    self.poll_reconcile().await?;
-                    // Reads whose keys changed are cut short and start again with the new ones.
-                    let mut cut = self.place(&mut chunks);
-                    cut.extend(self.take_rejoined());
-                    cut.sort_unstable();
-                    cut.dedup();
-                    for i in cut {
-                        if let Some(Some(Some(id))) = running.get(i) {
-                            self.unblock(*id).await;
-                        }
-                    }
-                    self.start_reads(&chunks, &mut running, &mut spare, &mut reads).await?;
-                }
+                () = self.changed.notified() => self.keys_changed(&mut polls).await?,
                 () = tokio::time::sleep_until(sets_at) => {
                     self.poll_sets(false).await?;
                     sets_at = Instant::now() + sets_every(self.sets_wanted());
@@ -186,39 +156,110 @@ impl Doorbell {
                         self.changed.notify_one();
                     }
                 }
-                _ = tips.tick() => {
-                    // A stream made again with lower ids (or whose ids an operator set back)
-                    // would answer nothing from the id last seen; a key that holds a stream
-                    // again is read again.
-                    let keys: Vec<Arc<str>> = chunks.iter().flatten().cloned().collect();
-                    for i in self.recheck(&keys).await? {
-                        if let Some(Some(Some(id))) = running.get(i) {
-                            self.unblock(*id).await;
-                        }
-                    }
-                    self.start_reads(&chunks, &mut running, &mut spare, &mut reads).await?;
-                }
-                _ = check.tick() => {
-                    if let Ok(None) = self.check_server().await {
-                        return Err(Down::Off("the server publishes keyspace events now".to_owned()));
-                    }
-                    if self.master() != master {
-                        return Err(Down::Failed("the master moved".to_owned()));
-                    }
-                }
+                _ = tips.tick() => self.tips_again(&mut polls).await?,
+                _ = check.tick() => self.still_polling(master.as_deref()).await?,
             }
         }
     }
 
+    /// A read answered (`done`): move and ring the streams that got entries (or leave out a
+    /// key that is not a stream now), then read that chunk again.
+    async fn read_done(
+        &self,
+        polls: &mut Polls,
+        (i, reader, started, result): ReadDone,
+        backoff: &mut ReconnectBackoff,
+    ) -> Result<(), Down> {
+        let gap = match result {
+            Ok(mut rung) => {
+                // Only a read that answered counts as the doorbell being up.
+                backoff.reset();
+                rung.dedup();
+                if rung.is_empty() {
+                    None
+                } else {
+                    self.advance(&rung).await?;
+                    // Answered at once: written without pause, so not again at once.
+                    (started.elapsed() < MIN_GAP).then(|| Instant::now() + MIN_GAP)
+                }
+            }
+            // Another type under a key's name (a producer's mistake): find it and
+            // leave it out, instead of failing every read of its chunk.
+            Err(err) if err.code() == Some("WRONGTYPE") => {
+                let keys = polls.chunks.get(i).cloned().unwrap_or_default();
+                self.recheck(&keys).await?;
+                None
+            }
+            Err(err) => return Err(Down::Failed(format!("XREAD: {err}"))),
+        };
+        let keys = polls.chunks.get(i).map_or(&[][..], Vec::as_slice);
+        match self.read(i, reader, keys, gap) {
+            Ok(read) => polls.reads.push(read),
+            Err(reader) => {
+                if let Some(slot) = polls.running.get_mut(i) {
+                    *slot = None;
+                }
+                polls.spare.push(reader);
+            }
+        }
+        Ok(())
+    }
+
+    /// Keys were wanted or let go of: take them in, and cut short the reads whose keys
+    /// changed, to start again with the new ones.
+    async fn keys_changed(&self, polls: &mut Polls) -> Result<(), Down> {
+        tokio::time::sleep(GATHER).await;
+        self.poll_reconcile().await?;
+        let mut cut = self.place(&mut polls.chunks);
+        cut.extend(self.take_rejoined());
+        cut.sort_unstable();
+        cut.dedup();
+        self.restart(polls, cut).await
+    }
+
+    /// Every stream's last id looked at again: a stream made again with lower ids (or whose
+    /// ids an operator set back) would answer nothing from the id last seen; a key that holds
+    /// a stream again is read again.
+    async fn tips_again(&self, polls: &mut Polls) -> Result<(), Down> {
+        let keys: Vec<Arc<str>> = polls.chunks.iter().flatten().cloned().collect();
+        let cut = self.recheck(&keys).await?;
+        self.restart(polls, cut).await
+    }
+
+    /// Cut short the reads in flight of the chunks `cut`, and start a read for every chunk
+    /// that has none.
+    async fn restart(&self, polls: &mut Polls, cut: Vec<usize>) -> Result<(), Down> {
+        for i in cut {
+            if let Some(Some(Some(id))) = polls.running.get(i) {
+                self.unblock(*id).await;
+            }
+        }
+        self.start_reads(polls).await
+    }
+
+    /// Whether polling is still the way, on the same master: keyspace events turned on end
+    /// the session (to switch to them), and so does a master that moved.
+    async fn still_polling(&self, master: Option<&str>) -> Result<(), Down> {
+        if let Ok(None) = self.check_server().await {
+            return Err(Down::Off(
+                "the server publishes keyspace events now".to_owned(),
+            ));
+        }
+        if self.master().as_deref() != master {
+            return Err(Down::Failed("the master moved".to_owned()));
+        }
+        Ok(())
+    }
+
     /// Start a read for every chunk that has none in flight and something to read (on a
     /// spare connection, or a new one).
-    async fn start_reads(
-        &self,
-        chunks: &[Vec<Arc<str>>],
-        running: &mut Vec<Option<Option<i64>>>,
-        spare: &mut Vec<PollReader>,
-        reads: &mut FuturesUnordered<BoxFuture<'static, ReadDone>>,
-    ) -> Result<(), Down> {
+    async fn start_reads(&self, polls: &mut Polls) -> Result<(), Down> {
+        let Polls {
+            chunks,
+            running,
+            spare,
+            reads,
+        } = polls;
         running.resize(running.len().max(chunks.len()), None);
         for (i, keys) in chunks.iter().enumerate() {
             if running[i].is_some() || self.readable(keys).is_empty() {
@@ -247,7 +288,7 @@ impl Doorbell {
         keys.iter()
             .filter_map(|name| {
                 let key = map.get(name)?;
-                if key.bad || key.awaiting.load(Ordering::Acquire) == super::OUT {
+                if key.bad || key.awaiting.load(Ordering::Acquire) == OUT {
                     return None;
                 }
                 Some((
@@ -256,63 +297,6 @@ impl Doorbell {
                 ))
             })
             .collect()
-    }
-
-    /// The chunks of keys that idle readers read after they rang (to be read again).
-    fn take_rejoined(&self) -> Vec<usize> {
-        let names: Vec<Arc<str>> = std::mem::take(
-            &mut *self
-                .rejoined
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
-        let map = self.lock();
-        names
-            .iter()
-            .filter_map(|name| map.get(name).and_then(|k| k.chunk))
-            .collect()
-    }
-
-    /// Look at `keys`' last ids again: a key that is not a stream now leaves the reads (rung
-    /// once, so that its reader's own read says what is wrong); one that is a stream again
-    /// comes back; one whose last id went below what was seen is read from there. The chunks
-    /// whose reads changed.
-    async fn recheck(&self, keys: &[Arc<str>]) -> Result<Vec<usize>, Down> {
-        let mut changed = Vec::new();
-        for chunk in keys.chunks(KEYS_PER_READ) {
-            let tips = self.script(&TIPS, chunk, "the streams' last ids").await?;
-            let mut map = self.lock();
-            for (name, tip) in chunk.iter().zip(tips) {
-                let Some(key) = map.get_mut(name) else {
-                    continue;
-                };
-                let moved = if tip == "!" {
-                    !std::mem::replace(&mut key.bad, true)
-                } else if key.bad {
-                    key.bad = false;
-                    if !tip.is_empty() {
-                        key.last = Some(tip);
-                    }
-                    true
-                } else if !tip.is_empty()
-                    && key.last.as_deref().is_some_and(|last| below(&tip, last))
-                {
-                    key.last = Some(tip);
-                    true
-                } else {
-                    false
-                };
-                if moved {
-                    key.ring();
-                    if let Some(i) = key.chunk {
-                        changed.push(i);
-                    }
-                }
-            }
-        }
-        changed.sort_unstable();
-        changed.dedup();
-        Ok(changed)
     }
 
     async fn connect_reader(&self) -> Result<PollReader, Down> {
@@ -337,7 +321,7 @@ impl Doorbell {
     /// user may not, the read takes the new keys when it is renewed, within [`BLOCK`].
     async fn unblock(&self, id: i64) {
         let unblocked = tokio::time::timeout(
-            super::PING_TIMEOUT,
+            PING_TIMEOUT,
             redis::cmd("CLIENT")
                 .arg("UNBLOCK")
                 .arg(id)
@@ -399,166 +383,6 @@ impl Doorbell {
             .map(|c| c.get_connection_info().addr().to_string())
     }
 
-    /// Move `keys` (streams that got entries) to their last entry, then ring them: a reader
-    /// rung now reads everything up to there, and the next read answers for what comes after.
-    async fn advance(&self, keys: &[Arc<str>]) -> Result<(), Down> {
-        for chunk in keys.chunks(KEYS_PER_READ) {
-            let tips = self.script(&TIPS, chunk, "the streams' last ids").await?;
-            let mut map = self.lock();
-            for (name, tip) in chunk.iter().zip(tips) {
-                if let Some(key) = map.get_mut(name) {
-                    if tip == "!" {
-                        key.bad = true;
-                    } else if !tip.is_empty() {
-                        // Emptied meanwhile: what comes next has a higher id than what was
-                        // seen.
-                        key.last = Some(tip);
-                    }
-                    // Rung again before a reader read it: out of the reads until one has.
-                    let _ =
-                        key.awaiting
-                            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
-                                Some(if state == super::QUIET {
-                                    super::RANG
-                                } else {
-                                    super::OUT
-                                })
-                            });
-                    key.ring();
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Take in what is wanted and not polled yet: a stream seen before is read on from where
-    /// it was; a new one from its last entry, rung once; a delayed set gets its first look,
-    /// rung once.
-    async fn poll_reconcile(&self) -> Result<(), Down> {
-        let fresh: Vec<Arc<str>> = {
-            let mut map = self.lock();
-            let mut fresh = Vec::new();
-            for (name, key) in map.iter_mut() {
-                if key.wanted == 0 || key.subscribed || key.kind != Kind::Stream {
-                    continue;
-                }
-                if key.last.is_some() {
-                    key.subscribed = true;
-                } else {
-                    fresh.push(name.clone());
-                }
-            }
-            fresh
-        };
-        for chunk in fresh.chunks(KEYS_PER_READ) {
-            let tips = self.script(&TIPS, chunk, "the streams' last ids").await?;
-            let mut map = self.lock();
-            for (name, tip) in chunk.iter().zip(tips) {
-                if let Some(key) = map.get_mut(name) {
-                    key.last = Some(if tip.is_empty() {
-                        "0-0".to_owned()
-                    } else {
-                        tip
-                    });
-                    key.subscribed = true;
-                    key.ring();
-                }
-            }
-        }
-        self.poll_sets(true).await
-    }
-
-    /// Fit the polled streams into `chunks` (a key keeps its chunk while it is polled; a new
-    /// one goes where there is room): the chunks that changed.
-    fn place(&self, chunks: &mut Vec<Vec<Arc<str>>>) -> Vec<usize> {
-        let mut map = self.lock();
-        let mut changed = Vec::new();
-        for (i, chunk) in chunks.iter_mut().enumerate() {
-            let before = chunk.len();
-            chunk.retain(|name| {
-                let keep = map.get(name).is_some_and(|k| k.subscribed);
-                if !keep && let Some(key) = map.get_mut(name) {
-                    key.chunk = None;
-                }
-                keep
-            });
-            if chunk.len() != before {
-                changed.push(i);
-            }
-        }
-        for (name, key) in map.iter_mut() {
-            if key.kind != Kind::Stream || !key.subscribed || key.chunk.is_some() {
-                continue;
-            }
-            let i = match chunks.iter().position(|c| c.len() < KEYS_PER_READ) {
-                Some(i) => i,
-                None => {
-                    chunks.push(Vec::new());
-                    chunks.len() - 1
-                }
-            };
-            chunks[i].push(name.clone());
-            key.chunk = Some(i);
-            if !changed.contains(&i) {
-                changed.push(i);
-            }
-        }
-        changed
-    }
-
-    /// Look at the wanted delayed sets' earliest due times (only those not looked at yet, with
-    /// `only_new`), and ring each whose changed (or that is looked at for the first time).
-    async fn poll_sets(&self, only_new: bool) -> Result<(), Down> {
-        let keys: Vec<Arc<str>> = self
-            .lock()
-            .iter()
-            .filter(|(_, k)| k.kind == Kind::Set && k.wanted > 0 && !(only_new && k.subscribed))
-            .map(|(name, _)| name.clone())
-            .collect();
-        for chunk in keys.chunks(KEYS_PER_READ) {
-            let earliest = self
-                .script(&EARLIEST, chunk, "the delayed sets' due times")
-                .await?;
-            let mut map = self.lock();
-            for (name, score) in chunk.iter().zip(earliest) {
-                if let Some(key) = map.get_mut(name) {
-                    if !key.subscribed || key.last.as_deref() != Some(score.as_str()) {
-                        key.ring();
-                    }
-                    key.last = Some(score);
-                    key.subscribed = true;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// How many delayed sets are wanted now.
-    fn sets_wanted(&self) -> usize {
-        self.lock()
-            .values()
-            .filter(|k| k.kind == Kind::Set && k.wanted > 0)
-            .count()
-    }
-
-    /// Stop polling what nobody has wanted for [`UNSUBSCRIBE_AFTER`]: whether a stream left.
-    fn drop_unwanted(&self) -> bool {
-        let now = Instant::now();
-        let mut streams = false;
-        for key in self.lock().values_mut() {
-            if key.wanted == 0
-                && key.subscribed
-                && key
-                    .unwanted_since
-                    .is_some_and(|since| now.duration_since(since) >= UNSUBSCRIBE_AFTER)
-            {
-                key.subscribed = false;
-                streams |= key.kind == Kind::Stream;
-            }
-        }
-        streams
-    }
-
     /// Run `script` over `keys`: one string per key.
     pub(super) async fn script(
         &self,
@@ -571,7 +395,7 @@ impl Doorbell {
             invocation.key(&**key);
         }
         let answer = tokio::time::timeout(
-            crate::store::redis_conn::COMMAND_TIMEOUT,
+            COMMAND_TIMEOUT,
             invocation.invoke_async::<Vec<String>>(&mut self.conn.clone()),
         )
         .await;
@@ -597,23 +421,11 @@ pub fn sets_every(sets: usize) -> Duration {
         .clamp(SETS_EVERY, SETS_AT_MOST)
 }
 
-/// Whether stream id `a` is below `b` (`ms-seq`, compared as numbers).
-fn below(a: &str, b: &str) -> bool {
-    let parse = |id: &str| {
-        let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
-        (
-            ms.parse::<u64>().unwrap_or(0),
-            seq.parse::<u64>().unwrap_or(0),
-        )
-    };
-    parse(a) < parse(b)
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
-    use super::{SETS_AT_MOST, SETS_EVERY, below, sets_every};
+    use super::{SETS_AT_MOST, SETS_EVERY, sets_every};
 
     #[test]
     fn set_looks_are_bounded_per_second_and_in_time() {
@@ -622,13 +434,5 @@ mod tests {
         assert_eq!(sets_every(1_000), Duration::from_secs(10));
         assert_eq!(sets_every(5_000), Duration::from_secs(50));
         assert_eq!(sets_every(100_000), SETS_AT_MOST);
-    }
-
-    #[test]
-    fn stream_ids_compare_as_numbers() {
-        assert!(below("9-0", "10-0"));
-        assert!(below("10-2", "10-10"));
-        assert!(!below("10-0", "10-0"));
-        assert!(!below("9999999999999-0", "1796371437440-0"));
     }
 }

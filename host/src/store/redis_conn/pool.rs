@@ -22,14 +22,23 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use super::lean::{Cut, Fields, LeanConn};
-use super::transport::Endpoint;
-use super::{COMMAND_TIMEOUT, CONNECT_TIMEOUT, HandleInner, RedisHandle};
+use super::transport::{Endpoint, Tls};
+use super::{COMMAND_TIMEOUT, CONNECT_TIMEOUT};
 
 /// The most lean read connections one node's pool holds.
 pub const POOL_SIZE: usize = 8;
 /// How long a connection waits unused in the pool before it is closed: an idle host holds
 /// none of them.
 pub const POOL_IDLE: Duration = Duration::from_secs(10);
+
+/// What a pool needs of the handle that holds it: where commands go now and how to reach it.
+/// A seam of the pool's own, so the pool does not know the handle that owns it.
+pub(super) trait PoolNode: Send + Sync {
+    /// The client of the node commands go to now (`None` on a cluster).
+    fn node_client(&self) -> Option<redis::Client>;
+    /// The TLS files the pool's connections present and trust.
+    fn tls(&self) -> &Tls;
+}
 
 /// A connection waiting in the pool, and since when.
 struct Waiting {
@@ -40,7 +49,7 @@ struct Waiting {
 /// One node's pool (see the module doc).
 pub struct LeanPool {
     /// The handle that holds the pool (weakly: it owns the pool).
-    handle: Weak<HandleInner>,
+    handle: Weak<dyn PoolNode>,
     /// The most recently used last: those at the front go unused, and close.
     idle: Mutex<Vec<Waiting>>,
     permits: Semaphore,
@@ -49,7 +58,7 @@ pub struct LeanPool {
 impl LeanPool {
     /// An empty pool for the node `handle` sends commands to, whose connections close after
     /// [`POOL_IDLE`] unused (a task on the current runtime closes them, if there is one).
-    pub(super) fn new(handle: Weak<HandleInner>) -> Arc<Self> {
+    pub(super) fn new(handle: Weak<dyn PoolNode>) -> Arc<Self> {
         let pool = Arc::new(Self {
             handle,
             idle: Mutex::new(Vec::new()),
@@ -115,7 +124,7 @@ impl LeanPool {
         let info = client.get_connection_info();
         LeanConn::connect(
             &Endpoint::of(info.addr())?,
-            &handle.tls,
+            handle.tls(),
             info.redis_settings(),
             (CONNECT_TIMEOUT, COMMAND_TIMEOUT),
         )
@@ -135,8 +144,7 @@ impl LeanPool {
 
     /// The client of the node commands go to now (`None` once the handle is gone).
     fn node_client(&self) -> Option<redis::Client> {
-        let inner = self.handle.upgrade()?;
-        RedisHandle { inner }.node_client()
+        self.handle.upgrade()?.node_client()
     }
 
     /// The database the pool's connections use.
