@@ -1,9 +1,19 @@
 //! The operator's configuration: raw TOML in, a validated [`Config`] out.
 //!
-//! `file` reads one TOML file (raw shape, then each value checked), this module merges the
-//! files and components of one invocation into a [`Config`], `allow` is the outbound-HTTP
-//! allow-list grammar, `token` where the admin token comes from and [`telemetry`] the
-//! `[telemetry]` table (and the `OTEL_*` variables).
+//! The map of this layer, in the order a file is read:
+//! - `file` reads one TOML file: `raw` is its shape as serde parses it (unknown keys refused)
+//!   and `check` turns one text value into a duration or a size, naming the key when it is
+//!   wrong;
+//! - `globals` are the keys for the whole host, merged across files, with `admin` for the
+//!   admin server's address, token and rollout key;
+//! - `subscription` is one `[[subscription]]` table, each part in a step of its own: `limits`
+//!   (and the outbound-HTTP grant), `redis_access` (URL, user, password and TLS files),
+//!   `overrides` (of the component's descriptor), `retention` (what stays in Redis, and how
+//!   long), `admission` (rate limit and circuit breaker) and `canary`;
+//! - [`allow`] is the outbound-HTTP allow-list grammar, `token` where secrets such as the admin
+//!   token come from, and [`telemetry`] the `[telemetry]` table (and the `OTEL_*` variables);
+//! - this module holds the validated types and merges the files and components of one
+//!   invocation into a [`Config`].
 //!
 //! `sluice run` and `sluice check` take TOML files and/or `.wasm` components. A lone component
 //! runs with the descriptor it exports; a TOML file names one or more subscriptions, each with
@@ -15,14 +25,25 @@
 //! checks it against the keys the parser accepts, and the book's configuration reference is
 //! written from it.
 
+mod admin;
+mod admission;
 pub mod allow;
+mod canary;
+mod check;
 mod file;
+mod globals;
+mod limits;
+mod overrides;
+mod raw;
+mod redis_access;
 pub mod reference;
+mod retention;
+mod subscription;
 pub mod telemetry;
 mod token;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -373,6 +394,33 @@ pub struct SubscriptionConfig {
     pub origin: PathBuf,
 }
 
+impl SubscriptionConfig {
+    /// A `.wasm` argument alone: its descriptor as it exports it, every limit at its default.
+    fn component_alone(path: &Path) -> Self {
+        Self {
+            component: path.to_owned(),
+            redis: None,
+            redis_access: RedisAccess::default(),
+            overrides: Overrides::default(),
+            limits: Limits::default(),
+            values: BTreeMap::new(),
+            consumer_gone_after: None,
+            dead_letter_maxlen: None,
+            history_entries: None,
+            retry_lane: None,
+            retry_lane_slots: None,
+            rate_limit: None,
+            circuit_breaker: None,
+            canary: Canary::default(),
+            other_groups_see_retries: false,
+            min_delay: DEFAULT_MIN_DELAY,
+            retention: None,
+            dead_letter_keep: None,
+            origin: path.to_owned(),
+        }
+    }
+}
+
 /// How long acknowledged history is kept when `retention` does not say.
 pub const DEFAULT_KEEP_ACKED: Duration = Duration::from_secs(3600);
 /// How often retention runs when `retention` does not say.
@@ -432,7 +480,7 @@ impl Config {
     /// Load and merge every argument of `sluice run`/`sluice check`: TOML files and `.wasm`
     /// components.
     pub fn load(paths: &[PathBuf]) -> Result<Self, ConfigError> {
-        let mut globals = file::Globals::default();
+        let mut globals = globals::Globals::default();
         let mut subscriptions = Vec::new();
         for path in paths {
             match path.extension().and_then(|e| e.to_str()) {
@@ -443,27 +491,7 @@ impl Config {
                             component: path.clone(),
                         });
                     }
-                    subscriptions.push(SubscriptionConfig {
-                        component: path.clone(),
-                        redis: None,
-                        redis_access: RedisAccess::default(),
-                        overrides: Overrides::default(),
-                        limits: Limits::default(),
-                        values: BTreeMap::new(),
-                        consumer_gone_after: None,
-                        dead_letter_maxlen: None,
-                        history_entries: None,
-                        retry_lane: None,
-                        retry_lane_slots: None,
-                        rate_limit: None,
-                        circuit_breaker: None,
-                        canary: Canary::default(),
-                        other_groups_see_retries: false,
-                        min_delay: DEFAULT_MIN_DELAY,
-                        retention: None,
-                        dead_letter_keep: None,
-                        origin: path.clone(),
-                    });
+                    subscriptions.push(SubscriptionConfig::component_alone(path));
                 }
                 Some("toml") => {
                     let text =
@@ -503,35 +531,6 @@ impl Config {
         };
         config.check_admin(paths.first().cloned().unwrap_or_default())?;
         Ok(config)
-    }
-
-    /// An admin server beyond loopback needs a token, for every mutating call.
-    fn check_admin(&self, path: PathBuf) -> Result<(), ConfigError> {
-        let Some(addr) = self.admin else {
-            return Ok(());
-        };
-        if addr.ip().is_loopback() {
-            return Ok(());
-        }
-        if self.admin_open_on_loopback {
-            return Err(ConfigError::Value {
-                path,
-                key: "admin_open_on_loopback".into(),
-                value: "true".into(),
-                reason: format!(
-                    "the admin server binds {addr}, beyond loopback: its mutating calls always need a token"
-                ),
-            });
-        }
-        if self.admin_token.is_none() {
-            return Err(ConfigError::Value {
-                path,
-                key: "admin".into(),
-                value: addr.to_string(),
-                reason: "the admin server binds beyond loopback, so its API needs a bearer token: set admin_token_file or admin_token_env".into(),
-            });
-        }
-        Ok(())
     }
 }
 

@@ -410,7 +410,7 @@ mod tests {
             Scope::Top => "not_a_key = 1\n",
             Scope::Subscription => "[[subscription]]\ncomponent = \"x.wasm\"\nnot_a_key = 1\n",
         };
-        let err = super::super::file::parse_str(text).expect_err("an unknown key is refused");
+        let err = super::super::raw::parse_str(text).expect_err("an unknown key is refused");
         let (_, expected) = err
             .split_once("expected one of")
             .unwrap_or_else(|| panic!("{err}"));

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::ConfigError;
+use super::{ConfigError, PrivateFileError, read_private};
 
 /// The most headers the headers file may hold (API keys, tenant ids).
 pub const MAX_HEADERS: usize = 32;
@@ -74,12 +74,31 @@ pub const KEYS: &[&str] = &[
 impl RawTelemetry {
     /// Check every value; `base` is the config file's directory (for `headers_file`).
     pub(super) fn check(&self, path: &Path, base: &Path) -> Result<Telemetry, ConfigError> {
-        let invalid = |key: &str, value: &str, reason: &str| ConfigError::Value {
-            path: path.to_owned(),
-            key: format!("telemetry.{key}"),
-            value: value.chars().take(200).collect(),
-            reason: reason.to_owned(),
-        };
+        let invalid = |key: &str, value: &str, reason: &str| invalid(path, key, value, reason);
+        self.check_endpoint(&invalid)?;
+        let protocol = self.protocol(&invalid)?;
+        let headers = self.headers(base, &invalid)?;
+        let sampling_ratio = self.sampling_ratio(&invalid)?;
+        self.check_resource(&invalid)?;
+        self.check_trace_url(&invalid)?;
+        let service_name = self.service_name(&invalid)?;
+        Ok(Telemetry {
+            endpoint: self.endpoint.clone(),
+            protocol,
+            headers,
+            service_name,
+            sampling_per_million: (sampling_ratio * 1e6).round() as u32,
+            resource: self
+                .resource
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            trace_url: self.trace_url.clone(),
+        })
+    }
+
+    /// `endpoint`: an http:// or https:// URL with a host.
+    fn check_endpoint(&self, invalid: &Invalid<'_>) -> Result<(), ConfigError> {
         if let Some(endpoint) = &self.endpoint {
             let uri: http::Uri = endpoint
                 .parse()
@@ -92,34 +111,47 @@ impl RawTelemetry {
                 ));
             }
         }
-        let protocol = match self.protocol.as_deref() {
-            None | Some("http/protobuf") => Protocol::HttpProtobuf,
-            Some("grpc") => Protocol::Grpc,
-            Some(other) => {
-                return Err(invalid(
-                    "protocol",
-                    other,
-                    "write \"http/protobuf\" or \"grpc\"",
-                ));
-            }
+        Ok(())
+    }
+
+    /// `protocol`: `http/protobuf` (the default) or `grpc`.
+    fn protocol(&self, invalid: &Invalid<'_>) -> Result<Protocol, ConfigError> {
+        match self.protocol.as_deref() {
+            None | Some("http/protobuf") => Ok(Protocol::HttpProtobuf),
+            Some("grpc") => Ok(Protocol::Grpc),
+            Some(other) => Err(invalid(
+                "protocol",
+                other,
+                "write \"http/protobuf\" or \"grpc\"",
+            )),
+        }
+    }
+
+    /// `headers_file`: a private file (its headers are credentials) of `name=value` lines.
+    fn headers(
+        &self,
+        base: &Path,
+        invalid: &Invalid<'_>,
+    ) -> Result<Vec<(String, String)>, ConfigError> {
+        let Some(file) = &self.headers_file else {
+            return Ok(Vec::new());
         };
-        let headers = match &self.headers_file {
-            None => Vec::new(),
-            Some(file) => {
-                let file = base.join(file);
-                let shown = file.display().to_string();
-                let text = super::read_private(&file).map_err(|e| {
-                    let why = match e {
-                        super::PrivateFileError::Io(err) => err.to_string(),
-                        super::PrivateFileError::WorldReadable => {
-                            "every user of the machine can read it: chmod 600 it".to_owned()
-                        }
-                    };
-                    invalid("headers_file", &shown, &why)
-                })?;
-                parse_headers(&text).map_err(|why| invalid("headers_file", &shown, &why))?
-            }
-        };
+        let file = base.join(file);
+        let shown = file.display().to_string();
+        let text = read_private(&file).map_err(|e| {
+            let why = match e {
+                PrivateFileError::Io(err) => err.to_string(),
+                PrivateFileError::WorldReadable => {
+                    "every user of the machine can read it: chmod 600 it".to_owned()
+                }
+            };
+            invalid("headers_file", &shown, &why)
+        })?;
+        parse_headers(&text).map_err(|why| invalid("headers_file", &shown, &why))
+    }
+
+    /// `sampling_ratio`: from 0 to 1 (the default).
+    fn sampling_ratio(&self, invalid: &Invalid<'_>) -> Result<f64, ConfigError> {
         let sampling_ratio = self.sampling_ratio.unwrap_or(1.0);
         if !(0.0..=1.0).contains(&sampling_ratio) {
             return Err(invalid(
@@ -128,6 +160,11 @@ impl RawTelemetry {
                 "write a number from 0 to 1",
             ));
         }
+        Ok(sampling_ratio)
+    }
+
+    /// `resource`: at most [`MAX_RESOURCE`] attributes, each key and value bounded.
+    fn check_resource(&self, invalid: &Invalid<'_>) -> Result<(), ConfigError> {
         if self.resource.len() > MAX_RESOURCE {
             return Err(invalid(
                 "resource",
@@ -144,6 +181,11 @@ impl RawTelemetry {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// `trace_url`: an http(s) URL with `{trace_id}` in it (the page links to it).
+    fn check_trace_url(&self, invalid: &Invalid<'_>) -> Result<(), ConfigError> {
         if let Some(template) = &self.trace_url {
             let web = template.starts_with("https://") || template.starts_with("http://");
             if !web || !template.contains("{trace_id}") {
@@ -154,6 +196,11 @@ impl RawTelemetry {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// `service_name`: 1 to 255 bytes, `sluice` when not set.
+    fn service_name(&self, invalid: &Invalid<'_>) -> Result<String, ConfigError> {
         let service_name = self
             .service_name
             .clone()
@@ -161,19 +208,21 @@ impl RawTelemetry {
         if service_name.is_empty() || service_name.len() > 255 {
             return Err(invalid("service_name", &service_name, "1 to 255 bytes"));
         }
-        Ok(Telemetry {
-            endpoint: self.endpoint.clone(),
-            protocol,
-            headers,
-            service_name,
-            sampling_per_million: (sampling_ratio * 1e6).round() as u32,
-            resource: self
-                .resource
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            trace_url: self.trace_url.clone(),
-        })
+        Ok(service_name)
+    }
+}
+
+/// What each step calls to refuse a value: [`invalid`] with the file's path already given.
+type Invalid<'a> = dyn Fn(&str, &str, &str) -> ConfigError + 'a;
+
+/// The error for `telemetry.<key>` = `value` in the file at `path`: the value is cut to 200
+/// characters, since it may be a long line of a headers file.
+fn invalid(path: &Path, key: &str, value: &str, reason: &str) -> ConfigError {
+    ConfigError::Value {
+        path: path.to_owned(),
+        key: format!("telemetry.{key}"),
+        value: value.chars().take(200).collect(),
+        reason: reason.to_owned(),
     }
 }
 
