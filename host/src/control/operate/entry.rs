@@ -228,9 +228,18 @@ async fn retried<C: ConnectionLike>(
             retry_count: p.entry.retry_count,
         });
     }
-    // Swept: a copy in the lane (or at the stream's tail) written at or after its due time.
-    // Three bounded looks: just after its due time, where the group's unread entries begin,
-    // and the newest (a sweep after an outage puts it behind everything added meanwhile).
+    swept(conn, keys, (origin_id, due), fields).await
+}
+
+/// A retry of `origin_id` due at `due` that is no longer parked: swept back as a copy in the
+/// lane (or at the stream's tail) written at or after its due time, found by the stream's
+/// secret among a few bounded looks.
+async fn swept<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &SubscriptionKeys,
+    (origin_id, due): (&str, i64),
+    fields: &mut Vec<(Vec<u8>, Vec<u8>)>,
+) -> Result<Whereabouts, OperateError> {
     let secret = super::dead_letters::secret_of(conn, keys).await?;
     let (source, key) = match &keys.lane {
         Some(lane) => (Source::Lane, lane.to_string()),
@@ -243,23 +252,7 @@ async fn retried<C: ConnectionLike>(
             ),
         });
     };
-    let after_due = range(conn, &key, &format!("{due}-0"), LANE_SCAN).await?;
-    let reached_end = after_due.len() < LANE_SCAN;
-    let mut copies = after_due;
-    if !reached_end {
-        if let Some(group) = crate::store::inspect::group(conn, &key, &keys.group).await? {
-            copies.extend(
-                range(
-                    conn,
-                    &key,
-                    &format!("({}", group.last_delivered_id),
-                    LANE_SCAN,
-                )
-                .await?,
-            );
-        }
-        copies.extend(newest(conn, &key, LANE_SCAN).await?);
-    }
+    let (copies, reached_end) = copies_since(conn, keys, &key, due).await?;
     for copy in copies {
         if cmp_ids(&copy.id, &format!("{due}-0")).is_lt() {
             continue;
@@ -294,6 +287,36 @@ async fn retried<C: ConnectionLike>(
             ),
         }
     })
+}
+
+/// The copies in `key` (the lane or the stream) a sweep may have written at or after `due`,
+/// and whether they reach its end. Three bounded looks: just after its due time, where the
+/// group's unread entries begin, and the newest (a sweep after an outage puts it behind
+/// everything added meanwhile).
+async fn copies_since<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &SubscriptionKeys,
+    key: &str,
+    due: i64,
+) -> Result<(Vec<Entry>, bool), OperateError> {
+    let after_due = range(conn, key, &format!("{due}-0"), LANE_SCAN).await?;
+    let reached_end = after_due.len() < LANE_SCAN;
+    let mut copies = after_due;
+    if !reached_end {
+        if let Some(group) = crate::store::inspect::group(conn, key, &keys.group).await? {
+            copies.extend(
+                range(
+                    conn,
+                    key,
+                    &format!("({}", group.last_delivered_id),
+                    LANE_SCAN,
+                )
+                .await?,
+            );
+        }
+        copies.extend(newest(conn, key, LANE_SCAN).await?);
+    }
+    Ok((copies, reached_end))
 }
 
 /// An entry with no history: pending, waiting to be read, parked without a record (by an
