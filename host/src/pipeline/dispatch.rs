@@ -190,6 +190,8 @@ impl Dispatcher {
             .observe(((now - due) as f64 / 1000.0).max(0.0));
     }
 
+    /// One attempt: the entry refused before the handler when it must be, else the handler
+    /// called, its result decided, and the decision carried out.
     async fn run(
         &self,
         delivery: Delivery,
@@ -197,6 +199,46 @@ impl Dispatcher {
         trial: Option<&(Arc<Trial>, Role)>,
     ) -> Settled {
         let digest = &version.digest;
+        if let Some(settled) = self.refused(&delivery, digest).await {
+            return settled;
+        }
+        self.record_lateness(&delivery);
+        let (result, elapsed) = self.call(&delivery, version).await;
+        let action = outcome::decide(&result, delivery.previous_attempts(), &self.policy);
+        if let Some((trial, role)) = trial {
+            trial.record(*role, attempt_kind(&result, &action), elapsed);
+        }
+        let elapsed_us = elapsed.as_micros() as u64;
+        let trace = log_failure(&result, &action, elapsed_us);
+        if let Some(span) = delivery.trace.as_ref().and_then(|t| t.span.as_ref()) {
+            Self::record(span, &action);
+        }
+        let settled = self
+            .carry_out(
+                &delivery,
+                digest,
+                action,
+                (result.is_ok(), trace),
+                elapsed_us,
+            )
+            .await;
+        settled.unwrap_or_else(|err| {
+            // The scripts write before they acknowledge, so the entry is still pending: bring it
+            // back after the failure backoff, like a failed attempt, until Redis takes it.
+            self.metrics.settle_errors.inc();
+            let delay = self.failure_delay(delivery.delivery_count);
+            tracing::error!(
+                %err,
+                retry_in_ms = delay.as_millis() as u64,
+                "cannot settle the entry; it stays pending and comes back after the backoff"
+            );
+            Settled::RetryPending(delay)
+        })
+    }
+
+    /// An entry the handler must not get: not read whole, another group's retry copy, a lane
+    /// entry the host did not write, or one over `max_entry_bytes`. How it was settled.
+    async fn refused(&self, delivery: &Delivery, digest: &Digest) -> Option<Settled> {
         if delivery.cut.over {
             // Not read whole: what bookkeeping it carries cannot be checked, and the host holds
             // no copy of it; Redis copies it to the dead letters.
@@ -209,9 +251,9 @@ impl Dispatcher {
             tracing::warn!(id = %delivery.entry.id, "{reason}");
             let written = self
                 .settler
-                .dead_letter_in_place(&delivery, digest, &reason)
+                .dead_letter_in_place(delivery, digest, &reason)
                 .await;
-            return self.settled_dead(&delivery, written);
+            return Some(self.settled_dead(delivery, written));
         }
         if let Some(group) = &delivery.other_group {
             // Another group's retry at the stream's tail: that group handles it, not this one.
@@ -220,12 +262,12 @@ impl Dispatcher {
             let kind = crate::observe::events::EventKind::OtherGroupsRetry {
                 group: group.clone(),
             };
-            return Settled::Ack(self.settler.ack_as(&delivery, digest, kind));
+            return Some(Settled::Ack(self.settler.ack_as(delivery, digest, kind)));
         }
         if delivery.stray {
             // Only the host writes the lane: this entry is not one of its copies.
             let reason = "an entry in the retry lane that Sluice did not write (no valid seal): dead-lettered without being handled";
-            return self.dead_letter_unhandled(&delivery, digest, reason).await;
+            return Some(self.dead_letter_unhandled(delivery, digest, reason).await);
         }
         let bytes = delivery.entry_bytes();
         if bytes > self.policy.max_entry_bytes {
@@ -236,31 +278,26 @@ impl Dispatcher {
                 crate::entry::delivery::FIELD_OVERHEAD,
                 self.policy.max_entry_bytes
             );
-            return self.dead_letter_unhandled(&delivery, digest, &reason).await;
+            return Some(self.dead_letter_unhandled(delivery, digest, &reason).await);
         }
-        self.record_lateness(&delivery);
+        None
+    }
+
+    /// The handler called on `delivery`, timed and counted (and told to the breaker).
+    async fn call(
+        &self,
+        delivery: &Delivery,
+        version: &Version,
+    ) -> (Result<Outcome, Failure>, Duration) {
         let m = &self.metrics;
         m.in_flight.inc();
         let started = Instant::now();
-        let result = version.handler.handle(&delivery).await;
+        let result = version.handler.handle(delivery).await;
         let elapsed = started.elapsed();
         self.observe(elapsed);
         m.in_flight.dec();
         m.duration.observe(elapsed.as_secs_f64());
-        m.count(match &result {
-            Ok(Outcome::Ack) => HandlerResult::Ack,
-            Ok(Outcome::RetryAfter(_) | Outcome::DownstreamDown(..)) => HandlerResult::Retry,
-            Ok(Outcome::DeadLetter(_)) => HandlerResult::DeadLetter,
-            Err(Failure::Trap(_) | Failure::Raised { .. } | Failure::Instantiate(_)) => {
-                HandlerResult::Trap
-            }
-            Err(
-                Failure::Timeout(_)
-                | Failure::MemoryLimit { .. }
-                | Failure::FuelExhausted(_)
-                | Failure::HostLimit(_),
-            ) => HandlerResult::Limit,
-        });
+        m.count(handler_result(&result));
         if let Some(breaker) = &self.breaker {
             match &result {
                 Err(failure) => breaker.record(true, &failure.to_string()),
@@ -268,56 +305,37 @@ impl Dispatcher {
                 Ok(_) => breaker.record(false, ""),
             }
         }
-        let elapsed_us = elapsed.as_micros() as u64;
-        let previous = delivery.previous_attempts();
-        let action = outcome::decide(&result, previous, &self.policy);
-        if let Some((trial, role)) = trial {
-            let kind = match (&result, &action) {
-                (Err(_), _) => AttemptKind::Failure,
-                (_, Action::Ack) => AttemptKind::Ack,
-                (_, Action::Retry { .. }) => AttemptKind::Retry,
-                (_, Action::DeadLetter { .. }) => AttemptKind::DeadLetter,
-            };
-            trial.record(*role, kind, elapsed);
-        }
-        // A failed attempt is logged once: what failed first, its traceback as lines after it.
-        let trace = result.as_ref().err().and_then(Failure::trace);
-        if let Err(failure) = &result {
-            let (failure, _) =
-                outcome::bounded_text(&failure.to_string(), outcome::MAX_REASON_BYTES);
-            let then = match &action {
-                Action::DeadLetter { .. } => "dead-lettering",
-                _ => "retrying",
-            };
-            match trace {
-                Some(trace) => tracing::warn!(
-                    elapsed_us,
-                    "attempt failed; {then}: {failure}\n{}",
-                    outcome::indented(trace)
-                ),
-                None => tracing::warn!(%failure, elapsed_us, "attempt failed; {then}"),
-            }
-        }
-        if let Some(span) = delivery.trace.as_ref().and_then(|t| t.span.as_ref()) {
-            Self::record(span, &action);
-        }
-        let settled = match action {
+        (result, elapsed)
+    }
+
+    /// The decision carried out in Redis: `handled` is `(whether the handler answered, the
+    /// failure's traceback)`.
+    async fn carry_out(
+        &self,
+        delivery: &Delivery,
+        digest: &Digest,
+        action: Action,
+        (answered, trace): (bool, Option<&str>),
+        elapsed_us: u64,
+    ) -> Result<Settled, crate::pipeline::settle::SettleError> {
+        let m = &self.metrics;
+        match action {
             Action::Ack => {
                 tracing::debug!(elapsed_us, "ack");
-                Ok(Settled::Ack(self.settler.ack_of(&delivery, digest)))
+                Ok(Settled::Ack(self.settler.ack_of(delivery, digest)))
             }
             Action::DeadLetter { reason, cut } => {
                 if cut {
                     m.reasons_cut.inc();
                 }
-                if result.is_ok() {
+                if answered {
                     tracing::warn!(%reason, elapsed_us, cut, "dead-lettering");
                 } else {
-                    // The failure's line above said it already.
+                    // The failure's line said it already.
                     tracing::debug!(%reason, elapsed_us, cut, "dead-lettering");
                 }
                 self.settler
-                    .dead_letter(&delivery, digest, &reason, trace)
+                    .dead_letter(delivery, digest, &reason, trace)
                     .await
                     .map(|_| Settled::Done)
             }
@@ -334,21 +352,9 @@ impl Dispatcher {
                         "retry delay is longer than this subscription allows (max_delay); clamped"
                     );
                 }
-                self.retry(&delivery, digest, delay, cause).await
+                self.retry(delivery, digest, delay, cause).await
             }
-        };
-        settled.unwrap_or_else(|err| {
-            // The scripts write before they acknowledge, so the entry is still pending: bring it
-            // back after the failure backoff, like a failed attempt, until Redis takes it.
-            m.settle_errors.inc();
-            let delay = self.failure_delay(delivery.delivery_count);
-            tracing::error!(
-                %err,
-                retry_in_ms = delay.as_millis() as u64,
-                "cannot settle the entry; it stays pending and comes back after the backoff"
-            );
-            Settled::RetryPending(delay)
-        })
+        }
     }
 
     /// Dead-letter an entry the handler must not get, for `reason`; it stays pending (and
@@ -572,6 +578,59 @@ fn trace_park(delivery: &Delivery, parked_at: std::time::SystemTime, delay: Dura
         ],
     }
     .emit(&attempt, None);
+}
+
+/// What a handler's result counts as in `sluice_deliveries_total`.
+fn handler_result(result: &Result<Outcome, Failure>) -> HandlerResult {
+    match result {
+        Ok(Outcome::Ack) => HandlerResult::Ack,
+        Ok(Outcome::RetryAfter(_) | Outcome::DownstreamDown(..)) => HandlerResult::Retry,
+        Ok(Outcome::DeadLetter(_)) => HandlerResult::DeadLetter,
+        Err(Failure::Trap(_) | Failure::Raised { .. } | Failure::Instantiate(_)) => {
+            HandlerResult::Trap
+        }
+        Err(
+            Failure::Timeout(_)
+            | Failure::MemoryLimit { .. }
+            | Failure::FuelExhausted(_)
+            | Failure::HostLimit(_),
+        ) => HandlerResult::Limit,
+    }
+}
+
+/// What an attempt counts as in a trial.
+fn attempt_kind(result: &Result<Outcome, Failure>, action: &Action) -> AttemptKind {
+    match (result, action) {
+        (Err(_), _) => AttemptKind::Failure,
+        (_, Action::Ack) => AttemptKind::Ack,
+        (_, Action::Retry { .. }) => AttemptKind::Retry,
+        (_, Action::DeadLetter { .. }) => AttemptKind::DeadLetter,
+    }
+}
+
+/// A failed attempt is logged once: what failed first, its traceback as lines after it. The
+/// traceback, for the dead letter.
+fn log_failure<'a>(
+    result: &'a Result<Outcome, Failure>,
+    action: &Action,
+    elapsed_us: u64,
+) -> Option<&'a str> {
+    let failure = result.as_ref().err()?;
+    let trace = failure.trace();
+    let (text, _) = outcome::bounded_text(&failure.to_string(), outcome::MAX_REASON_BYTES);
+    let then = match action {
+        Action::DeadLetter { .. } => "dead-lettering",
+        _ => "retrying",
+    };
+    match trace {
+        Some(trace) => tracing::warn!(
+            elapsed_us,
+            "attempt failed; {then}: {text}\n{}",
+            outcome::indented(trace)
+        ),
+        None => tracing::warn!(failure = %text, elapsed_us, "attempt failed; {then}"),
+    }
+    trace
 }
 
 #[cfg(test)]
