@@ -21,6 +21,7 @@ mod fan_out;
 mod flow;
 mod guest_async;
 mod lane;
+mod lua;
 mod network;
 mod operate;
 mod operations;

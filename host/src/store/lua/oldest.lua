@@ -5,7 +5,9 @@
 -- KEYS[1]  the stream
 -- ARGV     none
 --
--- Reply: the oldest entry's id, or nil (false) when the stream is empty or missing.
+-- Reply: the oldest entry's id, or nil (false) when the stream is empty or missing; an error
+-- reply (WRONGTYPE) when the key holds another type.
+--
 -- Crash: reads only; nothing to leave.
 local e = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
 if e[1] then

@@ -17,12 +17,21 @@
 --          seals               the seals' uses: dead_letter, member, dead_letter_packed
 -- ARGV[2..] members
 --
--- A member the park script wrote for this subscription becomes a dead letter like the
--- dispatcher's (its fields, packed past what one XADD carries, then the bookkeeping and the
--- seal), so it can be requeued with its origin id; anything else (unreadable, or parked by
--- another subscription) is kept raw under the member field, as the sweep does.
+-- A member the park script wrote for this subscription (or an earlier release's, which names
+-- no owner) becomes a dead letter like the dispatcher's (its fields, packed past what one XADD
+-- carries, then the bookkeeping and the seal), so it can be requeued with its origin id;
+-- anything else (unreadable, or parked by another subscription) is kept raw under the member
+-- field, as the sweep does.
 --
--- Reply: how many members were dead-lettered (members no longer in the set are skipped).
+-- Reply: how many members were dead-lettered (members no longer in the set are skipped). An
+-- error reply when ARGV[1] is not the options map, or when Redis refuses an XADD (the
+-- dead-letter stream holds another type; a member that reads as this subscription's but whose
+-- fields are no strings, or an odd number of them): the members before it are dead letters
+-- already, that one and those after it stay parked.
+--
+-- Crash: Redis keeps all of the script's writes or none. An operator's request that dies
+-- before the call leaves the retries parked; after it, they are dead letters, and a call made
+-- again skips them (no longer in the set): nothing is dead-lettered twice.
 -- @include lib/seal
 -- @include lib/member
 local ok, o = pcall(cmsgpack.unpack, ARGV[1])

@@ -1,5 +1,5 @@
 -- Put one dead letter back to its subscription's group and remove it from the dead-letter
--- stream, atomically: a crash at any instant leaves it in exactly one of the two places.
+-- stream, atomically: it is in exactly one of the two places.
 --
 -- KEYS[1]  where it goes: the group's retry lane, or (retry_lane = false, or no delayed set)
 --          the stream
@@ -30,7 +30,14 @@
 -- nothing is written then), added second, deleted last: if the XADD fails the script stops
 -- before the XDEL and the dead letter stays.
 --
--- Reply: the new entry's id, or false when the dead letter was no longer there.
+-- Reply: the new entry's id, or false when the dead letter was no longer there. An error reply
+-- when ARGV[1] is not the options map; NOSECRET for a lane copy when the stream has no secret
+-- (the caller makes it and calls again); Redis's error when it refuses the XADD (KEYS[1] holds
+-- another type, no fields onto the stream without a secret): the dead letter stays.
+--
+-- Crash: Redis keeps all of the script's writes or none. An operator's request that dies
+-- before the call leaves the dead letter where it was; after it, the copy is with the group,
+-- and a requeue of the same id made again answers false: nothing is requeued twice.
 -- @include lib/seal
 local ok, o = pcall(cmsgpack.unpack, ARGV[1])
 if not ok or type(o) ~= 'table' or type(o.fields) ~= 'table' or type(o.seals) ~= 'table' then

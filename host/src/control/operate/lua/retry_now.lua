@@ -7,7 +7,12 @@
 --
 -- "Now" is the Redis server's clock, as for parking and sweeping.
 --
--- Reply: how many members were made due.
+-- Reply: how many members were made due. An error reply when the key holds another type.
+--
+-- Crash: Redis keeps all of the script's writes or none. An operator's request that dies before
+-- the call leaves the retries as they were; after it, they are due, and a call made again is
+-- harmless (a member made due again is just due; with n > 0 it takes the next n not yet due,
+-- as the caller's loop does until 0).
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local members = {}

@@ -1,8 +1,23 @@
--- A page of entries for an operator to look at, never an entry of any size: XRANGE or
--- XREVRANGE (ARGV[1]) of KEYS[1] from ARGV[2] to ARGV[3], at most ARGV[4] entries; a name or
--- value over ARGV[5] bytes keeps its first ARGV[5] bytes and says how long it was, and once an
--- entry's fields pass ARGV[6] bytes the rest are left out, counted in one last field.
--- Users: operate/dead_letters.rs (list_view, get_view), operate/entry.rs (one_entry).
+-- A page of entries for an operator to look at, never an entry of any size: a name or value
+-- past a bound keeps its first bytes and says how long it was, and once an entry's fields pass
+-- another bound the rest are left out, counted in one last field. Users:
+-- operate/dead_letters.rs (list_view, get_view), operate/entry.rs (one_entry).
+--
+-- KEYS[1]  the stream (a dead-letter stream, or the stream an entry is looked up in)
+-- ARGV[1]  XRANGE or XREVRANGE
+-- ARGV[2]  the first id (or - / +), ARGV[3] the last, as the command takes them
+-- ARGV[4]  at most this many entries
+-- ARGV[5]  the most bytes of a name or value shown
+-- ARGV[6]  the bytes of an entry's fields shown before the rest are left out (each field
+--          counts 64 bytes more; the host's own `sluice-*` fields, the first 64 of them, are
+--          shown wherever they are)
+--
+-- Reply: the entries as the command answers them, {{id, {name, value, ...}}, ...}; a cut name
+-- or value ends with `... [N bytes in all, cut to M for display]`, and the fields left out are
+-- one last pair `(not shown)`, `K more fields, B bytes`. {} for a missing stream; an error
+-- reply when the key holds another type or ARGV[2] or ARGV[3] is no stream id.
+--
+-- Crash: reads only; nothing to leave.
 local rows = redis.call(ARGV[1], KEYS[1], ARGV[2], ARGV[3], 'COUNT', tonumber(ARGV[4]))
 local cap, total = tonumber(ARGV[5]), tonumber(ARGV[6])
 local function shown(s)

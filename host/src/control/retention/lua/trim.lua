@@ -5,7 +5,8 @@
 --
 -- KEYS[1]  the stream
 -- KEYS[2]  the stream's lease (a string: the holder's name, with an expiry)
--- KEYS[3]  the stream's last run's record (a hash: at_ms, trimmed, threshold, length, blocked, holder)
+-- KEYS[3]  the stream's last run's record (a hash: at_ms, trimmed, threshold, length, blocked,
+--          holder, dead_trimmed)
 -- KEYS[4]  the dead-letter stream
 -- KEYS[5]  the dead-letter stream's lease
 -- ARGV[1]  this host's name for the lease
@@ -24,13 +25,19 @@
 -- `max_len` lets the run trim everything acknowledged, however young, while the stream is longer;
 -- when even that leaves it longer, the run says so (blocked) and keeps the entries.
 --
--- Ids are compared exactly (`ids.lua`, loaded in front of this script), never as Lua numbers.
+-- Ids are compared exactly (lib/ids.lua), never as Lua numbers.
 --
 -- Trimming is approximate (MINID ~): Redis drops whole nodes only, so it may keep a few more
 -- entries than allowed, never fewer; LIMIT bounds the work of one run.
 --
 -- Reply: {held (1, or 0 when another host holds the stream's lease), trimmed, length after,
--- blocked (1/0), threshold id ('' when nothing could be trimmed), dead letters trimmed}.
+-- blocked (1/0), threshold id ('' when nothing could be trimmed), dead letters trimmed}. An
+-- error reply when a key holds another type (what was trimmed before stays trimmed).
+--
+-- Crash: Redis keeps all of the script's writes or none, and trimming only drops what nobody
+-- needs: a run cut short (a host that dies before the call, a Redis crash during it) leaves it
+-- for the next run. A host that dies holding a lease holds it until it expires (ARGV[2]); no
+-- other host trims that stream meanwhile.
 -- @include lib/ids
 
 -- Whether this host holds `lease` (taking it when it is free, renewing it when it is ours).

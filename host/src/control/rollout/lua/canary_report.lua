@@ -1,14 +1,34 @@
 -- A host adds what its canary attempts came to and judges the canary for the whole group.
--- KEYS[1]: the flow hash (the record and the verdict), KEYS[2]: the canary's counts.
--- ARGV: 1 id, 2 ends_ms, 3..5 the allowed increases of the failure, dead-letter and retry
--- rates, 6 p99 ratio, 7 p99 slack (us), 8 min attempts, 9 z during the window (judged at every
--- report: a stricter bound), 10 z at the window's end, 11 how long the counts are kept (ms),
--- 12 a verdict field the caller found not to verify (empty: none), read as no verdict; from 13,
--- for the incumbent then the candidate: attempts, failures, dead letters, retries, the number
--- of time buckets, then (bucket, count) pairs.
--- Answers {'gone'} (no such canary), {'verdict', field} (a verdict is there: the caller checks
+--
+-- KEYS[1]  the subscription's flow hash (`canary`: the record, `canary-verdict`: the verdict)
+-- KEYS[2]  the canary's counts (a hash: `id`, and for the incumbent `i:` and the candidate `c:`
+--          attempts, failures, dead_letters, retries, and `h:<bucket>` handler-time buckets)
+-- ARGV[1]  the canary's id
+-- ARGV[2]  when its window ends (epoch ms)
+-- ARGV[3..5] the allowed increases of the failure, dead-letter and retry rates
+-- ARGV[6]  p99 ratio
+-- ARGV[7]  p99 slack (us)
+-- ARGV[8]  the fewest attempts to judge
+-- ARGV[9]  z during the window (judged at every report: a stricter bound)
+-- ARGV[10] z at the window's end
+-- ARGV[11] how long the counts are kept (ms)
+-- ARGV[12] a verdict field the caller found not to verify (empty: none), read as no verdict
+-- ARGV[13..] for the incumbent then the candidate: attempts, failures, dead letters, retries,
+--          the number of time buckets, then (bucket, count) pairs
+--
+-- Counts for another canary id are dropped first. A count another writer left that is no
+-- integer starts again from what is added; one that reads as no number counts as 0; a count
+-- above the attempts counts as the attempts; a bucket outside 0..119 is left out.
+--
+-- Reply: {'gone'} (no such canary), {'verdict', field} (a verdict is there: the caller checks
 -- its seal; nothing is counted), {'running'}, or {'judged', outcome, why, now} when the counts
--- decide it: the script holds no key, so the caller seals the verdict and writes it.
+-- decide it: the script holds no key, so the caller seals the verdict and writes it
+-- (canary_verdict.lua). An error reply when a key holds another type.
+--
+-- Crash: Redis keeps all of the script's writes or none. A host that dies before the call
+-- loses the attempts it had not reported (the canary is judged on the rest). One that dies
+-- after a 'judged' reply, before writing the verdict, leaves no verdict: the next report (any
+-- host's) judges again from the same counts.
 local id = ARGV[1]
 local record = redis.call('HGET', KEYS[1], 'canary')
 if not record or not string.find(record, id, 1, true) then

@@ -1,9 +1,26 @@
--- Start a canary: KEYS[1] is the subscription's flow hash, KEYS[2] its canary counts.
--- ARGV[1] the sealed record, ARGV[2] its id, ARGV[3] how long after a canary's end without a
--- verdict it counts as abandoned (ms), ARGV[4] the record the caller found there and could not
--- verify (empty: none): another writer's, which holds nothing back.
--- A canary whose record is Sluice's, has no verdict and has not been abandoned is kept: the
--- answer is {0, record}. Otherwise the new record replaces it: {1, ''}.
+-- Start a canary: record it in the subscription's flow hash and start its counts, unless
+-- another canary runs.
+--
+-- KEYS[1]  the subscription's flow hash (`canary`: the record, `canary-verdict`: its verdict)
+-- KEYS[2]  the canary's counts (a hash; `id` names the canary they count)
+-- ARGV[1]  the sealed record
+-- ARGV[2]  its id
+-- ARGV[3]  how long after a canary's end without a verdict it counts as abandoned (ms)
+-- ARGV[4]  the record the caller found there and could not verify (empty: none): another
+--          writer's, which holds nothing back
+--
+-- A running canary is kept when its record is Sluice's (JSON whose `body` is JSON with an
+-- `id`), no verdict names its id, and its end plus ARGV[3] has not passed. Otherwise the new
+-- record replaces it, the verdict field goes, and the counts start again under the new id (a
+-- counts key of another type is replaced too).
+--
+-- Reply: {0, the running record's first 4096 bytes} when a canary is kept, {1, ''} when the
+-- new one was written. An error reply when the flow hash holds another type.
+--
+-- Crash: Redis keeps all of the script's writes or none. The candidate's bytes are stored
+-- before the call, with an expiry: a caller that dies before it leaves them to expire, and no
+-- canary. One that dies after it, before its journal entry and bump, leaves a running canary
+-- that the hosts find when they read the flow hash again (within admit::FULL_REFRESH).
 local running = redis.call('HGET', KEYS[1], 'canary')
 if running and ARGV[4] ~= '' and running == ARGV[4] then
   running = nil

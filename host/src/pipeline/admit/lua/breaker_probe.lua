@@ -1,11 +1,27 @@
--- Ask an open or half-open circuit breaker for a probe delivery.
--- KEYS[1]: the subscription's flow hash (`breaker`); KEYS[2]: its flow journal (see
--- journal.lua). ARGV: probes, open for (ms), who.
--- Returns {'closed', 0, ''} (nothing to ask: read), {'wait', ms, state} (open, or every probe
--- of this half-open round taken: ask again after ms), {'probe', 0, state} (one probe taken;
--- the state says whether this call moved it to half-open).
--- A record that is not Sluice's counts as open from now (never as closed); a time more than
--- two days ahead is taken as now.
+-- Ask an open or half-open circuit breaker for a probe delivery: the first host to ask once it
+-- has been open long enough moves it to half-open with ARGV[1] permits; each call takes one.
+--
+-- KEYS[1]  the subscription's flow hash (`breaker`)
+-- KEYS[2]  its flow journal (see lib/journal.lua)
+-- ARGV[1]  probes a round has
+-- ARGV[2]  how long it stays open, and how long a half-open round waits for its answers (ms)
+-- ARGV[3]  who (this host)
+--
+-- A record that is not Sluice's (no JSON, or no open or half-open state) counts as open from
+-- now, at every call, and is not written over: while it stays, the answer is to wait ARGV[2]
+-- (never closed, never a probe, for any ARGV[2] above 0). A time more than two days ahead is
+-- taken as now.
+--
+-- Reply: {'closed', 0, ''} (no breaker: read), {'wait', ms, record} (open, or every permit of
+-- this half-open round taken: ask again after ms), {'probe', 0, record} (one permit taken; the
+-- record's `moved` says whether this call moved it to half-open). An error reply when the flow
+-- hash holds another type.
+--
+-- Crash: Redis keeps all of the script's writes or none. A host that dies holding a permit
+-- (after the call, before its probe's answer) leaves the round short of one answer: once every
+-- permit is taken and ARGV[2] has passed, the next call starts a new round. One that moved the
+-- breaker to half-open and dies before its bump leaves the other hosts to see it when they
+-- read the flow hash again.
 -- @include lib/journal
 local raw = redis.call('HGET', KEYS[1], 'breaker')
 if not raw then

@@ -1,13 +1,31 @@
 -- Count a host's deliveries and failures into a subscription's circuit-breaker window, and
 -- open the breaker when the window's failures reach the rate.
--- KEYS[1]: the window (a hash: 30 slots, each `t<i>` the slot's time bucket, `d<i>`
---          deliveries, `f<i>` failures); KEYS[2]: the subscription's flow hash (`breaker`);
---          KEYS[3]: its flow journal (see journal.lua).
--- ARGV: deliveries, failures, window (ms), min deliveries, failure rate, open for (ms), who.
--- Returns {'opened', state} when this call opened it, {'closed', ''} when it stays closed,
+--
+-- KEYS[1]  the window (a hash: 30 slots, each `t<i>` the slot's time bucket, `d<i>`
+--          deliveries, `f<i>` failures)
+-- KEYS[2]  the subscription's flow hash (`breaker`)
+-- KEYS[3]  its flow journal (see lib/journal.lua)
+-- ARGV[1]  deliveries, ARGV[2] failures
+-- ARGV[3]  the window (ms)
+-- ARGV[4]  the fewest deliveries to judge
+-- ARGV[5]  the failure rate that opens it (0..1)
+-- ARGV[6]  how long it stays open (ms)
+-- ARGV[7]  who (this host, for the record and the journal)
+--
+-- Only the window's own 90 fields are read, whatever else the hash holds; a value there that
+-- is no number counts as 0 in the sums, but a count that is no integer in the current slot
+-- fails the call (HINCRBY) until the slot's time passes (its width, at least a second), and
+-- the counts of those calls are lost. Opening deletes the window.
+--
+-- Reply: {'opened', record} when this call opened it, {'closed', ''} when it stays closed,
 -- {'not-closed', ''} when it was open already (the counts are not kept: an open breaker's
--- stragglers say nothing new).
--- Only the window's own 90 fields are read, whatever else the hash holds.
+-- stragglers say nothing new). An error reply when the window or the flow hash holds another
+-- type (a journal of another type is skipped).
+--
+-- Crash: Redis keeps all of the script's writes or none. A host that dies before the call
+-- loses the counts it had not added, which only delays an opening. One that opens the breaker
+-- and dies before the bump that follows leaves the other hosts to find it when they read the
+-- flow hash again (within admit::FULL_REFRESH).
 -- @include lib/journal
 if redis.call('HEXISTS', KEYS[2], 'breaker') == 1 then
   return {'not-closed', ''}

@@ -1,9 +1,22 @@
 -- A probe's answer to a half-open circuit breaker: success closes it (and empties the
 -- window), failure opens it again for ARGV[2] ms.
--- KEYS[1]: the flow hash (`breaker`); KEYS[2]: the window; KEYS[3]: the flow journal (see
--- journal.lua). ARGV: 1 (success) or 0, open for (ms), why, who.
--- Returns {'closed', ''}, {'reopened', state}, or {'ignored', ''} when it was not half-open
--- (another probe answered first).
+--
+-- KEYS[1]  the flow hash (`breaker`)
+-- KEYS[2]  the window
+-- KEYS[3]  the flow journal (see lib/journal.lua)
+-- ARGV[1]  1 (success) or 0 (failure)
+-- ARGV[2]  how long it stays open after a failure (ms)
+-- ARGV[3]  why the probe failed
+-- ARGV[4]  who (this host)
+--
+-- Reply: {'closed', ''}, {'reopened', record}, or {'ignored', ''} when it was not half-open
+-- (another probe answered first, or the record is not Sluice's). An error reply when the flow
+-- hash holds another type.
+--
+-- Crash: Redis keeps all of the script's writes or none. A host that dies before answering
+-- leaves its permit unanswered: the round starts again once its time is up (see
+-- breaker_probe.lua). One that dies after the call, before its bump, leaves the other hosts
+-- to see the change when they read the flow hash again.
 -- @include lib/journal
 local raw = redis.call('HGET', KEYS[1], 'breaker')
 if not raw then

@@ -1,6 +1,15 @@
--- Fields of a subscription's flow hash (KEYS[1]), each at most ARGV[1] bytes of it (another
--- writer to this Redis may have left anything there): ARGV[2..] name the fields; a missing
--- one is false.
+-- Fields of a subscription's flow hash, each cut to a bound: another writer to this Redis may
+-- have left anything there.
+--
+-- KEYS[1]  the flow hash
+-- ARGV[1]  the most bytes of each value returned
+-- ARGV[2..] the fields' names (at least one)
+--
+-- Reply: one value per name, in order: its first ARGV[1] bytes, or false when it is missing
+-- (or the hash is). An error reply when the key holds another type (WRONGTYPE) or no name is
+-- given.
+--
+-- Crash: reads only; nothing to leave.
 local names = {}
 for i = 2, #ARGV do
   names[#names + 1] = ARGV[i]

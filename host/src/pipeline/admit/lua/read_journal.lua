@@ -1,6 +1,14 @@
--- The newest ARGV[1] entries of a flow journal (see flow/journal.rs), newest first, each value
--- cut to ARGV[2] bytes whatever another program wrote there. A key of another type reads as
--- none. KEYS[1]: the journal.
+-- The newest entries of a subscription's flow journal (see admit/journal.rs), each bounded
+-- whatever another program wrote there.
+--
+-- KEYS[1]  the journal (a stream)
+-- ARGV[1]  how many entries, newest first
+-- ARGV[2]  the most bytes of each name and value returned
+--
+-- Reply: {{id, {name, value, ...}}, ...}, newest first, at most 16 names and values (8 fields)
+-- of each entry, each cut to ARGV[2] bytes; {} when the key is missing or holds another type.
+--
+-- Crash: reads only; nothing to leave.
 local entries = redis.pcall('XREVRANGE', KEYS[1], '+', '-', 'COUNT', tonumber(ARGV[1]))
 if type(entries) ~= 'table' or entries.err then
   return {}

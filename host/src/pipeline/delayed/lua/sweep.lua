@@ -29,41 +29,55 @@
 --                              tail_packed
 --
 -- Only members of this subscription move: a member names the stream and group that parked it
--- (its first bytes, see delayed/lua/member.lua), and one that names another subscription is
+-- (its first bytes, see lib/member.lua), and one that names another subscription is
 -- dead-lettered raw with a reason naming both (never delivered to this subscription's handler).
 -- Members of earlier releases name no owner and are taken as this set's.
 --
--- To the lane (KEYS[1] is not the option `stream`): the copy is three fields, the member itself (which
--- carries the entry's fields, however many, and its bookkeeping), the due time, and a seal over
--- the stream, the group, the member and the due time. Only this group reads the lane, so no other
--- group ever sees a retry. The lane is the host's own stream, so the sweep keeps it short: before
--- adding to it, it trims every entry below the oldest one some group of the lane still has
--- pending or has not read yet (XTRIM MINID), i.e. only what every group has acknowledged.
+-- To the lane (KEYS[1] is not the option `stream`): the copy is three fields, the member itself
+-- (which carries the entry's fields, however many, and its bookkeeping), the due time, and a
+-- seal over the stream, the group, the member and the due time. Only this group reads the lane,
+-- so no other group ever sees a retry. The lane is the host's own stream, so the sweep keeps it
+-- short: before adding to it, it trims every entry below the oldest one some group of the lane
+-- still has pending or has not read yet (XTRIM MINID), i.e. only what every group has
+-- acknowledged.
 --
 -- To the stream's tail (the seed's design, on explicit opt-in): the copy is the member's fields,
 -- then exactly five bookkeeping fields: retry count, origin id, due time (server clock, epoch ms),
 -- the group that parked it, and a seal over the stream, that group, the origin id, the retry
 -- count, the due time and the digest of the fields before them. An entry with more fields than
 -- one XADD can carry goes with them packed into one value, under a seal of its own use (so a
--- producer's own field of that name is never taken for packed fields). While another group reads the stream
--- and past_other_groups is false, nothing moves: the pass answers which group it saw (the host holds retries
--- then, and says so), since that group would read every retry as a new entry of its own.
+-- producer's own field of that name is never taken for packed fields). While another group
+-- reads the stream and past_other_groups is false, nothing moves: the pass answers which group
+-- it saw (the host holds retries then, and says so), since that group would read every retry as
+-- a new entry of its own.
 --
 -- The host trusts a copy's bookkeeping only when its seal verifies: a producer that writes such
 -- fields itself, or copies a seal onto other fields, changes nothing.
 --
 -- A member is dead-lettered, raw, with a reason (and a seal over the set, stream, group and the
 -- member) when it is not a member the park script wrote, when it belongs to another
--- subscription, or when Redis refuses the XADD. If even the dead-letter write fails the member
--- stays in the set and is counted as stuck.
+-- subscription, or when Redis refuses the XADD (KEYS[1] of another type; fields that are no
+-- strings). If even the dead-letter write fails the member stays in the set and is counted as
+-- stuck.
 --
 -- "Now" is the Redis server's clock (TIME), the same clock parking used. With a ttl, the set's
 -- expiry moves to `ttl` after its latest due time (or after now), as the park script does.
 --
 -- Reply: {moved, wait_us, now_ms, dead_lettered, stuck, held_by}: wait_us is how long after the
--- pass ended (server clock, microseconds) the earliest member left is due, 0 if it is due already,
--- -1 if the set is empty; held_by is the other group that held this pass's retries ('' if none
--- did), or, with past_other_groups, the other group the pass moved retries past.
+-- pass ended (server clock, microseconds) the earliest member left is due, 0 if it is due
+-- already (a member held back or stuck is), -1 if the set is empty, at most 2^53; held_by is
+-- the other group that held this pass's retries ('' if none did), or, with past_other_groups,
+-- the other group the pass moved retries past. An error reply when ARGV[1] is not the options
+-- map, when the set holds another type, or when the lane's trim fails: a lane group whose
+-- last-delivered id is the last id there is (18446744073709551615-18446744073709551615, with
+-- nothing pending) has no id after it, XTRIM refuses the one the script makes, and every pass
+-- fails before moving anything while it stays so.
+--
+-- Crash: Redis keeps all of the script's writes or none: each due member is in the set or in
+-- KEYS[1] (or the dead-letter stream), never both, never neither. A host that dies before the
+-- call leaves what is due in the set for the next pass (any host's); one that dies after it
+-- loses only the reply: the copies are in KEYS[1] for the group to read, and the next pass
+-- learns the next due time again.
 -- @include lib/ids
 -- @include lib/seal
 -- @include lib/member

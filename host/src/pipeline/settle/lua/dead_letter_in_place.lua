@@ -4,7 +4,7 @@
 --
 -- KEYS[1]  the stream the entry was read from
 -- KEYS[2]  the dead-letter stream
--- KEYS[3]  the subscription's histories, KEYS[4] their index (see settle/lua/history.lua)
+-- KEYS[3]  the subscription's histories, KEYS[4] their index (see lib/history.lua)
 -- ARGV[1]  the consumer group
 -- ARGV[2]  the entry id
 -- ARGV[3]  trim the dead-letter stream to about this many entries (MAXLEN ~), 0 for never
@@ -18,7 +18,14 @@
 --          host's own (keys::PRODUCER_PREFIX)
 -- ARGV[15..] the bookkeeping to record after the fields: name, value, ...
 --
--- Reply: as dead_letter.lua's.
+-- A field of the entry named `sluice-*` or starting with ARGV[14] goes in under ARGV[14] in
+-- front of its name, so the host's bookkeeping is the only `sluice-*`.
+--
+-- Reply: as dead_letter.lua's; also false when the entry was deleted from the stream while
+-- pending (it is acknowledged then: nothing to copy, as a read of a deleted entry lets it go).
+--
+-- Crash: as dead_letter.lua's: pending or dead-lettered, never neither, never both; a call
+-- made again after a lost reply answers false and writes nothing.
 -- @include lib/pending
 -- @include lib/seal
 -- @include lib/dead_letter_write

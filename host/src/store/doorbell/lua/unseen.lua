@@ -1,6 +1,13 @@
--- For each stream KEYS[i] last seen at id ARGV[i]: its last id now when an entry came after
--- ARGV[i] ('' when none did, or the key is no stream). Fields are never returned, and an
--- idle stream costs one lookup.
+-- Whether an entry came to each stream after the id the doorbell last saw there, and if so the
+-- stream's last id now. Fields are never returned, and an idle stream costs one lookup.
+--
+-- KEYS[1..n]  the streams
+-- ARGV[1..n]  the id last seen on KEYS[i]
+--
+-- Reply: one value per key, in order: the stream's last id when an entry came after ARGV[i];
+-- '' when none did, the key is missing or no stream, or ARGV[i] is no stream id.
+--
+-- Crash: reads only; nothing to leave.
 local out = {}
 for i, key in ipairs(KEYS) do
   out[i] = ''

@@ -20,9 +20,17 @@
 -- use is let through, when the caller says so: reading a dead-letter stream under its owner's
 -- default name (a subscription that handles dead letters). A dead-letter stream under any other
 -- name (say, another subscription's stream's name, claimed first) is never read as a stream.
+-- Keys are looked at in order: those before a conflict are claimed (or renewed), those after
+-- it are not looked at.
 --
 -- Reply: {} when every key is this subscription's, else {i, owner, role} of the first key that
--- another subscription holds (i counting from 1).
+-- another subscription holds (i counting from 1). An error reply when a record holds another
+-- type.
+--
+-- Crash: Redis keeps all of the script's writes or none. Claims come before a subscription
+-- reads: a host that dies before the call has read nothing; after it, its claims hold for their
+-- lease (renewed while the subscription runs) and lapse if every host of it is gone for that
+-- long. Claiming again is harmless: the same owner renews its own.
 local n = #KEYS
 local dl_role, stream_role = ARGV[2 * n + 1], ARGV[2 * n + 2]
 local lease, readable = tonumber(ARGV[2 * n + 3]), ARGV[2 * n + 4]

@@ -12,9 +12,16 @@
 --
 -- Redis gives a stream's new entries ids above every id it ever had (XADD with an explicit id
 -- lower than its last one is refused), so "at most the recorded id" means "written before",
--- whoever writes the stream afterwards.
+-- whoever writes the stream afterwards. Ids are kept as Redis writes them (text, exact above
+-- 2^53); a key that holds no stream records 0-0.
 --
--- Reply: {secret or false, recorded id of KEYS[3], of KEYS[4], ...}.
+-- Reply: {secret or false, recorded id of KEYS[3], of KEYS[4], ...} ('0-0' for a key not
+-- recorded). An error reply when the secret or the legacy record holds another type.
+--
+-- Crash: Redis keeps all of the script's writes or none. A host that dies before the call
+-- leaves the secret to whichever host calls next; after it, the secret and the cutoffs are
+-- there for good: the secret is never replaced (SET NX) and a key's cutoff is never written
+-- again, so every host reads the same.
 if ARGV[2] == '1' then
   redis.call('SET', KEYS[1], ARGV[1], 'NX')
 end
