@@ -2,7 +2,7 @@
 //! under `host/src`) uses only the layers below it, and every map (`lib.rs`, each layer's
 //! `mod.rs`) names what it holds.
 //!
-//! A file depends on a module when its code (before its `#[cfg(test)]` part; comments and
+//! A file depends on a module when its code (before its `#[cfg(test)] mod` at the end; comments and
 //! strings do not count) names it by a `crate::`, `super::` or `self::` path, alone or in a
 //! `use` group. Each path is resolved to the longest prefix that is a file of the crate. A
 //! cycle means two files can only be understood, tested or changed together; an import against
@@ -72,7 +72,9 @@ fn modules() -> BTreeMap<Module, PathBuf> {
 
 /// The code of a file without its tests, comments and string contents.
 fn code(text: &str) -> String {
-    let text = &text[..text.find("#[cfg(test)]").unwrap_or(text.len())];
+    // Only the test module at the end is cut: a `#[cfg(test)]` item before other code (a
+    // test-only helper) must not hide the rest of the file.
+    let text = &text[..text.find("#[cfg(test)]\nmod ").unwrap_or(text.len())];
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars().peekable();
     let mut in_string = false;

@@ -465,19 +465,7 @@ impl FlowWatcher {
 
     /// Poll until `stop`.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
-        let mut seen: Option<Vec<u8>> = None;
-        let mut refreshed_at: Option<tokio::time::Instant> = None;
-        let mut failing = false;
-        // The rolling re-read (see [`rolling_share`]): where it goes on, and the states whose
-        // last read failed, read again at every poll until one succeeds.
-        let mut cursor = 0;
-        let mut unread: Vec<usize> = Vec::new();
-        let mut confirmed_at: Option<tokio::time::Instant> = None;
-        // Where this host stands in the change log, and when it last read everything because
-        // the epoch moved with nothing logged.
-        let mut logged_to = String::new();
-        let mut full_at: Option<tokio::time::Instant> = None;
-        let all = || 0..self.watched.len();
+        let mut poll = Poll::default();
         loop {
             let mut conn = self.conn.clone();
             // Compared as bytes (at most 64 of them): whatever another writer left there, any
@@ -488,92 +476,113 @@ impl FlowWatcher {
                 .arg(63)
                 .query_async(&mut conn)
                 .await;
-            let stale = refreshed_at.is_none_or(|at| at.elapsed() >= FULL_REFRESH);
             match epoch {
                 Ok(epoch) => {
                     let epoch = Some(epoch);
-                    if refreshed_at.is_none() {
-                        logged_to = newest_change(&mut conn).await;
-                        unread = self.refresh(&mut conn, all()).await;
-                        seen = epoch;
-                        refreshed_at = Some(tokio::time::Instant::now());
-                    } else if epoch != seen {
-                        let (mut which, moved, more) =
-                            self.changed(&mut conn, &mut logged_to).await;
-                        if moved {
-                            which.append(&mut unread);
-                            which.sort_unstable();
-                            which.dedup();
-                            unread = self.refresh(&mut conn, which.into_iter()).await;
-                            // With more logged than a poll takes, the next poll goes on.
-                            if !more {
-                                seen = epoch;
-                            }
-                        } else if full_at.is_none_or(|at| at.elapsed() >= FULL_REREAD_EVERY) {
-                            // The epoch moved with nothing logged: a host of the earlier
-                            // release, or another client's INCR. Everything, but not often.
-                            unread = self.refresh(&mut conn, all()).await;
-                            seen = epoch;
-                            full_at = Some(tokio::time::Instant::now());
-                            refreshed_at = full_at;
-                        }
+                    if poll.refreshed_at.is_none() {
+                        self.first_read(&mut conn, &mut poll, epoch).await;
+                    } else if epoch != poll.seen {
+                        self.epoch_moved(&mut conn, &mut poll, epoch).await;
                     } else {
-                        // Nothing changed since the last full read: every state is current but
-                        // those whose read failed. A writer that died between its write and
-                        // its epoch bump is caught by the rolling re-read.
-                        // Readiness wants this within seconds, not at every poll: thousands of
-                        // subscriptions confirmed 4 times a second were most of an idle host's
-                        // CPU.
-                        if confirmed_at.is_none_or(|at| at.elapsed() >= CONFIRM_EVERY) {
-                            for (i, watched) in self.watched.iter().enumerate() {
-                                if !unread.contains(&i) {
-                                    watched.fresh.confirmed();
-                                }
-                            }
-                            confirmed_at = Some(tokio::time::Instant::now());
-                        }
-                        let n = self.watched.len();
-                        let share = rolling_share(n);
-                        let again = std::mem::take(&mut unread);
-                        let next = (cursor..cursor + share).map(|i| i % n.max(1));
-                        cursor = (cursor + share) % n.max(1);
-                        let mut which: Vec<usize> = again.into_iter().chain(next).collect();
-                        which.sort_unstable();
-                        which.dedup();
-                        unread = self.refresh(&mut conn, which.into_iter()).await;
+                        self.unchanged(&mut conn, &mut poll).await;
                     }
-                    if failing {
+                    if poll.failing {
                         tracing::info!("flow controls readable again");
-                        failing = false;
+                        poll.failing = false;
                     }
                 }
-                Err(err) => {
-                    self.conn.saw_error(&err);
-                    let why = format!("cannot read {FLOW_EPOCH}: {err}");
-                    for watched in &self.watched {
-                        watched.fresh.failed(&why);
-                    }
-                    // The epoch unreadable (a key of the wrong type): the flow hashes may still
-                    // be, every full refresh.
-                    if stale {
-                        unread = self.refresh(&mut conn, all()).await;
-                        if unread.is_empty() {
-                            refreshed_at = Some(tokio::time::Instant::now());
-                        }
-                    }
-                    if !failing {
-                        tracing::warn!(
-                            %err,
-                            "cannot read the flow controls (pauses) from Redis; keeping what was known"
-                        );
-                        failing = true;
-                    }
-                }
+                Err(err) => self.epoch_failed(&mut conn, &mut poll, &err).await,
             }
             tokio::select! {
                 () = tokio::time::sleep(POLL) => {}
                 () = stop.cancelled() => return,
             }
+        }
+    }
+
+    /// The first poll: every state read, and where the change log stands.
+    async fn first_read(&self, conn: &mut RedisHandle, poll: &mut Poll, epoch: Option<Vec<u8>>) {
+        poll.logged_to = newest_change(conn).await;
+        poll.unread = self.refresh(conn, 0..self.watched.len()).await;
+        poll.seen = epoch;
+        poll.refreshed_at = Some(tokio::time::Instant::now());
+    }
+
+    /// The epoch moved: the states the change log names read again (and those whose last
+    /// read failed); with nothing logged (a host of the earlier release, or another client's
+    /// INCR), everything, but not often.
+    async fn epoch_moved(&self, conn: &mut RedisHandle, poll: &mut Poll, epoch: Option<Vec<u8>>) {
+        let (mut which, moved, more) = self.changed(conn, &mut poll.logged_to).await;
+        if moved {
+            which.append(&mut poll.unread);
+            which.sort_unstable();
+            which.dedup();
+            poll.unread = self.refresh(conn, which.into_iter()).await;
+            // With more logged than a poll takes, the next poll goes on.
+            if !more {
+                poll.seen = epoch;
+            }
+        } else if poll
+            .full_at
+            .is_none_or(|at| at.elapsed() >= FULL_REREAD_EVERY)
+        {
+            poll.unread = self.refresh(conn, 0..self.watched.len()).await;
+            poll.seen = epoch;
+            poll.full_at = Some(tokio::time::Instant::now());
+            poll.refreshed_at = poll.full_at;
+        }
+    }
+
+    /// Nothing changed since the last full read: every state is current but those whose read
+    /// failed. A writer that died between its write and its epoch bump is caught by the rolling
+    /// re-read. Readiness wants this within seconds, not at every poll: thousands of
+    /// subscriptions confirmed 4 times a second were most of an idle host's CPU.
+    async fn unchanged(&self, conn: &mut RedisHandle, poll: &mut Poll) {
+        if poll
+            .confirmed_at
+            .is_none_or(|at| at.elapsed() >= CONFIRM_EVERY)
+        {
+            for (i, watched) in self.watched.iter().enumerate() {
+                if !poll.unread.contains(&i) {
+                    watched.fresh.confirmed();
+                }
+            }
+            poll.confirmed_at = Some(tokio::time::Instant::now());
+        }
+        let n = self.watched.len();
+        let share = rolling_share(n);
+        let again = std::mem::take(&mut poll.unread);
+        let next = (poll.cursor..poll.cursor + share).map(|i| i % n.max(1));
+        poll.cursor = (poll.cursor + share) % n.max(1);
+        let mut which: Vec<usize> = again.into_iter().chain(next).collect();
+        which.sort_unstable();
+        which.dedup();
+        poll.unread = self.refresh(conn, which.into_iter()).await;
+    }
+
+    /// The epoch could not be read (Redis away, a key of the wrong type): every state says so;
+    /// the flow hashes may still be readable, every full refresh.
+    async fn epoch_failed(&self, conn: &mut RedisHandle, poll: &mut Poll, err: &redis::RedisError) {
+        self.conn.saw_error(err);
+        let why = format!("cannot read {FLOW_EPOCH}: {err}");
+        for watched in &self.watched {
+            watched.fresh.failed(&why);
+        }
+        if poll
+            .refreshed_at
+            .is_none_or(|at| at.elapsed() >= FULL_REFRESH)
+        {
+            poll.unread = self.refresh(conn, 0..self.watched.len()).await;
+            if poll.unread.is_empty() {
+                poll.refreshed_at = Some(tokio::time::Instant::now());
+            }
+        }
+        if !poll.failing {
+            tracing::warn!(
+                %err,
+                "cannot read the flow controls (pauses) from Redis; keeping what was known"
+            );
+            poll.failing = true;
         }
     }
 
@@ -693,6 +702,27 @@ fn rolling_share(watched: usize) -> usize {
         .div_ceil(polls)
         .clamp(1, MAX_REREAD_PER_POLL)
         .min(watched)
+}
+
+/// What the flow watcher carries from one poll to the next.
+#[derive(Default)]
+struct Poll {
+    /// The epoch last acted on.
+    seen: Option<Vec<u8>>,
+    /// When every state was last read.
+    refreshed_at: Option<tokio::time::Instant>,
+    /// Whether the last poll could not read the epoch.
+    failing: bool,
+    /// The rolling re-read (see [`rolling_share`]): where it goes on.
+    cursor: usize,
+    /// The states whose last read failed, read again at every poll until one succeeds.
+    unread: Vec<usize>,
+    /// When readiness was last told the states are current.
+    confirmed_at: Option<tokio::time::Instant>,
+    /// Where this host stands in the change log.
+    logged_to: String,
+    /// When it last read everything because the epoch moved with nothing logged.
+    full_at: Option<tokio::time::Instant>,
 }
 
 #[cfg(test)]
