@@ -6,6 +6,19 @@ use anyhow::{Context as _, Result};
 
 use crate::project::{Project, build};
 
+/// `sluice build`'s arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The project's directory.
+    #[arg(default_value = ".")]
+    dir: PathBuf,
+}
+
+/// `sluice build`: the component's path goes to stdout.
+pub(crate) fn execute(args: Args) -> Result<()> {
+    build(&args.dir).map(|_| ())
+}
+
 /// Build the project in `dir`; prints the component's path on stdout.
 pub fn build(dir: &Path) -> Result<PathBuf> {
     let project = Project::detect(dir)?;

@@ -6,6 +6,35 @@ use anyhow::{Context as _, Result};
 
 use crate::runtime::compile;
 
+/// `sluice cache`'s arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    action: Action,
+}
+
+/// What `sluice cache` does.
+#[derive(clap::Subcommand)]
+enum Action {
+    /// Remove compiled components not used for a while.
+    Prune {
+        /// The cache directory (default: the config's `cache_dir`, else .sluice/cache).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Remove what was not used for this long (`0s`: everything).
+        #[arg(long, default_value = "7d")]
+        older_than: String,
+    },
+}
+
+/// `sluice cache prune`: what was removed goes to stdout.
+pub(crate) fn execute(args: Args) -> Result<()> {
+    let Action::Prune { dir, older_than } = args.action;
+    let done = cache_prune(dir.as_deref(), &older_than)?;
+    print!("{done}");
+    Ok(())
+}
+
 /// Remove artifacts in `dir` (default: ./sluice.toml's `cache_dir`, else `.sluice/cache`) not
 /// used for `older_than` (`0s`: all).
 pub fn cache_prune(dir: Option<&Path>, older_than: &str) -> Result<String> {

@@ -8,6 +8,49 @@ use anyhow::{Context as _, Result};
 use super::{plan_after_redis, targets};
 use crate::control::operate::{dead_letters, parked};
 
+/// `sluice delete`'s arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    /// `.toml` configs and/or `.wasm` components.
+    #[arg(default_value = "sluice.toml")]
+    paths: Vec<PathBuf>,
+    /// Dead-letter ids to delete.
+    #[arg(
+        long = "dead-letter",
+        value_name = "DEAD_LETTER_ID",
+        required_unless_present = "parked",
+        conflicts_with = "parked"
+    )]
+    dead_letter: Vec<String>,
+    /// Origin ids of parked retries to delete.
+    #[arg(long, value_name = "ORIGIN_ID", num_args = 1..)]
+    parked: Vec<String>,
+    /// Only the subscription to this stream (or this one partition).
+    #[arg(long)]
+    stream: Option<String>,
+    /// Redis URL (default: the subscription's, else the dev server of a running `sluice run`).
+    #[arg(long, env = "SLUICE_REDIS_URL")]
+    redis: Option<String>,
+}
+
+/// `sluice delete`: what was deleted goes to stdout.
+pub(crate) async fn execute(args: Args) -> Result<()> {
+    let what = if args.parked.is_empty() {
+        Deletion::DeadLetters(args.dead_letter)
+    } else {
+        Deletion::Parked(args.parked)
+    };
+    let done = delete(
+        &args.paths,
+        args.redis.as_deref(),
+        args.stream.as_deref(),
+        what,
+    )
+    .await?;
+    print!("{done}");
+    Ok(())
+}
+
 /// What to delete.
 pub enum Deletion {
     /// Dead letters, by id.

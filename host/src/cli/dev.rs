@@ -12,6 +12,22 @@ use notify::Watcher as _;
 
 use crate::project::{Project, build};
 
+/// `sluice dev`'s arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The project's directory.
+    #[arg(default_value = ".")]
+    dir: PathBuf,
+    /// Redis URL (default: the project's sluice.toml, else a private dev server).
+    #[arg(long, env = "SLUICE_REDIS_URL")]
+    redis: Option<String>,
+}
+
+/// `sluice dev`: until ctrl-c.
+pub(crate) async fn execute(args: Args) -> Result<()> {
+    dev(&args.dir, args.redis.as_deref()).await
+}
+
 /// How long after the last change a rebuild starts (editors write in bursts).
 const SETTLE: Duration = Duration::from_millis(300);
 

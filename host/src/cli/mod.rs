@@ -1,6 +1,8 @@
 //! The subcommands, at the edge of the program: typed errors from the modules become
-//! context-rich `anyhow` errors that say what to do. One file per subcommand, as `main`
-//! dispatches them; what several share (building the plan, finding Redis) is here.
+//! context-rich `anyhow` errors that say what to do. [`Cli`] is the command line `main` parses;
+//! [`execute`] hands each [`Command`] to its file, which holds the command's arguments (their
+//! doc comments are its help), its work, and what it prints. What several share (building the
+//! plan, finding Redis) is here.
 //!
 //! - Handler projects: [`new`], [`build`], [`dev`] (rebuild and hot-swap on save), [`tools`]
 //!   (the toolchains a language needs), [`cache`] (the compile cache).
@@ -8,13 +10,17 @@
 //! - Looking: [`status`], [`parked`], [`dead_letters`].
 //! - Acting: [`pause`] (and resume), [`swap`] (and rollback, canary), [`requeue`],
 //!   [`retry_now`], [`delete`], [`replay`] (dead letters against a candidate, dry run).
+//! - The edge: [`args`] (what several commands' arguments share), [`logs`] (`--log-format` and
+//!   the log subscriber).
 
+mod args;
 mod build;
 mod cache;
 mod check;
 mod dead_letters;
 mod delete;
 mod dev;
+mod logs;
 mod new;
 mod parked;
 mod pause;
@@ -31,12 +37,17 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 
+use crate::config::Config;
+use crate::runtime::Runtime;
+use crate::service::plan::Plan;
+
 pub use build::build;
 pub use cache::cache_prune;
 pub use check::check;
 pub use dead_letters::{DeadLetterQuery, dead_letters};
 pub use delete::{Deletion, delete};
 pub use dev::dev;
+pub use logs::{LogFormat, init_tracing};
 pub use new::new;
 pub use parked::parked;
 pub use pause::{pause, resume};
@@ -49,9 +60,99 @@ pub use status::{SHOW_ALL_UP_TO, StatusOptions, StatusReport, status};
 pub use swap::{SwapRequest, swap};
 pub use tools::{tools_install, tools_list};
 
-use crate::config::Config;
-use crate::runtime::Runtime;
-use crate::service::plan::Plan;
+/// The command line: what `main` parses before anything else runs.
+#[derive(clap::Parser)]
+#[command(
+    name = "sluice",
+    version = crate::LONG_VERSION,
+    about = "Run WebAssembly handlers on Redis Streams consumer groups"
+)]
+pub struct Cli {
+    /// Log format: human-readable lines or JSON objects. The level comes from RUST_LOG.
+    #[arg(long, value_enum, default_value_t = LogFormat::Human, global = true)]
+    pub log_format: LogFormat,
+    /// The subcommand to run, for [`execute`].
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands, each with its own arguments; a variant's doc comment is its help.
+#[derive(clap::Subcommand)]
+pub enum Command {
+    /// Write a new handler project (handler, descriptor with a delayed retry, sluice.toml,
+    /// README, .gitignore) in ./<name>.
+    New(new::Args),
+    /// Build the handler project in a directory (cargo, componentize-py or componentize-js)
+    /// into target/<name>.wasm, and print that path.
+    Build(build::Args),
+    /// Build the project, run it (with a private dev Redis unless --redis), and rebuild and
+    /// hot-swap on every change to its sources; a failed build keeps the last good handler.
+    Dev(dev::Args),
+    /// Run the subscriptions of config files and/or components until SIGTERM or ctrl-c.
+    Run(run::Args),
+    /// List what waits in each subscription's delayed-retry set: origin id, retry count, due
+    /// time and time left, oldest first.
+    Parked(parked::Args),
+    /// What an operator looks at first: per subscription the group's consumers, pending and
+    /// unread counts, parked entries and the next due time, dead letters and the handler digest.
+    /// With more than 20, a summary first and only those with something to see.
+    Status(status::Args),
+    /// Pause subscriptions: every host of the group stops taking new entries and due retries
+    /// within a second (deliveries in flight finish), until `sluice resume`. Kept in Redis, so
+    /// it holds across restarts.
+    Pause(pause::Args),
+    /// Resume paused subscriptions: every host of the group reads again within a second.
+    Resume(pause::ResumeArgs),
+    /// Replace a running host's handler for a stream (or roll it back), through its admin API.
+    Swap(swap::Args),
+    /// List dead letters, newest first: id, time, origin id, retries, reason and fields.
+    DeadLetters(dead_letters::Args),
+    /// Put dead letters back onto their stream (attempts reset; the entry records where it came
+    /// from); each one moves in one atomic step.
+    Requeue(requeue::Args),
+    /// Run a candidate component on dead letters in a dry run: what would it do with each?
+    /// Nothing is acknowledged, parked or written (unless --requeue-acked).
+    Replay(replay::Args),
+    /// Make parked retries due now; the next sweep of a running host moves them back.
+    RetryNow(retry_now::Args),
+    /// Delete dead letters or parked retries for good (poison entries).
+    Delete(delete::Args),
+    /// Add a test entry to a stream of the project: the JSON object goes into the
+    /// subscription's payload field (on a partitioned stream, in the partition its `id` picks).
+    Send(send::Args),
+    /// The Python and JavaScript build tools: where each is found, or install the pinned
+    /// versions into the per-user tools directory.
+    Tools(tools::Args),
+    /// The compiled-component cache.
+    Cache(cache::Args),
+    /// Validate configs and components and print the resolved plan, without running anything.
+    Check(check::Args),
+}
+
+/// Run `command` to the end, printing its report on stdout; the error says what went wrong
+/// (`main` prints it and exits with a failure).
+pub async fn execute(command: Command) -> Result<()> {
+    match command {
+        Command::New(args) => new::execute(args),
+        Command::Build(args) => build::execute(args),
+        Command::Dev(args) => dev::execute(args).await,
+        Command::Run(args) => run::execute(args).await,
+        Command::Parked(args) => parked::execute(args).await,
+        Command::Status(args) => status::execute(args).await,
+        Command::Pause(args) => pause::execute(args).await,
+        Command::Resume(args) => pause::execute_resume(args).await,
+        Command::Swap(args) => swap::execute(args).await,
+        Command::DeadLetters(args) => dead_letters::execute(args).await,
+        Command::Requeue(args) => requeue::execute(args).await,
+        Command::Replay(args) => replay::execute(args).await,
+        Command::RetryNow(args) => retry_now::execute(args).await,
+        Command::Delete(args) => delete::execute(args).await,
+        Command::Send(args) => send::execute(args).await,
+        Command::Tools(args) => tools::execute(args),
+        Command::Cache(args) => cache::execute(args),
+        Command::Check(args) => check::execute(args).await,
+    }
+}
 
 /// Where the private dev Redis keeps its data.
 pub const DEV_REDIS_DIR: &str = ".sluice/dev-redis";

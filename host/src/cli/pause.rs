@@ -9,6 +9,61 @@ use anyhow::{Context as _, Result};
 use super::{plan_after_redis, redis_url_for};
 use crate::pipeline::admit::{self, PauseResult, Paused};
 
+/// `sluice pause`'s arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    /// `.toml` configs and/or `.wasm` components.
+    #[arg(default_value = "sluice.toml")]
+    paths: Vec<PathBuf>,
+    /// Only the subscription to this stream.
+    #[arg(long)]
+    stream: Option<String>,
+    /// Why (shown by `sluice status`, the page and the hosts' logs).
+    #[arg(long)]
+    reason: Option<String>,
+    /// Who pauses (default: user@machine).
+    #[arg(long)]
+    by: Option<String>,
+    /// Redis URL (default: the subscription's, else the dev server of a running `sluice run`).
+    #[arg(long, env = "SLUICE_REDIS_URL")]
+    redis: Option<String>,
+}
+
+/// `sluice resume`'s arguments.
+#[derive(clap::Args)]
+pub struct ResumeArgs {
+    /// `.toml` configs and/or `.wasm` components.
+    #[arg(default_value = "sluice.toml")]
+    paths: Vec<PathBuf>,
+    /// Only the subscription to this stream.
+    #[arg(long)]
+    stream: Option<String>,
+    /// Redis URL (default: the subscription's, else the dev server of a running `sluice run`).
+    #[arg(long, env = "SLUICE_REDIS_URL")]
+    redis: Option<String>,
+}
+
+/// `sluice pause`: what was paused goes to stdout.
+pub(crate) async fn execute(args: Args) -> Result<()> {
+    let done = pause(
+        &args.paths,
+        args.redis.as_deref(),
+        args.stream.as_deref(),
+        args.by.as_deref(),
+        args.reason.as_deref(),
+    )
+    .await?;
+    print!("{done}");
+    Ok(())
+}
+
+/// `sluice resume`: what was resumed goes to stdout.
+pub(crate) async fn execute_resume(args: ResumeArgs) -> Result<()> {
+    let done = resume(&args.paths, args.redis.as_deref(), args.stream.as_deref()).await?;
+    print!("{done}");
+    Ok(())
+}
+
 /// Who a pause from the command line is recorded as, unless `--by` says: the user and the
 /// machine.
 fn operator() -> String {

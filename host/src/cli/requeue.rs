@@ -6,9 +6,55 @@ use std::sync::atomic::Ordering;
 
 use anyhow::{Context as _, Result};
 
-use super::{interrupted, plan_after_redis, progress, targets};
+use super::args::config_and_ids;
+use super::{Target, interrupted, plan_after_redis, progress, targets};
 use crate::control::operate::BATCH;
-use crate::control::operate::dead_letters::{self, Requeued};
+use crate::control::operate::dead_letters::{self, DeadLetter, Requeued};
+use crate::store::keys::SubscriptionKeys;
+
+/// `sluice requeue`'s arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The subscription's `.toml` config or `.wasm` component (default: ./sluice.toml),
+    /// then the dead-letter ids to requeue.
+    #[arg(
+        value_name = "[CONFIG] DEAD_LETTER_ID",
+        required_unless_present = "all"
+    )]
+    args: Vec<String>,
+    /// Requeue every dead letter (of `--stream`, whose reason contains `--reason`).
+    #[arg(long)]
+    all: bool,
+    /// With --all: only those whose reason contains this text (case-insensitive).
+    #[arg(long, requires = "all")]
+    reason: Option<String>,
+    /// Say what would be requeued; change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Only the subscription to this stream (or this one partition).
+    #[arg(long)]
+    stream: Option<String>,
+    /// Redis URL (default: the subscription's, else the dev server of a running `sluice run`).
+    #[arg(long, env = "SLUICE_REDIS_URL")]
+    redis: Option<String>,
+}
+
+/// `sluice requeue`: what was requeued goes to stdout.
+pub(crate) async fn execute(args: Args) -> Result<()> {
+    let (path, ids) = config_and_ids(args.args, args.all)?;
+    let done = requeue(RequeueRequest {
+        paths: vec![path],
+        redis: args.redis,
+        stream: args.stream,
+        ids,
+        all: args.all,
+        reason: args.reason,
+        dry_run: args.dry_run,
+    })
+    .await?;
+    print!("{done}");
+    Ok(())
+}
 
 /// What to requeue.
 pub struct RequeueRequest {
@@ -37,82 +83,20 @@ pub async fn requeue(request: RequeueRequest) -> Result<String> {
     let _traces = super::OperatorTraces::start(&request.paths)?;
     let stop = interrupted();
     let bar = progress("requeueing");
-    let mut out = String::new();
-    let (mut done, mut gone, mut refused) = (0usize, 0usize, 0usize);
-    let mut found = std::collections::HashSet::new();
+    let mut tally = Tally::default();
     'targets: for mut target in targets(&plan, request.stream.as_deref()).await? {
-        let keys = target.keys.clone();
         let mut cursor: Option<String> = None;
         loop {
-            let letters = if request.all {
-                let page = dead_letters::list(
-                    &mut target.conn,
-                    &keys,
-                    cursor.as_deref(),
-                    BATCH,
-                    request.reason.as_deref(),
-                    1,
-                )
-                .await
-                .with_context(|| format!("cannot read `{}`", keys.dead_letter))?;
-                cursor = page.next;
-                page.items
-            } else {
-                let mut letters = Vec::new();
-                for id in &request.ids {
-                    if let Some(letter) = dead_letters::get(&mut target.conn, &keys, id).await? {
-                        letters.push(letter);
-                    }
-                }
-                letters
-            };
-            for letter in letters {
+            for letter in next_letters(&mut target, &request, &mut cursor).await? {
                 if stop.load(Ordering::Acquire) {
-                    let _ = writeln!(out, "interrupted: stopped after the entry before");
+                    let _ = writeln!(tally.out, "interrupted: stopped after the entry before");
                     break 'targets;
                 }
-                found.insert(letter.id.clone());
+                tally.found.insert(letter.id.clone());
                 if request.dry_run {
-                    match &letter.not_requeueable {
-                        None => {
-                            done += 1;
-                            let _ = writeln!(
-                                out,
-                                "would requeue {} onto `{}` (reason: {})",
-                                letter.id,
-                                keys.stream,
-                                letter.reason.as_deref().unwrap_or("-")
-                            );
-                        }
-                        Some(why) => {
-                            refused += 1;
-                            let _ = writeln!(out, "would skip {}: {why}", letter.id);
-                        }
-                    }
-                    continue;
-                }
-                match dead_letters::requeue(&mut target.conn, &keys, &letter).await {
-                    Ok(Requeued::To(id)) => {
-                        done += 1;
-                        bar.inc(1);
-                        let into = keys.lane.as_deref().unwrap_or(&keys.stream);
-                        let _ = writeln!(out, "requeued {} into `{into}` as {id}", letter.id);
-                    }
-                    Ok(Requeued::Gone) => {
-                        gone += 1;
-                        let _ = writeln!(
-                            out,
-                            "{} was already gone (requeued or deleted meanwhile)",
-                            letter.id
-                        );
-                    }
-                    Err(crate::control::operate::OperateError::NotRequeueable { id, why }) => {
-                        refused += 1;
-                        let _ = writeln!(out, "skipped {id}: {why}");
-                    }
-                    Err(err) => {
-                        return Err(err).with_context(|| format!("cannot requeue {}", letter.id));
-                    }
+                    tally.would(&target.keys, &letter);
+                } else {
+                    tally.requeue(&mut target, &letter, &bar).await?;
                 }
             }
             if !request.all || cursor.is_none() {
@@ -121,16 +105,127 @@ pub async fn requeue(request: RequeueRequest) -> Result<String> {
         }
     }
     bar.finish_and_clear();
+    Ok(tally.report(&request))
+}
+
+/// The next dead letters to requeue from `target`: with `--all` the next page (`cursor` moves
+/// on), else those named that are there.
+async fn next_letters(
+    target: &mut Target,
+    request: &RequeueRequest,
+    cursor: &mut Option<String>,
+) -> Result<Vec<DeadLetter>> {
+    let keys = &target.keys;
+    if request.all {
+        let page = dead_letters::list(
+            &mut target.conn,
+            keys,
+            cursor.as_deref(),
+            BATCH,
+            request.reason.as_deref(),
+            1,
+        )
+        .await
+        .with_context(|| format!("cannot read `{}`", keys.dead_letter))?;
+        *cursor = page.next;
+        return Ok(page.items);
+    }
+    let mut letters = Vec::new();
     for id in &request.ids {
-        if !found.contains(id) {
-            let _ = writeln!(out, "{id}: no such dead letter");
+        if let Some(letter) = dead_letters::get(&mut target.conn, keys, id).await? {
+            letters.push(letter);
         }
     }
-    let verb = if request.dry_run {
-        "would requeue"
-    } else {
-        "requeued"
-    };
-    let _ = writeln!(out, "{verb} {done}, skipped {refused}, already gone {gone}");
-    Ok(out)
+    Ok(letters)
+}
+
+/// What a requeue did so far: each dead letter's line, and the counts of the last line.
+#[derive(Default)]
+struct Tally {
+    /// The report, a line per dead letter.
+    out: String,
+    /// Requeued (or, in a dry run, would be).
+    done: usize,
+    /// Gone meanwhile.
+    gone: usize,
+    /// Not requeueable.
+    refused: usize,
+    /// The ids seen, so those named and not found are reported.
+    found: std::collections::HashSet<String>,
+}
+
+impl Tally {
+    /// A dry run: what a requeue of `letter` would do.
+    fn would(&mut self, keys: &SubscriptionKeys, letter: &DeadLetter) {
+        match &letter.not_requeueable {
+            None => {
+                self.done += 1;
+                let _ = writeln!(
+                    self.out,
+                    "would requeue {} onto `{}` (reason: {})",
+                    letter.id,
+                    keys.stream,
+                    letter.reason.as_deref().unwrap_or("-")
+                );
+            }
+            Some(why) => {
+                self.refused += 1;
+                let _ = writeln!(self.out, "would skip {}: {why}", letter.id);
+            }
+        }
+    }
+
+    /// Requeue `letter` in one atomic step; an error other than "not requeueable" stops all.
+    async fn requeue(
+        &mut self,
+        target: &mut Target,
+        letter: &DeadLetter,
+        bar: &indicatif::ProgressBar,
+    ) -> Result<()> {
+        let keys = &target.keys;
+        match dead_letters::requeue(&mut target.conn, keys, letter).await {
+            Ok(Requeued::To(id)) => {
+                self.done += 1;
+                bar.inc(1);
+                let into = keys.lane.as_deref().unwrap_or(&keys.stream);
+                let _ = writeln!(self.out, "requeued {} into `{into}` as {id}", letter.id);
+            }
+            Ok(Requeued::Gone) => {
+                self.gone += 1;
+                let _ = writeln!(
+                    self.out,
+                    "{} was already gone (requeued or deleted meanwhile)",
+                    letter.id
+                );
+            }
+            Err(crate::control::operate::OperateError::NotRequeueable { id, why }) => {
+                self.refused += 1;
+                let _ = writeln!(self.out, "skipped {id}: {why}");
+            }
+            Err(err) => {
+                return Err(err).with_context(|| format!("cannot requeue {}", letter.id));
+            }
+        }
+        Ok(())
+    }
+
+    /// The report: every line, the ids named and not found, and the counts.
+    fn report(mut self, request: &RequeueRequest) -> String {
+        for id in &request.ids {
+            if !self.found.contains(id) {
+                let _ = writeln!(self.out, "{id}: no such dead letter");
+            }
+        }
+        let verb = if request.dry_run {
+            "would requeue"
+        } else {
+            "requeued"
+        };
+        let (done, refused, gone) = (self.done, self.refused, self.gone);
+        let _ = writeln!(
+            self.out,
+            "{verb} {done}, skipped {refused}, already gone {gone}"
+        );
+        self.out
+    }
 }

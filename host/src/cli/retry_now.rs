@@ -6,8 +6,42 @@ use std::sync::atomic::Ordering;
 
 use anyhow::{Context as _, Result};
 
+use super::args::config_and_ids;
 use super::{interrupted, plan_after_redis, progress, targets};
 use crate::control::operate::parked;
+
+/// `sluice retry-now`'s arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The subscription's `.toml` config or `.wasm` component (default: ./sluice.toml),
+    /// then the origin ids of the parked retries.
+    #[arg(value_name = "[CONFIG] ORIGIN_ID", required_unless_present = "all")]
+    args: Vec<String>,
+    /// Every parked retry that is not yet due.
+    #[arg(long)]
+    all: bool,
+    /// Only the subscription to this stream (or this one partition).
+    #[arg(long)]
+    stream: Option<String>,
+    /// Redis URL (default: the subscription's, else the dev server of a running `sluice run`).
+    #[arg(long, env = "SLUICE_REDIS_URL")]
+    redis: Option<String>,
+}
+
+/// `sluice retry-now`: what was made due goes to stdout.
+pub(crate) async fn execute(args: Args) -> Result<()> {
+    let (path, ids) = config_and_ids(args.args, args.all)?;
+    let done = retry_now(
+        &[path],
+        args.redis.as_deref(),
+        args.stream.as_deref(),
+        &ids,
+        args.all,
+    )
+    .await?;
+    print!("{done}");
+    Ok(())
+}
 
 /// `sluice retry-now`: the parked retries with these origin ids, or with `all` every one that
 /// is not yet due.

@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{DEV_REDIS_DIR, plan_of};
 use crate::service::Service;
+use crate::service::plan::Plan;
 use crate::store::devredis::{DevRedis, DevRedisOptions};
 
 /// How `sluice dev` runs the host: the dev Redis in the project's own directory, page and API
@@ -18,6 +19,22 @@ use crate::store::devredis::{DevRedis, DevRedisOptions};
 pub struct Dev {
     /// The project's directory (its `.sluice/` holds the dev Redis).
     pub project: PathBuf,
+}
+
+/// `sluice run`'s arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    /// `.toml` configs and/or `.wasm` components (a component alone runs its own descriptor).
+    #[arg(default_value = "sluice.toml")]
+    paths: Vec<PathBuf>,
+    /// Redis URL for every subscription (overrides the configs; default: a private dev server).
+    #[arg(long, env = "SLUICE_REDIS_URL")]
+    redis: Option<String>,
+}
+
+/// `sluice run`: until SIGTERM or ctrl-c.
+pub(crate) async fn execute(args: Args) -> Result<()> {
+    run(&args.paths, args.redis.as_deref()).await
 }
 
 /// How often `sluice dev`'s host looks for a new build.
@@ -53,31 +70,8 @@ pub async fn run_with(paths: &[PathBuf], redis: Option<&str>, dev: Option<Dev>) 
     } else {
         None
     };
-    if dev.is_some()
-        && let Some(addr) = plan.admin
-        && (addr.port() == 0 || std::net::TcpListener::bind(addr).is_err())
-    {
-        // Another dev session holds the port (or the config asks for any): take a free one,
-        // so the banner can name it.
-        if let Ok(free) = std::net::TcpListener::bind((addr.ip(), 0)).and_then(|l| l.local_addr()) {
-            plan.admin = Some(free);
-        }
-    }
-    // Every subscription on the private dev server: nothing else's data is at stake.
-    let private = dev_redis.is_some() && plan.subscriptions.iter().all(|s| s.redis.is_none());
     if dev.is_some() {
-        // In dev, on the private dev server, the page's buttons work on loopback without a
-        // token (the admin server takes this only on a loopback address); a configured token
-        // or read-only mode still rules. On any other Redis, as `sluice run`.
-        if private {
-            // Canaries on this one host, sealed with a key made for this process.
-            plan.rollout_key_ephemeral = true;
-        }
-        // No token: the page and API take a key made for this session, which the banner
-        // shows to whoever started it (and nobody else on the machine).
-        if plan.admin_token.is_none() && !plan.admin_open_on_loopback {
-            plan.admin_session_key = Some(crate::serve::new_session_key());
-        }
+        dev_mode(&mut plan, dev_redis.is_some());
         eprint!(
             "{}",
             banner(&plan, dev_redis.as_ref(), redis, &dev_dir, paths)
@@ -115,9 +109,38 @@ pub async fn run_with(paths: &[PathBuf], redis: Option<&str>, dev: Option<Dev>) 
     }
 }
 
+/// `sluice dev`'s plan: a free admin port when the configured one is taken, and on the private
+/// dev server (`on_dev_redis`, every subscription on it) canaries sealed with a key made for
+/// this process; without a token, a session key for the page and API.
+fn dev_mode(plan: &mut Plan, on_dev_redis: bool) {
+    if let Some(addr) = plan.admin
+        && (addr.port() == 0 || std::net::TcpListener::bind(addr).is_err())
+    {
+        // Another dev session holds the port (or the config asks for any): take a free one,
+        // so the banner can name it.
+        if let Ok(free) = std::net::TcpListener::bind((addr.ip(), 0)).and_then(|l| l.local_addr()) {
+            plan.admin = Some(free);
+        }
+    }
+    // Every subscription on the private dev server: nothing else's data is at stake.
+    let private = on_dev_redis && plan.subscriptions.iter().all(|s| s.redis.is_none());
+    // In dev, on the private dev server, the page's buttons work on loopback without a
+    // token (the admin server takes this only on a loopback address); a configured token
+    // or read-only mode still rules. On any other Redis, as `sluice run`.
+    if private {
+        // Canaries on this one host, sealed with a key made for this process.
+        plan.rollout_key_ephemeral = true;
+    }
+    // No token: the page and API take a key made for this session, which the banner
+    // shows to whoever started it (and nobody else on the machine).
+    if plan.admin_token.is_none() && !plan.admin_open_on_loopback {
+        plan.admin_session_key = Some(crate::serve::new_session_key());
+    }
+}
+
 /// What `sluice dev` prints first: what it serves, where, and how to try it.
 fn banner(
-    plan: &crate::service::plan::Plan,
+    plan: &Plan,
     dev_redis: Option<&DevRedis>,
     redis: Option<&str>,
     dev_dir: &Path,
@@ -137,6 +160,25 @@ fn banner(
             }
         );
     }
+    write_redis(&mut out, plan, dev_redis, redis, dev_dir);
+    write_admin(&mut out, plan);
+    let _ = writeln!(
+        out,
+        "  try it     {}   (in another terminal)\n",
+        try_it(plan, redis, paths)
+    );
+    out
+}
+
+/// The banner's Redis: the private dev server (and how to reach it with redis-cli), `--redis`,
+/// or each subscription's.
+fn write_redis(
+    out: &mut String,
+    plan: &Plan,
+    dev_redis: Option<&DevRedis>,
+    redis: Option<&str>,
+    dev_dir: &Path,
+) {
     match (dev_redis, redis) {
         (Some(dev), _) => {
             let _ = writeln!(
@@ -169,6 +211,10 @@ fn banner(
             }
         }
     }
+}
+
+/// The banner's admin page: where, how its actions are allowed, and this session's key.
+fn write_admin(out: &mut String, plan: &Plan) {
     match plan.admin {
         Some(addr) => {
             let actions = if plan.admin_read_only {
@@ -190,6 +236,10 @@ fn banner(
         }
         None => out.push_str("  admin page off (admin = \"off\")\n"),
     }
+}
+
+/// The `sluice send` that tries the project, with only the arguments it needs.
+fn try_it(plan: &Plan, redis: Option<&str>, paths: &[PathBuf]) -> String {
     let stream = match plan.subscriptions.as_slice() {
         [_] => String::new(),
         subs => format!(
@@ -209,9 +259,5 @@ fn banner(
         })
         .map(|p| format!("--config {} ", p.display()))
         .unwrap_or_default();
-    let _ = writeln!(
-        out,
-        "  try it     sluice send {config}{redis_arg}{stream}'{{\"id\":\"1\"}}'   (in another terminal)\n"
-    );
-    out
+    format!("sluice send {config}{redis_arg}{stream}'{{\"id\":\"1\"}}'")
 }

@@ -2,7 +2,7 @@
 //! redis-cli: the JSON goes into the subscription's payload field, on the partition its `id`
 //! picks, in the Redis the project's config (or its running dev server) names.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 
@@ -10,6 +10,33 @@ use super::{plan_after_redis, redis_url_for};
 
 /// The largest entry `sluice send` writes: a test entry, not a bulk load.
 const MAX_SEND_BYTES: usize = 1024 * 1024;
+
+/// `sluice send`'s arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The stream (may be left out when the config has one subscription), then the entry
+    /// as a JSON object.
+    #[arg(value_name = "[STREAM] JSON", num_args = 1..=2, required = true)]
+    args: Vec<String>,
+    /// The project's config.
+    #[arg(long, default_value = "sluice.toml")]
+    config: PathBuf,
+    /// Redis URL (default: the subscription's, else the dev server of a running `sluice dev`).
+    #[arg(long, env = "SLUICE_REDIS_URL")]
+    redis: Option<String>,
+}
+
+/// `sluice send`: what was added where goes to stdout.
+pub(crate) async fn execute(args: Args) -> Result<()> {
+    let (stream, json) = match args.args.as_slice() {
+        [json] => (None, json.as_str()),
+        [stream, json] => (Some(stream.as_str()), json.as_str()),
+        _ => anyhow::bail!("give [STREAM] JSON"),
+    };
+    let added = send(&args.config, args.redis.as_deref(), stream, json).await?;
+    println!("{added}");
+    Ok(())
+}
 
 /// Add `json` (an object) to `stream` (or the config's only subscription's); returns what was
 /// added where.

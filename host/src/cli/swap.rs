@@ -5,6 +5,77 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 
+/// `sluice swap`'s arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The subscription's stream.
+    stream: String,
+    /// The new component (omit with --rollback or --abort-canary).
+    #[arg(required_unless_present_any = ["rollback", "abort_canary"])]
+    component: Option<PathBuf>,
+    /// Put the previous handler back instead.
+    #[arg(long, conflicts_with = "component")]
+    // Parsed for its help and its conflicts; never read: no component already means a rollback.
+    #[allow(dead_code)]
+    rollback: bool,
+    /// Try the component on this share of deliveries first (e.g. 10%), on every host of
+    /// the group; the hosts promote it or roll it back by themselves.
+    #[arg(
+        long,
+        value_name = "PERCENT",
+        requires = "component",
+        conflicts_with = "force"
+    )]
+    canary: Option<String>,
+    /// How long the canary runs (e.g. 5m; default: the subscription's `canary.window`).
+    #[arg(long = "for", value_name = "DURATION", requires = "canary")]
+    window: Option<String>,
+    /// End the running canary: every host serves the current version again.
+    #[arg(long, conflicts_with_all = ["component", "rollback", "canary"])]
+    abort_canary: bool,
+    /// The subscription's group (needed when the host reads the stream with several).
+    #[arg(long)]
+    group: Option<String>,
+    /// Accept a component whose descriptor names another stream or group.
+    #[arg(long)]
+    force: bool,
+    /// The host's admin API.
+    #[arg(long, env = "SLUICE_ADMIN", default_value = "http://127.0.0.1:9187")]
+    admin: String,
+    /// Bearer token for the admin API.
+    #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Read the bearer token from this file.
+    #[arg(long, conflicts_with = "token")]
+    token_file: Option<PathBuf>,
+}
+
+/// `sluice swap`: what the host did goes to stdout.
+pub(crate) async fn execute(args: Args) -> Result<()> {
+    let token = match args.token_file {
+        Some(file) => Some(
+            crate::config::TokenSource::File(file)
+                .read()
+                .map_err(anyhow::Error::msg)?,
+        ),
+        None => args.token,
+    };
+    let done = swap(SwapRequest {
+        admin: args.admin,
+        stream: args.stream,
+        group: args.group,
+        component: args.component,
+        force: args.force,
+        canary: args.canary,
+        window: args.window,
+        abort_canary: args.abort_canary,
+        token,
+    })
+    .await?;
+    print!("{done}");
+    Ok(())
+}
+
 /// What `sluice swap` asks a host's admin API to do.
 #[derive(Debug, Clone)]
 pub struct SwapRequest {
@@ -99,10 +170,7 @@ pub(crate) async fn serving_digest(
         if token.is_some() {
             token_may_travel(&admin)?;
         }
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .build()
-            .into();
+        let agent = agent();
         let base = admin.trim_end_matches('/');
         let list = subscriptions(&agent, base, token.as_deref(), &stream, Some(&group))?;
         list.as_array()
@@ -118,45 +186,24 @@ pub(crate) async fn serving_digest(
     .context("the request was interrupted")?
 }
 
+/// An HTTP client that returns the admin API's refusals as answers, so their text is shown.
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
+/// [`swap`], on a thread that may block.
 fn swap_blocking(request: &SwapRequest) -> Result<String> {
     if request.token.is_some() {
         token_may_travel(&request.admin)?;
     }
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
+    let agent = agent();
     let base = request.admin.trim_end_matches('/');
     let group = match &request.group {
         Some(group) => group.clone(),
-        None => {
-            let list = subscriptions(
-                &agent,
-                base,
-                request.token.as_deref(),
-                &request.stream,
-                None,
-            )?;
-            let groups: Vec<String> = list
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|s| s["stream"] == request.stream.as_str())
-                .filter_map(|s| s["group"].as_str().map(str::to_owned))
-                .collect();
-            match groups.as_slice() {
-                [group] => group.clone(),
-                [] => anyhow::bail!(
-                    "the host at {base} has no subscription to stream `{}`",
-                    request.stream
-                ),
-                _ => anyhow::bail!(
-                    "the host at {base} reads stream `{}` with several groups ({}); pass --group",
-                    request.stream,
-                    groups.join(", ")
-                ),
-            }
-        }
+        None => only_group(&agent, base, request)?,
     };
     let encode = |s: &str| {
         s.replace('%', "%25")
@@ -169,6 +216,49 @@ fn swap_blocking(request: &SwapRequest) -> Result<String> {
         encode(&request.stream),
         encode(&group)
     );
+    let mut response = send(&agent, base, &path, request)?;
+    let status = response.status();
+    let body = response.body_mut().read_to_string().unwrap_or_default();
+    if !status.is_success() {
+        anyhow::bail!("the host refused ({status}): {}", body.trim());
+    }
+    let answer: serde_json::Value =
+        serde_json::from_str(&body).context("unexpected answer from the admin API")?;
+    Ok(done(request, &group, &answer))
+}
+
+/// The group of the host's only subscription to the request's stream (no `--group` given).
+fn only_group(agent: &ureq::Agent, base: &str, request: &SwapRequest) -> Result<String> {
+    let list = subscriptions(agent, base, request.token.as_deref(), &request.stream, None)?;
+    let groups: Vec<String> = list
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["stream"] == request.stream.as_str())
+        .filter_map(|s| s["group"].as_str().map(str::to_owned))
+        .collect();
+    match groups.as_slice() {
+        [group] => Ok(group.clone()),
+        [] => anyhow::bail!(
+            "the host at {base} has no subscription to stream `{}`",
+            request.stream
+        ),
+        _ => anyhow::bail!(
+            "the host at {base} reads stream `{}` with several groups ({}); pass --group",
+            request.stream,
+            groups.join(", ")
+        ),
+    }
+}
+
+/// Ask the subscription's resource at `path` (of the admin API at `base`) for what the request
+/// wants: end the canary, start one, swap, or roll back.
+fn send(
+    agent: &ureq::Agent,
+    base: &str,
+    path: &str,
+    request: &SwapRequest,
+) -> Result<ureq::http::Response<ureq::Body>> {
     let auth = request.token.as_ref().map(|t| format!("Bearer {t}"));
     let query = |pairs: &[(&str, &str)]| {
         pairs
@@ -182,6 +272,9 @@ fn swap_blocking(request: &SwapRequest) -> Result<String> {
             .collect::<Vec<_>>()
             .join("&")
     };
+    let read = |component: &PathBuf| {
+        std::fs::read(component).with_context(|| format!("cannot read {}", component.display()))
+    };
     let response = match (&request.component, &request.canary) {
         _ if request.abort_canary => {
             let mut post = agent.post(format!("{path}/canary/abort"));
@@ -191,8 +284,7 @@ fn swap_blocking(request: &SwapRequest) -> Result<String> {
             post.send_empty()
         }
         (Some(component), Some(share)) => {
-            let bytes = std::fs::read(component)
-                .with_context(|| format!("cannot read {}", component.display()))?;
+            let bytes = read(component)?;
             let mut pairs = vec![("percent", share.as_str())];
             if let Some(window) = &request.window {
                 pairs.push(("for", window.as_str()));
@@ -204,8 +296,7 @@ fn swap_blocking(request: &SwapRequest) -> Result<String> {
             put.send(&bytes[..])
         }
         (Some(component), None) => {
-            let bytes = std::fs::read(component)
-                .with_context(|| format!("cannot read {}", component.display()))?;
+            let bytes = read(component)?;
             let mut put = agent.put(format!(
                 "{path}/handler{}",
                 if request.force { "?force=true" } else { "" }
@@ -223,14 +314,11 @@ fn swap_blocking(request: &SwapRequest) -> Result<String> {
             post.send_empty()
         }
     };
-    let mut response = response.with_context(|| format!("cannot reach the admin API at {base}"))?;
-    let status = response.status();
-    let body = response.body_mut().read_to_string().unwrap_or_default();
-    if !status.is_success() {
-        anyhow::bail!("the host refused ({status}): {}", body.trim());
-    }
-    let answer: serde_json::Value =
-        serde_json::from_str(&body).context("unexpected answer from the admin API")?;
+    response.with_context(|| format!("cannot reach the admin API at {base}"))
+}
+
+/// What `sluice swap` says the host did, from its answer.
+fn done(request: &SwapRequest, group: &str, answer: &serde_json::Value) -> String {
     let digest = answer["digest"].as_str().unwrap_or("?");
     let short = |key: &str| {
         answer[key]
@@ -240,7 +328,7 @@ fn swap_blocking(request: &SwapRequest) -> Result<String> {
             .take(12)
             .collect::<String>()
     };
-    Ok(if request.abort_canary {
+    if request.abort_canary {
         format!(
             "aborted the canary of {} on `{}`/`{group}`: every host serves {} again\n",
             short("candidate"),
@@ -260,5 +348,5 @@ fn swap_blocking(request: &SwapRequest) -> Result<String> {
         format!("swapped `{}`/`{group}` to {digest}\n", request.stream)
     } else {
         format!("rolled `{}`/`{group}` back to {digest}\n", request.stream)
-    })
+    }
 }
