@@ -9,7 +9,7 @@ use std::time::Duration;
 use sluice_descriptor::{DelayedRetry, DescriptorError, ResolvedStream};
 
 use crate::config::{
-    Config, Isolation, Limits, MAX_COMPONENT_PARTITIONS, MAX_COMPONENT_RETRIES,
+    Config, Isolation, Limits, MAX_COMPONENT_PARTITIONS, MAX_COMPONENT_RETRIES, SubscriptionConfig,
     check_component_partitions,
 };
 use crate::runtime::{LoadedComponent, Runtime, RuntimeError};
@@ -249,150 +249,9 @@ impl Plan {
                     (component, descriptor)
                 }
             };
-            let descriptor = descriptor.overlay(&sub.overrides);
-            let stream = descriptor
-                .resolve()
-                .map_err(|problem| PlanError::Descriptor {
-                    origin: sub.origin.clone(),
-                    component: sub.component.clone(),
-                    problem,
-                })?;
-            let consumer = stream.consumer.clone().unwrap_or_else(default_consumer);
-            if let Some(other) = subscriptions.iter().find(|p| {
-                p.stream.stream == stream.stream
-                    && p.stream.group == stream.group
-                    && p.consumer == consumer
-            }) {
-                return Err(PlanError::Duplicate {
-                    stream: other.stream.stream.clone(),
-                    group: other.stream.group.clone(),
-                    consumer,
-                });
-            }
-            let has_set = stream.delayed_retry.is_some();
-            let lane_without_set = match (sub.retry_lane, sub.retry_lane_slots) {
-                (Some(true), _) => Some("retry_lane = true"),
-                (_, Some(_)) => Some("retry_lane_slots"),
-                _ => None,
-            };
-            if let Some(key) = lane_without_set.filter(|_| !has_set) {
-                return Err(PlanError::LaneWithoutSet {
-                    origin: sub.origin.clone(),
-                    component: sub.component.clone(),
-                    key,
-                });
-            }
-            let retry_lane = has_set && sub.retry_lane != Some(false);
-            if let Some(max_delay) = stream.max_delay
-                && max_delay < sub.min_delay
-            {
-                return Err(PlanError::MinDelayAboveMax {
-                    origin: sub.origin.clone(),
-                    component: sub.component.clone(),
-                    min_delay: sub.min_delay,
-                    max_delay,
-                });
-            }
-            check_component_partitions(&sub.overrides, stream.partitions).map_err(|asked| {
-                PlanError::ComponentPartitions {
-                    origin: sub.origin.clone(),
-                    component: sub.component.clone(),
-                    asked,
-                }
-            })?;
-            let mut warnings = Vec::new();
-            let mut stream = stream;
-            if sub.overrides.max_retries.is_none() && stream.max_retries > MAX_COMPONENT_RETRIES {
-                warnings.push(format!(
-                    "the component asks for max_retries {}; a component's own value is capped at {MAX_COMPONENT_RETRIES} (set max_retries in the config to allow more)",
-                    stream.max_retries
-                ));
-                stream.max_retries = MAX_COMPONENT_RETRIES;
-            }
-            if has_set && !retry_lane && sub.other_groups_see_retries {
-                warnings.push(format!(
-                    "retry_lane = false with other_groups_see_retries: due retries go back to the tail of `{}`, where every other consumer group of the stream reads each one as a new entry (Sluice groups skip each other's; other services do not)",
-                    stream.stream
-                ));
-            }
-            if let Some(min_idle) = stream.claim_min_idle
-                && min_idle <= sub.limits.handler_timeout
-            {
-                warnings.push(format!(
-                    "claim_min_idle ({min_idle:?}) is not longer than handler_timeout ({:?}): another consumer may claim an entry that is still being handled",
-                    sub.limits.handler_timeout
-                ));
-            }
-            if let Some(DelayedRetry::DurableZset {
-                key,
-                ttl: Some(ttl),
-            }) = &stream.delayed_retry
-            {
-                warnings.push(format!(
-                    "delayed set `{key}` has a ttl of {}: if no host sweeps it for that long after its latest due retry (every host down, or none running this subscription), Redis deletes the set and every retry in it; without a ttl it never expires",
-                    human(*ttl)
-                ));
-            }
-            let size = std::fs::metadata(&sub.component).map_or(0, |m| m.len());
-            if sub.limits.isolation == Isolation::PerDelivery && size >= 4 << 20 {
-                warnings.push(format!(
-                    "isolation = \"per-delivery\" with a {:.1} MiB component (an interpreter snapshot, as Python and JavaScript components are): every delivery instantiates it anew, which costs milliseconds (hundreds of deliveries per second, see docs/src/benchmarks-journal.md); reused instances cost tens of microseconds",
-                    size as f64 / (1024.0 * 1024.0)
-                ));
-            }
-            if let Some(maxlen) = sub.dead_letter_maxlen {
-                warnings.push(format!(
-                    "dead_letter_maxlen = {maxlen} trims `{}` on every write: once it holds about {maxlen} entries, the oldest dead letters are deleted for good, unseen",
-                    stream.dead_letter
-                ));
-            }
-            let mut values: Vec<(String, String)> = sub
-                .values
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            values.push((
-                sluice_descriptor::PAYLOAD_FIELD_CONFIG_KEY.to_owned(),
-                stream.payload_field.clone(),
-            ));
-            let consumer_gone_after = match sub.consumer_gone_after {
-                Some(choice) => choice,
-                None => Some(default_gone_after(sub.limits.handler_timeout, stream.block)),
-            }
-            .filter(|_| stream.claim_min_idle.is_none());
-            subscriptions.push(SubscriptionPlan {
-                consumer_gone_after,
-                dead_letter_maxlen: sub.dead_letter_maxlen,
-                history_entries: sub
-                    .history_entries
-                    .unwrap_or(crate::store::keys::DEFAULT_HISTORY_ENTRIES),
-                retry_lane,
-                retry_lane_slots: if retry_lane {
-                    sub.retry_lane_slots.unwrap_or_else(|| {
-                        crate::config::default_lane_slots(sub.limits.max_in_flight)
-                    })
-                } else {
-                    0
-                },
-                other_groups_see_retries: sub.other_groups_see_retries,
-                rate_limit: sub.rate_limit,
-                circuit_breaker: sub.circuit_breaker,
-                canary: sub.canary,
-                min_delay: sub.min_delay,
-                retention: sub.retention,
-                dead_letter_keep: sub.dead_letter_keep,
-                component,
-                stream,
-                consumer,
-                redis: redis_override
-                    .map(str::to_owned)
-                    .or_else(|| sub.redis.clone()),
-                redis_access: sub.redis_access.clone(),
-                limits: sub.limits.clone(),
-                values,
-                overrides: sub.overrides.clone(),
-                warnings,
-            });
+            let resolved = resolved(sub, descriptor, &subscriptions)?;
+            let plan = subscription_plan(sub, component, resolved, redis_override)?;
+            subscriptions.push(plan);
         }
         check_keys(&subscriptions)?;
         check_tail_readers(&subscriptions)?;
@@ -505,6 +364,184 @@ fn check_keys(subscriptions: &[SubscriptionPlan]) -> Result<(), PlanError> {
 
 fn human(d: Duration) -> String {
     humantime::format_duration(d).to_string()
+}
+
+/// The component's descriptor with the subscription's overrides laid over it, resolved, and
+/// the consumer name; two subscriptions may not read as the same consumer of the same group.
+fn resolved(
+    sub: &SubscriptionConfig,
+    descriptor: sluice_descriptor::RedisStream,
+    planned: &[SubscriptionPlan],
+) -> Result<(ResolvedStream, String), PlanError> {
+    let descriptor = descriptor.overlay(&sub.overrides);
+    let stream = descriptor
+        .resolve()
+        .map_err(|problem| PlanError::Descriptor {
+            origin: sub.origin.clone(),
+            component: sub.component.clone(),
+            problem,
+        })?;
+    let consumer = stream.consumer.clone().unwrap_or_else(default_consumer);
+    if let Some(other) = planned.iter().find(|p| {
+        p.stream.stream == stream.stream && p.stream.group == stream.group && p.consumer == consumer
+    }) {
+        return Err(PlanError::Duplicate {
+            stream: other.stream.stream.clone(),
+            group: other.stream.group.clone(),
+            consumer,
+        });
+    }
+    Ok((stream, consumer))
+}
+
+/// One subscription's plan from its configuration and its resolved stream: checked, with its
+/// warnings, and every default filled in.
+fn subscription_plan(
+    sub: &SubscriptionConfig,
+    component: LoadedComponent,
+    (mut stream, consumer): (ResolvedStream, String),
+    redis_override: Option<&str>,
+) -> Result<SubscriptionPlan, PlanError> {
+    let retry_lane = checked(sub, &stream)?;
+    let warnings = warnings(sub, &mut stream, retry_lane);
+    let mut values: Vec<(String, String)> = sub
+        .values
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    values.push((
+        sluice_descriptor::PAYLOAD_FIELD_CONFIG_KEY.to_owned(),
+        stream.payload_field.clone(),
+    ));
+    let consumer_gone_after = match sub.consumer_gone_after {
+        Some(choice) => choice,
+        None => Some(default_gone_after(sub.limits.handler_timeout, stream.block)),
+    }
+    .filter(|_| stream.claim_min_idle.is_none());
+    Ok(SubscriptionPlan {
+        consumer_gone_after,
+        dead_letter_maxlen: sub.dead_letter_maxlen,
+        history_entries: sub
+            .history_entries
+            .unwrap_or(crate::store::keys::DEFAULT_HISTORY_ENTRIES),
+        retry_lane,
+        retry_lane_slots: if retry_lane {
+            sub.retry_lane_slots
+                .unwrap_or_else(|| crate::config::default_lane_slots(sub.limits.max_in_flight))
+        } else {
+            0
+        },
+        other_groups_see_retries: sub.other_groups_see_retries,
+        rate_limit: sub.rate_limit,
+        circuit_breaker: sub.circuit_breaker,
+        canary: sub.canary,
+        min_delay: sub.min_delay,
+        retention: sub.retention,
+        dead_letter_keep: sub.dead_letter_keep,
+        component,
+        consumer,
+        stream,
+        redis: redis_override
+            .map(str::to_owned)
+            .or_else(|| sub.redis.clone()),
+        redis_access: sub.redis_access.clone(),
+        limits: sub.limits.clone(),
+        values,
+        overrides: sub.overrides.clone(),
+        warnings,
+    })
+}
+
+/// What the configuration and the resolved stream may not say together; whether the
+/// subscription has a retry lane.
+fn checked(sub: &SubscriptionConfig, stream: &ResolvedStream) -> Result<bool, PlanError> {
+    let has_set = stream.delayed_retry.is_some();
+    let lane_without_set = match (sub.retry_lane, sub.retry_lane_slots) {
+        (Some(true), _) => Some("retry_lane = true"),
+        (_, Some(_)) => Some("retry_lane_slots"),
+        _ => None,
+    };
+    if let Some(key) = lane_without_set.filter(|_| !has_set) {
+        return Err(PlanError::LaneWithoutSet {
+            origin: sub.origin.clone(),
+            component: sub.component.clone(),
+            key,
+        });
+    }
+    if let Some(max_delay) = stream.max_delay
+        && max_delay < sub.min_delay
+    {
+        return Err(PlanError::MinDelayAboveMax {
+            origin: sub.origin.clone(),
+            component: sub.component.clone(),
+            min_delay: sub.min_delay,
+            max_delay,
+        });
+    }
+    check_component_partitions(&sub.overrides, stream.partitions).map_err(|asked| {
+        PlanError::ComponentPartitions {
+            origin: sub.origin.clone(),
+            component: sub.component.clone(),
+            asked,
+        }
+    })?;
+    Ok(has_set && sub.retry_lane != Some(false))
+}
+
+/// What the operator is warned of at start (and by `sluice check`); a component's own
+/// `max_retries` over the cap is capped here.
+fn warnings(
+    sub: &SubscriptionConfig,
+    stream: &mut ResolvedStream,
+    retry_lane: bool,
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let has_set = stream.delayed_retry.is_some();
+    if sub.overrides.max_retries.is_none() && stream.max_retries > MAX_COMPONENT_RETRIES {
+        warnings.push(format!(
+            "the component asks for max_retries {}; a component's own value is capped at {MAX_COMPONENT_RETRIES} (set max_retries in the config to allow more)",
+            stream.max_retries
+        ));
+        stream.max_retries = MAX_COMPONENT_RETRIES;
+    }
+    if has_set && !retry_lane && sub.other_groups_see_retries {
+        warnings.push(format!(
+            "retry_lane = false with other_groups_see_retries: due retries go back to the tail of `{}`, where every other consumer group of the stream reads each one as a new entry (Sluice groups skip each other's; other services do not)",
+            stream.stream
+        ));
+    }
+    if let Some(min_idle) = stream.claim_min_idle
+        && min_idle <= sub.limits.handler_timeout
+    {
+        warnings.push(format!(
+            "claim_min_idle ({min_idle:?}) is not longer than handler_timeout ({:?}): another consumer may claim an entry that is still being handled",
+            sub.limits.handler_timeout
+        ));
+    }
+    if let Some(DelayedRetry::DurableZset {
+        key,
+        ttl: Some(ttl),
+    }) = &stream.delayed_retry
+    {
+        warnings.push(format!(
+            "delayed set `{key}` has a ttl of {}: if no host sweeps it for that long after its latest due retry (every host down, or none running this subscription), Redis deletes the set and every retry in it; without a ttl it never expires",
+            human(*ttl)
+        ));
+    }
+    let size = std::fs::metadata(&sub.component).map_or(0, |m| m.len());
+    if sub.limits.isolation == Isolation::PerDelivery && size >= 4 << 20 {
+        warnings.push(format!(
+            "isolation = \"per-delivery\" with a {:.1} MiB component (an interpreter snapshot, as Python and JavaScript components are): every delivery instantiates it anew, which costs milliseconds (hundreds of deliveries per second, see docs/src/benchmarks-journal.md); reused instances cost tens of microseconds",
+            size as f64 / (1024.0 * 1024.0)
+        ));
+    }
+    if let Some(maxlen) = sub.dead_letter_maxlen {
+        warnings.push(format!(
+            "dead_letter_maxlen = {maxlen} trims `{}` on every write: once it holds about {maxlen} entries, the oldest dead letters are deleted for good, unseen",
+            stream.dead_letter
+        ));
+    }
+    warnings
 }
 
 #[cfg(test)]
