@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use opentelemetry::KeyValue;
 use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _, WithTonicConfig as _};
-use opentelemetry_sdk::trace::SpanProcessor as _;
-use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SpanExporter as _};
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, SpanExporter as _, SpanProcessor as _,
+};
 
 use crate::config::telemetry::{Protocol, Telemetry};
 

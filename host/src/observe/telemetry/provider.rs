@@ -1,5 +1,5 @@
 //! The tracer provider every `tracing` span goes through: made once, before any config is
-//! read, with a span processor and a sampler ([`Switch`]) that pass everything to the running
+//! read, with a span processor and a sampler (`Switch`) that pass everything to the running
 //! exporter, or drop it while none runs.
 
 use std::time::Duration;

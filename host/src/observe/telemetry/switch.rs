@@ -1,5 +1,5 @@
-//! The on/off switch: what the host's spans go through while an exporter runs ([`ACTIVE`],
-//! with [`ON`] as its cheap flag), and turning it on or off, which has every `tracing` call
+//! The on/off switch: what the host's spans go through while an exporter runs (`ACTIVE`,
+//! with `ON` as its cheap flag), and turning it on or off, which has every `tracing` call
 //! site's interest asked again.
 
 use std::sync::Arc;

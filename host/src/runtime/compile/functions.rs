@@ -1,4 +1,4 @@
-//! Cranelift's incremental cache on disk ([`FunctionStore`]): compiled functions kept between
+//! Cranelift's incremental cache on disk (`FunctionStore`): compiled functions kept between
 //! compiles, each signed with the cache's key, so a rebuild recompiles only what changed.
 
 use std::path::PathBuf;
