@@ -467,10 +467,7 @@ fn trace_attempt(
     span: &tracing::Span,
     parent: &crate::observe::telemetry::context::Parent,
 ) {
-    use opentelemetry::KeyValue;
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-
-    use crate::observe::telemetry::{self, Whole, context::Parent};
 
     span.record("otel.kind", "consumer");
     span.record("origin_id", delivery.origin_id.as_str());
@@ -483,67 +480,84 @@ fn trace_attempt(
         span.record("partition", i64::from(n));
     }
     let _ = span.set_parent(parent.context());
-    let sc = parent.span_context();
-    let now = crate::support::clock::now();
-    let basics = || {
-        vec![
-            KeyValue::new("stream", delivery.stream.clone()),
-            KeyValue::new("group", delivery.group.clone()),
-            KeyValue::new("origin_id", delivery.origin_id.clone()),
-        ]
+    trace_entry_root(delivery, parent);
+    trace_sweep(delivery, parent);
+}
+
+/// The attributes every span an attempt writes carries.
+fn trace_basics(delivery: &Delivery) -> Vec<opentelemetry::KeyValue> {
+    use opentelemetry::KeyValue;
+    vec![
+        KeyValue::new("stream", delivery.stream.clone()),
+        KeyValue::new("group", delivery.group.clone()),
+        KeyValue::new("origin_id", delivery.origin_id.clone()),
+    ]
+}
+
+/// The entry's own trace starts with its wait in the stream, written by the first attempt's
+/// host (a requeue or a copy is never a first attempt).
+fn trace_entry_root(delivery: &Delivery, parent: &crate::observe::telemetry::context::Parent) {
+    use crate::observe::telemetry::{self, Whole, context::Parent};
+    let Parent::Own(root) = parent else {
+        return;
     };
-    // The entry's own trace starts with its wait in the stream, written by the first
-    // attempt's host (a requeue or a copy is never a first attempt).
-    if let Parent::Own(root) = parent
-        && delivery.retry_count == 0
-        && delivery.delivery_count <= 1
-        && delivery.origin_id == delivery.entry.id
-        && let Some(added) = telemetry::id_time(&delivery.entry.id)
+    if delivery.retry_count != 0
+        || delivery.delivery_count > 1
+        || delivery.origin_id != delivery.entry.id
     {
-        // An id the producer chose may name any time: then the root starts with the attempt.
-        let added = if added > now || now.duration_since(added).unwrap_or_default() > MAX_QUEUED_FOR
-        {
-            now
-        } else {
-            added
-        };
-        Whole {
-            name: "entry",
-            start: added,
-            end: now,
-            attributes: basics(),
-        }
-        .emit(root, Some(root.span_id()));
+        return;
     }
-    // A retry the sweep brought back: its wait from due to moved (the copy's id is the time
-    // the sweep added it).
-    // (A requeue into the lane carries a due time too, but no sweep moved it.)
+    let Some(added) = telemetry::id_time(&delivery.entry.id) else {
+        return;
+    };
+    let now = crate::support::clock::now();
+    // An id the producer chose may name any time: then the root starts with the attempt.
+    let added = if added > now || now.duration_since(added).unwrap_or_default() > MAX_QUEUED_FOR {
+        now
+    } else {
+        added
+    };
+    Whole {
+        name: "entry",
+        start: added,
+        end: now,
+        attributes: trace_basics(delivery),
+    }
+    .emit(root, Some(root.span_id()));
+}
+
+/// A retry the sweep brought back: its wait from due to moved (the copy's id is the time the
+/// sweep added it). A requeue into the lane carries a due time too, but no sweep moved it.
+fn trace_sweep(delivery: &Delivery, parent: &crate::observe::telemetry::context::Parent) {
+    use crate::observe::telemetry::{self, Whole};
+    use opentelemetry::KeyValue;
     let requeued = delivery
         .user_fields()
         .iter()
         .any(|(n, _)| n.as_slice() == crate::store::keys::REQUEUED_FROM.as_bytes());
-    if let (Some(due), Some(moved), false) = (
+    let (Some(due), Some(moved), false) = (
         delivery.due_ms,
         telemetry::id_time(&delivery.entry.id),
         requeued,
-    ) {
-        let due_at = telemetry::ms_time(due);
-        let lateness = moved.duration_since(due_at).unwrap_or_default();
-        let mut attributes = basics();
-        attributes.extend([
-            KeyValue::new("due_ms", due),
-            KeyValue::new("lateness_ms", lateness.as_millis() as i64),
-            KeyValue::new("copy_id", delivery.entry.id.clone()),
-            KeyValue::new("retry_count", i64::from(delivery.retry_count)),
-        ]);
-        Whole {
-            name: "sweep",
-            start: due_at.min(moved),
-            end: moved,
-            attributes,
-        }
-        .emit(sc, None);
+    ) else {
+        return;
+    };
+    let due_at = telemetry::ms_time(due);
+    let lateness = moved.duration_since(due_at).unwrap_or_default();
+    let mut attributes = trace_basics(delivery);
+    attributes.extend([
+        KeyValue::new("due_ms", due),
+        KeyValue::new("lateness_ms", lateness.as_millis() as i64),
+        KeyValue::new("copy_id", delivery.entry.id.clone()),
+        KeyValue::new("retry_count", i64::from(delivery.retry_count)),
+    ]);
+    Whole {
+        name: "sweep",
+        start: due_at.min(moved),
+        end: moved,
+        attributes,
     }
+    .emit(parent.span_context(), None);
 }
 
 /// The parked wait of an entry this attempt parked: from now to its due time (as this host's

@@ -115,30 +115,7 @@ pub fn new_project(
     let ignored = "target/\n.sluice/\n";
     match lang {
         Lang::Rust => {
-            let patch = match sdk {
-                SdkSource::Vendored => {
-                    for (file, text) in assets::RUST_SDK {
-                        files.push((format!("{VENDORED_SDK}/{file}"), (*text).to_owned()));
-                    }
-                    let at = |c: &str| format!("{VENDORED_SDK}/{c}");
-                    patch_table(
-                        "sluice-guest is not on crates.io yet: this project carries the SDK it builds\n# against in sluice-sdk/ (from the `sluice` that made it).",
-                        &at("guest"),
-                        &at("macros"),
-                        &at("descriptor"),
-                    )
-                }
-                SdkSource::Checkout(sdk) => {
-                    let dir = dir.canonicalize().map_err(io(&dir))?;
-                    let rel = |p: &Path| relative(&dir, p).display().to_string();
-                    patch_table(
-                        "sluice-guest from a checkout of Sluice, relative to this project.",
-                        &rel(&sdk.guest),
-                        &rel(&sdk.macros),
-                        &rel(&sdk.descriptor),
-                    )
-                }
-            };
+            let patch = sdk_patch(sdk, &dir, &mut files)?;
             files.push(("Cargo.toml".into(), fill(CARGO_TOML) + "\n" + &patch));
             let handler = match template {
                 Template::Ack => RUST_HANDLER,
@@ -172,6 +149,40 @@ pub fn new_project(
         std::fs::write(&path, text).map_err(io(&path))?;
     }
     Ok(dir)
+}
+
+/// Where a Rust project takes the SDK from: the `[patch]` table of its Cargo.toml, and (for a
+/// vendored SDK) the SDK's files added to `files`.
+fn sdk_patch(
+    sdk: &SdkSource,
+    dir: &Path,
+    files: &mut Vec<(String, String)>,
+) -> Result<String, ProjectError> {
+    let patch = match sdk {
+        SdkSource::Vendored => {
+            for (file, text) in assets::RUST_SDK {
+                files.push((format!("{VENDORED_SDK}/{file}"), (*text).to_owned()));
+            }
+            let at = |c: &str| format!("{VENDORED_SDK}/{c}");
+            patch_table(
+                "sluice-guest is not on crates.io yet: this project carries the SDK it builds\n# against in sluice-sdk/ (from the `sluice` that made it).",
+                &at("guest"),
+                &at("macros"),
+                &at("descriptor"),
+            )
+        }
+        SdkSource::Checkout(sdk) => {
+            let dir = dir.canonicalize().map_err(io(&dir))?;
+            let rel = |p: &Path| relative(&dir, p).display().to_string();
+            patch_table(
+                "sluice-guest from a checkout of Sluice, relative to this project.",
+                &rel(&sdk.guest),
+                &rel(&sdk.macros),
+                &rel(&sdk.descriptor),
+            )
+        }
+    };
+    Ok(patch)
 }
 
 /// The directory of a Rust project that holds its copy of the SDK.

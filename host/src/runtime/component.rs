@@ -87,26 +87,7 @@ pub(super) async fn load_bytes(
         Some(artifact) => artifact,
         None => runtime.compiler().compile(path, bytes).await?,
     };
-    // SAFETY: the artifact is native code for this engine's settings, made by this host's
-    // own compiler process from `bytes`, or read back from a cache whose keyed hash (a key
-    // only this host holds) vouches that this host wrote it. wasmtime checks the settings.
-    #[allow(unsafe_code)]
-    let component =
-        unsafe { Component::deserialize(runtime.engine(), &artifact) }.map_err(|e| {
-            let pool = format!("{e:#}").contains("pooling allocator");
-            let source = super::cause(e);
-            if pool {
-                RuntimeError::TooBig {
-                    path: path.to_owned(),
-                    source,
-                }
-            } else {
-                RuntimeError::Compile {
-                    path: path.to_owned(),
-                    source,
-                }
-            }
-        })?;
+    let component = deserialize(runtime, path, &artifact)?;
     let took = started.elapsed();
     if compiled && (bytes.len() >= LARGE_COMPONENT || took >= Duration::from_secs(1)) {
         tracing::info!(
@@ -117,19 +98,7 @@ pub(super) async fn load_bytes(
             if runtime.artifacts().is_some() { " (cached for the next start)" } else { "" }
         );
     }
-    let wrong_world = |e: wasmtime::Error| RuntimeError::WrongWorld {
-        path: path.to_owned(),
-        source: super::cause(e),
-    };
-    let imports_wasi_http = component
-        .component_type()
-        .imports(runtime.engine())
-        .any(|(name, _)| name.starts_with("wasi:http/"));
-    let instance_pre = runtime
-        .linker(imports_wasi_http)
-        .instantiate_pre(&component)
-        .map_err(wrong_world)?;
-    let pre = bindings::HandlerPre::new(instance_pre).map_err(wrong_world)?;
+    let (pre, imports_wasi_http) = linked(runtime, path, &component)?;
     // Only what passed every check is kept for the next start.
     if compiled && let Some(cache) = runtime.artifacts() {
         cache.put(&digest, &artifact);
@@ -154,6 +123,54 @@ pub(super) async fn load_bytes(
         compiled,
         runtime: runtime.clone(),
     })
+}
+
+/// The compiled artifact made a component of this engine; a component over the pooling
+/// allocator's bounds is refused as too big.
+fn deserialize(runtime: &Runtime, path: &Path, artifact: &[u8]) -> Result<Component, RuntimeError> {
+    // SAFETY: the artifact is native code for this engine's settings, made by this host's
+    // own compiler process from `bytes`, or read back from a cache whose keyed hash (a key
+    // only this host holds) vouches that this host wrote it. wasmtime checks the settings.
+    #[allow(unsafe_code)]
+    let component = unsafe { Component::deserialize(runtime.engine(), artifact) }.map_err(|e| {
+        let pool = format!("{e:#}").contains("pooling allocator");
+        let source = super::cause(e);
+        if pool {
+            RuntimeError::TooBig {
+                path: path.to_owned(),
+                source,
+            }
+        } else {
+            RuntimeError::Compile {
+                path: path.to_owned(),
+                source,
+            }
+        }
+    })?;
+    Ok(component)
+}
+
+/// The component linked against the host's imports (with `wasi:http` only when it imports it):
+/// a component of another world is refused here.
+fn linked(
+    runtime: &Runtime,
+    path: &Path,
+    component: &Component,
+) -> Result<(bindings::HandlerPre<super::guest::GuestState>, bool), RuntimeError> {
+    let wrong_world = |e: wasmtime::Error| RuntimeError::WrongWorld {
+        path: path.to_owned(),
+        source: super::cause(e),
+    };
+    let imports_wasi_http = component
+        .component_type()
+        .imports(runtime.engine())
+        .any(|(name, _)| name.starts_with("wasi:http/"));
+    let instance_pre = runtime
+        .linker(imports_wasi_http)
+        .instantiate_pre(component)
+        .map_err(wrong_world)?;
+    let pre = bindings::HandlerPre::new(instance_pre).map_err(wrong_world)?;
+    Ok((pre, imports_wasi_http))
 }
 
 impl LoadedComponent {

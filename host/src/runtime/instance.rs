@@ -322,6 +322,44 @@ impl WasmHandler {
         };
         let request = to_wit(delivery, &fields);
         let mut instance = self.instance().await?;
+        let span = self.prepare(&mut instance, delivery);
+
+        // Epoch interruption stops a guest that runs past its deadline, but not one waiting in
+        // a host call (an HTTP response, a WASI sleep): the timer covers those. Dropping the
+        // call mid-way leaves the instance unusable, so it is dropped too.
+        let limit_at = tokio::time::Instant::now() + self.limits.handler_timeout + EPOCH_TICK;
+        // A handler that never waits on the host ends in its first poll: no timer is set for it
+        // (one per delivery was a measurable share of a light handler's cost, issue 50).
+        let result = {
+            let mut call =
+                std::pin::pin!(instance.handler.call_handle(&mut instance.store, request));
+            match futures::poll!(call.as_mut()) {
+                std::task::Poll::Ready(result) => Some(result),
+                std::task::Poll::Pending => tokio::time::timeout_at(limit_at, call).await.ok(),
+            }
+        };
+        let Some(result) = result else {
+            return Err(Failure::Timeout(self.limits.handler_timeout));
+        };
+        self.finish(&mut instance, span.as_ref());
+        match result {
+            Ok(outcome) => {
+                let downstream = instance.store.data_mut().downstream_down.take();
+                instance.uses += 1;
+                self.give_back(instance);
+                Ok(match (from_wit(outcome), downstream) {
+                    (Outcome::RetryAfter(delay), Some(why)) => Outcome::DownstreamDown(delay, why),
+                    (outcome, _) => outcome,
+                })
+            }
+            // The instance may be in any state after a trap: drop it.
+            Err(err) => Err(self.classify(&err, instance.store.data())),
+        }
+    }
+
+    /// Sets `instance` up for one delivery: its deadline, budgets and trace; on the attempt's
+    /// span (when traced) the limits it runs under. The span, when traced.
+    fn prepare(&self, instance: &mut Instance, delivery: &Delivery) -> Option<tracing::Span> {
         {
             let state = instance.store.data_mut();
             state.deadline = Some(Instant::now() + self.limits.handler_timeout);
@@ -352,25 +390,12 @@ impl WasmHandler {
                 .store
                 .set_fuel(self.limits.fuel.unwrap_or(u64::MAX));
         }
+        span
+    }
 
-        // Epoch interruption stops a guest that runs past its deadline, but not one waiting in
-        // a host call (an HTTP response, a WASI sleep): the timer covers those. Dropping the
-        // call mid-way leaves the instance unusable, so it is dropped too.
-        let limit_at = tokio::time::Instant::now() + self.limits.handler_timeout + EPOCH_TICK;
-        // A handler that never waits on the host ends in its first poll: no timer is set for it
-        // (one per delivery was a measurable share of a light handler's cost, issue 50).
-        let result = {
-            let mut call =
-                std::pin::pin!(instance.handler.call_handle(&mut instance.store, request));
-            match futures::poll!(call.as_mut()) {
-                std::task::Poll::Ready(result) => Some(result),
-                std::task::Poll::Pending => tokio::time::timeout_at(limit_at, call).await.ok(),
-            }
-        };
-        let Some(result) = result else {
-            return Err(Failure::Timeout(self.limits.handler_timeout));
-        };
-        // The attempt's span ends with the attempt, not when the instance is next used.
+    /// After the call: the attempt's span ends with the attempt (not when the instance is next
+    /// used) and says how much memory it took; dropped guest log lines are reported once.
+    fn finish(&self, instance: &mut Instance, span: Option<&tracing::Span>) {
         instance.store.data_mut().http_hooks.trace = None;
         if let Some(span) = &span {
             span.record(
@@ -385,19 +410,6 @@ impl WasmHandler {
                 dropped,
                 "guest log lines dropped by this delivery's log budget"
             );
-        }
-        match result {
-            Ok(outcome) => {
-                let downstream = instance.store.data_mut().downstream_down.take();
-                instance.uses += 1;
-                self.give_back(instance);
-                Ok(match (from_wit(outcome), downstream) {
-                    (Outcome::RetryAfter(delay), Some(why)) => Outcome::DownstreamDown(delay, why),
-                    (outcome, _) => outcome,
-                })
-            }
-            // The instance may be in any state after a trap: drop it.
-            Err(err) => Err(self.classify(&err, instance.store.data())),
         }
     }
 

@@ -550,88 +550,113 @@ impl DelayedSet {
 
     /// Sweep whenever the earliest known due time arrives, until `stop`.
     pub async fn run_waker(self: Arc<Self>, stop: CancellationToken) {
-        let mut failures = crate::store::redis_conn::ReconnectBackoff::default();
-        // Whether the last pass left something due already: then the next pass runs at once
-        // (a timer set to "now" would wait for the timer's next millisecond tick).
-        let mut more_due = false;
-        let mut backoff_until: Option<Instant> = None;
-        // The sleep towards the earliest due time, kept across wake-ups that leave that time
-        // as it was (every pass signals one), so its precise part is started once per target.
-        let mut timer: Option<(Instant, BoxFuture<'static, ()>)> = None;
-        let mut last_bell_pass: Option<Instant> = None;
+        let mut waker = Waker::default();
         loop {
             // A reader's ask runs a pass at once, except while a failed pass's backoff lasts.
             let asked = self.sweep_asked.swap(false, Ordering::AcqRel)
-                && backoff_until.is_none_or(|until| Instant::now() >= until);
-            if more_due || asked {
+                && waker
+                    .backoff_until
+                    .is_none_or(|until| Instant::now() >= until);
+            if waker.more_due || asked {
                 if stop.is_cancelled() {
                     return;
                 }
             } else {
-                let next = self.next_wake.lock().ok().and_then(|w| w.at);
-                if timer.as_ref().map(|(at, _)| *at) != next {
-                    timer = next.map(|at| (at, timer::sleep_until_precisely(at).boxed()));
+                match self.wait_for_pass(&mut waker, &stop).await {
+                    Some(true) => {}
+                    Some(false) => continue,
+                    None => return,
                 }
-                let sleep = async {
-                    match timer.as_mut() {
-                        Some((_, sleep)) => sleep.as_mut().await,
-                        None => std::future::pending().await,
-                    }
-                };
-                // Another host's park or sweep rings the set's bell: a pass then learns its
-                // due times (at most every BELL_PASS_EVERY).
-                let rung = async {
-                    match &self.bell {
-                        Some((bell, poll)) => {
-                            if let Some(last) = last_bell_pass {
-                                tokio::time::sleep_until(last + BELL_PASS_EVERY).await;
-                            }
-                            while !bell.wait(*poll, None).await {}
-                        }
-                        None => std::future::pending().await,
-                    }
-                };
-                // A change already signalled is taken before the sleep is polled.
-                tokio::select! {
-                    biased;
-                    () = stop.cancelled() => return,
-                    () = self.wake_changed.notified() => continue,
-                    () = sleep => {}
-                    () = rung => {
-                        last_bell_pass = Some(Instant::now());
-                    }
-                }
-                timer = None;
             }
             if let Some((bell, _)) = &self.bell {
                 // Before the pass: a write during it rings again.
                 bell.seen();
             }
-            match self.sweep().await {
-                Ok(swept) if swept.held => {
-                    // What is due stays due: wait instead of asking again at once.
-                    more_due = false;
-                    backoff_until = Some(Instant::now() + HELD_RETRY);
-                    if let Ok(mut wake) = self.next_wake.lock() {
-                        wake.at = backoff_until;
+            let swept = self.sweep().await;
+            self.after_pass(&mut waker, swept);
+        }
+    }
+
+    /// Wait for the next pass: the earliest due time, a ring of the set's bell (another
+    /// host's park or sweep, at most every [`BELL_PASS_EVERY`]), or a change of the due time.
+    /// `Some(true)`: pass now; `Some(false)`: the due time changed, look again; `None`: stop.
+    async fn wait_for_pass(&self, waker: &mut Waker, stop: &CancellationToken) -> Option<bool> {
+        let next = self.next_wake.lock().ok().and_then(|w| w.at);
+        if waker.timer.as_ref().map(|(at, _)| *at) != next {
+            waker.timer = next.map(|at| (at, timer::sleep_until_precisely(at).boxed()));
+        }
+        let sleep = async {
+            match waker.timer.as_mut() {
+                Some((_, sleep)) => sleep.as_mut().await,
+                None => std::future::pending().await,
+            }
+        };
+        let last_bell_pass = waker.last_bell_pass;
+        let rung = async {
+            match &self.bell {
+                Some((bell, poll)) => {
+                    if let Some(last) = last_bell_pass {
+                        tokio::time::sleep_until(last + BELL_PASS_EVERY).await;
                     }
+                    while !bell.wait(*poll, None).await {}
                 }
-                Ok(swept) => {
-                    failures.reset();
-                    backoff_until = None;
-                    more_due = swept.next_due_in.is_some_and(|d| d.is_zero());
+                None => std::future::pending().await,
+            }
+        };
+        // A change already signalled is taken before the sleep is polled.
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return None,
+            () = self.wake_changed.notified() => return Some(false),
+            () = sleep => {}
+            () = rung => {
+                waker.last_bell_pass = Some(Instant::now());
+            }
+        }
+        waker.timer = None;
+        Some(true)
+    }
+
+    /// After a pass: what is due again at once, and how long a held or failed pass waits.
+    fn after_pass(&self, waker: &mut Waker, swept: RedisResult<Swept>) {
+        match swept {
+            Ok(swept) if swept.held => {
+                // What is due stays due: wait instead of asking again at once.
+                waker.more_due = false;
+                waker.backoff_until = Some(Instant::now() + HELD_RETRY);
+                if let Ok(mut wake) = self.next_wake.lock() {
+                    wake.at = waker.backoff_until;
                 }
-                Err(err) => {
-                    more_due = false;
-                    let pause = failures.next_delay();
-                    tracing::warn!(key = %self.key, %err, retry_in_ms = pause.as_millis() as u64, "timed sweep failed");
-                    // The next pass waits for the backoff, even for what is already due.
-                    backoff_until = Some(Instant::now() + pause);
-                    if let Ok(mut wake) = self.next_wake.lock() {
-                        wake.at = backoff_until;
-                    }
+            }
+            Ok(swept) => {
+                waker.failures.reset();
+                waker.backoff_until = None;
+                waker.more_due = swept.next_due_in.is_some_and(|d| d.is_zero());
+            }
+            Err(err) => {
+                waker.more_due = false;
+                let pause = waker.failures.next_delay();
+                tracing::warn!(key = %self.key, %err, retry_in_ms = pause.as_millis() as u64, "timed sweep failed");
+                // The next pass waits for the backoff, even for what is already due.
+                waker.backoff_until = Some(Instant::now() + pause);
+                if let Ok(mut wake) = self.next_wake.lock() {
+                    wake.at = waker.backoff_until;
                 }
             }
         }
     }
+}
+
+/// What the timer task of a set carries from one pass to the next.
+#[derive(Default)]
+struct Waker {
+    failures: crate::store::redis_conn::ReconnectBackoff,
+    /// Whether the last pass left something due already: then the next pass runs at once (a
+    /// timer set to "now" would wait for the timer's next millisecond tick).
+    more_due: bool,
+    backoff_until: Option<Instant>,
+    /// The sleep towards the earliest due time, kept across wake-ups that leave that time as
+    /// it was (every pass signals one), so its precise part is started once per target.
+    timer: Option<(Instant, BoxFuture<'static, ()>)>,
+    last_bell_pass: Option<Instant>,
 }
