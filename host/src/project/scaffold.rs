@@ -172,7 +172,7 @@ fn sdk_patch(
             )
         }
         SdkSource::Checkout(sdk) => {
-            let dir = dir.canonicalize().map_err(io(&dir))?;
+            let dir = dir.canonicalize().map_err(io(dir))?;
             let rel = |p: &Path| relative(&dir, p).display().to_string();
             patch_table(
                 "sluice-guest from a checkout of Sluice, relative to this project.",
