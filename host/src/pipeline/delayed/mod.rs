@@ -40,6 +40,10 @@
 //!   cannot disagree about what is due.
 //!
 //! Nothing about a delay lives in the service: a restart or a crash loses no retry.
+//!
+//! Longer than the house's ~600 lines on purpose: park, sweep and the set's timer task share
+//! one `DelayedSet` and its due-time bookkeeping (the sweep's reply sets the timer the park
+//! wakes); `timer.rs` already holds the precise sleep.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};

@@ -1,5 +1,8 @@
 //! The Redis commands a subscription reads with, and the parsing of their replies into
 //! [`Entry`]s (fields kept in stream order, as bytes).
+//!
+//! Longer than the house's ~600 lines on purpose: every Redis command the read loop sends and
+//! the parsing of its reply, kept together so a reply's shape is checked where it is asked for.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -18,6 +18,10 @@
 //! - A retry with a delayed-retry set parks the entry there ([`crate::pipeline::delayed`]).
 //! - A retry without a delayed-retry set leaves the entry pending; the subscription brings it
 //!   back after the delay (or, on a claiming subscription, XAUTOCLAIM does after `min_idle`).
+//!
+//! Longer than the house's ~600 lines on purpose: acks, dead letters and pending retries are
+//! the three ways one decision is carried out, and they share the settler's state and its
+//! retry-until-Redis-takes-it loop; split, each file would hold a third of one idea.
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
