@@ -220,6 +220,14 @@ fn expand(file: &Path, seen: &mut Vec<String>, stack: &mut Vec<String>) -> Resul
     let mut out = String::with_capacity(text.len());
     for line in text.lines() {
         let Some(name) = line.strip_prefix("-- @include ").map(str::trim) else {
+            // A misspelled or indented include would be a comment, and the script would fail
+            // only when it runs (calling a helper that is not there).
+            if line.contains("@include") {
+                return Err(format!(
+                    "`{}`: an include is written `-- @include lib/NAME` at the start of a line, before the script's code",
+                    line.trim()
+                ));
+            }
             out.push_str(line);
             out.push('\n');
             continue;
@@ -235,7 +243,7 @@ fn expand(file: &Path, seen: &mut Vec<String>, stack: &mut Vec<String>) -> Resul
             continue;
         }
         let helper = Path::new(LUA_ROOT).join(format!("{name}.lua"));
-        if !name.starts_with("lib/") || !helper.is_file() {
+        if !name.starts_with("lib/") || name.contains("..") || !helper.is_file() {
             return Err(format!(
                 "`-- @include {name}` names no helper (expected {})",
                 helper.display()

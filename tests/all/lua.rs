@@ -255,7 +255,8 @@ fn sweep_options(past_other_groups: bool, ttl_ms: u64) -> Vec<u8> {
                 ("parked", keys::PARKED),
             ]),
         ),
-        ("dead_letter_maxlen", Mp::from(0)),
+        // Decimal text, as the host sends it: 0 never trims.
+        ("dead_letter_maxlen", Mp::from("0")),
         ("stream", Mp::from("s")),
         ("group", Mp::from("g")),
         ("past_other_groups", Mp::from(past_other_groups)),
@@ -1867,7 +1868,9 @@ fn dead_letter_now_options() -> Vec<u8> {
                 ("packed_fields", keys::PACKED_FIELDS),
             ]),
         ),
-        ("dead_letter_maxlen", Mp::from(0)),
+        // Decimal text, as the host sends it: a cap as large as 10^14 reaches XADD whole
+        // (as a Lua number it printed as "1e+14", which XADD refused: found by the review).
+        ("dead_letter_maxlen", Mp::from("100000000000000")),
         (
             "seals",
             names(&[

@@ -7,10 +7,16 @@
 //! `use` group. Each path is resolved to the longest prefix that is a file of the crate. A
 //! cycle means two files can only be understood, tested or changed together; an import against
 //! the layer order means a lower layer knows about a higher one. This test names either where
-//! it appears, so it is cut there.
+//! it appears, so it is cut there. A path through a root re-export (`crate::Service`) counts as
+//! the module it re-exports. A parent's own `mod` children named without a prefix
+//! (`use watcher::FlowWatcher;` in the parent that declares `mod watcher;`) are not edges: a
+//! folder's map re-exports its files, and its files use the folder's shared types.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+
+/// `lib.rs`'s root re-exports (see [`root_exports`]).
+static ROOT: std::sync::LazyLock<BTreeMap<String, Module>> = std::sync::LazyLock::new(root_exports);
 
 /// The layers, bottom up: the order `lib.rs` gives. A file may use its own layer and those
 /// before it in this list, never one after it.
@@ -72,9 +78,16 @@ fn modules() -> BTreeMap<Module, PathBuf> {
 
 /// The code of a file without its tests, comments and string contents.
 fn code(text: &str) -> String {
-    // Only the test module at the end is cut: a `#[cfg(test)]` item before other code (a
-    // test-only helper) must not hide the rest of the file.
-    let text = &text[..text.find("#[cfg(test)]\nmod ").unwrap_or(text.len())];
+    // Only the test module at the end is cut (the last `#[cfg(test)] mod x {`): a test-only
+    // item before other code must not hide the rest of the file.
+    let cut = text
+        .rfind("#[cfg(test)]\nmod ")
+        .filter(|at| text[*at..].lines().nth(1).is_some_and(|l| l.ends_with('{')));
+    // A char literal holding a quote would otherwise flip "inside a string" below.
+    let text = text[..cut.unwrap_or(text.len())]
+        .replace("'\"'", "' '")
+        .replace("'\\\"'", "' '");
+    let text = text.as_str();
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars().peekable();
     let mut in_string = false;
@@ -161,10 +174,38 @@ fn walk(mut prefix: Vec<String>, mut rest: &str, out: &mut Vec<Vec<String>>) {
     out.push(prefix);
 }
 
+/// What `lib.rs` re-exports at the crate root, item name to the module it comes from: a path
+/// through the root (`crate::Service`) counts as naming that module.
+fn root_exports() -> BTreeMap<String, Module> {
+    let lib = std::fs::read_to_string(src().join("lib.rs")).unwrap();
+    let mut out = BTreeMap::new();
+    for line in lib
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub use "))
+    {
+        let line = line.trim_end_matches(';');
+        let (module, items) = match line.split_once("::{") {
+            Some((module, items)) => (module, items.trim_end_matches('}').to_owned()),
+            None => match line.rsplit_once("::") {
+                Some((module, item)) => (module, item.to_owned()),
+                None => continue,
+            },
+        };
+        let module: Module = module.split("::").map(str::to_owned).collect();
+        for item in items.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            out.insert(item.to_owned(), module.clone());
+        }
+    }
+    out
+}
+
 /// The module of the crate that `path`, written in `file`'s module `here`, names.
 fn resolve(path: &[String], here: &Module, modules: &BTreeMap<Module, PathBuf>) -> Option<Module> {
     let (mut base, rest): (Module, &[String]) = match path[0].as_str() {
-        "crate" => (Vec::new(), &path[1..]),
+        "crate" => match path.get(1).and_then(|item| ROOT.get(item)) {
+            Some(module) => (module.clone(), &path[2..]),
+            None => (Vec::new(), &path[1..]),
+        },
         _ => {
             // `self` and `super` count from the file's module (`a/b.rs` and `a/b/mod.rs` are
             // both `a::b`, and `super` is `a` from either).
@@ -318,6 +359,19 @@ fn the_checker_finds_cycles_groups_and_relative_paths() {
     assert_eq!(
         resolve(&found[3], &here, &modules),
         Some(vec!["pipeline".to_owned(), "read".to_owned()])
+    );
+
+    // A char literal holding a quote hides nothing after it, nor does a test-only item before
+    // other code; only the test module at the end is cut.
+    let text = "let q = '\"';\n#[cfg(test)]\nmod helpers;\nuse crate::cli::Cli;\n#[cfg(test)]\nmod tests {\n    use crate::service::X;\n}\n";
+    let found: Vec<String> = paths(&code(text)).iter().map(|p| p.join("::")).collect();
+    assert_eq!(found, ["crate::cli::Cli"]);
+    // A path through a root re-export names the module it re-exports.
+    let through_root = vec!["crate".to_owned(), "Service".to_owned()];
+    let store = vec!["store".to_owned(), "inspect".to_owned()];
+    assert_eq!(
+        resolve(&through_root, &store, &self::modules()),
+        Some(vec!["service".to_owned()])
     );
 }
 

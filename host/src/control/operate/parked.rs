@@ -307,7 +307,7 @@ fn dead_letter_now_options(keys: &SubscriptionKeys, reason: &str) -> Vec<u8> {
                 ("packed_fields", keys::PACKED_FIELDS),
             ],
         )
-        .with("dead_letter_maxlen", keys.maxlen_arg())
+        .with("dead_letter_maxlen", keys.maxlen_arg().to_string())
         .names(
             "seals",
             &[

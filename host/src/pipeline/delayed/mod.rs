@@ -385,7 +385,7 @@ impl DelayedSet {
                     ("parked", keys::PARKED),
                 ],
             )
-            .with("dead_letter_maxlen", self.dead_letter_maxlen)
+            .with("dead_letter_maxlen", self.dead_letter_maxlen.to_string())
             .with("stream", &*self.stream)
             .with("group", &*self.group)
             .with("past_other_groups", self.other_groups_see_retries)

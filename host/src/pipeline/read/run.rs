@@ -97,7 +97,15 @@ impl Subscription {
     /// One read: through the gates, the read itself, then its entries started.
     async fn turn(self: &Arc<Self>, state: &mut LoopState) -> Step<()> {
         let admission = self.admit(&mut state.cursors).await?;
-        let rung = self.wait_for_ring(&state.cursors).await?;
+        let rung = match self.wait_for_ring(&state.cursors).await {
+            Ok(rung) => rung,
+            Err(turn) => {
+                // A probe the breaker granted goes back unused (found by the review of issue
+                // 51: before, it stayed taken until the breaker's own timeout).
+                self.unused(admission, 0, true);
+                return Err(turn);
+            }
+        };
         let mut slots = self.take_slots(state.lane_more, admission).await?;
         let tokens = self.take_tokens(&mut slots).await?;
         // Waiting for slots or tokens may have taken a while: a pause (or an opened breaker)
@@ -111,6 +119,7 @@ impl Subscription {
             Ok(conn) => conn,
             Err(reason) => {
                 drop(slots);
+                self.unused(admission, tokens, true);
                 self.health.failed(&reason);
                 return self.pause_turn(&reason, &mut state.backoff).await;
             }

@@ -13,7 +13,8 @@
 --                              origin_group, origin_id, entry_id, retry_count, delivery_count,
 --                              member, origin_key, mark, packed_fields
 --          dead_letter_maxlen  trim the dead-letter stream to about this many entries
---                              (MAXLEN ~), 0 for never
+--                              (MAXLEN ~), 0 for never (decimal text: a Lua number
+--                              would print 10^14 as "1e+14", which XADD refuses)
 --          seals               the seals' uses: dead_letter, member, dead_letter_packed
 -- ARGV[2..] members
 --
@@ -51,7 +52,7 @@ local secret = redis.call('GET', KEYS[3])
 local function xadd(values)
   local args = {KEYS[2]}
   if tonumber(o.dead_letter_maxlen) > 0 then
-    args = {KEYS[2], 'MAXLEN', '~', tostring(o.dead_letter_maxlen)}
+    args = {KEYS[2], 'MAXLEN', '~', o.dead_letter_maxlen}
   end
   args[#args + 1] = '*'
   for _, v in ipairs(values) do

@@ -17,7 +17,8 @@
 --                              origin_id, due_ms, mark, member, reason, origin_key,
 --                              origin_stream, origin_group, packed_fields, parked
 --          dead_letter_maxlen  trim the dead-letter stream to about this many entries
---                              (MAXLEN ~), 0 for never
+--                              (MAXLEN ~), 0 for never (decimal text: a Lua number
+--                              would print 10^14 as "1e+14", which XADD refuses)
 --          stream              the subscription's stream: the name the seals cover and dead
 --                              letters record as their origin, whether KEYS[1] is that stream or
 --                              the lane
@@ -158,7 +159,7 @@ end
 local function dead_letter(member, reason, owner_stream, owner_group)
   local args = {KEYS[3]}
   if tonumber(o.dead_letter_maxlen) > 0 then
-    args = {KEYS[3], 'MAXLEN', '~', tostring(o.dead_letter_maxlen)}
+    args = {KEYS[3], 'MAXLEN', '~', o.dead_letter_maxlen}
   end
   local mark = seal(secret, {SEAL_MEMBER, KEYS[2], owner_stream, owner_group, member})
   for _, v in ipairs({'*', F_MEMBER, member, F_REASON, reason, F_ORIGIN_KEY, KEYS[2],
