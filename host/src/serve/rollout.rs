@@ -133,7 +133,7 @@ async fn start(
     tracing::warn!(
         stream,
         group,
-        candidate = %crate::control::rollout::canary::short(&record.candidate),
+        candidate = %crate::support::digest::short(&record.candidate),
         percent = record.percent(),
         "canary started ({by})"
     );

@@ -31,13 +31,18 @@ impl Digest {
 
     /// The first [`SHORT_LEN`] digits, for logs and tables.
     pub fn short(&self) -> &str {
-        let end = self
-            .0
-            .char_indices()
-            .nth(SHORT_LEN)
-            .map_or(self.0.len(), |(at, _)| at);
-        &self.0[..end]
+        short(&self.0)
     }
+}
+
+/// The first [`SHORT_LEN`] digits of a digest held as text (a canary's record names its
+/// versions so), as [`Digest::short`] prints them.
+pub fn short(digest: &str) -> &str {
+    let end = digest
+        .char_indices()
+        .nth(SHORT_LEN)
+        .map_or(digest.len(), |(at, _)| at);
+    &digest[..end]
 }
 
 impl fmt::Display for Digest {

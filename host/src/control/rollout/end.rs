@@ -2,7 +2,7 @@
 //! (the candidate when promoted, the incumbent when rolled back), the share shown as none, the
 //! verdict counted and logged.
 
-use super::canary::{self, Outcome, Verdict};
+use super::canary::{Outcome, Verdict};
 use super::follow::{Follower, Installed};
 use crate::handler::Tally;
 use crate::observe::metrics::VerdictLabels;
@@ -43,13 +43,13 @@ impl Follower<'_> {
             Outcome::Promoted => tracing::info!(
                 stream = %installed.record.stream,
                 group = %installed.record.group,
-                candidate = %canary::short(&installed.record.candidate),
+                candidate = %crate::support::digest::short(&installed.record.candidate),
                 "canary promoted: the candidate serves every delivery now ({why})"
             ),
             Outcome::RolledBack => tracing::warn!(
                 stream = %installed.record.stream,
                 group = %installed.record.group,
-                candidate = %canary::short(&installed.record.candidate),
+                candidate = %crate::support::digest::short(&installed.record.candidate),
                 "canary rolled back: the current version serves every delivery again ({why})"
             ),
         }

@@ -201,7 +201,7 @@ impl Follower<'_> {
         tracing::warn!(
             stream,
             group,
-            candidate = %canary::short(&record.candidate),
+            candidate = %crate::support::digest::short(&record.candidate),
             "the verdict of a canary this host saw {} is gone from Redis or not sealed: written back, and the canary stays ended",
             verdict.outcome.name()
         );
@@ -279,7 +279,7 @@ impl Follower<'_> {
             tracing::warn!(
                 stream,
                 group,
-                candidate = %canary::short(&record.candidate),
+                candidate = %crate::support::digest::short(&record.candidate),
                 "canary record not joined: its window ended more than a minute ago"
             );
             return;

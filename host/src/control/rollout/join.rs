@@ -22,7 +22,7 @@ impl Follower<'_> {
         tracing::error!(
             stream,
             group,
-            candidate = %canary::short(&record.candidate),
+            candidate = %crate::support::digest::short(&record.candidate),
             err = %explained,
             "cannot join the canary: ending it for every host of the group"
         );
@@ -83,7 +83,7 @@ impl Follower<'_> {
         .await?;
         let origin = PathBuf::from(format!(
             "canary candidate {}",
-            canary::short(&record.candidate)
+            crate::support::digest::short(&record.candidate)
         ));
         let candidate = self.rollout.control.prepare(origin, bytes).await?;
         let slot = self.rollout.control.slot();
@@ -93,7 +93,7 @@ impl Follower<'_> {
                 stream = %record.stream,
                 group = %record.group,
                 serving = serving.digest.short(),
-                incumbent = %canary::short(&record.incumbent),
+                incumbent = %crate::support::digest::short(&record.incumbent),
                 "this host serves another version than the canary's incumbent; its deliveries count as the incumbent's"
             );
         }

@@ -17,8 +17,9 @@ use maud::{Markup, html};
 
 use super::chrome::{layout, message, segment};
 use super::{AdminState, Viewer, forbidden};
-use crate::control::rollout::canary::{CanaryState, Outcome, Totals, short};
+use crate::control::rollout::canary::{CanaryState, Outcome, Totals};
 use crate::control::rollout::{ReplayOutcome, Rollout};
+use crate::support::digest::short;
 
 /// Who the page's canaries and aborts are recorded as.
 const BY: &str = "the admin page";

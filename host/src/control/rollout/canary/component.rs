@@ -4,8 +4,9 @@
 
 use redis::aio::ConnectionLike;
 
-use super::{CanaryError, short};
+use super::CanaryError;
 use crate::store::keys::component_key;
+use crate::support::digest::short;
 
 /// Store the candidate `bytes` of `stream`'s canary under its `digest` for `keep_ms`.
 pub(super) async fn store<C: ConnectionLike>(
@@ -32,7 +33,7 @@ pub async fn fetch_component<C: ConnectionLike>(
     max: u64,
 ) -> Result<Vec<u8>, CanaryError> {
     let failed = |why: String| CanaryError::Fetch {
-        digest: short(digest),
+        digest: short(digest).to_owned(),
         why,
     };
     let key = component_key(stream, digest);

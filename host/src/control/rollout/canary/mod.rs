@@ -143,11 +143,6 @@ pub async fn server_ms<C: ConnectionLike>(conn: &mut C) -> redis::RedisResult<u6
     Ok(u64::try_from(crate::store::inspect::server_now_ms(conn).await?).unwrap_or(0))
 }
 
-/// The first 12 hex digits of a digest, as logs show it.
-pub fn short(digest: &str) -> String {
-    digest.chars().take(12).collect()
-}
-
 /// A duration in whole milliseconds, `u64::MAX` past it (a window or a keep time as the
 /// scripts take it).
 fn ms(duration: Duration) -> u64 {

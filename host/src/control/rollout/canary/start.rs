@@ -12,10 +12,11 @@ use redis::aio::ConnectionLike;
 
 use super::record::Record;
 use super::rule::Thresholds;
-use super::{ABANDONED_AFTER, CanaryError, KEEP_AFTER, MAX_TEXT, ms, rfc3339, server_ms, short};
+use super::{ABANDONED_AFTER, CanaryError, KEEP_AFTER, MAX_TEXT, ms, rfc3339, server_ms};
 use crate::control::rollout::key::RolloutKey;
 use crate::pipeline::admit::clean;
 use crate::store::keys::{canary_key, flow_key};
+use crate::support::digest::short;
 
 /// `lua/canary_start.lua`.
 static START: LazyLock<Script> =
@@ -99,7 +100,9 @@ impl Start<'_> {
             group: self.group.to_owned(),
             candidate: running
                 .as_ref()
-                .map_or("an unknown candidate".to_owned(), |r| short(&r.candidate)),
+                .map_or("an unknown candidate".to_owned(), |r| {
+                    short(&r.candidate).to_owned()
+                }),
             ends: running.map_or_else(String::new, |r| rfc3339(r.ends_ms)),
         }
     }
