@@ -175,6 +175,9 @@ pub struct DelayedSet {
     /// asks for a pass at every read, and this bell does (see
     /// [`crate::store::doorbell`]).
     bell: Option<(crate::store::doorbell::Bell, Duration)>,
+    /// The sweep script's options, encoded at the first pass: every one of them is fixed once
+    /// the set is built, so a pass does not encode them again.
+    sweep_options: std::sync::OnceLock<Vec<u8>>,
 }
 
 /// The least time between two passes a ring of the set's bell asks for: under a retry storm
@@ -217,6 +220,7 @@ impl DelayedSet {
             ttl,
             dead_letter: keys.dead_letter.clone(),
             dead_letter_maxlen: keys.maxlen_arg(),
+            sweep_options: std::sync::OnceLock::new(),
             secret,
             conn,
             next_wake: Mutex::new(Wake::default()),
@@ -354,15 +358,16 @@ impl DelayedSet {
     /// The sweep script's invocation for this set.
     fn sweep_invocation(&self) -> ScriptInvocation<'static> {
         let mut invocation = SWEEP.key(self.target());
-        invocation
-            .key(&*self.key)
-            .key(&*self.dead_letter)
-            .arg(self.sweep_options());
+        invocation.key(&*self.key).key(&*self.dead_letter).arg(
+            self.sweep_options
+                .get_or_init(|| self.encode_sweep_options())
+                .as_slice(),
+        );
         invocation
     }
 
     /// The sweep script's options (see the header of `lua/sweep.lua`).
-    fn sweep_options(&self) -> Vec<u8> {
+    fn encode_sweep_options(&self) -> Vec<u8> {
         use keys::Seal;
         ScriptOptions::default()
             .with("batch", SWEEP_BATCH as u64)
