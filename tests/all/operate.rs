@@ -108,6 +108,17 @@ async fn dead_letters_are_listed_requeued_and_deleted_from_the_cli() {
             .unwrap_or_else(|| panic!("{origin} listed: {listing}"))
     };
     assert_eq!(row_of(&poison)["reason"], "poison <script>");
+    // The payload as Redis holds it, byte for byte (its quotes were escaped twice: issue 53).
+    let payload = row_of(&poison)["fields"]
+        .as_array()
+        .and_then(|f| f.iter().find(|pair| pair[0] == "payload"))
+        .and_then(|pair| pair[1].as_str())
+        .map(str::to_owned);
+    let sent = serde_json::to_string(&Control::Dead {
+        reason: "poison <script>".into(),
+    })
+    .unwrap();
+    assert_eq!(payload.as_deref(), Some(sent.as_str()), "{listing}");
     assert_eq!(row_of(&origins[0])["retry_count"], 0);
     assert!(rows.iter().all(|r| r["requeueable"] == true));
     let one = sluice(

@@ -107,10 +107,16 @@ pub fn format_ms(ms: i64) -> String {
     crate::support::when::rfc3339_ms(ms)
 }
 
-/// Fields as `[[name, value], ...]` of printable text.
+/// Fields as `[[name, value], ...]`: UTF-8 text as it is (JSON escapes it once; a reader gets
+/// the bytes Redis holds), other bytes as `0x` and hex. Not [`printable`]: its escapes, escaped
+/// again by JSON, made `{"id":1}` read back as `{\"id\":1}` (issue 53).
 fn fields_json(fields: &[(Vec<u8>, Vec<u8>)]) -> serde_json::Value {
+    let text = |bytes: &[u8]| match std::str::from_utf8(bytes) {
+        Ok(text) => text.to_owned(),
+        Err(_) => format!("0x{}", hex::encode(bytes)),
+    };
     fields
         .iter()
-        .map(|(n, v)| serde_json::json!([printable(n), printable(v)]))
+        .map(|(n, v)| serde_json::json!([text(n), text(v)]))
         .collect()
 }
