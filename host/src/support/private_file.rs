@@ -9,7 +9,10 @@ use std::path::Path;
 /// first when the file must survive a crash of the machine.
 pub fn write_private(path: &Path, parts: &[&[u8]], sync: bool) -> std::io::Result<()> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    // Unique to this process and this call: two threads may write one path at once.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp{}-{call}", std::process::id()));
     let written = std::fs::OpenOptions::new()
         .write(true)
         .create(true)

@@ -3,7 +3,6 @@
 //! native code the host will run); and eviction of the least recently used files
 //! ([`evict`], [`evict_files`]).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -180,11 +179,15 @@ fn read_key(
     })
 }
 
-/// A new random key, written 0600 to `key_path`; `None` when the file appeared meanwhile.
+/// A new random key, written 0600 to `key_path`; `None` when another host's key got there
+/// first. The key is written whole to a file of our own and then linked into place: a link
+/// never replaces a file, so the first writer wins, and nobody can read a key half written
+/// (a `create_new` then `write` let a host starting at the same moment read an empty file).
 fn new_key(
     key_path: &Path,
     unusable: &impl Fn(std::io::Error) -> RuntimeError,
 ) -> Result<Option<[u8; 32]>, RuntimeError> {
+    use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt;
     let mut key = [0u8; 32];
     getrandom::fill(&mut key).map_err(|e| {
@@ -192,13 +195,21 @@ fn new_key(
             "no randomness for the cache key: {e}"
         )))
     })?;
-    // create_new: two hosts starting at once must not overwrite each other's key.
+    // Unique to this process and this call: two threads of one host may open at once.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mine = key_path.with_extension(format!("new{}-{call}", std::process::id()));
     let written = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(key_path)
-        .and_then(|mut f| f.write_all(&key));
+        .open(&mine)
+        .and_then(|mut f| {
+            f.write_all(&key)?;
+            f.sync_all()
+        })
+        .and_then(|()| std::fs::hard_link(&mine, key_path));
+    let _ = std::fs::remove_file(&mine);
     match written {
         Ok(()) => Ok(Some(key)),
         Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => Ok(None),
@@ -253,4 +264,45 @@ pub fn evict_files(
         }
     }
     (removed, freed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hosts (here threads) that open one new cache at the same moment all get one key, and
+    /// none reads a key half written.
+    #[test]
+    fn hosts_opening_a_new_cache_at_once_share_one_whole_key() {
+        for _ in 0..40 {
+            let root = tempfile::tempdir().expect("temporary directory");
+            let dir = root.path().join("cache");
+            let barrier = Arc::new(std::sync::Barrier::new(8));
+            let opened: Vec<_> = (0..8)
+                .map(|_| {
+                    let (dir, barrier) = (dir.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        ArtifactCache::open(&dir, "tag".into()).map(|c| *c.key)
+                    })
+                })
+                .collect();
+            let keys: Vec<[u8; 32]> = opened
+                .into_iter()
+                .map(|t| {
+                    t.join()
+                        .expect("thread")
+                        .expect("every host opens the cache")
+                })
+                .collect();
+            assert!(keys.iter().all(|k| *k == keys[0]), "one key for all");
+            let stray: Vec<_> = std::fs::read_dir(&dir)
+                .expect("cache dir")
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name())
+                .filter(|n| n != KEY_FILE)
+                .collect();
+            assert!(stray.is_empty(), "no temporary key left: {stray:?}");
+        }
+    }
 }
