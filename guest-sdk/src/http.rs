@@ -187,8 +187,21 @@ impl Request {
         let authority = uri
             .authority()
             .ok_or_else(|| "the URL has no host".to_owned())?;
-        let headers = Fields::from_list(&self.headers)
-            .map_err(|e| format!("bad or forbidden header: {e:?}"))?;
+        let mut headers = self.headers.clone();
+        // The body is known whole: say its length, so it is not sent chunked (simple servers,
+        // Python's http.server among them, read a chunked body as empty).
+        let has_length = headers
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case("content-length"));
+        if !has_length && (!self.body.is_empty() || !matches!(self.method.as_str(), "GET" | "HEAD"))
+        {
+            headers.push((
+                "content-length".into(),
+                self.body.len().to_string().into_bytes(),
+            ));
+        }
+        let headers =
+            Fields::from_list(&headers).map_err(|e| format!("bad or forbidden header: {e:?}"))?;
         let request = OutgoingRequest::new(headers);
         let method = match self.method.as_str() {
             "GET" => Method::Get,

@@ -10,7 +10,10 @@
 //! - charging is idempotent by payment id: a repeat gets `200 {"status": "already-charged"}`,
 //!   so a retry after a timeout never charges twice;
 //! - a body that is not a payment, or a payment of zero, gets `400` with the reason (the
-//!   handler dead-letters it: retrying will not help).
+//!   handler dead-letters it: retrying will not help);
+//! - a charge without a `Content-Length` (a body sent chunked) gets `411`, as from many real
+//!   gateways and simple servers, which read such a body as empty: a client that knows its
+//!   body whole must say its length.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -86,8 +89,16 @@ enum Decision {
 
 async fn charge(
     State(gateway): State<Gateway>,
+    headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> (StatusCode, Json<Value>) {
+    if !headers.contains_key(axum::http::header::CONTENT_LENGTH) {
+        tracing::warn!("refused a charge without a Content-Length (sent chunked)");
+        return (
+            StatusCode::LENGTH_REQUIRED,
+            Json(json!({"error": "a charge needs a Content-Length: its body was sent chunked"})),
+        );
+    }
     let charge: Charge = match serde_json::from_slice(&body) {
         Ok(charge) => charge,
         Err(err) => {

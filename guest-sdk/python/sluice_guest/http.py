@@ -121,6 +121,11 @@ def request(method: str, url: str, *, headers: Optional[Dict[str, str]] = None,
     if json is not None:
         body = _json.dumps(json, separators=(",", ":")).encode()
         headers.setdefault("content-type", "application/json")
+    # The body is known whole: say its length, so it is not sent chunked (simple servers,
+    # Python's http.server among them, read a chunked body as empty).
+    if body or method not in ("GET", "HEAD"):
+        if not any(k.lower() == "content-length" for k in headers):
+            headers["content-length"] = str(len(body))
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https"):
         raise fail("invalid", f"unsupported scheme `{parts.scheme}`" if parts.scheme

@@ -21,18 +21,22 @@ pub struct Args {
     /// Redis URL (default: the project's sluice.toml, else a private dev server).
     #[arg(long, env = "SLUICE_REDIS_URL")]
     redis: Option<String>,
+    /// Write every span of every entry to this terminal, one line each (no collector needed;
+    /// overrides the config's `[telemetry]`).
+    #[arg(long)]
+    traces: bool,
 }
 
 /// `sluice dev`: until ctrl-c.
 pub(crate) async fn execute(args: Args) -> Result<()> {
-    dev(&args.dir, args.redis.as_deref()).await
+    dev(&args.dir, args.redis.as_deref(), args.traces).await
 }
 
 /// How long after the last change a rebuild starts (editors write in bursts).
 const SETTLE: Duration = Duration::from_millis(300);
 
 /// Run the project in `dir` until ctrl-c.
-pub async fn dev(dir: &Path, redis: Option<&str>) -> Result<()> {
+pub async fn dev(dir: &Path, redis: Option<&str>, traces: bool) -> Result<()> {
     let project = Project::detect(dir)?;
     let config = dir.join("sluice.toml");
     if !config.is_file() {
@@ -42,6 +46,8 @@ pub async fn dev(dir: &Path, redis: Option<&str>) -> Result<()> {
         );
     }
     let (mut watched, mut changes) = watch(&project)?;
+    // `sluice send` in another terminal waits for this session's first build, not fails.
+    let _mark = Running::mark(&project.dir);
     // The host needs a component to start: build until one builds.
     while let Err(err) = rebuild(&project).await {
         eprintln!("{err:#}\nwaiting for a change to build again");
@@ -61,6 +67,7 @@ pub async fn dev(dir: &Path, redis: Option<&str>) -> Result<()> {
         let redis = redis.map(str::to_owned);
         let dev = super::run::Dev {
             project: project.dir.clone(),
+            traces,
         };
         tokio::spawn(
             async move { super::run::run_with(&[config], redis.as_deref(), Some(dev)).await },
@@ -83,6 +90,44 @@ pub async fn dev(dir: &Path, redis: Option<&str>) -> Result<()> {
             result = &mut host => return result.context("the host task failed")?,
         }
     }
+}
+
+/// The file in a project that names the `sluice dev` running there (its process id).
+const RUNNING_FILE: &str = ".sluice/dev.pid";
+
+/// This process, named in [`RUNNING_FILE`] while it runs (a crash leaves the file; readers
+/// check that the process lives).
+struct Running(PathBuf);
+
+impl Running {
+    fn mark(project: &Path) -> Option<Self> {
+        let path = project.join(RUNNING_FILE);
+        let pid = std::process::id().to_string();
+        let dir = path.parent()?;
+        std::fs::create_dir_all(dir).ok()?;
+        crate::support::private_file::write_private(&path, &[pid.as_bytes()], false).ok()?;
+        Some(Self(path))
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The process id of a `sluice dev` running in the project at `dir`, if one is.
+pub(crate) fn running_in(dir: &Path) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(dir.join(RUNNING_FILE))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    // Alive, and a sluice (a stale file's number may belong to another program by now).
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    let ours = std::env::current_exe().ok();
+    let same_name = exe.file_name() == ours.as_deref().and_then(Path::file_name);
+    same_name.then_some(pid)
 }
 
 /// Watch `project`'s sources: each directory on its own (a recursive watch would follow

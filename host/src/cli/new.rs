@@ -11,7 +11,11 @@ use crate::project::{Lang, Template};
 #[derive(clap::Args)]
 pub struct Args {
     /// The project's name: its directory, package and stream.
-    name: String,
+    #[arg(required_unless_present = "list")]
+    name: Option<String>,
+    /// List the languages and templates, and make nothing.
+    #[arg(long, conflicts_with_all = ["lang", "template", "sdk_path"])]
+    list: bool,
     /// The handler's language.
     #[arg(long, value_enum, default_value_t = Lang::Rust)]
     lang: Lang,
@@ -28,12 +32,36 @@ pub struct Args {
 
 /// `sluice new`: the project, and what to do next.
 pub(crate) fn execute(args: Args) -> Result<()> {
-    new(
-        &args.name,
-        args.lang,
-        args.template,
-        args.sdk_path.as_deref(),
-    )
+    let Some(name) = args.name.filter(|_| !args.list) else {
+        print!("{}", list());
+        return Ok(());
+    };
+    new(&name, args.lang, args.template, args.sdk_path.as_deref())
+}
+
+/// What `sluice new --list` prints: each language and template, with what it gives.
+fn list() -> String {
+    use clap::ValueEnum as _;
+    let mut out = String::from("languages (--lang):\n");
+    let rows = |out: &mut String, values: Vec<clap::builder::PossibleValue>, default: &str| {
+        for value in values {
+            let name = value.get_name();
+            let help = value.get_help().map(|h| h.to_string()).unwrap_or_default();
+            let marker = if name == default { " (default)" } else { "" };
+            out.push_str(&format!("  {:<8}{help}{marker}\n", name));
+        }
+    };
+    let langs = Lang::value_variants()
+        .iter()
+        .filter_map(|v| v.to_possible_value());
+    rows(&mut out, langs.collect(), "rust");
+    out.push_str("templates (--template):\n");
+    let templates = Template::value_variants()
+        .iter()
+        .filter_map(|v| v.to_possible_value());
+    rows(&mut out, templates.collect(), "ack");
+    out.push_str("for example: sluice new orders --lang python --template http\n");
+    out
 }
 
 /// Write a new project `name` in the current directory and say what to do next.

@@ -19,6 +19,8 @@ use crate::store::devredis::{DevRedis, DevRedisOptions};
 pub struct Dev {
     /// The project's directory (its `.sluice/` holds the dev Redis).
     pub project: PathBuf,
+    /// Every span on standard error (`sluice dev --traces`), whatever the config says.
+    pub traces: bool,
 }
 
 /// `sluice run`'s arguments.
@@ -54,9 +56,22 @@ pub async fn run_with(paths: &[PathBuf], redis: Option<&str>, dev: Option<Dev>) 
             crate::support::clock::SKEW_VAR
         );
     }
-    if dev.is_some() {
+    if let Some(dev) = &dev {
         // A new build is taken a quarter of a second after it lands, not a second.
         config.watch_interval = config.watch_interval.map(|i| i.min(DEV_WATCH_INTERVAL));
+        if dev.traces {
+            // Here, not to a collector: the config's other settings (its service name, its
+            // link template) stay.
+            let console = crate::config::telemetry::Telemetry::console();
+            config.telemetry = Some(match config.telemetry.take() {
+                Some(t) => crate::config::telemetry::Telemetry {
+                    endpoint: None,
+                    protocol: console.protocol,
+                    ..t
+                },
+                None => console,
+            });
+        }
     }
     let mut plan = plan_of(&config, redis, dev.is_some()).await?;
     let dev_dir = dev.as_ref().map_or_else(
@@ -122,6 +137,8 @@ fn dev_mode(plan: &mut Plan, on_dev_redis: bool) {
             plan.admin = Some(free);
         }
     }
+    // A working handler is visible: one line per delivery.
+    plan.log_each_delivery = true;
     // Every subscription on the private dev server: nothing else's data is at stake.
     let private = on_dev_redis && plan.subscriptions.iter().all(|s| s.redis.is_none());
     // In dev, on the private dev server, the page's buttons work on loopback without a

@@ -38,6 +38,44 @@ pub(crate) async fn execute(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// The longest `sluice send` waits for a `sluice dev` to serve (a first Rust build takes
+/// minutes on a small machine).
+const MAX_DEV_WAIT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+
+/// When a `sluice dev` in the config's project is still on its first build (or starting its
+/// host and dev Redis), wait until it serves, saying so, instead of failing on a component not
+/// built yet. Returns at once when no `sluice dev` runs there; when it stops, the caller's own
+/// error says what is missing.
+async fn wait_for_dev(config: &Path, redis: Option<&str>) {
+    let dir = config
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let ready = || {
+        crate::config::Config::load(&[config.to_owned()]).is_ok_and(|c| {
+            redis.is_some()
+                || c.subscriptions.iter().all(|s| s.redis.is_some())
+                || crate::store::devredis::running_url(&dir.join(super::DEV_REDIS_DIR)).is_some()
+        })
+    };
+    let Some(pid) = super::dev::running_in(dir) else {
+        return;
+    };
+    if ready() {
+        return;
+    }
+    eprintln!(
+        "`sluice dev` (process {pid}) is building the handler here; waiting for it to serve, then sending (ctrl-c to stop)"
+    );
+    let started = std::time::Instant::now();
+    while super::dev::running_in(dir).is_some() && started.elapsed() < MAX_DEV_WAIT {
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        if ready() {
+            return;
+        }
+    }
+}
+
 /// Add `json` (an object) to `stream` (or the config's only subscription's); returns what was
 /// added where.
 pub async fn send(
@@ -57,6 +95,7 @@ pub async fn send(
     if !value.is_object() {
         anyhow::bail!("the entry must be a JSON object, like '{{\"id\":\"1\"}}'; got {json}");
     }
+    wait_for_dev(config, redis).await;
     // Redis first; compiled as `sluice dev` compiles (its cache then serves this too).
     let plan = plan_after_redis(&[config.to_owned()], redis).await?;
     let sub = match stream {

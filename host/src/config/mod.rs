@@ -159,7 +159,11 @@ pub enum ConfigError {
         reason: String,
     },
     /// A component file does not exist.
-    #[error("{}: component {} does not exist", origin.display(), component.display())]
+    #[error(
+        "{}: component {} does not exist (not built yet? `sluice build` in its project writes it; `sluice dev` builds and runs it)",
+        origin.display(),
+        component.display()
+    )]
     MissingComponent {
         /// The file that names it.
         origin: PathBuf,

@@ -139,7 +139,7 @@ pub const KEYS: &[KeyDoc] = &[
     KeyDoc {
         scope: Scope::Top,
         keys: &["telemetry"],
-        meaning: "`[telemetry]`: where traces go. `endpoint` (an http(s) URL of an OTLP collector), `protocol` (`\"http/protobuf\"` or `\"grpc\"`), `headers_file` (a private file of `name=value` lines: credentials), `service_name`, `sampling_ratio` (0 to 1), `resource` (a table of attributes), `trace_url` (a link template with `{trace_id}`). The `OTEL_*` variables apply where these are silent",
+        meaning: "`[telemetry]`: where traces go. `endpoint` (an http(s) URL of an OTLP collector), `protocol` (`\"http/protobuf\"`, `\"grpc\"`, or `\"console\"`: one line per span on standard error, no collector), `headers_file` (a private file of `name=value` lines: credentials), `service_name`, `sampling_ratio` (0 to 1), `resource` (a table of attributes), `trace_url` (a link template with `{trace_id}`). The `OTEL_*` variables apply where these are silent",
         default: "off",
     },
     KeyDoc {

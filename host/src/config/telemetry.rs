@@ -38,6 +38,9 @@ pub enum Protocol {
     HttpProtobuf,
     /// OTLP/gRPC.
     Grpc,
+    /// One line per span on standard error: a look at traces on a developer's machine with no
+    /// collector (`sluice dev --traces`).
+    Console,
 }
 
 /// The checked `[telemetry]` table.
@@ -58,6 +61,22 @@ pub struct Telemetry {
     pub resource: Vec<(String, String)>,
     /// A link template with `{trace_id}`, for the page and the CLI.
     pub trace_url: Option<String>,
+}
+
+impl Telemetry {
+    /// Every span of every entry on standard error, and nothing sent anywhere: what
+    /// `sluice dev --traces` uses when the config names no collector.
+    pub fn console() -> Self {
+        Self {
+            endpoint: None,
+            protocol: Protocol::Console,
+            headers: Vec::new(),
+            service_name: "sluice".to_owned(),
+            sampling_per_million: 1_000_000,
+            resource: Vec::new(),
+            trace_url: None,
+        }
+    }
 }
 
 /// The table's keys, for the configuration reference.
@@ -119,10 +138,16 @@ impl RawTelemetry {
         match self.protocol.as_deref() {
             None | Some("http/protobuf") => Ok(Protocol::HttpProtobuf),
             Some("grpc") => Ok(Protocol::Grpc),
+            Some("console") if self.endpoint.is_some() => Err(invalid(
+                "protocol",
+                "console",
+                "the console writes spans to standard error: remove `endpoint`, or pick \"http/protobuf\" or \"grpc\" to send them there",
+            )),
+            Some("console") => Ok(Protocol::Console),
             Some(other) => Err(invalid(
                 "protocol",
                 other,
-                "write \"http/protobuf\" or \"grpc\"",
+                "write \"http/protobuf\", \"grpc\" or \"console\"",
             )),
         }
     }

@@ -45,6 +45,8 @@ pub struct Dispatcher {
     typical_ns: AtomicU64,
     /// The group's circuit breaker, which counts each attempt, if it has one.
     breaker: Option<Arc<crate::pipeline::admit::breaker::Breaker>>,
+    /// An ack is logged at info too (`sluice dev`: see [`crate::service::plan::Plan`]).
+    log_each: bool,
 }
 
 impl Dispatcher {
@@ -63,7 +65,14 @@ impl Dispatcher {
             metrics: metrics.for_deliveries(labels),
             typical_ns: AtomicU64::new(0),
             breaker: None,
+            log_each: false,
         }
+    }
+
+    /// Log every delivery, an ack too (a retry and a dead letter always are).
+    pub fn logging_each(mut self, log_each: bool) -> Self {
+        self.log_each = log_each;
+        self
     }
 
     /// Count every attempt for `breaker`.
@@ -325,7 +334,11 @@ impl Dispatcher {
         let m = &self.metrics;
         match action {
             Action::Ack => {
-                tracing::debug!(elapsed_us, "ack");
+                if self.log_each {
+                    tracing::info!(elapsed = ?Duration::from_micros(elapsed_us), "acked");
+                } else {
+                    tracing::debug!(elapsed_us, "ack");
+                }
                 Ok(Settled::Ack(self.settler.ack_of(delivery, digest)))
             }
             Action::DeadLetter { reason, cut } => {
@@ -356,7 +369,8 @@ impl Dispatcher {
                         "retry delay is longer than this subscription allows (max_delay); clamped"
                     );
                 }
-                self.retry(delivery, digest, delay, cause).await
+                self.retry(delivery, digest, (delay, cause), elapsed_us)
+                    .await
             }
         }
     }
@@ -431,12 +445,13 @@ impl Dispatcher {
         &self,
         delivery: &Delivery,
         digest: &Digest,
-        delay: Duration,
-        cause: String,
+        (delay, cause): (Duration, String),
+        elapsed_us: u64,
     ) -> Result<Settled, SettleError> {
         let delay_ms = delay.as_millis() as u64;
+        let elapsed = Duration::from_micros(elapsed_us);
         if self.settler.has_delayed_set() {
-            tracing::info!(delay_ms, "parking for a delayed retry");
+            tracing::info!(delay_ms, ?elapsed, "parking for a delayed retry");
             let parked_at = crate::support::clock::now();
             self.settler.park(delivery, digest, delay, cause).await?;
             if crate::observe::telemetry::enabled() {
@@ -444,7 +459,7 @@ impl Dispatcher {
             }
             return Ok(Settled::Done);
         }
-        tracing::info!(delay_ms, "retry stays pending");
+        tracing::info!(delay_ms, ?elapsed, "retry stays pending");
         self.settler.retry_pending(delivery, digest, delay, cause);
         Ok(Settled::RetryPending(delay))
     }

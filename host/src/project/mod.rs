@@ -46,7 +46,8 @@ impl fmt::Display for Lang {
 pub enum Template {
     /// Acks each entry; an entry that asks for it is retried once, durably, after 5 s.
     Ack,
-    /// Calls an HTTP API for each entry; a failed call parks a durable retry.
+    /// Calls an HTTP API for each entry; a failed call parks a durable retry (stub_api.py
+    /// stands in for the API on your machine).
     Http,
 }
 
@@ -188,11 +189,35 @@ impl Project {
         identifier(&name)
     }
 
-    /// Where `sluice build` puts the component.
+    /// Where `sluice build` puts the component: the one the project's `sluice.toml` names
+    /// (its first subscription's `component` inside this project), so a copied or renamed
+    /// project builds what its config runs; else `target/<name>.wasm`.
     pub fn output(&self) -> PathBuf {
-        self.dir
-            .join("target")
-            .join(format!("{}.wasm", self.name()))
+        self.configured_output().unwrap_or_else(|| {
+            self.dir
+                .join("target")
+                .join(format!("{}.wasm", self.name()))
+        })
+    }
+
+    /// The first `component` of `sluice.toml`'s subscriptions that is a `.wasm` file inside
+    /// this project (one elsewhere is another project's build, not this one's).
+    fn configured_output(&self) -> Option<PathBuf> {
+        let text = std::fs::read_to_string(self.dir.join("sluice.toml")).ok()?;
+        let config: toml::Table = text.parse().ok()?;
+        let subscriptions = match config.get("subscription")? {
+            toml::Value::Array(all) => all.iter().collect::<Vec<_>>(),
+            one => vec![one],
+        };
+        subscriptions.into_iter().find_map(|sub| {
+            let named = Path::new(sub.get("component")?.as_str()?);
+            let path = self.dir.join(named);
+            let inside = path
+                .components()
+                .all(|c| c != std::path::Component::ParentDir)
+                && path.starts_with(&self.dir);
+            (inside && path.extension().is_some_and(|e| e == "wasm")).then_some(path)
+        })
     }
 
     /// What `sluice dev` watches: the directories (each on its own, none recursively) and
@@ -326,6 +351,38 @@ pub fn identifier(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_output_is_the_component_the_config_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("copy-of-orders");
+        std::fs::create_dir_all(root.join("src")).unwrap();
+        std::fs::write(root.join("src/app.js"), "").unwrap();
+        let project = Project::detect(&root).unwrap();
+        assert_eq!(
+            project.output(),
+            project.dir.join("target/copy_of_orders.wasm"),
+            "no sluice.toml: the directory's name"
+        );
+        let config = |component: &str| {
+            let text = format!("[[subscription]]\ncomponent = \"{component}\"\n");
+            std::fs::write(root.join("sluice.toml"), text).unwrap();
+        };
+        config("target/orders.wasm");
+        assert_eq!(project.output(), project.dir.join("target/orders.wasm"));
+        for elsewhere in [
+            "../orders/target/orders.wasm",
+            "/tmp/x.wasm",
+            "target/x.txt",
+        ] {
+            config(elsewhere);
+            assert_eq!(
+                project.output(),
+                project.dir.join("target/copy_of_orders.wasm"),
+                "{elsewhere} is not this project's build"
+            );
+        }
+    }
 
     #[test]
     fn names_become_identifiers() {

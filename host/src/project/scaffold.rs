@@ -107,10 +107,18 @@ pub fn new_project(
         Template::Ack => SLUICE_TOML,
         Template::Http => SLUICE_TOML_HTTP,
     };
+    let readme = match template {
+        Template::Ack => fill(README),
+        Template::Http => fill(README) + &fill(README_HTTP),
+    };
     let mut files: Vec<(String, String)> = vec![
         ("sluice.toml".into(), fill(toml)),
-        ("README.md".into(), fill(README)),
+        ("README.md".into(), readme),
     ];
+    if template == Template::Http {
+        // Something to call on a developer's machine: the template runs green from the start.
+        files.push(("stub_api.py".into(), STUB_API.to_owned()));
+    }
     // Build outputs and what `sluice dev` keeps (compile cache, dev Redis data).
     let ignored = "target/\n.sluice/\n";
     match lang {
@@ -222,6 +230,19 @@ component = "target/{ident}.wasm"
 [subscription.config]
 greeting = "hello"
 "#;
+
+const README_HTTP: &str = r#"
+The handler posts each event to `api_url` (in `sluice.toml`). To try it on your machine, run the
+stand-in API first, in another terminal: it answers 200 and prints each event it gets.
+
+```sh
+python3 stub_api.py           # on 127.0.0.1:8080, where api_url points
+python3 stub_api.py --fail 3  # answers 503 three times first: see the retries wait (`sluice parked`)
+```
+"#;
+
+/// The stand-in API of the `http` template (Python's standard library only).
+const STUB_API: &str = include_str!("templates/stub_api.py");
 
 const README: &str = r#"# {name}
 

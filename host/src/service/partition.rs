@@ -83,7 +83,8 @@ impl Service {
                 &self.metrics,
                 &labels,
             )
-            .with_breaker(c.breaker.clone()),
+            .with_breaker(c.breaker.clone())
+            .logging_each(self.plan.log_each_delivery),
         );
         let read_plan = read_plan(c.sub, s, &keys);
         // Idle, it waits on the host's doorbell rather than on a connection of its own; not

@@ -206,6 +206,9 @@ pub struct Plan {
     pub metrics_per_subscription: bool,
     /// How idle subscriptions learn that their streams were written.
     pub doorbell: crate::config::DoorbellMode,
+    /// One log line per delivery (its outcome, time and trace): `sluice dev`'s, where a
+    /// working handler must be visible; off in production, where it would be a line per entry.
+    pub log_each_delivery: bool,
 }
 
 /// The default consumer name: stable across restarts of the same machine, so a restarted host
@@ -268,6 +271,7 @@ impl Plan {
             admin_read_only: config.admin_read_only,
             watch_interval: config.watch_interval,
             metrics_per_subscription: config.metrics_per_subscription,
+            log_each_delivery: false,
             doorbell: config.doorbell,
         })
     }

@@ -15,6 +15,7 @@ use opentelemetry_sdk::trace::{
 
 use crate::config::telemetry::{Protocol, Telemetry};
 
+use super::console::Console;
 use super::links::set_config;
 use super::queue::{Bounded, Counted, MAX_QUEUED};
 use super::switch::{active, set_active};
@@ -76,9 +77,9 @@ impl Exporting {
     }
 }
 
-/// The collector named by the config or the environment, if any.
+/// The collector named by the config or the environment, if any (or the console).
 fn endpoint_named(config: Option<&Telemetry>) -> bool {
-    config.is_some_and(|t| t.endpoint.is_some())
+    config.is_some_and(|t| t.endpoint.is_some() || t.protocol == Protocol::Console)
         || [
             "OTEL_EXPORTER_OTLP_ENDPOINT",
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
@@ -112,6 +113,10 @@ pub fn start(config: Option<&Telemetry>) -> Result<Option<Exporting>, TelemetryE
         processor.clone(),
         t.sampling_per_million,
     ))));
+    if protocol == Protocol::Console {
+        tracing::info!("writing each span to standard error (telemetry protocol \"console\")");
+        return Ok(Some(Exporting { processor, dropped }));
+    }
     tracing::info!(
         protocol = ?protocol,
         endpoint = t
@@ -129,7 +134,12 @@ fn protocol_of(config: Option<&Telemetry>, t: &Telemetry) -> Result<Protocol, Te
     let env_protocol = std::env::var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
         .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL"));
     Ok(
-        match (config.and_then(|c| c.endpoint.as_ref()), env_protocol) {
+        match (
+            config
+                .and_then(|c| c.endpoint.as_ref())
+                .or((t.protocol == Protocol::Console).then_some(&String::new())),
+            env_protocol,
+        ) {
             (None, Ok(p)) if p == "grpc" => Protocol::Grpc,
             (None, Ok(p)) if p == "http/protobuf" || p.is_empty() => Protocol::HttpProtobuf,
             (None, Ok(p)) => return Err(TelemetryError::Protocol(p)),
@@ -166,26 +176,40 @@ fn bounded_processor(
 ) -> Result<Bounded, TelemetryError> {
     let queued = Arc::new(AtomicUsize::new(0));
     let resource = resource_of(t);
-    let mut exporter = Counted {
-        inner: exporter(t, protocol)?,
-        queued: queued.clone(),
-        dropped: dropped.clone(),
+    let batch = match protocol {
+        Protocol::Console => batched(Console, &resource, &queued, &dropped),
+        Protocol::HttpProtobuf => batched(exporter(t, false)?, &resource, &queued, &dropped),
+        Protocol::Grpc => batched(exporter(t, true)?, &resource, &queued, &dropped),
     };
-    // Set here: the processor is shared, so the provider cannot hand it the resource.
-    exporter.set_resource(&resource);
-    // The inner queue has room for more than the count lets in: only the count drops.
-    let batch = BatchSpanProcessor::builder(exporter)
-        .with_batch_config(
-            BatchConfigBuilder::default()
-                .with_max_queue_size(MAX_QUEUED * 2)
-                .build(),
-        )
-        .build();
     Ok(Bounded {
         inner: batch,
         queued,
         dropped,
     })
+}
+
+/// `exporter` behind a batch processor, counting into `queued` and `dropped`.
+fn batched<E: opentelemetry_sdk::trace::SpanExporter + 'static>(
+    exporter: E,
+    resource: &opentelemetry_sdk::Resource,
+    queued: &Arc<AtomicUsize>,
+    dropped: &Arc<AtomicU64>,
+) -> BatchSpanProcessor {
+    let mut exporter = Counted {
+        inner: exporter,
+        queued: queued.clone(),
+        dropped: dropped.clone(),
+    };
+    // Set here: the processor is shared, so the provider cannot hand it the resource.
+    exporter.set_resource(resource);
+    // The inner queue has room for more than the count lets in: only the count drops.
+    BatchSpanProcessor::builder(exporter)
+        .with_batch_config(
+            BatchConfigBuilder::default()
+                .with_max_queue_size(MAX_QUEUED * 2)
+                .build(),
+        )
+        .build()
 }
 
 /// The service name when the config gives none.
@@ -208,14 +232,11 @@ fn redacted(endpoint: &str) -> String {
     }
 }
 
-/// The OTLP exporter for `protocol`, with the config's endpoint and headers (or the `OTEL_*`
-/// variables').
-fn exporter(
-    t: &Telemetry,
-    protocol: Protocol,
-) -> Result<opentelemetry_otlp::SpanExporter, TelemetryError> {
-    let exporter = match protocol {
-        Protocol::HttpProtobuf => {
+/// The OTLP exporter, over gRPC or HTTP/protobuf, with the config's endpoint and headers (or
+/// the `OTEL_*` variables').
+fn exporter(t: &Telemetry, grpc: bool) -> Result<opentelemetry_otlp::SpanExporter, TelemetryError> {
+    let exporter = match grpc {
+        false => {
             // The protocol is set, so a stray OTEL_EXPORTER_OTLP_PROTOCOL cannot contradict it.
             let mut builder = opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
@@ -230,7 +251,7 @@ fn exporter(
             }
             builder.build()?
         }
-        Protocol::Grpc => {
+        true => {
             let mut metadata = http::HeaderMap::new();
             for (name, value) in &t.headers {
                 if let (Ok(name), Ok(value)) = (

@@ -15,6 +15,8 @@
 //!
 //! - [`context`]: which trace an entry belongs to (a producer's `traceparent`, or its own,
 //!   derived from the entry).
+//! - [`console`]: the console exporter, one line per span on standard error (for a developer
+//!   with no collector).
 //! - [`exporter`]: starting and stopping the OTLP exporter ([`start`], [`Exporting`]).
 //! - [`switch`]: the on/off switch the exporter sets, and the interest-cache rebuild when it
 //!   flips ([`enabled`], [`sampled`]).
@@ -26,6 +28,7 @@
 //! - [`spans`]: the host's own spans, written whole ([`Whole`]), and their attribute values.
 //! - [`links`]: the `[telemetry]` table's trace links ([`trace_link`]).
 
+pub mod console;
 pub mod context;
 pub mod exporter;
 pub mod links;
