@@ -367,6 +367,25 @@ pub enum ErrorKind {
     Other(String),
 }
 
+/// An error code in words, as a log line or a dead letter's reason reads it: `connection
+/// refused`, not `ErrorCode::ConnectionRefused` (details, when the code has any, follow).
+fn plain(code: &ErrorCode) -> String {
+    let debug = format!("{code:?}");
+    let debug = debug.trim_start_matches("ErrorCode::");
+    let name_len = debug
+        .find(|c: char| !c.is_ascii_alphanumeric())
+        .unwrap_or(debug.len());
+    let (name, details) = debug.split_at(name_len);
+    let mut words = String::new();
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            words.push(' ');
+        }
+        words.push(c.to_ascii_lowercase());
+    }
+    words + details
+}
+
 impl From<ErrorCode> for ErrorKind {
     fn from(code: ErrorCode) -> Self {
         match code {
@@ -381,11 +400,11 @@ impl From<ErrorCode> for ErrorKind {
             | ErrorCode::DestinationUnavailable
             | ErrorCode::DestinationIpProhibited
             | ErrorCode::DestinationIpUnroutable
-            | ErrorCode::DnsError(_) => Self::Connect(format!("{code:?}")),
+            | ErrorCode::DnsError(_) => Self::Connect(plain(&code)),
             ErrorCode::HttpRequestUriInvalid | ErrorCode::HttpRequestMethodInvalid => {
-                Self::InvalidRequest(format!("{code:?}"))
+                Self::InvalidRequest(plain(&code))
             }
-            other => Self::Other(format!("{other:?}")),
+            other => Self::Other(plain(&other)),
         }
     }
 }

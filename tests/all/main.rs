@@ -20,6 +20,7 @@ mod examples;
 mod fan_out;
 mod flow;
 mod guest_async;
+mod handler_tests;
 mod lane;
 mod lua;
 mod network;

@@ -42,7 +42,7 @@ pub fn init_tracing(format: LogFormat) -> tracing_appender::non_blocking::Worker
     guard
 }
 
-/// `RUST_LOG` (default `info`), with the chatty dependencies held at warnings.
+/// `RUST_LOG` (default `info`), with the chatty dependencies held at warnings (or errors).
 fn filter() -> tracing_subscriber::EnvFilter {
     let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -59,6 +59,9 @@ fn filter() -> tracing_subscriber::EnvFilter {
         "opentelemetry=warn",
         "opentelemetry_sdk=warn",
         "opentelemetry_otlp=warn",
+        // wasmtime's HTTP client logs each failed outbound request as Rust debug output; the
+        // handler gets the error and the delivery's line says what came of it.
+        "wasmtime_wasi_http=error",
     ] {
         if let Ok(directive) = directive.parse() {
             filter = filter.add_directive(directive);

@@ -6,7 +6,8 @@
 //!
 //! - Handler projects: [`new`], [`build`], [`dev`] (rebuild and hot-swap on save), [`tools`]
 //!   (the toolchains a language needs), [`cache`] (the compile cache).
-//! - Running: [`run`], [`check`] (the plan, without starting it), [`send`] (one entry).
+//! - Running: [`run`], [`check`] (the plan, without starting it), [`send`] (one entry),
+//!   [`test`] (the handler on made-up deliveries, without Redis).
 //! - Looking: [`status`], [`parked`], [`dead_letters`].
 //! - Acting: [`pause`] (and resume), [`swap`] (and rollback, canary), [`requeue`],
 //!   [`retry_now`], [`delete`], [`replay`] (dead letters against a candidate, dry run).
@@ -31,6 +32,7 @@ mod run;
 mod send;
 mod status;
 mod swap;
+mod test;
 mod tools;
 
 use std::path::{Path, PathBuf};
@@ -127,6 +129,9 @@ pub enum Command {
     Cache(cache::Args),
     /// Validate configs and components and print the resolved plan, without running anything.
     Check(check::Args),
+    /// Run the handler on made-up deliveries (JSON fixtures) with no Redis, in its real
+    /// sandbox with its subscription's grants, and check each outcome against its `expect`.
+    Test(test::Args),
 }
 
 /// Run `command` to the end, printing its report on stdout; the error says what went wrong
@@ -151,6 +156,7 @@ pub async fn execute(command: Command) -> Result<()> {
         Command::Tools(args) => tools::execute(args),
         Command::Cache(args) => cache::execute(args),
         Command::Check(args) => check::execute(args).await,
+        Command::Test(args) => test::execute(args).await,
     }
 }
 

@@ -1,7 +1,7 @@
 //! A handler project on disk, in Rust, Python or JavaScript: what `sluice new` writes
 //! ([`scaffold`]), how `sluice build` turns it into a component ([`build`]), and the files
-//! `sluice dev` watches ([`Project::sources`]), and the language toolchains a build needs
-//! ([`tools`]).
+//! `sluice dev` watches ([`Project::sources`]), the language toolchains a build needs
+//! ([`tools`]), and the made-up deliveries `sluice test` runs a handler on ([`fixture`]).
 //!
 //! Every language builds against the same `sluice:handler` WIT. The WIT and the Python and
 //! JavaScript SDKs travel inside this binary ([`assets`]) and are written into the project's
@@ -14,6 +14,7 @@
 
 pub mod assets;
 pub mod build;
+pub mod fixture;
 pub mod scaffold;
 pub mod tools;
 

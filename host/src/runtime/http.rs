@@ -216,6 +216,86 @@ fn set_context(headers: &mut http::HeaderMap, sc: &opentelemetry::trace::SpanCon
     }
 }
 
+/// The most of a request body a request that was not sent reads and drops.
+const MAX_DRAINED: usize = 64 * 1024 * 1024;
+
+/// A request body that, dropped before its end (the request was denied, refused or failed),
+/// keeps reading what the guest writes and drops it, for at most the grant's timeout and
+/// [`MAX_DRAINED`] bytes. A guest that writes its body after sending (JavaScript's `fetch`)
+/// traps on a closed body stream, where it must see the request's own error: a refused
+/// connection rejects its promise, not the whole attempt.
+struct DrainOnDrop {
+    body: Option<WasiBody>,
+    within: Duration,
+}
+
+impl DrainOnDrop {
+    fn new(body: WasiBody, within: Duration) -> Self {
+        Self {
+            body: Some(body),
+            within,
+        }
+    }
+}
+
+impl http_body::Body for DrainOnDrop {
+    type Data = bytes::Bytes;
+    type Error = HttpError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let Some(body) = self.body.as_mut() else {
+            return std::task::Poll::Ready(None);
+        };
+        let polled = std::pin::Pin::new(body).poll_frame(cx);
+        if matches!(polled, std::task::Poll::Ready(None)) {
+            // Read to its end: nothing left to drain.
+            self.body = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body
+            .as_ref()
+            .is_none_or(http_body::Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.as_ref().map_or_else(
+            || http_body::SizeHint::with_exact(0),
+            http_body::Body::size_hint,
+        )
+    }
+}
+
+impl Drop for DrainOnDrop {
+    fn drop(&mut self) {
+        let Some(mut body) = self.body.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let within = self.within;
+        runtime.spawn(async move {
+            use http_body_util::BodyExt as _;
+            let _ = tokio::time::timeout(within, async {
+                let mut read = 0;
+                while let Some(Ok(frame)) = body.frame().await {
+                    read += frame.data_ref().map_or(0, bytes::Bytes::len);
+                    if read > MAX_DRAINED {
+                        break;
+                    }
+                }
+            })
+            .await;
+        });
+    }
+}
+
 type ResponseFuture = Box<
     dyn Future<
             Output = Result<
@@ -231,11 +311,15 @@ type ResponseFuture = Box<
 impl WasiHttpHooks for HttpHooks {
     fn send_request(
         &mut self,
-        mut request: http::Request<WasiBody>,
+        request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
         _fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
     ) -> ResponseFuture {
         let grant = self.grant.clone();
+        use http_body_util::BodyExt as _;
+        // A request that is not sent (denied, refused, failed) still takes its body.
+        let within = self.grant.policy.timeout;
+        let mut request = request.map(|body| DrainOnDrop::new(body, within).boxed_unsync());
         let denied = move |request: &http::Request<WasiBody>, why: &Refused| {
             grant.denied.inc();
             tracing::warn!(

@@ -85,7 +85,8 @@ impl Would {
         }
     }
 
-    fn of(result: Result<Outcome, Failure>) -> Self {
+    /// What `result`, a handler's answer, would do.
+    pub fn of(result: Result<Outcome, Failure>) -> Self {
         let text = |t: &str| bounded_text(t, MAX_TEXT).0;
         match result {
             Ok(Outcome::Ack) => Would::Ack,
