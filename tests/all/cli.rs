@@ -715,3 +715,21 @@ fn the_kubernetes_cache_dir_works_on_a_directory_open_to_everyone() {
         "the host made its cache directory {mode:o}"
     );
 }
+
+/// `sluice new --list` shows each language and template with what it gives, and makes nothing.
+#[test]
+fn new_lists_its_languages_and_templates() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, stdout, stderr) = run_sluice(&["new", "--list"], dir.path());
+    assert!(ok, "{stderr}");
+    for name in ["rust", "python", "js", "ack", "http"] {
+        assert!(
+            stdout.lines().any(|l| l.trim_start().starts_with(name)),
+            "{name}: {stdout}"
+        );
+    }
+    assert!(stdout.contains("stub_api.py"), "{stdout}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    let (ok, _, stderr) = run_sluice(&["new"], dir.path());
+    assert!(!ok && stderr.contains("<NAME>"), "{stderr}");
+}

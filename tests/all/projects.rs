@@ -112,8 +112,9 @@ fn a_new_rust_project_builds_against_the_packaged_sdk() {
 }
 
 /// A Rust project carries the SDK it builds against: moved to another directory (another
-/// machine, a clone), it builds there, and nothing in it names the checkout `sluice` was
-/// built from. The `http` template builds too.
+/// machine, a clone, another name), it builds there what its config names, and nothing in it
+/// names the checkout `sluice` was built from. The `http` template builds too, and brings a
+/// stand-in for its API.
 #[test]
 fn a_new_rust_project_carries_its_sdk_and_builds_where_it_is_moved() {
     let parent = tempfile::tempdir().unwrap();
@@ -132,15 +133,22 @@ fn a_new_rust_project_carries_its_sdk_and_builds_where_it_is_moved() {
             "{file} names the checkout: {text}"
         );
     }
+    assert!(parent.path().join("calls-api/stub_api.py").is_file());
     let ignored = std::fs::read_to_string(parent.path().join("calls-api/.gitignore")).unwrap();
     assert!(
         ignored.lines().any(|l| l == ".sluice/") && ignored.lines().any(|l| l == "target/"),
         "{ignored}"
     );
+    // Moved and renamed (a copy, a clone under another name): it builds the component its
+    // sluice.toml names, not one named after the new directory.
     let elsewhere = tempfile::tempdir().unwrap();
-    let moved = elsewhere.path().join("calls-api");
+    let moved = elsewhere.path().join("renamed-api");
     std::fs::rename(parent.path().join("calls-api"), &moved).unwrap();
-    sluice(&["build"], &moved, &env);
+    let built = sluice(&["build"], &moved, &env);
+    assert!(
+        built.contains("target/calls_api.wasm") && moved.join("target/calls_api.wasm").is_file(),
+        "{built}"
+    );
     let check = sluice(&["check"], &moved, &env);
     assert!(
         check.contains("stream `calls-api`, group `calls-api`")
@@ -221,6 +229,17 @@ async fn sluice_dev_rebuilds_and_swaps_and_keeps_the_last_good_build() {
     let url = redis.url();
     let path = tools_path();
     let host = HostProcess::spawn_with(&["dev", "--redis", &url], &dir, &[("PATH", path.as_str())]);
+    // `sluice send` while the first build runs waits for it, saying so, then sends.
+    wait_for(T, "sluice dev to start its first build", || {
+        let marked = dir.join(".sluice/dev.pid").is_file();
+        async move { marked.then_some(()) }
+    })
+    .await;
+    let (send_dir, send_url) = (dir.clone(), url.clone());
+    let sent = tokio::task::spawn_blocking(move || {
+        let args = ["send", "--redis", send_url.as_str(), r#"{"id":"1"}"#];
+        run_sluice(&args, &send_dir)
+    });
     // The first build (componentize-py) and its compile come before the host starts: minutes
     // on a loaded 2-core machine, so this waits for the fact, with room.
     wait_for(SLOW_BUILD, "the first build and the host", || {
@@ -228,6 +247,20 @@ async fn sluice_dev_rebuilds_and_swaps_and_keeps_the_last_good_build() {
         async move { log.contains("admin server listening").then_some(()) }
     })
     .await;
+    let (ok, stdout, stderr) = tokio::time::timeout(SLOW_BUILD, sent)
+        .await
+        .expect("sluice send returns once dev serves")
+        .unwrap();
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("is building the handler here; waiting for it to serve"),
+        "{stderr}"
+    );
+    let first = stdout
+        .split_whitespace()
+        .nth(1)
+        .expect("sluice send names the entry it added")
+        .to_owned();
     // Without a token, dev binds the page to whoever started it: a key for this session.
     assert!(
         host.log_text().contains("admin key  "),
@@ -236,8 +269,18 @@ async fn sluice_dev_rebuilds_and_swaps_and_keeps_the_last_good_build() {
     );
     let admin = host.admin_addr().await;
     let mut c = conn.clone();
-    let first = add(&mut c, "devloop", &serde_json::json!({"id": "1"})).await;
     wait_acked(&conn, "devloop", "devloop", &first).await;
+    // A working handler is visible in the dev log: a line for the ack, with its time.
+    wait_for(T, "the ack's line in the dev log", || {
+        let log = host.log_text();
+        let id = format!("id={first}");
+        async move {
+            log.lines()
+                .any(|l| l.contains(&id) && l.contains("acked") && l.contains("elapsed="))
+                .then_some(())
+        }
+    })
+    .await;
     let v1 = wait_for(T, "the first build serving", || serving(admin, "devloop")).await;
 
     // A change to the source: rebuilt, swapped in, and the next delivery sees it.
@@ -386,4 +429,94 @@ async fn a_javascript_exception_names_its_type_message_and_line() {
         .filter(|l| l.contains("TypeError: no account acct-9"))
         .collect();
     assert_eq!(lines.len(), 1, "logged once: {lines:?}");
+}
+
+/// Kills a process this test started, by PID, however the test ends.
+struct Started(std::process::Child);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The `http` template runs green on a developer's machine: its stand-in API (`stub_api.py`,
+/// which like many servers refuses a body without a Content-Length) gets the event, the dev
+/// log shows the ack with its trace id, and `--traces` writes that trace's spans to the
+/// terminal with no collector.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_template_runs_green_against_its_stub_with_traces_in_the_terminal() {
+    let redis = Redis::start();
+    let conn = redis.conn().await;
+    let parent = tempfile::tempdir().unwrap();
+    let new = ["new", "calls", "--lang", "js", "--template", "http"];
+    sluice(&new, parent.path(), &[]);
+    let dir = parent.path().join("calls");
+    // The stub on a free port (8080 may be taken here): the config follows it.
+    let port = free_port();
+    let config = dir.join("sluice.toml");
+    let toml = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("127.0.0.1:8080", &format!("127.0.0.1:{port}"));
+    std::fs::write(&config, format!("admin = \"127.0.0.1:0\"\n{toml}")).unwrap();
+    let stub_log = dir.join("stub.log");
+    let _stub = Started(
+        Command::new("python3")
+            .args(["stub_api.py", "--port", &port.to_string()])
+            .current_dir(&dir)
+            .stdout(std::fs::File::create(&stub_log).unwrap())
+            .spawn()
+            .expect("python3 runs the stub"),
+    );
+    let listening = format!("stub API on http://127.0.0.1:{port}/events");
+    wait_for(T, "the stub listening", || {
+        let log = std::fs::read_to_string(&stub_log).unwrap_or_default();
+        let listening = listening.clone();
+        async move { log.contains(&listening).then_some(()) }
+    })
+    .await;
+    let url = redis.url();
+    let path = tools_path();
+    let args = ["dev", "--traces", "--redis", &url];
+    let host = HostProcess::spawn_with(&args, &dir, &[("PATH", path.as_str())]);
+    wait_for(SLOW_BUILD, "the first build and the host", || {
+        let log = host.log_text();
+        async move { log.contains("admin server listening").then_some(()) }
+    })
+    .await;
+    let mut c = conn.clone();
+    let id = add(
+        &mut c,
+        "calls",
+        &serde_json::json!({"id": "t1", "message": "hi"}),
+    )
+    .await;
+    wait_acked(&conn, "calls", "calls", &id).await;
+    let got = std::fs::read_to_string(&stub_log).unwrap();
+    assert!(
+        got.contains("idempotency-key=t1") && got.contains(r#""id":"t1""#),
+        "the stub got the event whole: {got}"
+    );
+    // The ack's line carries the trace id; the console writes that trace's delivery span.
+    let trace = wait_for(T, "the ack's line with its trace id", || {
+        let log = host.log_text();
+        let id = format!("id={id}");
+        async move {
+            let line = log
+                .lines()
+                .find(|l| l.contains(&id) && l.contains("acked"))?
+                .to_owned();
+            let trace = line.split("trace_id=").nth(1)?.trim_start_matches('"');
+            let trace = trace.get(..32)?.to_owned();
+            Some(trace)
+        }
+    })
+    .await;
+    wait_for(T, "the delivery span on the terminal", || {
+        let log = host.log_text();
+        let span = format!("trace {trace} delivery ");
+        async move { log.lines().any(|l| l.starts_with(&span)).then_some(()) }
+    })
+    .await;
 }

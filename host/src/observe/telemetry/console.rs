@@ -14,6 +14,9 @@ use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 /// The longest attribute value a line shows, in characters (a reason can be long).
 const MAX_SHOWN: usize = 120;
 
+/// Attributes the `tracing` bridge adds that say nothing to a developer reading the line.
+const UNSHOWN: &[&str] = &["busy_ns", "idle_ns", "target", "thread.id", "thread.name"];
+
 /// Writes spans to standard error, one line each.
 #[derive(Debug, Default)]
 pub struct Console;
@@ -43,12 +46,18 @@ pub fn line(out: &mut String, span: &SpanData) {
         span.name,
         took
     );
-    for kv in &span.attributes {
+    for kv in span
+        .attributes
+        .iter()
+        .filter(|kv| !UNSHOWN.contains(&kv.key.as_str()) && !kv.key.as_str().starts_with("code."))
+    {
         let value = kv.value.to_string();
         let value: String = value.chars().take(MAX_SHOWN).collect();
         let _ = write!(out, " {}={}", kv.key, shown(&value));
     }
-    if let opentelemetry::trace::Status::Error { description } = &span.status {
+    if let opentelemetry::trace::Status::Error { description } = &span.status
+        && !description.is_empty()
+    {
         let _ = write!(out, " error={}", shown(description));
     }
     out.push('\n');

@@ -22,6 +22,9 @@ use super::switch::{active, set_active};
 
 /// The longest one export may take.
 pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long spans gather before the console writes them.
+const CONSOLE_DELAY: Duration = Duration::from_millis(250);
+
 /// The longest a graceful stop waits for queued spans to go out.
 pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -177,9 +180,16 @@ fn bounded_processor(
     let queued = Arc::new(AtomicUsize::new(0));
     let resource = resource_of(t);
     let batch = match protocol {
-        Protocol::Console => batched(Console, &resource, &queued, &dropped),
-        Protocol::HttpProtobuf => batched(exporter(t, false)?, &resource, &queued, &dropped),
-        Protocol::Grpc => batched(exporter(t, true)?, &resource, &queued, &dropped),
+        // A developer watches the terminal: a span shows a moment after it ends.
+        Protocol::Console => batched(Console, &resource, (&queued, &dropped), Some(CONSOLE_DELAY)),
+        Protocol::HttpProtobuf => {
+            let exporter = exporter(t, false)?;
+            batched(exporter, &resource, (&queued, &dropped), None)
+        }
+        Protocol::Grpc => {
+            let exporter = exporter(t, true)?;
+            batched(exporter, &resource, (&queued, &dropped), None)
+        }
     };
     Ok(Bounded {
         inner: batch,
@@ -192,8 +202,8 @@ fn bounded_processor(
 fn batched<E: opentelemetry_sdk::trace::SpanExporter + 'static>(
     exporter: E,
     resource: &opentelemetry_sdk::Resource,
-    queued: &Arc<AtomicUsize>,
-    dropped: &Arc<AtomicU64>,
+    (queued, dropped): (&Arc<AtomicUsize>, &Arc<AtomicU64>),
+    delay: Option<Duration>,
 ) -> BatchSpanProcessor {
     let mut exporter = Counted {
         inner: exporter,
@@ -203,12 +213,13 @@ fn batched<E: opentelemetry_sdk::trace::SpanExporter + 'static>(
     // Set here: the processor is shared, so the provider cannot hand it the resource.
     exporter.set_resource(resource);
     // The inner queue has room for more than the count lets in: only the count drops.
+    // The SDK's delay (5 s, or OTEL_BSP_SCHEDULE_DELAY) unless `delay` says otherwise.
+    let mut config = BatchConfigBuilder::default().with_max_queue_size(MAX_QUEUED * 2);
+    if let Some(delay) = delay {
+        config = config.with_scheduled_delay(delay);
+    }
     BatchSpanProcessor::builder(exporter)
-        .with_batch_config(
-            BatchConfigBuilder::default()
-                .with_max_queue_size(MAX_QUEUED * 2)
-                .build(),
-        )
+        .with_batch_config(config.build())
         .build()
 }
 
