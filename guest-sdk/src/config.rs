@@ -3,16 +3,24 @@
 //!
 //! Keys starting with `sluice.` are set by the host itself (for example `sluice.payload-field`).
 
+#[cfg(target_arch = "wasm32")]
 use crate::__bindings::sluice::handler::config as wit;
 
-/// The value of `key`, if the subscription's configuration has it.
+/// The value of `key`, if the subscription's configuration has it (natively, in a test: the
+/// test's values, see [`crate::testing`]).
 pub fn get(key: &str) -> Option<String> {
-    wit::get(key)
+    #[cfg(target_arch = "wasm32")]
+    return wit::get(key);
+    #[cfg(not(target_arch = "wasm32"))]
+    return crate::testing::config_get(key);
 }
 
 /// Every key/value pair of the subscription's configuration.
 pub fn all() -> Vec<(String, String)> {
-    wit::get_all()
+    #[cfg(target_arch = "wasm32")]
+    return wit::get_all();
+    #[cfg(not(target_arch = "wasm32"))]
+    return crate::testing::config_all();
 }
 
 /// A read-only view of the subscription's configuration, handed to [`crate::FromConfig`].

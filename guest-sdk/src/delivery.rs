@@ -60,7 +60,11 @@ impl Delivery {
 
     /// Decode the payload field (JSON) into `T`.
     pub fn decode<T: DeserializeOwned>(&self) -> Result<T, DecodeError> {
-        let field = payload_field();
+        self.decode_field(payload_field())
+    }
+
+    /// Decode field `field` (JSON) into `T`.
+    pub(crate) fn decode_field<T: DeserializeOwned>(&self, field: &str) -> Result<T, DecodeError> {
         let Some(raw) = self.field(field) else {
             return Err(DecodeError::MissingField {
                 field: field.to_owned(),
@@ -76,12 +80,23 @@ impl Delivery {
 
 /// The payload field the host configured; asked once per instance (it cannot change under a
 /// running instance).
+#[cfg(target_arch = "wasm32")]
 fn payload_field() -> &'static str {
     static FIELD: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     FIELD.get_or_init(|| {
         crate::config::get(PAYLOAD_FIELD_CONFIG_KEY)
             .unwrap_or_else(|| DEFAULT_PAYLOAD_FIELD.to_owned())
     })
+}
+
+/// The payload field the running test's config names (natively, each test its own).
+#[cfg(not(target_arch = "wasm32"))]
+fn payload_field() -> &'static str {
+    match crate::config::get(PAYLOAD_FIELD_CONFIG_KEY) {
+        // A test's own field name, kept for the test process (a few bytes per test).
+        Some(field) => Box::leak(field.into_boxed_str()),
+        None => DEFAULT_PAYLOAD_FIELD,
+    }
 }
 
 /// Why an entry's payload could not become the handler's input. The host dead-letters the

@@ -36,6 +36,8 @@
 //!   `tracing` events emitted by the handler go into the host's logs, inside the delivery's
 //!   span; HTTP requests reach only the hosts the subscription's `allowed_outbound_hosts` grants.
 //! - [`time`]: waiting without spinning.
+//! - `testing` (natively, for `cargo test`): a made-up delivery run through a handler without a
+//!   host or Redis.
 //!
 //! An `async` handler runs on a real reactor (`wstd`'s, over `wasi:io/poll`): `.await` on a
 //! timer or a response suspends the instance in the host until it is ready, and futures joined
@@ -52,6 +54,8 @@ mod log;
 pub mod outcome;
 #[doc(hidden)]
 pub mod rt;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod testing;
 pub mod time;
 pub mod trace;
 

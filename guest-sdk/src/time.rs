@@ -9,5 +9,9 @@ use std::time::Duration;
 
 /// Wait `duration`, letting any future joined with this one run meanwhile.
 pub async fn sleep(duration: Duration) {
+    #[cfg(target_arch = "wasm32")]
     wstd::task::sleep(duration.into()).await;
+    // Natively (a unit test, see `crate::testing`) there is no reactor: the test's thread waits.
+    #[cfg(not(target_arch = "wasm32"))]
+    std::thread::sleep(duration);
 }

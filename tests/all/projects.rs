@@ -46,7 +46,32 @@ fn new_build_check(parent: &Path, name: &str, lang: &str, env: &[(&str, &str)]) 
             && check.contains(&format!("retries wait in sorted set `{name}.delayed`")),
         "{lang}: {check}"
     );
+    // The scaffold's own example test: its fixtures, run on the component, without Redis.
+    let tested = sluice(&["test", "fixtures/example.json"], &dir, env);
+    assert_eq!(
+        tested.lines().filter(|l| l.starts_with("ok    ")).count(),
+        4,
+        "{lang}: {tested}"
+    );
     check
+}
+
+/// `cargo test` in a Rust project: its example tests run natively, without a host or Redis.
+fn cargo_test(dir: &Path, env: &[(&str, &str)]) -> String {
+    let out = Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
+        .current_dir(dir)
+        .args(["test", "--quiet"])
+        .envs(env.iter().copied())
+        .output()
+        .expect("cargo runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "cargo test in {}:\n{text}",
+        dir.display()
+    );
+    text
 }
 
 /// The three SDK crates as `cargo package` packs them, unpacked into `dir`. Without cargo's
@@ -109,6 +134,8 @@ fn a_new_rust_project_builds_against_the_packaged_sdk() {
             && !manifest.contains(&sdk),
         "by version, patched to the packaged crates by a path relative to the project: {manifest}"
     );
+    let tested = cargo_test(&parent.path().join("orders-rs"), &env);
+    assert!(tested.contains("2 passed"), "{tested}");
 }
 
 /// A Rust project carries the SDK it builds against: moved to another directory (another
@@ -149,6 +176,8 @@ fn a_new_rust_project_carries_its_sdk_and_builds_where_it_is_moved() {
         built.contains("target/calls_api.wasm") && moved.join("target/calls_api.wasm").is_file(),
         "{built}"
     );
+    let tested = cargo_test(&moved, &env);
+    assert!(tested.contains("2 passed"), "{tested}");
     let check = sluice(&["check"], &moved, &env);
     assert!(
         check.contains("stream `calls-api`, group `calls-api`")
@@ -513,6 +542,10 @@ async fn the_http_template_runs_green_against_its_stub_with_traces_in_the_termin
         }
     })
     .await;
+    // The scaffold's own example test passes against the stub, without Redis.
+    let tested = sluice(&["test", "fixtures/example.json"], &dir, &[]);
+    let passed = tested.lines().filter(|l| l.starts_with("ok    ")).count();
+    assert_eq!(passed, 2, "{tested}");
     wait_for(T, "the delivery span on the terminal", || {
         let log = host.log_text();
         let span = format!("trace {trace} delivery ");

@@ -37,6 +37,19 @@ pub fn subscriber(attr: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
+/// The handler a `#[subscriber]` function defines, as a value, for a test:
+/// `TestDelivery::json("{}").run(&handler!(handle))`, or `handler!(super::handle)` from a test
+/// module (see `sluice_guest::testing`).
+#[proc_macro]
+pub fn handler(item: TokenStream) -> TokenStream {
+    let mut path = parse_macro_input!(item as syn::Path);
+    // `handle` or `super::handle`: the type sits beside the function.
+    if let Some(last) = path.segments.last_mut() {
+        last.ident = format_ident!("__SluiceSubscriber_{}", last.ident);
+    }
+    quote!(#path).into()
+}
+
 /// What an extra handler argument asks for.
 enum Extra {
     State(Box<Type>),

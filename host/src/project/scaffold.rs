@@ -119,6 +119,12 @@ pub fn new_project(
         // Something to call on a developer's machine: the template runs green from the start.
         files.push(("stub_api.py".into(), STUB_API.to_owned()));
     }
+    // The handler's own tests, without Redis: `sluice test fixtures/example.json`.
+    let fixtures = match template {
+        Template::Ack => FIXTURES_ACK,
+        Template::Http => FIXTURES_HTTP,
+    };
+    files.push(("fixtures/example.json".into(), fixtures.to_owned()));
     // Build outputs and what `sluice dev` keeps (compile cache, dev Redis data).
     let ignored = "target/\n.sluice/\n";
     match lang {
@@ -241,6 +247,11 @@ python3 stub_api.py --fail 3  # answers 503 three times first: see the retries w
 ```
 "#;
 
+/// Made-up deliveries and the outcomes the template's handler gives them (`sluice test`).
+const FIXTURES_ACK: &str = include_str!("templates/fixtures_ack.json");
+/// The same for the `http` template (its first case needs `stub_api.py` running).
+const FIXTURES_HTTP: &str = include_str!("templates/fixtures_http.json");
+
 /// The stand-in API of the `http` template (Python's standard library only).
 const STUB_API: &str = include_str!("templates/stub_api.py");
 
@@ -254,6 +265,7 @@ sluice build              # builds target/{ident}.wasm
 sluice check              # what the host will do with it (reads ./sluice.toml)
 sluice dev                # dev Redis + host; rebuilds and hot-swaps on every save
 sluice send '{"id":"1"}'  # (in another terminal) add an entry; `sluice dev` shows it handled
+sluice test fixtures/example.json   # the handler on made-up deliveries, no Redis needed
 ```
 "#;
 
@@ -275,7 +287,7 @@ tracing = "0.1"
 [workspace]
 "#;
 
-const RUST_HANDLER: &str = r#"//! The {name} handler. `sluice build` compiles it to a WebAssembly component.
+const RUST_HANDLER: &str = r##"//! The {name} handler. `sluice build` compiles it to a WebAssembly component.
 
 use serde::Deserialize;
 use sluice_guest::prelude::*;
@@ -303,7 +315,31 @@ async fn handle(event: &Event, delivery: &Delivery) -> HandlerOutcome {
     tracing::info!(event.id, origin = %delivery.origin_id, "{greeting}: handled");
     HandlerOutcome::ack()
 }
-"#;
+
+/// `cargo test`: the handler on made-up deliveries, natively, without a host or Redis
+/// (`sluice test fixtures/example.json` runs the built component in its sandbox).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_guest::testing::{TestDelivery, handler};
+
+    #[test]
+    fn an_entry_is_acked() {
+        let outcome = TestDelivery::json(r#"{"id": "1"}"#)
+            .config("greeting", "hello")
+            .run(&handler!(handle));
+        assert!(outcome.is_ack(), "{outcome:?}");
+    }
+
+    #[test]
+    fn an_entry_that_asks_is_retried_once_after_5_s() {
+        let asks = TestDelivery::json(r#"{"id": "2", "retry": true}"#);
+        let first = asks.clone().run(&handler!(handle));
+        assert_eq!(first.retry_delay(), Some(Duration::from_secs(5)));
+        assert!(asks.retry_count(1).run(&handler!(handle)).is_ack());
+    }
+}
+"##;
 
 const PYTHON_HANDLER: &str = r#""""The {name} handler. `sluice build` compiles it to a WebAssembly component with
 componentize-py."""
@@ -363,7 +399,7 @@ allowed_outbound_hosts = ["http://127.0.0.1:8080"]
 api_url = "http://127.0.0.1:8080/events"
 "#;
 
-const RUST_HANDLER_HTTP: &str = r#"//! The {name} handler: posts each event to an HTTP API. A call that fails for a while (no
+const RUST_HANDLER_HTTP: &str = r##"//! The {name} handler: posts each event to an HTTP API. A call that fails for a while (no
 //! answer, a timeout, a 5xx or a 429) parks a durable retry in the Redis sorted set
 //! `{name}.delayed`, later each time; a refusal (another 4xx) dead-letters the entry, since
 //! sending it again would be refused again.
@@ -415,7 +451,31 @@ async fn handle(event: &Event, delivery: &Delivery) -> HandlerOutcome {
         }
     }
 }
-"#;
+
+/// `cargo test`: the handler on made-up deliveries, natively, without a host or Redis. There is
+/// no HTTP natively, so the call fails as an API that does not answer would; `sluice test
+/// fixtures/example.json` runs the built component's real call (against `stub_api.py`).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_guest::testing::{TestDelivery, handler};
+
+    #[test]
+    fn an_event_the_api_did_not_take_comes_back_later_each_time() {
+        let event = TestDelivery::json(r#"{"id": "1"}"#);
+        let first = event.clone().run(&handler!(handle));
+        assert_eq!(first.retry_delay(), Some(Duration::from_secs(10)), "{first:?}");
+        let third = event.retry_count(2).run(&handler!(handle));
+        assert_eq!(third.retry_delay(), Some(Duration::from_secs(40)), "{third:?}");
+    }
+
+    #[test]
+    fn a_payload_that_is_not_an_event_is_dead_lettered() {
+        let outcome = TestDelivery::json(r#"{"message": "no id"}"#).run(&handler!(handle));
+        assert!(outcome.dead_letter_reason().is_some(), "{outcome:?}");
+    }
+}
+"##;
 
 const PYTHON_HANDLER_HTTP: &str = r#""""The {name} handler: posts each event to an HTTP API. A call that fails for a while (no
 answer, a timeout, a 5xx or a 429) parks a durable retry in the Redis sorted set
@@ -444,7 +504,7 @@ def handle(event: dict, delivery: Delivery):
         response = http.post(url, json=event, timeout=5.0,
                              headers={"idempotency-key": str(event.get("id", ""))})
     except http.HttpError as err:
-        if err.is_denied():
+        if err.is_denied:
             return dead_letter(str(err))
         log.warning("the API did not answer (%s); retrying in %s s", err, later)
         return retry_after(later)
@@ -453,7 +513,7 @@ def handle(event: dict, delivery: Delivery):
     if response.status == 429 or response.status >= 500:
         log.warning("the API answered %s; retrying in %s s", response.status, later)
         return retry_after(later)
-    return dead_letter(f"{url} refused the event: {response.status} {response.text()}")
+    return dead_letter(f"{url} refused the event: {response.status} {response.text}")
 "#;
 
 const JS_HANDLER_HTTP: &str = r#"// The {name} handler: posts each event to an HTTP API. A call that fails for a while (no

@@ -185,7 +185,7 @@ if not outcome and now >= ends then
   if can.n < min then
     outcome = 'rolled-back'
     why = string.format(
-      'the window ended with %d attempts on the candidate, fewer than the %d needed to judge it (give it a longer window or a larger share)',
+      'the window ended with %d attempts on the candidate, fewer than the %d needed to judge it (give it a longer window or a larger share; on a few test entries, as in sluice dev, lower it: canary = { min_deliveries = 5 } in sluice.toml)',
       can.n, min)
   else
     for _, check in ipairs(checks) do
