@@ -366,7 +366,8 @@ def handle(event: dict, delivery: Delivery):
 "#;
 
 const JS_HANDLER: &str = r#"// The {name} handler. `sluice build` compiles it to a WebAssembly component with
-// componentize-js; it puts `sluice_guest.js` (the SDK) next to this file.
+// componentize-js. Each build copies src/ into target/sluice/js/src/ with `sluice_guest.js` (the
+// SDK) beside it, which is where `./sluice_guest.js` below resolves.
 
 import { subscriber, RedisStream, DelayedRetry, ack, retryAfter, config, log } from "./sluice_guest.js";
 
