@@ -209,6 +209,24 @@ fn a_javascript_syntax_error_points_at_the_line() {
         "{err}"
     );
     assert!(!err.contains("encountered [1] errors"), "{err}");
+
+    // `sluice dev` with that error waits for a fix; `sluice send` meanwhile says why nothing
+    // can be sent, instead of waiting for the fix.
+    let unused = format!("redis://127.0.0.1:{}", free_port());
+    let mut dev = HostProcess::spawn_with(&["dev", "--redis", &unused], &dir, &[]);
+    let deadline = std::time::Instant::now() + T;
+    while !dir.join(".sluice/dev.pid").is_file() {
+        assert!(std::time::Instant::now() < deadline, "{}", dev.log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (ok, out, err) = run_sluice_with(&["send", "--redis", &unused, r#"{"id":"1"}"#], &dir, &[]);
+    dev.kill();
+    assert!(!ok, "{out}{err}");
+    assert!(
+        err.contains("the first build of `sluice dev`") && err.contains("failed"),
+        "{err}\n{}",
+        dev.log_text()
+    );
 }
 
 /// Without the Python tools, a build names the one command that installs them.

@@ -47,11 +47,14 @@ pub async fn dev(dir: &Path, redis: Option<&str>, traces: bool) -> Result<()> {
     }
     let (mut watched, mut changes) = watch(&project)?;
     // `sluice send` in another terminal waits for this session's first build, not fails.
-    let _mark = Running::mark(&project.dir);
+    let mark = Running::mark(&project.dir);
     // The host needs a component to start: build until one builds.
     while let Err(err) = rebuild(&project).await {
         eprintln!("{err:#}\nwaiting for a change to build again");
+        let say = |state| mark.as_ref().map(|m| m.set(state));
+        say(DevState::Failed);
         next_change(&project, &mut watched, &mut changes).await;
+        say(DevState::Building);
     }
     // The host takes new builds through its component-file watcher.
     let loaded = crate::config::Config::load(std::slice::from_ref(&config))
@@ -96,17 +99,34 @@ pub async fn dev(dir: &Path, redis: Option<&str>, traces: bool) -> Result<()> {
 const RUNNING_FILE: &str = ".sluice/dev.pid";
 
 /// This process, named in [`RUNNING_FILE`] while it runs (a crash leaves the file; readers
-/// check that the process lives).
+/// check that the process lives), with how its first build went.
 struct Running(PathBuf);
+
+/// Where a `sluice dev` is, as [`RUNNING_FILE`] says after its process id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DevState {
+    /// Building (its first build, or again after a change).
+    Building,
+    /// Its last build failed, and no build has served yet: it waits for a change.
+    Failed,
+}
 
 impl Running {
     fn mark(project: &Path) -> Option<Self> {
         let path = project.join(RUNNING_FILE);
-        let pid = std::process::id().to_string();
-        let dir = path.parent()?;
-        std::fs::create_dir_all(dir).ok()?;
-        crate::support::private_file::write_private(&path, &[pid.as_bytes()], false).ok()?;
-        Some(Self(path))
+        std::fs::create_dir_all(path.parent()?).ok()?;
+        let running = Self(path);
+        running.set(DevState::Building).then_some(running)
+    }
+
+    /// Say `state` in the file; false when it cannot be written.
+    fn set(&self, state: DevState) -> bool {
+        let word = match state {
+            DevState::Building => "building",
+            DevState::Failed => "failed",
+        };
+        let text = format!("{} {word}", std::process::id());
+        crate::support::private_file::write_private(&self.0, &[text.as_bytes()], false).is_ok()
     }
 }
 
@@ -116,18 +136,20 @@ impl Drop for Running {
     }
 }
 
-/// The process id of a `sluice dev` running in the project at `dir`, if one is.
-pub(crate) fn running_in(dir: &Path) -> Option<u32> {
-    let pid: u32 = std::fs::read_to_string(dir.join(RUNNING_FILE))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
+/// The process id of a `sluice dev` running in the project at `dir`, and its state, if one is.
+pub(crate) fn running_in(dir: &Path) -> Option<(u32, DevState)> {
+    let text = std::fs::read_to_string(dir.join(RUNNING_FILE)).ok()?;
+    let mut words = text.split_whitespace();
+    let pid: u32 = words.next()?.parse().ok()?;
+    let state = match words.next() {
+        Some("failed") => DevState::Failed,
+        _ => DevState::Building,
+    };
     // Alive, and a sluice (a stale file's number may belong to another program by now).
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
     let ours = std::env::current_exe().ok();
     let same_name = exe.file_name() == ours.as_deref().and_then(Path::file_name);
-    same_name.then_some(pid)
+    same_name.then_some((pid, state))
 }
 
 /// Watch `project`'s sources: each directory on its own (a recursive watch would follow

@@ -44,9 +44,11 @@ const MAX_DEV_WAIT: std::time::Duration = std::time::Duration::from_secs(30 * 60
 
 /// When a `sluice dev` in the config's project is still on its first build (or starting its
 /// host and dev Redis), wait until it serves, saying so, instead of failing on a component not
-/// built yet. Returns at once when no `sluice dev` runs there; when it stops, the caller's own
-/// error says what is missing.
-async fn wait_for_dev(config: &Path, redis: Option<&str>) {
+/// built yet. Returns at once when no `sluice dev` runs there; fails when its first build
+/// failed (it waits for a fix, which may be long); when it stops, the caller's own error says
+/// what is missing.
+async fn wait_for_dev(config: &Path, redis: Option<&str>) -> Result<()> {
+    use super::dev::{DevState, running_in};
     let dir = config
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -58,22 +60,31 @@ async fn wait_for_dev(config: &Path, redis: Option<&str>) {
                 || crate::store::devredis::running_url(&dir.join(super::DEV_REDIS_DIR)).is_some()
         })
     };
-    let Some(pid) = super::dev::running_in(dir) else {
-        return;
+    let Some((pid, _)) = running_in(dir) else {
+        return Ok(());
     };
     if ready() {
-        return;
+        return Ok(());
     }
     eprintln!(
         "`sluice dev` (process {pid}) is building the handler here; waiting for it to serve, then sending (ctrl-c to stop)"
     );
     let started = std::time::Instant::now();
-    while super::dev::running_in(dir).is_some() && started.elapsed() < MAX_DEV_WAIT {
+    while let Some((_, state)) = running_in(dir) {
+        if state == DevState::Failed {
+            anyhow::bail!(
+                "the first build of `sluice dev` (process {pid}) failed (its terminal shows why); nothing was sent: send again once it builds"
+            );
+        }
+        if started.elapsed() > MAX_DEV_WAIT {
+            break;
+        }
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         if ready() {
-            return;
+            return Ok(());
         }
     }
+    Ok(())
 }
 
 /// Add `json` (an object) to `stream` (or the config's only subscription's); returns what was
@@ -95,7 +106,7 @@ pub async fn send(
     if !value.is_object() {
         anyhow::bail!("the entry must be a JSON object, like '{{\"id\":\"1\"}}'; got {json}");
     }
-    wait_for_dev(config, redis).await;
+    wait_for_dev(config, redis).await?;
     // Redis first; compiled as `sluice dev` compiles (its cache then serves this too).
     let plan = plan_after_redis(&[config.to_owned()], redis).await?;
     let sub = match stream {
