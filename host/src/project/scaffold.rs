@@ -97,34 +97,8 @@ pub fn new_project(
         return Err(ProjectError::Exists { path: dir });
     }
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-    let ident = identifier(name);
-    let fill = |text: &str| {
-        text.replace("{name}", name)
-            .replace("{ident}", &ident)
-            .replace("{lang}", &lang.to_string())
-    };
-    let toml = match template {
-        Template::Ack => SLUICE_TOML,
-        Template::Http => SLUICE_TOML_HTTP,
-    };
-    let readme = match template {
-        Template::Ack => fill(README),
-        Template::Http => fill(README) + &fill(README_HTTP),
-    };
-    let mut files: Vec<(String, String)> = vec![
-        ("sluice.toml".into(), fill(toml)),
-        ("README.md".into(), readme),
-    ];
-    if template == Template::Http {
-        // Something to call on a developer's machine: the template runs green from the start.
-        files.push(("stub_api.py".into(), STUB_API.to_owned()));
-    }
-    // The handler's own tests, without Redis: `sluice test fixtures/example.json`.
-    let fixtures = match template {
-        Template::Ack => FIXTURES_ACK,
-        Template::Http => FIXTURES_HTTP,
-    };
-    files.push(("fixtures/example.json".into(), fixtures.to_owned()));
+    let mut files = template_files(name, lang, template);
+    let fill = filler(name, lang);
     // Build outputs and what `sluice dev` keeps (compile cache, dev Redis data).
     let ignored = "target/\n.sluice/\n";
     match lang {
@@ -163,6 +137,41 @@ pub fn new_project(
         std::fs::write(&path, text).map_err(io(&path))?;
     }
     Ok(dir)
+}
+
+/// The template's text with the project's name, identifier and language filled in.
+fn filler(name: &str, lang: Lang) -> impl Fn(&str) -> String + '_ {
+    let ident = identifier(name);
+    move |text: &str| {
+        text.replace("{name}", name)
+            .replace("{ident}", &ident)
+            .replace("{lang}", &lang.to_string())
+    }
+}
+
+/// The files every language gets from `template`: the config, the README, the example
+/// fixtures and (for `http`) the stand-in API.
+fn template_files(name: &str, lang: Lang, template: Template) -> Vec<(String, String)> {
+    let fill = filler(name, lang);
+    let (toml, fixtures) = match template {
+        Template::Ack => (SLUICE_TOML, FIXTURES_ACK),
+        Template::Http => (SLUICE_TOML_HTTP, FIXTURES_HTTP),
+    };
+    let readme = match template {
+        Template::Ack => fill(README),
+        Template::Http => fill(README) + &fill(README_HTTP),
+    };
+    let mut files: Vec<(String, String)> = vec![
+        ("sluice.toml".into(), fill(toml)),
+        ("README.md".into(), readme),
+        // The handler's own tests, without Redis: `sluice test fixtures/example.json`.
+        ("fixtures/example.json".into(), fixtures.to_owned()),
+    ];
+    if template == Template::Http {
+        // Something to call on a developer's machine: the template runs green from the start.
+        files.push(("stub_api.py".into(), STUB_API.to_owned()));
+    }
+    files
 }
 
 /// Where a Rust project takes the SDK from: the `[patch]` table of its Cargo.toml, and (for a
