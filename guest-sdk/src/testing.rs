@@ -126,7 +126,7 @@ impl TestDelivery {
         &self.delivery
     }
 
-    /// Run `handler` on it and return what it answered.
+    /// Run `handler` on it as the host would (decode, state, handle) and return its answer.
     pub fn run<H, In, Outs, Output, Meta, S>(&self, handler: &H) -> HandlerOutcome
     where
         H: Handle<In, Outs, Output, Meta, S>,
@@ -136,40 +136,43 @@ impl TestDelivery {
         Meta: Default,
         S: FromConfig,
     {
-        let previous = CONFIG.with(|c| c.replace(self.config.clone()));
-        let outcome = run_here(handler, &self.delivery);
-        CONFIG.with(|c| c.replace(previous));
-        outcome
+        let _config = TestConfig::set(self.config.clone());
+        let field = config_get(PAYLOAD_FIELD_CONFIG_KEY);
+        let field = field.as_deref().unwrap_or(DEFAULT_PAYLOAD_FIELD);
+        let input: In = match self.delivery.decode_field(field) {
+            Ok(input) => input,
+            Err(err) => return HandlerOutcome::dead_letter(err.to_string()),
+        };
+        let state = match S::from_config(&Config::new()) {
+            Ok(state) => state,
+            Err(err) => panic!(
+                "handler state {} could not be built from the test's config: {err}",
+                std::any::type_name::<S>()
+            ),
+        };
+        let outs = Outs::default();
+        let mut ctx = Context::new(&self.delivery, &state, Meta::default());
+        match block_on(handler.handle(&input, &outs, &mut ctx)) {
+            Ok(_) => HandlerOutcome::ack(),
+            Err(outcome) => outcome,
+        }
     }
 }
 
-/// The host's steps for one delivery, natively: decode, state, handle, answer.
-fn run_here<H, In, Outs, Output, Meta, S>(handler: &H, delivery: &Delivery) -> HandlerOutcome
-where
-    H: Handle<In, Outs, Output, Meta, S>,
-    In: DeserializeOwned,
-    Outs: Default,
-    Output: HandlerOutput,
-    Meta: Default,
-    S: FromConfig,
-{
-    let field = config_get(PAYLOAD_FIELD_CONFIG_KEY);
-    let input: In = match delivery.decode_field(field.as_deref().unwrap_or(DEFAULT_PAYLOAD_FIELD)) {
-        Ok(input) => input,
-        Err(err) => return HandlerOutcome::dead_letter(err.to_string()),
-    };
-    let state = match S::from_config(&Config::new()) {
-        Ok(state) => state,
-        Err(err) => panic!(
-            "handler state {} could not be built from the test's config: {err}",
-            std::any::type_name::<S>()
-        ),
-    };
-    let outs = Outs::default();
-    let mut ctx = Context::new(delivery, &state, Meta::default());
-    match block_on(handler.handle(&input, &outs, &mut ctx)) {
-        Ok(_) => HandlerOutcome::ack(),
-        Err(outcome) => outcome,
+/// A test's config values on this thread while it runs; the ones before are back after, a
+/// panic included.
+struct TestConfig(Vec<(String, String)>);
+
+impl TestConfig {
+    fn set(values: Vec<(String, String)>) -> Self {
+        Self(CONFIG.with(|c| c.replace(values)))
+    }
+}
+
+impl Drop for TestConfig {
+    fn drop(&mut self) {
+        let before = std::mem::take(&mut self.0);
+        CONFIG.with(|c| c.replace(before));
     }
 }
 

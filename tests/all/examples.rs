@@ -24,14 +24,7 @@ async fn run_form(redis: &Redis, component: &str, stream: &str) -> Vec<(String, 
     let mut conn = redis.conn().await;
     // The demo's gateway holds large payments for 500 ms after it first sees them; the
     // handler gives up on a charge after 1 s (room for a loaded CI machine).
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let gateway = listener.local_addr().unwrap();
-    let settings = bank_gateway::Settings {
-        slow_above_cents: 100_000,
-        slow_for: Duration::from_millis(500),
-        hold: Duration::from_secs(30),
-    };
-    tokio::spawn(bank_gateway::serve(listener, settings));
+    let gateway = start_gateway().await;
     let config = Sub::new(&format!("{{{component}}}"), stream)
         .unset("group")
         .unset("consumer")

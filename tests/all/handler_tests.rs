@@ -7,7 +7,6 @@
 //! the length of a body it knows whole.
 
 use std::path::Path;
-use std::time::Duration;
 
 use crate::common::*;
 
@@ -37,14 +36,7 @@ fn fixtures(dir: &Path, down: u16) -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sluice_test_runs_each_language_on_made_up_deliveries_in_its_sandbox() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let gateway = listener.local_addr().unwrap();
-    let settings = bank_gateway::Settings {
-        slow_above_cents: 100_000,
-        slow_for: Duration::from_millis(500),
-        hold: Duration::from_secs(30),
-    };
-    tokio::spawn(bank_gateway::serve(listener, settings));
+    let gateway = start_gateway().await;
     let dir = tempfile::tempdir().unwrap();
     let down = free_port();
     let fixtures = fixtures(dir.path(), down);

@@ -1249,3 +1249,19 @@ pub async fn calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) 
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
 }
+
+/// The demo's payment gateway on a free loopback port, for this test's life: it holds a large
+/// payment for 500 ms after it first sees it (a handler that waits 1 s gives up on it).
+pub async fn start_gateway() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a free port");
+    let gateway = listener.local_addr().expect("its address");
+    let settings = bank_gateway::Settings {
+        slow_above_cents: 100_000,
+        slow_for: Duration::from_millis(500),
+        hold: Duration::from_secs(30),
+    };
+    tokio::spawn(bank_gateway::serve(listener, settings));
+    gateway
+}
