@@ -10,7 +10,10 @@
 //! resource table (every WASI and HTTP handle) holds at most `host_memory_limit /
 //! FIELDS_LIMIT` entries and each HTTP `fields` resource at most [`FIELDS_LIMIT`] bytes, so a
 //! guest that leaks handles or builds huge headers fails its attempt with a reason naming the
-//! limit instead of growing the host. Without an HTTP grant a header map holds nothing at all.
+//! limit instead of growing the host. Without an HTTP grant a header map holds at most
+//! [`UNGRANTED_FIELDS_LIMIT`] bytes: room for the length and type an SDK puts on every request,
+//! so the request reaches the host and is denied there (the handler sees "denied", and the
+//! denial is counted), and no room to keep data in.
 //! Logging is bounded per delivery (`log_lines`,
 //! `log_bytes`): past the budget lines are dropped and counted, long lines are cut, and control
 //! characters are escaped so a guest cannot forge a host log line.
@@ -30,6 +33,11 @@ use super::http::{HttpGrant, HttpHooks};
 
 /// The most bytes one HTTP `fields` resource (a header map) may hold in the host.
 pub const FIELDS_LIMIT: usize = 32 * 1024;
+
+/// The same for a guest without an HTTP grant: every request it makes is denied, but the
+/// headers an SDK sets on each (`content-length`, `content-type`) must fit, or the attempt fails
+/// on a host limit instead of the handler seeing its request denied.
+pub const UNGRANTED_FIELDS_LIMIT: usize = 256;
 
 /// The per-store limits a guest's state is built with.
 #[derive(Debug, Clone)]
@@ -97,10 +105,10 @@ impl GuestState {
         let mut table = ResourceTable::new();
         table.set_max_capacity(limits.resource_entries());
         let mut http_ctx = WasiHttpCtx::new();
-        // Without a grant `wasi:http` does nothing: header maps hold nothing and every request
-        // is denied (see `super::http`).
+        // Without a grant `wasi:http` does nothing: header maps hold next to nothing and every
+        // request is denied (see `super::http`).
         let field_size_limit = if http.policy.allowed.is_empty() {
-            0
+            UNGRANTED_FIELDS_LIMIT
         } else {
             FIELDS_LIMIT
         };
@@ -171,8 +179,10 @@ impl GuestState {
             )
         });
         too_big.then(|| {
-            if self.field_size_limit == 0 {
-                "HTTP header maps hold nothing without an HTTP grant (allowed_outbound_hosts is empty; host_memory_limit)".to_owned()
+            if self.field_size_limit == UNGRANTED_FIELDS_LIMIT {
+                format!(
+                    "an HTTP header map over {UNGRANTED_FIELDS_LIMIT} bytes without an HTTP grant (allowed_outbound_hosts is empty)"
+                )
             } else {
                 format!(
                     "an HTTP header map over {} (host_memory_limit {})",
