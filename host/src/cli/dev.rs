@@ -56,6 +56,14 @@ pub async fn dev(dir: &Path, redis: Option<&str>, traces: bool) -> Result<()> {
         next_change(&project, &mut watched, &mut changes).await;
         say(DevState::Building);
     }
+    if redis.is_some() {
+        // No dev Redis will start: a `sluice send` has nothing more to wait for (one not
+        // given this URL says so at once, instead of waiting for a dev server that never
+        // comes).
+        if let Some(m) = &mark {
+            m.set(DevState::Serving);
+        }
+    }
     // The host takes new builds through its component-file watcher.
     let loaded = crate::config::Config::load(std::slice::from_ref(&config))
         .context("invalid configuration")?;
@@ -109,6 +117,8 @@ pub(crate) enum DevState {
     Building,
     /// Its last build failed, and no build has served yet: it waits for a change.
     Failed,
+    /// Built, on a Redis it was given (no dev Redis of its own will start).
+    Serving,
 }
 
 impl Running {
@@ -124,6 +134,7 @@ impl Running {
         let word = match state {
             DevState::Building => "building",
             DevState::Failed => "failed",
+            DevState::Serving => "serving",
         };
         let text = format!("{} {word}", std::process::id());
         crate::support::private_file::write_private(&self.0, &[text.as_bytes()], false).is_ok()
@@ -143,6 +154,7 @@ pub(crate) fn running_in(dir: &Path) -> Option<(u32, DevState)> {
     let pid: u32 = words.next()?.parse().ok()?;
     let state = match words.next() {
         Some("failed") => DevState::Failed,
+        Some("serving") => DevState::Serving,
         _ => DevState::Building,
     };
     // Alive, and a sluice (a stale file's number may belong to another program by now).
@@ -306,6 +318,20 @@ async fn rebuild(project: &Project) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_running_file_says_how_the_session_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let running = Running::mark(dir.path()).unwrap();
+        let pid = std::process::id();
+        assert_eq!(running_in(dir.path()), Some((pid, DevState::Building)));
+        for state in [DevState::Failed, DevState::Serving, DevState::Building] {
+            assert!(running.set(state));
+            assert_eq!(running_in(dir.path()), Some((pid, state)));
+        }
+        drop(running);
+        assert_eq!(running_in(dir.path()), None, "removed when the session ends");
+    }
 
     /// The next change seen by `next_change`, within a minute, while `module` is written a
     /// moment later (the directories appear before anything is in them).

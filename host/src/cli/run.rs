@@ -23,6 +23,25 @@ pub struct Dev {
     pub traces: bool,
 }
 
+/// `sluice dev --traces`' telemetry: every span of every entry on standard error. The
+/// config's other settings (its service name, its link template) stay; its collector and its
+/// sampling do not (a `sampling_ratio` meant for a collector would hide most entries, or all,
+/// from the terminal).
+fn traces_here(
+    config: Option<crate::config::telemetry::Telemetry>,
+) -> crate::config::telemetry::Telemetry {
+    let console = crate::config::telemetry::Telemetry::console();
+    match config {
+        Some(t) => crate::config::telemetry::Telemetry {
+            endpoint: None,
+            protocol: console.protocol,
+            sampling_per_million: console.sampling_per_million,
+            ..t
+        },
+        None => console,
+    }
+}
+
 /// `sluice run`'s arguments.
 #[derive(clap::Args)]
 pub struct Args {
@@ -60,17 +79,7 @@ pub async fn run_with(paths: &[PathBuf], redis: Option<&str>, dev: Option<Dev>) 
         // A new build is taken a quarter of a second after it lands, not a second.
         config.watch_interval = config.watch_interval.map(|i| i.min(DEV_WATCH_INTERVAL));
         if dev.traces {
-            // Here, not to a collector: the config's other settings (its service name, its
-            // link template) stay.
-            let console = crate::config::telemetry::Telemetry::console();
-            config.telemetry = Some(match config.telemetry.take() {
-                Some(t) => crate::config::telemetry::Telemetry {
-                    endpoint: None,
-                    protocol: console.protocol,
-                    ..t
-                },
-                None => console,
-            });
+            config.telemetry = Some(traces_here(config.telemetry.take()));
         }
     }
     let mut plan = plan_of(&config, redis, dev.is_some()).await?;
@@ -277,4 +286,26 @@ fn try_it(plan: &Plan, redis: Option<&str>, paths: &[PathBuf]) -> String {
         .map(|p| format!("--config {} ", p.display()))
         .unwrap_or_default();
     format!("sluice send {config}{redis_arg}{stream}'{{\"id\":\"1\"}}'")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::telemetry::{Protocol, Telemetry};
+
+    #[test]
+    fn traces_here_show_every_entry_whatever_the_config_samples() {
+        let configured = Telemetry {
+            endpoint: Some("http://collector:4318".to_owned()),
+            sampling_per_million: 0,
+            service_name: "orders".to_owned(),
+            ..Telemetry::console()
+        };
+        let t = traces_here(Some(configured));
+        assert_eq!(t.endpoint, None);
+        assert_eq!(t.protocol, Protocol::Console);
+        assert_eq!(t.sampling_per_million, 1_000_000);
+        assert_eq!(t.service_name, "orders");
+        assert_eq!(traces_here(None).sampling_per_million, 1_000_000);
+    }
 }

@@ -53,36 +53,35 @@ async fn wait_for_dev(config: &Path, redis: Option<&str>) -> Result<()> {
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let ready = || {
+    // Built (the config loads only once its component exists), and a Redis to send to: given,
+    // the config's, the dev server once it runs, or the one the session was given (this send
+    // then says which URL it lacks rather than wait for a dev server that never starts).
+    let ready = |state: DevState| {
         crate::config::Config::load(&[config.to_owned()]).is_ok_and(|c| {
             redis.is_some()
+                || state == DevState::Serving
                 || c.subscriptions.iter().all(|s| s.redis.is_some())
                 || crate::store::devredis::running_url(&dir.join(super::DEV_REDIS_DIR)).is_some()
         })
     };
-    let Some((pid, _)) = running_in(dir) else {
-        return Ok(());
-    };
-    if ready() {
-        return Ok(());
-    }
-    eprintln!(
-        "`sluice dev` (process {pid}) is building the handler here; waiting for it to serve, then sending (ctrl-c to stop)"
-    );
     let started = std::time::Instant::now();
-    while let Some((_, state)) = running_in(dir) {
+    let mut said = false;
+    while let Some((pid, state)) = running_in(dir) {
+        if ready(state) || started.elapsed() > MAX_DEV_WAIT {
+            break;
+        }
         if state == DevState::Failed {
             anyhow::bail!(
                 "the first build of `sluice dev` (process {pid}) failed (its terminal shows why); nothing was sent: send again once it builds"
             );
         }
-        if started.elapsed() > MAX_DEV_WAIT {
-            break;
+        if !said {
+            eprintln!(
+                "`sluice dev` (process {pid}) is building the handler here; waiting for it to serve, then sending (ctrl-c to stop)"
+            );
+            said = true;
         }
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-        if ready() {
-            return Ok(());
-        }
     }
     Ok(())
 }

@@ -112,6 +112,11 @@ pub fn build_with(project: &Project, tools: &Tools) -> Result<Built, ProjectErro
     let target = project.dir.join("target");
     std::fs::create_dir_all(&target).map_err(io(&target))?;
     let output = project.output();
+    // The config may name a directory of its own (`dist/handler.wasm`): made, not a failure
+    // after the whole build.
+    if let Some(parent) = output.parent() {
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+    }
     let partial = target.join(format!(".{}.wasm.partial", project.name()));
     let inputs = match project.lang {
         Lang::Rust => None,
@@ -515,6 +520,38 @@ fn collect_inputs(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> Option<()
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The component goes where sluice.toml says, in a directory made for it if need be.
+    #[test]
+    fn the_configured_component_directory_is_made() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        std::fs::create_dir_all(root.join("src")).unwrap();
+        std::fs::write(root.join("src/app.js"), "export const x = 1;\n").unwrap();
+        std::fs::write(
+            root.join("sluice.toml"),
+            "[[subscription]]\ncomponent = \"dist/handler.wasm\"\n",
+        )
+        .unwrap();
+        // A stand-in for componentize-js: writes its `-o` file.
+        let tool = root.join("fake-componentize-js");
+        std::fs::write(
+            &tool,
+            "#!/bin/sh\nwhile [ $# -gt 1 ]; do [ \"$1\" = -o ] && printf built > \"$2\"; shift; done\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let project = Project::detect(&root).unwrap();
+        let tools = Tools {
+            cargo: "cargo".into(),
+            componentize_py: "componentize-py".into(),
+            componentize_js: tool,
+        };
+        let built = build_with(&project, &tools).unwrap();
+        assert_eq!(built.path, root.join("dist/handler.wasm"));
+        assert_eq!(std::fs::read(&built.path).unwrap(), b"built");
+    }
 
     /// Every file a build may read is an input, whatever its directory is called (a package
     /// named `env`); what no build reads (`target/`, `.sluice/`, `__pycache__/`) is not.

@@ -47,6 +47,14 @@ pub enum FixtureError {
         /// How large it is.
         what: String,
     },
+    /// A case sets a config key the host reserves (`sluice.`): no subscription can.
+    #[error("{}: config key `{key}` is the host's (keys starting with `sluice.` are reserved): a subscription cannot set it, so a case cannot either", path.display())]
+    Reserved {
+        /// The file.
+        path: PathBuf,
+        /// The key.
+        key: String,
+    },
     /// The file is not a fixture.
     #[error("{}: not a fixture (a JSON object with `payload`, or an array of them): {source}", path.display())]
     Invalid {
@@ -121,34 +129,49 @@ pub fn load(path: &Path) -> Result<Vec<(String, Case)>, FixtureError> {
         path: path.to_owned(),
         source,
     };
+    let too_large = |size: u64| FixtureError::TooLarge {
+        path: path.to_owned(),
+        what: format!("{size} bytes"),
+    };
     let size = std::fs::metadata(path).map_err(io)?.len();
     if size > MAX_FIXTURE_BYTES {
-        return Err(FixtureError::TooLarge {
+        return Err(too_large(size));
+    }
+    // Read through the bound too: a pipe or a device (`/dev/stdin`, `<(...)`) says size 0.
+    let mut text = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(std::fs::File::open(path).map_err(io)?, MAX_FIXTURE_BYTES + 1),
+        &mut text,
+    )
+    .map_err(io)?;
+    if text.len() as u64 > MAX_FIXTURE_BYTES {
+        return Err(too_large(text.len() as u64));
+    }
+    let invalid = |source| FixtureError::Invalid {
+        path: path.to_owned(),
+        source,
+    };
+    // An array is many cases, anything else one: each parsed as what it is, so serde's error
+    // names the key and the place (an untagged enum only says that no variant matched).
+    let many = text
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|&b| b == b'[');
+    let cases = if many {
+        serde_json::from_slice::<Vec<Case>>(&text).map_err(invalid)?
+    } else {
+        vec![serde_json::from_slice::<Case>(&text).map_err(invalid)?]
+    };
+    if let Some(key) = cases
+        .iter()
+        .flat_map(|c| c.config.keys())
+        .find(|k| k.starts_with(sluice_descriptor::RESERVED_CONFIG_PREFIX))
+    {
+        return Err(FixtureError::Reserved {
             path: path.to_owned(),
-            what: format!("{size} bytes"),
+            key: key.clone(),
         });
     }
-    let text = std::fs::read(path).map_err(io)?;
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum OneOrMany {
-        One(Box<Case>),
-        Many(Vec<Case>),
-    }
-    let parsed = serde_json::from_slice::<OneOrMany>(&text).map_err(|source| {
-        // Untagged: serde says only "no variant matched"; the one case's own error says why.
-        let source = serde_json::from_slice::<Case>(&text)
-            .err()
-            .unwrap_or(source);
-        FixtureError::Invalid {
-            path: path.to_owned(),
-            source,
-        }
-    })?;
-    let cases = match parsed {
-        OneOrMany::One(case) => vec![*case],
-        OneOrMany::Many(cases) => cases,
-    };
     if cases.len() > MAX_CASES {
         return Err(FixtureError::TooLarge {
             path: path.to_owned(),
@@ -165,9 +188,20 @@ pub fn load(path: &Path) -> Result<Vec<(String, Case)>, FixtureError> {
                 (None, true) => format!("{}[{i}]", path.display()),
                 (None, false) => path.display().to_string(),
             };
-            (label, case)
+            (printable(&label), case)
         })
         .collect())
+}
+
+/// `text` with its control characters escaped: a case's name cannot start a line of its own
+/// (a forged `ok` line) or send escape sequences to the terminal.
+fn printable(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let escaped = c.is_control().then(|| c.escape_default());
+            escaped.into_iter().flatten().chain((!c.is_control()).then_some(c))
+        })
+        .collect()
 }
 
 impl Case {
@@ -236,6 +270,38 @@ mod tests {
         let (_d, typo) = write(r#"{"payload": {}, "expcet": "ack"}"#);
         let err = load(&typo).unwrap_err().to_string();
         assert!(err.contains("expcet"), "{err}");
+    }
+
+    #[test]
+    fn a_mistake_in_a_list_of_cases_is_named_too() {
+        let (_d, typo) = write("[\n  {\"payload\": 1},\n  {\"payload\": 2, \"expcet\": \"ack\"}\n]");
+        let err = load(&typo).unwrap_err().to_string();
+        assert!(err.contains("expcet") && err.contains("line 3"), "{err}");
+        let (_d, word) = write(r#"[{"payload": 1, "expect": "dead_letter"}]"#);
+        let err = load(&word).unwrap_err().to_string();
+        assert!(err.contains("dead_letter") && err.contains("dead-letter"), "{err}");
+    }
+
+    #[test]
+    fn a_case_cannot_set_what_the_host_reserves() {
+        let (_d, path) = write(r#"{"payload": 1, "config": {"sluice.payload-field": "other"}}"#);
+        let err = load(&path).unwrap_err().to_string();
+        assert!(err.contains("sluice.payload-field") && err.contains("reserved"), "{err}");
+    }
+
+    #[test]
+    #[cfg(unix)]
+    fn a_file_without_a_size_is_bounded_as_it_is_read() {
+        // A device (or a pipe, `<(...)`) says size 0: the read itself stops at the bound.
+        let err = load(Path::new("/dev/zero")).unwrap_err();
+        assert!(matches!(err, FixtureError::TooLarge { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_name_cannot_forge_a_line() {
+        let (_d, path) = write(r#"{"name": "x\n\u001b[32mok    forged: ack", "payload": 1}"#);
+        let cases = load(&path).unwrap();
+        assert_eq!(cases[0].0, "x\\n\\u{1b}[32mok    forged: ack");
     }
 
     #[test]

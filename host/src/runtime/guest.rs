@@ -159,12 +159,15 @@ impl GuestState {
     }
 
     /// Why the host refused to hold more for the guest, if `err` says the resource table is
-    /// full.
+    /// full (only full: a handle the guest dropped too early, or a parent dropped before its
+    /// children, is the guest's own trap and says so).
     pub(crate) fn host_limit(&self, err: &wasmtime::Error) -> Option<String> {
         use wasmtime_wasi_http::FieldMapError;
         if err.chain().any(|e| {
-            e.downcast_ref::<wasmtime::component::ResourceTableError>()
-                .is_some()
+            matches!(
+                e.downcast_ref::<wasmtime::component::ResourceTableError>(),
+                Some(wasmtime::component::ResourceTableError::Full)
+            )
         }) {
             return Some(format!(
                 "more than {} live resources (handles, HTTP fields and bodies) under host_memory_limit {}",
@@ -436,6 +439,30 @@ pub(crate) fn new_store(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_full_table_is_a_host_limit() {
+        use wasmtime::component::ResourceTableError;
+        let limits = Arc::new(StoreLimits {
+            memory: 64 * 1024 * 1024,
+            host_memory: 8 * 1024 * 1024,
+            log_lines: 10,
+            log_bytes: 1000,
+            log_dropped: Default::default(),
+        });
+        let state = GuestState::new(Arc::from([]), limits, Arc::default());
+        let full = wasmtime::Error::from(ResourceTableError::Full).context("a host call");
+        let said = state.host_limit(&full).unwrap();
+        assert!(said.contains("more than 256 live resources"), "{said}");
+        for other in [
+            ResourceTableError::HasChildren,
+            ResourceTableError::NotPresent,
+            ResourceTableError::WrongType,
+        ] {
+            let err = wasmtime::Error::from(other).context("a host call");
+            assert_eq!(state.host_limit(&err), None, "{err:#}");
+        }
+    }
 
     #[test]
     fn control_characters_are_escaped_and_long_lines_cut() {
