@@ -149,7 +149,8 @@ impl Drop for Running {
 
 /// The process id of a `sluice dev` running in the project at `dir`, and its state, if one is.
 pub(crate) fn running_in(dir: &Path) -> Option<(u32, DevState)> {
-    let text = std::fs::read_to_string(dir.join(RUNNING_FILE)).ok()?;
+    let path = dir.join(RUNNING_FILE);
+    let text = std::fs::read_to_string(&path).ok()?;
     let mut words = text.split_whitespace();
     let pid: u32 = words.next()?.parse().ok()?;
     let state = match words.next() {
@@ -161,7 +162,39 @@ pub(crate) fn running_in(dir: &Path) -> Option<(u32, DevState)> {
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
     let ours = std::env::current_exe().ok();
     let same_name = exe.file_name() == ours.as_deref().and_then(Path::file_name);
-    same_name.then_some((pid, state))
+    // And the process that wrote the file: one that started after the file was last written
+    // (a sluice that took the number of a session killed before it could remove its file)
+    // is not this project's.
+    let written = std::fs::metadata(&path).and_then(|m| m.modified()).ok()?;
+    let after_it = started_at(pid).is_some_and(|t| t > written + STARTED_SLACK);
+    (same_name && !after_it).then_some((pid, state))
+}
+
+/// How far [`started_at`] may be off (boot time is counted in whole seconds, and the clock
+/// may have been set since).
+const STARTED_SLACK: Duration = Duration::from_secs(5);
+
+/// When process `pid` started, as /proc says (none where it does not).
+fn started_at(pid: u32) -> Option<std::time::SystemTime> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command's name (field 2) may hold spaces and parentheses: count after the last ')',
+    // where field 3 is the first; the start time is field 22, in clock ticks since boot.
+    let ticks: u64 = stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(22 - 3)?
+        .parse()
+        .ok()?;
+    let boot: u64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok())?;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??;
+    let hz = u64::try_from(hz).ok().filter(|&hz| hz > 0)?;
+    Some(
+        std::time::UNIX_EPOCH
+            + Duration::from_secs(boot)
+            + Duration::from_millis(ticks.saturating_mul(1000) / hz),
+    )
 }
 
 /// Watch `project`'s sources: each directory on its own (a recursive watch would follow
@@ -331,6 +364,26 @@ mod tests {
         }
         drop(running);
         assert_eq!(running_in(dir.path()), None, "removed when the session ends");
+    }
+
+    /// A file left by a session that died names a number a later sluice may have taken:
+    /// written before that process started, it is not that process's.
+    #[test]
+    fn a_file_older_than_the_process_it_names_is_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let running = Running::mark(dir.path()).unwrap();
+        let started = started_at(std::process::id()).unwrap();
+        let now = std::time::SystemTime::now();
+        assert!(started <= now + STARTED_SLACK, "{started:?} {now:?}");
+        assert!(now.duration_since(started).unwrap() < Duration::from_secs(24 * 3600));
+        assert!(running_in(dir.path()).is_some());
+        let file = std::fs::File::options()
+            .write(true)
+            .open(dir.path().join(RUNNING_FILE))
+            .unwrap();
+        file.set_modified(started - Duration::from_secs(60)).unwrap();
+        assert_eq!(running_in(dir.path()), None);
+        drop(running);
     }
 
     /// The next change seen by `next_change`, within a minute, while `module` is written a
