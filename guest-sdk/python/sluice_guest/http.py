@@ -173,16 +173,25 @@ def request(method: str, url: str, *, headers: Optional[Dict[str, str]] = None,
 
 
 def _write(out_body: "w.OutgoingBody", data: bytes) -> Optional[Tuple[str, str]]:
-    """Write the body; a failure is returned, not raised: the response says why, so it wins."""
+    """Write the body; a failure is returned, not raised: the response says why, so it wins.
+    The stream is closed on a failure too: the body dropped with its stream still open traps
+    the whole attempt (a parent resource dropped before its child)."""
     try:
         stream = out_body.write()
-        for i in range(0, len(data), _WRITE_CHUNK):
-            stream.blocking_write_and_flush(data[i:i + _WRITE_CHUNK])
-        stream.__exit__(None, None, None)
-        w.OutgoingBody.finish(out_body, None)
-        return None
     except Err as err:
         return "other", f"writing the body failed: {err.value}"
+    try:
+        for i in range(0, len(data), _WRITE_CHUNK):
+            stream.blocking_write_and_flush(data[i:i + _WRITE_CHUNK])
+    except Err as err:
+        stream.__exit__(None, None, None)
+        return "other", f"writing the body failed: {err.value}"
+    stream.__exit__(None, None, None)
+    try:
+        w.OutgoingBody.finish(out_body, None)
+    except Err as err:
+        return "other", f"finishing the body failed: {err.value}"
+    return None
 
 
 def _read(body: "w.IncomingBody", fail) -> bytes:
