@@ -363,7 +363,11 @@ mod tests {
             assert_eq!(running_in(dir.path()), Some((pid, state)));
         }
         drop(running);
-        assert_eq!(running_in(dir.path()), None, "removed when the session ends");
+        assert_eq!(
+            running_in(dir.path()),
+            None,
+            "removed when the session ends"
+        );
     }
 
     /// A file left by a session that died names a number a later sluice may have taken:
@@ -373,15 +377,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let running = Running::mark(dir.path()).unwrap();
         let started = started_at(std::process::id()).unwrap();
-        let now = std::time::SystemTime::now();
-        assert!(started <= now + STARTED_SLACK, "{started:?} {now:?}");
-        assert!(now.duration_since(started).unwrap() < Duration::from_secs(24 * 3600));
+        let written = std::fs::metadata(dir.path().join(RUNNING_FILE))
+            .and_then(|m| m.modified())
+            .unwrap();
+        assert!(
+            started <= written + STARTED_SLACK,
+            "{started:?} {written:?}"
+        );
+        assert!(
+            written.duration_since(started).unwrap_or_default() < Duration::from_secs(24 * 3600)
+        );
         assert!(running_in(dir.path()).is_some());
         let file = std::fs::File::options()
             .write(true)
             .open(dir.path().join(RUNNING_FILE))
             .unwrap();
-        file.set_modified(started - Duration::from_secs(60)).unwrap();
+        file.set_modified(started - Duration::from_secs(60))
+            .unwrap();
         assert_eq!(running_in(dir.path()), None);
         drop(running);
     }

@@ -140,7 +140,10 @@ pub fn load(path: &Path) -> Result<Vec<(String, Case)>, FixtureError> {
     // Read through the bound too: a pipe or a device (`/dev/stdin`, `<(...)`) says size 0.
     let mut text = Vec::new();
     std::io::Read::read_to_end(
-        &mut std::io::Read::take(std::fs::File::open(path).map_err(io)?, MAX_FIXTURE_BYTES + 1),
+        &mut std::io::Read::take(
+            std::fs::File::open(path).map_err(io)?,
+            MAX_FIXTURE_BYTES + 1,
+        ),
         &mut text,
     )
     .map_err(io)?;
@@ -199,7 +202,10 @@ fn printable(text: &str) -> String {
     text.chars()
         .flat_map(|c| {
             let escaped = c.is_control().then(|| c.escape_default());
-            escaped.into_iter().flatten().chain((!c.is_control()).then_some(c))
+            escaped
+                .into_iter()
+                .flatten()
+                .chain((!c.is_control()).then_some(c))
         })
         .collect()
 }
@@ -274,19 +280,26 @@ mod tests {
 
     #[test]
     fn a_mistake_in_a_list_of_cases_is_named_too() {
-        let (_d, typo) = write("[\n  {\"payload\": 1},\n  {\"payload\": 2, \"expcet\": \"ack\"}\n]");
+        let (_d, typo) =
+            write("[\n  {\"payload\": 1},\n  {\"payload\": 2, \"expcet\": \"ack\"}\n]");
         let err = load(&typo).unwrap_err().to_string();
         assert!(err.contains("expcet") && err.contains("line 3"), "{err}");
         let (_d, word) = write(r#"[{"payload": 1, "expect": "dead_letter"}]"#);
         let err = load(&word).unwrap_err().to_string();
-        assert!(err.contains("dead_letter") && err.contains("dead-letter"), "{err}");
+        assert!(
+            err.contains("dead_letter") && err.contains("dead-letter"),
+            "{err}"
+        );
     }
 
     #[test]
     fn a_case_cannot_set_what_the_host_reserves() {
         let (_d, path) = write(r#"{"payload": 1, "config": {"sluice.payload-field": "other"}}"#);
         let err = load(&path).unwrap_err().to_string();
-        assert!(err.contains("sluice.payload-field") && err.contains("reserved"), "{err}");
+        assert!(
+            err.contains("sluice.payload-field") && err.contains("reserved"),
+            "{err}"
+        );
     }
 
     #[test]
