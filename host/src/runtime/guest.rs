@@ -158,6 +158,15 @@ impl GuestState {
         self.http_hooks.trace = trace;
     }
 
+    /// Whether the guest's resource table is three quarters full: an instance whose guest
+    /// frees handles late (JavaScript's runtime frees them when it collects garbage) would
+    /// fail a later attempt on the limit, so it is not reused.
+    pub(crate) fn table_nearly_full(&mut self) -> bool {
+        let capacity = self.table.max_capacity();
+        let live = self.table.iter_mut().count();
+        live.saturating_mul(4) >= capacity.saturating_mul(3)
+    }
+
     /// Why the host refused to hold more for the guest, if `err` says the resource table is
     /// full (only full: a handle the guest dropped too early, or a parent dropped before its
     /// children, is the guest's own trap and says so).

@@ -2,7 +2,8 @@
 //!
 //! With `isolation = "reuse"` (the default) an instance serves many deliveries, so the guest's
 //! state is built once per instance; an instance is dropped after any trap or limit hit and
-//! replaced after `recycle_after` deliveries. With `isolation = "per-delivery"` every delivery
+//! replaced after `recycle_after` deliveries, or once the handles it holds fill three quarters
+//! of its resource table (a guest that frees them late would fail its next attempt). With `isolation = "per-delivery"` every delivery
 //! gets a fresh store and instance.
 //!
 //! Every instance holds one of the runtime's instance slots (see [`super::Runtime`]), taken
@@ -280,10 +281,11 @@ impl WasmHandler {
         }
     }
 
-    fn give_back(&self, instance: Instance) {
+    fn give_back(&self, mut instance: Instance) {
         if self.limits.isolation != Isolation::Reuse
             || instance.uses >= self.limits.recycle_after
             || self.retired.load(Ordering::Acquire)
+            || instance.store.data_mut().table_nearly_full()
         {
             return;
         }
