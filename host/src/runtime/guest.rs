@@ -193,7 +193,7 @@ impl GuestState {
         too_big.then(|| {
             if self.field_size_limit == UNGRANTED_FIELDS_LIMIT {
                 format!(
-                    "an HTTP header map over {UNGRANTED_FIELDS_LIMIT} bytes without an HTTP grant (allowed_outbound_hosts is empty)"
+                    "an HTTP header map over {UNGRANTED_FIELDS_LIMIT} bytes, all a guest without an HTTP grant may hold (allowed_outbound_hosts is empty; host_memory_limit)"
                 )
             } else {
                 format!(
