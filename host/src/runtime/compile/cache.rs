@@ -11,7 +11,7 @@ use sha2::Sha256;
 
 use crate::runtime::RuntimeError;
 use crate::support::digest::Digest;
-use crate::support::private_file::write_private;
+use crate::support::private_file::{create_private, write_private};
 
 /// Where compiled components wait for the next start, each vouched for by a keyed hash.
 #[derive(Debug, Clone)]
@@ -180,41 +180,20 @@ fn read_key(
 }
 
 /// A new random key, written 0600 to `key_path`; `None` when another host's key got there
-/// first. The key is written whole to a file of our own and then linked into place: a link
-/// never replaces a file, so the first writer wins, and nobody can read a key half written
-/// (a `create_new` then `write` let a host starting at the same moment read an empty file).
+/// first (written whole and linked into place: a host starting at the same moment never reads
+/// half a key; see [`create_private`]).
 fn new_key(
     key_path: &Path,
     unusable: &impl Fn(std::io::Error) -> RuntimeError,
 ) -> Result<Option<[u8; 32]>, RuntimeError> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt;
     let mut key = [0u8; 32];
     getrandom::fill(&mut key).map_err(|e| {
         unusable(std::io::Error::other(format!(
             "no randomness for the cache key: {e}"
         )))
     })?;
-    // Unique to this process and this call: two threads of one host may open at once.
-    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let mine = key_path.with_extension(format!("new{}-{call}", std::process::id()));
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&mine)
-        .and_then(|mut f| {
-            f.write_all(&key)?;
-            f.sync_all()
-        })
-        .and_then(|()| std::fs::hard_link(&mine, key_path));
-    let _ = std::fs::remove_file(&mine);
-    match written {
-        Ok(()) => Ok(Some(key)),
-        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => Ok(None),
-        Err(err) => Err(unusable(err)),
-    }
+    let created = create_private(key_path, &[&key]).map_err(unusable)?;
+    Ok(created.then_some(key))
 }
 
 /// Remove the least recently used artifacts in `dir` until at most `count` and `bytes` are
