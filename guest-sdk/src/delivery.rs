@@ -60,7 +60,7 @@ impl Delivery {
 
     /// Decode the payload field (JSON) into `T`.
     pub fn decode<T: DeserializeOwned>(&self) -> Result<T, DecodeError> {
-        self.decode_field(payload_field())
+        self.decode_field(&payload_field())
     }
 
     /// Decode field `field` (JSON) into `T`.
@@ -81,22 +81,19 @@ impl Delivery {
 /// The payload field the host configured; asked once per instance (it cannot change under a
 /// running instance).
 #[cfg(target_arch = "wasm32")]
-fn payload_field() -> &'static str {
+fn payload_field() -> std::borrow::Cow<'static, str> {
     static FIELD: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    FIELD.get_or_init(|| {
+    let field = FIELD.get_or_init(|| {
         crate::config::get(PAYLOAD_FIELD_CONFIG_KEY)
             .unwrap_or_else(|| DEFAULT_PAYLOAD_FIELD.to_owned())
-    })
+    });
+    std::borrow::Cow::Borrowed(field)
 }
 
 /// The payload field the running test's config names (natively, each test its own).
 #[cfg(not(target_arch = "wasm32"))]
-fn payload_field() -> &'static str {
-    match crate::config::get(PAYLOAD_FIELD_CONFIG_KEY) {
-        // A test's own field name, kept for the test process (a few bytes per test).
-        Some(field) => Box::leak(field.into_boxed_str()),
-        None => DEFAULT_PAYLOAD_FIELD,
-    }
+fn payload_field() -> std::borrow::Cow<'static, str> {
+    crate::config::get(PAYLOAD_FIELD_CONFIG_KEY).map_or(DEFAULT_PAYLOAD_FIELD.into(), Into::into)
 }
 
 /// Why an entry's payload could not become the handler's input. The host dead-letters the
