@@ -23,6 +23,9 @@
 
 use std::time::Duration;
 
+mod order;
+pub use order::{OnDeadLetter, OrderKey, OrderedBy};
+
 /// Entries one read asks for when the descriptor does not say.
 pub const DEFAULT_COUNT: usize = 64;
 /// How long one read blocks when the descriptor does not say.
@@ -228,6 +231,8 @@ pub struct RedisStream {
     /// Split the stream into this many partitions (default 1: the stream itself); see
     /// [`partition_key`].
     pub partitions: Option<u32>,
+    /// Handle entries with one key in order, one (or a few) at a time (see [`OrderedBy`]).
+    pub ordered_by: Option<OrderedBy>,
 }
 
 /// The descriptor fields an operator sets in the host's configuration; `None` keeps the
@@ -261,6 +266,11 @@ pub struct Overrides {
     pub partitions: Option<u32>,
     /// `Some(None)` removes the descriptor's delayed-retry set, `Some(Some(..))` replaces it.
     pub delayed_retry: Option<Option<DelayedRetry>>,
+    /// `Some(None)` removes the descriptor's ordering, `Some(Some(..))` replaces it.
+    pub ordered_by: Option<Option<OrderedBy>>,
+    /// Replaces the ordering's [`OrderedBy::max_in_flight_per_key`] (the host refuses it
+    /// when the subscription is not ordered).
+    pub max_in_flight_per_key: Option<u32>,
 }
 
 /// Builder methods that set one optional field each: `name(value)` sets `self.name`.
@@ -321,6 +331,8 @@ impl RedisStream {
         /// stream, so one logical stream can spread over a Redis Cluster (see
         /// [`partition_key`]).
         partitions: u32,
+        /// Handle entries with one key in order, across hosts and retries (see [`OrderedBy`]).
+        ordered_by: OrderedBy,
     }
 
     /// Lay an operator's overrides over this descriptor: every field the operator set wins.
@@ -346,6 +358,12 @@ impl RedisStream {
         );
         if let Some(delayed) = &o.delayed_retry {
             self.delayed_retry = delayed.clone();
+        }
+        if let Some(ordered) = &o.ordered_by {
+            self.ordered_by = ordered.clone();
+        }
+        if let (Some(ordered), Some(n)) = (&mut self.ordered_by, o.max_in_flight_per_key) {
+            ordered.max_in_flight_per_key = n;
         }
         self
     }
@@ -463,6 +481,15 @@ impl RedisStream {
                 }
             }
         }
+        if let Some(ordered) = &self.ordered_by {
+            ordered.check(stream)?;
+            if self.delayed_retry.is_none() {
+                return Err(DescriptorError::Ordering {
+                    stream: stream.to_owned(),
+                    problem: "ordered_by needs a delayed-retry set: the entries a key's turn lets go pass through it on their way back to the group; add .delayed_retry(..) or `delayed_retry = { key = \"...\" }`".into(),
+                });
+            }
+        }
         let failure_backoff = self.failure_backoff.unwrap_or(DEFAULT_BACKOFF);
         if failure_backoff.initial > failure_backoff.max {
             return Err(DescriptorError::BackoffInverted(stream.to_owned()));
@@ -502,6 +529,7 @@ impl RedisStream {
             max_delay: self.max_delay,
             failure_backoff,
             partitions,
+            ordered_by: self.ordered_by.clone(),
         })
     }
 }
@@ -538,6 +566,8 @@ pub struct ResolvedStream {
     pub failure_backoff: Backoff,
     /// How many partitions the stream has (1: the stream itself).
     pub partitions: u32,
+    /// Entries with one key are handled in order (each partition keeps its own keys' order).
+    pub ordered_by: Option<OrderedBy>,
 }
 
 impl ResolvedStream {
@@ -676,6 +706,14 @@ pub enum DescriptorError {
         stream: String,
         /// The count given.
         partitions: u32,
+    },
+    /// The ordering settings are out of bounds, or ordering lacks what it needs.
+    #[error("subscription to `{stream}`: {problem}")]
+    Ordering {
+        /// The stream.
+        stream: String,
+        /// What is wrong.
+        problem: String,
     },
     /// A partitioned subscription's key has a hash tag of its own.
     #[error(

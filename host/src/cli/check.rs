@@ -286,6 +286,17 @@ fn write_keys(out: &mut String, sub: &SubscriptionPlan) {
         "payload",
         format!("JSON in field `{}`", s.payload_field),
     );
+    row(
+        out,
+        "ordered by",
+        match &s.ordered_by {
+            Some(o) => format!(
+                "{}; entries of one key wait in Redis behind the one in its turn, retries included",
+                o.describe()
+            ),
+            None => "nothing: entries are handled concurrently whatever their key".to_owned(),
+        },
+    );
 }
 
 /// How the handler runs: instances and limits, the network it may reach, its config values.

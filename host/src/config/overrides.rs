@@ -2,11 +2,13 @@
 //! the read and claim timings, retries, backoff, partitions and the delayed-retry set. What the
 //! operator writes here wins over what the component exports.
 
-use sluice_descriptor::{Backoff, DelayedRetry, Overrides};
+use sluice_descriptor::{
+    Backoff, DelayedRetry, DescriptorError, OnDeadLetter, OrderKey, OrderedBy, Overrides,
+};
 
 use super::ConfigError;
 use super::check::Validator;
-use super::raw::{RawDelayedRetry, RawSubscription};
+use super::raw::{RawDelayedRetry, RawOrderedBy, RawSubscription};
 
 /// The descriptor fields this subscription overrides; `consumer` is its file's top-level
 /// `consumer`, which its own wins over.
@@ -38,7 +40,69 @@ pub(super) fn overrides(
         failure_backoff,
         delayed_retry,
         partitions: sub.partitions,
+        ordered_by: ordered_by(v, key, sub.ordered_by.as_ref(), sub.max_in_flight_per_key)?,
+        max_in_flight_per_key: sub.max_in_flight_per_key,
     })
+}
+
+/// `ordered_by`: `"none"` takes the descriptor's ordering away (`Some(None)`), a table names
+/// where the key is (exactly one of `field` and `payload`).
+fn ordered_by(
+    v: &Validator<'_>,
+    key: &dyn Fn(&str) -> String,
+    raw: Option<&RawOrderedBy>,
+    max_in_flight_per_key: Option<u32>,
+) -> Result<Option<Option<OrderedBy>>, ConfigError> {
+    let set = match raw {
+        None => return Ok(None),
+        Some(RawOrderedBy::Keyword(word)) if word == "none" => return Ok(Some(None)),
+        Some(RawOrderedBy::Keyword(word)) => {
+            return Err(v.invalid(
+                &key("ordered_by"),
+                word,
+                "expected \"none\" or a table { field = \"...\" } or { payload = \"/pointer\" }",
+            ));
+        }
+        Some(RawOrderedBy::Key(set)) => set,
+    };
+    let mut ordered = match (&set.field, &set.payload) {
+        (Some(field), None) => OrderedBy::field(field),
+        (None, Some(pointer)) => OrderedBy::payload(pointer),
+        _ => {
+            return Err(v.invalid(
+                &key("ordered_by"),
+                "{ .. }",
+                "name exactly one of `field` (a stream field) and `payload` (a JSON pointer into the payload)",
+            ));
+        }
+    };
+    ordered.on_dead_letter = match set.on_dead_letter.as_deref() {
+        None | Some("release") => OnDeadLetter::Release,
+        Some("hold") => OnDeadLetter::Hold,
+        Some(other) => {
+            return Err(v.invalid(
+                &key("ordered_by.on_dead_letter"),
+                other,
+                "expected \"release\" (the next entry of the key goes) or \"hold\" (the key waits until the dead letter is requeued or deleted)",
+            ));
+        }
+    };
+    if let Some(bytes) = set.max_key_bytes {
+        ordered.max_key_bytes = bytes;
+    }
+    if let Some(n) = max_in_flight_per_key {
+        ordered.max_in_flight_per_key = n;
+    }
+    let shown = match &ordered.key {
+        OrderKey::Field(name) | OrderKey::Payload(name) => name.clone(),
+    };
+    match ordered.check("") {
+        Ok(()) => Ok(Some(Some(ordered))),
+        Err(DescriptorError::Ordering { problem, .. }) => {
+            Err(v.invalid(&key("ordered_by"), &shown, &problem))
+        }
+        Err(other) => Err(v.invalid(&key("ordered_by"), &shown, &other.to_string())),
+    }
 }
 
 /// `delayed_retry`: `"none"` takes the descriptor's set away (`Some(None)`), a table names

@@ -81,6 +81,8 @@ pub(super) struct RawSubscription {
     pub(super) failure_backoff: Option<RawBackoff>,
     pub(super) partitions: Option<u32>,
     pub(super) delayed_retry: Option<RawDelayedRetry>,
+    pub(super) ordered_by: Option<RawOrderedBy>,
+    pub(super) max_in_flight_per_key: Option<u32>,
     pub(super) retry_lane: Option<bool>,
     pub(super) retry_lane_slots: Option<usize>,
     pub(super) other_groups_see_retries: Option<bool>,
@@ -184,4 +186,22 @@ pub(super) fn parse_str(text: &str) -> Result<(), String> {
     toml::from_str::<RawConfig>(text)
         .map(|_| ())
         .map_err(|e| e.to_string())
+}
+
+/// `ordered_by = "none"`, or a table naming where the key is.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawOrderedBy {
+    Keyword(String),
+    Key(RawOrderKey),
+}
+
+/// `ordered_by = { field = "..." }` or `{ payload = "/pointer" }`, with its bounds.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawOrderKey {
+    pub(super) field: Option<String>,
+    pub(super) payload: Option<String>,
+    pub(super) on_dead_letter: Option<String>,
+    pub(super) max_key_bytes: Option<usize>,
 }

@@ -15,5 +15,6 @@
 pub mod admit;
 pub mod delayed;
 pub(crate) mod dispatch;
+pub mod order;
 pub(crate) mod read;
 pub(crate) mod settle;

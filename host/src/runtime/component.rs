@@ -262,5 +262,6 @@ fn from_wit(s: wit::Subscription) -> RedisStream {
             max: ms(b.max_ms),
         }),
         partitions: s.partitions,
+        ordered_by: None,
     }
 }

@@ -64,11 +64,12 @@ impl Service {
         let (keys, secret) = self.partition_keys(c, s, stop).await?;
         let health = partition_health(c, s);
         let delayed = self.delayed_set(c, s, &keys, secret.as_ref(), &health);
+        let order = order(c, s, &keys, delayed.as_ref(), &self.metrics);
         let (settler, acker) = Settler::new(
             &keys,
             &c.sub.consumer,
             c.conn.clone(),
-            delayed.clone(),
+            (delayed.clone(), order.clone()),
             secret.clone(),
             self.events.clone(),
             abandon.clone(),
@@ -108,6 +109,7 @@ impl Service {
             flow: c.flow.state.clone(),
             rate: c.rate.clone(),
             breaker: c.breaker.clone(),
+            order,
         };
         let subscription = Subscription::new(
             read_plan,
@@ -365,4 +367,30 @@ async fn lane_work(
     let unread = group.lag.unwrap_or(1);
     let work = group.pending as u64 + unread as u64;
     (work > 0).then(|| (lane.to_owned(), work))
+}
+
+/// The partition's keys' turns, when the subscription is ordered (it then has a delayed set:
+/// the descriptor's checks refuse ordering without one).
+fn order(
+    c: &Common<'_>,
+    s: &ResolvedStream,
+    keys: &SubscriptionKeys,
+    delayed: Option<&Arc<DelayedSet>>,
+    metrics: &Metrics,
+) -> Option<Arc<crate::pipeline::order::Order>> {
+    let spec = s.ordered_by.clone()?;
+    let set = delayed?.clone();
+    let ttl = match &s.delayed_retry {
+        Some(DelayedRetry::DurableZset { ttl, .. }) => *ttl,
+        None => None,
+    };
+    Some(Arc::new(crate::pipeline::order::Order::new(
+        spec,
+        &s.payload_field,
+        keys,
+        set,
+        ttl,
+        c.conn.clone(),
+        metrics,
+    )))
 }

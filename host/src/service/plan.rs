@@ -482,6 +482,16 @@ fn checked(sub: &SubscriptionConfig, stream: &ResolvedStream) -> Result<bool, Pl
             max_delay,
         });
     }
+    if sub.overrides.max_in_flight_per_key.is_some() && stream.ordered_by.is_none() {
+        return Err(PlanError::Descriptor {
+            origin: sub.origin.clone(),
+            component: sub.component.clone(),
+            problem: DescriptorError::Ordering {
+                stream: stream.stream.clone(),
+                problem: "max_in_flight_per_key only means something with ordered_by (neither the config nor the component orders this subscription by a key)".into(),
+            },
+        });
+    }
     check_component_partitions(&sub.overrides, stream.partitions).map_err(|asked| {
         PlanError::ComponentPartitions {
             origin: sub.origin.clone(),

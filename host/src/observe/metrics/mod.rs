@@ -150,8 +150,23 @@ pub struct Metrics {
     pub canary_share: Family<SubLabels, Gauge>,
     /// Canaries ended while this host ran them, by verdict.
     pub canary_verdicts: Family<VerdictLabels, Counter>,
+    /// Entries of ordered subscriptions handled unordered, by why.
+    pub ordered_unkeyed: Family<ReasonLabels, Counter>,
+    /// Entries queued behind their key's turn.
+    pub ordered_held: Family<SubLabels, Counter>,
+    /// Queued entries this host let in.
+    pub ordered_let_in: Family<SubLabels, Counter>,
     /// The registered families' names, in order.
     families: Vec<&'static str>,
+}
+
+/// The labels of a counter by reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub stream: String,
+    pub group: String,
+    /// Why.
+    pub reason: &'static str,
 }
 
 /// The labels of a canary's attempt counter.
@@ -273,6 +288,9 @@ impl Metrics {
             ),
             canary_share: reg!("canary_share_basis_points", Family::default()),
             canary_verdicts: reg!("canary_verdicts", Family::default()),
+            ordered_unkeyed: reg!("ordered_unkeyed", Family::default()),
+            ordered_held: reg!("ordered_held", Family::default()),
+            ordered_let_in: reg!("ordered_let_in", Family::default()),
             registry,
             results_counted: Arc::default(),
             families,

@@ -266,6 +266,24 @@ pub const SERIES: &[Series] = &[
         labels: "verdict",
         help: "Canaries that ended while this host ran them, by verdict",
     },
+    Series {
+        name: "ordered_unkeyed",
+        kind: Kind::Counter,
+        labels: "reason",
+        help: "Entries of an ordered subscription handled unordered: no key (`missing`) or a key over `max_key_bytes` (`too_long`)",
+    },
+    Series {
+        name: "ordered_held",
+        kind: Kind::Counter,
+        labels: "",
+        help: "Entries of an ordered subscription queued in Redis behind their key's turn",
+    },
+    Series {
+        name: "ordered_let_in",
+        kind: Kind::Counter,
+        labels: "",
+        help: "Queued entries let in by this host when their key's turn came (they come back through the delayed set)",
+    },
 ];
 
 /// The help text of the family `name` ("" for a name without a row, which a test refuses).

@@ -173,6 +173,8 @@ pub struct Subscription {
     rate: Option<Arc<crate::pipeline::admit::rate::RateLimiter>>,
     /// The group's circuit breaker, if it has one.
     breaker: Option<Arc<crate::pipeline::admit::breaker::Breaker>>,
+    /// Its keys' turns, on an ordered subscription.
+    order: Option<Arc<crate::pipeline::order::Order>>,
 }
 
 /// What a subscription shares with the rest of the host.
@@ -196,6 +198,8 @@ pub struct SubscriptionParts {
     pub rate: Option<Arc<crate::pipeline::admit::rate::RateLimiter>>,
     /// The group's circuit breaker (one for all partitions), if it has one.
     pub breaker: Option<Arc<crate::pipeline::admit::breaker::Breaker>>,
+    /// The partition's keys' turns, on an ordered subscription.
+    pub order: Option<Arc<crate::pipeline::order::Order>>,
 }
 
 impl Subscription {
@@ -235,6 +239,7 @@ impl Subscription {
             flow: parts.flow,
             rate: parts.rate,
             breaker: parts.breaker,
+            order: parts.order,
         })
     }
 

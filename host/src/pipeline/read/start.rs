@@ -36,34 +36,15 @@ impl Subscription {
                 }
             }
         }
+        if let Some(order) = self.order.clone() {
+            return self.start_ordered(&order, batch, slots).await;
+        }
         // A read's deliveries run together on as few tasks as their handler's time allows
         // (`spawn_group`): a task per delivery would hand most of them to another worker
         // thread (and their acks back), wake-ups that cost more than a light handler.
         let mut group = Vec::with_capacity(batch.len());
         for (read, delivery_count) in batch {
-            let (id, source, mut cut) = (read.id.clone(), read.source, read.cut);
-            // Left out past the budget, but over the limit as a whole (many fields, each under
-            // it): never read whole, dead-lettered from Redis. Counted as `max_entry_bytes`
-            // counts, each field with its overhead (found by the attack review of issue 52: by
-            // bytes alone a million one-byte fields passed, and were read again whole).
-            if cut.fields > 0 && !cut.over {
-                let overhead = crate::entry::delivery::FIELD_OVERHEAD;
-                let kept: u64 = read
-                    .fields
-                    .iter()
-                    .flatten()
-                    .map(|(n, v)| (n.len() + v.len()) as u64 + overhead)
-                    .sum();
-                let left_out = cut.bytes + cut.fields as u64 * overhead;
-                cut.over = kept + left_out > self.plan.max_entry_bytes as u64;
-            }
-            if cut.fields > 0 && !cut.over {
-                // Past the read's budget: read again alone, when a slot is free.
-                self.read_alone(id, source, delivery_count);
-                continue;
-            }
-            let Some(entry) = read.into_entry() else {
-                self.drop_deleted(source, &id).await;
+            let Some((entry, source, cut)) = self.kept(read, delivery_count).await else {
                 continue;
             };
             let permit = match slots.one_for(source) {
@@ -82,6 +63,41 @@ impl Subscription {
             }
         }
         self.spawn_group(group);
+    }
+
+    /// What of a read entry is handled here: `None` when it is read again alone (past the
+    /// read's budget) or was deleted while pending (then acknowledged).
+    async fn kept(
+        self: &Arc<Self>,
+        read: ReadEntry,
+        delivery_count: u64,
+    ) -> Option<(Entry, Source, crate::store::redis_conn::lean::Cut)> {
+        let (id, source, mut cut) = (read.id.clone(), read.source, read.cut);
+        // Left out past the budget, but over the limit as a whole (many fields, each under
+        // it): never read whole, dead-lettered from Redis. Counted as `max_entry_bytes`
+        // counts, each field with its overhead (found by the attack review of issue 52: by
+        // bytes alone a million one-byte fields passed, and were read again whole).
+        if cut.fields > 0 && !cut.over {
+            let overhead = crate::entry::delivery::FIELD_OVERHEAD;
+            let kept: u64 = read
+                .fields
+                .iter()
+                .flatten()
+                .map(|(n, v)| (n.len() + v.len()) as u64 + overhead)
+                .sum();
+            let left_out = cut.bytes + cut.fields as u64 * overhead;
+            cut.over = kept + left_out > self.plan.max_entry_bytes as u64;
+        }
+        if cut.fields > 0 && !cut.over {
+            // Past the read's budget: read again alone, when a slot is free.
+            self.read_alone(id, source, delivery_count);
+            return None;
+        }
+        let Some(entry) = read.into_entry() else {
+            self.drop_deleted(source, &id).await;
+            return None;
+        };
+        Some((entry, source, cut))
     }
 
     /// Run `deliveries` in tasks of about [`GROUP_WORK`] of handler time each, which the
@@ -150,6 +166,15 @@ impl Subscription {
             .await;
         if let Err(err) = acked {
             tracing::warn!(id, %err, "could not acknowledge deleted entry; it stays pending");
+            return;
+        }
+        // A turn of its key it held goes to the key's next entry (a stream entry is its own
+        // origin; a lane copy is the host's own, never deleted by a producer).
+        if let Some(order) = &self.order
+            && source == Source::Stream
+            && let Err(err) = order.forget(&[id]).await
+        {
+            tracing::warn!(id, %err, "could not give back the key's turn a deleted entry held; `sluice keys --release` frees it");
         }
     }
 
@@ -160,10 +185,88 @@ impl Subscription {
         delivery_count: u64,
         permit: OwnedSemaphorePermit,
     ) {
-        if let Some(delivery) =
-            self.delivery((entry, Default::default()), source, delivery_count, permit)
-        {
-            self.spawn_alone(delivery);
+        let delivery = self.new_delivery((entry, Default::default()), source, delivery_count);
+        let Some(order) = self.order.clone() else {
+            if let Some(task) = self.delivery_task(delivery, permit) {
+                self.spawn_alone(task);
+            }
+            return;
+        };
+        let this = self.clone();
+        tokio::spawn(async move {
+            let run = this.in_turn(&order, vec![delivery]).await;
+            if let Some(task) = run
+                .into_iter()
+                .next()
+                .and_then(|d| this.delivery_task(d, permit))
+            {
+                this.spawn_alone(task);
+            }
+        });
+    }
+
+    /// Start a read's deliveries on an ordered subscription: those whose key's turn is free
+    /// (or already theirs) run, the others are queued behind it in Redis (`pipeline::order`)
+    /// and give their slots back at once.
+    async fn start_ordered(
+        self: &Arc<Self>,
+        order: &crate::pipeline::order::Order,
+        batch: Vec<(ReadEntry, u64)>,
+        mut slots: Taken,
+    ) {
+        let mut deliveries = Vec::with_capacity(batch.len());
+        for (read, delivery_count) in batch {
+            if let Some((entry, source, cut)) = self.kept(read, delivery_count).await {
+                deliveries.push(self.new_delivery((entry, cut), source, delivery_count));
+            }
+        }
+        let mut group = Vec::with_capacity(deliveries.len());
+        for delivery in self.in_turn(order, deliveries).await {
+            let permit = match slots.one_for(delivery.source) {
+                Some(permit) => permit,
+                None => {
+                    self.spawn_group(std::mem::take(&mut group));
+                    match self.slots.one().await {
+                        Some(permit) => permit,
+                        None => return,
+                    }
+                }
+            };
+            if let Some(task) = self.delivery_task(delivery, permit) {
+                group.push(task);
+            }
+        }
+        self.spawn_group(group);
+    }
+
+    /// The deliveries that run now (see [`crate::pipeline::order::Order::admit`]), asking
+    /// again with capped backoff while Redis fails; none once the subscription stops (the
+    /// entries stay pending, and are read again).
+    async fn in_turn(
+        &self,
+        order: &crate::pipeline::order::Order,
+        mut deliveries: Vec<Delivery>,
+    ) -> Vec<Delivery> {
+        let mut backoff = crate::store::redis_conn::ReconnectBackoff::default();
+        loop {
+            match order.admit(deliveries).await {
+                Ok(admitted) => return admitted.run,
+                Err((err, back)) => {
+                    deliveries = back;
+                    let pause = backoff.next_delay();
+                    tracing::warn!(
+                        stream = %self.plan.stream,
+                        entries = deliveries.len(),
+                        %err,
+                        retry_in_ms = pause.as_millis() as u64,
+                        "could not take the keys' turns for a read; its entries stay pending, trying again"
+                    );
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        () = self.stop.cancelled() => return Vec::new(),
+                    }
+                }
+            }
         }
     }
 
@@ -176,12 +279,17 @@ impl Subscription {
         delivery_count: u64,
         permit: OwnedSemaphorePermit,
     ) -> Option<DeliveryTask> {
-        if let Some(Ok(mut in_flight)) = self.in_flight.as_ref().map(Mutex::lock)
-            && !in_flight.insert((source, entry.id.clone()))
-        {
-            // XAUTOCLAIM handed back an entry this host is still handling.
-            return None;
-        }
+        let delivery = self.new_delivery((entry, cut), source, delivery_count);
+        self.delivery_task(delivery, permit)
+    }
+
+    /// The delivery of an entry read from `source`.
+    pub(super) fn new_delivery(
+        &self,
+        (entry, cut): (Entry, crate::store::redis_conn::lean::Cut),
+        source: Source,
+        delivery_count: u64,
+    ) -> Delivery {
         let mut delivery = Delivery::new(
             self.plan.stream.clone(),
             self.plan.group.clone(),
@@ -191,6 +299,23 @@ impl Subscription {
             self.secret.as_deref(),
         );
         delivery.cut = cut;
+        delivery
+    }
+
+    /// `delivery` from start to settle, holding its handler slot; `None` when it is being
+    /// handled already.
+    pub(super) fn delivery_task(
+        self: &Arc<Self>,
+        delivery: Delivery,
+        permit: OwnedSemaphorePermit,
+    ) -> Option<DeliveryTask> {
+        let (source, delivery_count) = (delivery.source, delivery.delivery_count);
+        if let Some(Ok(mut in_flight)) = self.in_flight.as_ref().map(Mutex::lock)
+            && !in_flight.insert((source, delivery.entry.id.clone()))
+        {
+            // XAUTOCLAIM handed back an entry this host is still handling.
+            return None;
+        }
         let this = self.clone();
         // The tracker counts deliveries, not tasks: shutdown waits for each to settle.
         let tracked = self.tracker.token();

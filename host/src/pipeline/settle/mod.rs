@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 use crate::entry::delivery::{Delivery, Source};
 use crate::observe::events::{Event, EventKind, Events};
 use crate::pipeline::delayed::{DelayedSet, Parked};
+use crate::pipeline::order::Order;
 use crate::store::keys::{self, SubscriptionKeys};
 use crate::store::redis_conn::{ErrorClass, ReconnectBackoff, RedisHandle};
 use crate::support::digest::Digest;
@@ -77,6 +78,8 @@ pub fn dead_letter_script_sha() -> &'static str {
 pub struct Ack {
     source: Source,
     id: String,
+    /// The key's turn the entry holds, on an ordered subscription.
+    turn: Option<crate::entry::delivery::Turn>,
     /// Made only while someone listens to the events.
     event: Option<Box<Event>>,
 }
@@ -95,6 +98,8 @@ pub struct Settler {
     history_entries: u32,
     conn: RedisHandle,
     delayed: Option<Arc<DelayedSet>>,
+    /// The keys' turns, on an ordered subscription: acks and dead letters give them back.
+    order: Option<Arc<Order>>,
     /// The stream's secret, which seals dead letters (none: they go unsealed).
     secret: Option<Arc<keys::Secret>>,
     acks: mpsc::UnboundedSender<Vec<Ack>>,
@@ -111,7 +116,7 @@ impl Settler {
         keys: &SubscriptionKeys,
         consumer: &str,
         conn: RedisHandle,
-        delayed: Option<Arc<DelayedSet>>,
+        (delayed, order): (Option<Arc<DelayedSet>>, Option<Arc<Order>>),
         secret: Option<Arc<keys::Secret>>,
         events: Events,
         abandon: CancellationToken,
@@ -121,7 +126,7 @@ impl Settler {
     ) {
         let (tx, rx) = mpsc::unbounded_channel();
         let acker = run_acker(
-            keys.clone(),
+            (keys.clone(), order.clone()),
             conn.clone(),
             rx,
             events.clone(),
@@ -138,6 +143,7 @@ impl Settler {
                 history_entries: keys.history_entries,
                 conn,
                 delayed,
+                order,
                 secret,
                 acks: tx,
                 events,
@@ -177,6 +183,7 @@ impl Settler {
         Ack {
             source: delivery.source,
             id: delivery.entry.id.clone(),
+            turn: delivery.turn.clone(),
             event: self
                 .events
                 .listened()
@@ -314,8 +321,19 @@ impl Settler {
         if let Some(trace) = trace {
             invocation.arg(keys::TRACE).arg(trace);
         }
-        self.write_dead_letter(delivery, (digest, reason), &invocation)
-            .await
+        // Last: the key's turn the entry gives back (or holds), on an ordered subscription.
+        let turn = self.order.as_ref().zip(delivery.turn.as_ref());
+        if let Some((order, turn)) = turn {
+            order.dead_letter_turn(&mut invocation, turn);
+            order.dead_letter_args(&mut invocation, turn);
+        }
+        let written = self
+            .write_dead_letter(delivery, (digest, reason), &invocation)
+            .await;
+        if let (Ok(true), Some((order, _))) = (&written, turn) {
+            order.after_dead_letter();
+        }
+        written
     }
 
     /// A dead-letter script's call for `delivery`, with what both forms take first: the
@@ -519,7 +537,7 @@ fn not_pending(delivery: &Delivery, what: &str) {
 /// `abandon`, stop at once and return how many acks were never sent. Acks of entries read from
 /// the retry lane go to the lane, in a second XACK when a batch holds both.
 async fn run_acker(
-    keys: SubscriptionKeys,
+    (keys, order): (SubscriptionKeys, Option<Arc<Order>>),
     conn: RedisHandle,
     mut rx: mpsc::UnboundedReceiver<Vec<Ack>>,
     events: Events,
@@ -538,6 +556,16 @@ async fn run_acker(
             && let Ok(acks) = rx.try_recv()
         {
             batch.extend(acks);
+        }
+        if let Some(order) = &order {
+            if !ack_ordered(order, &mut batch, &conn.handle, &events, &mut backoff, &abandon).await
+            {
+                let queued: usize = std::iter::from_fn(|| rx.try_recv().ok())
+                    .map(|a| a.len())
+                    .sum();
+                return gave_up(stream, batch.len() + queued);
+            }
+            continue;
         }
         for source in [Source::Lane, Source::Stream] {
             let sent = ack_one_source(
@@ -654,6 +682,63 @@ async fn ack_one_source(
                     %err,
                     retry_in_ms = pause.as_millis() as u64,
                     "XACK failed; entries stay pending, retrying"
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    () = abandon.cancelled() => return false,
+                }
+            }
+        }
+    }
+}
+
+/// Acknowledge every ack in `batch` on an ordered subscription and give their turns back, in
+/// one script (see `pipeline/order/lua/ack.lua`), retrying while Redis is away; report each and
+/// empty the batch. False when `abandon` fired first.
+async fn ack_ordered(
+    order: &Order,
+    batch: &mut Vec<Ack>,
+    conn: &RedisHandle,
+    events: &Events,
+    backoff: &mut ReconnectBackoff,
+    abandon: &CancellationToken,
+) -> bool {
+    let invocation =
+        order.ack_invocation(batch.iter().map(|a| (a.source, a.id.as_str(), a.turn.as_ref())));
+    loop {
+        let mut conn = conn.clone();
+        let reply = tokio::select! {
+            reply = invocation.invoke_async::<(u64, u64)>(&mut conn) => reply,
+            () = abandon.cancelled() => return false,
+        };
+        match reply {
+            Ok((_, went)) => {
+                backoff.reset();
+                order.let_in(went);
+                for ack in batch.drain(..) {
+                    if let Some(event) = ack.event {
+                        events.send(*event);
+                    }
+                }
+                return true;
+            }
+            Err(err) if !ErrorClass::of(&err).is_transient() => {
+                tracing::error!(
+                    dropped_acks = batch.len(),
+                    %err,
+                    "acknowledging an ordered batch refused: {}; the entries stay as Redis has them (pending ones are read again)",
+                    ErrorClass::of(&err).describe()
+                );
+                batch.clear();
+                return true;
+            }
+            Err(err) => {
+                let pause = backoff.next_delay();
+                tracing::warn!(
+                    acks_in_this_call = batch.len(),
+                    %err,
+                    retry_in_ms = pause.as_millis() as u64,
+                    "acknowledging an ordered batch failed; entries stay pending, retrying"
                 );
                 tokio::select! {
                     () = tokio::time::sleep(pause) => {}

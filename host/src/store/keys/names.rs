@@ -163,3 +163,16 @@ pub const FLOW_CHANGES: &str = "{sluice-flow-epoch}:changes";
 pub fn claim_key(key: &str) -> String {
     format!("sluice-claim:{key}")
 }
+
+/// The prefix of every key a subscription's ordered keys keep (see `pipeline::order`): in the
+/// stream's hash slot, named like [`flow_key`]. `<prefix>:names`, `<prefix>:waiting` and
+/// `<prefix>:turns` are the subscription's; `<prefix>:run:<digest>` and `<prefix>:wait:<digest>`
+/// are one key's (the digest of the key, never the key itself, so a key's bytes cannot reach a
+/// key name).
+pub fn order_prefix(stream: &str, group: &str) -> String {
+    format!(
+        "sluice-order:{{{}}}:{}:{stream}:{group}",
+        hash_tag(stream),
+        stream.len()
+    )
+}
