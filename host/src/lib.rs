@@ -16,7 +16,7 @@
 //! 7. [`runtime`]: the handler call for a WASM component: the wasmtime engine, components
 //!    cached by digest, instances and their limits, the host side of the WIT imports.
 //! 8. [`pipeline`]: the way itself, one folder per step: [`pipeline::admit`] →
-//!    [`pipeline::read`] → [`pipeline::dispatch`] → [`pipeline::settle`] →
+//!    [`pipeline::read`] → [`pipeline::order`] → [`pipeline::dispatch`] → [`pipeline::settle`] →
 //!    [`pipeline::delayed`] → back to read.
 //! 9. [`control`]: changing a running pipeline: hot swap, rollout, acting on what waits,
 //!    retention.

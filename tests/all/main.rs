@@ -26,6 +26,7 @@ mod lua;
 mod network;
 mod operate;
 mod operations;
+mod ordered;
 mod projects;
 mod properties;
 mod redis_access;

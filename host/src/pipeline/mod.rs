@@ -5,11 +5,13 @@
 //! 2. [`read`] reads: it creates the group, re-reads this consumer's own pending entries after
 //!    a restart, takes over those of a consumer that is gone, claims idle entries, and reads
 //!    new entries with XREADGROUP (the partitions of a subscription wait in one blocking read).
-//! 3. [`dispatch`] runs the subscription's current handler on each delivery inside its span and
+//! 3. [`order`] (on an ordered subscription) lets an entry run only when its key's turn is
+//!    free or already its own, and queues the others in Redis behind it.
+//! 4. [`dispatch`] runs the subscription's current handler on each delivery inside its span and
 //!    decides with [`crate::entry::outcome`].
-//! 4. [`settle`] carries the decision out in Redis: batched XACKs, atomic dead-lettering, and
+//! 5. [`settle`] carries the decision out in Redis: batched XACKs, atomic dead-lettering, and
 //!    retries that stay pending.
-//! 5. [`delayed`] parks a retry in its durable sorted set and sweeps due retries into the
+//! 6. [`delayed`] parks a retry in its durable sorted set and sweeps due retries into the
 //!    group's retry lane, where step 2 reads them again.
 
 pub mod admit;

@@ -138,6 +138,17 @@ pub enum Control {
         /// The filler after the prefix.
         bytes: u64,
     },
+    /// POST `start <tag> <origin id> <attempts before>` to `url`, do what `then` says, then
+    /// POST `end <tag> <origin id> <attempts before>`: how a test sees when each attempt ran,
+    /// across hosts. A failed POST is ignored. Not in the v2 build.
+    Record {
+        /// Where to POST.
+        url: String,
+        /// What names the entry in the record (e.g. `key:seq`).
+        tag: String,
+        /// What the attempt does between the two POSTs.
+        then: Box<Control>,
+    },
     /// Log `lines` lines of `bytes` bytes, each starting with `prefix`, then ack.
     LogFlood {
         /// How many lines.
