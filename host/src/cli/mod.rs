@@ -8,7 +8,8 @@
 //!   (the toolchains a language needs), [`cache`] (the compile cache).
 //! - Running: [`run`], [`check`] (the plan, without starting it), [`send`] (one entry),
 //!   [`test`] (the handler on made-up deliveries, without Redis).
-//! - Looking: [`status`], [`parked`], [`dead_letters`].
+//! - Looking: [`status`], [`parked`], [`dead_letters`], [`keys`] (ordered keys that wait; and
+//!   releasing one).
 //! - Acting: [`pause`] (and resume), [`swap`] (and rollback, canary), [`requeue`],
 //!   [`retry_now`], [`delete`], [`replay`] (dead letters against a candidate, dry run).
 //! - The edge: [`args`] (what several commands' arguments share), [`logs`] (`--log-format` and
@@ -20,6 +21,7 @@ mod cache;
 mod check;
 mod dead_letters;
 mod delete;
+mod keys;
 mod dev;
 mod logs;
 mod new;
@@ -119,6 +121,9 @@ pub enum Command {
     RetryNow(retry_now::Args),
     /// Delete dead letters or parked retries for good (poison entries).
     Delete(delete::Args),
+    /// List the ordered keys whose entries wait, behind what (a turn in flight, a parked
+    /// retry and its due time, a held dead letter); `--release KEY` lets a key's entries go.
+    Keys(keys::Args),
     /// Add a test entry to a stream of the project: the JSON object goes into the
     /// subscription's payload field (on a partitioned stream, in the partition its `id` picks).
     Send(send::Args),
@@ -152,6 +157,7 @@ pub async fn execute(command: Command) -> Result<()> {
         Command::Replay(args) => replay::execute(args).await,
         Command::RetryNow(args) => retry_now::execute(args).await,
         Command::Delete(args) => delete::execute(args).await,
+        Command::Keys(args) => keys::execute(args).await,
         Command::Send(args) => send::execute(args).await,
         Command::Tools(args) => tools::execute(args),
         Command::Cache(args) => cache::execute(args),

@@ -266,7 +266,8 @@ pub async fn retry_batch_now<C: ConnectionLike>(conn: &mut C, key: &str) -> Redi
     RETRY_NOW.key(key).arg(BATCH).invoke_async(conn).await
 }
 
-/// Delete `members` from the set; returns how many were there.
+/// Delete `members` from the set; returns how many were there. A parked retry that held its
+/// ordered key's turn gives it back (the key's next entry goes).
 pub async fn delete<C: ConnectionLike>(
     conn: &mut C,
     key: &str,
@@ -280,6 +281,17 @@ pub async fn delete<C: ConnectionLike>(
             .query_async(conn)
             .await?;
         deleted += n;
+        for parked in chunk.iter().filter_map(|m| decode(m, 0).ok()) {
+            if let Some((stream, group)) = &parked.owner {
+                crate::pipeline::order::forget(
+                    conn,
+                    (stream, group, key),
+                    &[parked.origin_id.as_str()],
+                    crate::pipeline::order::OPERATOR_LET_IN,
+                )
+                .await?;
+            }
+        }
     }
     Ok(deleted)
 }

@@ -24,6 +24,8 @@
 //! (`sluice_ordered_unkeyed`), never stuck. Keys reach Redis only as their digest in key names
 //! and, bounded, as a hash value the operator's listing shows.
 
+pub mod inspect;
+
 use std::sync::{Arc, LazyLock};
 
 use prometheus_client::metrics::counter::Counter;
@@ -415,16 +417,14 @@ impl Order {
     /// Give back the turns of entries that are gone (deleted while pending): their keys'
     /// next entries go in.
     pub async fn forget(&self, origins: &[&str]) -> RedisResult<u64> {
-        let mut forget = self.invocation(&FORGET);
-        forget
-            .arg(&self.keys.prefix)
-            .arg(self.spec.max_in_flight_per_key)
-            .arg(self.ttl_ms);
-        for origin in origins {
-            forget.arg(*origin);
-        }
         let mut conn = self.conn.clone();
-        let went: u64 = forget.invoke_async(&mut conn).await?;
+        let went = forget(
+            &mut conn,
+            (&self.stream, &self.group, self.set.key()),
+            origins,
+            (self.spec.max_in_flight_per_key, self.ttl_ms),
+        )
+        .await?;
         self.let_in(went);
         Ok(went)
     }
@@ -460,6 +460,41 @@ pub async fn release<C: redis::aio::ConnectionLike>(
         .invoke_async(conn)
         .await
 }
+
+/// Give back the turns the entries with `origins` hold on the subscription (`stream`, `group`)
+/// whose delayed set is `set`, and let the keys' next entries in, at most `max` in flight per
+/// key (an operator's deletion, which knows no configuration, lets one in: the entry let in
+/// lets the rest in as it settles). A set with an expiry keeps at least `ttl_ms` to live.
+/// Origins that hold no turn (an unordered subscription's) change nothing.
+pub async fn forget<C: redis::aio::ConnectionLike>(
+    conn: &mut C,
+    (stream, group, set): (&str, &str, &str),
+    origins: &[&str],
+    (max, ttl_ms): (u32, u64),
+) -> RedisResult<u64> {
+    if origins.is_empty() {
+        return Ok(0);
+    }
+    let keys = OrderKeys::new(stream, group);
+    let mut forget = FORGET.key(&keys.names);
+    forget
+        .key(&keys.waiting)
+        .key(stream)
+        .key(stream)
+        .key(set)
+        .key(&keys.turns)
+        .arg(&keys.prefix)
+        .arg(max)
+        .arg(ttl_ms);
+    for origin in origins {
+        forget.arg(*origin);
+    }
+    forget.invoke_async(conn).await
+}
+
+/// What an operator's deletion lets in per key, and the least time to live it keeps for a set
+/// with an expiry (see [`forget`]).
+pub const OPERATOR_LET_IN: (u32, u64) = (1, 3_600_000);
 
 /// Where an entry was read, as the scripts number it.
 fn source_arg(source: Source) -> u8 {

@@ -24,22 +24,36 @@ pub async fn delete<C: ConnectionLike>(
             read.cmd("XRANGE").arg(&*keys.dead_letter).arg(id).arg(id);
         }
         let found: Vec<Vec<RawEntry>> = read.query_async(conn).await?;
-        let ours: Vec<String> = found
+        let letters: Vec<DeadLetter> = found
             .into_iter()
             .flatten()
             .map(|(id, fields)| DeadLetter::decode(id, fields, &owner))
             .filter(|letter| letter.ours)
-            .map(|letter| letter.id)
             .collect();
-        if ours.is_empty() {
+        if letters.is_empty() {
             continue;
         }
+        let ours: Vec<&str> = letters.iter().map(|l| l.id.as_str()).collect();
         let n: usize = redis::cmd("XDEL")
             .arg(&*keys.dead_letter)
             .arg(ours)
             .query_async(conn)
             .await?;
         deleted += n;
+        // A dead letter that held its ordered key (`on_dead_letter = "hold"`) lets it go.
+        if let Some(set) = keys.delayed.as_deref() {
+            let origins: Vec<&str> = letters
+                .iter()
+                .filter_map(|l| l.origin_id.as_deref())
+                .collect();
+            crate::pipeline::order::forget(
+                conn,
+                (&keys.stream, &keys.group, set),
+                &origins,
+                crate::pipeline::order::OPERATOR_LET_IN,
+            )
+            .await?;
+        }
     }
     Ok(deleted)
 }

@@ -40,8 +40,8 @@ local function order_queue(k, kd, text, member, now)
 end
 
 -- Let the waiting entries of a key in while it has free turns: each goes to the delayed set
--- `set` due now (its sweep brings it back to the group) and takes its turn. A set with a ttl
--- keeps at least `ttl_ms` to live. Forgets the key's name once nothing is left of it. Returns
+-- `set` due now (its sweep brings it back to the group) and takes its turn. A set that
+-- expires keeps at least `ttl_ms` to live. Forgets the key's name once nothing is left of it. Returns
 -- how many went.
 local function order_let_in(k, kd, max, set, ttl_ms, now)
   local went = 0
@@ -66,7 +66,8 @@ local function order_let_in(k, kd, max, set, ttl_ms, now)
   end
   if went > 0 and ttl_ms > 0 then
     local left = redis.call('PTTL', set)
-    if left ~= -2 and left < ttl_ms then
+    -- Only a set that expires: one without an expiry keeps none.
+    if left >= 0 and left < ttl_ms then
       redis.call('PEXPIRE', set, ttl_ms)
     end
   end
