@@ -31,7 +31,7 @@ fn keys(stream: &str) -> SubscriptionKeys {
 
 /// Run `sluice <args>` with the config and `--redis` appended where they belong; returns
 /// stdout, panicking with stderr when it fails.
-async fn sluice(args: &[&str], config: &Path, redis: &Redis) -> String {
+pub(crate) async fn sluice(args: &[&str], config: &Path, redis: &Redis) -> String {
     let mut all: Vec<String> = vec![args[0].to_owned(), config.display().to_string()];
     all.extend(args[1..].iter().map(|a| (*a).to_owned()));
     all.extend(["--redis".to_owned(), redis.url()]);
@@ -51,7 +51,7 @@ fn config_file(dir: &Path, sub: Sub) -> PathBuf {
 
 /// Wait until every one of `origins` was acked, in any order (events of other entries are
 /// skipped).
-async fn wait_acked_origins(host: &mut TestHost, origins: &[String]) {
+pub(crate) async fn wait_acked_origins(host: &mut TestHost, origins: &[String]) {
     let mut left: HashSet<&str> = origins.iter().map(String::as_str).collect();
     while !left.is_empty() {
         let event = host
