@@ -12,10 +12,10 @@ const ENTRIES: usize = 3000;
 const KILLS: usize = 10;
 
 /// A small deterministic generator, so a failing run can be repeated with its seed.
-struct Lcg(u64);
+pub(crate) struct Lcg(pub(crate) u64);
 
 impl Lcg {
-    fn next(&mut self, below: u64) -> u64 {
+    pub(crate) fn next(&mut self, below: u64) -> u64 {
         self.0 = self
             .0
             .wrapping_mul(6_364_136_223_846_793_005)

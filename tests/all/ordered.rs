@@ -232,3 +232,263 @@ async fn host_acked_yet(conn: &mut redis::aio::MultiplexedConnection, stream: &s
     let queued: Vec<Vec<u8>> = cmd(conn, &["LRANGE", &keys.wait(&digest), "0", "-1"]).await;
     pending.is_empty() && queued.is_empty()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_keys_burst_moves_aside_and_calm_keys_go_first() {
+    const HOT: usize = 10_000;
+    const CALM: usize = 50;
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let stream = "ord-hot";
+    let mut pipe = redis::pipe();
+    for _ in 0..HOT {
+        pipe.cmd("XADD")
+            .arg(stream)
+            .arg("*")
+            .arg("payload")
+            .arg(keyed(&Control::Ack, "hot"));
+    }
+    for i in 0..CALM {
+        pipe.cmd("XADD")
+            .arg(stream)
+            .arg("*")
+            .arg("payload")
+            .arg(keyed(&Control::Ack, &format!("calm-{i}")));
+    }
+    let ids: Vec<String> = pipe.query_async(&mut conn).await.unwrap();
+    let (first_calm, last_calm) = (ids[HOT].clone(), ids[HOT + CALM - 1].clone());
+    let started = std::time::Instant::now();
+    let _host = start_fixture(&redis, TestConfig::of(ordered(stream))).await;
+    // Every calm entry is acked (read, and none of them pending) ...
+    wait_for(T, "every calm key's entry acked", || {
+        let mut conn = conn.clone();
+        let (first, last) = (first_calm.clone(), last_calm.clone());
+        async move {
+            let info = sluice_host::store::inspect::group(&mut conn, stream, "g")
+                .await
+                .unwrap()?;
+            let pending: Vec<redis::Value> =
+                cmd(&mut conn, &["XPENDING", stream, "g", &first, &last, "10"]).await;
+            let read = sluice_host::entry::delivery::cmp_ids(&info.last_delivered_id, &last).is_ge();
+            (read && pending.is_empty()).then_some(())
+        }
+    })
+    .await;
+    // ... while most of the hot key's burst still waits behind its turn, in Redis.
+    let hot_waiting = waiting(&mut conn, stream, "hot").await;
+    println!(
+        "fair share: {CALM} calm keys done after {} ms with {hot_waiting} of {HOT} hot entries still waiting",
+        started.elapsed().as_millis()
+    );
+    assert!(
+        hot_waiting as usize >= HOT / 2,
+        "the calm keys did not wait for the hot key: {hot_waiting} of {HOT} hot entries were still waiting"
+    );
+}
+
+/// A server that records the body of every POST, in the order they came.
+async fn recorder() -> (std::net::SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use axum::routing::post;
+    let record = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let to = record.clone();
+    let app = axum::Router::new().route(
+        "/",
+        post(move |body: String| {
+            let to = to.clone();
+            async move {
+                to.lock().unwrap().push(body);
+                "ok"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, record)
+}
+
+/// What the record says went wrong with the order of each key, and how many entries were
+/// handled to the end more than once (a kill between the handler and the ack).
+fn check_record(
+    record: &[String],
+    seqs: &[u64],
+    retrying: &std::collections::HashSet<(u64, u64)>,
+) -> (Vec<String>, usize) {
+    use std::collections::HashMap;
+    let mut wrong = Vec::new();
+    // Per key: the highest seq started, and per seq whether its latest attempt is open.
+    let mut highest: HashMap<u64, u64> = HashMap::new();
+    let mut open: HashMap<(u64, u64), bool> = HashMap::new();
+    let mut ends: HashMap<(u64, u64), usize> = HashMap::new();
+
+    for line in record {
+        let mut words = line.split(' ');
+        let (Some(what), Some(tag)) = (words.next(), words.next()) else {
+            continue;
+        };
+        let Some((key, seq)) = tag.split_once(':') else {
+            continue;
+        };
+        let (key, seq): (u64, u64) = (key.parse().unwrap(), seq.parse().unwrap());
+        if what == "start" {
+            let top = highest.entry(key).or_insert(0);
+            if seq < *top {
+                wrong.push(format!("key {key}: {seq} started after {top}"));
+            }
+            *top = (*top).max(seq);
+            let others: Vec<u64> = open
+                .iter()
+                .filter(|((k, s), o)| *k == key && *s != seq && **o)
+                .map(|((_, s), _)| *s)
+                .collect();
+            if !others.is_empty() {
+                wrong.push(format!("key {key}: {seq} started while {others:?} ran"));
+            }
+            open.insert((key, seq), true);
+        } else {
+            open.insert((key, seq), false);
+            *ends.entry((key, seq)).or_default() += 1;
+
+        }
+    }
+    for (key, &n) in seqs.iter().enumerate() {
+        for seq in 1..=n {
+            if !ends.contains_key(&(key as u64, seq)) {
+                wrong.push(format!("key {key}: {seq} never ran to its end"));
+            }
+        }
+    }
+    // More ends than planned attempts (a retry plans two): repeats after a kill.
+    let repeated = ends
+        .iter()
+        .filter(|(at, n)| **n > 1 + usize::from(retrying.contains(at)))
+        .count();
+    (wrong, repeated)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hosts_with_sigkills_keep_every_keys_order_and_lose_nothing() {
+    const ENTRIES: usize = 20_000;
+    const KEYS: u64 = 1_000;
+    const KILLS: usize = 6;
+    let seed = std::env::var("SLUICE_ORDER_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    let mut rng = crate::crash::Lcg(seed);
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let stream = "ord-hosts";
+    let (server, record) = recorder().await;
+    let url = format!("http://{server}/");
+    // Each entry records its attempts; about 4 % retry once (50-250 ms), 1 % dead-letter.
+    let mut seqs = vec![0u64; KEYS as usize];
+    let mut retrying = std::collections::HashSet::new();
+    let mut dead = 0;
+    let mut pipe = redis::pipe();
+    for _ in 0..ENTRIES {
+        let key = rng.next(KEYS);
+        seqs[key as usize] += 1;
+        let then = match rng.next(100) {
+            0..=3 => {
+                retrying.insert((key, seqs[key as usize]));
+                Control::Retry {
+                    ms: 50 + rng.next(200),
+                    times: 1,
+                }
+            }
+            4 => {
+                dead += 1;
+                Control::Dead {
+                    reason: "planned".into(),
+                }
+            }
+            _ => Control::Ack,
+        };
+        let control = Control::Record {
+            url: url.clone(),
+            tag: format!("{key}:{}", seqs[key as usize]),
+            then: Box::new(then),
+        };
+        pipe.cmd("XADD")
+            .arg(stream)
+            .arg("*")
+            .arg("payload")
+            .arg(keyed(&control, &format!("k{key}")));
+    }
+    let ids: Vec<String> = pipe.query_async(&mut conn).await.unwrap();
+    let grant = format!(r#"["http://{server}"]"#);
+    let runs: Vec<RunDir> = (0..3)
+        .map(|n| {
+            let sub = ordered(stream)
+                .set("consumer", format!("host-{n}"))
+                .set("allowed_outbound_hosts", Raw(&grant));
+            RunDir::new(&redis, TestConfig::of(sub).set("shutdown_timeout", "1s"))
+        })
+        .collect();
+    let mut hosts: Vec<HostProcess> = runs.iter().map(RunDir::spawn).collect();
+    // Kill a random host at random moments, and start it again under its name (it re-reads
+    // what it held): its turns pass on through its pending entries.
+    for kill in 0..KILLS {
+        let after = Duration::from_millis(500 + rng.next(1000));
+        let started = std::time::Instant::now();
+        wait_for(Duration::from_secs(10), "the kill moment", || async move {
+            (started.elapsed() >= after).then_some(())
+        })
+        .await;
+        let victim = rng.next(3) as usize;
+        hosts[victim].kill();
+        println!("ordered: kill {} of host-{victim}", kill + 1);
+        hosts[victim] = runs[victim].spawn();
+    }
+    let last = ids.last().unwrap().clone();
+    let lane = format!("{stream}.delayed.lane");
+    wait_for(Duration::from_secs(240), "every entry settled", || {
+        let mut conn = conn.clone();
+        let last = last.clone();
+        let lane = lane.clone();
+        async move {
+            let letters: u64 = cmd(&mut conn, &["XLEN", &dead_letter_key(stream)]).await;
+            let done = acked_through(&mut conn, stream, "g", &last).await
+                && pending(&mut conn, &lane, "g").await == 0
+                && parked(&mut conn, &format!("{stream}.delayed")).await == 0
+                && letters >= dead
+                && order_state(&mut conn, stream).await.is_empty();
+            done.then_some(())
+        }
+    })
+    .await;
+    let record = record.lock().unwrap().clone();
+    let (wrong, repeated) = check_record(&record, &seqs, &retrying);
+    let letters = dead_lettered(&mut conn, stream).await;
+    let mut origins: Vec<&str> = letters
+        .iter()
+        .filter_map(|(_, f)| field(f, "sluice-origin-id"))
+        .collect();
+    origins.sort();
+    origins.dedup();
+    println!(
+        "ordered: seed {seed}, {ENTRIES} entries over {KEYS} keys on 3 hosts, {KILLS} kills: {} attempts recorded, {repeated} entries handled again after a kill (at-least-once), {} dead letters",
+        record.len(),
+        letters.len()
+    );
+    if let Some(first) = wrong.first() {
+        let key = first.split(':').next().unwrap_or_default().trim_start_matches("key ");
+        let lines: Vec<&String> = record
+            .iter()
+            .filter(|l| l.split(' ').nth(1).is_some_and(|t| t.starts_with(&format!("{key}:"))))
+            .collect();
+        println!("ordered: the record of key {key}: {lines:#?}");
+        for host in &hosts {
+            println!("{}", host.log_text().lines().filter(|l| l.contains("WARN") || l.contains("ERROR")).take(30).collect::<Vec<_>>().join("\n"));
+        }
+    }
+    assert!(wrong.is_empty(), "seed {seed}: {:?}", &wrong[..wrong.len().min(20)]);
+    assert_eq!(letters.len(), dead as usize, "each planned dead letter once (seed {seed})");
+    assert_eq!(origins.len(), dead as usize, "no entry dead-lettered twice (seed {seed})");
+}

@@ -482,6 +482,16 @@ fn checked(sub: &SubscriptionConfig, stream: &ResolvedStream) -> Result<bool, Pl
             max_delay,
         });
     }
+    if stream.ordered_by.is_some() && sub.retry_lane == Some(false) {
+        return Err(PlanError::Descriptor {
+            origin: sub.origin.clone(),
+            component: sub.component.clone(),
+            problem: DescriptorError::Ordering {
+                stream: stream.stream.clone(),
+                problem: "ordered_by needs the retry lane (retry_lane = false sends retries to the stream's tail, where a retry would be read as a new entry of its key)".into(),
+            },
+        });
+    }
     if sub.overrides.max_in_flight_per_key.is_some() && stream.ordered_by.is_none() {
         return Err(PlanError::Descriptor {
             origin: sub.origin.clone(),

@@ -309,7 +309,8 @@ fn shared_reads(
     conn: &RedisHandle,
     stop: &CancellationToken,
 ) -> Vec<Arc<SharedRead>> {
-    if sub.stream.partitions <= 1 || conn.is_cluster() {
+    // An ordered subscription reads new entries through its own script (`pipeline::order`).
+    if sub.stream.partitions <= 1 || conn.is_cluster() || sub.stream.ordered_by.is_some() {
         return Vec::new();
     }
     (0..sub.stream.partitions.div_ceil(PARTITIONS_PER_READ))

@@ -30,7 +30,7 @@ use std::sync::{Arc, LazyLock};
 
 use prometheus_client::metrics::counter::Counter;
 use redis::{RedisResult, Script, ScriptInvocation};
-use sha2::{Digest as _, Sha256};
+use sha1::{Digest as _, Sha1};
 use sluice_descriptor::{OnDeadLetter, OrderKey, OrderedBy};
 
 use crate::entry::delivery::{Delivery, Source, Turn};
@@ -39,6 +39,8 @@ use crate::pipeline::delayed::DelayedSet;
 use crate::store::keys::{self, SubscriptionKeys};
 use crate::store::redis_conn::RedisHandle;
 
+static READ: LazyLock<Script> =
+    LazyLock::new(|| Script::new(crate::store::lua!("pipeline/order/lua/read")));
 static TAKE: LazyLock<Script> =
     LazyLock::new(|| Script::new(crate::store::lua!("pipeline/order/lua/take")));
 static HOLD: LazyLock<Script> =
@@ -96,9 +98,10 @@ impl OrderKeys {
     }
 }
 
-/// The digest that names a key in Redis: 16 bytes of its SHA-256, in hex.
+/// The digest that names a key in Redis: its SHA-1 in hex, as the read script makes it
+/// (`redis.sha1hex`). Not a secret: it only keeps a key's bytes out of key names.
 pub fn digest(key: &[u8]) -> String {
-    hex::encode(&Sha256::digest(key)[..16])
+    hex::encode(Sha1::digest(key))
 }
 
 /// One ordered subscription's turns.
@@ -116,6 +119,73 @@ pub struct Order {
     too_long: Counter,
     held: Counter,
     let_in: Counter,
+}
+
+/// What the read script read.
+#[derive(Debug, Default)]
+pub struct NewEntries {
+    /// The entries that run, in id order.
+    pub entries: Vec<crate::pipeline::read::commands::ReadEntry>,
+    /// When nothing was read: the group's last-delivered ids on the stream and the lane.
+    pub idle: Option<(String, String)>,
+    missing: u64,
+    too_long: u64,
+    queued: u64,
+}
+
+impl NewEntries {
+    /// The script's reply (see the header of `lua/read.lua`).
+    fn parse(reply: redis::Value) -> RedisResult<Self> {
+        use redis::FromRedisValue;
+        type Row = (String, Vec<Vec<u8>>, String, u64, u64);
+        let bad = || {
+            redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "order read: unexpected reply",
+            ))
+        };
+        let redis::Value::Array(parts) = reply else {
+            return Err(bad());
+        };
+        let mut parts = parts.into_iter();
+        let (Some(ids), Some(missing), Some(too_long), Some(queued)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad());
+        };
+        let ids: Vec<String> = FromRedisValue::from_redis_value(ids)?;
+        let mut read = Self {
+            idle: match ids.as_slice() {
+                [stream, lane] => Some((stream.clone(), lane.clone())),
+                _ => None,
+            },
+            missing: FromRedisValue::from_redis_value(missing)?,
+            too_long: FromRedisValue::from_redis_value(too_long)?,
+            queued: FromRedisValue::from_redis_value(queued)?,
+            entries: Vec::new(),
+        };
+        for row in parts {
+            let (id, flat, digest, over, fields): Row = FromRedisValue::from_redis_value(row)?;
+            let cut = crate::store::redis_conn::lean::Cut {
+                fields: if over > 0 { fields as usize } else { 0 },
+                bytes: over,
+                over: over > 0,
+            };
+            let mut pairs = Vec::with_capacity(flat.len() / 2);
+            let mut flat = flat.into_iter();
+            while let (Some(name), Some(value)) = (flat.next(), flat.next()) {
+                pairs.push((name, value));
+            }
+            read.entries.push(crate::pipeline::read::commands::ReadEntry {
+                id,
+                source: Source::Stream,
+                fields: Some(pairs),
+                cut,
+                ordered: Some(digest),
+            });
+        }
+        Ok(read)
+    }
 }
 
 /// What a read's deliveries came to.
@@ -193,9 +263,14 @@ impl Order {
                 .find(|(n, _)| n == self.payload_field.as_bytes())
                 .and_then(|(_, v)| serde_json::from_slice::<serde_json::Value>(v).ok())
                 .and_then(|json| match json.pointer(pointer)? {
-                    serde_json::Value::Null => None,
                     serde_json::Value::String(s) => Some(s.clone().into_bytes()),
-                    other => Some(other.to_string().into_bytes()),
+                    serde_json::Value::Bool(b) => Some(b.to_string().into_bytes()),
+                    serde_json::Value::Number(n) => n
+                        .as_i64()
+                        .filter(|i| i.unsigned_abs() < 1 << 53)
+                        .map(|i| i.to_string().into_bytes()),
+                    // null, objects, arrays: no key (as the read script says).
+                    _ => None,
                 }),
         };
         match key {
@@ -203,6 +278,50 @@ impl Order {
             Some(key) if key.len() > self.spec.max_key_bytes => KeyOf::TooLong,
             Some(key) => KeyOf::Keyed(key),
         }
+    }
+
+    /// Read up to `count` new stream entries and settle each one's place in its key's order
+    /// in the same step (`lua/read.lua`): those that run come back (`ordered` set), the
+    /// others wait in Redis. When nothing was read, the ids a blocking wait starts from.
+    pub async fn read_new<C: redis::aio::ConnectionLike>(
+        &self,
+        conn: &mut C,
+        (consumer, count, max_entry_bytes): (&str, usize, u64),
+    ) -> RedisResult<NewEntries> {
+        let options = crate::store::options::ScriptOptions::default()
+            .with("group", &*self.group)
+            .with("consumer", consumer)
+            .with("count", count as u64)
+            .with("max_in_flight", u64::from(self.spec.max_in_flight_per_key))
+            .with("prefix", self.keys.prefix.as_str())
+            .with(
+                "field",
+                match &self.spec.key {
+                    OrderKey::Field(name) => name.as_str(),
+                    OrderKey::Payload(_) => &self.payload_field,
+                },
+            )
+            .with(
+                "pointer",
+                match &self.spec.key {
+                    OrderKey::Field(_) => "",
+                    OrderKey::Payload(pointer) => pointer.as_str(),
+                },
+            )
+            .with("max_key_bytes", self.spec.max_key_bytes as u64)
+            .with("max_entry_bytes", max_entry_bytes)
+            .with("field_overhead", crate::entry::delivery::FIELD_OVERHEAD)
+            .encode();
+        let reply: redis::Value = self
+            .invocation(&READ)
+            .arg(options)
+            .invoke_async(conn)
+            .await?;
+        let read = NewEntries::parse(reply)?;
+        self.missing.inc_by(read.missing);
+        self.too_long.inc_by(read.too_long);
+        self.held.inc_by(read.queued);
+        Ok(read)
     }
 
     /// The six keys every order script but the operator's takes first.

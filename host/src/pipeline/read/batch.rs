@@ -230,6 +230,9 @@ impl Subscription {
         if left == 0 {
             return Ok(entries);
         }
+        if let Some(order) = &self.order {
+            return self.new_ordered(conn, order, left, entries).await;
+        }
         let more = if !entries.is_empty() || (self.bell.is_some() && self.shared.is_none()) {
             commands::read_group(conn, plan, left, None, &newest).await?
         } else if let Some(shared) = &self.shared {
@@ -247,6 +250,37 @@ impl Subscription {
             commands::read_group(conn, plan, left, Some(plan.block), &both).await?
         };
         entries.extend(more);
+        Ok(entries)
+    }
+
+    /// New stream entries of an ordered subscription, after the lane's `entries`: read by the
+    /// order's script, which settles each one's place in its key's order as it delivers it.
+    /// Nothing in either: without a bell, a blocking XREAD (which delivers nothing) waits for
+    /// the next entry of either, and the next read takes it.
+    async fn new_ordered(
+        &self,
+        conn: &mut Reader,
+        order: &crate::pipeline::order::Order,
+        left: usize,
+        mut entries: Vec<ReadEntry>,
+    ) -> RedisResult<Vec<ReadEntry>> {
+        let plan = &self.plan;
+        let read = order
+            .read_new(conn, (&plan.consumer, left, plan.max_entry_bytes as u64))
+            .await?;
+        entries.extend(read.entries);
+        if let (true, None, Some((stream_id, lane_id))) =
+            (entries.is_empty(), &self.bell, read.idle)
+        {
+            let mut wait = redis::cmd("XREAD");
+            wait.arg("COUNT").arg(1).arg("BLOCK").arg(plan.block.as_millis() as u64);
+            wait.arg("STREAMS").arg(&*plan.stream);
+            match &plan.lane {
+                Some(lane) => wait.arg(&**lane).arg(or_start(&stream_id)).arg(or_start(&lane_id)),
+                None => wait.arg(or_start(&stream_id)),
+            };
+            let _: redis::Value = wait.query_async(conn).await?;
+        }
         Ok(entries)
     }
 
@@ -310,4 +344,9 @@ impl Subscription {
             })
             .collect())
     }
+}
+
+/// Where a blocking wait starts when the group has read nothing yet: the beginning.
+fn or_start(id: &str) -> &str {
+    if id.is_empty() { "0-0" } else { id }
 }

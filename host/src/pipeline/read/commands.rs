@@ -27,6 +27,9 @@ pub struct ReadEntry {
     /// What of its fields the read did not keep (over `max_entry_bytes`): such an entry is
     /// dead-lettered from Redis, never handled.
     pub cut: crate::store::redis_conn::lean::Cut,
+    /// Set when an ordered subscription's read already settled its place in its key's order
+    /// (`pipeline::order`): the digest of the key whose turn it took, empty for none.
+    pub ordered: Option<String>,
 }
 
 impl ReadEntry {
@@ -136,6 +139,7 @@ pub async fn read_group(
         source: source_named(stream, lane),
         fields,
         cut,
+        ordered: None,
     };
     // Parsed where it is read, straight into entries.
     let entries = conn
@@ -216,6 +220,7 @@ pub async fn read_new_from(
                     source,
                     fields,
                     cut,
+                    ordered: None,
                 },
             )
         })
@@ -476,6 +481,7 @@ pub async fn own_pending_among(
                         source,
                         fields,
                         cut,
+                        ordered: None,
                     }
                 })
                 .await?
@@ -487,6 +493,7 @@ pub async fn own_pending_among(
             source,
             fields: None,
             cut: Default::default(),
+            ordered: None,
         });
         found.push((entry, count));
     }
@@ -638,6 +645,7 @@ fn parse_entries(value: Value, source: Source) -> RedisResult<Vec<ReadEntry>> {
             source,
             fields,
             cut: Default::default(),
+            ordered: None,
         });
     }
     Ok(out)

@@ -13,7 +13,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::Subscription;
 use super::commands::ReadEntry;
 use super::slots::Taken;
-use crate::entry::delivery::{Delivery, Entry, Source};
+use crate::entry::delivery::{Delivery, Entry, Source, Turn};
 use crate::pipeline::dispatch::Settled;
 use crate::pipeline::settle::Ack;
 
@@ -214,14 +214,31 @@ impl Subscription {
         batch: Vec<(ReadEntry, u64)>,
         mut slots: Taken,
     ) {
+        // Entries the order's read script delivered have their place already; the others
+        // (the lane's, this consumer's own pending, claimed ones) are looked up.
+        let mut ready = Vec::with_capacity(batch.len());
         let mut deliveries = Vec::with_capacity(batch.len());
-        for (read, delivery_count) in batch {
+        for (mut read, delivery_count) in batch {
+            let ordered = read.ordered.take();
             if let Some((entry, source, cut)) = self.kept(read, delivery_count).await {
-                deliveries.push(self.new_delivery((entry, cut), source, delivery_count));
+                let mut delivery = self.new_delivery((entry, cut), source, delivery_count);
+                match ordered {
+                    Some(digest) => {
+                        delivery.turn = (!digest.is_empty()).then(|| Turn {
+                            digest,
+                            origin: delivery.origin_id.clone(),
+                        });
+                        ready.push(delivery);
+                    }
+                    None => deliveries.push(delivery),
+                }
             }
         }
-        let mut group = Vec::with_capacity(deliveries.len());
-        for delivery in self.in_turn(order, deliveries).await {
+        if !deliveries.is_empty() {
+            ready.extend(self.in_turn(order, deliveries).await);
+        }
+        let mut group = Vec::with_capacity(ready.len());
+        for delivery in ready {
             let permit = match slots.one_for(delivery.source) {
                 Some(permit) => permit,
                 None => {

@@ -38,7 +38,8 @@ for i = 3, #ARGV, 7 do
     else
       return stop
     end
-  elseif order_take(k, kd, origin, text, max, now) then
+  elseif redis.call('HEXISTS', KEYS[6], origin) == 1
+      or order_take(k, kd, origin, text, max, now) then
     out[#out + 1] = 1
   else
     order_queue(k, kd, text, member, now)

@@ -1,5 +1,6 @@
--- Which entries of a read may run now, by their keys' turns (see lib/order.lua): an entry that
--- holds a turn already runs, one whose key has a free turn and nothing waiting takes it and
+-- Which entries the host read itself may run now (its own pending entries, the lane's, those it
+-- claimed: new stream entries are ordered as they are read, by read.lua), by their keys' turns
+-- (see lib/order.lua): an entry that holds a turn already runs (found by its origin id), one whose key has a free turn and nothing waiting takes it and
 -- runs, any other must wait (the host then queues it with hold.lua). Writes only the turns
 -- taken; an entry that must wait is left as it is.
 --
@@ -22,6 +23,11 @@ for i = 2, #ARGV, 4 do
   local pair = tonumber(ARGV[i])
   local k = {run = KEYS[5 + 2 * pair], wait = KEYS[6 + 2 * pair], names = KEYS[1],
     waiting = KEYS[2], turns = KEYS[6]}
-  out[#out + 1] = order_take(k, ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], max, now) and 1 or 0
+  -- A turn already held runs, whatever key the host made of the entry.
+  if redis.call('HEXISTS', KEYS[6], ARGV[i + 2]) == 1 then
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = order_take(k, ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], max, now) and 1 or 0
+  end
 end
 return out

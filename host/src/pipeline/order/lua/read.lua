@@ -1,0 +1,153 @@
+-- Read an ordered subscription's new stream entries and settle each one's place in its key's
+-- order in the same atomic step: XREADGROUP (never blocking) delivers them in id order, and each
+-- takes its key's turn (it runs), or is queued behind the turn and acknowledged, or has no key
+-- and runs unordered. Because delivery and order are one step, entries of one key that
+-- different hosts read are ordered by their ids whatever host gets them (see lib/order.lua).
+--
+-- KEYS[1]  the subscription's key names, KEYS[2] its waiting keys
+-- KEYS[3]  the stream, KEYS[4] the retry lane
+-- KEYS[5]  the delayed set (unused here), KEYS[6] the subscription's turns
+-- ARGV[1]  the options: one MessagePack map (`read_options` in pipeline/order/mod.rs writes it):
+--          group, consumer, count, max_in_flight (per key), prefix (of the keys' own keys),
+--          field (the entry field that holds the key, or the payload), pointer (a JSON
+--          pointer into that field's JSON, '' when the field is the key), max_key_bytes,
+--          max_entry_bytes, field_overhead (what each field counts besides its bytes)
+--
+-- The key: the field's value, or the value at the pointer in its JSON: a string as its text,
+-- an integer (below 2^53) as its decimal digits, a boolean as `true`/`false`; anything else
+-- (missing, null, a fraction, an object, an array, no JSON) is no key. A key longer than
+-- max_key_bytes is none either. An entry without a key runs unordered.
+--
+-- An entry over max_entry_bytes (its names, values and each field's overhead) is neither
+-- ordered nor sent whole: it comes back without its fields, with its size, and the host
+-- dead-letters it from Redis (it stays pending until then).
+--
+-- Reply: {last delivered ids or {}, missing, too_long, queued, entries...}: the ids (the
+-- group's on the stream and on the lane, only when nothing was read: where a blocking wait
+-- starts), how many had no key, a key too long, or were queued; then each entry that runs:
+-- {id, {name, value, ...}, key digest ('' for none), bytes over (0, or the entry's size when
+-- over max_entry_bytes), its field count}.
+--
+-- Crash: Redis keeps all of the script's writes or none. After it, every entry it read either
+-- holds its turn (pending: read again by its consumer, or claimed), waits in its key's list
+-- (acknowledged), or runs unordered (pending).
+-- @include lib/order
+local ok, o = pcall(cmsgpack.unpack, ARGV[1])
+if not ok or type(o) ~= 'table' then
+  return redis.error_reply('order read: ARGV[1] is not the options map')
+end
+local read = redis.pcall('XREADGROUP', 'GROUP', o.group, o.consumer, 'COUNT', o.count,
+  'STREAMS', KEYS[3], '>')
+if type(read) == 'table' and read.err then
+  return read
+end
+
+-- The group's last-delivered id on `key` ('' when it has none).
+local function delivered(key)
+  local groups = redis.pcall('XINFO', 'GROUPS', key)
+  if type(groups) ~= 'table' or groups.err then
+    return ''
+  end
+  for _, flat in ipairs(groups) do
+    local g = {}
+    for i = 1, #flat, 2 do
+      g[flat[i]] = flat[i + 1]
+    end
+    if g['name'] == o.group then
+      return g['last-delivered-id']
+    end
+  end
+  return ''
+end
+
+if not read then
+  return {{delivered(KEYS[3]), delivered(KEYS[4])}, 0, 0, 0}
+end
+
+-- The entry's key, or nil and why not.
+local function key_of(fields)
+  local value
+  for i = 1, #fields, 2 do
+    if fields[i] == o.field then
+      value = fields[i + 1]
+      break
+    end
+  end
+  if value == nil then
+    return nil, 'missing'
+  end
+  if o.pointer ~= '' then
+    local decoded, json = pcall(cjson.decode, value)
+    if not decoded then
+      return nil, 'missing'
+    end
+    -- The pointer's tokens, each after a `/` (Lua 5.1's gmatch would add empty matches).
+    local tokens, from = {}, 2
+    while from <= #o.pointer + 1 do
+      local slash = string.find(o.pointer, '/', from, true) or (#o.pointer + 1)
+      tokens[#tokens + 1] = string.sub(o.pointer, from, slash - 1)
+      from = slash + 1
+    end
+    for _, token in ipairs(tokens) do
+      if type(json) ~= 'table' then
+        return nil, 'missing'
+      end
+      token = string.gsub(string.gsub(token, '~1', '/'), '~0', '~')
+      local at = json[token]
+      if at == nil and string.match(token, '^%d+$') then
+        at = json[tonumber(token) + 1]
+      end
+      json = at
+    end
+    if type(json) == 'string' then
+      value = json
+    elseif type(json) == 'number' and json == math.floor(json) and math.abs(json) < 2 ^ 53 then
+      value = string.format('%d', json)
+    elseif type(json) == 'boolean' then
+      value = tostring(json)
+    else
+      return nil, 'missing'
+    end
+  end
+  if #value > o.max_key_bytes then
+    return nil, 'too_long'
+  end
+  return value
+end
+
+local now = order_now()
+local missing, too_long, queued = 0, 0, 0
+local out = {{}, 0, 0, 0}
+for _, entry in ipairs(read[1][2]) do
+  local id, fields = entry[1], entry[2]
+  local size = 0
+  for i = 1, #fields, 2 do
+    size = size + #fields[i] + #fields[i + 1] + o.field_overhead
+  end
+  if size > o.max_entry_bytes then
+    out[#out + 1] = {id, {}, '', size, #fields / 2}
+  else
+    local key, why = key_of(fields)
+    if not key then
+      if why == 'missing' then
+        missing = missing + 1
+      else
+        too_long = too_long + 1
+      end
+      out[#out + 1] = {id, fields, '', 0, #fields / 2}
+    else
+      local kd = redis.sha1hex(key)
+      local k = {run = o.prefix .. ':run:' .. kd, wait = o.prefix .. ':wait:' .. kd,
+        names = KEYS[1], waiting = KEYS[2], turns = KEYS[6]}
+      if order_take(k, kd, id, key, o.max_in_flight, now) then
+        out[#out + 1] = {id, fields, kd, 0, #fields / 2}
+      else
+        order_queue(k, kd, key, cmsgpack.pack({KEYS[3], o.group, id, 0, fields, id}), now)
+        redis.call('XACK', KEYS[3], o.group, id)
+        queued = queued + 1
+      end
+    end
+  end
+end
+out[2], out[3], out[4] = missing, too_long, queued
+return out
