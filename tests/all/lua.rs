@@ -9,7 +9,8 @@
 //! comparison) in trim and sweep, `seal` in sweep, requeue, dead_letter_now and
 //! dead_letter_in_place (each seal checked against the host's own `Secret::verify`), `member`
 //! in sweep and dead_letter_now, `pending`, `history` and `dead_letter_write` in park,
-//! dead_letter and dead_letter_in_place, `journal` in the three breaker scripts.
+//! dead_letter and dead_letter_in_place, `journal` in the three breaker scripts, `order` in
+//! the ordered keys' read, take, hold, ack, forget and release scripts (and dead_letter).
 //!
 //! What a script does wrong on a hostile input is asserted as it is today, where that is safe
 //! (nothing lost, nothing doubled), and marked "Finding:".
@@ -58,6 +59,12 @@ static TRIM: LazyLock<Script> = lua!("control/retention/lua/trim.lua");
 static FORGET_GONE: LazyLock<Script> = lua!("pipeline/read/lua/forget_gone.lua");
 static PARK: LazyLock<Script> = lua!("pipeline/delayed/lua/park.lua");
 static SWEEP: LazyLock<Script> = lua!("pipeline/delayed/lua/sweep.lua");
+static ORDER_READ: LazyLock<Script> = lua!("pipeline/order/lua/read.lua");
+static ORDER_TAKE: LazyLock<Script> = lua!("pipeline/order/lua/take.lua");
+static ORDER_HOLD: LazyLock<Script> = lua!("pipeline/order/lua/hold.lua");
+static ORDER_ACK: LazyLock<Script> = lua!("pipeline/order/lua/ack.lua");
+static ORDER_FORGET: LazyLock<Script> = lua!("pipeline/order/lua/forget.lua");
+static ORDER_RELEASE: LazyLock<Script> = lua!("pipeline/order/lua/release.lua");
 static DEAD_LETTER: LazyLock<Script> = lua!("pipeline/settle/lua/dead_letter.lua");
 static DEAD_LETTER_IN_PLACE: LazyLock<Script> =
     lua!("pipeline/settle/lua/dead_letter_in_place.lua");
@@ -2548,4 +2555,291 @@ async fn dead_letter_in_place_copies_the_fields_inside_redis() {
         .unwrap();
     assert_eq!(acked, 0);
     assert_eq!(raw_entries(&mut conn, "dl").await.len(), before + 1);
+}
+
+/// The ordered keys' scripts (`pipeline/order/lua/`), key by key field `k`.
+mod order {
+    use super::*;
+    use sluice_host::pipeline::order::{OrderKeys, digest};
+
+    const STREAM: &str = "ord";
+
+    fn keys() -> OrderKeys {
+        OrderKeys::new(STREAM, "g")
+    }
+
+    /// The six keys every order script but release takes first.
+    fn six(script: &Script) -> redis::ScriptInvocation<'_> {
+        let k = keys();
+        let mut inv = script.key(&k.names);
+        inv.key(&k.waiting)
+            .key(STREAM)
+            .key("ord.delayed.lane")
+            .key("ord.delayed")
+            .key(&k.turns);
+        inv
+    }
+
+    fn options(consumer: &str, count: u64, max_entry_bytes: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        let pairs: Vec<(&str, Mp)> = vec![
+            ("group", "g".into()),
+            ("consumer", consumer.into()),
+            ("count", count.into()),
+            ("max_in_flight", 1u64.into()),
+            (
+                "prefix",
+                sluice_host::store::keys::order_prefix(STREAM, "g").into(),
+            ),
+            ("field", "k".into()),
+            ("pointer", "".into()),
+            ("max_key_bytes", 4u64.into()),
+            ("max_entry_bytes", max_entry_bytes.into()),
+            ("field_overhead", 0u64.into()),
+        ];
+        let map = Mp::Map(pairs.into_iter().map(|(k, v)| (k.into(), v)).collect());
+        rmpv::encode::write_value(&mut out, &map).unwrap();
+        out
+    }
+
+    /// Read as `consumer`: (ids that run with their digests, missing, too long, queued).
+    async fn read(
+        conn: &mut MultiplexedConnection,
+        consumer: &str,
+        count: u64,
+    ) -> (Vec<(String, String)>, i64, i64, i64) {
+        let reply: Value = six(&ORDER_READ)
+            .arg(options(consumer, count, 1000))
+            .invoke_async(conn)
+            .await
+            .unwrap();
+        let Value::Array(parts) = reply else {
+            panic!("{reply:?}")
+        };
+        let n = |v: &Value| match v {
+            Value::Int(i) => *i,
+            other => panic!("{other:?}"),
+        };
+        let run = parts[4..]
+            .iter()
+            .map(|row| {
+                let (id, _, digest, _, _): (String, Vec<Vec<u8>>, String, u64, u64) =
+                    FromRedisValue::from_redis_value(row.clone()).unwrap();
+                (id, digest)
+            })
+            .collect();
+        (run, n(&parts[1]), n(&parts[2]), n(&parts[3]))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn read_orders_a_keys_entries_by_id_whichever_consumer_reads_them() {
+        let redis = Redis::start();
+        let mut conn = redis.conn().await;
+        for (id, key) in [
+            ("1-0", "a"),
+            ("2-0", "a"),
+            ("3-0", "b"),
+            ("4-0", "a"),
+            ("5-0", ""),
+        ] {
+            let mut c = redis::cmd("XADD");
+            c.arg(STREAM).arg(id).arg("payload").arg("x");
+            if !key.is_empty() {
+                c.arg("k").arg(key);
+            }
+            let _: String = c.query_async(&mut conn).await.unwrap();
+        }
+        let _: String = cmd(&mut conn, &["XADD", STREAM, "6-0", "k", "toolong"]).await;
+        create_group(&mut conn, STREAM, "g", "0").await;
+        // Consumer c1 reads 1 and 2, c2 the rest: a's 1 takes the turn, 2 and 4 wait in id order.
+        let (run, missing, long, queued) = read(&mut conn, "c1", 2).await;
+        assert_eq!(run, vec![("1-0".to_owned(), digest(b"a"))]);
+        assert_eq!((missing, long, queued), (0, 0, 1));
+        let (run, missing, long, queued) = read(&mut conn, "c2", 10).await;
+        let ids: Vec<&str> = run.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["3-0", "5-0", "6-0"], "b, and the unkeyed ones, run");
+        assert_eq!((missing, long, queued), (1, 1, 1));
+        let wait: Vec<Vec<u8>> = cmd(
+            &mut conn,
+            &["LRANGE", &keys().wait(&digest(b"a")), "0", "-1"],
+        )
+        .await;
+        let waiting: Vec<String> = wait
+            .iter()
+            .map(|m| member::decode(m, 0).unwrap().entry_id)
+            .collect();
+        assert_eq!(waiting, ["2-0", "4-0"], "queued in id order");
+        // Queued entries are acknowledged; those that run are pending.
+        assert_eq!(pending(&mut conn, STREAM, "g").await, 4);
+        // Nothing more: the ids a blocking wait starts from.
+        let reply: Value = six(&ORDER_READ)
+            .arg(options("c1", 10, 1000))
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        let Value::Array(parts) = reply else { panic!() };
+        let ids: Vec<String> = FromRedisValue::from_redis_value(parts[0].clone()).unwrap();
+        assert_eq!(
+            ids,
+            ["6-0", ""],
+            "the stream's last delivered; the lane has no group"
+        );
+
+        // ack.lua: acknowledging 1 gives a's turn to 2 (due now in the set), not to 4.
+        let before = server_ms(&mut conn).await;
+        let (acked, went): (i64, i64) = six(&ORDER_ACK)
+            .key(keys().run(&digest(b"a")))
+            .key(keys().wait(&digest(b"a")))
+            .arg("g")
+            .arg(1)
+            .arg(0)
+            .arg(1)
+            .arg(digest(b"a"))
+            .arg("1-0")
+            .arg(1)
+            .arg("1-0")
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!((acked, went), (1, 1));
+        let due: Vec<(Vec<u8>, f64)> = cmd(
+            &mut conn,
+            &["ZRANGE", "ord.delayed", "0", "-1", "WITHSCORES"],
+        )
+        .await;
+        assert_eq!(due.len(), 1);
+        assert_eq!(member::decode(&due[0].0, 0).unwrap().entry_id, "2-0");
+        assert!(due[0].1 as i64 >= before, "due now by the server's clock");
+        // Acked again (a lost reply): no second release.
+        let (acked, went): (i64, i64) = six(&ORDER_ACK)
+            .key(keys().run(&digest(b"a")))
+            .key(keys().wait(&digest(b"a")))
+            .arg("g")
+            .arg(1)
+            .arg(0)
+            .arg(1)
+            .arg(digest(b"a"))
+            .arg("1-0")
+            .arg(1)
+            .arg("1-0")
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!((acked, went), (0, 0));
+
+        // take.lua: 2 (let in) holds the turn whatever key the host makes of it; a newcomer
+        // of a waits.
+        let taken: Vec<i64> = six(&ORDER_TAKE)
+            .key(keys().run(&digest(b"a")))
+            .key(keys().wait(&digest(b"a")))
+            .key(keys().run(&digest(b"zz")))
+            .key(keys().wait(&digest(b"zz")))
+            .arg(1)
+            .arg(2)
+            .arg(digest(b"zz"))
+            .arg("2-0")
+            .arg("zz")
+            .arg(1)
+            .arg(digest(b"a"))
+            .arg("9-0")
+            .arg("a")
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(taken, [1, 0]);
+
+        // hold.lua: an entry no longer pending is left alone (-1).
+        let held: Vec<i64> = six(&ORDER_HOLD)
+            .key(keys().run(&digest(b"a")))
+            .key(keys().wait(&digest(b"a")))
+            .arg("g")
+            .arg(1)
+            .arg(1)
+            .arg(digest(b"a"))
+            .arg("9-0")
+            .arg("a")
+            .arg(1)
+            .arg("9-0")
+            .arg("member")
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(held, [-1]);
+
+        // forget.lua: 2 is gone (deleted while it held the turn): 4 goes in.
+        let went: i64 = six(&ORDER_FORGET)
+            .arg(sluice_host::store::keys::order_prefix(STREAM, "g"))
+            .arg(1)
+            .arg(0)
+            .arg("2-0")
+            .arg("never-held")
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(went, 1);
+        // release.lua: the operator gives 4's turn back; a has nothing left.
+        let (turns, went): (i64, i64) = ORDER_RELEASE
+            .key(&keys().names)
+            .key(&keys().waiting)
+            .key("ord.delayed")
+            .key(keys().run(&digest(b"a")))
+            .key(keys().wait(&digest(b"a")))
+            .key(&keys().turns)
+            .arg(digest(b"a"))
+            .arg(1)
+            .arg(0)
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!((turns, went), (1, 0));
+        // b still holds its turn (3 in flight); a's state is gone.
+        let names: Vec<String> = cmd(&mut conn, &["HKEYS", &keys().names]).await;
+        assert_eq!(names, [digest(b"b")]);
+        let turns: Vec<String> = cmd(&mut conn, &["HKEYS", &keys().turns]).await;
+        assert_eq!(turns, ["3-0"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn read_sends_an_entry_over_the_limit_back_without_its_fields_and_unordered() {
+        let redis = Redis::start();
+        let mut conn = redis.conn().await;
+        let big = "x".repeat(2000);
+        let _: String = cmd(
+            &mut conn,
+            &["XADD", STREAM, "1-0", "k", "a", "payload", &big],
+        )
+        .await;
+        create_group(&mut conn, STREAM, "g", "0").await;
+        let reply: Value = six(&ORDER_READ)
+            .arg(options("c", 10, 1000))
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        let Value::Array(parts) = reply else { panic!() };
+        let (id, fields, digest, over, n): (String, Vec<Vec<u8>>, String, u64, u64) =
+            FromRedisValue::from_redis_value(parts[4].clone()).unwrap();
+        assert_eq!(
+            (id.as_str(), fields.len(), digest.as_str(), n),
+            ("1-0", 0, "", 2)
+        );
+        assert!(over > 2000);
+        // A stranger's string at the names key: the script fails, the entry stays pending.
+        let _: String = cmd(&mut conn, &["XADD", STREAM, "2-0", "k", "a"]).await;
+        let _: () = cmd(&mut conn, &["SET", &keys().names, "not a hash"]).await;
+        let failed: RedisResult<Value> = six(&ORDER_READ)
+            .arg(options("c", 10, 1000))
+            .invoke_async(&mut conn)
+            .await;
+        assert!(failed.is_err());
+        assert_eq!(
+            pending(&mut conn, STREAM, "g").await,
+            2,
+            "delivered, pending, read again"
+        );
+        let bad: RedisResult<Value> = six(&ORDER_READ)
+            .arg("not msgpack")
+            .invoke_async(&mut conn)
+            .await;
+        assert!(bad.unwrap_err().to_string().contains("not the options map"));
+    }
 }

@@ -18,7 +18,11 @@ pub fn keyed(control: &Control, account: &str) -> String {
 }
 
 /// XADD `payload` (see [`keyed`]) to `stream`; its id.
-pub async fn add_raw(conn: &mut redis::aio::MultiplexedConnection, stream: &str, payload: &str) -> String {
+pub async fn add_raw(
+    conn: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+    payload: &str,
+) -> String {
     cmd(conn, &["XADD", stream, "*", "payload", payload]).await
 }
 
@@ -30,7 +34,10 @@ pub fn ordered(stream: &str) -> Sub {
 }
 
 /// Every key the ordering of `stream`'s group `g` keeps in Redis.
-pub async fn order_state(conn: &mut redis::aio::MultiplexedConnection, stream: &str) -> Vec<String> {
+pub async fn order_state(
+    conn: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+) -> Vec<String> {
     let prefix = sluice_host::store::keys::order_prefix(stream, "g");
     let mut keys: Vec<String> = cmd(conn, &["KEYS", &format!("{prefix}*")]).await;
     keys.sort();
@@ -70,7 +77,12 @@ async fn a_keys_entries_wait_behind_its_parked_retry_while_other_keys_go() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let stream = "ord-wait";
-    let a1 = add_raw(&mut conn, stream, &keyed(&Control::Retry { ms: 600, times: 1 }, "A")).await;
+    let a1 = add_raw(
+        &mut conn,
+        stream,
+        &keyed(&Control::Retry { ms: 600, times: 1 }, "A"),
+    )
+    .await;
     let a2 = add_raw(&mut conn, stream, &keyed(&Control::Ack, "A")).await;
     let b1 = add_raw(&mut conn, stream, &keyed(&Control::Ack, "B")).await;
     let a3 = add_raw(&mut conn, stream, &keyed(&Control::Ack, "A")).await;
@@ -96,13 +108,21 @@ async fn a_keys_entries_wait_behind_its_parked_retry_while_other_keys_go() {
     let (at_b1, at_a1) = (position(&events, &b1, true), position(&events, &a1, true));
     let (at_a2, at_a3) = (position(&events, &a2, true), position(&events, &a3, true));
     assert!(at_b1 < at_a1, "B does not wait for A's retry: {events:?}");
-    assert!(at_a1 < at_a2 && at_a2 < at_a3, "A in stream order: {events:?}");
+    assert!(
+        at_a1 < at_a2 && at_a2 < at_a3,
+        "A in stream order: {events:?}"
+    );
     let a2_event = &events[at_a2];
     assert_eq!(a2_event.retry_count, 0, "a let-in entry is no retry");
     // Nothing of the ordering is left once every key settled.
     wait_for(T, "the order state gone", || {
         let mut conn = conn.clone();
-        async move { order_state(&mut conn, stream).await.is_empty().then_some(()) }
+        async move {
+            order_state(&mut conn, stream)
+                .await
+                .is_empty()
+                .then_some(())
+        }
     })
     .await;
     assert_eq!(pending(&mut conn, stream, "g").await, 0);
@@ -120,16 +140,34 @@ async fn a_dead_lettered_head_releases_its_key_or_holds_it_until_requeued_delete
         Raw(r#"{ payload = "/account", on_dead_letter = "hold" }"#),
     );
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), "sluice.toml", &TestConfig::of(hold.clone()).to_string());
+    let config = write_config(
+        dir.path(),
+        "sluice.toml",
+        &TestConfig::of(hold.clone()).to_string(),
+    );
     // Release (the default): the next entry of the key goes once its head is dead-lettered.
-    let r1 = add_raw(&mut conn, released, &keyed(&Control::Dead { reason: "no".into() }, "A")).await;
+    let r1 = add_raw(
+        &mut conn,
+        released,
+        &keyed(
+            &Control::Dead {
+                reason: "no".into(),
+            },
+            "A",
+        ),
+    )
+    .await;
     let r2 = add_raw(&mut conn, released, &keyed(&Control::Ack, "A")).await;
     // Hold: A's second entry waits for the dead letter to be requeued; B's for its deletion;
     // C's for an operator's release.
-    let until = Control::DeadUntilRequeued { reason: "fix me".into() };
+    let until = Control::DeadUntilRequeued {
+        reason: "fix me".into(),
+    };
     let h1 = add_raw(&mut conn, held, &keyed(&until, "A")).await;
     let h2 = add_raw(&mut conn, held, &keyed(&Control::Ack, "A")).await;
-    let dead = Control::Dead { reason: "poison".into() };
+    let dead = Control::Dead {
+        reason: "poison".into(),
+    };
     let b1 = add_raw(&mut conn, held, &keyed(&dead, "B")).await;
     let b2 = add_raw(&mut conn, held, &keyed(&Control::Ack, "B")).await;
     let c1 = add_raw(&mut conn, held, &keyed(&dead, "C")).await;
@@ -139,7 +177,11 @@ async fn a_dead_lettered_head_releases_its_key_or_holds_it_until_requeued_delete
         e.origin_id == r2 && e.kind == EventKind::Acked
     })
     .await;
-    assert_eq!(dead_lettered(&mut conn, released).await.len(), 1, "{r1} dead-lettered");
+    assert_eq!(
+        dead_lettered(&mut conn, released).await.len(),
+        1,
+        "{r1} dead-lettered"
+    );
     wait_dead_letters_in(&conn, &dead_letter_key(held), 3).await;
     for account in ["A", "B", "C"] {
         wait_for(T, &format!("{account}'s next entry held"), || {
@@ -149,8 +191,14 @@ async fn a_dead_lettered_head_releases_its_key_or_holds_it_until_requeued_delete
         .await;
     }
     let listing = sluice(&["keys"], &config, &redis).await;
-    assert!(listing.contains("3 key(s) with entries waiting"), "{listing}");
-    assert!(listing.contains(&format!("{h1} (dead letter, held)")), "{listing}");
+    assert!(
+        listing.contains("3 key(s) with entries waiting"),
+        "{listing}"
+    );
+    assert!(
+        listing.contains(&format!("{h1} (dead letter, held)")),
+        "{listing}"
+    );
     // Requeued, the head is handled again (it holds the turn still), then the next goes.
     let letters = dead_lettered(&mut conn, held).await;
     let id_of = |origin: &str| {
@@ -174,7 +222,10 @@ async fn a_dead_lettered_head_releases_its_key_or_holds_it_until_requeued_delete
     .await;
     assert_eq!(waiting(&mut conn, held, "C").await, 1, "C still held: {c1}");
     let out = sluice(&["keys", "--release", "C"], &config, &redis).await;
-    assert!(out.contains("1 turn(s) given back, 1 waiting entry let in"), "{out}");
+    assert!(
+        out.contains("1 turn(s) given back, 1 waiting entry let in"),
+        "{out}"
+    );
     host.event(T, "C's next after the release", |e| {
         e.origin_id == c2 && e.kind == EventKind::Acked
     })
@@ -200,9 +251,25 @@ async fn entries_without_a_key_or_with_one_too_long_go_unordered_and_are_counted
         Raw(r#"{ payload = "/account", max_key_bytes = 8 }"#),
     );
     // The keyed head parks for a long time: entries with no key, or a long one, never wait.
-    let head = add_raw(&mut conn, stream, &keyed(&Control::Retry { ms: 60_000, times: 1 }, "k")).await;
+    let head = add_raw(
+        &mut conn,
+        stream,
+        &keyed(
+            &Control::Retry {
+                ms: 60_000,
+                times: 1,
+            },
+            "k",
+        ),
+    )
+    .await;
     let none = add(&mut conn, stream, &Control::Ack).await;
-    let long = add_raw(&mut conn, stream, &keyed(&Control::Ack, "a-key-longer-than-8")).await;
+    let long = add_raw(
+        &mut conn,
+        stream,
+        &keyed(&Control::Ack, "a-key-longer-than-8"),
+    )
+    .await;
     let behind = add_raw(&mut conn, stream, &keyed(&Control::Ack, "k")).await;
     let mut host = start_fixture(&redis, TestConfig::of(sub)).await;
     crate::operate::wait_acked_origins(&mut host, &[none, long]).await;
@@ -214,18 +281,29 @@ async fn entries_without_a_key_or_with_one_too_long_go_unordered_and_are_counted
     let admin = host.admin().await;
     let (_, metrics) = http_get(admin, "/metrics").await;
     for line in [
-        format!(r#"sluice_ordered_unkeyed_total{{stream="{stream}",group="g",reason="missing"}} 1"#),
-        format!(r#"sluice_ordered_unkeyed_total{{stream="{stream}",group="g",reason="too_long"}} 1"#),
+        format!(
+            r#"sluice_ordered_unkeyed_total{{stream="{stream}",group="g",reason="missing"}} 1"#
+        ),
+        format!(
+            r#"sluice_ordered_unkeyed_total{{stream="{stream}",group="g",reason="too_long"}} 1"#
+        ),
         format!(r#"sluice_ordered_held_total{{stream="{stream}",group="g"}} 1"#),
     ] {
         assert!(metrics.contains(&line), "{line} in:\n{metrics}");
     }
-    assert!(!host_acked_yet(&mut conn, stream, &behind).await, "{head} still holds k");
+    assert!(
+        !host_acked_yet(&mut conn, stream, &behind).await,
+        "{head} still holds k"
+    );
     host.stop().await.unwrap();
 }
 
 /// Whether `id` was acknowledged by `g` (it is neither pending nor unread).
-async fn host_acked_yet(conn: &mut redis::aio::MultiplexedConnection, stream: &str, id: &str) -> bool {
+async fn host_acked_yet(
+    conn: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+    id: &str,
+) -> bool {
     let pending: Vec<redis::Value> = cmd(conn, &["XPENDING", stream, "g", id, id, "1"]).await;
     let keys = sluice_host::pipeline::order::OrderKeys::new(stream, "g");
     let digest = sluice_host::pipeline::order::digest(b"k");
@@ -269,7 +347,8 @@ async fn a_hot_keys_burst_moves_aside_and_calm_keys_go_first() {
                 .unwrap()?;
             let pending: Vec<redis::Value> =
                 cmd(&mut conn, &["XPENDING", stream, "g", &first, &last, "10"]).await;
-            let read = sluice_host::entry::delivery::cmp_ids(&info.last_delivered_id, &last).is_ge();
+            let read =
+                sluice_host::entry::delivery::cmp_ids(&info.last_delivered_id, &last).is_ge();
             (read && pending.is_empty()).then_some(())
         }
     })
@@ -287,7 +366,10 @@ async fn a_hot_keys_burst_moves_aside_and_calm_keys_go_first() {
 }
 
 /// A server that records the body of every POST, in the order they came.
-async fn recorder() -> (std::net::SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+async fn recorder() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
     use axum::routing::post;
     let record = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let to = record.clone();
@@ -348,7 +430,6 @@ fn check_record(
         } else {
             open.insert((key, seq), false);
             *ends.entry((key, seq)).or_default() += 1;
-
         }
     }
     for (key, &n) in seqs.iter().enumerate() {
@@ -478,17 +559,101 @@ async fn three_hosts_with_sigkills_keep_every_keys_order_and_lose_nothing() {
         letters.len()
     );
     if let Some(first) = wrong.first() {
-        let key = first.split(':').next().unwrap_or_default().trim_start_matches("key ");
+        let key = first
+            .split(':')
+            .next()
+            .unwrap_or_default()
+            .trim_start_matches("key ");
         let lines: Vec<&String> = record
             .iter()
-            .filter(|l| l.split(' ').nth(1).is_some_and(|t| t.starts_with(&format!("{key}:"))))
+            .filter(|l| {
+                l.split(' ')
+                    .nth(1)
+                    .is_some_and(|t| t.starts_with(&format!("{key}:")))
+            })
             .collect();
         println!("ordered: the record of key {key}: {lines:#?}");
         for host in &hosts {
-            println!("{}", host.log_text().lines().filter(|l| l.contains("WARN") || l.contains("ERROR")).take(30).collect::<Vec<_>>().join("\n"));
+            println!(
+                "{}",
+                host.log_text()
+                    .lines()
+                    .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+                    .take(30)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
         }
     }
-    assert!(wrong.is_empty(), "seed {seed}: {:?}", &wrong[..wrong.len().min(20)]);
-    assert_eq!(letters.len(), dead as usize, "each planned dead letter once (seed {seed})");
-    assert_eq!(origins.len(), dead as usize, "no entry dead-lettered twice (seed {seed})");
+    assert!(
+        wrong.is_empty(),
+        "seed {seed}: {:?}",
+        &wrong[..wrong.len().min(20)]
+    );
+    assert_eq!(
+        letters.len(),
+        dead as usize,
+        "each planned dead letter once (seed {seed})"
+    );
+    assert_eq!(
+        origins.len(),
+        dead as usize,
+        "no entry dead-lettered twice (seed {seed})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_group_keeps_its_own_order_and_a_redis_restart_keeps_both() {
+    let mut redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let stream = "ord-aof";
+    let other = ordered(stream)
+        .set("group", "g2")
+        .delayed(&format!("{stream}.delayed2"));
+    let config = TestConfig::of(ordered(stream)).and(other);
+    let head = add_raw(
+        &mut conn,
+        stream,
+        &keyed(&Control::Retry { ms: 1500, times: 1 }, "A"),
+    )
+    .await;
+    let next = add_raw(&mut conn, stream, &keyed(&Control::Ack, "A")).await;
+    let host = start_fixture(&redis, config.clone()).await;
+    // In both groups the head is parked and the next entry waits behind it, each in its own
+    // group's state.
+    let digest = sluice_host::pipeline::order::digest(b"A");
+    for group in ["g", "g2"] {
+        let wait = sluice_host::pipeline::order::OrderKeys::new(stream, group).wait(&digest);
+        wait_for(T, &format!("{group}: the next entry queued"), || {
+            let mut conn = conn.clone();
+            let wait = wait.clone();
+            async move { (cmd::<u64>(&mut conn, &["LLEN", &wait]).await == 1).then_some(()) }
+        })
+        .await;
+    }
+    host.stop().await.unwrap();
+    redis.server.restart().unwrap();
+    let mut host = start_fixture(&redis, config).await;
+    let mut acked = Vec::new();
+    while acked.len() < 4 {
+        let event = host
+            .event(T, "the acks after the restart", |e| {
+                e.kind == EventKind::Acked
+            })
+            .await;
+        acked.push((event.group.to_string(), event.origin_id.clone()));
+    }
+    for group in ["g", "g2"] {
+        let order: Vec<&str> = acked
+            .iter()
+            .filter(|(g, _)| g == group)
+            .map(|(_, o)| o.as_str())
+            .collect();
+        assert_eq!(
+            order,
+            [head.as_str(), next.as_str()],
+            "{group} in order after the restart"
+        );
+    }
+    host.stop().await.unwrap();
 }

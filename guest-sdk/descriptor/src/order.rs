@@ -149,9 +149,18 @@ mod tests {
     fn settings_out_of_bounds_are_refused_by_name() {
         assert!(OrderedBy::field("account").check("s").is_ok());
         let zero = OrderedBy::field("account").per_key(0).check("s");
-        assert!(zero.unwrap_err().to_string().contains("max_in_flight_per_key"));
+        assert!(
+            zero.unwrap_err()
+                .to_string()
+                .contains("max_in_flight_per_key")
+        );
         let pointer = OrderedBy::payload("account").check("s");
-        assert!(pointer.unwrap_err().to_string().contains("must start with `/`"));
+        assert!(
+            pointer
+                .unwrap_err()
+                .to_string()
+                .contains("must start with `/`")
+        );
         let huge = OrderedBy::field("a").max_key_bytes(1 << 20).check("s");
         assert!(huge.unwrap_err().to_string().contains("max_key_bytes"));
         let empty = OrderedBy::field(" ").check("s");

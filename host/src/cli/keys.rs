@@ -102,16 +102,10 @@ async fn release(
     key: &str,
 ) -> Result<()> {
     let digest = order::digest(key.as_bytes());
-    let (turns, went) = order::release(
-        conn,
-        keys,
-        set,
-        &digest,
-        spec.max_in_flight_per_key,
-        ttl_ms,
-    )
-    .await
-    .with_context(|| format!("cannot release key `{key}` of stream `{}`", s.stream))?;
+    let (turns, went) =
+        order::release(conn, keys, set, &digest, spec.max_in_flight_per_key, ttl_ms)
+            .await
+            .with_context(|| format!("cannot release key `{key}` of stream `{}`", s.stream))?;
     let _ = writeln!(
         out,
         "stream `{}` group `{}` key `{key}`: {turns} turn(s) given back, {went} waiting entr{} let in (running hosts handle {} next)",
@@ -154,12 +148,14 @@ async fn list(
                 let holders: Vec<serde_json::Value> = k
                     .holders
                     .iter()
-                    .map(|h| serde_json::json!({
-                        "origin_id": h.origin_id,
-                        "since_ms": h.since_ms,
-                        "dead_letter": h.dead_letter,
-                        "due_ms": due(&h.origin_id),
-                    }))
+                    .map(|h| {
+                        serde_json::json!({
+                            "origin_id": h.origin_id,
+                            "since_ms": h.since_ms,
+                            "dead_letter": h.dead_letter,
+                            "due_ms": due(&h.origin_id),
+                        })
+                    })
                     .collect();
                 serde_json::json!({
                     "key": k.key,
@@ -198,7 +194,9 @@ async fn list(
             .iter()
             .map(|h| match (h.dead_letter, due(&h.origin_id)) {
                 (true, _) => format!("{} (dead letter, held)", h.origin_id),
-                (false, Some(due_ms)) => format!("{} (parked, due {})", h.origin_id, format_ms(due_ms)),
+                (false, Some(due_ms)) => {
+                    format!("{} (parked, due {})", h.origin_id, format_ms(due_ms))
+                }
                 (false, None) => format!("{} (in flight or coming back)", h.origin_id),
             })
             .collect();

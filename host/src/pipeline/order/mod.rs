@@ -176,13 +176,14 @@ impl NewEntries {
             while let (Some(name), Some(value)) = (flat.next(), flat.next()) {
                 pairs.push((name, value));
             }
-            read.entries.push(crate::pipeline::read::commands::ReadEntry {
-                id,
-                source: Source::Stream,
-                fields: Some(pairs),
-                cut,
-                ordered: Some(digest),
-            });
+            read.entries
+                .push(crate::pipeline::read::commands::ReadEntry {
+                    id,
+                    source: Source::Stream,
+                    fields: Some(pairs),
+                    cut,
+                    ordered: Some(digest),
+                });
         }
         Ok(read)
     }

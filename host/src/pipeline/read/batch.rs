@@ -273,10 +273,16 @@ impl Subscription {
             (entries.is_empty(), &self.bell, read.idle)
         {
             let mut wait = redis::cmd("XREAD");
-            wait.arg("COUNT").arg(1).arg("BLOCK").arg(plan.block.as_millis() as u64);
+            wait.arg("COUNT")
+                .arg(1)
+                .arg("BLOCK")
+                .arg(plan.block.as_millis() as u64);
             wait.arg("STREAMS").arg(&*plan.stream);
             match &plan.lane {
-                Some(lane) => wait.arg(&**lane).arg(or_start(&stream_id)).arg(or_start(&lane_id)),
+                Some(lane) => wait
+                    .arg(&**lane)
+                    .arg(or_start(&stream_id))
+                    .arg(or_start(&lane_id)),
                 None => wait.arg(or_start(&stream_id)),
             };
             let _: redis::Value = wait.query_async(conn).await?;

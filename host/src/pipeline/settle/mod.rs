@@ -558,7 +558,15 @@ async fn run_acker(
             batch.extend(acks);
         }
         if let Some(order) = &order {
-            if !ack_ordered(order, &mut batch, &conn.handle, &events, &mut backoff, &abandon).await
+            if !ack_ordered(
+                order,
+                &mut batch,
+                &conn.handle,
+                &events,
+                &mut backoff,
+                &abandon,
+            )
+            .await
             {
                 let queued: usize = std::iter::from_fn(|| rx.try_recv().ok())
                     .map(|a| a.len())
@@ -703,8 +711,11 @@ async fn ack_ordered(
     backoff: &mut ReconnectBackoff,
     abandon: &CancellationToken,
 ) -> bool {
-    let invocation =
-        order.ack_invocation(batch.iter().map(|a| (a.source, a.id.as_str(), a.turn.as_ref())));
+    let invocation = order.ack_invocation(
+        batch
+            .iter()
+            .map(|a| (a.source, a.id.as_str(), a.turn.as_ref())),
+    );
     loop {
         let mut conn = conn.clone();
         let reply = tokio::select! {
