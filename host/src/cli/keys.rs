@@ -141,39 +141,7 @@ async fn list(
             .map(|p| p.entry.due_ms)
     };
     if args.json {
-        let rows: Vec<serde_json::Value> = overview
-            .keys
-            .iter()
-            .map(|k| {
-                let holders: Vec<serde_json::Value> = k
-                    .holders
-                    .iter()
-                    .map(|h| {
-                        serde_json::json!({
-                            "origin_id": h.origin_id,
-                            "since_ms": h.since_ms,
-                            "dead_letter": h.dead_letter,
-                            "due_ms": due(&h.origin_id),
-                        })
-                    })
-                    .collect();
-                serde_json::json!({
-                    "key": k.key,
-                    "digest": k.digest,
-                    "waiting": k.waiting,
-                    "waiting_since_ms": k.waiting_since_ms,
-                    "holders": holders,
-                })
-            })
-            .collect();
-        let line = serde_json::json!({
-            "stream": s.stream,
-            "group": s.group,
-            "waiting_keys": overview.waiting_keys,
-            "active_keys": overview.active_keys,
-            "keys": rows,
-        });
-        let _ = writeln!(out, "{line}");
+        let _ = writeln!(out, "{}", json_line(s, &overview, &due));
         return Ok(());
     }
     let _ = writeln!(
@@ -214,4 +182,44 @@ async fn list(
         );
     }
     Ok(())
+}
+
+/// One subscription's listing as one JSON object.
+fn json_line(
+    s: &ResolvedStream,
+    overview: &inspect::Overview,
+    due: &dyn Fn(&str) -> Option<i64>,
+) -> serde_json::Value {
+    let rows: Vec<serde_json::Value> = overview
+        .keys
+        .iter()
+        .map(|k| {
+            let holders: Vec<serde_json::Value> = k
+                .holders
+                .iter()
+                .map(|h| {
+                    serde_json::json!({
+                        "origin_id": h.origin_id,
+                        "since_ms": h.since_ms,
+                        "dead_letter": h.dead_letter,
+                        "due_ms": due(&h.origin_id),
+                    })
+                })
+                .collect();
+            serde_json::json!({
+                "key": k.key,
+                "digest": k.digest,
+                "waiting": k.waiting,
+                "waiting_since_ms": k.waiting_since_ms,
+                "holders": holders,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "stream": s.stream,
+        "group": s.group,
+        "waiting_keys": overview.waiting_keys,
+        "active_keys": overview.active_keys,
+        "keys": rows,
+    })
 }

@@ -25,6 +25,9 @@
 //! and, bounded, as a hash value the operator's listing shows.
 
 pub mod inspect;
+mod read;
+
+pub use read::{NewEntries, OrderedEntry};
 
 use std::sync::{Arc, LazyLock};
 
@@ -39,8 +42,6 @@ use crate::pipeline::delayed::DelayedSet;
 use crate::store::keys::{self, SubscriptionKeys};
 use crate::store::redis_conn::RedisHandle;
 
-static READ: LazyLock<Script> =
-    LazyLock::new(|| Script::new(crate::store::lua!("pipeline/order/lua/read")));
 static TAKE: LazyLock<Script> =
     LazyLock::new(|| Script::new(crate::store::lua!("pipeline/order/lua/take")));
 static HOLD: LazyLock<Script> =
@@ -119,74 +120,6 @@ pub struct Order {
     too_long: Counter,
     held: Counter,
     let_in: Counter,
-}
-
-/// What the read script read.
-#[derive(Debug, Default)]
-pub struct NewEntries {
-    /// The entries that run, in id order.
-    pub entries: Vec<crate::pipeline::read::commands::ReadEntry>,
-    /// When nothing was read: the group's last-delivered ids on the stream and the lane.
-    pub idle: Option<(String, String)>,
-    missing: u64,
-    too_long: u64,
-    queued: u64,
-}
-
-impl NewEntries {
-    /// The script's reply (see the header of `lua/read.lua`).
-    fn parse(reply: redis::Value) -> RedisResult<Self> {
-        use redis::FromRedisValue;
-        type Row = (String, Vec<Vec<u8>>, String, u64, u64);
-        let bad = || {
-            redis::RedisError::from((
-                redis::ErrorKind::UnexpectedReturnType,
-                "order read: unexpected reply",
-            ))
-        };
-        let redis::Value::Array(parts) = reply else {
-            return Err(bad());
-        };
-        let mut parts = parts.into_iter();
-        let (Some(ids), Some(missing), Some(too_long), Some(queued)) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return Err(bad());
-        };
-        let ids: Vec<String> = FromRedisValue::from_redis_value(ids)?;
-        let mut read = Self {
-            idle: match ids.as_slice() {
-                [stream, lane] => Some((stream.clone(), lane.clone())),
-                _ => None,
-            },
-            missing: FromRedisValue::from_redis_value(missing)?,
-            too_long: FromRedisValue::from_redis_value(too_long)?,
-            queued: FromRedisValue::from_redis_value(queued)?,
-            entries: Vec::new(),
-        };
-        for row in parts {
-            let (id, flat, digest, over, fields): Row = FromRedisValue::from_redis_value(row)?;
-            let cut = crate::store::redis_conn::lean::Cut {
-                fields: if over > 0 { fields as usize } else { 0 },
-                bytes: over,
-                over: over > 0,
-            };
-            let mut pairs = Vec::with_capacity(flat.len() / 2);
-            let mut flat = flat.into_iter();
-            while let (Some(name), Some(value)) = (flat.next(), flat.next()) {
-                pairs.push((name, value));
-            }
-            read.entries
-                .push(crate::pipeline::read::commands::ReadEntry {
-                    id,
-                    source: Source::Stream,
-                    fields: Some(pairs),
-                    cut,
-                    ordered: Some(digest),
-                });
-        }
-        Ok(read)
-    }
 }
 
 /// What a read's deliveries came to.
@@ -279,50 +212,6 @@ impl Order {
             Some(key) if key.len() > self.spec.max_key_bytes => KeyOf::TooLong,
             Some(key) => KeyOf::Keyed(key),
         }
-    }
-
-    /// Read up to `count` new stream entries and settle each one's place in its key's order
-    /// in the same step (`lua/read.lua`): those that run come back (`ordered` set), the
-    /// others wait in Redis. When nothing was read, the ids a blocking wait starts from.
-    pub async fn read_new<C: redis::aio::ConnectionLike>(
-        &self,
-        conn: &mut C,
-        (consumer, count, max_entry_bytes): (&str, usize, u64),
-    ) -> RedisResult<NewEntries> {
-        let options = crate::store::options::ScriptOptions::default()
-            .with("group", &*self.group)
-            .with("consumer", consumer)
-            .with("count", count as u64)
-            .with("max_in_flight", u64::from(self.spec.max_in_flight_per_key))
-            .with("prefix", self.keys.prefix.as_str())
-            .with(
-                "field",
-                match &self.spec.key {
-                    OrderKey::Field(name) => name.as_str(),
-                    OrderKey::Payload(_) => &self.payload_field,
-                },
-            )
-            .with(
-                "pointer",
-                match &self.spec.key {
-                    OrderKey::Field(_) => "",
-                    OrderKey::Payload(pointer) => pointer.as_str(),
-                },
-            )
-            .with("max_key_bytes", self.spec.max_key_bytes as u64)
-            .with("max_entry_bytes", max_entry_bytes)
-            .with("field_overhead", crate::entry::delivery::FIELD_OVERHEAD)
-            .encode();
-        let reply: redis::Value = self
-            .invocation(&READ)
-            .arg(options)
-            .invoke_async(conn)
-            .await?;
-        let read = NewEntries::parse(reply)?;
-        self.missing.inc_by(read.missing);
-        self.too_long.inc_by(read.too_long);
-        self.held.inc_by(read.queued);
-        Ok(read)
     }
 
     /// The six keys every order script but the operator's takes first.

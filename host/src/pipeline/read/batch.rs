@@ -268,7 +268,13 @@ impl Subscription {
         let read = order
             .read_new(conn, (&plan.consumer, left, plan.max_entry_bytes as u64))
             .await?;
-        entries.extend(read.entries);
+        entries.extend(read.entries.into_iter().map(|e| ReadEntry {
+            id: e.id,
+            source: Source::Stream,
+            fields: Some(e.fields),
+            cut: e.cut,
+            ordered: Some(e.digest),
+        }));
         if let (true, None, Some((stream_id, lane_id))) =
             (entries.is_empty(), &self.bell, read.idle)
         {
