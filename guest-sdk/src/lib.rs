@@ -62,14 +62,16 @@ pub mod trace;
 pub use delivery::{DecodeError, Delivery};
 pub use handler::{Context, FromConfig, Handle, State};
 pub use outcome::HandlerOutcome;
-pub use sluice_descriptor::{Backoff, DelayedRetry, RedisStream};
+pub use sluice_descriptor::{
+    Backoff, DelayedRetry, OnDeadLetter, OrderKey, OrderedBy, RedisStream,
+};
 pub use sluice_guest_macros::subscriber;
 
 /// Everything a handler file usually needs, in one `use`.
 pub mod prelude {
     pub use crate::{
-        Backoff, Context, DelayedRetry, Delivery, FromConfig, Handle, HandlerOutcome, RedisStream,
-        State, subscriber,
+        Backoff, Context, DelayedRetry, Delivery, FromConfig, Handle, HandlerOutcome, OrderedBy,
+        RedisStream, State, subscriber,
     };
     pub use std::time::Duration;
 }
@@ -80,7 +82,7 @@ pub mod prelude {
 pub mod __bindings {
     wit_bindgen::generate!({
         path: "wit",
-        world: "handler",
+        world: "handler-ordered",
         pub_export_macro: true,
         export_macro_name: "__export_world",
         default_bindings_module: "sluice_guest::__bindings",
@@ -111,6 +113,14 @@ macro_rules! export {
 
                 fn subscription() -> $crate::__bindings::sluice::handler::types::Subscription {
                     $crate::rt::subscription($descriptor())
+                }
+            }
+
+            impl $crate::__bindings::exports::sluice::handler::ordering::Guest for __SluiceComponent {
+                fn ordering() -> Option<
+                    $crate::__bindings::exports::sluice::handler::ordering::OrderedBy,
+                > {
+                    $crate::rt::ordered_by($descriptor())
                 }
             }
 

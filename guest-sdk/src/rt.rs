@@ -94,6 +94,26 @@ fn to_wit(outcome: HandlerOutcome) -> wit::Outcome {
     }
 }
 
+/// The descriptor's ordering in its WIT form (none: the component is unordered).
+pub fn ordered_by(
+    d: RedisStream,
+) -> Option<crate::__bindings::exports::sluice::handler::ordering::OrderedBy> {
+    use crate::__bindings::exports::sluice::handler::ordering as o;
+    let ordered = d.ordered_by?;
+    Some(o::OrderedBy {
+        key: match ordered.key {
+            sluice_descriptor::OrderKey::Field(name) => o::OrderKey::Field(name),
+            sluice_descriptor::OrderKey::Payload(pointer) => o::OrderKey::Payload(pointer),
+        },
+        max_in_flight_per_key: ordered.max_in_flight_per_key,
+        on_dead_letter: match ordered.on_dead_letter {
+            sluice_descriptor::OnDeadLetter::Release => o::OnDeadLetter::Release,
+            sluice_descriptor::OnDeadLetter::Hold => o::OnDeadLetter::Hold,
+        },
+        max_key_bytes: u32::try_from(ordered.max_key_bytes).unwrap_or(u32::MAX),
+    })
+}
+
 /// The component's descriptor in its WIT form.
 pub fn subscription(d: RedisStream) -> wit::Subscription {
     wit::Subscription {

@@ -657,3 +657,53 @@ async fn each_group_keeps_its_own_order_and_a_redis_restart_keeps_both() {
     }
     host.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_components_own_ordering_is_used_and_the_config_wins() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let stream = "ord-component";
+    let sub = Sub::new("{fixture_ordered}", stream).delayed(&format!("{stream}.delayed"));
+    let dir = tempfile::tempdir().unwrap();
+    let check = |sub: Sub| {
+        let config = write_config(dir.path(), "sluice.toml", &TestConfig::of(sub).to_string());
+        let (ok, out, err) = run_sluice(&["check", &config.display().to_string()], dir.path());
+        assert!(ok, "{err}");
+        out
+    };
+    let own = check(sub.clone());
+    assert!(own.contains("payload `/account`, 2 per key"), "{own}");
+    let one = check(sub.clone().set("max_in_flight_per_key", 1));
+    assert!(one.contains("payload `/account`, 1 per key"), "{one}");
+    let none = check(sub.clone().set("ordered_by", "none"));
+    assert!(
+        none.contains("ordered by   nothing")
+            || none.contains("nothing: entries are handled concurrently"),
+        "{none}"
+    );
+    // Two per key, from the component: the head's retry holds one turn, the next entry takes
+    // the other, the third waits for it.
+    let head = add_raw(
+        &mut conn,
+        stream,
+        &keyed(&Control::Retry { ms: 800, times: 1 }, "A"),
+    )
+    .await;
+    let second = add_raw(&mut conn, stream, &keyed(&Control::Ack, "A")).await;
+    let third = add_raw(&mut conn, stream, &keyed(&Control::Ack, "A")).await;
+    let mut host = start_fixture(&redis, TestConfig::of(sub)).await;
+    let events = events_until(&mut host, |seen| {
+        seen.iter().filter(|e| e.kind == EventKind::Acked).count() == 3
+    })
+    .await;
+    let (at_head, at_second, at_third) = (
+        position(&events, &head, true),
+        position(&events, &second, true),
+        position(&events, &third, true),
+    );
+    assert!(
+        at_second < at_head && at_third < at_head,
+        "two turns per key: {events:?}"
+    );
+    host.stop().await.unwrap();
+}

@@ -217,21 +217,53 @@ impl LoadedComponent {
         // The epoch deadline stops a guest that computes; one waiting in a host call (a WASI
         // sleep) is stopped by the timer, and its store dropped with it.
         let call = async {
-            let handler = self
-                .compiled
-                .pre
-                .instantiate_async(&mut store)
+            let pre = self.compiled.pre.instance_pre();
+            let instance = pre.instantiate_async(&mut store).await.map_err(failed)?;
+            let handler = bindings::Handler::new(&mut store, &instance).map_err(failed)?;
+            let subscription = handler
+                .call_subscription(&mut store)
                 .await
                 .map_err(failed)?;
-            handler.call_subscription(&mut store).await.map_err(failed)
+            // A component built before ordered keys has no such export: unordered.
+            use super::ordering_bindings::exports::sluice::handler::ordering;
+            let ordered = match ordering::GuestIndices::new(pre) {
+                Ok(indices) => {
+                    let guest = indices.load(&mut store, &instance).map_err(failed)?;
+                    guest.call_ordering(&mut store).await.map_err(failed)?
+                }
+                Err(_) => None,
+            };
+            Ok::<_, RuntimeError>((subscription, ordered))
         };
-        let subscription = tokio::time::timeout(DESCRIPTOR_TIMEOUT + super::EPOCH_TICK, call)
-            .await
-            .map_err(|_| RuntimeError::DescriptorTimeout {
-                path: self.path.clone(),
-                after: DESCRIPTOR_TIMEOUT,
-            })??;
-        Ok(from_wit(subscription))
+        let (subscription, ordered) =
+            tokio::time::timeout(DESCRIPTOR_TIMEOUT + super::EPOCH_TICK, call)
+                .await
+                .map_err(|_| RuntimeError::DescriptorTimeout {
+                    path: self.path.clone(),
+                    after: DESCRIPTOR_TIMEOUT,
+                })??;
+        let mut stream = from_wit(subscription);
+        stream.ordered_by = ordered.map(ordered_from_wit);
+        Ok(stream)
+    }
+}
+
+/// A component's ordering, as the descriptor says it.
+fn ordered_from_wit(
+    o: super::ordering_bindings::exports::sluice::handler::ordering::OrderedBy,
+) -> sluice_descriptor::OrderedBy {
+    use super::ordering_bindings::exports::sluice::handler::ordering as wit;
+    sluice_descriptor::OrderedBy {
+        key: match o.key {
+            wit::OrderKey::Field(name) => sluice_descriptor::OrderKey::Field(name),
+            wit::OrderKey::Payload(pointer) => sluice_descriptor::OrderKey::Payload(pointer),
+        },
+        max_in_flight_per_key: o.max_in_flight_per_key,
+        on_dead_letter: match o.on_dead_letter {
+            wit::OnDeadLetter::Release => sluice_descriptor::OnDeadLetter::Release,
+            wit::OnDeadLetter::Hold => sluice_descriptor::OnDeadLetter::Hold,
+        },
+        max_key_bytes: o.max_key_bytes as usize,
     }
 }
 

@@ -53,6 +53,17 @@ pub mod bindings {
     });
 }
 
+/// Bindings of the optional `ordering` export (`wit/sluice.wit`): looked for in a component,
+/// never required of it.
+#[allow(missing_docs, clippy::all)]
+pub mod ordering_bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "ordering-only",
+        exports: { default: async },
+    });
+}
+
 /// What wasmtime said, with its whole chain of causes.
 pub type WasmtimeCause = Box<dyn std::error::Error + Send + Sync + 'static>;
 

@@ -49,6 +49,8 @@ pub struct Guests {
     pub fixture_v2: PathBuf,
     /// The fixture whose `subscription()` waits for an hour in a WASI sleep.
     pub fixture_hang: PathBuf,
+    /// The fixture whose descriptor orders by the payload's `account`, two per key.
+    pub fixture_ordered: PathBuf,
     pub bank: PathBuf,
     pub bank_manual: PathBuf,
     pub other_world: PathBuf,
@@ -64,6 +66,7 @@ pub fn guests() -> &'static Guests {
                 .args(["-p", "sluice-fixture", "-p", "bank-payments"])
                 .args(["-p", "bank-payments-manual", "-p", "sluice-other-world"])
                 .args(["-p", "sluice-fixture-v2", "-p", "sluice-fixture-hang"])
+                .args(["-p", "sluice-fixture-ordered"])
                 .status()
                 .expect("cargo runs");
             assert!(status.success(), "building the guest components failed");
@@ -74,6 +77,7 @@ pub fn guests() -> &'static Guests {
             fixture: dir.join("sluice_fixture.wasm"),
             fixture_v2: dir.join("sluice_fixture_v2.wasm"),
             fixture_hang: dir.join("sluice_fixture_hang.wasm"),
+            fixture_ordered: dir.join("sluice_fixture_ordered.wasm"),
             bank: dir.join("bank_payments.wasm"),
             bank_manual: dir.join("bank_payments_manual.wasm"),
             other_world: dir.join("sluice_other_world.wasm"),
@@ -278,6 +282,10 @@ pub fn write_config(dir: &Path, name: &str, toml: &str) -> PathBuf {
     }
     let text = toml
         .replace("{fixture_v2}", &g.fixture_v2.display().to_string())
+        .replace(
+            "{fixture_ordered}",
+            &g.fixture_ordered.display().to_string(),
+        )
         .replace("{fixture}", &g.fixture.display().to_string())
         .replace("{bank_manual}", &g.bank_manual.display().to_string())
         .replace("{bank}", &g.bank.display().to_string())
