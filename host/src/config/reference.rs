@@ -278,6 +278,18 @@ pub const KEYS: &[KeyDoc] = &[
     },
     KeyDoc {
         scope: Scope::Subscription,
+        keys: &["ordered_by"],
+        meaning: "handle entries with one key in stream order, across hosts and retries: `{ field = \"<stream field>\" }` or `{ payload = \"<JSON pointer>\" }` (a string, an integer or a boolean there is a key), with `on_dead_letter = \"release\"` (the next entry goes) or `\"hold\"` (the key waits until the dead letter is requeued, deleted or released) and `max_key_bytes` (longer keys go unordered, counted); `\"none\"` removes the component's. Needs a delayed-retry set and the retry lane",
+        default: "the component's (`.ordered_by(..)`), else unordered; `on_dead_letter = \"release\"`, `max_key_bytes = 256`",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["max_in_flight_per_key"],
+        meaning: "entries of one key handled at once across every host of the group (1: strict order); only with `ordered_by`",
+        default: "the component's, else 1",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
         keys: &["dead_letter_maxlen"],
         meaning: "trim the dead-letter stream to about this many entries (XADD MAXLEN ~): the oldest dead letters are dropped for good",
         default: "never trimmed",
