@@ -295,6 +295,70 @@ async fn entries_without_a_key_or_with_one_too_long_go_unordered_and_are_counted
         !host_acked_yet(&mut conn, stream, &behind).await,
         "{head} still holds k"
     );
+    // The API and the page show the key, what holds it and when that is due.
+    let (code, listing) = http_request(
+        admin,
+        "GET",
+        &format!("/v1/subscriptions/{stream}/g/keys"),
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(code, 200, "{listing}");
+    let listing: serde_json::Value = serde_json::from_str(&listing).unwrap();
+    assert_eq!(listing["waiting_keys"], 1, "{listing}");
+    assert_eq!(listing["keys"][0]["key"], "k", "{listing}");
+    assert_eq!(
+        listing["keys"][0]["holders"][0]["origin_id"],
+        head.as_str(),
+        "{listing}"
+    );
+    let session = log_in(admin).await;
+    let (_, overview) = crate::ui::page(admin, "/ui/", &session).await;
+    assert!(
+        overview.contains("/g/keys\" title=\"ordered keys that wait\""),
+        "{overview}"
+    );
+    let (code, keys_page) =
+        crate::ui::page(admin, &format!("/ui/s/{stream}/g/keys"), &session).await;
+    assert_eq!(code, 200, "{keys_page}");
+    assert!(
+        keys_page.contains("<code>k</code>") && keys_page.contains("(parked, due "),
+        "{keys_page}"
+    );
+    // Released from the page's form: the entry behind the parked head goes.
+    let body = format!(
+        "csrf={}&action=release-key&id=k",
+        crate::ui::csrf(&keys_page)
+    );
+    let mut headers = vec![("Content-Type", "application/x-www-form-urlencoded")];
+    headers.extend(session.headers());
+    let (code, head_of_reply, _) = http_exchange(
+        admin,
+        "POST",
+        &format!("/ui/s/{stream}/g/act"),
+        &headers,
+        body.as_bytes(),
+    )
+    .await;
+    assert_eq!(code, 303, "{head_of_reply}");
+    host.event(T, "the entry behind, released", |e| {
+        e.origin_id == behind && e.kind == EventKind::Acked
+    })
+    .await;
+    // The API's release of a key that holds nothing: no turn, nothing let in.
+    let (code, released) = http_request(
+        admin,
+        "POST",
+        &format!("/v1/subscriptions/{stream}/g/keys/release"),
+        &[("Content-Type", "application/json")],
+        br#"{"key":"nobody"}"#,
+    )
+    .await;
+    assert_eq!(
+        (code, released.as_str()),
+        (200, r#"{"let_in":0,"turns":0}"#)
+    );
     host.stop().await.unwrap();
 }
 

@@ -26,12 +26,12 @@ async fn post_form(
     (code, head)
 }
 
-async fn page(admin: SocketAddr, path: &str, session: &PageSession) -> (u16, String) {
+pub(crate) async fn page(admin: SocketAddr, path: &str, session: &PageSession) -> (u16, String) {
     http_request_bare(admin, "GET", path, &session.headers(), b"").await
 }
 
 /// The CSRF token in a page's forms.
-fn csrf(page: &str) -> String {
+pub(crate) fn csrf(page: &str) -> String {
     let at = page
         .find("name=\"csrf\" value=\"")
         .expect("a form with a CSRF token")

@@ -11,14 +11,17 @@
 //! - `POST /v1/subscriptions/{stream}/{group}/rollback`: put the previous handler back;
 //! - `.../dead-letters` and `.../parked`: list and act on what waits (see [`waiting`]; pages
 //!   of them through [`listing`]);
+//! - `.../keys` and `.../keys/release`: an ordered subscription's keys that wait, and
+//!   releasing one (see [`keys`]);
 //! - `POST .../pause` and `.../resume`: hold or release the subscription on every host of its
 //!   group (see [`flow`]);
 //! - `.../canary` and the replay calls: a rollout (see [`rollout`]);
 //! - `/` and `/ui/...`: the web page (see [`ui`]).
 //!
 //! The files: this one holds the server's state and its router; [`probes`] the probes and the
-//! scrape; [`versions`] the handler API (listing, swap, rollback); [`waiting`], [`flow`] and
-//! [`rollout`] the API over what waits, the flow controls and rollouts; [`listing`] which
+//! scrape; [`versions`] the handler API (listing, swap, rollback); [`waiting`], [`keys`],
+//! [`flow`] and [`rollout`] the API over what waits, ordered keys, the flow controls and
+//! rollouts; [`listing`] which
 //! subscriptions a listing shows; [`middleware`] the layers every request passes, with the
 //! checks of [`guard`]; [`connections`] how many connections, and for how long; [`ui`] the page.
 //!
@@ -57,6 +60,7 @@ use tokio_util::sync::CancellationToken;
 mod connections;
 mod flow;
 mod guard;
+mod keys;
 pub(crate) mod listing;
 mod middleware;
 mod probes;
@@ -102,6 +106,8 @@ pub struct AdminSubscription {
     pub circuit_breaker: Option<crate::config::CircuitBreaker>,
     /// This host's consumer name in its group.
     pub consumer: String,
+    /// Its ordering and its delayed set's ttl (ms, 0 for none), when it is ordered.
+    pub ordered: Option<(sluice_descriptor::OrderedBy, u64)>,
 }
 
 impl AdminSubscription {
@@ -284,6 +290,7 @@ fn api(state: &AdminState) -> Router<AdminState> {
             axum::routing::post(versions::rollback_handler),
         )
         .merge(waiting::routes())
+        .merge(keys::routes())
         .merge(flow::routes())
         .merge(rollout::routes(state.max_upload))
         .layer(axum::middleware::from_fn_with_state(

@@ -328,6 +328,15 @@ fn admin_subscription(
         rate_limit: sub.rate_limit,
         circuit_breaker: sub.circuit_breaker,
         consumer: sub.consumer.clone(),
+        ordered: s.ordered_by.clone().map(|o| {
+            let ttl = match &s.delayed_retry {
+                Some(DelayedRetry::DurableZset { ttl: Some(ttl), .. }) => {
+                    ttl.as_millis().max(1) as u64
+                }
+                _ => 0,
+            };
+            (o, ttl)
+        }),
     }
 }
 

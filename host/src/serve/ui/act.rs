@@ -58,6 +58,8 @@ pub(super) enum Action {
     Resume,
     /// An operation on parked retries.
     Parked(ParkedOp, Reach),
+    /// Give every turn of an ordered key back (its waiting entries go).
+    ReleaseKey,
 }
 
 /// A form named an action the page does not know.
@@ -67,7 +69,8 @@ pub(super) struct UnknownAction(String);
 
 impl Action {
     /// Every action, for parsing.
-    const ALL: [Self; 14] = [
+    const ALL: [Self; 15] = [
+        Self::ReleaseKey,
         Self::Requeue,
         Self::RequeueAll,
         Self::DeleteDead,
@@ -101,6 +104,7 @@ impl Action {
             Self::Parked(ParkedOp::Retry, Reach::All) => "retry-all",
             Self::Parked(ParkedOp::Delete, Reach::All) => "delete-all",
             Self::Parked(ParkedOp::DeadLetter, Reach::All) => "dead-letter-all",
+            Self::ReleaseKey => "release-key",
         }
     }
 
@@ -139,6 +143,7 @@ impl Action {
             Self::Parked(ParkedOp::DeadLetter, Reach::All) => {
                 format!("Dead-letter all {parked} parked retries (up to {ALL_PER_CALL} a press)?")
             }
+            Self::ReleaseKey => "Release this key? Its waiting entries go now, even while what holds its turn (a parked retry, a dead letter) is not settled.".to_owned(),
         };
         Some(question)
     }
@@ -149,6 +154,7 @@ impl Action {
             Self::Requeue | Self::RequeueAll | Self::DeleteDead => "dead-letters",
             Self::Pause | Self::Resume => "",
             Self::Parked(..) => "parked",
+            Self::ReleaseKey => "keys",
         }
     }
 }
@@ -357,7 +363,32 @@ impl Doing<'_> {
             Action::Parked(op, Reach::One) => self.parked_one(op).await,
             Action::Parked(op, Reach::Selected) => self.parked_selected(op).await,
             Action::Parked(op, Reach::All) => self.parked_all(op).await,
+            Action::ReleaseKey => self.release_key().await,
         }
+    }
+
+    /// Release the ordered key the form names (its `id`).
+    async fn release_key(&mut self) -> Result<String, OperateError> {
+        let key = self.form.id.clone().unwrap_or_default();
+        let Some((spec, ttl_ms)) = &self.sub.ordered else {
+            return Err(OperateError::Invalid(
+                "this subscription is not ordered".into(),
+            ));
+        };
+        let keys = crate::pipeline::order::OrderKeys::new(&self.keys.stream, &self.keys.group);
+        let (turns, went) = crate::pipeline::order::release(
+            &mut self.conn,
+            &keys,
+            &self.set,
+            &crate::pipeline::order::digest(key.as_bytes()),
+            spec.max_in_flight_per_key,
+            *ttl_ms,
+        )
+        .await?;
+        Ok(format!(
+            "key {key}: {turns} turn(s) given back, {went} waiting entr{} let in",
+            if went == 1 { "y" } else { "ies" }
+        ))
     }
 
     async fn requeue(&mut self) -> Result<String, OperateError> {

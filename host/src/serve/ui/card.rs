@@ -103,6 +103,8 @@ struct PartRow {
     snapshot: Result<Snapshot, Option<String>>,
     /// Why its read loop cannot read, if it cannot.
     problem: Option<String>,
+    /// It orders its entries by a key (its keys page is linked).
+    ordered: bool,
 }
 
 impl OverviewCard {
@@ -197,6 +199,7 @@ async fn row(part: &AdminSubscription) -> PartRow {
     )
     .await;
     PartRow {
+        ordered: part.ordered.is_some(),
         keys: part.keys(),
         stream: part.labels.stream.clone(),
         lane: part.lane.clone(),
@@ -433,7 +436,10 @@ fn snapshot_cells(part: &PartRow, s: &Snapshot, now_ms: i64) -> Markup {
         }
         td {
             @match &s.delayed {
-                Some(d) => a href=(sub_link(keys, "parked")) { (d.parked) },
+                Some(d) => {
+                    a href=(sub_link(keys, "parked")) { (d.parked) }
+                    @if part.ordered { " · " a href=(sub_link(keys, "keys")) title="ordered keys that wait" { "keys" } }
+                },
                 None => span.muted { "no set" },
             }
         }

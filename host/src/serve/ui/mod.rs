@@ -10,7 +10,7 @@
 //! what it shows into a plain struct and renders it:
 //! - [`overview`]: the overview, with a [`card`] per subscription;
 //! - [`waiting`]: a subscription's parked retries and dead letters; [`pending`]: its entries in
-//!   flight; [`entry`]: one entry, whole;
+//!   flight; [`entry`]: one entry, whole; [`keys`]: an ordered subscription's keys that wait;
 //! - [`act`]: the actions the pages' forms post (one [`act::Action`] each);
 //! - [`rollout`]: the canary panel, its forms and the replay's result;
 //! - [`chrome`]: the frame every page shares (layout, login, messages, links); [`fields`]: how
@@ -40,6 +40,7 @@ mod card;
 mod chrome;
 mod entry;
 mod fields;
+mod keys;
 mod overview;
 mod pending;
 mod rollout;
@@ -219,6 +220,7 @@ pub(super) fn routes(max_upload: usize) -> Router<AdminState> {
         .route("/ui/script.js", get(script))
         .route("/ui/", get(overview::overview))
         .route(&format!("{sub}/parked"), get(waiting::parked_page))
+        .route(&format!("{sub}/keys"), get(keys::keys_page))
         .route(
             &format!("{sub}/dead-letters"),
             get(waiting::dead_letters_page),

@@ -327,7 +327,7 @@ fn dead_letter_row(viewer: &Viewer, keys: &SubscriptionKeys, l: &DeadLetter) -> 
 /// A form of one button that carries out `act` on the entries named by `hidden` (all of them
 /// when empty), asking the action's question first (about `parked` retries, see
 /// [`Action::confirm`]).
-fn action(
+pub(super) fn action(
     viewer: &Viewer,
     keys: &SubscriptionKeys,
     act: Action,
