@@ -21,7 +21,9 @@
 //! with stream retention on vs off), `languages` (the same ack handler in Rust, Python and
 //! JavaScript: size, compile time cold and cached, msgs/s, µs per fresh instance), `traces`,
 //! `flow`, `canary` (the wasm path while a canary sends half the entries to another version,
-//! against the same without one). See BENCHMARKS.md.
+//! against the same without one), `ordered` (ordered keys: throughput over 1,000 keys against
+//! the same unordered, and the calm keys' p99 while one key has 100,000 entries queued, with
+//! and without the fair share). See BENCHMARKS.md.
 
 mod budget;
 mod native;
@@ -67,6 +69,7 @@ const ALL: &[&str] = &[
     "traces",
     "flow",
     "canary",
+    "ordered",
     "footprint",
     "density",
 ];
@@ -77,7 +80,7 @@ struct Args {
     /// Scenarios to run (default: all but footprint and density): ceiling, ceiling-server,
     /// ceiling-lean, native, wasm, native-doorbell, wasm-doorbell, wasm-isolated, retry, retry-backlog, retry-backlog-lane,
     /// drain, fan-out, swap, sandbox, cluster, ui, retention, languages, traces, flow, canary,
-    /// footprint, density.
+    /// ordered, footprint, density.
     scenarios: Vec<String>,
     /// Print one JSON object per scenario per line instead of a table.
     #[arg(long)]
@@ -196,6 +199,7 @@ async fn main() -> Result<()> {
             "traces",
             "flow",
             "canary",
+            "ordered",
             "footprint",
             "density",
         ]
@@ -205,6 +209,7 @@ async fn main() -> Result<()> {
                 "traces" => bench.traces(args.messages, args.retries).await?,
                 "flow" => bench.flow(args.messages).await?,
                 "canary" => bench.canary(args.messages).await?,
+                "ordered" => bench.ordered(args.messages, args.messages).await?,
                 "footprint" => bench.footprint(&args.subscriptions).await?,
                 "density" => {
                     bench

@@ -8,6 +8,7 @@ mod cluster;
 mod flow;
 mod footprint;
 mod languages;
+mod ordered;
 mod retry;
 mod sandbox;
 mod swap;

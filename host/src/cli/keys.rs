@@ -146,8 +146,8 @@ async fn list(
     }
     let _ = writeln!(
         out,
-        "stream `{}` group `{}`: {} key(s) with entries waiting, {} holding a turn or waiting",
-        s.stream, s.group, overview.waiting_keys, overview.active_keys
+        "stream `{}` group `{}`: {} key(s) with entries waiting, {} turn(s) held",
+        s.stream, s.group, overview.waiting_keys, overview.turns_held
     );
     if !overview.keys.is_empty() {
         let _ = writeln!(
@@ -219,7 +219,7 @@ fn json_line(
         "stream": s.stream,
         "group": s.group,
         "waiting_keys": overview.waiting_keys,
-        "active_keys": overview.active_keys,
+        "turns_held": overview.turns_held,
         "keys": rows,
     })
 }

@@ -1,7 +1,7 @@
 //! The admin API over an ordered subscription's keys (see [`crate::pipeline::order`]), the
 //! same reads and release as `sluice keys`:
 //!
-//! - `GET .../keys?limit=`: `{waiting_keys, active_keys, keys: [{key, digest, waiting,
+//! - `GET .../keys?limit=`: `{waiting_keys, turns_held, keys: [{key, digest, waiting,
 //!   waiting_since_ms, holders: [{origin_id, since_ms, dead_letter}]}]}`, the keys that waited
 //!   longest first (at most 200 per call).
 //! - `POST .../keys/release` with `{"key": "..."}`: every turn of the key given back, its

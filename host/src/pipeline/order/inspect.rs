@@ -38,8 +38,8 @@ pub struct KeyState {
 pub struct Overview {
     /// Keys with entries waiting.
     pub waiting_keys: u64,
-    /// Keys that hold a turn or have entries waiting.
-    pub active_keys: u64,
+    /// Turns held (entries in flight, parked or held as dead letters), over every key.
+    pub turns_held: u64,
     /// The keys that have waited longest, at most the page's size.
     pub keys: Vec<KeyState>,
 }
@@ -54,8 +54,8 @@ pub async fn overview<C: ConnectionLike>(
         .arg(&keys.waiting)
         .query_async(conn)
         .await?;
-    let active_keys: u64 = redis::cmd("HLEN")
-        .arg(&keys.names)
+    let turns_held: u64 = redis::cmd("HLEN")
+        .arg(&keys.turns)
         .query_async(conn)
         .await?;
     let page: Vec<(String, f64)> = if limit == 0 {
@@ -77,7 +77,7 @@ pub async fn overview<C: ConnectionLike>(
     }
     Ok(Overview {
         waiting_keys,
-        active_keys,
+        turns_held,
         keys: listed,
     })
 }

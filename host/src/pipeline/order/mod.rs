@@ -214,6 +214,21 @@ impl Order {
         }
     }
 
+    /// The turn `delivery` holds if it holds one: its key's, by its origin id (what the lane's
+    /// entries hold, without asking Redis).
+    pub fn turn_of(&self, delivery: &Delivery) -> Option<Turn> {
+        if delivery.stray || delivery.other_group.is_some() || delivery.cut.fields > 0 {
+            return None;
+        }
+        match self.key_of(delivery) {
+            KeyOf::Keyed(key) => Some(Turn {
+                digest: digest(&key),
+                origin: delivery.origin_id.clone(),
+            }),
+            KeyOf::Missing | KeyOf::TooLong => None,
+        }
+    }
+
     /// The six keys every order script but the operator's takes first.
     fn invocation<'a>(&self, script: &'a Script) -> ScriptInvocation<'a> {
         let mut invocation = script.key(&self.keys.names);

@@ -75,7 +75,7 @@ fn render(viewer: &Viewer, shown: &KeysPage) -> Markup {
             (flash(shown.done.as_deref()))
             div.card {
                 p.muted { (overview.waiting_keys) " key(s) with entries waiting, "
-                    (overview.active_keys) " holding a turn or waiting; longest waiting first. "
+                    (overview.turns_held) " turn(s) held; longest waiting first. "
                     a href=(sub_link(keys, "parked")) { "Parked retries" } }
                 table {
                     tr { th { "key" } th { "waiting" } th { "since" } th { "behind" } @if viewer.can_act { th { "actions" } } }

@@ -39,7 +39,7 @@ for i = 3, #ARGV, 7 do
       return stop
     end
   elseif redis.call('HEXISTS', KEYS[6], origin) == 1
-      or order_take(k, kd, origin, text, max, now) then
+      or order_take(k, kd, origin, max, now) then
     out[#out + 1] = 1
   else
     order_queue(k, kd, text, member, now)

@@ -139,7 +139,7 @@ for _, entry in ipairs(read[1][2]) do
       local kd = redis.sha1hex(key)
       local k = {run = o.prefix .. ':run:' .. kd, wait = o.prefix .. ':wait:' .. kd,
         names = KEYS[1], waiting = KEYS[2], turns = KEYS[6]}
-      if order_take(k, kd, id, key, o.max_in_flight, now) then
+      if order_take_new(k, kd, id, o.max_in_flight, now) then
         out[#out + 1] = {id, fields, kd, 0, #fields / 2}
       else
         order_queue(k, kd, key, cmsgpack.pack({KEYS[3], o.group, id, 0, fields, id}), now)

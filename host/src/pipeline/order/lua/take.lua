@@ -27,7 +27,7 @@ for i = 2, #ARGV, 4 do
   if redis.call('HEXISTS', KEYS[6], ARGV[i + 2]) == 1 then
     out[#out + 1] = 1
   else
-    out[#out + 1] = order_take(k, ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], max, now) and 1 or 0
+    out[#out + 1] = order_take(k, ARGV[i + 1], ARGV[i + 2], max, now) and 1 or 0
   end
 end
 return out
