@@ -78,7 +78,7 @@ impl Bench {
                     Some((usec, l))
                 })
                 .collect();
-            rows.sort_by(|a, b| b.0.cmp(&a.0));
+            rows.sort_by_key(|r| std::cmp::Reverse(r.0));
             for (_, line) in rows.iter().take(14) {
                 eprintln!("  {scenario}: {line}");
             }
