@@ -10,7 +10,8 @@
 //! dead_letter_in_place (each seal checked against the host's own `Secret::verify`), `member`
 //! in sweep and dead_letter_now, `pending`, `history` and `dead_letter_write` in park,
 //! dead_letter and dead_letter_in_place, `journal` in the three breaker scripts, `order` in
-//! the ordered keys' read, take, hold, ack, forget and release scripts (and dead_letter).
+//! the ordered keys' read, take, hold, ack, forget, release and unorder scripts (and
+//! dead_letter).
 //!
 //! What a script does wrong on a hostile input is asserted as it is today, where that is safe
 //! (nothing lost, nothing doubled), and marked "Finding:".
@@ -65,6 +66,7 @@ static ORDER_HOLD: LazyLock<Script> = lua!("pipeline/order/lua/hold.lua");
 static ORDER_ACK: LazyLock<Script> = lua!("pipeline/order/lua/ack.lua");
 static ORDER_FORGET: LazyLock<Script> = lua!("pipeline/order/lua/forget.lua");
 static ORDER_RELEASE: LazyLock<Script> = lua!("pipeline/order/lua/release.lua");
+static ORDER_UNORDER: LazyLock<Script> = lua!("pipeline/order/lua/unorder.lua");
 static DEAD_LETTER: LazyLock<Script> = lua!("pipeline/settle/lua/dead_letter.lua");
 static DEAD_LETTER_IN_PLACE: LazyLock<Script> =
     lua!("pipeline/settle/lua/dead_letter_in_place.lua");
@@ -2798,6 +2800,37 @@ mod order {
         assert!(names.is_empty(), "{names:?}");
         let turns: Vec<String> = cmd(&mut conn, &["HKEYS", &keys().turns]).await;
         assert_eq!(turns, ["3-0"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn unorder_moves_every_queued_entry_to_the_set_and_forgets_the_turns() {
+        let redis = Redis::start();
+        let mut conn = redis.conn().await;
+        for id in ["1-0", "2-0", "3-0", "4-0"] {
+            let _: String = cmd(&mut conn, &["XADD", STREAM, id, "k", "a"]).await;
+        }
+        let _: String = cmd(&mut conn, &["XADD", STREAM, "5-0", "k", "b"]).await;
+        create_group(&mut conn, STREAM, "g", "0").await;
+        let (run, _, _, queued) = read(&mut conn, "c", 10).await;
+        assert_eq!((run.len(), queued), (2, 3));
+        let prefix = sluice_host::store::keys::order_prefix(STREAM, "g");
+        // Two keys a call: one call for both.
+        let (moved, left): (i64, i64) = ORDER_UNORDER
+            .key(&keys().names)
+            .key(&keys().waiting)
+            .key("ord.delayed")
+            .key(&keys().turns)
+            .arg(&prefix)
+            .arg(0)
+            .arg(2)
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!((moved, left), (3, 0));
+        let set: u64 = cmd(&mut conn, &["ZCARD", "ord.delayed"]).await;
+        assert_eq!(set, 3);
+        let left: Vec<String> = cmd(&mut conn, &["KEYS", &format!("{prefix}*")]).await;
+        assert!(left.is_empty(), "{left:?}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

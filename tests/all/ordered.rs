@@ -771,3 +771,47 @@ async fn a_components_own_ordering_is_used_and_the_config_wins() {
     );
     host.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_ordered_by_lets_the_waiting_entries_go_instead_of_stranding_them() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let stream = "ord-removed";
+    let head = add_raw(
+        &mut conn,
+        stream,
+        &keyed(
+            &Control::Retry {
+                ms: 60_000,
+                times: 1,
+            },
+            "A",
+        ),
+    )
+    .await;
+    let next = add_raw(&mut conn, stream, &keyed(&Control::Ack, "A")).await;
+    let host = start_fixture(&redis, TestConfig::of(ordered(stream))).await;
+    wait_for(T, "the next entry queued behind the parked head", || {
+        let mut conn = conn.clone();
+        async move { (waiting(&mut conn, stream, "A").await == 1).then_some(()) }
+    })
+    .await;
+    host.stop().await.unwrap();
+    // The operator removes the ordering: the queued entry is handled, the head stays parked.
+    let unordered = ordered(stream).set("ordered_by", "none");
+    let mut host = start_fixture(&redis, TestConfig::of(unordered)).await;
+    host.event(T, "the queued entry, let go", |e| {
+        e.origin_id == next && e.kind == EventKind::Acked
+    })
+    .await;
+    assert_eq!(
+        parked(&mut conn, &format!("{stream}.delayed")).await,
+        1,
+        "{head} still parked"
+    );
+    assert!(
+        order_state(&mut conn, stream).await.is_empty(),
+        "nothing of the ordering is left"
+    );
+    host.stop().await.unwrap();
+}

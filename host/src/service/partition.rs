@@ -65,6 +65,9 @@ impl Service {
         let health = partition_health(c, s);
         let delayed = self.delayed_set(c, s, &keys, secret.as_ref(), &health);
         let order = order(c, s, &keys, delayed.as_ref(), &self.metrics);
+        if order.is_none() {
+            let_go_of_leftovers(c, s).await;
+        }
         let (settler, acker) = Settler::new(
             &keys,
             &c.sub.consumer,
@@ -402,4 +405,28 @@ fn order(
         c.conn.clone(),
         metrics,
     )))
+}
+
+/// On a subscription that is not ordered, what an earlier ordering of it left waiting in Redis
+/// goes back to the group (see [`crate::pipeline::order::let_go_of_leftovers`]), said in the log.
+async fn let_go_of_leftovers(c: &Common<'_>, s: &ResolvedStream) {
+    let Some(DelayedRetry::DurableZset { key: set, .. }) = &s.delayed_retry else {
+        return;
+    };
+    let mut conn = c.conn.clone();
+    match crate::pipeline::order::let_go_of_leftovers(&mut conn, (&s.stream, &s.group, set)).await {
+        Ok(0) => {}
+        Ok(moved) => tracing::warn!(
+            stream = %s.stream,
+            group = %s.group,
+            moved,
+            "the subscription is no longer ordered (no ordered_by): the entries that waited behind their keys go back to the group through the delayed set"
+        ),
+        Err(err) => tracing::warn!(
+            stream = %s.stream,
+            group = %s.group,
+            %err,
+            "could not let go of what an earlier ordering left waiting; `sluice keys` lists it once ordered_by is back"
+        ),
+    }
 }

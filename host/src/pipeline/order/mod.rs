@@ -50,6 +50,8 @@ static ACK: LazyLock<Script> =
     LazyLock::new(|| Script::new(crate::store::lua!("pipeline/order/lua/ack")));
 static FORGET: LazyLock<Script> =
     LazyLock::new(|| Script::new(crate::store::lua!("pipeline/order/lua/forget")));
+static UNORDER: LazyLock<Script> =
+    LazyLock::new(|| Script::new(crate::store::lua!("pipeline/order/lua/unorder")));
 static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(crate::store::lua!("pipeline/order/lua/release")));
 
@@ -514,6 +516,42 @@ pub async fn forget<C: redis::aio::ConnectionLike>(
         forget.arg(*origin);
     }
     forget.invoke_async(conn).await
+}
+
+/// When a subscription is not (or no longer) ordered: let go of what an ordering of
+/// (`stream`, `group`) left in Redis (`lua/unorder.lua`), every queued entry to the delayed set
+/// `set`, due now, so none is stranded behind a key. One `EXISTS` when nothing was left (every
+/// start of an unordered subscription with a delayed set). Returns the entries moved.
+pub async fn let_go_of_leftovers<C: redis::aio::ConnectionLike>(
+    conn: &mut C,
+    (stream, group, set): (&str, &str, &str),
+) -> RedisResult<u64> {
+    let keys = OrderKeys::new(stream, group);
+    let (waiting, turns): (bool, bool) = redis::pipe()
+        .exists(&keys.waiting)
+        .exists(&keys.turns)
+        .query_async(conn)
+        .await?;
+    if !waiting && !turns {
+        return Ok(0);
+    }
+    let mut moved = 0;
+    loop {
+        let (went, left): (u64, u64) = UNORDER
+            .key(&keys.names)
+            .key(&keys.waiting)
+            .key(set)
+            .key(&keys.turns)
+            .arg(&keys.prefix)
+            .arg(0)
+            .arg(100)
+            .invoke_async(conn)
+            .await?;
+        moved += went;
+        if left == 0 {
+            return Ok(moved);
+        }
+    }
 }
 
 /// What an operator's deletion lets in per key, and the least time to live it keeps for a set

@@ -1,0 +1,39 @@
+-- A subscription that is no longer ordered (its `ordered_by` removed) lets go of what its
+-- ordering left in Redis, so that nothing queued behind a key is stranded: every queued entry
+-- goes to the delayed set due now (the sweep returns it to the group's lane), and the turns and
+-- names go. At most ARGV[3] keys per call; the caller calls again while it answers more.
+--
+-- KEYS[1]  the key names, KEYS[2] the waiting keys, KEYS[3] the delayed set, KEYS[4] the turns
+-- ARGV[1]  the prefix of the keys' own keys (`<prefix>:run:<digest>`, `<prefix>:wait:<digest>`,
+--          in the stream's hash slot like KEYS)
+-- ARGV[2]  unused (kept for the order scripts' shape)
+-- ARGV[3]  the most keys this call lets go
+--
+-- Reply: {entries moved to the set, keys left}.
+-- @include lib/order
+local now = order_now()
+local moved = 0
+local keys = redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[3]) - 1)
+for _, kd in ipairs(keys) do
+  local wait = ARGV[1] .. ':wait:' .. kd
+  while true do
+    local member = redis.call('LPOP', wait)
+    if not member then
+      break
+    end
+    redis.call('ZADD', KEYS[3], now, member)
+    moved = moved + 1
+  end
+  redis.call('DEL', ARGV[1] .. ':run:' .. kd)
+  redis.call('ZREM', KEYS[2], kd)
+  redis.call('HDEL', KEYS[1], kd)
+end
+local left = redis.call('ZCARD', KEYS[2])
+if left == 0 then
+  -- Turns of keys with nothing waiting: their holders settle as unordered entries now.
+  for _, kd in ipairs(redis.call('HVALS', KEYS[4])) do
+    redis.call('DEL', ARGV[1] .. ':run:' .. kd)
+  end
+  redis.call('DEL', KEYS[4])
+end
+return {moved, left}
