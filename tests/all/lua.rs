@@ -2690,13 +2690,10 @@ mod order {
         // ack.lua: acknowledging 1 gives a's turn to 2 (due now in the set), not to 4.
         let before = server_ms(&mut conn).await;
         let (acked, went): (i64, i64) = six(&ORDER_ACK)
-            .key(keys().run(&digest(b"a")))
-            .key(keys().wait(&digest(b"a")))
             .arg("g")
             .arg(1)
             .arg(0)
-            .arg(1)
-            .arg(digest(b"a"))
+            .arg(sluice_host::store::keys::order_prefix(STREAM, "g"))
             .arg("1-0")
             .arg(1)
             .arg("1-0")
@@ -2714,13 +2711,10 @@ mod order {
         assert!(due[0].1 as i64 >= before, "due now by the server's clock");
         // Acked again (a lost reply): no second release.
         let (acked, went): (i64, i64) = six(&ORDER_ACK)
-            .key(keys().run(&digest(b"a")))
-            .key(keys().wait(&digest(b"a")))
             .arg("g")
             .arg(1)
             .arg(0)
-            .arg(1)
-            .arg(digest(b"a"))
+            .arg(sluice_host::store::keys::order_prefix(STREAM, "g"))
             .arg("1-0")
             .arg(1)
             .arg("1-0")

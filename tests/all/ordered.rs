@@ -815,3 +815,37 @@ async fn removing_ordered_by_lets_the_waiting_entries_go_instead_of_stranding_th
     );
     host.stop().await.unwrap();
 }
+
+/// Found by the attack review: a key the read script and the host read differently (`2.0`,
+/// `1e1`) must still give its turn back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_the_host_reads_otherwise_still_passes_its_turn_on() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let stream = "ord-float";
+    let mut ids = Vec::new();
+    for (control, account) in [
+        (Control::Retry { ms: 200, times: 1 }, "2.0"),
+        (Control::Ack, "2.0"),
+        (Control::Ack, "1e1"),
+        (Control::Ack, "2.0"),
+        (Control::Ack, "1e1"),
+    ] {
+        let mut json = serde_json::to_value(&control).unwrap();
+        json["account"] = serde_json::from_str(account).unwrap();
+        ids.push(add_raw(&mut conn, stream, &json.to_string()).await);
+    }
+    let mut host = start_fixture(&redis, TestConfig::of(ordered(stream))).await;
+    crate::operate::wait_acked_origins(&mut host, &ids).await;
+    wait_for(T, "the order state gone", || {
+        let mut conn = conn.clone();
+        async move {
+            order_state(&mut conn, stream)
+                .await
+                .is_empty()
+                .then_some(())
+        }
+    })
+    .await;
+    host.stop().await.unwrap();
+}

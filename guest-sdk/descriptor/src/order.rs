@@ -99,12 +99,25 @@ impl OrderedBy {
                 if name.trim().is_empty() {
                     return Err(bad("the key's field name is empty".into()));
                 }
+                if name.starts_with("sluice-") {
+                    return Err(bad(format!(
+                        "the key's field `{name}` is named like the host's own bookkeeping (`sluice-*`)"
+                    )));
+                }
             }
             OrderKey::Payload(pointer) => {
                 crate::check_name("ordered_by payload pointer", pointer)?;
                 if !pointer.starts_with('/') {
                     return Err(bad(format!(
                         "the payload pointer `{pointer}` must start with `/` (a JSON pointer, e.g. `/account`)"
+                    )));
+                }
+                let bad_escape = pointer
+                    .match_indices('~')
+                    .any(|(i, _)| !matches!(pointer.as_bytes().get(i + 1), Some(b'0' | b'1')));
+                if bad_escape {
+                    return Err(bad(format!(
+                        "the payload pointer `{pointer}` has a `~` that is not `~0` (a `~`) or `~1` (a `/`)"
                     )));
                 }
             }
@@ -165,5 +178,10 @@ mod tests {
         assert!(huge.unwrap_err().to_string().contains("max_key_bytes"));
         let empty = OrderedBy::field(" ").check("s");
         assert!(empty.is_err());
+        let escape = OrderedBy::payload("/a/~2").check("s");
+        assert!(escape.unwrap_err().to_string().contains("`~0`"));
+        assert!(OrderedBy::payload("/a~1b/~0").check("s").is_ok());
+        let ours = OrderedBy::field("sluice-origin").check("s");
+        assert!(ours.unwrap_err().to_string().contains("bookkeeping"));
     }
 }

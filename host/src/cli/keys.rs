@@ -21,7 +21,8 @@ pub struct Args {
     #[arg(long)]
     stream: Option<String>,
     /// Give every turn of this key back and let its waiting entries go (what held a turn is
-    /// not touched: a parked retry still comes back, then as an entry without a turn).
+    /// not touched: a parked retry still comes back, then as an entry without a turn). A key
+    /// that is no text is named by its digest, as the listing shows it: `sha1:<digest>`.
     #[arg(long)]
     release: Option<String>,
     /// One JSON object per subscription, one per line.
@@ -101,7 +102,10 @@ async fn release(
     (spec, keys, set, ttl_ms): (&OrderedBy, &OrderKeys, &str, u64),
     key: &str,
 ) -> Result<()> {
-    let digest = order::digest(key.as_bytes());
+    let digest = match key.strip_prefix("sha1:") {
+        Some(digest) => digest.to_owned(),
+        None => order::digest(key.as_bytes()),
+    };
     let (turns, went) =
         order::release(conn, keys, set, &digest, spec.max_in_flight_per_key, ttl_ms)
             .await
@@ -176,7 +180,11 @@ async fn list(
         let _ = writeln!(
             out,
             "  {:<24} {:>7}  {:<26} {behind}",
-            k.key,
+            if k.key.contains('\u{FFFD}') {
+                format!("sha1:{}", k.digest)
+            } else {
+                crate::control::operate::printable(k.key.as_bytes())
+            },
             k.waiting,
             k.waiting_since_ms.map(format_ms).unwrap_or_default(),
         );

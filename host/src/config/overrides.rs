@@ -65,7 +65,28 @@ fn ordered_by(
         }
         Some(RawOrderedBy::Key(set)) => set,
     };
-    let mut ordered = match (&set.field, &set.payload) {
+    let text = |name: &str| -> Result<Option<String>, ConfigError> {
+        match set.get(name) {
+            None => Ok(None),
+            Some(toml::Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(v.invalid(
+                &key(&format!("ordered_by.{name}")),
+                &other.to_string(),
+                "expected a string",
+            )),
+        }
+    };
+    if let Some(unknown) = set
+        .keys()
+        .find(|k| !["field", "payload", "on_dead_letter", "max_key_bytes"].contains(&k.as_str()))
+    {
+        return Err(v.invalid(
+            &key(&format!("ordered_by.{unknown}")),
+            unknown,
+            "unknown key: ordered_by takes field or payload, on_dead_letter and max_key_bytes",
+        ));
+    }
+    let mut ordered = match (text("field")?, text("payload")?) {
         (Some(field), None) => OrderedBy::field(field),
         (None, Some(pointer)) => OrderedBy::payload(pointer),
         _ => {
@@ -76,7 +97,7 @@ fn ordered_by(
             ));
         }
     };
-    ordered.on_dead_letter = match set.on_dead_letter.as_deref() {
+    ordered.on_dead_letter = match text("on_dead_letter")?.as_deref() {
         None | Some("release") => OnDeadLetter::Release,
         Some("hold") => OnDeadLetter::Hold,
         Some(other) => {
@@ -87,8 +108,16 @@ fn ordered_by(
             ));
         }
     };
-    if let Some(bytes) = set.max_key_bytes {
-        ordered.max_key_bytes = bytes;
+    match set.get("max_key_bytes") {
+        None => {}
+        Some(toml::Value::Integer(n)) if *n > 0 => ordered.max_key_bytes = *n as usize,
+        Some(other) => {
+            return Err(v.invalid(
+                &key("ordered_by.max_key_bytes"),
+                &other.to_string(),
+                "expected a positive number of bytes",
+            ));
+        }
     }
     if let Some(n) = max_in_flight_per_key {
         ordered.max_in_flight_per_key = n;

@@ -188,20 +188,11 @@ pub(super) fn parse_str(text: &str) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-/// `ordered_by = "none"`, or a table naming where the key is.
+/// `ordered_by = "none"`, or a table naming where the key is (checked key by key in
+/// `overrides.rs`, so a misspelt key is named rather than "no variant matched").
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub(super) enum RawOrderedBy {
     Keyword(String),
-    Key(RawOrderKey),
-}
-
-/// `ordered_by = { field = "..." }` or `{ payload = "/pointer" }`, with its bounds.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawOrderKey {
-    pub(super) field: Option<String>,
-    pub(super) payload: Option<String>,
-    pub(super) on_dead_letter: Option<String>,
-    pub(super) max_key_bytes: Option<usize>,
+    Key(toml::Table),
 }

@@ -62,6 +62,16 @@ pub enum SwapError {
         /// The new descriptor's count.
         new: u32,
     },
+    /// Its descriptor orders entries otherwise than the running subscription.
+    #[error(
+        "the new component asks for {new}, but this subscription runs with {running}; the ordering changes only when the hosts restart (every host of the group alike); swap with force to keep {running}"
+    )]
+    Reordered {
+        /// The running ordering, in words.
+        running: String,
+        /// The new descriptor's, in words.
+        new: String,
+    },
     /// Its descriptor asks for more partitions than a component may.
     #[error(
         "the new component asks for {0} partitions; a component may ask for at most {max} (set partitions in the config)",
@@ -97,6 +107,8 @@ pub struct SwapControl {
     limits: Limits,
     values: Vec<(String, String)>,
     partitions: u32,
+    /// How the running subscription orders its entries (a new component must ask the same).
+    ordered_by: Option<sluice_descriptor::OrderedBy>,
 }
 
 impl SwapControl {
@@ -116,7 +128,14 @@ impl SwapControl {
             limits,
             values,
             partitions: 1,
+            ordered_by: None,
         }
+    }
+
+    /// The running subscription orders its entries so (a new component must ask the same).
+    pub fn with_ordered_by(mut self, ordered_by: Option<sluice_descriptor::OrderedBy>) -> Self {
+        self.ordered_by = ordered_by;
+        self
     }
 
     /// The running subscription reads this many partitions (a new component must ask for as
@@ -243,6 +262,18 @@ impl SwapControl {
                 group: running.group.clone(),
                 new_stream: descriptor.stream,
                 new_group: descriptor.group,
+            });
+        }
+        if !force && descriptor.ordered_by != self.ordered_by {
+            let say = |o: &Option<sluice_descriptor::OrderedBy>| {
+                o.as_ref().map_or_else(
+                    || "no ordering".to_owned(),
+                    |o| format!("ordered_by {}", o.describe()),
+                )
+            };
+            return Err(SwapError::Reordered {
+                running: say(&self.ordered_by),
+                new: say(&descriptor.ordered_by),
             });
         }
         if !force && descriptor.partitions != self.partitions {

@@ -4,8 +4,8 @@
 //! - `GET .../keys?limit=`: `{waiting_keys, turns_held, keys: [{key, digest, waiting,
 //!   waiting_since_ms, holders: [{origin_id, since_ms, dead_letter}]}]}`, the keys that waited
 //!   longest first (at most 200 per call).
-//! - `POST .../keys/release` with `{"key": "..."}`: every turn of the key given back, its
-//!   waiting entries let in; `{turns, let_in}`.
+//! - `POST .../keys/release` with `{"key": "..."}` (or `{"digest": "..."}` for a key that is
+//!   no text): every turn of the key given back, its waiting entries let in; `{turns, let_in}`.
 //!
 //! Behind the `/v1` guard like every call; 404 on a subscription that is not ordered.
 
@@ -66,9 +66,12 @@ async fn list(
     ))
 }
 
+/// The key to release: its text, or its digest (a key that is no text, as the listing names
+/// it).
 #[derive(serde::Deserialize)]
 struct Release {
-    key: String,
+    key: Option<String>,
+    digest: Option<String>,
 }
 
 async fn release(
@@ -80,22 +83,37 @@ async fn release(
     let (Some((spec, ttl_ms)), Some(set)) = (&sub.ordered, keys.delayed.as_deref()) else {
         return Err(not_ordered(&stream));
     };
-    if body.key.len() > spec.max_key_bytes {
-        return Err((
-            StatusCode::BAD_REQUEST,
-            format!(
-                "a key of {} bytes is longer than max_key_bytes ({}): such keys are never ordered\n",
-                body.key.len(),
-                spec.max_key_bytes
-            ),
-        ));
-    }
+    let digest = match (&body.key, &body.digest) {
+        (Some(key), None) if key.len() > spec.max_key_bytes => {
+            return Err((
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "a key of {} bytes is longer than max_key_bytes ({}): such keys are never ordered\n",
+                    key.len(),
+                    spec.max_key_bytes
+                ),
+            ));
+        }
+        (Some(key), None) => order::digest(key.as_bytes()),
+        (None, Some(digest))
+            if digest.len() == 40 && digest.bytes().all(|b| b.is_ascii_hexdigit()) =>
+        {
+            digest.to_ascii_lowercase()
+        }
+        _ => {
+            return Err((
+                StatusCode::BAD_REQUEST,
+                "give the key (`key`) or its digest (`digest`, 40 hex digits), one of them\n"
+                    .into(),
+            ));
+        }
+    };
     let mut conn = sub.conn.clone();
     let (turns, let_in) = order::release(
         &mut conn,
         &OrderKeys::new(&stream, &group),
         set,
-        &order::digest(body.key.as_bytes()),
+        &digest,
         spec.max_in_flight_per_key,
         *ttl_ms,
     )

@@ -192,7 +192,8 @@ impl Service {
                 sub.limits.clone(),
                 sub.values.clone(),
             )
-            .with_partitions(sub.stream.partitions),
+            .with_partitions(sub.stream.partitions)
+            .with_ordered_by(sub.stream.ordered_by.clone()),
         );
         if self.plan.watch_interval.is_some() {
             let path = sub.component.path().to_owned();

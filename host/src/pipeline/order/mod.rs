@@ -216,21 +216,6 @@ impl Order {
         }
     }
 
-    /// The turn `delivery` holds if it holds one: its key's, by its origin id (what the lane's
-    /// entries hold, without asking Redis).
-    pub fn turn_of(&self, delivery: &Delivery) -> Option<Turn> {
-        if delivery.stray || delivery.other_group.is_some() || delivery.cut.fields > 0 {
-            return None;
-        }
-        match self.key_of(delivery) {
-            KeyOf::Keyed(key) => Some(Turn {
-                digest: digest(&key),
-                origin: delivery.origin_id.clone(),
-            }),
-            KeyOf::Missing | KeyOf::TooLong => None,
-        }
-    }
-
     /// The six keys every order script but the operator's takes first.
     fn invocation<'a>(&self, script: &'a Script) -> ScriptInvocation<'a> {
         let mut invocation = script.key(&self.keys.names);
@@ -381,29 +366,19 @@ impl Order {
         Ok(held)
     }
 
-    /// The call that acknowledges `acks` (source, id, turn) and gives their turns back.
+    /// The call that acknowledges `acks` (source, id, origin id) and gives back the turns
+    /// their origins hold.
     pub fn ack_invocation<'a>(
         &self,
-        acks: impl Iterator<Item = (Source, &'a str, Option<&'a Turn>)> + Clone,
+        acks: impl Iterator<Item = (Source, &'a str, &'a str)>,
     ) -> ScriptInvocation<'static> {
-        let mut pairs = PairIndex::default();
-        for (_, _, turn) in acks.clone() {
-            if let Some(turn) = turn {
-                pairs.of(&turn.digest);
-            }
-        }
         let mut ack = self.invocation(&ACK);
-        pairs.add_keys(&mut ack, &self.keys);
         ack.arg(&*self.group)
             .arg(self.spec.max_in_flight_per_key)
-            .arg(self.ttl_ms);
-        for (source, id, turn) in acks {
-            let pair = turn.map_or(0, |t| pairs.index(&t.digest));
-            ack.arg(pair)
-                .arg(turn.map_or("", |t| t.digest.as_str()))
-                .arg(turn.map_or("", |t| t.origin.as_str()))
-                .arg(source_arg(source))
-                .arg(id);
+            .arg(self.ttl_ms)
+            .arg(&self.keys.prefix);
+        for (source, id, origin) in acks {
+            ack.arg(origin).arg(source_arg(source)).arg(id);
         }
         ack
     }
@@ -416,22 +391,17 @@ impl Order {
         }
     }
 
-    /// What the dead-letter script adds for an entry holding `turn` (see its header).
-    pub fn dead_letter_turn(&self, invocation: &mut ScriptInvocation<'_>, turn: &Turn) {
+    /// What the dead-letter script adds for an entry of an ordered subscription, whose
+    /// origin id is `origin` (see its header): four keys, and its last five arguments (after
+    /// every other).
+    pub fn dead_letter_turn(&self, invocation: &mut ScriptInvocation<'_>, origin: &str) {
         invocation
             .key(&self.keys.names)
             .key(&self.keys.waiting)
             .key(self.set.key())
-            .key(self.keys.run(&turn.digest))
-            .key(self.keys.wait(&turn.digest))
-            .key(&self.keys.turns);
-    }
-
-    /// The dead-letter script's last five arguments for `turn`.
-    pub fn dead_letter_args(&self, invocation: &mut ScriptInvocation<'_>, turn: &Turn) {
-        invocation
-            .arg(&turn.digest)
-            .arg(&turn.origin)
+            .key(&self.keys.turns)
+            .arg(origin)
+            .arg(&self.keys.prefix)
             .arg(self.spec.max_in_flight_per_key)
             .arg(self.ttl_ms)
             .arg(match self.spec.on_dead_letter {
@@ -582,10 +552,6 @@ impl PairIndex {
         self.digests.push(digest.to_owned());
         self.index.insert(digest.to_owned(), self.digests.len());
         self.digests.len()
-    }
-
-    fn index(&self, digest: &str) -> usize {
-        self.index.get(digest).copied().unwrap_or(0)
     }
 
     fn add_keys(&self, invocation: &mut ScriptInvocation<'_>, keys: &OrderKeys) {

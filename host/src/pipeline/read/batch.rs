@@ -153,11 +153,19 @@ impl Subscription {
                 continue;
             }
             let mut asked = Vec::new();
-            let entries = match commands::take_over_gone(
-                conn, plan, source, gone_after, room, &mut asked, &mut clear,
+            let mut vanished = Vec::new();
+            let taken_over = commands::take_over_gone(
+                conn,
+                plan,
+                source,
+                gone_after,
+                room,
+                &mut asked,
+                (&mut clear, &mut vanished),
             )
-            .await
-            {
+            .await;
+            self.forget_vanished(source, &vanished).await;
+            let entries = match taken_over {
                 Ok(entries) => entries,
                 Err(err) => {
                     let below = self.at_or_below_last_read(source, asked);
@@ -199,15 +207,41 @@ impl Subscription {
             if room == 0 {
                 continue;
             }
-            let (next, entries) =
+            let (next, entries, deleted) =
                 commands::autoclaim(conn, plan, *source, min_idle, cursor, room).await?;
             *cursor = next;
+            self.forget_vanished(*source, &deleted).await;
             if !entries.is_empty() {
                 tracing::info!(stream = %plan.key(*source), count = entries.len(), "claimed idle entries");
                 return self.with_counts(conn, *source, entries).await.map(Some);
             }
         }
         Ok(None)
+    }
+
+    /// On an ordered subscription: give back the turns that stream entries deleted while
+    /// pending held (a claim found them gone), so their keys' next entries go.
+    async fn forget_vanished(&self, source: Source, ids: &[String]) {
+        let Some(order) = &self.order else {
+            return;
+        };
+        if source != Source::Stream || ids.is_empty() {
+            return;
+        }
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        match order.forget(&ids).await {
+            Ok(went) => tracing::warn!(
+                stream = %self.plan.stream,
+                deleted = ids.len(),
+                let_in = went,
+                "pending entries were deleted from the stream before they were handled; the turns they held are given back"
+            ),
+            Err(err) => tracing::warn!(
+                stream = %self.plan.stream,
+                %err,
+                "could not give back the turns of entries deleted while pending; `sluice keys --release` frees their keys"
+            ),
+        }
     }
 
     /// New entries: the retry lane first, on its own, so that stream entries never take the

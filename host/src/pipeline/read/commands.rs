@@ -243,7 +243,7 @@ pub async fn autoclaim(
     min_idle: Duration,
     cursor: &str,
     count: usize,
-) -> RedisResult<(String, Vec<ReadEntry>)> {
+) -> RedisResult<(String, Vec<ReadEntry>, Vec<String>)> {
     let (stream, group, consumer) = (who.key(source), &*who.group, &*who.consumer);
     let mut cmd = redis::cmd("XAUTOCLAIM");
     cmd.arg(stream)
@@ -270,7 +270,13 @@ pub async fn autoclaim(
         Some(v) => read_each_alone(conn, who, source, &ids_of(v)?).await?,
         None => Vec::new(),
     };
-    Ok((next, entries))
+    // Redis 7 removes entries deleted from the stream from the pending list here, and names
+    // them: an ordered subscription gives back the turns they held.
+    let deleted = match parts.next() {
+        Some(v) => ids_of(v).unwrap_or_default(),
+        None => Vec::new(),
+    };
+    Ok((next, entries, deleted))
 }
 
 /// The ids of a JUSTID reply.
@@ -352,7 +358,7 @@ pub async fn take_over_gone(
     gone_after: Duration,
     count: usize,
     asked: &mut Vec<String>,
-    clear: &mut bool,
+    (clear, vanished): (&mut bool, &mut Vec<String>),
 ) -> RedisResult<Vec<ReadEntry>> {
     let (stream, group, consumer) = (who.key(source), &*who.group, &*who.consumer);
     let gone_ms = gone_after.as_millis() as u64;
@@ -395,7 +401,7 @@ pub async fn take_over_gone(
         claim.arg("JUSTID");
         // Known before the XCLAIM goes out: if its reply is lost, these may be pending to
         // this consumer without anyone here handling them.
-        asked.extend(rows.into_iter().map(|(id, ..)| id));
+        asked.extend(rows.iter().map(|(id, ..)| id.clone()));
         let reply: Value = claim.query_async(conn).await?;
         tracing::warn!(
             stream,
@@ -404,7 +410,23 @@ pub async fn take_over_gone(
             pending = gone.pending,
             "consumer is gone; taking over its pending entries"
         );
-        taken.extend(read_each_alone(conn, who, source, &ids_of(reply)?).await?);
+        let claimed = ids_of(reply)?;
+        // XCLAIM drops an entry deleted from the stream from the pending list without a word:
+        // one asked for, not claimed, and gone from the stream was deleted.
+        for (id, ..) in &rows {
+            if !claimed.contains(id) {
+                let found: Vec<Value> = redis::cmd("XRANGE")
+                    .arg(stream)
+                    .arg(id)
+                    .arg(id)
+                    .query_async(conn)
+                    .await?;
+                if found.is_empty() {
+                    vanished.push(id.clone());
+                }
+            }
+        }
+        taken.extend(read_each_alone(conn, who, source, &claimed).await?);
         if taken.len() >= count {
             break;
         }

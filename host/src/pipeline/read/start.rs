@@ -214,8 +214,9 @@ impl Subscription {
         batch: Vec<(ReadEntry, u64)>,
         mut slots: Taken,
     ) {
-        // Entries the order's read script delivered have their place already, and so have the
-        // lane's; the others (this consumer's own pending, claimed ones) are looked up.
+        // Entries the order's read script delivered have their place already; the others (the
+        // lane's: retries and entries let in hold their turn, a requeued dead letter takes one
+        // or waits; this consumer's own pending, claimed ones) are looked up.
         let mut ready = Vec::with_capacity(batch.len());
         let mut deliveries = Vec::with_capacity(batch.len());
         for (mut read, delivery_count) in batch {
@@ -228,13 +229,6 @@ impl Subscription {
                             digest,
                             origin: delivery.origin_id.clone(),
                         });
-                        ready.push(delivery);
-                    }
-                    // The lane holds only entries that hold their turn (a parked retry, an
-                    // entry let in): no lookup; the ack gives the turn back (one that held
-                    // none, after an operator's release, gives nothing back).
-                    None if delivery.source == Source::Lane => {
-                        delivery.turn = order.turn_of(&delivery);
                         ready.push(delivery);
                     }
                     None => deliveries.push(delivery),

@@ -196,11 +196,13 @@ async fn ack_ordered(
     backoff: &mut ReconnectBackoff,
     abandon: &CancellationToken,
 ) -> bool {
-    let invocation = order.ack_invocation(
-        batch
-            .iter()
-            .map(|a| (a.source, a.id.as_str(), a.turn.as_ref())),
-    );
+    let invocation = order.ack_invocation(batch.iter().map(|a| {
+        (
+            a.source,
+            a.id.as_str(),
+            a.origin.as_deref().unwrap_or(&a.id),
+        )
+    }));
     loop {
         let mut conn = conn.clone();
         let reply = tokio::select! {

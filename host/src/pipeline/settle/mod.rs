@@ -76,8 +76,8 @@ pub fn dead_letter_script_sha() -> &'static str {
 pub struct Ack {
     source: Source,
     id: String,
-    /// The key's turn the entry holds, on an ordered subscription.
-    turn: Option<crate::entry::delivery::Turn>,
+    /// Its origin id, on an ordered subscription: the ack gives back the turn it holds.
+    origin: Option<Box<str>>,
     /// Made only while someone listens to the events.
     event: Option<Box<Event>>,
 }
@@ -181,7 +181,10 @@ impl Settler {
         Ack {
             source: delivery.source,
             id: delivery.entry.id.clone(),
-            turn: delivery.turn.clone(),
+            origin: self
+                .order
+                .as_ref()
+                .map(|_| delivery.origin_id.as_str().into()),
             event: self
                 .events
                 .listened()
@@ -320,15 +323,13 @@ impl Settler {
             invocation.arg(keys::TRACE).arg(trace);
         }
         // Last: the key's turn the entry gives back (or holds), on an ordered subscription.
-        let turn = self.order.as_ref().zip(delivery.turn.as_ref());
-        if let Some((order, turn)) = turn {
-            order.dead_letter_turn(&mut invocation, turn);
-            order.dead_letter_args(&mut invocation, turn);
+        if let Some(order) = &self.order {
+            order.dead_letter_turn(&mut invocation, &delivery.origin_id);
         }
         let written = self
             .write_dead_letter(delivery, (digest, reason), &invocation)
             .await;
-        if let (Ok(true), Some((order, _))) = (&written, turn) {
+        if let (Ok(true), Some(order)) = (&written, &self.order) {
             order.after_dead_letter();
         }
         written

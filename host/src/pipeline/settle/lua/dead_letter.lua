@@ -12,12 +12,13 @@
 -- ARGV[6..] field, value, field, value, ... to record (the entry's fields plus the reason and
 --           origin bookkeeping; the caller packs them when there are too many for one XADD)
 --
--- With an ordered key (KEYS[5..10] given): KEYS[5] the subscription's key names, KEYS[6] its
--- waiting keys, KEYS[7] the delayed set, KEYS[8] the key's `run`, KEYS[9] its `wait`, KEYS[10]
--- the subscription's turns (see lib/order.lua); the last five ARGV are the key's digest, the
--- origin id, the most in flight per key, the set's ttl (ms), and `release` or `hold`. Once the
--- dead letter is written, `release` gives the entry's turn back and lets the key's next entries
--- in; `hold` keeps the turn (marked `dead:<ms>`) until the dead letter is requeued and settles, is deleted, or an operator releases the key.
+-- On an ordered subscription (KEYS[5..8] given): KEYS[5] the subscription's key names, KEYS[6]
+-- its waiting keys, KEYS[7] the delayed set, KEYS[8] its turns (see lib/order.lua); the last
+-- five ARGV are the origin id, the prefix of the keys' own keys, the most in flight per key,
+-- the set's ttl (ms), and `release` or `hold`. Once the dead letter is written, the turn the
+-- origin holds (found in the turns, whatever key the host made of the entry) is given back and
+-- the key's next entries go in (`release`), or kept, marked `dead:<ms>` (`hold`), until the
+-- dead letter is requeued and settles, is deleted, or an operator releases the key.
 --
 -- Order matters: the dead letter is written first and the entry acknowledged last, so a write
 -- that fails (a key of the wrong type, anything else Redis refuses) aborts the script before
@@ -45,7 +46,7 @@ if not state then
 end
 local last, turn = #ARGV, nil
 if #KEYS > 4 then
-  turn = {kd = ARGV[last - 4], origin = ARGV[last - 3], max = tonumber(ARGV[last - 2]),
+  turn = {origin = ARGV[last - 4], prefix = ARGV[last - 3], max = tonumber(ARGV[last - 2]),
     ttl = tonumber(ARGV[last - 1]), mode = ARGV[last]}
   last = last - 5
 end
@@ -55,15 +56,15 @@ for i = 6, last do
 end
 local reply = write_dead_letter(state, fields)
 if turn then
-  local k = {run = KEYS[8], wait = KEYS[9], names = KEYS[5], waiting = KEYS[6],
-    turns = KEYS[10]}
+  local k = {names = KEYS[5], waiting = KEYS[6], turns = KEYS[8]}
   local now = order_now()
   if turn.mode == 'hold' then
-    if redis.call('HEXISTS', k.run, turn.origin) == 1 then
-      redis.call('HSET', k.run, turn.origin, 'dead:' .. now)
+    local kd = redis.call('HGET', k.turns, turn.origin)
+    if kd then
+      redis.call('HSET', turn.prefix .. ':run:' .. kd, turn.origin, 'dead:' .. now)
     end
   else
-    order_release(k, turn.kd, turn.origin, turn.max, KEYS[7], turn.ttl, now)
+    order_forget(k, turn.origin, turn.max, KEYS[7], turn.ttl, now, turn.prefix)
   end
 end
 return reply
