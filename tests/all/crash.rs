@@ -24,9 +24,9 @@ impl Lcg {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkill_under_a_retry_heavy_load_loses_nothing_and_settles_each_entry_once() {
-    let seed = std::env::var("SLUICE_CRASH_SEED")
+/// The seed in `var`, else one from the clock (printed by the test, to repeat a failing run).
+pub(crate) fn seed(var: &str) -> u64 {
+    std::env::var(var)
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| {
@@ -34,7 +34,12 @@ async fn sigkill_under_a_retry_heavy_load_loses_nothing_and_settles_each_entry_o
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap()
                 .as_nanos() as u64
-        });
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_under_a_retry_heavy_load_loses_nothing_and_settles_each_entry_once() {
+    let seed = seed("SLUICE_CRASH_SEED");
     let mut rng = Lcg(seed);
     let redis = Redis::start();
     let mut conn = redis.conn().await;

@@ -44,6 +44,20 @@ pub async fn order_state(
     keys
 }
 
+/// Wait until nothing of the ordering of `stream` (group `g`) is left in Redis.
+async fn wait_order_state_gone(conn: &redis::aio::MultiplexedConnection, stream: &str) {
+    wait_for(T, "the order state gone", || {
+        let mut conn = conn.clone();
+        async move {
+            order_state(&mut conn, stream)
+                .await
+                .is_empty()
+                .then_some(())
+        }
+    })
+    .await;
+}
+
 /// How many entries of `account` wait behind its turn.
 async fn waiting(conn: &mut redis::aio::MultiplexedConnection, stream: &str, account: &str) -> u64 {
     let keys = sluice_host::pipeline::order::OrderKeys::new(stream, "g");
@@ -115,16 +129,7 @@ async fn a_keys_entries_wait_behind_its_parked_retry_while_other_keys_go() {
     let a2_event = &events[at_a2];
     assert_eq!(a2_event.retry_count, 0, "a let-in entry is no retry");
     // Nothing of the ordering is left once every key settled.
-    wait_for(T, "the order state gone", || {
-        let mut conn = conn.clone();
-        async move {
-            order_state(&mut conn, stream)
-                .await
-                .is_empty()
-                .then_some(())
-        }
-    })
-    .await;
+    wait_order_state_gone(&conn, stream).await;
     assert_eq!(pending(&mut conn, stream, "g").await, 0);
     host.stop().await.unwrap();
 }
@@ -230,14 +235,7 @@ async fn a_dead_lettered_head_releases_its_key_or_holds_it_until_requeued_delete
         e.origin_id == c2 && e.kind == EventKind::Acked
     })
     .await;
-    wait_for(T, "the order state gone", || {
-        let mut conn = conn.clone();
-        async move {
-            let left = order_state(&mut conn, held).await;
-            left.is_empty().then_some(())
-        }
-    })
-    .await;
+    wait_order_state_gone(&conn, held).await;
     host.stop().await.unwrap();
 }
 
@@ -516,15 +514,7 @@ async fn three_hosts_with_sigkills_keep_every_keys_order_and_lose_nothing() {
     const ENTRIES: usize = 20_000;
     const KEYS: u64 = 1_000;
     const KILLS: usize = 6;
-    let seed = std::env::var("SLUICE_ORDER_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
+    let seed = crate::crash::seed("SLUICE_ORDER_SEED");
     let mut rng = crate::crash::Lcg(seed);
     let redis = Redis::start();
     let mut conn = redis.conn().await;
@@ -837,15 +827,6 @@ async fn a_key_the_host_reads_otherwise_still_passes_its_turn_on() {
     }
     let mut host = start_fixture(&redis, TestConfig::of(ordered(stream))).await;
     crate::operate::wait_acked_origins(&mut host, &ids).await;
-    wait_for(T, "the order state gone", || {
-        let mut conn = conn.clone();
-        async move {
-            order_state(&mut conn, stream)
-                .await
-                .is_empty()
-                .then_some(())
-        }
-    })
-    .await;
+    wait_order_state_gone(&conn, stream).await;
     host.stop().await.unwrap();
 }
