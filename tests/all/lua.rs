@@ -2604,6 +2604,19 @@ mod order {
         out
     }
 
+    /// ack.lua acknowledging entry `1-0` of the stream, whose origin it is.
+    fn ack_first() -> redis::ScriptInvocation<'static> {
+        let mut inv = six(&ORDER_ACK);
+        inv.arg("g")
+            .arg(1)
+            .arg(0)
+            .arg(sluice_host::store::keys::order_prefix(STREAM, "g"))
+            .arg("1-0")
+            .arg(1)
+            .arg("1-0");
+        inv
+    }
+
     /// Read as `consumer`: (ids that run with their digests, missing, too long, queued).
     async fn read(
         conn: &mut MultiplexedConnection,
@@ -2689,17 +2702,7 @@ mod order {
 
         // ack.lua: acknowledging 1 gives a's turn to 2 (due now in the set), not to 4.
         let before = server_ms(&mut conn).await;
-        let (acked, went): (i64, i64) = six(&ORDER_ACK)
-            .arg("g")
-            .arg(1)
-            .arg(0)
-            .arg(sluice_host::store::keys::order_prefix(STREAM, "g"))
-            .arg("1-0")
-            .arg(1)
-            .arg("1-0")
-            .invoke_async(&mut conn)
-            .await
-            .unwrap();
+        let (acked, went): (i64, i64) = ack_first().invoke_async(&mut conn).await.unwrap();
         assert_eq!((acked, went), (1, 1));
         let due: Vec<(Vec<u8>, f64)> = cmd(
             &mut conn,
@@ -2710,17 +2713,7 @@ mod order {
         assert_eq!(member::decode(&due[0].0, 0).unwrap().entry_id, "2-0");
         assert!(due[0].1 as i64 >= before, "due now by the server's clock");
         // Acked again (a lost reply): no second release.
-        let (acked, went): (i64, i64) = six(&ORDER_ACK)
-            .arg("g")
-            .arg(1)
-            .arg(0)
-            .arg(sluice_host::store::keys::order_prefix(STREAM, "g"))
-            .arg("1-0")
-            .arg(1)
-            .arg("1-0")
-            .invoke_async(&mut conn)
-            .await
-            .unwrap();
+        let (acked, went): (i64, i64) = ack_first().invoke_async(&mut conn).await.unwrap();
         assert_eq!((acked, went), (0, 0));
 
         // take.lua: 2 (let in) holds the turn whatever key the host makes of it; a newcomer

@@ -298,19 +298,6 @@ pub struct Delivery {
     /// What of its fields the read did not keep (see [`crate::store::redis_conn::lean::Cut`]): such
     /// an entry is dead-lettered from Redis, never handled.
     pub cut: crate::store::redis_conn::lean::Cut,
-    /// The turn of its key it holds, on an ordered subscription (`pipeline::order`): its ack
-    /// or dead letter gives it back.
-    pub turn: Option<Turn>,
-}
-
-/// A turn of an ordered key, held by an entry (named by its origin id, which stays the same
-/// through retries) until it settles.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Turn {
-    /// The key's digest (hex), which names the key's state in Redis.
-    pub digest: String,
-    /// The origin id of the entry that holds it.
-    pub origin: String,
 }
 
 impl Delivery {
@@ -370,7 +357,6 @@ impl Delivery {
             trace: None,
             cut: Default::default(),
             started: None,
-            turn: None,
         }
     }
 

@@ -36,7 +36,7 @@ use redis::{RedisResult, Script, ScriptInvocation};
 use sha1::{Digest as _, Sha1};
 use sluice_descriptor::{OnDeadLetter, OrderKey, OrderedBy};
 
-use crate::entry::delivery::{Delivery, Source, Turn};
+use crate::entry::delivery::{Delivery, Source};
 use crate::entry::member::NewMember;
 use crate::pipeline::delayed::DelayedSet;
 use crate::store::keys::{self, SubscriptionKeys};
@@ -175,16 +175,6 @@ impl Order {
         }
     }
 
-    /// The ordering's settings.
-    pub fn spec(&self) -> &OrderedBy {
-        &self.spec
-    }
-
-    /// Its Redis keys.
-    pub fn keys(&self) -> &OrderKeys {
-        &self.keys
-    }
-
     /// Where `delivery`'s key is, and whether it is one the ordering takes.
     pub fn key_of(&self, delivery: &Delivery) -> KeyOf {
         let key = match &self.spec.key {
@@ -288,18 +278,14 @@ impl Order {
         let mut taken = taken.into_iter();
         let mut run = Vec::with_capacity(keyed.len());
         let mut wait = Vec::new();
-        for (mut delivery, key) in keyed {
+        for (delivery, key) in keyed {
             match key {
                 None => run.push(delivery),
                 Some((pair, digest, key)) => {
-                    delivery.turn = Some(Turn {
-                        digest: digest.clone(),
-                        origin: delivery.origin_id.clone(),
-                    });
                     if taken.next() == Some(1) {
                         run.push(delivery);
                     } else {
-                        wait.push((delivery, pair, key));
+                        wait.push((delivery, pair, digest, key));
                     }
                 }
             }
@@ -317,7 +303,7 @@ impl Order {
     /// `run`. Returns how many were queued.
     async fn hold(
         &self,
-        wait: Vec<(Delivery, usize, Vec<u8>)>,
+        wait: Vec<(Delivery, usize, String, Vec<u8>)>,
         pairs: &PairIndex,
         run: &mut Vec<Delivery>,
     ) -> Result<usize, (redis::RedisError, Vec<Delivery>)> {
@@ -327,7 +313,7 @@ impl Order {
         let mut hold = self.invocation(&HOLD);
         pairs.add_keys(&mut hold, &self.keys);
         hold.arg(&*self.group).arg(self.spec.max_in_flight_per_key);
-        for (delivery, pair, key) in &wait {
+        for (delivery, pair, digest, key) in &wait {
             let member = NewMember {
                 entry_id: &delivery.entry.id,
                 retry_count: delivery.retry_count,
@@ -337,7 +323,6 @@ impl Order {
                 group: &self.group,
             }
             .encode();
-            let digest = delivery.turn.as_ref().map_or("", |t| t.digest.as_str());
             hold.arg(*pair)
                 .arg(digest)
                 .arg(&delivery.origin_id)
@@ -349,10 +334,10 @@ impl Order {
         let mut conn = self.conn.clone();
         let answers: Vec<i64> = match hold.invoke_async(&mut conn).await {
             Ok(answers) => answers,
-            Err(err) => return Err((err, wait.into_iter().map(|(d, _, _)| d).collect())),
+            Err(err) => return Err((err, wait.into_iter().map(|(d, ..)| d).collect())),
         };
         let mut held = 0;
-        for ((delivery, _, _), answer) in wait.into_iter().zip(answers) {
+        for ((delivery, ..), answer) in wait.into_iter().zip(answers) {
             match answer {
                 1 => run.push(delivery),
                 0 => held += 1,

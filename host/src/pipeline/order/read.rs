@@ -21,13 +21,11 @@ pub struct OrderedEntry {
     pub fields: Vec<(Vec<u8>, Vec<u8>)>,
     /// What of it was not sent (over `max_entry_bytes`): it is dead-lettered from Redis.
     pub cut: crate::store::redis_conn::lean::Cut,
-    /// The digest of the key whose turn it took, empty for none.
-    pub digest: String,
 }
 
 impl Order {
     /// Read up to `count` new stream entries and settle each one's place in its key's order
-    /// in the same step (`lua/read.lua`): those that run come back with their keys' digests, the
+    /// in the same step (`lua/read.lua`): those that run come back, the
     /// others wait in Redis. When nothing was read, the ids a blocking wait starts from.
     pub async fn read_new<C: redis::aio::ConnectionLike>(
         &self,
@@ -115,7 +113,9 @@ impl NewEntries {
             entries: Vec::new(),
         };
         for row in parts {
-            let (id, flat, digest, over, fields): Row = FromRedisValue::from_redis_value(row)?;
+            // The key's digest (third) is the script's to keep: settling finds the turn by
+            // the entry's origin id.
+            let (id, flat, _digest, over, fields): Row = FromRedisValue::from_redis_value(row)?;
             let cut = crate::store::redis_conn::lean::Cut {
                 fields: if over > 0 { fields as usize } else { 0 },
                 bytes: over,
@@ -130,7 +130,6 @@ impl NewEntries {
                 id,
                 fields: pairs,
                 cut,
-                digest,
             });
         }
         Ok(read)

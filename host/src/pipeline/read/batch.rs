@@ -307,7 +307,7 @@ impl Subscription {
             source: Source::Stream,
             fields: Some(e.fields),
             cut: e.cut,
-            ordered: Some(e.digest),
+            placed: true,
         }));
         if let (true, None, Some((stream_id, lane_id))) =
             (entries.is_empty(), &self.bell, read.idle)

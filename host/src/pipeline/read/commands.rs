@@ -28,8 +28,8 @@ pub struct ReadEntry {
     /// dead-lettered from Redis, never handled.
     pub cut: crate::store::redis_conn::lean::Cut,
     /// Set when an ordered subscription's read already settled its place in its key's order
-    /// (`pipeline::order`): the digest of the key whose turn it took, empty for none.
-    pub ordered: Option<String>,
+    /// (`pipeline::order`): nothing more to look up before it runs.
+    pub placed: bool,
 }
 
 impl ReadEntry {
@@ -139,7 +139,7 @@ pub async fn read_group(
         source: source_named(stream, lane),
         fields,
         cut,
-        ordered: None,
+        placed: false,
     };
     // Parsed where it is read, straight into entries.
     let entries = conn
@@ -220,7 +220,7 @@ pub async fn read_new_from(
                     source,
                     fields,
                     cut,
-                    ordered: None,
+                    placed: false,
                 },
             )
         })
@@ -503,7 +503,7 @@ pub async fn own_pending_among(
                         source,
                         fields,
                         cut,
-                        ordered: None,
+                        placed: false,
                     }
                 })
                 .await?
@@ -515,7 +515,7 @@ pub async fn own_pending_among(
             source,
             fields: None,
             cut: Default::default(),
-            ordered: None,
+            placed: false,
         });
         found.push((entry, count));
     }
@@ -667,7 +667,7 @@ fn parse_entries(value: Value, source: Source) -> RedisResult<Vec<ReadEntry>> {
             source,
             fields,
             cut: Default::default(),
-            ordered: None,
+            placed: false,
         });
     }
     Ok(out)

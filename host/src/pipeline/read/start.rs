@@ -13,7 +13,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::Subscription;
 use super::commands::ReadEntry;
 use super::slots::Taken;
-use crate::entry::delivery::{Delivery, Entry, Source, Turn};
+use crate::entry::delivery::{Delivery, Entry, Source};
 use crate::pipeline::dispatch::Settled;
 use crate::pipeline::settle::Ack;
 
@@ -47,22 +47,29 @@ impl Subscription {
             let Some((entry, source, cut)) = self.kept(read, delivery_count).await else {
                 continue;
             };
-            let permit = match slots.one_for(source) {
-                Some(permit) => permit,
-                None => {
-                    // Start what has its slots before waiting for more.
-                    self.spawn_group(std::mem::take(&mut group));
-                    match self.slots.one().await {
-                        Some(permit) => permit,
-                        None => return,
-                    }
-                }
+            let Some(permit) = self.permit(&mut slots, source, &mut group).await else {
+                return;
             };
             if let Some(delivery) = self.delivery((entry, cut), source, delivery_count, permit) {
                 group.push(delivery);
             }
         }
         self.spawn_group(group);
+    }
+
+    /// A handler slot for an entry from `source`: one the read was sized by, else (after
+    /// starting the `group` that has its slots) the next that frees; `None` once stopping.
+    async fn permit(
+        self: &Arc<Self>,
+        slots: &mut Taken,
+        source: Source,
+        group: &mut Vec<DeliveryTask>,
+    ) -> Option<OwnedSemaphorePermit> {
+        if let Some(permit) = slots.one_for(source) {
+            return Some(permit);
+        }
+        self.spawn_group(std::mem::take(group));
+        self.slots.one().await
     }
 
     /// What of a read entry is handled here: `None` when it is read again alone (past the
@@ -219,19 +226,14 @@ impl Subscription {
         // or waits; this consumer's own pending, claimed ones) are looked up.
         let mut ready = Vec::with_capacity(batch.len());
         let mut deliveries = Vec::with_capacity(batch.len());
-        for (mut read, delivery_count) in batch {
-            let ordered = read.ordered.take();
+        for (read, delivery_count) in batch {
+            let placed = read.placed;
             if let Some((entry, source, cut)) = self.kept(read, delivery_count).await {
-                let mut delivery = self.new_delivery((entry, cut), source, delivery_count);
-                match ordered {
-                    Some(digest) => {
-                        delivery.turn = (!digest.is_empty()).then(|| Turn {
-                            digest,
-                            origin: delivery.origin_id.clone(),
-                        });
-                        ready.push(delivery);
-                    }
-                    None => deliveries.push(delivery),
+                let delivery = self.new_delivery((entry, cut), source, delivery_count);
+                if placed {
+                    ready.push(delivery);
+                } else {
+                    deliveries.push(delivery);
                 }
             }
         }
@@ -240,15 +242,8 @@ impl Subscription {
         }
         let mut group = Vec::with_capacity(ready.len());
         for delivery in ready {
-            let permit = match slots.one_for(delivery.source) {
-                Some(permit) => permit,
-                None => {
-                    self.spawn_group(std::mem::take(&mut group));
-                    match self.slots.one().await {
-                        Some(permit) => permit,
-                        None => return,
-                    }
-                }
+            let Some(permit) = self.permit(&mut slots, delivery.source, &mut group).await else {
+                return;
             };
             if let Some(task) = self.delivery_task(delivery, permit) {
                 group.push(task);
