@@ -2718,20 +2718,14 @@ mod order {
 
         // take.lua: 2 (let in) holds the turn whatever key the host makes of it; a newcomer
         // of a waits.
+        let prefix = sluice_host::store::keys::order_prefix(STREAM, "g");
         let taken: Vec<i64> = six(&ORDER_TAKE)
-            .key(keys().run(&digest(b"a")))
-            .key(keys().wait(&digest(b"a")))
-            .key(keys().run(&digest(b"zz")))
-            .key(keys().wait(&digest(b"zz")))
             .arg(1)
-            .arg(2)
+            .arg(&prefix)
             .arg(digest(b"zz"))
             .arg("2-0")
-            .arg("zz")
-            .arg(1)
             .arg(digest(b"a"))
             .arg("9-0")
-            .arg("a")
             .invoke_async(&mut conn)
             .await
             .unwrap();
@@ -2739,11 +2733,9 @@ mod order {
 
         // hold.lua: an entry no longer pending is left alone (-1).
         let held: Vec<i64> = six(&ORDER_HOLD)
-            .key(keys().run(&digest(b"a")))
-            .key(keys().wait(&digest(b"a")))
             .arg("g")
             .arg(1)
-            .arg(1)
+            .arg(&prefix)
             .arg(digest(b"a"))
             .arg("9-0")
             .arg("a")
@@ -2767,19 +2759,16 @@ mod order {
             .unwrap();
         assert_eq!(went, 1);
         // release.lua: the operator gives 4's turn back; a has nothing left.
-        let (turns, went): (i64, i64) = ORDER_RELEASE
-            .key(&keys().names)
-            .key(&keys().waiting)
-            .key("ord.delayed")
-            .key(keys().run(&digest(b"a")))
-            .key(keys().wait(&digest(b"a")))
-            .key(&keys().turns)
-            .arg(digest(b"a"))
-            .arg(1)
-            .arg(0)
-            .invoke_async(&mut conn)
-            .await
-            .unwrap();
+        let (turns, went) = sluice_host::pipeline::order::release(
+            &mut conn,
+            &keys(),
+            "ord.delayed",
+            &digest(b"a"),
+            1,
+            0,
+        )
+        .await
+        .unwrap();
         assert_eq!((turns, went), (1, 0));
         // b still holds its turn (3 in flight); a's state is gone, names with it (only keys
         // with entries waiting have one).
@@ -2787,6 +2776,48 @@ mod order {
         assert!(names.is_empty(), "{names:?}");
         let turns: Vec<String> = cmd(&mut conn, &["HKEYS", &keys().turns]).await;
         assert_eq!(turns, ["3-0"]);
+        let load: Vec<String> = cmd(&mut conn, &["HGETALL", &keys().load]).await;
+        assert_eq!(
+            load,
+            [digest(b"b"), "1".to_owned()],
+            "only b holds or waits"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn release_heals_a_load_that_drifted_and_lets_the_waiting_in() {
+        let redis = Redis::start();
+        let mut conn = redis.conn().await;
+        for id in ["1-0", "2-0", "3-0"] {
+            let _: String = cmd(&mut conn, &["XADD", STREAM, id, "k", "a"]).await;
+        }
+        create_group(&mut conn, STREAM, "g", "0").await;
+        let (run, _, _, queued) = read(&mut conn, "c", 10).await;
+        assert_eq!((run.len(), queued), (1, 2));
+        let load: String = cmd(&mut conn, &["HGET", &keys().load, &digest(b"a")]).await;
+        assert_eq!(load, "3", "one holds, two wait");
+        // A turn lost outside the scripts: the load still counts it, so the key is stuck.
+        let _: i64 = cmd(&mut conn, &["HDEL", &keys().turns, "1-0"]).await;
+        let (given, went): (i64, i64) = ORDER_RELEASE
+            .key(&keys().names)
+            .key(&keys().waiting)
+            .key("ord.delayed")
+            .key(&keys().load)
+            .key(keys().wait(&digest(b"a")))
+            .key(&keys().turns)
+            .arg(digest(b"a"))
+            .arg(1)
+            .arg(0)
+            .arg(sluice_host::store::keys::order_prefix(STREAM, "g"))
+            .arg("1-0")
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!((given, went), (0, 1), "nothing held; 2-0 goes in");
+        let load: String = cmd(&mut conn, &["HGET", &keys().load, &digest(b"a")]).await;
+        assert_eq!(load, "2", "2-0 holds, 3-0 waits");
+        let turns: Vec<String> = cmd(&mut conn, &["HKEYS", &keys().turns]).await;
+        assert_eq!(turns, ["2-0"]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2846,15 +2877,7 @@ mod order {
         assert!(over > 2000);
         // A stranger's string at the key's turns: the script fails, the entry stays pending.
         let _: String = cmd(&mut conn, &["XADD", STREAM, "2-0", "k", "a"]).await;
-        let _: () = cmd(
-            &mut conn,
-            &[
-                "SET",
-                &keys().run(&sluice_host::pipeline::order::digest(b"a")),
-                "not a hash",
-            ],
-        )
-        .await;
+        let _: () = cmd(&mut conn, &["SET", &keys().load, "not a hash"]).await;
         let failed: RedisResult<Value> = six(&ORDER_READ)
             .arg(options("c", 10, 1000))
             .invoke_async(&mut conn)

@@ -172,10 +172,10 @@ async fn list(
                 (false, None) => format!("{} (in flight or coming back)", h.origin_id),
             })
             .collect();
-        let behind = if behind.is_empty() {
-            "nothing (let in next)".to_owned()
-        } else {
-            behind.join(", ")
+        let behind = match (behind.is_empty(), k.holders_complete) {
+            (true, true) => "nothing (let in next)".to_owned(),
+            (true, false) => "not found in the first turns scanned".to_owned(),
+            (false, _) => behind.join(", "),
         };
         let _ = writeln!(
             out,
@@ -220,6 +220,7 @@ fn json_line(
                 "waiting": k.waiting,
                 "waiting_since_ms": k.waiting_since_ms,
                 "holders": holders,
+                "holders_complete": k.holders_complete,
             })
         })
         .collect();

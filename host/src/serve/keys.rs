@@ -2,8 +2,9 @@
 //! same reads and release as `sluice keys`:
 //!
 //! - `GET .../keys?limit=`: `{waiting_keys, turns_held, keys: [{key, digest, waiting,
-//!   waiting_since_ms, holders: [{origin_id, since_ms, dead_letter}]}]}`, the keys that waited
-//!   longest first (at most 200 per call).
+//!   waiting_since_ms, holders: [{origin_id, since_ms, dead_letter}], holders_complete}]}`, the
+//!   keys that waited longest first (at most 200 per call); `holders_complete` is false when
+//!   the turns were more than one listing scans (`inspect::MAX_TURNS_SCANNED`).
 //! - `POST .../keys/release` with `{"key": "..."}` (or `{"digest": "..."}` for a key that is
 //!   no text): every turn of the key given back, its waiting entries let in; `{turns, let_in}`.
 //!

@@ -74,8 +74,11 @@ pub struct OrderKeys {
     pub names: String,
     /// Key digest -> when its entries started waiting.
     pub waiting: String,
-    /// Origin id -> key digest, for every turn held: finds a turn from its entry alone.
+    /// Origin id -> `<digest>:<ms>` (or `<digest>:dead:<ms>`), for every turn held: finds a
+    /// turn from its entry alone.
     pub turns: String,
+    /// Key digest -> the entries of the key that hold a turn or wait for one.
+    pub load: String,
 }
 
 impl OrderKeys {
@@ -86,13 +89,9 @@ impl OrderKeys {
             names: format!("{prefix}:names"),
             waiting: format!("{prefix}:waiting"),
             turns: format!("{prefix}:turns"),
+            load: format!("{prefix}:load"),
             prefix,
         }
-    }
-
-    /// The hash of the turns the key with `digest` holds.
-    pub fn run(&self, digest: &str) -> String {
-        format!("{}:run:{digest}", self.prefix)
     }
 
     /// The list of the key's waiting entries.
@@ -228,7 +227,7 @@ impl Order {
         deliveries: Vec<Delivery>,
     ) -> Result<Admitted, (redis::RedisError, Vec<Delivery>)> {
         let mut keyed = Vec::with_capacity(deliveries.len());
-        let mut pairs = PairIndex::default();
+        let mut any = false;
         for delivery in deliveries {
             let key = if delivery.stray || delivery.other_group.is_some() || delivery.cut.fields > 0
             {
@@ -239,9 +238,8 @@ impl Order {
             };
             match key {
                 KeyOf::Keyed(key) => {
-                    let digest = digest(&key);
-                    let pair = pairs.of(&digest);
-                    keyed.push((delivery, Some((pair, digest, key))));
+                    any = true;
+                    keyed.push((delivery, Some((digest(&key), key))));
                 }
                 KeyOf::Missing => {
                     if !delivery.stray && delivery.other_group.is_none() {
@@ -255,19 +253,16 @@ impl Order {
                 }
             }
         }
-        if pairs.digests.is_empty() {
+        if !any {
             let run = keyed.into_iter().map(|(d, _)| d).collect();
             return Ok(Admitted { run, held: 0 });
         }
         let mut take = self.invocation(&TAKE);
-        pairs.add_keys(&mut take, &self.keys);
-        take.arg(self.spec.max_in_flight_per_key);
+        take.arg(self.spec.max_in_flight_per_key)
+            .arg(&self.keys.prefix);
         for (delivery, key) in &keyed {
-            if let Some((pair, digest, key)) = key {
-                take.arg(*pair)
-                    .arg(digest)
-                    .arg(&delivery.origin_id)
-                    .arg(key.as_slice());
+            if let Some((digest, _)) = key {
+                take.arg(digest).arg(&delivery.origin_id);
             }
         }
         let mut conn = self.conn.clone();
@@ -281,16 +276,16 @@ impl Order {
         for (delivery, key) in keyed {
             match key {
                 None => run.push(delivery),
-                Some((pair, digest, key)) => {
+                Some((digest, key)) => {
                     if taken.next() == Some(1) {
                         run.push(delivery);
                     } else {
-                        wait.push((delivery, pair, digest, key));
+                        wait.push((delivery, digest, key));
                     }
                 }
             }
         }
-        match self.hold(wait, &pairs, &mut run).await {
+        match self.hold(wait, &mut run).await {
             Ok(held) => Ok(Admitted { run, held }),
             Err((err, wait)) => {
                 run.extend(wait);
@@ -303,17 +298,17 @@ impl Order {
     /// `run`. Returns how many were queued.
     async fn hold(
         &self,
-        wait: Vec<(Delivery, usize, String, Vec<u8>)>,
-        pairs: &PairIndex,
+        wait: Vec<(Delivery, String, Vec<u8>)>,
         run: &mut Vec<Delivery>,
     ) -> Result<usize, (redis::RedisError, Vec<Delivery>)> {
         if wait.is_empty() {
             return Ok(0);
         }
         let mut hold = self.invocation(&HOLD);
-        pairs.add_keys(&mut hold, &self.keys);
-        hold.arg(&*self.group).arg(self.spec.max_in_flight_per_key);
-        for (delivery, pair, digest, key) in &wait {
+        hold.arg(&*self.group)
+            .arg(self.spec.max_in_flight_per_key)
+            .arg(&self.keys.prefix);
+        for (delivery, digest, key) in &wait {
             let member = NewMember {
                 entry_id: &delivery.entry.id,
                 retry_count: delivery.retry_count,
@@ -323,8 +318,7 @@ impl Order {
                 group: &self.group,
             }
             .encode();
-            hold.arg(*pair)
-                .arg(digest)
+            hold.arg(digest)
                 .arg(&delivery.origin_id)
                 .arg(key.as_slice())
                 .arg(source_arg(delivery.source))
@@ -419,7 +413,9 @@ impl Order {
 }
 
 /// Give every turn of the key with `digest` back and let its waiting entries in (the
-/// operator's release). Returns (turns given back, entries let in).
+/// operator's release). The holders are found by a bounded scan of the turns
+/// ([`inspect::holders`]); the key's load is set to what waits, so a count that drifted is
+/// healed too. Returns (turns given back, entries let in).
 pub async fn release<C: redis::aio::ConnectionLike>(
     conn: &mut C,
     keys: &OrderKeys,
@@ -428,18 +424,22 @@ pub async fn release<C: redis::aio::ConnectionLike>(
     max_in_flight_per_key: u32,
     ttl_ms: u64,
 ) -> RedisResult<(u64, u64)> {
-    RELEASE
-        .key(&keys.names)
+    let holders = inspect::holders(conn, keys, &[digest]).await?;
+    let mut release = RELEASE.key(&keys.names);
+    release
         .key(&keys.waiting)
         .key(set)
-        .key(keys.run(digest))
+        .key(&keys.load)
         .key(keys.wait(digest))
         .key(&keys.turns)
         .arg(digest)
         .arg(max_in_flight_per_key)
         .arg(ttl_ms)
-        .invoke_async(conn)
-        .await
+        .arg(&keys.prefix);
+    for holder in holders.by_key.get(digest).into_iter().flatten() {
+        release.arg(&holder.origin_id);
+    }
+    release.invoke_async(conn).await
 }
 
 /// Give back the turns the entries with `origins` hold on the subscription (`stream`, `group`)
@@ -518,30 +518,5 @@ fn source_arg(source: Source) -> u8 {
     match source {
         Source::Stream => 1,
         Source::Lane => 2,
-    }
-}
-
-/// The distinct keys of one call, each given a pair of KEYS (its `run` and `wait`) once.
-#[derive(Default)]
-struct PairIndex {
-    digests: Vec<String>,
-    index: std::collections::HashMap<String, usize>,
-}
-
-impl PairIndex {
-    /// The pair of `digest` (1-based), added if new.
-    fn of(&mut self, digest: &str) -> usize {
-        if let Some(&pair) = self.index.get(digest) {
-            return pair;
-        }
-        self.digests.push(digest.to_owned());
-        self.index.insert(digest.to_owned(), self.digests.len());
-        self.digests.len()
-    }
-
-    fn add_keys(&self, invocation: &mut ScriptInvocation<'_>, keys: &OrderKeys) {
-        for digest in &self.digests {
-            invocation.key(keys.run(digest)).key(keys.wait(digest));
-        }
     }
 }

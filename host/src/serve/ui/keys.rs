@@ -100,7 +100,8 @@ fn render(viewer: &Viewer, shown: &KeysPage) -> Markup {
 /// What holds a key's turns, in words.
 fn behind(k: &inspect::KeyState, due: &std::collections::HashMap<String, i64>) -> Markup {
     html! {
-        @if k.holders.is_empty() { span.muted { "nothing (let in next)" } }
+        @if k.holders.is_empty() && k.holders_complete { span.muted { "nothing (let in next)" } }
+        @if !k.holders_complete { span.muted { "(more turns than one listing scans: holders may be missing)" } }
         @for h in &k.holders {
             div {
                 code { (h.origin_id) } " "

@@ -165,10 +165,10 @@ pub fn claim_key(key: &str) -> String {
 }
 
 /// The prefix of every key a subscription's ordered keys keep (see `pipeline::order`): in the
-/// stream's hash slot, named like [`flow_key`]. `<prefix>:names`, `<prefix>:waiting` and
-/// `<prefix>:turns` are the subscription's; `<prefix>:run:<digest>` and `<prefix>:wait:<digest>`
-/// are one key's (the digest of the key, never the key itself, so a key's bytes cannot reach a
-/// key name).
+/// stream's hash slot, named like [`flow_key`]. `<prefix>:names`, `<prefix>:waiting`,
+/// `<prefix>:turns` and `<prefix>:load` are the subscription's; `<prefix>:wait:<digest>` is one
+/// key's (the digest of the key, never the key itself, so a key's bytes cannot reach a key
+/// name).
 pub fn order_prefix(stream: &str, group: &str) -> String {
     format!(
         "sluice-order:{{{}}}:{}:{stream}:{group}",

@@ -8,27 +8,27 @@
 --
 -- KEYS[1]  the subscription's key names, KEYS[2] its waiting keys
 -- KEYS[3]  the stream, KEYS[4] the retry lane (the stream again when there is none)
--- KEYS[5]  the delayed set, KEYS[6] the subscription's turns (origin id -> key digest)
+-- KEYS[5]  the delayed set, KEYS[6] the subscription's turns (origin id -> key digest and time)
 -- ARGV[1]  the consumer group
 -- ARGV[2]  the most entries of one key in flight at once
 -- ARGV[3]  the delayed set's ttl, ms (0: none)
--- ARGV[4]  the prefix of the keys' own keys (`<prefix>:run:<digest>`, `<prefix>:wait:<digest>`,
---          in the stream's hash slot like KEYS)
+-- ARGV[4]  the prefix of the keys' own keys (`<prefix>:load`, `<prefix>:wait:<digest>`, in the
+--          stream's hash slot like KEYS)
 -- ARGV[5..] per entry, three values: its origin id, where it was read (1 the stream, 2 the
 --          lane), its id there
 --
 -- Reply: {entries acknowledged, entries let in}.
 -- @include lib/order
-local group, max, ttl, prefix = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
-local now = order_now()
-local acked, went = 0, 0
+local group = ARGV[1]
+local k = order_state(ARGV[4], KEYS[1], KEYS[2], KEYS[6], KEYS[5], tonumber(ARGV[2]),
+  tonumber(ARGV[3]))
+local acked, settled = 0, {}
 for i = 5, #ARGV, 3 do
   local source = KEYS[2 + tonumber(ARGV[i + 1])]
   local done = redis.call('XACK', source, group, ARGV[i + 2])
   acked = acked + done
   if done == 1 then
-    local k = {names = KEYS[1], waiting = KEYS[2], turns = KEYS[6]}
-    went = went + order_forget(k, ARGV[i], max, KEYS[5], ttl, now, prefix)
+    settled[#settled + 1] = ARGV[i]
   end
 end
-return {acked, went}
+return {acked, order_give_back(k, settled)}

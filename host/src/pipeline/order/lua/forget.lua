@@ -5,18 +5,17 @@
 -- KEYS[1]  the subscription's key names, KEYS[2] its waiting keys
 -- KEYS[3..4] unused here (the stream, the lane)
 -- KEYS[5]  the delayed set, KEYS[6] the subscription's turns
--- ARGV[1]  the prefix of the keys' own keys (`<prefix>:run:<digest>`, `<prefix>:wait:<digest>`,
---          in the stream's hash slot like KEYS)
+-- ARGV[1]  the prefix of the keys' own keys (`<prefix>:load`, `<prefix>:wait:<digest>`, in the
+--          stream's hash slot like KEYS)
 -- ARGV[2]  the most in flight per key, ARGV[3] the set's ttl (ms)
 -- ARGV[4..] the origin ids
 --
 -- Reply: how many entries went in.
 -- @include lib/order
-local max, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
-local now = order_now()
-local went = 0
+local k = order_state(ARGV[1], KEYS[1], KEYS[2], KEYS[6], KEYS[5], tonumber(ARGV[2]),
+  tonumber(ARGV[3]))
+local origins = {}
 for i = 4, #ARGV do
-  local k = {names = KEYS[1], waiting = KEYS[2], turns = KEYS[6]}
-  went = went + order_forget(k, ARGV[i], max, KEYS[5], ttl, now, ARGV[1])
+  origins[#origins + 1] = ARGV[i]
 end
-return went
+return order_give_back(k, origins)

@@ -28,6 +28,10 @@
 -- {id, {name, value, ...}, key digest ('' for none), bytes over (0, or the entry's size when
 -- over max_entry_bytes), its field count}.
 --
+-- Cost: per entry its key (the payload's JSON decoded for a pointer) and the key's SHA-1; per
+-- call one HMGET and one HSET of the keys' loads, one HSET of the turns taken, and for entries
+-- that queue one RPUSH per key and one XACK (lib/order.lua).
+--
 -- Crash: Redis keeps all of the script's writes or none. After it, every entry it read either
 -- holds its turn (pending: read again by its consumer, or claimed), waits in its key's list
 -- (acknowledged), or runs unordered (pending).
@@ -64,6 +68,20 @@ if not read then
   return {{delivered(KEYS[3]), delivered(KEYS[4])}, 0, 0, 0}
 end
 
+-- The pointer's tokens, unescaped, each after a `/` (Lua 5.1's gmatch would add empty
+-- matches); nil when the field itself is the key.
+local tokens
+if o.pointer ~= '' then
+  tokens = {}
+  local from = 2
+  while from <= #o.pointer + 1 do
+    local slash = string.find(o.pointer, '/', from, true) or (#o.pointer + 1)
+    local token = string.sub(o.pointer, from, slash - 1)
+    tokens[#tokens + 1] = string.gsub(string.gsub(token, '~1', '/'), '~0', '~')
+    from = slash + 1
+  end
+end
+
 -- The entry's key, or nil and why not.
 local function key_of(fields)
   local value
@@ -76,23 +94,15 @@ local function key_of(fields)
   if value == nil then
     return nil, 'missing'
   end
-  if o.pointer ~= '' then
+  if tokens then
     local decoded, json = pcall(cjson.decode, value)
     if not decoded then
       return nil, 'missing'
-    end
-    -- The pointer's tokens, each after a `/` (Lua 5.1's gmatch would add empty matches).
-    local tokens, from = {}, 2
-    while from <= #o.pointer + 1 do
-      local slash = string.find(o.pointer, '/', from, true) or (#o.pointer + 1)
-      tokens[#tokens + 1] = string.sub(o.pointer, from, slash - 1)
-      from = slash + 1
     end
     for _, token in ipairs(tokens) do
       if type(json) ~= 'table' then
         return nil, 'missing'
       end
-      token = string.gsub(string.gsub(token, '~1', '/'), '~0', '~')
       local at = json[token]
       if at == nil and string.match(token, '^%d+$') then
         at = json[tonumber(token) + 1]
@@ -115,9 +125,10 @@ local function key_of(fields)
   return value
 end
 
-local now = order_now()
-local missing, too_long, queued = 0, 0, 0
-local out = {{}, 0, 0, 0}
+local k = order_state(o.prefix, KEYS[1], KEYS[2], KEYS[6], KEYS[5], o.max_in_flight, 0)
+local missing, too_long = 0, 0
+-- First the entries' keys (rows, in id order), then every key's load in one call.
+local rows, kds, texts = {}, {}, {}
 for _, entry in ipairs(read[1][2]) do
   local id, fields = entry[1], entry[2]
   local size = 0
@@ -125,7 +136,7 @@ for _, entry in ipairs(read[1][2]) do
     size = size + #fields[i] + #fields[i + 1] + o.field_overhead
   end
   if size > o.max_entry_bytes then
-    out[#out + 1] = {id, {}, '', size, #fields / 2}
+    rows[#rows + 1] = {id, {}, '', size, #fields / 2}
   else
     local key, why = key_of(fields)
     if not key then
@@ -134,20 +145,53 @@ for _, entry in ipairs(read[1][2]) do
       else
         too_long = too_long + 1
       end
-      out[#out + 1] = {id, fields, '', 0, #fields / 2}
+      rows[#rows + 1] = {id, fields, '', 0, #fields / 2}
     else
       local kd = redis.sha1hex(key)
-      local k = {run = o.prefix .. ':run:' .. kd, wait = o.prefix .. ':wait:' .. kd,
-        names = KEYS[1], waiting = KEYS[2], turns = KEYS[6]}
-      if order_take_new(k, kd, id, o.max_in_flight, now) then
-        out[#out + 1] = {id, fields, kd, 0, #fields / 2}
-      else
-        order_queue(k, kd, key, cmsgpack.pack({KEYS[3], o.group, id, 0, fields, id}), now)
-        redis.call('XACK', KEYS[3], o.group, id)
-        queued = queued + 1
+      if not texts[kd] then
+        texts[kd] = key
+        kds[#kds + 1] = kd
       end
+      rows[#rows + 1] = {id, fields, kd, 0, #fields / 2}
     end
   end
 end
-out[2], out[3], out[4] = missing, too_long, queued
+local loads = order_loads(k, kds)
+-- Each keyed entry runs (it takes a turn) or queues, in id order; a key that queued one in
+-- this read queues the rest.
+local out, taken, queued, acks, queues = {{}, 0, 0, 0}, {}, {}, {}, {}
+local stamp = ':' .. k.now
+for _, row in ipairs(rows) do
+  local kd = row[3]
+  if kd == '' then
+    out[#out + 1] = row
+  else
+    local load = loads[kd]
+    loads[kd] = load + 1
+    if not queued[kd] and order_free(k, kd, load) then
+      taken[#taken + 1] = row[1]
+      taken[#taken + 1] = kd .. stamp
+      out[#out + 1] = row
+    else
+      if not queued[kd] then
+        queued[kd] = {}
+        queues[#queues + 1] = kd
+      end
+      local id = row[1]
+      table.insert(queued[kd], cmsgpack.pack({KEYS[3], o.group, id, 0, row[2], id}))
+      acks[#acks + 1] = id
+    end
+  end
+end
+if #taken > 0 then
+  order_hset(k.turns, taken)
+end
+for _, kd in ipairs(queues) do
+  order_queue(k, kd, texts[kd], queued[kd], k.now)
+end
+if #acks > 0 then
+  order_batch('XACK', KEYS[3], acks, o.group)
+end
+order_store_loads(k, kds, loads)
+out[2], out[3], out[4] = missing, too_long, #acks
 return out

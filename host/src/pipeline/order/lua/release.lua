@@ -2,20 +2,30 @@
 -- in flight, a parked retry, a dead letter held with `hold`) and its waiting entries go in
 -- while it has free turns. What held a turn is not touched: a parked retry still comes back
 -- and is handled (then as an entry that holds no turn, which takes one if free or waits).
+-- The key's load is set to what waits: a count that drifted (a turn whose entry is gone)
+-- is healed by a release.
 --
 -- KEYS[1]  the subscription's key names, KEYS[2] its waiting keys, KEYS[3] the delayed set
--- KEYS[4]  the key's `run`, KEYS[5] its `wait`, KEYS[6] the subscription's turns (origin id -> key digest)
+-- KEYS[4]  the subscription's loads, KEYS[5] the key's `wait`, KEYS[6] the subscription's
+--          turns (see lib/order.lua)
 -- ARGV[1]  the key's digest, ARGV[2] the most in flight per key, ARGV[3] the set's ttl (ms)
+-- ARGV[4]  the prefix of the keys' own keys
+-- ARGV[5..] the origin ids the host found holding the key's turns (a scan of the turns: one
+--          that took a turn since is not given back, and no longer counted in the load)
 --
 -- Reply: {turns given back, entries let in}.
 -- @include lib/order
-local kd, max, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local holders = redis.call('HKEYS', KEYS[4])
-redis.call('DEL', KEYS[4])
-for _, origin in ipairs(holders) do
-  if redis.call('HGET', KEYS[6], origin) == kd then
-    redis.call('HDEL', KEYS[6], origin)
+local kd = ARGV[1]
+local k = order_state(ARGV[4], KEYS[1], KEYS[2], KEYS[6], KEYS[3], tonumber(ARGV[2]),
+  tonumber(ARGV[3]))
+local given = 0
+for i = 5, #ARGV do
+  local turn = redis.call('HGET', k.turns, ARGV[i])
+  if turn and turn_key(turn) == kd then
+    redis.call('HDEL', k.turns, ARGV[i])
+    given = given + 1
   end
 end
-local k = {run = KEYS[4], wait = KEYS[5], names = KEYS[1], waiting = KEYS[2], turns = KEYS[6]}
-return {#holders, order_let_in(k, kd, max, KEYS[3], ttl, order_now())}
+local went, load = order_let_in(k, kd, redis.call('LLEN', KEYS[5]))
+order_store_loads(k, {kd}, {[kd] = load})
+return {given, went}

@@ -7,27 +7,18 @@
 -- KEYS[1]  the subscription's key names (hash), KEYS[2] its waiting keys (sorted set)
 -- KEYS[3..5] unused here (the stream, the lane, the delayed set: every order script but the
 --          operator's takes the same first six keys)
--- KEYS[6]  the subscription's turns (hash: origin id -> key digest)
--- KEYS[7..] each key's `run` and `wait`, in pairs
+-- KEYS[6]  the subscription's turns (hash: origin id -> key digest and time)
 -- ARGV[1]  the most entries of one key in flight at once
--- ARGV[2..] per entry, four values: its key's pair (1 for KEYS[7..8]), the key's digest, the
---          entry's origin id, the key's text
+-- ARGV[2]  the prefix of the keys' own keys (see lib/order.lua), in the stream's hash slot
+-- ARGV[3..] per entry, two values: the key's digest, the entry's origin id
 --
 -- Reply: per entry, 1 (run) or 0 (must wait), in order. Entries of one key in one read are
 -- taken in the read's order, so the first takes the turn and the others wait behind it.
 -- @include lib/order
-local max = tonumber(ARGV[1])
-local now = order_now()
+local k = order_state(ARGV[2], KEYS[1], KEYS[2], KEYS[6], KEYS[5], tonumber(ARGV[1]), 0)
 local out = {}
-for i = 2, #ARGV, 4 do
-  local pair = tonumber(ARGV[i])
-  local k = {run = KEYS[5 + 2 * pair], wait = KEYS[6 + 2 * pair], names = KEYS[1],
-    waiting = KEYS[2], turns = KEYS[6]}
+for i = 3, #ARGV, 2 do
   -- A turn already held runs, whatever key the host made of the entry.
-  if redis.call('HEXISTS', KEYS[6], ARGV[i + 2]) == 1 then
-    out[#out + 1] = 1
-  else
-    out[#out + 1] = order_take(k, ARGV[i + 1], ARGV[i + 2], max, now) and 1 or 0
-  end
+  out[#out + 1] = order_take(k, ARGV[i], ARGV[i + 1]) and 1 or 0
 end
 return out

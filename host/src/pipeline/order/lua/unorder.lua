@@ -4,8 +4,8 @@
 -- names go. At most ARGV[3] keys per call; the caller calls again while it answers more.
 --
 -- KEYS[1]  the key names, KEYS[2] the waiting keys, KEYS[3] the delayed set, KEYS[4] the turns
--- ARGV[1]  the prefix of the keys' own keys (`<prefix>:run:<digest>`, `<prefix>:wait:<digest>`,
---          in the stream's hash slot like KEYS)
+-- ARGV[1]  the prefix of the keys' own keys (`<prefix>:load`, `<prefix>:wait:<digest>`, in the
+--          stream's hash slot like KEYS)
 -- ARGV[2]  unused (kept for the order scripts' shape)
 -- ARGV[3]  the most keys this call lets go
 --
@@ -24,16 +24,12 @@ for _, kd in ipairs(keys) do
     redis.call('ZADD', KEYS[3], now, member)
     moved = moved + 1
   end
-  redis.call('DEL', ARGV[1] .. ':run:' .. kd)
   redis.call('ZREM', KEYS[2], kd)
   redis.call('HDEL', KEYS[1], kd)
 end
 local left = redis.call('ZCARD', KEYS[2])
 if left == 0 then
-  -- Turns of keys with nothing waiting: their holders settle as unordered entries now.
-  for _, kd in ipairs(redis.call('HVALS', KEYS[4])) do
-    redis.call('DEL', ARGV[1] .. ':run:' .. kd)
-  end
-  redis.call('DEL', KEYS[4])
+  -- The turns and loads: their holders settle as unordered entries now.
+  redis.call('DEL', KEYS[4], ARGV[1] .. ':load')
 end
 return {moved, left}

@@ -17,7 +17,7 @@
 -- five ARGV are the origin id, the prefix of the keys' own keys, the most in flight per key,
 -- the set's ttl (ms), and `release` or `hold`. Once the dead letter is written, the turn the
 -- origin holds (found in the turns, whatever key the host made of the entry) is given back and
--- the key's next entries go in (`release`), or kept, marked `dead:<ms>` (`hold`), until the
+-- the key's next entries go in (`release`), or kept, marked `<digest>:dead:<ms>` (`hold`), until the
 -- dead letter is requeued and settles, is deleted, or an operator releases the key.
 --
 -- Order matters: the dead letter is written first and the entry acknowledged last, so a write
@@ -56,15 +56,14 @@ for i = 6, last do
 end
 local reply = write_dead_letter(state, fields)
 if turn then
-  local k = {names = KEYS[5], waiting = KEYS[6], turns = KEYS[8]}
-  local now = order_now()
+  local k = order_state(turn.prefix, KEYS[5], KEYS[6], KEYS[8], KEYS[7], turn.max, turn.ttl)
   if turn.mode == 'hold' then
-    local kd = redis.call('HGET', k.turns, turn.origin)
-    if kd then
-      redis.call('HSET', turn.prefix .. ':run:' .. kd, turn.origin, 'dead:' .. now)
+    local held = redis.call('HGET', k.turns, turn.origin)
+    if held then
+      redis.call('HSET', k.turns, turn.origin, turn_key(held) .. ':dead:' .. k.now)
     end
   else
-    order_forget(k, turn.origin, turn.max, KEYS[7], turn.ttl, now, turn.prefix)
+    order_give_back(k, {turn.origin})
   end
 end
 return reply

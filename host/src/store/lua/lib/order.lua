@@ -1,103 +1,227 @@
 -- Library: the turns of ordered keys (see `pipeline/order/mod.rs`).
 --
--- One key (by its digest `kd`) has two keys of its own: `run`, a hash of the origin ids that
--- hold one of its turns (value: the server time the turn was taken, ms, or `dead:<ms>` for a
--- dead letter that holds it), and `wait`, a list of the delayed-set members of its entries that
--- wait for a turn, oldest first. The subscription has `names` (a hash: digest -> the key's
--- text, while the key has entries waiting) and `waiting` (a sorted set: digest -> the server
--- time its list last became non-empty). `k` below is {run, wait, names, waiting}.
+-- A key is named by its digest `kd` (the SHA-1 of its bytes in hex, 40 characters). The
+-- subscription's state, all in the stream's hash slot (`k` below holds the names):
 --
--- A key's state exists only while one of its entries is in flight, parked, dead-lettered with
--- `hold`, or waiting: an emptied hash or list is gone (Redis deletes it), and so is its name.
+-- - `turns`, a hash: origin id -> `<kd>:<ms>` for every entry that holds a turn (in flight,
+--   parked, let in), `<kd>:dead:<ms>` for a dead letter that holds one (`hold`); ms is the
+--   server time the turn was taken. An origin holds at most one turn.
+-- - `load`, a hash: kd -> how many entries of the key hold a turn or wait for one. A key with
+--   none has no field. Because it counts both, a new entry finds in one call whether it may
+--   run (it is the only one) or must queue; and settling finds in the same call whether
+--   anything waits behind it.
+-- - `wait:<kd>` (`k.prefix .. ':wait:' .. kd`), a list of the delayed-set members of the key's
+--   waiting entries, oldest first.
+-- - `names` (kd -> the key's text) and `waiting` (a sorted set: kd -> the server time its list
+--   last became non-empty), for the keys that have entries waiting: the operator's view.
+--
+-- Every script that writes them keeps `load[kd]` = (turns held on kd) + (entries in wait:kd).
+-- Scripts batch: one HMGET/HSET/HDEL per call for `turns` and `load` whatever the number of
+-- entries, so the hot path costs few Redis calls per entry (see docs/design/ordered-keys.md).
 -- @include lib/member
+
+-- The most arguments one batched call takes (Lua's unpack has a stack bound).
+local ORDER_CHUNK = 500
 
 local function order_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Whether an entry `origin` that holds no turn may run now: the key has a free turn and nothing
--- waits for it (then it takes it). The read's hot path: four calls.
-local function order_take_new(k, kd, origin, max, now)
-  if redis.call('LLEN', k.wait) == 0 and redis.call('HLEN', k.run) < max then
-    redis.call('HSET', k.run, origin, now)
-    redis.call('HSET', k.turns, origin, kd)
-    return true
-  end
-  return false
+-- The digest a `turns` value names.
+local function turn_key(value)
+  return string.sub(value, 1, 40)
 end
 
--- Whether the entry `origin` may run now: it holds a turn already (a retry, a rescued or
--- released entry), or it takes a free one (see order_take_new).
-local function order_take(k, kd, origin, max, now)
-  if redis.call('HEXISTS', k.run, origin) == 1 then
-    return true
+-- `cmd key [arg] args...`, in chunks of `args`; the replies of every chunk, concatenated (for
+-- HMGET).
+local function order_batch(cmd, key, args, arg)
+  local out = {}
+  for from = 1, #args, ORDER_CHUNK do
+    local to = math.min(from + ORDER_CHUNK - 1, #args)
+    local reply
+    if arg then
+      reply = redis.call(cmd, key, arg, unpack(args, from, to))
+    else
+      reply = redis.call(cmd, key, unpack(args, from, to))
+    end
+    if type(reply) == 'table' then
+      for _, v in ipairs(reply) do
+        out[#out + 1] = v
+      end
+    end
   end
-  return order_take_new(k, kd, origin, max, now)
+  return out
 end
 
--- Queue `member` behind the key's turns.
-local function order_queue(k, kd, text, member, now)
-  if redis.call('RPUSH', k.wait, member) == 1 then
+-- HSET `key` with the field/value pairs in `flat` (an even count), in chunks.
+local function order_hset(key, flat)
+  for from = 1, #flat, ORDER_CHUNK * 2 do
+    local to = math.min(from + ORDER_CHUNK * 2 - 1, #flat)
+    redis.call('HSET', key, unpack(flat, from, to))
+  end
+end
+
+-- The load of each digest in `kds`, as numbers (0 for none).
+local function order_loads(k, kds)
+  local loads = {}
+  if #kds == 0 then
+    return loads
+  end
+  local values = order_batch('HMGET', k.load, kds)
+  for i, kd in ipairs(kds) do
+    loads[kd] = tonumber(values[i]) or 0
+  end
+  return loads
+end
+
+-- Write the loads of `kds` back (a load of 0 or less removes the field).
+local function order_store_loads(k, kds, loads)
+  local set, gone = {}, {}
+  for _, kd in ipairs(kds) do
+    local n = loads[kd]
+    if n > 0 then
+      set[#set + 1] = kd
+      set[#set + 1] = n
+    else
+      gone[#gone + 1] = kd
+    end
+  end
+  if #set > 0 then
+    order_hset(k.load, set)
+  end
+  if #gone > 0 then
+    order_batch('HDEL', k.load, gone)
+  end
+end
+
+-- Queue `members` (of one key, in order) behind the key's turns; their loads are the caller's.
+local function order_queue(k, kd, text, members, now)
+  local wait = k.prefix .. ':wait:' .. kd
+  local len = 0
+  for from = 1, #members, ORDER_CHUNK do
+    len = redis.call('RPUSH', wait, unpack(members, from, math.min(from + ORDER_CHUNK - 1, #members)))
+  end
+  if len == #members then
     redis.call('ZADD', k.waiting, now, kd)
     redis.call('HSET', k.names, kd, text)
   end
 end
 
--- Let the waiting entries of a key in while it has free turns: each goes to the delayed set
--- `set` due now (its sweep brings it back to the group) and takes its turn. A set that
--- expires keeps at least `ttl_ms` to live. Forgets the key's name once nothing waits. Returns
--- how many went.
-local function order_let_in(k, kd, max, set, ttl_ms, now)
+-- Whether an entry (holding no turn) of a key whose load is `load` before it may take a turn:
+-- it is the only one, or the key has a free turn and nothing waits.
+local function order_free(k, kd, load)
+  if load == 0 then
+    return true
+  end
+  return load < k.max and redis.call('LLEN', k.prefix .. ':wait:' .. kd) == 0
+end
+
+-- The names an order script works on: `prefix` that of the keys' own keys, the others the
+-- subscription's (see above), `set` the delayed set, `max` the most in flight per key, `ttl`
+-- the least time to live a set with an expiry keeps (ms, 0 for none).
+local function order_state(prefix, names, waiting, turns, set, max, ttl)
+  return {prefix = prefix, load = prefix .. ':load', names = names, waiting = waiting,
+    turns = turns, set = set, max = max, ttl = ttl, now = order_now()}
+end
+
+-- Whether the entry `origin` of the key `kd` may run now: it holds a turn already (a retry, a
+-- rescued or let-in entry), or it takes a free one (see order_free).
+local function order_take(k, kd, origin)
+  if redis.call('HEXISTS', k.turns, origin) == 1 then
+    return true
+  end
+  local load = tonumber(redis.call('HGET', k.load, kd)) or 0
+  if not order_free(k, kd, load) then
+    return false
+  end
+  redis.call('HSET', k.load, kd, load + 1)
+  redis.call('HSET', k.turns, origin, kd .. ':' .. k.now)
+  return true
+end
+
+-- Let the waiting entries of the key `kd`, whose load is `load`, in while it has free turns:
+-- each goes to the delayed set `k.set` due now (its sweep brings it back to the group) and
+-- takes its turn. A set that expires keeps at least `k.ttl` ms to live. Forgets the key's
+-- name once nothing waits. Returns how many went, and the key's load after.
+local function order_let_in(k, kd, load)
+  local wait = k.prefix .. ':wait:' .. kd
+  local waiting = redis.call('LLEN', wait)
+  local holders = load - waiting
   local went = 0
-  while redis.call('HLEN', k.run) < max do
-    local member = redis.call('LPOP', k.wait)
-    if not member then
-      break
-    end
+  while holders < k.max and waiting > 0 do
+    local member = redis.call('LPOP', wait)
+    waiting = waiting - 1
     local _, _, _, origin = read_member(member)
     -- A member the hold script did not write (none other should be here) still goes: the
     -- sweep dead-letters what it cannot read.
-    redis.call('HSET', k.run, origin or member, now)
-    redis.call('HSET', k.turns, origin or member, kd)
-    redis.call('ZADD', set, now, member)
+    if redis.call('HSET', k.turns, origin or member, kd .. ':' .. k.now) == 0 then
+      -- It held a turn already (counted twice): one fewer on the key.
+      load = load - 1
+    else
+      holders = holders + 1
+    end
+    redis.call('ZADD', k.set, k.now, member)
     went = went + 1
   end
-  if went > 0 and redis.call('LLEN', k.wait) == 0 then
+  if went > 0 and waiting == 0 then
     redis.call('ZREM', k.waiting, kd)
     redis.call('HDEL', k.names, kd)
   end
-  if went > 0 and ttl_ms > 0 then
-    local left = redis.call('PTTL', set)
+  if went > 0 and k.ttl > 0 then
+    local left = redis.call('PTTL', k.set)
     -- Only a set that expires: one without an expiry keeps none.
-    if left >= 0 and left < ttl_ms then
-      redis.call('PEXPIRE', set, ttl_ms)
+    if left >= 0 and left < k.ttl then
+      redis.call('PEXPIRE', k.set, k.ttl)
     end
   end
+  return went, load
+end
+
+-- Give back the turns the distinct `origins` hold (found in `turns`: the entries themselves
+-- may be gone) and let each key's next entries in. Returns how many entries went in (origins
+-- that held none change nothing: another host settled them first).
+local function order_give_back(k, origins)
+  if #origins == 0 then
+    return 0
+  end
+  local distinct, seen = {}, {}
+  for _, origin in ipairs(origins) do
+    if not seen[origin] then
+      seen[origin] = true
+      distinct[#distinct + 1] = origin
+    end
+  end
+  local held = order_batch('HMGET', k.turns, distinct)
+  local gone, kds, released = {}, {}, {}
+  for i, value in ipairs(distinct) do
+    local turn = held[i]
+    if turn then
+      gone[#gone + 1] = value
+      local kd = turn_key(turn)
+      if not released[kd] then
+        kds[#kds + 1] = kd
+        released[kd] = 0
+      end
+      released[kd] = released[kd] + 1
+    end
+  end
+  if #gone == 0 then
+    return 0
+  end
+  order_batch('HDEL', k.turns, gone)
+  local loads = order_loads(k, kds)
+  local went = 0
+  for _, kd in ipairs(kds) do
+    local load = loads[kd] - released[kd]
+    if load > 0 then
+      -- Something holds or waits: the hot path of a key without waiters is one LLEN.
+      local n
+      n, load = order_let_in(k, kd, load)
+      went = went + n
+    end
+    loads[kd] = load
+  end
+  order_store_loads(k, kds, loads)
   return went
-end
-
--- Give back the turn `origin` holds on the key and let the next entries in. Returns how many
--- went (0 when `origin` held no turn: another host settled it first).
-local function order_release(k, kd, origin, max, set, ttl_ms, now)
-  if redis.call('HDEL', k.run, origin) == 0 then
-    return 0
-  end
-  redis.call('HDEL', k.turns, origin)
-  -- The hot path: nothing waits (one call).
-  if redis.call('LLEN', k.wait) == 0 then
-    return 0
-  end
-  return order_let_in(k, kd, max, set, ttl_ms, now)
-end
-
--- Give back whatever turn `origin` holds, its key found from `turns` (the entry itself may be
--- gone). Returns how many entries went in (0 when it held none).
-local function order_forget(k, origin, max, set, ttl_ms, now, prefix)
-  local kd = redis.call('HGET', k.turns, origin)
-  if not kd then
-    return 0
-  end
-  k.run, k.wait = prefix .. ':run:' .. kd, prefix .. ':wait:' .. kd
-  return order_release(k, kd, origin, max, set, ttl_ms, now)
 end
