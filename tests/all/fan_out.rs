@@ -610,9 +610,10 @@ async fn a_forged_dead_letter_is_not_requeued_with_its_origin() {
             .unwrap()
             .unwrap();
         assert_eq!(letter.trusted, trusted, "{letter:?}");
-        let dead_letters::Requeued::To(new) = dead_letters::requeue(&mut conn, &keys, &letter)
-            .await
-            .unwrap()
+        let dead_letters::Requeued::To(new) =
+            dead_letters::requeue(&mut conn, &keys, &letter, false)
+                .await
+                .unwrap()
         else {
             panic!("gone");
         };

@@ -15,6 +15,7 @@ mod consuming;
 mod crash;
 mod delayed;
 mod density;
+mod effects;
 mod entries;
 mod examples;
 mod fan_out;

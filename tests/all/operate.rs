@@ -291,7 +291,9 @@ async fn two_operators_requeueing_all_at_once_move_each_entry_once() {
                 .unwrap();
             for letter in &page.items {
                 if let dead_letters::Requeued::To(_) =
-                    dead_letters::requeue(&mut conn, &k, letter).await.unwrap()
+                    dead_letters::requeue(&mut conn, &k, letter, false)
+                        .await
+                        .unwrap()
                 {
                     moved += 1;
                 }
@@ -725,7 +727,7 @@ async fn a_requeued_entry_keeps_its_origin_id_for_the_handler() {
     let page = dead_letters::list(&mut conn, &k, None, 10, None, 1)
         .await
         .unwrap();
-    let requeued = dead_letters::requeue(&mut conn, &k, &page.items[0])
+    let requeued = dead_letters::requeue(&mut conn, &k, &page.items[0], false)
         .await
         .unwrap();
     let dead_letters::Requeued::To(new_id) = requeued else {
@@ -797,8 +799,9 @@ async fn dead_lettered_parked_retries_are_sealed_and_requeued_whole_with_their_o
         let origin = letter.origin_id.clone().unwrap();
         let expected = if origin == "8-1" { 4001 } else { 1 };
         assert_eq!(letter.fields.len(), expected, "{origin}: every field");
-        let dead_letters::Requeued::To(new) =
-            dead_letters::requeue(&mut conn, &k, letter).await.unwrap()
+        let dead_letters::Requeued::To(new) = dead_letters::requeue(&mut conn, &k, letter, false)
+            .await
+            .unwrap()
         else {
             panic!("gone")
         };

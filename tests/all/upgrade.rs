@@ -184,9 +184,10 @@ async fn an_earlier_releases_state_comes_back_once() {
     for letter in page.items {
         assert!(letter.trusted, "{letter:?}");
         let origin = letter.origin_id.clone().unwrap();
-        let dead_letters::Requeued::To(new) = dead_letters::requeue(&mut conn, &keys, &letter)
-            .await
-            .unwrap()
+        let dead_letters::Requeued::To(new) =
+            dead_letters::requeue(&mut conn, &keys, &letter, false)
+                .await
+                .unwrap()
         else {
             panic!("gone")
         };

@@ -31,6 +31,10 @@ pub struct Args {
     /// Say what would be requeued; change nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Give the requeued entries' outbound calls new idempotency keys (by default a requeued
+    /// entry's calls keep the keys they had, so a service that saw them dedupes).
+    #[arg(long)]
+    new_idempotency_keys: bool,
     /// Only the subscription to this stream (or this one partition).
     #[arg(long)]
     stream: Option<String>,
@@ -50,6 +54,7 @@ pub(crate) async fn execute(args: Args) -> Result<()> {
         all: args.all,
         reason: args.reason,
         dry_run: args.dry_run,
+        new_idempotency_keys: args.new_idempotency_keys,
     })
     .await?;
     print!("{done}");
@@ -72,6 +77,8 @@ pub struct RequeueRequest {
     pub reason: Option<String>,
     /// Say what would be requeued, change nothing.
     pub dry_run: bool,
+    /// New idempotency keys for the requeued entries' outbound calls.
+    pub new_idempotency_keys: bool,
 }
 
 /// `sluice requeue`.
@@ -96,7 +103,8 @@ pub async fn requeue(request: RequeueRequest) -> Result<String> {
                 if request.dry_run {
                     tally.would(&target.keys, &letter);
                 } else {
-                    tally.requeue(&mut target, &letter, &bar).await?;
+                    let fresh = request.new_idempotency_keys;
+                    tally.requeue(&mut target, &letter, fresh, &bar).await?;
                 }
             }
             if !request.all || cursor.is_none() {
@@ -180,10 +188,11 @@ impl Tally {
         &mut self,
         target: &mut Target,
         letter: &DeadLetter,
+        new_idempotency_keys: bool,
         bar: &indicatif::ProgressBar,
     ) -> Result<()> {
         let keys = &target.keys;
-        match dead_letters::requeue(&mut target.conn, keys, letter).await {
+        match dead_letters::requeue(&mut target.conn, keys, letter, new_idempotency_keys).await {
             Ok(Requeued::To(id)) => {
                 self.done += 1;
                 bar.inc(1);

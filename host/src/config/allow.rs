@@ -218,13 +218,21 @@ pub struct OutboundHttp {
     /// The longest a request may wait to connect, for its first response byte, or between
     /// response body chunks.
     pub timeout: Duration,
+    /// The header each request carries its idempotency key in (see `runtime/effects.rs`);
+    /// `None` sends none.
+    pub idempotency_header: Option<http::HeaderName>,
 }
+
+/// The header idempotency keys go in unless configured otherwise: the name the IETF draft and
+/// most payment APIs use.
+pub const DEFAULT_IDEMPOTENCY_HEADER: &str = "idempotency-key";
 
 impl Default for OutboundHttp {
     fn default() -> Self {
         Self {
             allowed: Vec::new(),
             timeout: super::DEFAULT_HANDLER_TIMEOUT,
+            idempotency_header: Some(http::HeaderName::from_static(DEFAULT_IDEMPOTENCY_HEADER)),
         }
     }
 }
@@ -262,6 +270,7 @@ mod tests {
         OutboundHttp {
             allowed: entries.iter().map(|e| e.parse().unwrap()).collect(),
             timeout: Duration::from_secs(1),
+            ..OutboundHttp::default()
         }
     }
 

@@ -100,5 +100,18 @@ fn outbound_http(
         }
         http.timeout = t;
     }
+    if let Some(name) = &sub.idempotency_header {
+        http.idempotency_header = if name == "none" {
+            None
+        } else {
+            Some(http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                v.invalid(
+                    &key("idempotency_header"),
+                    name,
+                    "must be an HTTP header name (letters, digits and `-`), or \"none\"",
+                )
+            })?)
+        };
+    }
     Ok(())
 }

@@ -103,6 +103,7 @@ pub(super) struct RawSubscription {
     #[serde(default)]
     pub(super) allowed_outbound_hosts: Vec<String>,
     pub(super) http_timeout: Option<String>,
+    pub(super) idempotency_header: Option<String>,
     #[serde(default)]
     pub(super) config: BTreeMap<String, toml::Value>,
 }

@@ -380,6 +380,12 @@ pub const KEYS: &[KeyDoc] = &[
     },
     KeyDoc {
         scope: Scope::Subscription,
+        keys: &["idempotency_header"],
+        meaning: "the header every outbound request carries a stable idempotency key in (the same for the same call of the same entry on every retry: see the effects page), unless the handler set it; `\"none\"` sends none",
+        default: "`\"Idempotency-Key\"`",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
         keys: &["config"],
         meaning: "`[subscription.config]`: string values the guest can read",
         default: "empty",

@@ -121,6 +121,8 @@ impl GuestState {
                 grant: http,
                 spans: 0,
                 trace: None,
+                identity: None,
+                calls: 0,
             },
             table,
             limiter: Limiter {

@@ -150,6 +150,39 @@ pub(crate) struct HttpHooks {
     /// The current attempt's trace, while traces are exported (taken when the call starts: a
     /// hook may run inside spans of the HTTP crates).
     pub(crate) trace: Option<crate::observe::telemetry::AttemptTrace>,
+    /// What names the current attempt's calls, when they carry idempotency keys.
+    pub(crate) identity: Option<super::effects::CallIdentity>,
+    /// Requests the current attempt has sent (or tried to): the next one's position.
+    pub(crate) calls: u32,
+}
+
+impl HttpHooks {
+    /// A new attempt starts: its calls are counted from 0 and named by `identity`.
+    pub(crate) fn begin(&mut self, identity: Option<super::effects::CallIdentity>) {
+        self.identity = identity;
+        self.calls = 0;
+    }
+
+    /// Whether the attempt's calls get idempotency keys: a grant to call anything, and a
+    /// header to put them in.
+    pub(crate) fn keys_calls(&self) -> bool {
+        self.grant.policy.idempotency_header.is_some() && !self.grant.policy.allowed.is_empty()
+    }
+
+    /// Put the attempt's key for request number `call` in `headers`, unless the handler set
+    /// one there itself.
+    fn add_idempotency_key(&self, call: u32, headers: &mut http::HeaderMap) {
+        let (Some(name), Some(identity)) = (&self.grant.policy.idempotency_header, &self.identity)
+        else {
+            return;
+        };
+        if headers.contains_key(name) {
+            return;
+        }
+        if let Ok(value) = http::HeaderValue::from_str(&identity.key(call)) {
+            headers.insert(name.clone(), value);
+        }
+    }
 }
 
 /// With traces exported: a span for the request (a child of the attempt's, while the attempt
@@ -316,6 +349,8 @@ impl WasiHttpHooks for HttpHooks {
         _fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
     ) -> ResponseFuture {
         let grant = self.grant.clone();
+        let call = self.calls;
+        self.calls = self.calls.saturating_add(1);
         use http_body_util::BodyExt as _;
         // A request that is not sent (denied, refused, failed) still takes its body.
         let within = self.grant.policy.timeout;
@@ -341,6 +376,7 @@ impl WasiHttpHooks for HttpHooks {
             url = %request.uri(),
             "outbound HTTP request"
         );
+        self.add_idempotency_key(call, request.headers_mut());
         let options = cap(&self.grant.policy, options);
         let protected = self.grant.protected.clone();
         let span = tracing::Span::current();
@@ -413,6 +449,7 @@ mod tests {
         let g = OutboundHttp {
             allowed: vec!["http://a.com".parse().unwrap()],
             timeout: Duration::from_secs(1),
+            ..OutboundHttp::default()
         };
         let capped = cap(
             &g,

@@ -369,6 +369,11 @@ impl WasmHandler {
             state.panic_message = None;
             state.limiter.denied = None;
             state.reset_log_budget(delivery.trace.clone());
+            let identity = state
+                .http_hooks
+                .keys_calls()
+                .then(|| super::effects::CallIdentity::of(delivery));
+            state.http_hooks.begin(identity);
         }
         instance.store.set_epoch_deadline(1);
         // On the attempt's span (the delivery's), when traced: the limits it ran under.
@@ -398,7 +403,9 @@ impl WasmHandler {
     /// After the call: the attempt's span ends with the attempt (not when the instance is next
     /// used) and says how much memory it took; dropped guest log lines are reported once.
     fn finish(&self, instance: &mut Instance, span: Option<&tracing::Span>) {
-        instance.store.data_mut().http_hooks.trace = None;
+        let hooks = &mut instance.store.data_mut().http_hooks;
+        hooks.trace = None;
+        hooks.begin(None);
         if let Some(span) = &span {
             span.record(
                 "memory_bytes",

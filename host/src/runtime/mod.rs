@@ -12,7 +12,8 @@
 //! - [`guest`] is the per-store state and the host side of the WIT imports (logging into
 //!   `tracing`, the subscription's config values, WASI with every capability denied).
 //! - [`http`] is outbound HTTP: the subscription's `allowed_outbound_hosts` and timeouts in
-//!   front of `wasi:http`'s outgoing handler.
+//!   front of `wasi:http`'s outgoing handler; [`effects`] names each call of an attempt
+//!   (its idempotency key), the same on every retry of the entry.
 //!
 //! Time limits use epoch interruption: a ticker thread bumps the engine's epoch every
 //! [`EPOCH_TICK`]; at each tick a running guest yields to the async executor (so a busy guest
@@ -20,6 +21,7 @@
 
 pub mod compile;
 pub mod component;
+pub mod effects;
 pub mod guest;
 pub mod http;
 pub mod instance;

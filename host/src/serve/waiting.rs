@@ -4,7 +4,8 @@
 //!
 //! - `GET .../dead-letters?cursor=&limit=&reason=`: newest first, `{items, next}`;
 //!   `GET .../dead-letters/{id}`: one.
-//! - `POST .../dead-letters/requeue` with `{"ids": [...]}` or `{"all": true, "reason": "..."}`:
+//! - `POST .../dead-letters/requeue` with `{"ids": [...]}` or `{"all": true, "reason": "..."}`
+//!   (and `"new_idempotency_keys": true` for new keys on the entries' outbound calls):
 //!   an `all` call requeues at most [`ALL_PER_CALL`] and answers `more: true` when some are left
 //!   (call again).
 //! - `DELETE .../dead-letters/{id}`.
@@ -156,6 +157,9 @@ struct RequeueBody {
     #[serde(default)]
     all: bool,
     reason: Option<String>,
+    /// New idempotency keys for the requeued entries' outbound calls.
+    #[serde(default)]
+    new_idempotency_keys: bool,
 }
 
 async fn requeue(
@@ -193,7 +197,7 @@ async fn requeue(
     let mut requeued = Vec::new();
     let mut skipped = Vec::new();
     for letter in &letters {
-        match dead_letters::requeue(&mut conn, &keys, letter).await {
+        match dead_letters::requeue(&mut conn, &keys, letter, body.new_idempotency_keys).await {
             Ok(dead_letters::Requeued::To(new)) => {
                 requeued.push(serde_json::json!({ "id": letter.id, "new_id": new }));
             }

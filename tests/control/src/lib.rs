@@ -80,6 +80,21 @@ pub enum Control {
         #[serde(default)]
         sequential: bool,
     },
+    /// POST `body` to every url in `urls`, one after another (with `headers` on each); the
+    /// first that fails or answers other than 2xx ends the attempt with a retry in `retry_ms`;
+    /// when all succeed, ack (a payment's charge, then its receipt). Not in the v2 build.
+    Calls {
+        /// Where to send them, in order.
+        urls: Vec<String>,
+        /// What each carries.
+        #[serde(default)]
+        body: String,
+        /// Headers the guest sets itself on every request.
+        #[serde(default)]
+        headers: Vec<(String, String)>,
+        /// The retry a failed call asks for.
+        retry_ms: u64,
+    },
     /// Allocate 1 MiB blocks until allocation fails.
     Alloc,
     /// Recurse without end.

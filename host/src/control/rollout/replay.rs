@@ -316,7 +316,7 @@ pub async fn requeue_acked<C: ConnectionLike>(
             done.gone.push(item.id.clone());
             continue;
         };
-        match dead_letters::requeue(conn, keys, &letter).await? {
+        match dead_letters::requeue(conn, keys, &letter, false).await? {
             Requeued::To(id) => done.requeued.push((item.id.clone(), id)),
             Requeued::Gone => done.gone.push(item.id.clone()),
         }

@@ -398,7 +398,7 @@ impl Doing<'_> {
             return Ok(gone);
         };
         Ok(
-            match dead_letters::requeue(&mut self.conn, &self.keys, &letter).await? {
+            match dead_letters::requeue(&mut self.conn, &self.keys, &letter, false).await? {
                 dead_letters::Requeued::To(new) => {
                     format!("requeued {id} onto the stream as {new}")
                 }
@@ -414,7 +414,7 @@ impl Doing<'_> {
         let mut moved = 0usize;
         for letter in &letters {
             if let dead_letters::Requeued::To(_) =
-                dead_letters::requeue(&mut self.conn, &self.keys, letter).await?
+                dead_letters::requeue(&mut self.conn, &self.keys, letter, false).await?
             {
                 moved += 1;
             }

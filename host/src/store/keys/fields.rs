@@ -28,6 +28,9 @@ pub const PACKED_FIELDS: &str = "sluice-packed-fields";
 pub const MEMBER: &str = "sluice-member";
 /// On an entry an operator requeued from the dead-letter stream: the dead letter's id.
 pub const REQUEUED_FROM: &str = "sluice-requeued-from";
+/// Set by a requeue that asks for new idempotency keys (the dead letter's id): the entry's
+/// outbound calls then get keys no earlier attempt had (see `runtime/effects.rs`).
+pub const EFFECTS_EPOCH: &str = "sluice-effects-epoch";
 /// The delayed-set key a dead-lettered member came from.
 pub const ORIGIN_KEY: &str = "sluice-origin-key";
 

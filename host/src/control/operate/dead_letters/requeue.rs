@@ -67,11 +67,14 @@ fn requeue_options(
 /// due retry there), or with `retry_lane = false` onto its stream, with its own fields and a
 /// `sluice-requeued-from` field naming the dead letter; with a trusted origin (see
 /// [`DeadLetter::trusted`]) the origin id is kept and the attempt count starts again. The dead
-/// letter is removed in the same script.
+/// letter is removed in the same script. With `new_idempotency_keys` the entry's outbound calls
+/// get keys no earlier attempt had (a new `sluice-effects-epoch` field); without, the keys
+/// its calls had before.
 pub async fn requeue<C: ConnectionLike>(
     conn: &mut C,
     keys: &SubscriptionKeys,
     letter: &DeadLetter,
+    new_idempotency_keys: bool,
 ) -> Result<Requeued, OperateError> {
     if let Some(why) = &letter.not_requeueable {
         return Err(OperateError::NotRequeueable {
@@ -95,7 +98,13 @@ pub async fn requeue<C: ConnectionLike>(
         .key(keys.secret())
         .arg(requeue_options(keys, letter, origin, mode));
     for (name, value) in &letter.fields {
+        if new_idempotency_keys && name == keys::EFFECTS_EPOCH.as_bytes() {
+            continue;
+        }
         invocation.arg(name.as_slice()).arg(value.as_slice());
+    }
+    if new_idempotency_keys {
+        invocation.arg(keys::EFFECTS_EPOCH).arg(&letter.id);
     }
     invocation.arg(keys::REQUEUED_FROM).arg(&letter.id);
     let id: Option<String> = match invocation.invoke_async(conn).await {

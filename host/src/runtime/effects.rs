@@ -1,0 +1,104 @@
+//! Effects that happen once: what the host adds to a handler's outbound calls so that the
+//! service it calls can tell a retry from a new request, without a line of handler code.
+//!
+//! Every request an attempt sends carries the subscription's `idempotency_header`
+//! (`Idempotency-Key` unless configured otherwise, or none) unless the handler set that header
+//! itself. Its value is derived from the entry's stream, group and origin id, its effects epoch
+//! (see [`EFFECTS_EPOCH`]) and the request's position in the attempt (0 for the first request
+//! sent): the same call of the same entry gets the same key on every retry, redelivery,
+//! take-over by another host, and requeue of a dead letter; a requeue that asks for new keys
+//! sets a new epoch. The value is a digest (`sluice-` and 32 hex digits), so it has one length
+//! whatever the names, and names nothing a service should not see.
+
+use std::sync::Arc;
+
+use sha2::{Digest as _, Sha256};
+
+use crate::entry::delivery::Delivery;
+use crate::store::keys::EFFECTS_EPOCH;
+
+/// What names one attempt's calls: the entry behind it, the same on every attempt.
+#[derive(Debug, Clone)]
+pub struct CallIdentity {
+    stream: Arc<str>,
+    group: Arc<str>,
+    origin: String,
+    epoch: Option<Vec<u8>>,
+}
+
+impl CallIdentity {
+    /// The identity of `delivery`'s calls.
+    pub fn of(delivery: &Delivery) -> Self {
+        let epoch = delivery
+            .user_fields()
+            .iter()
+            .find(|(name, _)| name == EFFECTS_EPOCH.as_bytes())
+            .map(|(_, value)| value.clone());
+        Self {
+            stream: delivery.stream.clone(),
+            group: delivery.group.clone(),
+            origin: delivery.origin_id.clone(),
+            epoch,
+        }
+    }
+
+    /// The idempotency key of the attempt's request number `call` (0-based, in the order the
+    /// guest sent them).
+    pub fn key(&self, call: u32) -> String {
+        let mut digest = Sha256::new();
+        // Each part length-prefixed: no two different identities hash the same bytes.
+        for part in [
+            self.stream.as_bytes(),
+            self.group.as_bytes(),
+            self.origin.as_bytes(),
+            self.epoch.as_deref().unwrap_or_default(),
+        ] {
+            digest.update((part.len() as u64).to_be_bytes());
+            digest.update(part);
+        }
+        digest.update(u64::from(call).to_be_bytes());
+        let hash = digest.finalize();
+        format!("sluice-{}", hex::encode(&hash[..16]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity(origin: &str, epoch: Option<&str>) -> CallIdentity {
+        CallIdentity {
+            stream: "payments".into(),
+            group: "billing".into(),
+            origin: origin.to_owned(),
+            epoch: epoch.map(|e| e.as_bytes().to_vec()),
+        }
+    }
+
+    #[test]
+    fn a_call_keeps_its_key_and_every_part_changes_it() {
+        let a = identity("1-0", None);
+        assert_eq!(a.key(0), identity("1-0", None).key(0));
+        assert_eq!(a.key(0).len(), "sluice-".len() + 32);
+        let others = [
+            a.key(1),
+            identity("1-1", None).key(0),
+            identity("1-0", Some("9-0")).key(0),
+            CallIdentity {
+                group: "other".into(),
+                ..a.clone()
+            }
+            .key(0),
+            // Moving bytes between parts changes the key too.
+            CallIdentity {
+                stream: "paymentsb".into(),
+                group: "illing".into(),
+                ..a.clone()
+            }
+            .key(0),
+        ];
+        for other in &others {
+            assert_ne!(&a.key(0), other);
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! Effects that happen once (issue 55): every outbound call an attempt makes carries an
+//! idempotency key that retries, redeliveries and requeues of the same entry repeat, unless
+//! the handler set one itself or the operator asks a requeue for new ones.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sluice_host::EventKind;
+
+use crate::common::*;
+use crate::operate::sluice;
+
+const T: Duration = Duration::from_secs(30);
+
+/// Every request the gateway saw: its path and the value of its key header.
+type Seen = Arc<Mutex<Vec<(String, Option<String>)>>>;
+
+/// A payment gateway stand-in: records (path, the value of its key header) for every request;
+/// `/receipt` fails its first `receipt_failures` requests, `/down` every one.
+struct Gateway {
+    addr: std::net::SocketAddr,
+    seen: Seen,
+}
+
+impl Gateway {
+    async fn start(header: &'static str, receipt_failures: usize) -> Self {
+        use axum::extract::Path;
+        use axum::http::{HeaderMap, StatusCode};
+        use axum::routing::post;
+        let seen: Seen = Arc::new(Mutex::new(Vec::new()));
+        let to = seen.clone();
+        let failures = Arc::new(Mutex::new(receipt_failures));
+        let app = axum::Router::new().route(
+            "/{path}",
+            post(move |Path(path): Path<String>, headers: HeaderMap| {
+                let (to, failures) = (to.clone(), failures.clone());
+                async move {
+                    let key = headers
+                        .get(header)
+                        .map(|v| v.to_str().unwrap_or("(not text)").to_owned());
+                    to.lock().unwrap().push((path.clone(), key));
+                    let mut left = failures.lock().unwrap();
+                    match path.as_str() {
+                        "down" => StatusCode::SERVICE_UNAVAILABLE,
+                        "receipt" if *left > 0 => {
+                            *left -= 1;
+                            StatusCode::INTERNAL_SERVER_ERROR
+                        }
+                        _ => StatusCode::OK,
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self { addr, seen }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}/{path}", self.addr)
+    }
+
+    fn grant(&self) -> String {
+        format!(r#"["http://{}"]"#, self.addr)
+    }
+
+    /// The keys `path` was called with, in order.
+    fn keys(&self, path: &str) -> Vec<Option<String>> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(p, _)| p == path)
+            .map(|(_, k)| k.clone())
+            .collect()
+    }
+}
+
+fn calls(urls: Vec<String>, headers: Vec<(String, String)>) -> Control {
+    Control::Calls {
+        urls,
+        body: "{\"amount_cents\":1200}".into(),
+        headers,
+        retry_ms: 20,
+    }
+}
+
+async fn acked(host: &mut TestHost, origin: &str) {
+    host.event(T, &format!("{origin} acked"), |e| {
+        e.kind == EventKind::Acked && e.origin_id == origin
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_repeats_each_calls_key_and_a_key_the_handler_set_is_kept() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let gateway = Gateway::start("idempotency-key", 2).await;
+    let sub = Sub::fixture("pay")
+        .delayed("pay.delayed")
+        .set("allowed_outbound_hosts", Raw(&gateway.grant()));
+    let mut host = start_fixture(&redis, sub).await;
+
+    // The charge succeeds, the receipt fails twice: three attempts, each charging again.
+    let urls = vec![gateway.url("charge"), gateway.url("receipt")];
+    let first = add(&mut conn, "pay", &calls(urls.clone(), Vec::new())).await;
+    acked(&mut host, &first).await;
+    let charges = gateway.keys("charge");
+    let receipts = gateway.keys("receipt");
+    assert_eq!((charges.len(), receipts.len()), (3, 3), "three attempts");
+    let charge_key = charges[0].clone().expect("the charge carries a key");
+    assert!(
+        charge_key.starts_with("sluice-") && charge_key.len() == 39,
+        "{charge_key}"
+    );
+    assert!(
+        charges.iter().all(|k| k.as_deref() == Some(&charge_key)),
+        "every retry repeats the charge's key: {charges:?}"
+    );
+    let receipt_key = receipts[0].clone().expect("the receipt carries a key");
+    assert!(receipts.iter().all(|k| k.as_ref() == Some(&receipt_key)));
+    assert_ne!(
+        charge_key, receipt_key,
+        "the second call of the attempt has its own"
+    );
+
+    // Another entry: other keys. A key the handler set goes out as it is.
+    let second = add(&mut conn, "pay", &calls(urls.clone(), Vec::new())).await;
+    acked(&mut host, &second).await;
+    let own = vec![("Idempotency-Key".to_owned(), "mine-1".to_owned())];
+    let third = add(&mut conn, "pay", &calls(vec![gateway.url("charge")], own)).await;
+    acked(&mut host, &third).await;
+    let charges = gateway.keys("charge");
+    assert_eq!(charges.len(), 5);
+    assert_ne!(charges[3].as_deref(), Some(charge_key.as_str()));
+    assert!(
+        charges[3]
+            .as_deref()
+            .is_some_and(|k| k.starts_with("sluice-"))
+    );
+    assert_eq!(charges[4].as_deref(), Some("mine-1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requeue_keeps_the_keys_unless_asked_and_the_header_is_the_configs() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let gateway = Gateway::start("x-request-key", 0).await;
+    let sub = Sub::fixture("req")
+        .delayed("req.delayed")
+        .set("max_retries", 0)
+        .set("idempotency_header", "X-Request-Key")
+        .set("allowed_outbound_hosts", Raw(&gateway.grant()));
+    let bare = Sub::fixture("bare")
+        .set("idempotency_header", "none")
+        .set("allowed_outbound_hosts", Raw(&gateway.grant()));
+    let config = TestConfig::of(sub.clone()).and(bare);
+    let _host = start_fixture(&redis, config.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(dir.path(), "sluice.toml", &config.to_string());
+
+    // Charged, then the service is down: dead-lettered (no retries allowed).
+    let urls = vec![gateway.url("charge"), gateway.url("down")];
+    add(&mut conn, "req", &calls(urls, Vec::new())).await;
+    wait_dead_letters(&conn, "req", 1).await;
+    let first = gateway.keys("charge")[0].clone().expect("a key");
+    let dead_letter_id = || {
+        let mut conn = conn.clone();
+        async move { dead_lettered(&mut conn, "req").await[0].0.clone() }
+    };
+
+    // Requeued as it is: the same keys. Requeued asking for new ones: new keys, which a
+    // later plain requeue keeps.
+    let id = dead_letter_id().await;
+    sluice(&["requeue", &id], &path, &redis).await;
+    wait_for(T, "the requeued entry's charge", || async {
+        (gateway.keys("charge").len() == 2).then_some(())
+    })
+    .await;
+    wait_dead_letters(&conn, "req", 1).await;
+    let id = dead_letter_id().await;
+    sluice(&["requeue", &id, "--new-idempotency-keys"], &path, &redis).await;
+    wait_for(T, "the second requeue's charge", || async {
+        (gateway.keys("charge").len() == 3).then_some(())
+    })
+    .await;
+    wait_dead_letters(&conn, "req", 1).await;
+    let id = dead_letter_id().await;
+    sluice(&["requeue", &id], &path, &redis).await;
+    wait_for(T, "the third requeue's charge", || async {
+        (gateway.keys("charge").len() == 4).then_some(())
+    })
+    .await;
+    let charges = gateway.keys("charge");
+    assert_eq!(charges[1].as_deref(), Some(first.as_str()), "{charges:?}");
+    let renewed = charges[2].clone().expect("a key");
+    assert_ne!(renewed, first, "asked for new keys");
+    assert_eq!(charges[3].as_deref(), Some(renewed.as_str()), "{charges:?}");
+    let downs = gateway.keys("down");
+    assert_eq!(downs[0], downs[1]);
+    assert_ne!(downs[1], downs[2]);
+
+    // `idempotency_header = "none"`: no key at all.
+    let before = gateway.keys("charge").len();
+    add(
+        &mut conn,
+        "bare",
+        &calls(vec![gateway.url("charge")], Vec::new()),
+    )
+    .await;
+    wait_for(T, "the bare subscription's charge", || async {
+        (gateway.keys("charge").len() > before).then_some(())
+    })
+    .await;
+    assert_eq!(gateway.keys("charge")[before], None);
+}
