@@ -2716,20 +2716,31 @@ mod order {
         let (acked, went): (i64, i64) = ack_first().invoke_async(&mut conn).await.unwrap();
         assert_eq!((acked, went), (0, 0));
 
-        // take.lua: 2 (let in) holds the turn whatever key the host makes of it; a newcomer
-        // of a waits.
+        // take.lua: 2 (let in, read back as pending 3-0 here) holds the turn whatever key the
+        // host makes of it; a newcomer of a waits; one no longer pending (1-0) takes nothing.
         let prefix = sluice_host::store::keys::order_prefix(STREAM, "g");
         let taken: Vec<i64> = six(&ORDER_TAKE)
+            .arg("g")
             .arg(1)
             .arg(&prefix)
             .arg(digest(b"zz"))
             .arg("2-0")
+            .arg(1)
+            .arg("3-0")
             .arg(digest(b"a"))
             .arg("9-0")
+            .arg(1)
+            .arg("5-0")
+            .arg(digest(b"c"))
+            .arg("1-0")
+            .arg(1)
+            .arg("1-0")
             .invoke_async(&mut conn)
             .await
             .unwrap();
-        assert_eq!(taken, [1, 0]);
+        assert_eq!(taken, [1, 0, -1]);
+        let c: Option<String> = cmd(&mut conn, &["HGET", &keys().load, &digest(b"c")]).await;
+        assert_eq!(c, None, "no turn for an entry someone else settled");
 
         // hold.lua: an entry no longer pending is left alone (-1).
         let held: Vec<i64> = six(&ORDER_HOLD)
@@ -2785,7 +2796,7 @@ mod order {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn release_heals_a_load_that_drifted_and_lets_the_waiting_in() {
+    async fn a_release_with_a_stale_listing_gives_back_only_what_still_holds() {
         let redis = Redis::start();
         let mut conn = redis.conn().await;
         for id in ["1-0", "2-0", "3-0"] {
@@ -2794,30 +2805,92 @@ mod order {
         create_group(&mut conn, STREAM, "g", "0").await;
         let (run, _, _, queued) = read(&mut conn, "c", 10).await;
         assert_eq!((run.len(), queued), (1, 2));
-        let load: String = cmd(&mut conn, &["HGET", &keys().load, &digest(b"a")]).await;
-        assert_eq!(load, "3", "one holds, two wait");
-        // A turn lost outside the scripts: the load still counts it, so the key is stuck.
-        let _: i64 = cmd(&mut conn, &["HDEL", &keys().turns, "1-0"]).await;
-        let (given, went): (i64, i64) = ORDER_RELEASE
-            .key(&keys().names)
-            .key(&keys().waiting)
-            .key("ord.delayed")
-            .key(&keys().load)
-            .key(keys().wait(&digest(b"a")))
-            .key(&keys().turns)
-            .arg(digest(b"a"))
-            .arg(1)
-            .arg(0)
-            .arg(sluice_host::store::keys::order_prefix(STREAM, "g"))
-            .arg("1-0")
-            .invoke_async(&mut conn)
-            .await
-            .unwrap();
-        assert_eq!((given, went), (0, 1), "nothing held; 2-0 goes in");
-        let load: String = cmd(&mut conn, &["HGET", &keys().load, &digest(b"a")]).await;
-        assert_eq!(load, "2", "2-0 holds, 3-0 waits");
+        let base = conn.clone();
+        let load = || {
+            let mut conn = base.clone();
+            async move {
+                let n: Option<String> =
+                    cmd(&mut conn, &["HGET", &keys().load, &digest(b"a")]).await;
+                n
+            }
+        };
+        assert_eq!(load().await.as_deref(), Some("3"), "one holds, two wait");
+        // The operator's listing saw 1-0 holding; 1-0 settles and lets 2-0 in first.
+        let (_, went): (i64, i64) = ack_first().invoke_async(&mut conn).await.unwrap();
+        assert_eq!(went, 1);
+        let release = |origins: &'static [&'static str]| {
+            let mut conn = base.clone();
+            async move {
+                let mut inv = ORDER_RELEASE.key(&keys().names);
+                inv.key(&keys().waiting)
+                    .key("ord.delayed")
+                    .key(&keys().load)
+                    .key(keys().wait(&digest(b"a")))
+                    .key(&keys().turns)
+                    .arg(digest(b"a"))
+                    .arg(1)
+                    .arg(0)
+                    .arg(sluice_host::store::keys::order_prefix(STREAM, "g"));
+                for origin in origins {
+                    inv.arg(*origin);
+                }
+                let given: (i64, i64) = inv.invoke_async(&mut conn).await.unwrap();
+                given
+            }
+        };
+        assert_eq!(
+            release(&["1-0"]).await,
+            (0, 0),
+            "nothing of the listing holds"
+        );
+        assert_eq!(load().await.as_deref(), Some("2"), "2-0 holds, 3-0 waits");
+        assert_eq!(release(&["2-0"]).await, (1, 1), "2-0's turn back, 3-0 in");
+        assert_eq!(load().await.as_deref(), Some("1"));
         let turns: Vec<String> = cmd(&mut conn, &["HKEYS", &keys().turns]).await;
-        assert_eq!(turns, ["2-0"]);
+        assert_eq!(turns, ["3-0"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_entry_delivered_again_after_the_group_is_set_back_runs_on_its_own_turn() {
+        let redis = Redis::start();
+        let mut conn = redis.conn().await;
+        let _: String = cmd(&mut conn, &["XADD", STREAM, "1-0", "k", "a"]).await;
+        create_group(&mut conn, STREAM, "g", "0").await;
+        let (run, _, _, _) = read(&mut conn, "c", 10).await;
+        assert_eq!(run.len(), 1);
+        let _: () = cmd(&mut conn, &["XGROUP", "SETID", STREAM, "g", "0"]).await;
+        let (run, _, _, queued) = read(&mut conn, "c", 10).await;
+        assert_eq!((run.len(), queued), (1, 0), "not queued behind itself");
+        let load: String = cmd(&mut conn, &["HGET", &keys().load, &digest(b"a")]).await;
+        assert_eq!(load, "1", "counted once");
+        let (acked, _): (i64, i64) = ack_first().invoke_async(&mut conn).await.unwrap();
+        assert_eq!(acked, 1);
+        let left: u64 = cmd(&mut conn, &["HLEN", &keys().load]).await;
+        assert_eq!(left, 0, "its turn given back, the key free");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_strangers_key_at_a_wait_list_fails_the_read_before_it_writes() {
+        let redis = Redis::start();
+        let mut conn = redis.conn().await;
+        for (id, key) in [("1-0", "a"), ("2-0", "a"), ("3-0", "b")] {
+            let _: String = cmd(&mut conn, &["XADD", STREAM, id, "k", key]).await;
+        }
+        create_group(&mut conn, STREAM, "g", "0").await;
+        let _: () = cmd(&mut conn, &["SET", &keys().wait(&digest(b"a")), "x"]).await;
+        let failed: RedisResult<Value> = six(&ORDER_READ)
+            .arg(options("c", 10, 1000))
+            .invoke_async(&mut conn)
+            .await;
+        let err = failed.unwrap_err().to_string();
+        assert!(
+            err.contains("ordered keys") && err.contains("is a string"),
+            "{err}"
+        );
+        let turns: u64 = cmd(&mut conn, &["HLEN", &keys().turns]).await;
+        let load: u64 = cmd(&mut conn, &["HLEN", &keys().load]).await;
+        assert_eq!((turns, load), (0, 0), "nothing written");
+        assert_eq!(pending(&mut conn, STREAM, "g").await, 3, "read again later");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2828,25 +2901,37 @@ mod order {
             let _: String = cmd(&mut conn, &["XADD", STREAM, id, "k", "a"]).await;
         }
         let _: String = cmd(&mut conn, &["XADD", STREAM, "5-0", "k", "b"]).await;
+        let _: String = cmd(&mut conn, &["XADD", STREAM, "6-0", "k", "b"]).await;
         create_group(&mut conn, STREAM, "g", "0").await;
         let (run, _, _, queued) = read(&mut conn, "c", 10).await;
-        assert_eq!((run.len(), queued), (2, 3));
+        assert_eq!((run.len(), queued), (2, 4));
         let prefix = sluice_host::store::keys::order_prefix(STREAM, "g");
-        // Two keys a call: one call for both.
-        let (moved, left): (i64, i64) = ORDER_UNORDER
-            .key(&keys().names)
-            .key(&keys().waiting)
-            .key("ord.delayed")
-            .key(&keys().turns)
-            .arg(&prefix)
-            .arg(0)
-            .arg(2)
-            .invoke_async(&mut conn)
-            .await
-            .unwrap();
-        assert_eq!((moved, left), (3, 0));
+        let base = conn.clone();
+        let unorder = |keys_per_call: i64| {
+            let (mut conn, prefix) = (base.clone(), prefix.clone());
+            async move {
+                let reply: (i64, i64) = ORDER_UNORDER
+                    .key(&keys().names)
+                    .key(&keys().waiting)
+                    .key("ord.delayed")
+                    .key(&keys().turns)
+                    .arg(&prefix)
+                    .arg(0)
+                    .arg(keys_per_call)
+                    .invoke_async(&mut conn)
+                    .await
+                    .unwrap();
+                reply
+            }
+        };
+        // One key a call: a's three go, b is left; what a still counts is its holder (were
+        // the ordering back now, a would not stall on entries no longer there).
+        assert_eq!(unorder(1).await, (3, 1));
+        let a: String = cmd(&mut conn, &["HGET", &keys().load, &digest(b"a")]).await;
+        assert_eq!(a, "1");
+        assert_eq!(unorder(1).await, (1, 0));
         let set: u64 = cmd(&mut conn, &["ZCARD", "ord.delayed"]).await;
-        assert_eq!(set, 3);
+        assert_eq!(set, 4);
         let left: Vec<String> = cmd(&mut conn, &["KEYS", &format!("{prefix}*")]).await;
         assert!(left.is_empty(), "{left:?}");
     }

@@ -258,11 +258,15 @@ impl Order {
             return Ok(Admitted { run, held: 0 });
         }
         let mut take = self.invocation(&TAKE);
-        take.arg(self.spec.max_in_flight_per_key)
+        take.arg(&*self.group)
+            .arg(self.spec.max_in_flight_per_key)
             .arg(&self.keys.prefix);
         for (delivery, key) in &keyed {
             if let Some((digest, _)) = key {
-                take.arg(digest).arg(&delivery.origin_id);
+                take.arg(digest)
+                    .arg(&delivery.origin_id)
+                    .arg(source_arg(delivery.source))
+                    .arg(&delivery.entry.id);
             }
         }
         let mut conn = self.conn.clone();
@@ -276,13 +280,14 @@ impl Order {
         for (delivery, key) in keyed {
             match key {
                 None => run.push(delivery),
-                Some((digest, key)) => {
-                    if taken.next() == Some(1) {
-                        run.push(delivery);
-                    } else {
-                        wait.push((delivery, digest, key));
-                    }
-                }
+                Some((digest, key)) => match taken.next() {
+                    Some(1) => run.push(delivery),
+                    Some(-1) => tracing::debug!(
+                        id = %delivery.entry.id,
+                        "entry was no longer pending when it took its key's turn (another consumer settled it)"
+                    ),
+                    _ => wait.push((delivery, digest, key)),
+                },
             }
         }
         match self.hold(wait, &mut run).await {

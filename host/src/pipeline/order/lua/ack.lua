@@ -22,6 +22,34 @@
 local group = ARGV[1]
 local k = order_state(ARGV[4], KEYS[1], KEYS[2], KEYS[6], KEYS[5], tonumber(ARGV[2]),
   tonumber(ARGV[3]))
+-- The keys the turns name, checked before the first write (see order_check).
+local origins = {}
+for i = 5, #ARGV, 3 do
+  origins[#origins + 1] = ARGV[i]
+end
+-- Only a key with more than this call gives back can let entries in: its list is checked.
+local kds, known, count = {}, {}, {}
+for i, turn in ipairs(#origins > 0 and order_batch('HMGET', k.turns, origins) or {}) do
+  if turn and not known[origins[i]] then
+    local kd = turn_key(turn)
+    if not count[kd] then
+      kds[#kds + 1] = kd
+      count[kd] = 0
+    end
+    count[kd] = count[kd] + 1
+    known[origins[i]] = turn
+  end
+end
+local lists = {}
+for kd, n in pairs(order_loads(k, kds)) do
+  if n > count[kd] then
+    lists[#lists + 1] = kd
+  end
+end
+local err = order_check(k, lists)
+if err then
+  return err
+end
 local acked, settled = 0, {}
 for i = 5, #ARGV, 3 do
   local source = KEYS[2 + tonumber(ARGV[i + 1])]
@@ -31,4 +59,4 @@ for i = 5, #ARGV, 3 do
     settled[#settled + 1] = ARGV[i]
   end
 end
-return {acked, order_give_back(k, settled)}
+return {acked, order_give_back(k, settled, known)}

@@ -157,13 +157,29 @@ for _, entry in ipairs(read[1][2]) do
   end
 end
 local loads = order_loads(k, kds)
+-- An entry the group delivers again (its group was set back, or made again while the turns
+-- stayed) may hold its turn already: it runs, and counts once.
+local ids = {}
+for _, row in ipairs(rows) do
+  if row[3] ~= '' then
+    ids[#ids + 1] = row[1]
+  end
+end
+local holding = {}
+if #ids > 0 then
+  for i, turn in ipairs(order_batch('HMGET', k.turns, ids)) do
+    if turn then
+      holding[ids[i]] = true
+    end
+  end
+end
 -- Each keyed entry runs (it takes a turn) or queues, in id order; a key that queued one in
 -- this read queues the rest.
 local out, taken, queued, acks, queues = {{}, 0, 0, 0}, {}, {}, {}, {}
 local stamp = ':' .. k.now
 for _, row in ipairs(rows) do
   local kd = row[3]
-  if kd == '' then
+  if kd == '' or holding[row[1]] then
     out[#out + 1] = row
   else
     local load = loads[kd]
@@ -182,6 +198,11 @@ for _, row in ipairs(rows) do
       acks[#acks + 1] = id
     end
   end
+end
+-- Nothing is written before every name written is known to be of its type.
+local err = order_check(k, queues)
+if err then
+  return err
 end
 if #taken > 0 then
   order_hset(k.turns, taken)

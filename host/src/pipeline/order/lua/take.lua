@@ -5,20 +5,44 @@
 -- taken; an entry that must wait is left as it is.
 --
 -- KEYS[1]  the subscription's key names (hash), KEYS[2] its waiting keys (sorted set)
--- KEYS[3..5] unused here (the stream, the lane, the delayed set: every order script but the
---          operator's takes the same first six keys)
+-- KEYS[3]  the stream, KEYS[4] the retry lane (the stream again when there is none)
+-- KEYS[5]  unused here (the delayed set: every order script but the operator's takes the
+--          same first six keys)
 -- KEYS[6]  the subscription's turns (hash: origin id -> key digest and time)
--- ARGV[1]  the most entries of one key in flight at once
--- ARGV[2]  the prefix of the keys' own keys (see lib/order.lua), in the stream's hash slot
--- ARGV[3..] per entry, two values: the key's digest, the entry's origin id
+-- ARGV[1]  the consumer group
+-- ARGV[2]  the most entries of one key in flight at once
+-- ARGV[3]  the prefix of the keys' own keys (see lib/order.lua), in the stream's hash slot
+-- ARGV[4..] per entry, four values: the key's digest, the entry's origin id, where it was read
+--          (1 the stream, 2 the lane), its id there
 --
--- Reply: per entry, 1 (run) or 0 (must wait), in order. Entries of one key in one read are
+-- Reply: per entry, 1 (run), 0 (must wait) or -1 (no longer pending: another consumer settled
+-- it; nothing written), in order. Entries of one key in one read are
 -- taken in the read's order, so the first takes the turn and the others wait behind it.
+-- @include lib/pending
 -- @include lib/order
-local k = order_state(ARGV[2], KEYS[1], KEYS[2], KEYS[6], KEYS[5], tonumber(ARGV[1]), 0)
+local k = order_state(ARGV[3], KEYS[1], KEYS[2], KEYS[6], KEYS[5], tonumber(ARGV[2]), 0)
+local group = ARGV[1]
+local kds = {}
+for i = 4, #ARGV, 4 do
+  kds[#kds + 1] = ARGV[i]
+end
+local err = order_check(k, kds)
+if err then
+  return err
+end
 local out = {}
-for i = 3, #ARGV, 2 do
-  -- A turn already held runs, whatever key the host made of the entry.
-  out[#out + 1] = order_take(k, ARGV[i], ARGV[i + 1]) and 1 or 0
+for i = 4, #ARGV, 4 do
+  local source = KEYS[2 + tonumber(ARGV[i + 2])]
+  local state, stop = pending_state(source, group, ARGV[i + 3])
+  if not state then
+    if stop ~= false then
+      return stop
+    end
+    -- Settled by another consumer meanwhile: a turn taken now would never be given back.
+    out[#out + 1] = -1
+  else
+    -- A turn already held runs, whatever key the host made of the entry.
+    out[#out + 1] = order_take(k, ARGV[i], ARGV[i + 1]) and 1 or 0
+  end
 end
 return out

@@ -14,7 +14,13 @@
 local now = order_now()
 local moved = 0
 local keys = redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[3]) - 1)
+local err = order_check({prefix = ARGV[1], load = ARGV[1] .. ':load', names = KEYS[1],
+  waiting = KEYS[2], set = KEYS[3], turns = KEYS[4]}, keys)
+if err then
+  return err
+end
 for _, kd in ipairs(keys) do
+  local went = 0
   local wait = ARGV[1] .. ':wait:' .. kd
   while true do
     local member = redis.call('LPOP', wait)
@@ -22,7 +28,12 @@ for _, kd in ipairs(keys) do
       break
     end
     redis.call('ZADD', KEYS[3], now, member)
-    moved = moved + 1
+    went = went + 1
+  end
+  moved = moved + went
+  -- What stays counted is what holds (a call cut short, then ordered again, stays exact).
+  if went > 0 and redis.call('HINCRBY', ARGV[1] .. ':load', kd, -went) <= 0 then
+    redis.call('HDEL', ARGV[1] .. ':load', kd)
   end
   redis.call('ZREM', KEYS[2], kd)
   redis.call('HDEL', KEYS[1], kd)

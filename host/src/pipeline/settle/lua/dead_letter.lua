@@ -54,9 +54,18 @@ local fields = {}
 for i = 6, last do
   fields[#fields + 1] = ARGV[i]
 end
+local k
+if turn then
+  -- Checked before the dead letter is written (see order_check in lib/order.lua).
+  k = order_state(turn.prefix, KEYS[5], KEYS[6], KEYS[8], KEYS[7], turn.max, turn.ttl)
+  local held = redis.call('HGET', k.turns, turn.origin)
+  local err = order_check(k, held and {turn_key(held)} or {})
+  if err then
+    return err
+  end
+end
 local reply = write_dead_letter(state, fields)
 if turn then
-  local k = order_state(turn.prefix, KEYS[5], KEYS[6], KEYS[8], KEYS[7], turn.max, turn.ttl)
   if turn.mode == 'hold' then
     local held = redis.call('HGET', k.turns, turn.origin)
     if held then

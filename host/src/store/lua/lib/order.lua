@@ -28,6 +28,37 @@ local function order_now()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- The types the scripts keep at their names.
+local ORDER_TYPES = {turns = 'hash', load = 'hash', names = 'hash', waiting = 'zset', set = 'zset'}
+
+-- An error reply when a name the scripts write holds another program's key of another type,
+-- else nil. Every script asks before its first write: Redis keeps the writes a failing script
+-- made, and a step left half-made could leave a count wrong or an entry in no list.
+local function order_check(k, kds)
+  local function bad(key, want)
+    local t = redis.call('TYPE', key)['ok']
+    if t ~= 'none' and t ~= want then
+      return redis.error_reply('WRONGTYPE ordered keys: ' .. key .. ' is a ' .. t
+        .. ', not the ' .. want .. ' the ordering keeps there (another program\'s key?)')
+    end
+  end
+  for field, want in pairs(ORDER_TYPES) do
+    if k[field] then
+      local err = bad(k[field], want)
+      if err then
+        return err
+      end
+    end
+  end
+  for _, kd in ipairs(kds or {}) do
+    local err = bad(k.prefix .. ':wait:' .. kd, 'list')
+    if err then
+      return err
+    end
+  end
+  return nil
+end
+
 -- The digest a `turns` value names.
 local function turn_key(value)
   return string.sub(value, 1, 40)
@@ -126,9 +157,14 @@ local function order_state(prefix, names, waiting, turns, set, max, ttl)
 end
 
 -- Whether the entry `origin` of the key `kd` may run now: it holds a turn already (a retry, a
--- rescued or let-in entry), or it takes a free one (see order_free).
+-- rescued or let-in entry, a requeued dead letter that held its key: no longer marked dead
+-- while it runs), or it takes a free one (see order_free).
 local function order_take(k, kd, origin)
-  if redis.call('HEXISTS', k.turns, origin) == 1 then
+  local held = redis.call('HGET', k.turns, origin)
+  if held then
+    if string.find(held, ':dead:', 1, true) then
+      redis.call('HSET', k.turns, origin, turn_key(held) .. ':' .. k.now)
+    end
     return true
   end
   local load = tonumber(redis.call('HGET', k.load, kd)) or 0
@@ -150,8 +186,9 @@ local function order_let_in(k, kd, load)
   local holders = load - waiting
   local went = 0
   while holders < k.max and waiting > 0 do
-    local member = redis.call('LPOP', wait)
-    waiting = waiting - 1
+    -- Copied to the set before it leaves the list: a write refused midway leaves it in one.
+    local member = redis.call('LINDEX', wait, 0)
+    redis.call('ZADD', k.set, k.now, member)
     local _, _, _, origin = read_member(member)
     -- A member the hold script did not write (none other should be here) still goes: the
     -- sweep dead-letters what it cannot read.
@@ -161,7 +198,8 @@ local function order_let_in(k, kd, load)
     else
       holders = holders + 1
     end
-    redis.call('ZADD', k.set, k.now, member)
+    redis.call('LPOP', wait)
+    waiting = waiting - 1
     went = went + 1
   end
   if went > 0 and waiting == 0 then
@@ -178,10 +216,11 @@ local function order_let_in(k, kd, load)
   return went, load
 end
 
--- Give back the turns the distinct `origins` hold (found in `turns`: the entries themselves
--- may be gone) and let each key's next entries in. Returns how many entries went in (origins
+-- Give back the turns the `origins` hold (found in `turns`: the entries themselves may be
+-- gone; `known`, when given, is what the caller found there for each, already checked with
+-- order_check) and let each key's next entries in. Returns how many entries went in (origins
 -- that held none change nothing: another host settled them first).
-local function order_give_back(k, origins)
+local function order_give_back(k, origins, known)
   if #origins == 0 then
     return 0
   end
@@ -192,7 +231,14 @@ local function order_give_back(k, origins)
       distinct[#distinct + 1] = origin
     end
   end
-  local held = order_batch('HMGET', k.turns, distinct)
+  local held = {}
+  if known then
+    for i, origin in ipairs(distinct) do
+      held[i] = known[origin]
+    end
+  else
+    held = order_batch('HMGET', k.turns, distinct)
+  end
   local gone, kds, released = {}, {}, {}
   for i, value in ipairs(distinct) do
     local turn = held[i]
@@ -208,6 +254,12 @@ local function order_give_back(k, origins)
   end
   if #gone == 0 then
     return 0
+  end
+  if not known then
+    local err = order_check(k, kds)
+    if err then
+      error(err)
+    end
   end
   order_batch('HDEL', k.turns, gone)
   local loads = order_loads(k, kds)
