@@ -40,13 +40,16 @@ impl Gateway {
                         .map(|v| v.to_str().unwrap_or("(not text)").to_owned());
                     to.lock().unwrap().push((path.clone(), key));
                     let mut left = failures.lock().unwrap();
+                    let charged = to.lock().unwrap().len();
                     match path.as_str() {
-                        "down" => StatusCode::SERVICE_UNAVAILABLE,
+                        "down" => (StatusCode::SERVICE_UNAVAILABLE, String::new()),
                         "receipt" if *left > 0 => {
                             *left -= 1;
-                            StatusCode::INTERNAL_SERVER_ERROR
+                            (StatusCode::INTERNAL_SERVER_ERROR, String::new())
                         }
-                        _ => StatusCode::OK,
+                        "big" => (StatusCode::OK, "b".repeat(4096)),
+                        "big64k" => (StatusCode::OK, "b".repeat(64 * 1024)),
+                        _ => (StatusCode::OK, format!("{{\"charge\":\"ch_{charged}\"}}")),
                     }
                 }
             }),
@@ -215,4 +218,117 @@ async fn a_requeue_keeps_the_keys_unless_asked_and_the_header_is_the_configs() {
     })
     .await;
     assert_eq!(gateway.keys("charge")[before], None);
+}
+
+/// The journal key of `origin` on the test group `g` of `stream`.
+fn journal_key(stream: &str, origin: &str) -> String {
+    sluice_host::store::keys::effects_key(stream, "g", origin)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_journal_a_retry_replays_the_charge_instead_of_charging_again() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let gateway = Gateway::start("idempotency-key", 2).await;
+    let sub = Sub::fixture("pay")
+        .delayed("pay.delayed")
+        .set("effects", "journal")
+        .set("journal_max_response_bytes", "1KiB")
+        .set("allowed_outbound_hosts", Raw(&gateway.grant()));
+    let mut host = start_fixture(&redis, sub).await;
+
+    // Charged once, its receipt failing twice: the two retries replay the charge.
+    let urls = vec![gateway.url("charge"), gateway.url("receipt")];
+    let paid = add(&mut conn, "pay", &calls(urls, Vec::new())).await;
+    acked(&mut host, &paid).await;
+    assert_eq!(gateway.keys("charge").len(), 1, "charged once");
+    assert_eq!(gateway.keys("receipt").len(), 3);
+    let left: u64 = redis::cmd("EXISTS")
+        .arg(journal_key("pay", &paid))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the journal goes with the ack");
+
+    // A response over journal_max_response_bytes is not recorded: live on every attempt.
+    let control = Control::Attempts {
+        each: vec![
+            calls(vec![gateway.url("big"), gateway.url("down")], Vec::new()),
+            calls(vec![gateway.url("big")], Vec::new()),
+        ],
+    };
+    let big = add(&mut conn, "pay", &control).await;
+    acked(&mut host, &big).await;
+    assert_eq!(gateway.keys("big").len(), 2, "called again: not recorded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_ends_at_the_first_call_that_differs_and_a_journal_is_bounded() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let gateway = Gateway::start("idempotency-key", 0).await;
+    let sub = Sub::fixture("div")
+        .delayed("div.delayed")
+        .set("effects", "journal")
+        .set("journal_max_calls", 3)
+        .set("max_retries", 1)
+        .set("journal_max_entry_bytes", "100KiB")
+        .set("allowed_outbound_hosts", Raw(&gateway.grant()));
+    let mut host = start_fixture(&redis, sub).await;
+
+    // Attempt 1 charges a and b, then the service is down; attempt 2 charges a, then c:
+    // a replays, c differs from the recorded b (live), and what follows is live too.
+    let attempt = |second: &str, last: &str| {
+        calls(
+            vec![
+                gateway.url("charge-a"),
+                gateway.url(second),
+                gateway.url(last),
+            ],
+            Vec::new(),
+        )
+    };
+    let control = Control::Attempts {
+        each: vec![attempt("charge-b", "down"), attempt("charge-c", "receipt")],
+    };
+    let id = add(&mut conn, "div", &control).await;
+    acked(&mut host, &id).await;
+    assert_eq!(
+        gateway.keys("charge-a").len(),
+        1,
+        "replayed on the second attempt"
+    );
+    assert_eq!(gateway.keys("charge-b").len(), 1);
+    assert_eq!(gateway.keys("charge-c").len(), 1);
+    assert_eq!(gateway.keys("receipt").len(), 1);
+
+    // A guest that calls on and on: at most 3 calls and 100 KiB recorded for its entry (one
+    // 64 KiB response fits), which stays with its dead letter until its time to live.
+    let mut urls = vec![gateway.url("big64k"); 6];
+    urls.push(gateway.url("down"));
+    let hungry = add(&mut conn, "div", &calls(urls, Vec::new())).await;
+    wait_dead_letters(&conn, "div", 1).await;
+    assert_eq!(
+        gateway.keys("big64k").len(),
+        6 + 5,
+        "the second attempt replays the one call recorded"
+    );
+    let key = journal_key("div", &hungry);
+    let fields: Vec<(String, Vec<u8>)> = redis::cmd("HGETALL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let bytes: usize = fields.iter().map(|(_, v)| v.len()).sum();
+    assert!(
+        !fields.is_empty() && fields.len() <= 3 && bytes <= 100 * 1024 + 1024,
+        "{} calls, {bytes} bytes recorded",
+        fields.len()
+    );
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(ttl > 0, "a journal left behind expires");
 }

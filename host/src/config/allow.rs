@@ -221,6 +221,52 @@ pub struct OutboundHttp {
     /// The header each request carries its idempotency key in (see `runtime/effects.rs`);
     /// `None` sends none.
     pub idempotency_header: Option<http::HeaderName>,
+    /// `effects = "journal"`: what is recorded of the calls (see `runtime/journal.rs`).
+    pub journal: Option<JournalPolicy>,
+}
+
+/// What the journal of outbound calls records, and the bounds on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalPolicy {
+    /// The response statuses that are recorded (a call that got another stays live on the
+    /// next attempt), as inclusive ranges.
+    pub statuses: Vec<(u16, u16)>,
+    /// The largest response (body and headers) one call records.
+    pub max_response_bytes: u64,
+    /// The most one entry's journal holds, in bytes.
+    pub max_entry_bytes: u64,
+    /// The most calls one entry's journal holds.
+    pub max_calls: u32,
+}
+
+impl Default for JournalPolicy {
+    fn default() -> Self {
+        Self {
+            statuses: vec![(200, 299)],
+            max_response_bytes: 256 * 1024,
+            max_entry_bytes: 4 * 1024 * 1024,
+            max_calls: 64,
+        }
+    }
+}
+
+impl JournalPolicy {
+    /// Whether a response with `status` is recorded.
+    pub fn records(&self, status: u16) -> bool {
+        self.statuses
+            .iter()
+            .any(|(lo, hi)| (*lo..=*hi).contains(&status))
+    }
+}
+
+/// One `journal_statuses` entry: `"2xx"` (a class) or `"409"` (one status).
+pub fn parse_status(text: &str) -> Option<(u16, u16)> {
+    if let Some(class) = text.strip_suffix("xx") {
+        let class: u16 = class.parse().ok().filter(|c| (1..=5).contains(c))?;
+        return Some((class * 100, class * 100 + 99));
+    }
+    let status: u16 = text.parse().ok().filter(|s| (100..=599).contains(s))?;
+    Some((status, status))
 }
 
 /// The header idempotency keys go in unless configured otherwise: the name the IETF draft and
@@ -233,6 +279,7 @@ impl Default for OutboundHttp {
             allowed: Vec::new(),
             timeout: super::DEFAULT_HANDLER_TIMEOUT,
             idempotency_header: Some(http::HeaderName::from_static(DEFAULT_IDEMPOTENCY_HEADER)),
+            journal: None,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! and fuel budgets, the largest entry, and the outbound-HTTP allow-list with its timeout. Each
 //! is checked against its floor; a request may not outlive its delivery.
 
-use super::allow::{AllowedHost, EntryError, OutboundHttp};
+use super::allow::{AllowedHost, EntryError, JournalPolicy, OutboundHttp, parse_status};
 use super::check::Validator;
 use super::raw::RawSubscription;
 use super::{ConfigError, Limits};
@@ -64,7 +64,100 @@ pub(super) fn limits(
         &mut limits.outbound_http,
         limits.handler_timeout,
     )?;
+    limits.outbound_http.journal = journal(v, key, sub)?;
     Ok(limits)
+}
+
+/// The most one call's recorded response may be set to.
+const MAX_JOURNAL_RESPONSE: u64 = 16 * 1024 * 1024;
+/// The most one entry's journal may be set to hold.
+const MAX_JOURNAL_ENTRY: u64 = 64 * 1024 * 1024;
+/// The most calls one entry's journal may be set to hold.
+const MAX_JOURNAL_CALLS: u32 = 10_000;
+
+/// `effects = "journal"` and its `journal_*` bounds (each capped: no configuration makes an
+/// entry's journal unbounded).
+fn journal(
+    v: &Validator<'_>,
+    key: &dyn Fn(&str) -> String,
+    sub: &RawSubscription,
+) -> Result<Option<JournalPolicy>, ConfigError> {
+    match sub.effects.as_deref() {
+        None | Some("none") => {
+            let stray = [
+                ("journal_statuses", sub.journal_statuses.is_some()),
+                (
+                    "journal_max_response_bytes",
+                    sub.journal_max_response_bytes.is_some(),
+                ),
+                (
+                    "journal_max_entry_bytes",
+                    sub.journal_max_entry_bytes.is_some(),
+                ),
+                ("journal_max_calls", sub.journal_max_calls.is_some()),
+            ];
+            if let Some((name, _)) = stray.iter().find(|(_, set)| *set) {
+                return Err(v.invalid(&key(name), "", "needs effects = \"journal\""));
+            }
+            return Ok(None);
+        }
+        Some("journal") => {}
+        Some(other) => {
+            return Err(v.invalid(&key("effects"), other, "must be \"journal\" or \"none\""));
+        }
+    }
+    let mut policy = JournalPolicy::default();
+    if let Some(statuses) = &sub.journal_statuses {
+        policy.statuses = statuses
+            .iter()
+            .map(|s| {
+                parse_status(s).ok_or_else(|| {
+                    v.invalid(
+                        &key("journal_statuses"),
+                        s,
+                        "must be a status class like \"2xx\" or a status like \"409\"",
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?;
+    }
+    let capped = |name: &str, text: &Option<String>, default: u64, most: u64| {
+        let Some(text) = text else {
+            return Ok(default);
+        };
+        let n = v.size_at_least(&key(name), text, 1, "1 byte")?;
+        if n > most {
+            return Err(v.invalid(
+                &key(name),
+                text,
+                &format!("must be at most {}", bytesize::ByteSize(most)),
+            ));
+        }
+        Ok(n)
+    };
+    policy.max_response_bytes = capped(
+        "journal_max_response_bytes",
+        &sub.journal_max_response_bytes,
+        policy.max_response_bytes,
+        MAX_JOURNAL_RESPONSE,
+    )?;
+    policy.max_entry_bytes = capped(
+        "journal_max_entry_bytes",
+        &sub.journal_max_entry_bytes,
+        policy.max_entry_bytes,
+        MAX_JOURNAL_ENTRY,
+    )?;
+    if let Some(n) = sub.journal_max_calls {
+        if n == 0 || n > MAX_JOURNAL_CALLS {
+            return Err(v.invalid(
+                &key("journal_max_calls"),
+                &n.to_string(),
+                &format!("must be 1 to {MAX_JOURNAL_CALLS}"),
+            ));
+        }
+        policy.max_calls = n;
+    }
+    Ok(Some(policy))
 }
 
 /// `allowed_outbound_hosts` and `http_timeout` into `http`: each entry parsed, and a timeout

@@ -104,6 +104,12 @@ pub(super) struct RawSubscription {
     pub(super) allowed_outbound_hosts: Vec<String>,
     pub(super) http_timeout: Option<String>,
     pub(super) idempotency_header: Option<String>,
+    pub(super) effects: Option<String>,
+    #[serde(default)]
+    pub(super) journal_statuses: Option<Vec<String>>,
+    pub(super) journal_max_response_bytes: Option<String>,
+    pub(super) journal_max_entry_bytes: Option<String>,
+    pub(super) journal_max_calls: Option<u32>,
     #[serde(default)]
     pub(super) config: BTreeMap<String, toml::Value>,
 }

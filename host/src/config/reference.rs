@@ -386,6 +386,28 @@ pub const KEYS: &[KeyDoc] = &[
     },
     KeyDoc {
         scope: Scope::Subscription,
+        keys: &["effects"],
+        meaning: "`\"journal\"`: each outbound call's response is recorded in Redis, and a later attempt of the same entry gets the recorded response of a call it makes again, without the network (see the effects page)",
+        default: "`\"none\"`",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &["journal_statuses"],
+        meaning: "the responses the journal records, as classes (`\"2xx\"`) or statuses (`\"409\"`)",
+        default: "`[\"2xx\"]`",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
+        keys: &[
+            "journal_max_response_bytes",
+            "journal_max_entry_bytes",
+            "journal_max_calls",
+        ],
+        meaning: "the journal's bounds: the largest response one call records (at most 16MiB), what one entry's journal holds in bytes (at most 64MiB) and in calls (at most 10,000); a call past them stays live on the next attempt, counted",
+        default: "256KiB, 4MiB, 64",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
         keys: &["config"],
         meaning: "`[subscription.config]`: string values the guest can read",
         default: "empty",

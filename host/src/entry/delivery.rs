@@ -295,6 +295,8 @@ pub struct Delivery {
     pub started: Option<std::time::SystemTime>,
     /// The attempt's trace, while traces are exported (set by the dispatcher).
     pub trace: Option<crate::observe::telemetry::AttemptTrace>,
+    /// The journal of its outbound calls, with `effects = "journal"` (set by the dispatcher).
+    pub journal: Option<std::sync::Arc<crate::store::effects::DeliveryJournal>>,
     /// What of its fields the read did not keep (see [`crate::store::redis_conn::lean::Cut`]): such
     /// an entry is dead-lettered from Redis, never handled.
     pub cut: crate::store::redis_conn::lean::Cut,
@@ -355,6 +357,7 @@ impl Delivery {
             entry,
             delivery_count: delivery_count.max(1),
             trace: None,
+            journal: None,
             cut: Default::default(),
             started: None,
         }

@@ -47,6 +47,8 @@ pub struct Dispatcher {
     breaker: Option<Arc<crate::pipeline::admit::breaker::Breaker>>,
     /// An ack is logged at info too (`sluice dev`: see [`crate::service::plan::Plan`]).
     log_each: bool,
+    /// The journals of the deliveries' outbound calls, with `effects = "journal"`.
+    journal: Option<Arc<crate::store::effects::JournalStore>>,
 }
 
 impl Dispatcher {
@@ -66,7 +68,17 @@ impl Dispatcher {
             typical_ns: AtomicU64::new(0),
             breaker: None,
             log_each: false,
+            journal: None,
         }
+    }
+
+    /// Journal every delivery's outbound calls in `journal` (`effects = "journal"`).
+    pub fn with_journal(
+        mut self,
+        journal: Option<Arc<crate::store::effects::JournalStore>>,
+    ) -> Self {
+        self.journal = journal;
+        self
     }
 
     /// Log every delivery, an ack too (a retry and a dead letter always are).
@@ -93,6 +105,11 @@ impl Dispatcher {
         // Only an event reports it: no clock read per delivery while nobody listens.
         if self.settler.events_listened() {
             delivery.started = Some(crate::support::clock::now());
+        }
+        if let Some(store) = &self.journal {
+            delivery.journal = Some(Arc::new(crate::store::effects::DeliveryJournal::new(
+                store.clone(),
+            )));
         }
         let parent = crate::observe::telemetry::enabled().then(|| {
             crate::observe::telemetry::parent_of(

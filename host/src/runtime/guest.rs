@@ -123,6 +123,7 @@ impl GuestState {
                 trace: None,
                 identity: None,
                 calls: 0,
+                journal: None,
             },
             table,
             limiter: Limiter {

@@ -154,12 +154,20 @@ pub(crate) struct HttpHooks {
     pub(crate) identity: Option<super::effects::CallIdentity>,
     /// Requests the current attempt has sent (or tried to): the next one's position.
     pub(crate) calls: u32,
+    /// The journal of the current attempt's calls, with `effects = "journal"`.
+    pub(crate) journal: Option<Arc<super::journal::AttemptJournal>>,
 }
 
 impl HttpHooks {
-    /// A new attempt starts: its calls are counted from 0 and named by `identity`.
-    pub(crate) fn begin(&mut self, identity: Option<super::effects::CallIdentity>) {
+    /// A new attempt starts: its calls are counted from 0, named by `identity`, and go
+    /// through `journal` when it has one.
+    pub(crate) fn begin(
+        &mut self,
+        identity: Option<super::effects::CallIdentity>,
+        journal: Option<Arc<super::journal::AttemptJournal>>,
+    ) {
         self.identity = identity;
+        self.journal = journal;
         self.calls = 0;
     }
 
@@ -381,7 +389,7 @@ impl WasiHttpHooks for HttpHooks {
         let protected = self.grant.protected.clone();
         let span = tracing::Span::current();
         let request_span = trace_request(&mut self.spans, self.trace.as_ref(), &mut request);
-        Box::new(async move {
+        let live = move |request: http::Request<WasiBody>| async move {
             use http_body_util::BodyExt;
             if let Err(why) = check_not_own(&protected, request.uri()).await {
                 if let Some(s) = &request_span {
@@ -413,7 +421,11 @@ impl WasiHttpHooks for HttpHooks {
                 response.map(BodyExt::boxed_unsync),
                 Box::new(io) as Box<dyn Future<Output = Result<(), HttpError>> + Send>,
             ))
-        })
+        };
+        match self.journal.clone() {
+            Some(journal) => Box::new(journal.send(call, request, live)),
+            None => Box::new(live(request)),
+        }
     }
 }
 

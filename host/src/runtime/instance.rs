@@ -373,7 +373,20 @@ impl WasmHandler {
                 .http_hooks
                 .keys_calls()
                 .then(|| super::effects::CallIdentity::of(delivery));
-            state.http_hooks.begin(identity);
+            let journal = delivery.journal.as_ref().and_then(|journal| {
+                let policy = state.http_hooks.grant.policy.journal.clone()?;
+                let key = crate::store::effects::key(
+                    &delivery.stream,
+                    &delivery.group,
+                    &delivery.origin_id,
+                );
+                Some(Arc::new(super::journal::AttemptJournal::new(
+                    journal.clone(),
+                    key,
+                    policy,
+                )))
+            });
+            state.http_hooks.begin(identity, journal);
         }
         instance.store.set_epoch_deadline(1);
         // On the attempt's span (the delivery's), when traced: the limits it ran under.
@@ -405,7 +418,7 @@ impl WasmHandler {
     fn finish(&self, instance: &mut Instance, span: Option<&tracing::Span>) {
         let hooks = &mut instance.store.data_mut().http_hooks;
         hooks.trace = None;
-        hooks.begin(None);
+        hooks.begin(None, None);
         if let Some(span) = &span {
             span.record(
                 "memory_bytes",

@@ -13,7 +13,8 @@
 //!   `tracing`, the subscription's config values, WASI with every capability denied).
 //! - [`http`] is outbound HTTP: the subscription's `allowed_outbound_hosts` and timeouts in
 //!   front of `wasi:http`'s outgoing handler; [`effects`] names each call of an attempt
-//!   (its idempotency key), the same on every retry of the entry.
+//!   (its idempotency key), the same on every retry of the entry, and [`journal`] records
+//!   and replays them with `effects = "journal"`.
 //!
 //! Time limits use epoch interruption: a ticker thread bumps the engine's epoch every
 //! [`EPOCH_TICK`]; at each tick a running guest yields to the async executor (so a busy guest
@@ -25,6 +26,7 @@ pub mod effects;
 pub mod guest;
 pub mod http;
 pub mod instance;
+pub mod journal;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -88,6 +88,7 @@ impl Service {
                 &labels,
             )
             .with_breaker(c.breaker.clone())
+            .with_journal(journal(c, s))
             .logging_each(self.plan.log_each_delivery),
         );
         let read_plan = read_plan(c.sub, s, &keys);
@@ -404,6 +405,20 @@ fn order(
         ttl,
         c.conn.clone(),
         metrics,
+    )))
+}
+
+/// Where the partition's journals of outbound calls go, with `effects = "journal"`: living as
+/// long as its delayed set's ttl (or the default).
+fn journal(c: &Common<'_>, s: &ResolvedStream) -> Option<Arc<crate::store::effects::JournalStore>> {
+    c.sub.limits.outbound_http.journal.as_ref()?;
+    let ttl = match &s.delayed_retry {
+        Some(DelayedRetry::DurableZset { ttl, .. }) => *ttl,
+        None => None,
+    };
+    Some(Arc::new(crate::store::effects::JournalStore::new(
+        c.conn.clone(),
+        ttl,
     )))
 }
 

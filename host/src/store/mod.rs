@@ -8,6 +8,7 @@
 //! - [`inspect`] reads a subscription's state (group, consumers, delayed set, dead letters) for
 //!   the admin API, `sluice status` and the benchmark.
 //! - [`options`] sends a Lua script's many options as one map of named fields.
+//! - [`effects`] keeps the journal of an entry's outbound calls (`effects = "journal"`).
 //! - [`doorbell`] tells idle subscriptions and delayed sets when their keys are written
 //!   (keyspace events on one connection per Redis), so an idle subscription holds no
 //!   connection and sends no command.
@@ -20,6 +21,7 @@
 
 pub mod devredis;
 pub mod doorbell;
+pub mod effects;
 pub mod inspect;
 pub mod keys;
 pub(crate) mod options;

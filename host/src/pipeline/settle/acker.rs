@@ -146,6 +146,11 @@ async fn ack_one_source(
         match reply {
             Ok(_) => {
                 backoff.reset();
+                if let Some(del) =
+                    forget_journals(batch.iter().filter(|a| a.source == target.source))
+                {
+                    let _ = conn.query(&del).await.inspect_err(journal_left);
+                }
                 for ack in batch.extract_if(.., |a| a.source == target.source) {
                     if let Some(event) = ack.event {
                         events.send(*event);
@@ -213,6 +218,12 @@ async fn ack_ordered(
             Ok((_, went)) => {
                 backoff.reset();
                 order.let_in(went);
+                if let Some(del) = forget_journals(batch.iter()) {
+                    let _ = del
+                        .query_async::<()>(&mut conn)
+                        .await
+                        .inspect_err(journal_left);
+                }
                 for ack in batch.drain(..) {
                     if let Some(event) = ack.event {
                         events.send(*event);
@@ -245,6 +256,21 @@ async fn ack_ordered(
             }
         }
     }
+}
+
+/// The `DEL` of the journals of `acks` that have one (see [`Ack`]), if any: sent once their
+/// acks are in Redis. Not retried: a journal left goes with its time to live.
+fn forget_journals<'a>(acks: impl Iterator<Item = &'a Ack>) -> Option<redis::Cmd> {
+    let mut del: Option<redis::Cmd> = None;
+    for key in acks.filter_map(|a| a.journal.as_deref()) {
+        del.get_or_insert_with(|| redis::cmd("DEL")).arg(key);
+    }
+    del
+}
+
+/// A journal could not be deleted after its ack.
+fn journal_left(err: &redis::RedisError) {
+    tracing::debug!(%err, "could not delete the journals of acknowledged entries; they go with their time to live");
 }
 
 /// Log acks left unsent at a forced shutdown, and count them.

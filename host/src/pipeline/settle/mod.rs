@@ -78,6 +78,9 @@ pub struct Ack {
     id: String,
     /// Its origin id, on an ordered subscription: the ack gives back the turn it holds.
     origin: Option<Box<str>>,
+    /// The journal of its outbound calls, when an attempt found or wrote one: deleted once
+    /// the ack is in Redis (else it goes with its time to live).
+    journal: Option<Box<str>>,
     /// Made only while someone listens to the events.
     event: Option<Box<Event>>,
 }
@@ -185,6 +188,10 @@ impl Settler {
                 .order
                 .as_ref()
                 .map(|_| delivery.origin_id.as_str().into()),
+            journal: delivery.journal.as_ref().filter(|j| j.used()).map(|_| {
+                crate::store::effects::key(&delivery.stream, &delivery.group, &delivery.origin_id)
+                    .into()
+            }),
             event: self
                 .events
                 .listened()

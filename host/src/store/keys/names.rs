@@ -164,6 +164,18 @@ pub fn claim_key(key: &str) -> String {
     format!("sluice-claim:{key}")
 }
 
+/// The journal of one entry's outbound calls (see `runtime/journal.rs`): a hash, call position
+/// -> the recorded call, in the stream's hash slot; one per (stream, group, origin id), so each
+/// group's journal is its own.
+pub fn effects_key(stream: &str, group: &str, origin_id: &str) -> String {
+    format!(
+        "sluice-effects:{{{}}}:{}:{stream}:{}:{group}:{origin_id}",
+        hash_tag(stream),
+        stream.len(),
+        group.len()
+    )
+}
+
 /// The prefix of every key a subscription's ordered keys keep (see `pipeline::order`): in the
 /// stream's hash slot, named like [`flow_key`]. `<prefix>:names`, `<prefix>:waiting`,
 /// `<prefix>:turns` and `<prefix>:load` are the subscription's; `<prefix>:wait:<digest>` is one
