@@ -39,6 +39,18 @@ impl Gateway {
                         .get(header)
                         .map(|v| v.to_str().unwrap_or("(not text)").to_owned());
                     to.lock().unwrap().push((path.clone(), key));
+                    // `receipt-hang` never answers its first request (the host is killed then).
+                    let first_hang = path == "receipt-hang"
+                        && to
+                            .lock()
+                            .unwrap()
+                            .iter()
+                            .filter(|(p, _)| p == &path)
+                            .count()
+                            == 1;
+                    if first_hang {
+                        std::future::pending::<()>().await;
+                    }
                     let mut left = failures.lock().unwrap();
                     let charged = to.lock().unwrap().len();
                     match path.as_str() {
@@ -249,6 +261,13 @@ async fn with_the_journal_a_retry_replays_the_charge_instead_of_charging_again()
         .await
         .unwrap();
     assert_eq!(left, 0, "the journal goes with the ack");
+    let (_, metrics) = http_get(host.admin().await, "/metrics").await;
+    for line in [
+        r#"sluice_journal_calls_total{stream="pay",group="g",reason="replayed"} 2"#,
+        r#"sluice_journal_calls_total{stream="pay",group="g",reason="recorded"} 2"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
 
     // A response over journal_max_response_bytes is not recorded: live on every attempt.
     let control = Control::Attempts {
@@ -331,4 +350,38 @@ async fn replay_ends_at_the_first_call_that_differs_and_a_journal_is_bounded() {
         .await
         .unwrap();
     assert!(ttl > 0, "a journal left behind expires");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_killed_after_the_charge_and_before_the_ack_charges_once() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let gateway = Gateway::start("idempotency-key", 0).await;
+    let run = RunDir::new(
+        &redis,
+        TestConfig::of(
+            Sub::fixture("killed")
+                .delayed("killed.delayed")
+                .set("effects", "journal")
+                .set("handler_timeout", "60s")
+                .set("allowed_outbound_hosts", Raw(&gateway.grant())),
+        )
+        .set("shutdown_timeout", "1s"),
+    );
+    let urls = vec![gateway.url("charge"), gateway.url("receipt-hang")];
+    let id = add(&mut conn, "killed", &calls(urls, Vec::new())).await;
+    let mut host = run.spawn();
+    wait_for(
+        T,
+        "the receipt call, after the charge's response",
+        || async { (gateway.keys("receipt-hang").len() == 1).then_some(()) },
+    )
+    .await;
+    host.kill();
+    // The same consumer again: it reads its pending entry back and tries it again.
+    let _again = run.spawn();
+    wait_acked(&conn, "killed", "g", &id).await;
+    let charges = gateway.keys("charge");
+    assert_eq!(charges.len(), 1, "the charge replayed from the journal");
+    assert_eq!(gateway.keys("receipt-hang").len(), 2);
 }

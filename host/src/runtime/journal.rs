@@ -100,6 +100,7 @@ impl AttemptJournal {
         }
         let sent = live(request).await?;
         let Some(sha) = sha else {
+            self.delivery.store.counters.too_big.inc();
             tracing::debug!(target: "sluice::http", call, %url, "journal: request body over {MAX_REQUEST_BODY} bytes, not recorded");
             return Ok(sent);
         };
@@ -125,6 +126,7 @@ impl AttemptJournal {
             {
                 Ok(found) => found,
                 Err(err) => {
+                    self.delivery.store.counters.unreadable.inc();
                     tracing::warn!(target: "sluice::http", %err, "journal: cannot read the entry's journal; every call of this attempt goes out live");
                     state.live = true;
                     HashMap::new()
@@ -143,11 +145,13 @@ impl AttemptJournal {
         let found = state.found.as_ref()?;
         match found.get(&call) {
             Some(r) if r.method == method && r.url == url && &r.body_sha256 == sha => {
+                self.delivery.store.counters.replayed.inc();
                 tracing::debug!(target: "sluice::http", call, %url, status = r.status, "journal: replayed");
                 Some((response_of(r), Box::new(async { Ok(()) })))
             }
             other => {
                 if let Some(r) = other {
+                    self.delivery.store.counters.diverged.inc();
                     tracing::warn!(
                         target: "sluice::http",
                         call,
@@ -197,6 +201,7 @@ impl AttemptJournal {
         let bytes = match read {
             Read::Complete(bytes) => bytes,
             Read::Over { prefix, rest } => {
+                self.delivery.store.counters.too_big.inc();
                 tracing::debug!(target: "sluice::http", call, %url, "journal: response over journal_max_response_bytes, not recorded");
                 return (http::Response::from_parts(parts, chain(prefix, rest)), io);
             }
@@ -223,6 +228,7 @@ impl AttemptJournal {
         if state.calls >= self.policy.max_calls
             || state.bytes.saturating_add(size) > self.policy.max_entry_bytes
         {
+            self.delivery.store.counters.journal_full.inc();
             tracing::debug!(target: "sluice::http", call, "journal: the entry's journal is full (journal_max_calls or journal_max_entry_bytes), not recorded");
             return;
         }
@@ -237,9 +243,11 @@ impl AttemptJournal {
                 state.calls += 1;
                 state.bytes += size;
                 self.delivery.mark_used();
+                self.delivery.store.counters.recorded.inc();
             }
             Err(err) => {
                 state.stale = stale;
+                self.delivery.store.counters.write_failed.inc();
                 tracing::warn!(target: "sluice::http", call, %err, "journal: cannot record the call; it goes out live again on the next attempt");
             }
         }

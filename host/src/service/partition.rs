@@ -88,7 +88,7 @@ impl Service {
                 &labels,
             )
             .with_breaker(c.breaker.clone())
-            .with_journal(journal(c, s))
+            .with_journal(journal(c, s, &self.metrics))
             .logging_each(self.plan.log_each_delivery),
         );
         let read_plan = read_plan(c.sub, s, &keys);
@@ -410,8 +410,32 @@ fn order(
 
 /// Where the partition's journals of outbound calls go, with `effects = "journal"`: living as
 /// long as its delayed set's ttl (or the default).
-fn journal(c: &Common<'_>, s: &ResolvedStream) -> Option<Arc<crate::store::effects::JournalStore>> {
+fn journal(
+    c: &Common<'_>,
+    s: &ResolvedStream,
+    metrics: &Metrics,
+) -> Option<Arc<crate::store::effects::JournalStore>> {
     c.sub.limits.outbound_http.journal.as_ref()?;
+    let labels = metrics.series(&Metrics::labels(&s.stream, &s.group));
+    let reason = |reason| {
+        metrics
+            .journal_calls
+            .get_or_create(&crate::observe::metrics::ReasonLabels {
+                stream: labels.stream.clone(),
+                group: labels.group.clone(),
+                reason,
+            })
+            .clone()
+    };
+    let counters = crate::store::effects::JournalCounters {
+        replayed: reason("replayed"),
+        recorded: reason("recorded"),
+        diverged: reason("diverged"),
+        too_big: reason("too_big"),
+        journal_full: reason("journal_full"),
+        unreadable: reason("unreadable"),
+        write_failed: reason("write_failed"),
+    };
     let ttl = match &s.delayed_retry {
         Some(DelayedRetry::DurableZset { ttl, .. }) => *ttl,
         None => None,
@@ -419,6 +443,7 @@ fn journal(c: &Common<'_>, s: &ResolvedStream) -> Option<Arc<crate::store::effec
     Some(Arc::new(crate::store::effects::JournalStore::new(
         c.conn.clone(),
         ttl,
+        counters,
     )))
 }
 

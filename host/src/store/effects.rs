@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
 use redis::RedisResult;
 
 use super::keys;
@@ -113,6 +114,27 @@ impl Record {
 pub struct JournalStore {
     conn: RedisHandle,
     ttl_ms: u64,
+    /// What became of the calls (`sluice_journal_calls_total`).
+    pub counters: JournalCounters,
+}
+
+/// The journal's counters, one per reason of `sluice_journal_calls_total`.
+#[derive(Debug, Default, Clone)]
+pub struct JournalCounters {
+    /// The recorded response, no network.
+    pub replayed: Counter,
+    /// Recorded.
+    pub recorded: Counter,
+    /// Replay ended: the call differs from the recorded one.
+    pub diverged: Counter,
+    /// Not recorded: the response or the request over its bound.
+    pub too_big: Counter,
+    /// Not recorded: the entry's journal is at its bound.
+    pub journal_full: Counter,
+    /// The journal could not be read (every call of the attempt live).
+    pub unreadable: Counter,
+    /// A record could not be written.
+    pub write_failed: Counter,
 }
 
 impl std::fmt::Debug for JournalStore {
@@ -124,12 +146,13 @@ impl std::fmt::Debug for JournalStore {
 }
 
 impl JournalStore {
-    /// Journals on `conn`, each living `ttl` after its last write.
-    pub fn new(conn: RedisHandle, ttl: Option<Duration>) -> Self {
+    /// Journals on `conn`, each living `ttl` after its last write, counted in `counters`.
+    pub fn new(conn: RedisHandle, ttl: Option<Duration>, counters: JournalCounters) -> Self {
         let ttl = ttl.unwrap_or(DEFAULT_JOURNAL_TTL);
         Self {
             conn,
             ttl_ms: ttl.as_millis().clamp(1, u128::from(u64::MAX)) as u64,
+            counters,
         }
     }
 

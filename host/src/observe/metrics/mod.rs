@@ -156,6 +156,8 @@ pub struct Metrics {
     pub ordered_held: Family<SubLabels, Counter>,
     /// Queued entries this host let in.
     pub ordered_let_in: Family<SubLabels, Counter>,
+    /// Outbound calls through the journal (`effects = "journal"`), by what became of them.
+    pub journal_calls: Family<ReasonLabels, Counter>,
     /// The registered families' names, in order.
     families: Vec<&'static str>,
 }
@@ -291,6 +293,7 @@ impl Metrics {
             ordered_unkeyed: reg!("ordered_unkeyed", Family::default()),
             ordered_held: reg!("ordered_held", Family::default()),
             ordered_let_in: reg!("ordered_let_in", Family::default()),
+            journal_calls: reg!("journal_calls", Family::default()),
             registry,
             results_counted: Arc::default(),
             families,

@@ -284,6 +284,12 @@ pub const SERIES: &[Series] = &[
         labels: "",
         help: "Queued entries let in by this host when their key's turn came (they come back through the delayed set)",
     },
+    Series {
+        name: "journal_calls",
+        kind: Kind::Counter,
+        labels: "reason",
+        help: "Outbound calls through the journal (`effects = \"journal\"`): `replayed` (the recorded response, no network), `recorded`, `diverged` (replay ended: the call differs from the recorded one), `too_big` (response or request over its bound), `journal_full` (the entry's journal at its bound), `unreadable` or `write_failed` (Redis refused; the call was live)",
+    },
 ];
 
 /// The help text of the family `name` ("" for a name without a row, which a test refuses).
