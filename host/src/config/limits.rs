@@ -84,22 +84,10 @@ fn journal(
 ) -> Result<Option<JournalPolicy>, ConfigError> {
     match sub.effects.as_deref() {
         None | Some("none") => {
-            let stray = [
-                ("journal_statuses", sub.journal_statuses.is_some()),
-                (
-                    "journal_max_response_bytes",
-                    sub.journal_max_response_bytes.is_some(),
-                ),
-                (
-                    "journal_max_entry_bytes",
-                    sub.journal_max_entry_bytes.is_some(),
-                ),
-                ("journal_max_calls", sub.journal_max_calls.is_some()),
-            ];
-            if let Some((name, _)) = stray.iter().find(|(_, set)| *set) {
-                return Err(v.invalid(&key(name), "", "needs effects = \"journal\""));
-            }
-            return Ok(None);
+            return match stray_journal_key(sub) {
+                Some(name) => Err(v.invalid(&key(name), "", "needs effects = \"journal\"")),
+                None => Ok(None),
+            };
         }
         Some("journal") => {}
         Some(other) => {
@@ -207,4 +195,22 @@ fn outbound_http(
         };
     }
     Ok(())
+}
+
+/// A `journal_*` key set without `effects = "journal"`, if any.
+fn stray_journal_key(sub: &RawSubscription) -> Option<&'static str> {
+    [
+        ("journal_statuses", sub.journal_statuses.is_some()),
+        (
+            "journal_max_response_bytes",
+            sub.journal_max_response_bytes.is_some(),
+        ),
+        (
+            "journal_max_entry_bytes",
+            sub.journal_max_entry_bytes.is_some(),
+        ),
+        ("journal_max_calls", sub.journal_max_calls.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(name, set)| set.then_some(name))
 }

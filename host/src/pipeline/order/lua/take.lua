@@ -22,11 +22,7 @@
 -- @include lib/order
 local k = order_state(ARGV[3], KEYS[1], KEYS[2], KEYS[6], KEYS[5], tonumber(ARGV[2]), 0)
 local group = ARGV[1]
-local kds = {}
-for i = 4, #ARGV, 4 do
-  kds[#kds + 1] = ARGV[i]
-end
-local err = order_check(k, kds)
+local err = order_check_argv(k, 4, 4)
 if err then
   return err
 end

@@ -59,6 +59,15 @@ local function order_check(k, kds)
   return nil
 end
 
+-- order_check on the digests at ARGV[from], ARGV[from + step], ... (one per entry).
+local function order_check_argv(k, from, step)
+  local kds = {}
+  for i = from, #ARGV, step do
+    kds[#kds + 1] = ARGV[i]
+  end
+  return order_check(k, kds)
+end
+
 -- The digest a `turns` value names.
 local function turn_key(value)
   return string.sub(value, 1, 40)
