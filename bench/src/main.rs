@@ -23,7 +23,9 @@
 //! `flow`, `canary` (the wasm path while a canary sends half the entries to another version,
 //! against the same without one), `ordered` (ordered keys: throughput over 1,000 keys against
 //! the same unordered, and the calm keys' p99 while one key has 100,000 entries queued, with
-//! and without the fair share). See BENCHMARKS.md.
+//! and without the fair share), `effects` (idempotency keys and the journal of outbound calls:
+//! entries without calls with and without `effects = "journal"`, and one call each, recorded or
+//! not). See BENCHMARKS.md.
 
 mod budget;
 mod native;
@@ -70,6 +72,7 @@ const ALL: &[&str] = &[
     "flow",
     "canary",
     "ordered",
+    "effects",
     "footprint",
     "density",
 ];
@@ -80,7 +83,7 @@ struct Args {
     /// Scenarios to run (default: all but footprint and density): ceiling, ceiling-server,
     /// ceiling-lean, native, wasm, native-doorbell, wasm-doorbell, wasm-isolated, retry, retry-backlog, retry-backlog-lane,
     /// drain, fan-out, swap, sandbox, cluster, ui, retention, languages, traces, flow, canary,
-    /// ordered, footprint, density.
+    /// ordered, effects, footprint, density.
     scenarios: Vec<String>,
     /// Print one JSON object per scenario per line instead of a table.
     #[arg(long)]
@@ -200,6 +203,7 @@ async fn main() -> Result<()> {
             "flow",
             "canary",
             "ordered",
+            "effects",
             "footprint",
             "density",
         ]
@@ -210,6 +214,7 @@ async fn main() -> Result<()> {
                 "flow" => bench.flow(args.messages).await?,
                 "canary" => bench.canary(args.messages).await?,
                 "ordered" => bench.ordered(args.messages, args.messages).await?,
+                "effects" => bench.effects(args.messages).await?,
                 "footprint" => bench.footprint(&args.subscriptions).await?,
                 "density" => {
                     bench

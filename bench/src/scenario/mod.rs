@@ -5,6 +5,7 @@
 
 mod canary;
 mod cluster;
+mod effects;
 mod flow;
 mod footprint;
 mod languages;

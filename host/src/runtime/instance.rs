@@ -380,10 +380,17 @@ impl WasmHandler {
                     &delivery.group,
                     &delivery.origin_id,
                 );
+                let first = delivery.delivery_count <= 1
+                    && delivery.retry_count == 0
+                    && !delivery
+                        .user_fields()
+                        .iter()
+                        .any(|(n, _)| n == crate::store::keys::REQUEUED_FROM.as_bytes());
                 Some(Arc::new(super::journal::AttemptJournal::new(
                     journal.clone(),
                     key,
                     policy,
+                    first,
                 )))
             });
             state.http_hooks.begin(identity, journal);

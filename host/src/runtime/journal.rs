@@ -42,6 +42,8 @@ pub(crate) struct AttemptJournal {
     delivery: Arc<DeliveryJournal>,
     key: String,
     policy: JournalPolicy,
+    /// The entry's first delivery ever: it has no journal yet, so none is read.
+    first: bool,
     state: tokio::sync::Mutex<State>,
 }
 
@@ -59,12 +61,19 @@ struct State {
 }
 
 impl AttemptJournal {
-    /// The journal at `key` for an attempt of `delivery`'s entry.
-    pub(crate) fn new(delivery: Arc<DeliveryJournal>, key: String, policy: JournalPolicy) -> Self {
+    /// The journal at `key` for an attempt of `delivery`'s entry; `first` when the entry was
+    /// never delivered before (no retry, no redelivery, no requeue), which then reads nothing.
+    pub(crate) fn new(
+        delivery: Arc<DeliveryJournal>,
+        key: String,
+        policy: JournalPolicy,
+        first: bool,
+    ) -> Self {
         Self {
             delivery,
             key,
             policy,
+            first,
             state: tokio::sync::Mutex::new(State::default()),
         }
     }
@@ -117,6 +126,9 @@ impl AttemptJournal {
         sha: &[u8; 32],
     ) -> Option<(http::Response<WasiBody>, IoFuture)> {
         let mut state = self.state.lock().await;
+        if state.found.is_none() && self.first {
+            state.found = Some(HashMap::new());
+        }
         if state.found.is_none() {
             let found = match self
                 .delivery
