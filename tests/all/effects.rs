@@ -385,3 +385,60 @@ async fn a_host_killed_after_the_charge_and_before_the_ack_charges_once() {
     assert_eq!(charges.len(), 1, "the charge replayed from the journal");
     assert_eq!(gateway.keys("receipt-hang").len(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_of_one_entry_runs_with_its_journal_and_no_network() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let gateway = Gateway::start("idempotency-key", 0).await;
+    let sub = Sub::fixture("rep")
+        .delayed("rep.delayed")
+        .set("effects", "journal")
+        .set("max_retries", 0)
+        .set("allowed_outbound_hosts", Raw(&gateway.grant()));
+    let config = TestConfig::of(sub);
+    let _host = start_fixture(&redis, config.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(dir.path(), "sluice.toml", &config.to_string());
+
+    // Charged, then the service is down: a dead letter whose journal holds the charge.
+    let urls = vec![gateway.url("charge"), gateway.url("down")];
+    let origin = add(&mut conn, "rep", &calls(urls, Vec::new())).await;
+    wait_dead_letters(&conn, "rep", 1).await;
+    let id = dead_lettered(&mut conn, "rep").await[0].0.clone();
+    let seen = gateway.seen.lock().unwrap().len();
+
+    let out = sluice(&["replay", "--entry", &id, "--json"], &path, &redis).await;
+    let report: serde_json::Value = serde_json::from_str(out.trim()).expect(&out);
+    assert_eq!(report["found_as"], "dead letter", "{out}");
+    assert_eq!(report["origin_id"], origin.as_str(), "{out}");
+    assert_eq!(
+        report["replayed_calls"], 1,
+        "the charge, from the journal: {out}"
+    );
+    assert_eq!(report["calls_not_in_journal"], 1, "the failed call: {out}");
+    assert_eq!(report["would"], "retry", "{out}");
+    assert_eq!(
+        gateway.seen.lock().unwrap().len(),
+        seen,
+        "nothing went over the network"
+    );
+    // Neither a dead letter nor a parked origin: a clear error.
+    let (ok, _, err) = tokio::task::spawn_blocking({
+        let args = [
+            "replay".to_owned(),
+            path.display().to_string(),
+            "--entry".to_owned(),
+            "1-1".to_owned(),
+            "--redis".to_owned(),
+            redis.url(),
+        ];
+        move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run_sluice(&args, std::path::Path::new("."))
+        }
+    })
+    .await
+    .unwrap();
+    assert!(!ok && err.contains("no dead letter with id 1-1"), "{err}");
+}

@@ -1,6 +1,8 @@
 //! `sluice replay`: a candidate component run on a subscription's dead letters in a dry run
 //! (see [`crate::control::rollout::replay`]); with `--requeue-acked`, the ones it acknowledged go back
-//! to the group, once the candidate serves.
+//! to the group, once the candidate serves. With `--entry`, the candidate (or the configured
+//! component) runs on one parked or dead-lettered entry with the journal of its outbound calls
+//! and without the network, to reproduce a production failure.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -20,9 +22,14 @@ pub struct Args {
     /// `.toml` configs and/or `.wasm` components.
     #[arg(default_value = "sluice.toml")]
     paths: Vec<PathBuf>,
-    /// The candidate component.
-    #[arg(long)]
-    candidate: PathBuf,
+    /// The candidate component (with --entry: the configured component when not given).
+    #[arg(long, required_unless_present = "entry")]
+    candidate: Option<PathBuf>,
+    /// Replay only this entry: a dead letter's id, or a parked retry's origin id. It runs with
+    /// the journal of its outbound calls (`effects = "journal"`) and without the network: a
+    /// recorded call gets its recorded response, any other an error.
+    #[arg(long, value_name = "ID", conflicts_with_all = ["requeue_acked", "reason"])]
+    entry: Option<String>,
     /// Only the subscription to this stream (or this one partition).
     #[arg(long)]
     stream: Option<String>,
@@ -64,6 +71,7 @@ pub(crate) async fn execute(args: Args) -> Result<()> {
         redis: args.redis,
         stream: args.stream,
         candidate: args.candidate,
+        entry: args.entry,
         reason: args.reason,
         limit: args.limit,
         allow_http: args.allow_http,
@@ -86,8 +94,10 @@ pub struct ReplayRequest {
     pub redis: Option<String>,
     /// Only the subscription to this stream (or this one partition).
     pub stream: Option<String>,
-    /// The candidate component.
-    pub candidate: PathBuf,
+    /// The candidate component (`None` with `entry`: the configured one).
+    pub candidate: Option<PathBuf>,
+    /// Replay only this entry, with its journal and without the network.
+    pub entry: Option<String>,
     /// Only dead letters whose reason contains this (case-insensitive).
     pub reason: Option<String>,
     /// At most this many dead letters per dead-letter stream.
@@ -111,6 +121,9 @@ pub struct ReplayRequest {
 pub async fn replay(request: ReplayRequest) -> Result<String> {
     if request.swap && !request.requeue_acked {
         anyhow::bail!("--swap goes with --requeue-acked (a replay alone changes nothing)");
+    }
+    if let Some(id) = &request.entry {
+        return replay_entry(&request, id).await;
     }
     let candidate = Candidate::read(&request)?;
     let plan = plan_after_redis(&request.paths, request.redis.as_deref()).await?;
@@ -157,6 +170,88 @@ pub async fn replay(request: ReplayRequest) -> Result<String> {
     Ok(out)
 }
 
+/// `sluice replay --entry`: the entry found in the first subscription (or partition) that has
+/// it, run with its journal and without the network.
+async fn replay_entry(request: &ReplayRequest, id: &str) -> Result<String> {
+    let plan = plan_after_redis(&request.paths, request.redis.as_deref()).await?;
+    for sub in &plan.subscriptions {
+        let parts = parts_of(sub, request.stream.as_deref());
+        if parts.is_empty() {
+            continue;
+        }
+        let url = redis_url_for(request.redis.as_deref().or(sub.redis.as_deref()))?;
+        let mut conn = RedisHandle::connect(&url, &sub.redis_access).await?;
+        let handler = entry_handler(sub, request.candidate.as_deref()).await?;
+        for part in parts {
+            let keys = SubscriptionKeys::of(&part).with_retry_lane(sub.retry_lane);
+            let Some(done) = replay::replay_entry(&mut conn, &keys, &handler, id)
+                .await
+                .with_context(|| format!("cannot replay entry {id} of `{}`", part.stream))?
+            else {
+                continue;
+            };
+            if request.json {
+                let json = serde_json::json!({
+                    "stream": part.stream,
+                    "group": part.group,
+                    "found_as": done.found_as,
+                    "id": done.id,
+                    "origin_id": done.origin_id,
+                    "would": done.would.kind(),
+                    "detail": done.would.describe(),
+                    "replayed_calls": done.replayed,
+                    "calls_not_in_journal": done.missing,
+                });
+                return Ok(format!("{json}\n"));
+            }
+            return Ok(format!(
+                "{} {} (origin {}) of `{}`/`{}`, with its journal and no network: {}\n{} call(s) answered from the journal, {} not in it (answered with an error)\n",
+                done.found_as,
+                done.id,
+                done.origin_id,
+                part.stream,
+                part.group,
+                done.would.describe(),
+                done.replayed,
+                done.missing
+            ));
+        }
+    }
+    anyhow::bail!(
+        "no dead letter with id {id}, and no parked retry with origin id {id}, in the subscriptions given"
+    )
+}
+
+/// The handler `--entry` runs: the candidate, or the subscription's configured component, with
+/// the subscription's limits and grant (its calls never leave the host: the journal answers).
+async fn entry_handler(
+    sub: &SubscriptionPlan,
+    candidate: Option<&std::path::Path>,
+) -> Result<crate::runtime::WasmHandler> {
+    let component = match candidate {
+        Some(path) => {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+            sub.component
+                .runtime()
+                .load_bytes(path, &bytes)
+                .await
+                .with_context(|| format!("the candidate {} is refused", path.display()))?
+        }
+        None => sub.component.clone(),
+    };
+    let mut limits = sub.limits.clone();
+    if limits.outbound_http.journal.is_none() {
+        limits.outbound_http.journal = Some(crate::config::allow::JournalPolicy::default());
+    }
+    Ok(crate::runtime::WasmHandler::new(
+        component,
+        limits,
+        sub.values.clone(),
+        crate::handler::HandlerCounters::default(),
+    ))
+}
+
 /// The partitions of `sub` that `stream` (the subscription's stream or one partition's, if
 /// given) names.
 fn parts_of(sub: &SubscriptionPlan, stream: Option<&str>) -> Vec<ResolvedStream> {
@@ -171,6 +266,8 @@ fn parts_of(sub: &SubscriptionPlan, stream: Option<&str>) -> Vec<ResolvedStream>
 struct Candidate<'a> {
     /// What to replay, and how.
     request: &'a ReplayRequest,
+    /// The component file.
+    path: PathBuf,
     /// The component file's bytes.
     bytes: Vec<u8>,
     /// Their digest: what the group must serve before `--requeue-acked` requeues.
@@ -193,11 +290,16 @@ impl<'a> Candidate<'a> {
                     .with_context(|| format!("--allow-http `{h}`"))
             })
             .collect::<Result<Vec<_>>>()?;
-        let bytes = std::fs::read(&request.candidate)
-            .with_context(|| format!("cannot read {}", request.candidate.display()))?;
+        let path = request
+            .candidate
+            .clone()
+            .context("--candidate names the component to replay")?;
+        let bytes =
+            std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
         Ok(Self {
             request,
             digest: crate::support::digest::Digest::of(&bytes),
+            path,
             bytes,
             allowed,
         })
@@ -209,7 +311,7 @@ impl<'a> Candidate<'a> {
         &self,
         sub: &SubscriptionPlan,
     ) -> Result<(crate::runtime::WasmHandler, crate::handler::HandlerCounters)> {
-        let path = &self.request.candidate;
+        let path = &self.path;
         let component = sub
             .component
             .runtime()
@@ -270,7 +372,7 @@ impl<'a> Candidate<'a> {
                 admin: request.admin.clone(),
                 stream: stream.clone(),
                 group: Some(group.clone()),
-                component: Some(request.candidate.clone()),
+                component: Some(self.path.clone()),
                 force: false,
                 canary: None,
                 window: None,

@@ -390,7 +390,7 @@ impl WasmHandler {
                     journal.clone(),
                     key,
                     policy,
-                    first,
+                    first && !journal.offline,
                 )))
             });
             state.http_hooks.begin(identity, journal);

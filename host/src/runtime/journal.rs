@@ -107,6 +107,12 @@ impl AttemptJournal {
         {
             return Ok(replayed);
         }
+        if self.delivery.offline {
+            self.delivery.store.counters.not_in_journal.inc();
+            return Err(HttpError::InternalError(Some(format!(
+                "sluice replay: call {call} ({method} {url}) is not in the entry's journal, and a replay makes no call over the network"
+            ))));
+        }
         let sent = live(request).await?;
         let Some(sha) = sha else {
             self.delivery.store.counters.too_big.inc();

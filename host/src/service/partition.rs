@@ -435,6 +435,8 @@ fn journal(
         journal_full: reason("journal_full"),
         unreadable: reason("unreadable"),
         write_failed: reason("write_failed"),
+        // Only an offline replay counts calls the journal does not hold.
+        ..Default::default()
     };
     let ttl = match &s.delayed_retry {
         Some(DelayedRetry::DurableZset { ttl, .. }) => *ttl,

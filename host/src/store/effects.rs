@@ -135,6 +135,9 @@ pub struct JournalCounters {
     pub unreadable: Counter,
     /// A record could not be written.
     pub write_failed: Counter,
+    /// Offline (`sluice replay --entry`): a call the journal does not hold, answered with an
+    /// error instead of the network.
+    pub not_in_journal: Counter,
 }
 
 impl std::fmt::Debug for JournalStore {
@@ -219,6 +222,9 @@ pub struct DeliveryJournal {
     /// Where the journals are.
     pub store: Arc<JournalStore>,
     used: AtomicBool,
+    /// Replay only: a call the journal does not hold fails instead of going out, and nothing
+    /// is written.
+    pub offline: bool,
 }
 
 impl DeliveryJournal {
@@ -227,6 +233,16 @@ impl DeliveryJournal {
         Self {
             store,
             used: AtomicBool::new(false),
+            offline: false,
+        }
+    }
+
+    /// A delivery's journal in `store` for a replay without the network (`sluice replay
+    /// --entry`): recorded calls are answered from it, any other fails.
+    pub fn offline(store: Arc<JournalStore>) -> Self {
+        Self {
+            offline: true,
+            ..Self::new(store)
         }
     }
 

@@ -323,3 +323,84 @@ pub async fn requeue_acked<C: ConnectionLike>(
     }
     Ok(done)
 }
+
+/// What replaying one parked or dead-lettered entry with its journal did (`sluice replay
+/// --entry`).
+#[derive(Debug)]
+pub struct EntryReplay {
+    /// Where the entry was found: `dead letter` or `parked retry`.
+    pub found_as: &'static str,
+    /// Its id there (the dead letter's, or the parked copy's entry id).
+    pub id: String,
+    /// Its origin id, whose journal it ran with.
+    pub origin_id: String,
+    /// What the handler would do.
+    pub would: Would,
+    /// Calls answered from the journal.
+    pub replayed: u64,
+    /// Calls the journal did not hold (answered with an error, never sent).
+    pub missing: u64,
+}
+
+/// Run `handler` on one entry of the subscription, the dead letter with id `id` or else the
+/// parked retry whose origin id is `id`, with the entry's journal of outbound calls and without
+/// the network: a recorded call gets its recorded response, any other an error naming it.
+/// Nothing is written. `None` when neither is there.
+pub async fn replay_entry(
+    conn: &mut crate::store::redis_conn::RedisHandle,
+    keys: &SubscriptionKeys,
+    handler: &dyn Handler,
+    id: &str,
+) -> Result<Option<EntryReplay>, OperateError> {
+    use crate::store::effects::{DeliveryJournal, JournalCounters, JournalStore};
+    let (found_as, mut delivery) = match dead_letters::get(conn, keys, id).await? {
+        Some(letter) => ("dead letter", delivery_of(keys, &letter)),
+        None => {
+            let Some(set) = keys.delayed.as_deref() else {
+                return Ok(None);
+            };
+            let (found, _) =
+                crate::control::operate::parked::scan_for(conn, set, id, usize::MAX).await?;
+            let Some(parked) = found.into_iter().next() else {
+                return Ok(None);
+            };
+            ("parked retry", delivery_of_parked(keys, parked.entry))
+        }
+    };
+    let store = std::sync::Arc::new(JournalStore::new(
+        conn.clone(),
+        None,
+        JournalCounters::default(),
+    ));
+    delivery.journal = Some(std::sync::Arc::new(DeliveryJournal::offline(store.clone())));
+    let would = Would::of(handler.handle(&delivery).await);
+    Ok(Some(EntryReplay {
+        found_as,
+        id: delivery.entry.id.clone(),
+        origin_id: delivery.origin_id.clone(),
+        would,
+        replayed: store.counters.replayed.get(),
+        missing: store.counters.not_in_journal.get(),
+    }))
+}
+
+/// A parked retry as it would come back: its fields, its origin id and retry count.
+fn delivery_of_parked(
+    keys: &SubscriptionKeys,
+    parked: crate::entry::member::ParkedEntry,
+) -> Delivery {
+    let mut delivery = Delivery::new(
+        keys.stream.clone(),
+        keys.group.clone(),
+        (Source::Stream, &keys.stream),
+        Entry {
+            id: parked.entry_id,
+            fields: parked.fields,
+        },
+        1,
+        None,
+    );
+    delivery.origin_id = parked.origin_id;
+    delivery.retry_count = parked.retry_count;
+    delivery
+}
