@@ -98,6 +98,7 @@ fn calls(urls: Vec<String>, headers: Vec<(String, String)>) -> Control {
         body: "{\"amount_cents\":1200}".into(),
         headers,
         retry_ms: 20,
+        trap: false,
     }
 }
 
@@ -441,4 +442,69 @@ async fn replay_of_one_entry_runs_with_its_journal_and_no_network() {
     .await
     .unwrap();
     assert!(!ok && err.contains("no dead letter with id 1-1"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_that_repeats_on_the_same_input_dead_letters_at_once_and_one_that_does_not_retries()
+ {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let gateway = Gateway::start("idempotency-key", 1).await;
+    let sub = Sub::fixture("poison")
+        .delayed("poison.delayed")
+        .set("effects", "journal")
+        .set("poison_check", true)
+        .set("max_retries", 8)
+        .set(
+            "failure_backoff",
+            Raw(r#"{ initial = "20ms", max = "40ms" }"#),
+        )
+        .set("allowed_outbound_hosts", Raw(&gateway.grant()));
+    let mut host = start_fixture(&redis, sub).await;
+
+    // A trap on the input itself: the second run traps the same way, dead-lettered at once
+    // (not after eight retries).
+    let poison = add(&mut conn, "poison", &Control::Trap).await;
+    wait_dead_letters(&conn, "poison", 1).await;
+    let letters = dead_lettered(&mut conn, "poison").await;
+    let reason = field(&letters[0].1, "sluice-reason")
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        reason.starts_with("fails the same way on the same input: "),
+        "{reason}"
+    );
+    assert_eq!(
+        field(&letters[0].1, "sluice-origin-id"),
+        Some(poison.as_str())
+    );
+    assert_eq!(
+        field(&letters[0].1, "sluice-retry-count"),
+        Some("0"),
+        "no retry spent"
+    );
+
+    // A trap after a failed call (the receipt fails once): offline, the call is not in the
+    // journal and fails otherwise, so the failure is taken as transient and retried; the
+    // retry succeeds.
+    let control = Control::Calls {
+        urls: vec![gateway.url("charge"), gateway.url("receipt")],
+        body: String::new(),
+        headers: Vec::new(),
+        retry_ms: 20,
+        trap: true,
+    };
+    let transient = add(&mut conn, "poison", &control).await;
+    acked(&mut host, &transient).await;
+    assert_eq!(
+        gateway.keys("receipt").len(),
+        2,
+        "failed once, then retried"
+    );
+    assert_eq!(
+        gateway.keys("charge").len(),
+        1,
+        "the retry replayed the charge"
+    );
+    assert_eq!(dead_lettered(&mut conn, "poison").await.len(), 1);
 }

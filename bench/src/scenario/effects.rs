@@ -23,6 +23,7 @@ impl Bench {
             body: "{\"amount_cents\":1200}".into(),
             headers: Vec::new(),
             retry_ms: 1000,
+            trap: false,
         })?;
         let calls = (n / 10).max(1);
         let mut off = self

@@ -65,6 +65,17 @@ pub(super) fn limits(
         limits.handler_timeout,
     )?;
     limits.outbound_http.journal = journal(v, key, sub)?;
+    if sub.poison_check == Some(true) {
+        let http = &limits.outbound_http;
+        if !http.allowed.is_empty() && http.journal.is_none() {
+            return Err(v.invalid(
+                &key("poison_check"),
+                "true",
+                "needs effects = \"journal\" on a subscription that may call out: the second run makes no call over the network, it answers from the journal",
+            ));
+        }
+        limits.poison_check = true;
+    }
     Ok(limits)
 }
 

@@ -226,6 +226,9 @@ pub struct Limits {
     /// Where the guest may send HTTP requests, and how long each may take. A grant, not a
     /// limit, but like the limits it is the operator's to set, never the component's.
     pub outbound_http: OutboundHttp,
+    /// `poison_check`: an attempt that traps or raises runs once more at once, offline, and
+    /// the same failure dead-letters the entry now instead of retrying it.
+    pub poison_check: bool,
 }
 
 impl Default for Limits {
@@ -242,6 +245,7 @@ impl Default for Limits {
             max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
             fuel: None,
             outbound_http: OutboundHttp::default(),
+            poison_check: false,
         }
     }
 }

@@ -110,6 +110,7 @@ pub(super) struct RawSubscription {
     pub(super) journal_max_response_bytes: Option<String>,
     pub(super) journal_max_entry_bytes: Option<String>,
     pub(super) journal_max_calls: Option<u32>,
+    pub(super) poison_check: Option<bool>,
     #[serde(default)]
     pub(super) config: BTreeMap<String, toml::Value>,
 }

@@ -408,6 +408,12 @@ pub const KEYS: &[KeyDoc] = &[
     },
     KeyDoc {
         scope: Scope::Subscription,
+        keys: &["poison_check"],
+        meaning: "an attempt that traps or raises runs once more at once, with its journal and no network; the same failure dead-letters the entry now (\"fails the same way on the same input\") instead of retrying it; a different outcome retries as usual. Costs a second run of every failing attempt; needs `effects = \"journal\"` when the handler may call out",
+        default: "false",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
         keys: &["config"],
         meaning: "`[subscription.config]`: string values the guest can read",
         default: "empty",

@@ -119,6 +119,8 @@ pub struct Policy {
     pub min_delay: Duration,
     /// The largest entry handed to the handler; larger ones are dead-lettered unhandled.
     pub max_entry_bytes: u64,
+    /// A trapping or raising attempt runs once more, offline; the same failure dead-letters.
+    pub poison_check: bool,
 }
 
 /// A guest's traceback for the log: each line indented under the failure, so none starts where
@@ -246,6 +248,7 @@ mod tests {
         max_delay: None,
         min_delay: Duration::from_millis(1),
         max_entry_bytes: u64::MAX,
+        poison_check: false,
     };
 
     #[test]

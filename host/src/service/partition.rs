@@ -288,6 +288,7 @@ fn policy(sub: &SubscriptionPlan, s: &ResolvedStream) -> Policy {
         max_delay: s.max_delay,
         min_delay: sub.min_delay,
         max_entry_bytes: sub.limits.max_entry_bytes,
+        poison_check: sub.limits.poison_check,
     }
 }
 

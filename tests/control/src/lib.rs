@@ -94,6 +94,9 @@ pub enum Control {
         headers: Vec<(String, String)>,
         /// The retry a failed call asks for.
         retry_ms: u64,
+        /// A failed call traps instead (the panic names the status or the error).
+        #[serde(default)]
+        trap: bool,
     },
     /// Allocate 1 MiB blocks until allocation fails.
     Alloc,
