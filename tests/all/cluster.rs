@@ -853,12 +853,60 @@ async fn a_big_entry_on_another_node_is_not_read_whole(cluster: &Cluster) {
     endpoints("ip").await;
 }
 
+/// `effects = "journal"` on a stream whose slot is on another node than the seed's: the journal
+/// is in the stream's slot, a retry replays the charge.
+async fn a_journal_on_another_node(cluster: &Cluster) {
+    use crate::effects::{Gateway, calls};
+    let tag = cluster.tag_away_from_seed("journal").await;
+    let stream = format!("{{{tag}}}.pay");
+    let gateway = Gateway::start("idempotency-key", 2).await;
+    let mut host = TestHost::start_at(
+        &cluster.nodes[0].url(),
+        &TestConfig::of(
+            Sub::fixture(&stream)
+                .delayed(&format!("{stream}.delayed"))
+                .set("effects", "journal")
+                .set("allowed_outbound_hosts", Raw(&gateway.grant())),
+        )
+        .to_string(),
+    )
+    .await;
+    let mut conn = cluster.conn().await;
+    let urls = vec![gateway.url("charge"), gateway.url("receipt")];
+    let id = add(&mut conn, &stream, &calls(urls, Vec::new())).await;
+    host.event(SETTLE, "the payment acked", |e| {
+        e.kind == EventKind::Acked && e.origin_id == id
+    })
+    .await;
+    assert_eq!(gateway.keys("charge").len(), 1, "the retries replayed the charge");
+    assert_eq!(gateway.keys("receipt").len(), 3);
+    let slot = |key: String| {
+        let mut conn = conn.clone();
+        async move {
+            let slot: u16 = redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            slot
+        }
+    };
+    assert_eq!(
+        slot(sluice_host::store::keys::effects_key(&stream, "g", &id)).await,
+        slot(stream.clone()).await,
+        "the journal lives in the stream's slot"
+    );
+    host.stop().await.unwrap();
+}
+
 /// One cluster for every scenario, run in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_host_runs_on_a_redis_cluster() {
     let cluster = Cluster::start().await;
     a_stream_on_another_node(&cluster).await;
     a_big_entry_on_another_node_is_not_read_whole(&cluster).await;
+    a_journal_on_another_node(&cluster).await;
     a_slot_migration_under_load(&cluster).await;
     a_failover_under_load(&cluster).await;
     partitions_over_the_cluster_with_two_hosts(&cluster).await;

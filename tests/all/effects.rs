@@ -17,13 +17,13 @@ type Seen = Arc<Mutex<Vec<(String, Option<String>)>>>;
 
 /// A payment gateway stand-in: records (path, the value of its key header) for every request;
 /// `/receipt` fails its first `receipt_failures` requests, `/down` every one.
-struct Gateway {
+pub(crate) struct Gateway {
     addr: std::net::SocketAddr,
     seen: Seen,
 }
 
 impl Gateway {
-    async fn start(header: &'static str, receipt_failures: usize) -> Self {
+    pub(crate) async fn start(header: &'static str, receipt_failures: usize) -> Self {
         use axum::extract::Path;
         use axum::http::{HeaderMap, StatusCode};
         use axum::routing::post;
@@ -72,16 +72,16 @@ impl Gateway {
         Self { addr, seen }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}/{path}", self.addr)
     }
 
-    fn grant(&self) -> String {
+    pub(crate) fn grant(&self) -> String {
         format!(r#"["http://{}"]"#, self.addr)
     }
 
     /// The keys `path` was called with, in order.
-    fn keys(&self, path: &str) -> Vec<Option<String>> {
+    pub(crate) fn keys(&self, path: &str) -> Vec<Option<String>> {
         self.seen
             .lock()
             .unwrap()
@@ -92,7 +92,7 @@ impl Gateway {
     }
 }
 
-fn calls(urls: Vec<String>, headers: Vec<(String, String)>) -> Control {
+pub(crate) fn calls(urls: Vec<String>, headers: Vec<(String, String)>) -> Control {
     Control::Calls {
         urls,
         body: "{\"amount_cents\":1200}".into(),
