@@ -878,7 +878,11 @@ async fn a_journal_on_another_node(cluster: &Cluster) {
         e.kind == EventKind::Acked && e.origin_id == id
     })
     .await;
-    assert_eq!(gateway.keys("charge").len(), 1, "the retries replayed the charge");
+    assert_eq!(
+        gateway.keys("charge").len(),
+        1,
+        "the retries replayed the charge"
+    );
     assert_eq!(gateway.keys("receipt").len(), 3);
     let slot = |key: String| {
         let mut conn = conn.clone();

@@ -508,3 +508,69 @@ async fn a_failure_that_repeats_on_the_same_input_dead_letters_at_once_and_one_t
     );
     assert_eq!(dead_lettered(&mut conn, "poison").await.len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_hot_swap_the_new_version_replays_only_the_calls_it_makes_again() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let gateway = Gateway::start("idempotency-key", 0).await;
+    let sub = Sub::fixture("swapped")
+        .delayed("swapped.delayed")
+        .set("effects", "journal")
+        .set("allowed_outbound_hosts", Raw(&gateway.grant()));
+    let mut host = start_fixture(&redis, sub).await;
+    let admin = host.admin().await;
+
+    // Attempt 1 (the running version) charges a and b, then the service is down; it retries in
+    // 4 s, by when the new version serves (the upload answers once it does), whose attempt
+    // charges a, then c.
+    let attempt = |second: &str, last: &str| Control::Calls {
+        urls: vec![
+            gateway.url("charge-a"),
+            gateway.url(second),
+            gateway.url(last),
+        ],
+        body: String::new(),
+        headers: Vec::new(),
+        retry_ms: 4000,
+        trap: false,
+    };
+    let control = Control::Attempts {
+        each: vec![attempt("charge-b", "down"), attempt("charge-c", "receipt")],
+    };
+    let id = add(&mut conn, "swapped", &control).await;
+    wait_for(T, "the first attempt's failed call", || async {
+        (gateway.keys("down").len() == 1).then_some(())
+    })
+    .await;
+    // The same code under another digest: another version.
+    let mut new = std::fs::read(&guests().fixture).unwrap();
+    new.extend_from_slice(&[0, 4, 3, b'n', b'e', b'w']);
+    let (status, body) = http_request(
+        admin,
+        "PUT",
+        "/v1/subscriptions/swapped/g/handler",
+        &[],
+        &new,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let digest = serde_json::from_str::<serde_json::Value>(&body).unwrap()["digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let acked = host
+        .event(T, "the new version's ack", |e| {
+            e.kind == EventKind::Acked && e.origin_id == id
+        })
+        .await;
+    assert_eq!(acked.digest.as_str(), digest, "the new version acked it");
+    assert_eq!(
+        gateway.keys("charge-a").len(),
+        1,
+        "replayed across the swap"
+    );
+    assert_eq!(gateway.keys("charge-b").len(), 1, "not called again");
+    assert_eq!(gateway.keys("charge-c").len(), 1, "another call: live");
+    assert_eq!(gateway.keys("receipt").len(), 1);
+}
