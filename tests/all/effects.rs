@@ -574,3 +574,90 @@ async fn after_a_hot_swap_the_new_version_replays_only_the_calls_it_makes_again(
     assert_eq!(gateway.keys("charge-c").len(), 1, "another call: live");
     assert_eq!(gateway.keys("receipt").len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joined_calls_replay_each_at_its_position_and_new_keys_start_a_new_journal() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let gateway = Gateway::start("idempotency-key", 1).await;
+    let sub = Sub::fixture("joined")
+        .delayed("joined.delayed")
+        .set("effects", "journal")
+        .set("max_retries", 0)
+        .set("allowed_outbound_hosts", Raw(&gateway.grant()));
+    let config = TestConfig::of(sub);
+    let _host = start_fixture(&redis, config.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(dir.path(), "sluice.toml", &config.to_string());
+
+    // Two calls joined: the receipt fails once (not recorded), the charge is recorded. The
+    // fixture dead-letters with what it saw; each requeue runs it again.
+    let control = Control::HttpMany {
+        urls: vec![gateway.url("receipt"), gateway.url("charge")],
+        sequential: false,
+    };
+    add(&mut conn, "joined", &control).await;
+    // Requeue the dead letter and wait for the next one (each run ends in one).
+    let requeue = |flags: &'static [&'static str]| {
+        let (conn, path, redis) = (conn.clone(), path.clone(), &redis);
+        async move {
+            wait_dead_letters(&conn, "joined", 1).await;
+            let mut c = conn.clone();
+            let id = dead_lettered(&mut c, "joined").await[0].0.clone();
+            let mut args = vec!["requeue", id.as_str()];
+            args.extend_from_slice(flags);
+            sluice(&args, &path, redis).await;
+            wait_for(T, "the requeued entry's next dead letter", || {
+                let (mut c, id) = (conn.clone(), id.clone());
+                async move {
+                    let letters = dead_lettered(&mut c, "joined").await;
+                    letters.iter().any(|(other, _)| *other != id).then_some(())
+                }
+            })
+            .await;
+        }
+    };
+    // Requeued: the charge replays whichever call starts first; the receipt goes out (now 200).
+    requeue(&[]).await;
+    assert_eq!(gateway.keys("charge").len(), 1, "the charge replayed");
+    // Requeued again: both replay.
+    let receipts = gateway.keys("receipt").len();
+    requeue(&[]).await;
+    assert_eq!(gateway.keys("charge").len(), 1);
+    assert_eq!(
+        gateway.keys("receipt").len(),
+        receipts,
+        "the receipt replayed too"
+    );
+    // With new keys: a journal of its own, so the calls go out again, under new keys.
+    requeue(&["--new-idempotency-keys"]).await;
+    let charges = gateway.keys("charge");
+    assert_eq!(charges.len(), 2, "the charge went out again");
+    assert_ne!(charges[0], charges[1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ack_deletes_the_journal_even_when_the_last_attempt_made_no_call() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let gateway = Gateway::start("idempotency-key", 0).await;
+    let sub = Sub::fixture("quiet")
+        .delayed("quiet.delayed")
+        .set("effects", "journal")
+        .set("allowed_outbound_hosts", Raw(&gateway.grant()));
+    let mut host = start_fixture(&redis, sub).await;
+    let control = Control::Attempts {
+        each: vec![
+            calls(vec![gateway.url("charge"), gateway.url("down")], Vec::new()),
+            Control::Ack,
+        ],
+    };
+    let id = add(&mut conn, "quiet", &control).await;
+    acked(&mut host, &id).await;
+    let left: u64 = redis::cmd("EXISTS")
+        .arg(journal_key("quiet", &id))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+}

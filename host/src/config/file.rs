@@ -227,6 +227,68 @@ mod tests {
         );
     }
 
+    #[test]
+    fn the_journals_keys_are_checked_and_named() {
+        let sub = |extra: &str| {
+            parse(&format!(
+                "[[subscription]]\ncomponent = \"COMPONENT\"\nallowed_outbound_hosts = [\"https://a.com\"]\n{extra}"
+            ))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+        };
+        for (extra, key, says) in [
+            (
+                "effects = \"journal\"\njournal_statuses = [\"5xx\"]\n",
+                "journal_statuses",
+                "5xx",
+            ),
+            (
+                "effects = \"journal\"\njournal_statuses = [\"2xx\", \"429\"]\n",
+                "journal_statuses",
+                "429",
+            ),
+            (
+                "effects = \"journal\"\njournal_statuses = []\n",
+                "journal_statuses",
+                "at least one",
+            ),
+            (
+                "effects = \"journal\"\njournal_max_calls = 0\n",
+                "journal_max_calls",
+                "1 to",
+            ),
+            (
+                "journal_max_calls = 5\n",
+                "journal_max_calls",
+                "needs effects",
+            ),
+            (
+                "effects = \"JOURNAL\"\n",
+                "effects",
+                "\"journal\" or \"none\"",
+            ),
+            ("poison_check = true\n", "poison_check", "needs effects"),
+            (
+                "idempotency_header = \"a b\"\n",
+                "idempotency_header",
+                "header name",
+            ),
+        ] {
+            let err = sub(extra);
+            assert!(
+                err.contains(&format!("subscription[0].{key}")) && err.contains(says),
+                "{extra}: {err}"
+            );
+        }
+        assert_eq!(
+            sub(
+                "effects = \"journal\"\njournal_statuses = [\"2xx\", \"409\"]\npoison_check = true\n"
+            ),
+            ""
+        );
+    }
+
     /// The configs the Kubernetes manifests ship parse, listen where the probes look, keep
     /// the consumer name the pod's own, and stop within the pod's grace period.
     #[test]

@@ -119,6 +119,18 @@ fn journal(
                 })
             })
             .collect::<Result<_, _>>()?;
+        // A transient answer recorded would be replayed on every retry, never asked again.
+        let transient = |(lo, hi): &(u16, u16)| {
+            *hi >= 500 || (*lo..=*hi).contains(&408) || (*lo..=*hi).contains(&429)
+        };
+        let listed = statuses.join(", ");
+        if policy.statuses.is_empty() || policy.statuses.iter().any(transient) {
+            return Err(v.invalid(
+                &key("journal_statuses"),
+                &listed,
+                "must name at least one status, and none a retry should ask again (5xx, 408, 429): a recorded answer is replayed on every later attempt",
+            ));
+        }
     }
     let capped = |name: &str, text: &Option<String>, default: u64, most: u64| {
         let Some(text) = text else {

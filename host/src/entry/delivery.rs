@@ -368,6 +368,15 @@ impl Delivery {
         &self.entry.fields[..self.user_len]
     }
 
+    /// The effects epoch a requeue with new idempotency keys set (`sluice-effects-epoch`), if
+    /// any: it names the entry's outbound calls and their journal.
+    pub fn effects_epoch(&self) -> Option<&[u8]> {
+        self.user_fields()
+            .iter()
+            .find(|(name, _)| name == crate::store::keys::EFFECTS_EPOCH.as_bytes())
+            .map(|(_, value)| value.as_slice())
+    }
+
     /// The entry's size as `max_entry_bytes` counts it: its fields' names and values, and
     /// [`FIELD_OVERHEAD`] for each field (a million one-byte fields are 8 MB of bytes but cost
     /// the host and the guest about 60 times that).

@@ -329,15 +329,19 @@ impl Dispatcher {
             _ => return result,
         };
         let live = delivery.journal.take();
-        delivery.journal = self.journal.as_ref().map(|store| {
+        let offline = self.journal.as_ref().map(|store| {
             Arc::new(crate::store::effects::DeliveryJournal::offline(
                 store.clone(),
             ))
         });
+        delivery.journal.clone_from(&offline);
         let again = version.handler.handle(delivery).await;
         delivery.journal = live;
+        // A call the journal did not hold failed offline: whatever the failure says, it may
+        // have come from that call, so it is not taken as the input's.
+        let missed = offline.as_ref().is_some_and(|o| o.missed());
         match again {
-            Err(second) if second.to_string() == failure.to_string() => {
+            Err(second) if !missed && second.to_string() == failure.to_string() => {
                 tracing::warn!(%failure, "fails the same way on the same input (run again at once, offline): dead-lettered now");
                 Ok(Outcome::DeadLetter(format!(
                     "fails the same way on the same input: {failure}"

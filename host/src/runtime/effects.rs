@@ -4,7 +4,7 @@
 //! Every request an attempt sends carries the subscription's `idempotency_header`
 //! (`Idempotency-Key` unless configured otherwise, or none) unless the handler set that header
 //! itself. Its value is derived from the entry's stream, group and origin id, its effects epoch
-//! (see [`EFFECTS_EPOCH`]) and the request's position in the attempt (0 for the first request
+//! (the `sluice-effects-epoch` field) and the request's position in the attempt (0 for the first request
 //! sent): the same call of the same entry gets the same key on every retry, redelivery,
 //! take-over by another host, and requeue of a dead letter; a requeue that asks for new keys
 //! sets a new epoch. The value is a digest (`sluice-` and 32 hex digits), so it has one length
@@ -15,7 +15,6 @@ use std::sync::Arc;
 use sha2::{Digest as _, Sha256};
 
 use crate::entry::delivery::Delivery;
-use crate::store::keys::EFFECTS_EPOCH;
 
 /// What names one attempt's calls: the entry behind it, the same on every attempt.
 #[derive(Debug, Clone)]
@@ -29,11 +28,7 @@ pub struct CallIdentity {
 impl CallIdentity {
     /// The identity of `delivery`'s calls.
     pub fn of(delivery: &Delivery) -> Self {
-        let epoch = delivery
-            .user_fields()
-            .iter()
-            .find(|(name, _)| name == EFFECTS_EPOCH.as_bytes())
-            .map(|(_, value)| value.clone());
+        let epoch = delivery.effects_epoch().map(<[u8]>::to_vec);
         Self {
             stream: delivery.stream.clone(),
             group: delivery.group.clone(),

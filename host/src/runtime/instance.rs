@@ -379,6 +379,7 @@ impl WasmHandler {
                     &delivery.stream,
                     &delivery.group,
                     &delivery.origin_id,
+                    delivery.effects_epoch(),
                 );
                 let first = delivery.delivery_count <= 1
                     && delivery.retry_count == 0
@@ -386,6 +387,11 @@ impl WasmHandler {
                         .user_fields()
                         .iter()
                         .any(|(n, _)| n == crate::store::keys::REQUEUED_FROM.as_bytes());
+                if !first {
+                    // An earlier attempt may have left a journal: the ack deletes it, whether or
+                    // not this attempt reads it.
+                    journal.mark_used();
+                }
                 Some(Arc::new(super::journal::AttemptJournal::new(
                     journal.clone(),
                     key,

@@ -1,9 +1,12 @@
 //! The journal of an attempt's outbound calls (`effects = "journal"`): a call whose response
 //! the subscription records (a 2xx by default) is written to Redis before the guest sees the
 //! response; a later attempt of the same entry that makes the same call at the same position
-//! (same method, URL and body) gets the recorded response without touching the network. The
-//! first call that does not match ends replay for the attempt: from there every call is live
-//! (and recorded again, what the earlier attempt recorded past that point dropped).
+//! (same method, URL and body) gets the recorded response without touching the network. A call
+//! at a position the journal holds nothing for goes out live; the first call that differs from
+//! the record at its position ends replay for the attempt: from there every call is live (and
+//! recorded again, what the earlier attempt recorded past that point and this one did not
+//! replay dropped). Joined calls are matched each at its own position, whatever order they
+//! start in.
 //!
 //! Bounds, each on every call: a request body over [`MAX_REQUEST_BODY`] or a response over
 //! `journal_max_response_bytes` is not recorded (the call stays live on the next attempt); one
@@ -55,6 +58,8 @@ struct State {
     live: bool,
     /// What earlier attempts recorded past where this one went another way.
     stale: Vec<u32>,
+    /// Positions this attempt replayed (never stale).
+    replayed: std::collections::HashSet<u32>,
     /// Calls and bytes recorded, this attempt and earlier ones.
     calls: u32,
     bytes: u64,
@@ -109,6 +114,7 @@ impl AttemptJournal {
         }
         if self.delivery.offline {
             self.delivery.store.counters.not_in_journal.inc();
+            self.delivery.note_missed();
             return Err(HttpError::InternalError(Some(format!(
                 "sluice replay: call {call} ({method} {url}) is not in the entry's journal, and a replay makes no call over the network"
             ))));
@@ -165,20 +171,26 @@ impl AttemptJournal {
             Some(r) if r.method == method && r.url == url && &r.body_sha256 == sha => {
                 self.delivery.store.counters.replayed.inc();
                 tracing::debug!(target: "sluice::http", call, %url, status = r.status, "journal: replayed");
-                Some((response_of(r), Box::new(async { Ok(()) })))
+                let response = response_of(r);
+                state.replayed.insert(call);
+                Some((response, Box::new(async { Ok(()) })))
             }
-            other => {
-                if let Some(r) = other {
-                    self.delivery.store.counters.diverged.inc();
-                    tracing::warn!(
-                        target: "sluice::http",
-                        call,
-                        recorded = %format!("{} {}", r.method, r.url),
-                        now = %format!("{method} {url}"),
-                        "journal: this attempt's call differs from the recorded one; replay ends here, every call from now on goes out live"
-                    );
-                }
-                let mut stale: Vec<u32> = found.keys().copied().filter(|p| *p >= call).collect();
+            // Nothing recorded here (it failed, or it is new): live, replay goes on.
+            None => None,
+            Some(r) => {
+                self.delivery.store.counters.diverged.inc();
+                tracing::warn!(
+                    target: "sluice::http",
+                    call,
+                    recorded = %format!("{} {}", r.method, r.url),
+                    now = %format!("{method} {url}"),
+                    "journal: this attempt's call differs from the recorded one; replay ends here, every call from now on goes out live"
+                );
+                let mut stale: Vec<u32> = found
+                    .keys()
+                    .copied()
+                    .filter(|p| *p >= call && !state.replayed.contains(p))
+                    .collect();
                 stale.sort_unstable();
                 let dropped: u64 = stale
                     .iter()

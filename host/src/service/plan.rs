@@ -534,12 +534,13 @@ fn warnings(
             stream.stream
         ));
     }
+    // With poison_check a failing attempt may run twice, each within handler_timeout.
+    let longest = sub.limits.handler_timeout * if sub.limits.poison_check { 2 } else { 1 };
     if let Some(min_idle) = stream.claim_min_idle
-        && min_idle <= sub.limits.handler_timeout
+        && min_idle <= longest
     {
         warnings.push(format!(
-            "claim_min_idle ({min_idle:?}) is not longer than handler_timeout ({:?}): another consumer may claim an entry that is still being handled",
-            sub.limits.handler_timeout
+            "claim_min_idle ({min_idle:?}) is not longer than the longest an attempt may run ({longest:?}: handler_timeout, twice with poison_check): another consumer may claim an entry that is still being handled"
         ));
     }
     if let Some(DelayedRetry::DurableZset {

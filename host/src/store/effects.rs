@@ -225,6 +225,8 @@ pub struct DeliveryJournal {
     /// Replay only: a call the journal does not hold fails instead of going out, and nothing
     /// is written.
     pub offline: bool,
+    /// Offline: a call the journal did not hold was made.
+    missed: AtomicBool,
 }
 
 impl DeliveryJournal {
@@ -234,7 +236,18 @@ impl DeliveryJournal {
             store,
             used: AtomicBool::new(false),
             offline: false,
+            missed: AtomicBool::new(false),
         }
+    }
+
+    /// Offline: a call the journal did not hold was made (and failed).
+    pub fn note_missed(&self) {
+        self.missed.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a call the journal did not hold was made.
+    pub fn missed(&self) -> bool {
+        self.missed.load(Ordering::Relaxed)
     }
 
     /// A delivery's journal in `store` for a replay without the network (`sluice replay
@@ -257,9 +270,18 @@ impl DeliveryJournal {
     }
 }
 
-/// The journal key of an entry.
-pub fn key(stream: &str, group: &str, origin_id: &str) -> String {
-    keys::effects_key(stream, group, origin_id)
+/// The journal key of an entry; a requeue that asked for new idempotency keys (`epoch`) starts
+/// a journal of its own, so the calls it renamed are not answered from the old one.
+pub fn key(stream: &str, group: &str, origin_id: &str, epoch: Option<&[u8]>) -> String {
+    let base = keys::effects_key(stream, group, origin_id);
+    match epoch {
+        None => base,
+        Some(epoch) => {
+            use sha2::Digest as _;
+            let digest = sha2::Sha256::digest(epoch);
+            format!("{base}:epoch:{}", hex::encode(&digest[..8]))
+        }
+    }
 }
 
 #[cfg(test)]

@@ -189,8 +189,13 @@ impl Settler {
                 .as_ref()
                 .map(|_| delivery.origin_id.as_str().into()),
             journal: delivery.journal.as_ref().filter(|j| j.used()).map(|_| {
-                crate::store::effects::key(&delivery.stream, &delivery.group, &delivery.origin_id)
-                    .into()
+                crate::store::effects::key(
+                    &delivery.stream,
+                    &delivery.group,
+                    &delivery.origin_id,
+                    delivery.effects_epoch(),
+                )
+                .into()
             }),
             event: self
                 .events
