@@ -174,8 +174,7 @@ async fn a_requeue_keeps_the_keys_unless_asked_and_the_header_is_the_configs() {
         .set("allowed_outbound_hosts", Raw(&gateway.grant()));
     let config = TestConfig::of(sub.clone()).and(bare);
     let _host = start_fixture(&redis, config.clone()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_config(dir.path(), "sluice.toml", &config.to_string());
+    let (_dir, path) = config_file(&config);
 
     // Charged, then the service is down: dead-lettered (no retries allowed).
     let urls = vec![gateway.url("charge"), gateway.url("down")];
@@ -233,6 +232,21 @@ async fn a_requeue_keeps_the_keys_unless_asked_and_the_header_is_the_configs() {
     assert_eq!(gateway.keys("charge")[before], None);
 }
 
+/// `stream` on the fixture with a delayed set, the journal, and a grant to reach `gateway`.
+fn journaled(stream: &str, gateway: &Gateway) -> Sub {
+    Sub::fixture(stream)
+        .delayed(&format!("{stream}.delayed"))
+        .set("effects", "journal")
+        .set("allowed_outbound_hosts", Raw(&gateway.grant()))
+}
+
+/// `config` written where the CLI reads it (the directory goes when dropped).
+fn config_file(config: &TestConfig) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(dir.path(), "sluice.toml", &config.to_string());
+    (dir, path)
+}
+
 /// The journal key of `origin` on the test group `g` of `stream`.
 fn journal_key(stream: &str, origin: &str) -> String {
     sluice_host::store::keys::effects_key(stream, "g", origin)
@@ -243,11 +257,7 @@ async fn with_the_journal_a_retry_replays_the_charge_instead_of_charging_again()
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let gateway = Gateway::start("idempotency-key", 2).await;
-    let sub = Sub::fixture("pay")
-        .delayed("pay.delayed")
-        .set("effects", "journal")
-        .set("journal_max_response_bytes", "1KiB")
-        .set("allowed_outbound_hosts", Raw(&gateway.grant()));
+    let sub = journaled("pay", &gateway).set("journal_max_response_bytes", "1KiB");
     let mut host = start_fixture(&redis, sub).await;
 
     // Charged once, its receipt failing twice: the two retries replay the charge.
@@ -287,13 +297,10 @@ async fn replay_ends_at_the_first_call_that_differs_and_a_journal_is_bounded() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let gateway = Gateway::start("idempotency-key", 0).await;
-    let sub = Sub::fixture("div")
-        .delayed("div.delayed")
-        .set("effects", "journal")
+    let sub = journaled("div", &gateway)
         .set("journal_max_calls", 3)
         .set("max_retries", 1)
-        .set("journal_max_entry_bytes", "100KiB")
-        .set("allowed_outbound_hosts", Raw(&gateway.grant()));
+        .set("journal_max_entry_bytes", "100KiB");
     let mut host = start_fixture(&redis, sub).await;
 
     // Attempt 1 charges a and b, then the service is down; attempt 2 charges a, then c:
@@ -392,15 +399,10 @@ async fn replay_of_one_entry_runs_with_its_journal_and_no_network() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let gateway = Gateway::start("idempotency-key", 0).await;
-    let sub = Sub::fixture("rep")
-        .delayed("rep.delayed")
-        .set("effects", "journal")
-        .set("max_retries", 0)
-        .set("allowed_outbound_hosts", Raw(&gateway.grant()));
+    let sub = journaled("rep", &gateway).set("max_retries", 0);
     let config = TestConfig::of(sub);
     let _host = start_fixture(&redis, config.clone()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_config(dir.path(), "sluice.toml", &config.to_string());
+    let (_dir, path) = config_file(&config);
 
     // Charged, then the service is down: a dead letter whose journal holds the charge.
     let urls = vec![gateway.url("charge"), gateway.url("down")];
@@ -514,10 +516,7 @@ async fn after_a_hot_swap_the_new_version_replays_only_the_calls_it_makes_again(
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let gateway = Gateway::start("idempotency-key", 0).await;
-    let sub = Sub::fixture("swapped")
-        .delayed("swapped.delayed")
-        .set("effects", "journal")
-        .set("allowed_outbound_hosts", Raw(&gateway.grant()));
+    let sub = journaled("swapped", &gateway);
     let mut host = start_fixture(&redis, sub).await;
     let admin = host.admin().await;
 
@@ -580,15 +579,10 @@ async fn joined_calls_replay_each_at_its_position_and_new_keys_start_a_new_journ
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let gateway = Gateway::start("idempotency-key", 1).await;
-    let sub = Sub::fixture("joined")
-        .delayed("joined.delayed")
-        .set("effects", "journal")
-        .set("max_retries", 0)
-        .set("allowed_outbound_hosts", Raw(&gateway.grant()));
+    let sub = journaled("joined", &gateway).set("max_retries", 0);
     let config = TestConfig::of(sub);
     let _host = start_fixture(&redis, config.clone()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_config(dir.path(), "sluice.toml", &config.to_string());
+    let (_dir, path) = config_file(&config);
 
     // Two calls joined: the receipt fails once (not recorded), the charge is recorded. The
     // fixture dead-letters with what it saw; each requeue runs it again.
@@ -641,10 +635,7 @@ async fn the_ack_deletes_the_journal_even_when_the_last_attempt_made_no_call() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let gateway = Gateway::start("idempotency-key", 0).await;
-    let sub = Sub::fixture("quiet")
-        .delayed("quiet.delayed")
-        .set("effects", "journal")
-        .set("allowed_outbound_hosts", Raw(&gateway.grant()));
+    let sub = journaled("quiet", &gateway);
     let mut host = start_fixture(&redis, sub).await;
     let control = Control::Attempts {
         each: vec![

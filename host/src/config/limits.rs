@@ -107,30 +107,7 @@ fn journal(
     }
     let mut policy = JournalPolicy::default();
     if let Some(statuses) = &sub.journal_statuses {
-        policy.statuses = statuses
-            .iter()
-            .map(|s| {
-                parse_status(s).ok_or_else(|| {
-                    v.invalid(
-                        &key("journal_statuses"),
-                        s,
-                        "must be a status class like \"2xx\" or a status like \"409\"",
-                    )
-                })
-            })
-            .collect::<Result<_, _>>()?;
-        // A transient answer recorded would be replayed on every retry, never asked again.
-        let transient = |(lo, hi): &(u16, u16)| {
-            *hi >= 500 || (*lo..=*hi).contains(&408) || (*lo..=*hi).contains(&429)
-        };
-        let listed = statuses.join(", ");
-        if policy.statuses.is_empty() || policy.statuses.iter().any(transient) {
-            return Err(v.invalid(
-                &key("journal_statuses"),
-                &listed,
-                "must name at least one status, and none a retry should ask again (5xx, 408, 429): a recorded answer is replayed on every later attempt",
-            ));
-        }
+        policy.statuses = journal_statuses(v, key, statuses)?;
     }
     let capped = |name: &str, text: &Option<String>, default: u64, most: u64| {
         let Some(text) = text else {
@@ -236,4 +213,36 @@ fn stray_journal_key(sub: &RawSubscription) -> Option<&'static str> {
     ]
     .into_iter()
     .find_map(|(name, set)| set.then_some(name))
+}
+
+/// `journal_statuses`: classes (`"2xx"`) and statuses (`"409"`), at least one, none a retry
+/// should ask again (a recorded answer is replayed on every later attempt, never asked again).
+fn journal_statuses(
+    v: &Validator<'_>,
+    key: &dyn Fn(&str) -> String,
+    statuses: &[String],
+) -> Result<Vec<(u16, u16)>, ConfigError> {
+    let ranges = statuses
+        .iter()
+        .map(|s| {
+            parse_status(s).ok_or_else(|| {
+                v.invalid(
+                    &key("journal_statuses"),
+                    s,
+                    "must be a status class like \"2xx\" or a status like \"409\"",
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let transient = |(lo, hi): &(u16, u16)| {
+        *hi >= 500 || (*lo..=*hi).contains(&408) || (*lo..=*hi).contains(&429)
+    };
+    if ranges.is_empty() || ranges.iter().any(transient) {
+        return Err(v.invalid(
+            &key("journal_statuses"),
+            &statuses.join(", "),
+            "must name at least one status, and none a retry should ask again (5xx, 408, 429): a recorded answer is replayed on every later attempt",
+        ));
+    }
+    Ok(ranges)
 }

@@ -234,7 +234,12 @@ impl Dispatcher {
         }
         self.record_lateness(&delivery);
         let (result, elapsed) = self.call(&delivery, version).await;
-        let result = self.poison_check(&mut delivery, version, result).await;
+        let result = if self.policy.poison_check {
+            crate::pipeline::poison::check(&mut delivery, version, self.journal.as_ref(), result)
+                .await
+        } else {
+            result
+        };
         let action = outcome::decide(&result, delivery.previous_attempts(), &self.policy);
         if let Some((trial, role)) = trial {
             trial.record(*role, attempt_kind(&result, &action), elapsed);
@@ -312,46 +317,6 @@ impl Dispatcher {
             return Some(self.dead_letter_unhandled(delivery, digest, &reason).await);
         }
         None
-    }
-
-    /// With `poison_check`: an attempt that trapped or raised runs once more at once, with its
-    /// journal and without the network (calls its journal does not hold fail); the same
-    /// failure again means the input itself is poison, and the entry is dead-lettered now
-    /// instead of retried. Any other result keeps the first attempt's failure (a retry).
-    async fn poison_check(
-        &self,
-        delivery: &mut Delivery,
-        version: &Version,
-        result: Result<Outcome, Failure>,
-    ) -> Result<Outcome, Failure> {
-        let failure = match &result {
-            Err(f @ (Failure::Trap(_) | Failure::Raised { .. })) if self.policy.poison_check => f,
-            _ => return result,
-        };
-        let live = delivery.journal.take();
-        let offline = self.journal.as_ref().map(|store| {
-            Arc::new(crate::store::effects::DeliveryJournal::offline(
-                store.clone(),
-            ))
-        });
-        delivery.journal.clone_from(&offline);
-        let again = version.handler.handle(delivery).await;
-        delivery.journal = live;
-        // A call the journal did not hold failed offline: whatever the failure says, it may
-        // have come from that call, so it is not taken as the input's.
-        let missed = offline.as_ref().is_some_and(|o| o.missed());
-        match again {
-            Err(second) if !missed && second.to_string() == failure.to_string() => {
-                tracing::warn!(%failure, "fails the same way on the same input (run again at once, offline): dead-lettered now");
-                Ok(Outcome::DeadLetter(format!(
-                    "fails the same way on the same input: {failure}"
-                )))
-            }
-            other => {
-                tracing::info!(first = %failure, again = ?other.as_ref().map_err(ToString::to_string), "the failure did not repeat on the same input run again offline: retried as usual");
-                result
-            }
-        }
     }
 
     /// The handler called on `delivery`, timed and counted (and told to the breaker).

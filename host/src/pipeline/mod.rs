@@ -8,7 +8,8 @@
 //! 3. [`order`] (on an ordered subscription) lets an entry run only when its key's turn is
 //!    free or already its own, and queues the others in Redis behind it.
 //! 4. [`dispatch`] runs the subscription's current handler on each delivery inside its span and
-//!    decides with [`crate::entry::outcome`].
+//!    decides with [`crate::entry::outcome`]; with `poison_check`, [`poison`] runs a failed
+//!    attempt once more offline first.
 //! 5. [`settle`] carries the decision out in Redis: batched XACKs, atomic dead-lettering, and
 //!    retries that stay pending.
 //! 6. [`delayed`] parks a retry in its durable sorted set and sweeps due retries into the
@@ -18,5 +19,6 @@ pub mod admit;
 pub mod delayed;
 pub(crate) mod dispatch;
 pub mod order;
+pub(crate) mod poison;
 pub(crate) mod read;
 pub(crate) mod settle;
