@@ -4,11 +4,8 @@
 //! without the journal (each call then recorded: the cost per recorded call, and Redis's
 //! commands per call, goal at most one round trip).
 
-use std::time::Instant;
-
 use anyhow::Result;
 use sluice_fixture_control::Control;
-use tokio_util::sync::CancellationToken;
 
 use super::{Bench, Report};
 
@@ -72,14 +69,7 @@ impl Bench {
             .arg("RESETSTAT")
             .query_async(&mut conn)
             .await?;
-        let stop = CancellationToken::new();
-        let started = Instant::now();
-        let task = tokio::spawn(service.run(None, stop.clone()));
-        self.settled(&stream, n, Some(&format!("{stream}.delayed")))
-            .await?;
-        let elapsed = started.elapsed();
-        stop.cancel();
-        task.await??;
+        let elapsed = self.run_until_settled(service, &stream, n).await?;
         let info: String = redis::cmd("INFO")
             .arg("commandstats")
             .query_async(&mut conn)

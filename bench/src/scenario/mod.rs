@@ -324,6 +324,25 @@ impl Bench {
         }
     }
 
+    /// Run `service` until its `n` entries of `stream` (and its delayed set
+    /// `<stream>.delayed`) settled, then stop it: how long that took.
+    async fn run_until_settled(
+        &self,
+        service: Service,
+        stream: &str,
+        n: usize,
+    ) -> Result<Duration> {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let started = Instant::now();
+        let task = tokio::spawn(service.run(None, stop.clone()));
+        self.settled(stream, n, Some(&format!("{stream}.delayed")))
+            .await?;
+        let elapsed = started.elapsed();
+        stop.cancel();
+        task.await??;
+        Ok(elapsed)
+    }
+
     async fn service(&self, toml: &str) -> Result<Service> {
         let path = self.dir.path().join("bench.toml");
         let toml = if toml.contains("admin =") {

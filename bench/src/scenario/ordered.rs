@@ -57,14 +57,7 @@ impl Bench {
             .await?;
         let cpu_before = super::throughput::redis_cpu_seconds(&mut conn).await?;
         let host_before = super::throughput::process_cpu_seconds();
-        let stop = CancellationToken::new();
-        let started = Instant::now();
-        let task = tokio::spawn(service.run(None, stop.clone()));
-        self.settled(&stream, n, Some(&format!("{stream}.delayed")))
-            .await?;
-        let elapsed = started.elapsed();
-        stop.cancel();
-        task.await??;
+        let elapsed = self.run_until_settled(service, &stream, n).await?;
         let cpu = super::throughput::redis_cpu_seconds(&mut conn).await? - cpu_before;
         if std::env::var_os("SLUICE_BENCH_COMMANDS").is_some() {
             let info: String = redis::cmd("INFO")

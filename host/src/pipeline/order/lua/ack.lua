@@ -40,8 +40,9 @@ for i, turn in ipairs(#origins > 0 and order_batch('HMGET', k.turns, origins) or
     known[origins[i]] = turn
   end
 end
+local loads = order_loads(k, kds)
 local lists = {}
-for kd, n in pairs(order_loads(k, kds)) do
+for kd, n in pairs(loads) do
   if n > count[kd] then
     lists[#lists + 1] = kd
   end
@@ -59,4 +60,4 @@ for i = 5, #ARGV, 3 do
     settled[#settled + 1] = ARGV[i]
   end
 end
-return {acked, order_give_back(k, settled, known)}
+return {acked, order_give_back(k, settled, {turns = known, loads = loads})}

@@ -226,9 +226,10 @@ local function order_let_in(k, kd, load)
 end
 
 -- Give back the turns the `origins` hold (found in `turns`: the entries themselves may be
--- gone; `known`, when given, is what the caller found there for each, already checked with
--- order_check) and let each key's next entries in. Returns how many entries went in (origins
--- that held none change nothing: another host settled them first).
+-- gone; `known`, when given, is what the caller read first: `known.turns` what it found there
+-- for each origin, `known.loads` the loads of their keys, already checked with order_check)
+-- and let each key's next entries in. Returns how many entries went in (origins that held
+-- none change nothing: another host settled them first).
 local function order_give_back(k, origins, known)
   if #origins == 0 then
     return 0
@@ -243,7 +244,7 @@ local function order_give_back(k, origins, known)
   local held = {}
   if known then
     for i, origin in ipairs(distinct) do
-      held[i] = known[origin]
+      held[i] = known.turns[origin]
     end
   else
     held = order_batch('HMGET', k.turns, distinct)
@@ -271,7 +272,7 @@ local function order_give_back(k, origins, known)
     end
   end
   order_batch('HDEL', k.turns, gone)
-  local loads = order_loads(k, kds)
+  local loads = known and known.loads or order_loads(k, kds)
   local went = 0
   for _, kd in ipairs(kds) do
     local load = loads[kd] - released[kd]
