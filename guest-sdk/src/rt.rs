@@ -114,6 +114,15 @@ pub fn ordered_by(
     })
 }
 
+/// The descriptor's effects mode in its WIT form (live when it says nothing).
+pub fn effects(d: RedisStream) -> crate::__bindings::exports::sluice::handler::effects::Mode {
+    use crate::__bindings::exports::sluice::handler::effects::Mode;
+    match d.effects.unwrap_or_default() {
+        sluice_descriptor::Effects::Live => Mode::Live,
+        sluice_descriptor::Effects::Journal => Mode::Journal,
+    }
+}
+
 /// The component's descriptor in its WIT form.
 pub fn subscription(d: RedisStream) -> wit::Subscription {
     wit::Subscription {

@@ -8,7 +8,7 @@ host_target=x86_64-unknown-linux-musl
 # The guest crates (examples and fixtures): built for wasm32-wasip2 by scripts/guests, never as
 # host code.
 guest_packages=(bank-payments bank-payments-manual sluice-fixture sluice-fixture-v2
-  sluice-fixture-hang sluice-fixture-ordered sluice-other-world)
+  sluice-fixture-hang sluice-fixture-ordered sluice-fixture-journaled sluice-other-world)
 
 # Where cargo builds (CARGO_TARGET_DIR, else ./target) and where the tested host binaries are.
 build_dir="${CARGO_TARGET_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/target}"

@@ -520,9 +520,9 @@ async fn after_a_hot_swap_the_new_version_replays_only_the_calls_it_makes_again(
     let mut host = start_fixture(&redis, sub).await;
     let admin = host.admin().await;
 
-    // Attempt 1 (the running version) charges a and b, then the service is down; it retries in
-    // 4 s, by when the new version serves (the upload answers once it does), whose attempt
-    // charges a, then c.
+    // Attempt 1 (the running version) charges a and b, then the service is down; it parks for
+    // ten minutes, and is made due by hand once the new version serves (the upload answers
+    // once it does): the new version's attempt charges a, then c.
     let attempt = |second: &str, last: &str| Control::Calls {
         urls: vec![
             gateway.url("charge-a"),
@@ -531,15 +531,15 @@ async fn after_a_hot_swap_the_new_version_replays_only_the_calls_it_makes_again(
         ],
         body: String::new(),
         headers: Vec::new(),
-        retry_ms: 4000,
+        retry_ms: 600_000,
         trap: false,
     };
     let control = Control::Attempts {
         each: vec![attempt("charge-b", "down"), attempt("charge-c", "receipt")],
     };
     let id = add(&mut conn, "swapped", &control).await;
-    wait_for(T, "the first attempt's failed call", || async {
-        (gateway.keys("down").len() == 1).then_some(())
+    host.event(T, "the first attempt parked", |e| {
+        matches!(e.kind, EventKind::Parked { .. }) && e.origin_id == id
     })
     .await;
     // The same code under another digest: another version.
@@ -558,6 +558,16 @@ async fn after_a_hot_swap_the_new_version_replays_only_the_calls_it_makes_again(
         .as_str()
         .unwrap()
         .to_owned();
+    let due = format!(r#"{{"origin_ids": ["{id}"]}}"#);
+    let (status, body) = http_request(
+        admin,
+        "POST",
+        "/v1/subscriptions/swapped/g/parked/retry-now",
+        &[("content-type", "application/json")],
+        due.as_bytes(),
+    )
+    .await;
+    assert_eq!((status, body.as_str()), (200, r#"{"due_now":1}"#));
     let acked = host
         .event(T, "the new version's ack", |e| {
             e.kind == EventKind::Acked && e.origin_id == id
@@ -651,4 +661,84 @@ async fn the_ack_deletes_the_journal_even_when_the_last_attempt_made_no_call() {
         .await
         .unwrap();
     assert_eq!(left, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_that_asks_for_the_journal_gets_it_unless_the_config_says_otherwise() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let asked = Gateway::start("idempotency-key", 2).await;
+    let overruled = Gateway::start("idempotency-key", 2).await;
+    // The same component (`.effects(Effects::Journal)`) twice: the config says nothing of
+    // effects on one, "none" on the other.
+    let sub = |stream: &str, gateway: &Gateway| {
+        Sub::new("{fixture_journaled}", stream)
+            .delayed(&format!("{stream}.delayed"))
+            .set("allowed_outbound_hosts", Raw(&gateway.grant()))
+    };
+    let config = TestConfig::of(sub("asked", &asked))
+        .and(sub("overruled", &overruled).set("effects", "none"));
+    let mut host = start_fixture(&redis, config.clone()).await;
+    let paid = |g: &Gateway| calls(vec![g.url("charge"), g.url("receipt")], Vec::new());
+    let first = add(&mut conn, "asked", &paid(&asked)).await;
+    let second = add(&mut conn, "overruled", &paid(&overruled)).await;
+    let mut left = vec![first, second];
+    while !left.is_empty() {
+        let done = host
+            .event(T, "both acked", |e| {
+                e.kind == EventKind::Acked && left.contains(&e.origin_id)
+            })
+            .await;
+        left.retain(|o| *o != done.origin_id);
+    }
+    assert_eq!(
+        asked.keys("charge").len(),
+        1,
+        "the component's journal replays"
+    );
+    assert_eq!(overruled.keys("charge").len(), 3, "the config's none wins");
+
+    // A swap may not change the mode under a running subscription the config leaves to the
+    // component; where the config decides, the component's wish does not matter.
+    let admin = host.admin().await;
+    let live = std::fs::read(&guests().fixture).unwrap();
+    let (status, body) = http_request(
+        admin,
+        "PUT",
+        "/v1/subscriptions/asked/g/handler",
+        &[],
+        &live,
+    )
+    .await;
+    assert_ne!(status, 200, "{body}");
+    assert!(body.contains("asks for effects Live"), "{body}");
+    let (status, body) = http_request(
+        admin,
+        "PUT",
+        "/v1/subscriptions/overruled/g/handler",
+        &[],
+        &std::fs::read(&guests().fixture_journaled).unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    drop(host);
+
+    // Journal bounds with nobody journaling are refused, naming the keys; the poison check
+    // of a live subscription that may call out too.
+    for (extra, says) in [
+        ("journal_max_calls", "journal_* keys are set, but neither"),
+        ("poison_check", "poison_check needs effects"),
+    ] {
+        let sub = Sub::fixture("plain").set("allowed_outbound_hosts", Raw(&asked.grant()));
+        let sub = match extra {
+            "journal_max_calls" => sub.set(extra, 5u32),
+            _ => sub.set(extra, true),
+        };
+        let (_dir, path) = config_file(&TestConfig::of(sub));
+        let (ok, _, stderr) = run_sluice(
+            &["check", path.to_str().unwrap()],
+            std::path::Path::new("."),
+        );
+        assert!(!ok && stderr.contains(says), "{extra}: {stderr}");
+    }
 }

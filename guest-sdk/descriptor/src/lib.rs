@@ -23,7 +23,9 @@
 
 use std::time::Duration;
 
+mod effects;
 mod order;
+pub use effects::Effects;
 pub use order::{OnDeadLetter, OrderKey, OrderedBy};
 
 /// Entries one read asks for when the descriptor does not say.
@@ -233,6 +235,8 @@ pub struct RedisStream {
     pub partitions: Option<u32>,
     /// Handle entries with one key in order, one (or a few) at a time (see [`OrderedBy`]).
     pub ordered_by: Option<OrderedBy>,
+    /// Keep the answers of outbound calls for later attempts (see [`Effects`]).
+    pub effects: Option<Effects>,
 }
 
 /// The descriptor fields an operator sets in the host's configuration; `None` keeps the
@@ -271,6 +275,8 @@ pub struct Overrides {
     /// Replaces the ordering's [`OrderedBy::max_in_flight_per_key`] (the host refuses it
     /// when the subscription is not ordered).
     pub max_in_flight_per_key: Option<u32>,
+    /// Replaces [`RedisStream::effects`].
+    pub effects: Option<Effects>,
 }
 
 /// Builder methods that set one optional field each: `name(value)` sets `self.name`.
@@ -333,6 +339,9 @@ impl RedisStream {
         partitions: u32,
         /// Handle entries with one key in order, across hosts and retries (see [`OrderedBy`]).
         ordered_by: OrderedBy,
+        /// Record outbound calls' answers and replay them on later attempts of one entry, so
+        /// a call that went through is not made twice (see [`Effects`]).
+        effects: Effects,
     }
 
     /// Lay an operator's overrides over this descriptor: every field the operator set wins.
@@ -354,7 +363,8 @@ impl RedisStream {
             payload_field,
             max_delay,
             failure_backoff,
-            partitions
+            partitions,
+            effects
         );
         if let Some(delayed) = &o.delayed_retry {
             self.delayed_retry = delayed.clone();
@@ -530,6 +540,7 @@ impl RedisStream {
             failure_backoff,
             partitions,
             ordered_by: self.ordered_by.clone(),
+            effects: self.effects.unwrap_or_default(),
         })
     }
 }
@@ -568,6 +579,8 @@ pub struct ResolvedStream {
     pub partitions: u32,
     /// Entries with one key are handled in order (each partition keeps its own keys' order).
     pub ordered_by: Option<OrderedBy>,
+    /// Whether outbound calls' answers are journaled for later attempts.
+    pub effects: Effects,
 }
 
 impl ResolvedStream {
@@ -748,6 +761,21 @@ mod tests {
         assert_eq!(r.legacy_dead_letter.as_deref(), Some("s.dead-letter"));
         assert_eq!(r.payload_field, "payload");
         assert_eq!(r.claim_min_idle, None);
+        assert_eq!(r.effects, Effects::Live);
+    }
+
+    #[test]
+    fn the_operators_effects_win_over_the_components() {
+        let asked = RedisStream::new("s").group("g").effects(Effects::Journal);
+        let effects = |o: Option<Effects>| {
+            let o = Overrides {
+                effects: o,
+                ..Overrides::default()
+            };
+            asked.clone().overlay(&o).resolve().unwrap().effects
+        };
+        assert_eq!(effects(None), Effects::Journal);
+        assert_eq!(effects(Some(Effects::Live)), Effects::Live);
     }
 
     #[test]

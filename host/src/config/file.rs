@@ -259,20 +259,34 @@ mod tests {
                 "1 to",
             ),
             (
-                "journal_max_calls = 5\n",
+                "effects = \"none\"\njournal_max_calls = 5\n",
                 "journal_max_calls",
-                "needs effects",
+                "\"5\" is not valid: means nothing with effects = \"none\"",
             ),
             (
                 "effects = \"JOURNAL\"\n",
                 "effects",
                 "\"journal\" or \"none\"",
             ),
-            ("poison_check = true\n", "poison_check", "needs effects"),
+            (
+                "effects = \"none\"\npoison_check = true\n",
+                "poison_check",
+                "needs effects",
+            ),
             (
                 "idempotency_header = \"a b\"\n",
                 "idempotency_header",
                 "header name",
+            ),
+            (
+                "idempotency_header = \"Authorization\"\n",
+                "idempotency_header",
+                "for something else",
+            ),
+            (
+                "idempotency_header = \"content-length\"\n",
+                "idempotency_header",
+                "for something else",
             ),
         ] {
             let err = sub(extra);
@@ -281,12 +295,14 @@ mod tests {
                 "{extra}: {err}"
             );
         }
-        assert_eq!(
-            sub(
-                "effects = \"journal\"\njournal_statuses = [\"2xx\", \"409\"]\npoison_check = true\n"
-            ),
-            ""
-        );
+        // Unset effects leaves it to the component: the plan checks the bounds and the poison
+        // check against what it asks for.
+        for ok in [
+            "effects = \"journal\"\njournal_statuses = [\"2xx\", \"409\"]\npoison_check = true\n",
+            "journal_max_calls = 5\npoison_check = true\n",
+        ] {
+            assert_eq!(sub(ok), "", "{ok}");
+        }
     }
 
     /// The configs the Kubernetes manifests ship parse, listen where the probes look, keep

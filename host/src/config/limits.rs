@@ -67,7 +67,8 @@ pub(super) fn limits(
     limits.outbound_http.journal = journal(v, key, sub)?;
     if sub.poison_check == Some(true) {
         let http = &limits.outbound_http;
-        if !http.allowed.is_empty() && http.journal.is_none() {
+        // Unset effects is the component's to say: the plan checks what it resolves to.
+        if !http.allowed.is_empty() && sub.effects.as_deref() == Some("none") {
             return Err(v.invalid(
                 &key("poison_check"),
                 "true",
@@ -87,20 +88,26 @@ const MAX_JOURNAL_ENTRY: u64 = 64 * 1024 * 1024;
 const MAX_JOURNAL_CALLS: u32 = 10_000;
 
 /// `effects = "journal"` and its `journal_*` bounds (each capped: no configuration makes an
-/// entry's journal unbounded).
+/// entry's journal unbounded). With `effects` unset the bounds are kept for a component that
+/// asks for the journal (the plan refuses them when none does); `"none"` refuses them.
 fn journal(
     v: &Validator<'_>,
     key: &dyn Fn(&str) -> String,
     sub: &RawSubscription,
 ) -> Result<Option<JournalPolicy>, ConfigError> {
     match sub.effects.as_deref() {
-        None | Some("none") => {
+        None if stray_journal_key(sub).is_none() => return Ok(None),
+        None | Some("journal") => {}
+        Some("none") => {
             return match stray_journal_key(sub) {
-                Some(name) => Err(v.invalid(&key(name), "", "needs effects = \"journal\"")),
+                Some((name, value)) => Err(v.invalid(
+                    &key(name),
+                    &value,
+                    "means nothing with effects = \"none\" (set effects = \"journal\")",
+                )),
                 None => Ok(None),
             };
         }
-        Some("journal") => {}
         Some(other) => {
             return Err(v.invalid(&key("effects"), other, "must be \"journal\" or \"none\""));
         }
@@ -182,37 +189,82 @@ fn outbound_http(
         http.timeout = t;
     }
     if let Some(name) = &sub.idempotency_header {
-        http.idempotency_header = if name == "none" {
-            None
-        } else {
-            Some(http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-                v.invalid(
-                    &key("idempotency_header"),
-                    name,
-                    "must be an HTTP header name (letters, digits and `-`), or \"none\"",
-                )
-            })?)
-        };
+        http.idempotency_header = idempotency_header(v, &key("idempotency_header"), name)?;
     }
     Ok(())
 }
 
-/// A `journal_*` key set without `effects = "journal"`, if any.
-fn stray_journal_key(sub: &RawSubscription) -> Option<&'static str> {
+/// Headers that say how a request travels, whom it is from or which trace it is in: a key
+/// put there would break the request or overwrite what the host or the handler means by it.
+const NOT_AN_IDEMPOTENCY_HEADER: &[&str] = &[
+    "host",
+    "content-length",
+    "content-type",
+    "content-encoding",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+    "expect",
+    "authorization",
+    "proxy-authorization",
+    "proxy-connection",
+    "cookie",
+    "traceparent",
+    "tracestate",
+];
+
+/// `idempotency_header`: a header name that is not one of the above, or `"none"`.
+fn idempotency_header(
+    v: &Validator<'_>,
+    key: &str,
+    name: &str,
+) -> Result<Option<http::HeaderName>, ConfigError> {
+    if name == "none" {
+        return Ok(None);
+    }
+    let header = http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+        v.invalid(
+            key,
+            name,
+            "must be an HTTP header name (letters, digits and `-`), or \"none\"",
+        )
+    })?;
+    if NOT_AN_IDEMPOTENCY_HEADER.contains(&header.as_str()) {
+        return Err(v.invalid(
+            key,
+            name,
+            "is a header the request needs for something else; name one of its own (e.g. idempotency-key)",
+        ));
+    }
+    Ok(Some(header))
+}
+
+/// A `journal_*` key set, if any, with its value as written.
+fn stray_journal_key(sub: &RawSubscription) -> Option<(&'static str, String)> {
+    let text = |v: &Option<String>| v.clone();
     [
-        ("journal_statuses", sub.journal_statuses.is_some()),
+        (
+            "journal_statuses",
+            sub.journal_statuses.as_ref().map(|s| s.join(", ")),
+        ),
         (
             "journal_max_response_bytes",
-            sub.journal_max_response_bytes.is_some(),
+            text(&sub.journal_max_response_bytes),
         ),
         (
             "journal_max_entry_bytes",
-            sub.journal_max_entry_bytes.is_some(),
+            text(&sub.journal_max_entry_bytes),
         ),
-        ("journal_max_calls", sub.journal_max_calls.is_some()),
+        (
+            "journal_max_calls",
+            sub.journal_max_calls.map(|n| n.to_string()),
+        ),
     ]
     .into_iter()
-    .find_map(|(name, set)| set.then_some(name))
+    .find_map(|(name, value)| value.map(|value| (name, value)))
 }
 
 /// `journal_statuses`: classes (`"2xx"`) and statuses (`"409"`), at least one, none a retry

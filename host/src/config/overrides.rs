@@ -3,7 +3,7 @@
 //! operator writes here wins over what the component exports.
 
 use sluice_descriptor::{
-    Backoff, DelayedRetry, DescriptorError, OnDeadLetter, OrderKey, OrderedBy, Overrides,
+    Backoff, DelayedRetry, DescriptorError, Effects, OnDeadLetter, OrderKey, OrderedBy, Overrides,
 };
 
 use super::ConfigError;
@@ -42,6 +42,12 @@ pub(super) fn overrides(
         partitions: sub.partitions,
         ordered_by: ordered_by(v, key, sub.ordered_by.as_ref(), sub.max_in_flight_per_key)?,
         max_in_flight_per_key: sub.max_in_flight_per_key,
+        // Checked with the journal's bounds (`limits.rs`).
+        effects: match sub.effects.as_deref() {
+            Some("journal") => Some(Effects::Journal),
+            Some(_) => Some(Effects::Live),
+            None => None,
+        },
     })
 }
 

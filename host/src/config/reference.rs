@@ -381,14 +381,14 @@ pub const KEYS: &[KeyDoc] = &[
     KeyDoc {
         scope: Scope::Subscription,
         keys: &["idempotency_header"],
-        meaning: "the header every outbound request carries a stable idempotency key in (the same for the same call of the same entry on every retry: see the effects page), unless the handler set it; `\"none\"` sends none",
+        meaning: "the header every outbound request carries a stable idempotency key in (the same for the same call of the same entry on every retry: see the effects page), unless the handler set it; `\"none\"` sends none. Not one a request needs for something else (`Host`, `Content-Length`, `Authorization`, `traceparent`, ...)",
         default: "`\"Idempotency-Key\"`",
     },
     KeyDoc {
         scope: Scope::Subscription,
         keys: &["effects"],
-        meaning: "`\"journal\"`: each outbound call's response is recorded in Redis, and a later attempt of the same entry gets the recorded response of a call it makes again, without the network (see the effects page)",
-        default: "`\"none\"`",
+        meaning: "`\"journal\"`: each outbound call's response is recorded in Redis, and a later attempt of the same entry gets the recorded response of a call it makes again, without the network (see the effects page); `\"none\"` keeps every call live whatever the component asks",
+        default: "the component's (`.effects(Effects::Journal)`), else `\"none\"`",
     },
     KeyDoc {
         scope: Scope::Subscription,

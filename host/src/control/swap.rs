@@ -72,6 +72,16 @@ pub enum SwapError {
         /// The new descriptor's, in words.
         new: String,
     },
+    /// Its descriptor keeps outbound calls otherwise than the running subscription.
+    #[error(
+        "the new component asks for effects {new:?}, but this subscription runs with {running:?}; whether calls are journaled changes only when the host restarts (or set effects in the config, which wins); swap with force to keep {running:?}"
+    )]
+    Effects {
+        /// The running mode.
+        running: sluice_descriptor::Effects,
+        /// The new descriptor's.
+        new: sluice_descriptor::Effects,
+    },
     /// Its descriptor asks for more partitions than a component may.
     #[error(
         "the new component asks for {0} partitions; a component may ask for at most {max} (set partitions in the config)",
@@ -274,6 +284,17 @@ impl SwapControl {
             return Err(SwapError::Reordered {
                 running: say(&self.ordered_by),
                 new: say(&descriptor.ordered_by),
+            });
+        }
+        let running_effects = if self.limits.outbound_http.journal.is_some() {
+            sluice_descriptor::Effects::Journal
+        } else {
+            sluice_descriptor::Effects::Live
+        };
+        if !force && descriptor.effects != running_effects {
+            return Err(SwapError::Effects {
+                running: running_effects,
+                new: descriptor.effects,
             });
         }
         if !force && descriptor.partitions != self.partitions {

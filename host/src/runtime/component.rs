@@ -233,9 +233,18 @@ impl LoadedComponent {
                 }
                 Err(_) => None,
             };
-            Ok::<_, RuntimeError>((subscription, ordered))
+            // Nor one built before the journal: live calls.
+            use super::effects_bindings::exports::sluice::handler::effects;
+            let effects = match effects::GuestIndices::new(pre) {
+                Ok(indices) => {
+                    let guest = indices.load(&mut store, &instance).map_err(failed)?;
+                    Some(guest.call_effects(&mut store).await.map_err(failed)?)
+                }
+                Err(_) => None,
+            };
+            Ok::<_, RuntimeError>((subscription, ordered, effects))
         };
-        let (subscription, ordered) =
+        let (subscription, ordered, effects) =
             tokio::time::timeout(DESCRIPTOR_TIMEOUT + super::EPOCH_TICK, call)
                 .await
                 .map_err(|_| RuntimeError::DescriptorTimeout {
@@ -244,6 +253,13 @@ impl LoadedComponent {
                 })??;
         let mut stream = from_wit(subscription);
         stream.ordered_by = ordered.map(ordered_from_wit);
+        stream.effects = effects.map(|mode| {
+            use super::effects_bindings::exports::sluice::handler::effects::Mode;
+            match mode {
+                Mode::Live => sluice_descriptor::Effects::Live,
+                Mode::Journal => sluice_descriptor::Effects::Journal,
+            }
+        });
         Ok(stream)
     }
 }
@@ -295,5 +311,6 @@ fn from_wit(s: wit::Subscription) -> RedisStream {
         }),
         partitions: s.partitions,
         ordered_by: None,
+        effects: None,
     }
 }

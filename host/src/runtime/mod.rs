@@ -68,6 +68,17 @@ pub mod ordering_bindings {
     });
 }
 
+/// Bindings of the optional `effects` export (`wit/sluice.wit`): looked for in a component,
+/// never required of it.
+#[allow(missing_docs, clippy::all)]
+pub mod effects_bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "effects-only",
+        exports: { default: async },
+    });
+}
+
 /// What wasmtime said, with its whole chain of causes.
 pub type WasmtimeCause = Box<dyn std::error::Error + Send + Sync + 'static>;
 

@@ -101,6 +101,17 @@ pub enum PlanError {
         /// The ceiling.
         max_delay: Duration,
     },
+    /// The journal's keys and what the configuration and the component say of effects do not
+    /// agree.
+    #[error("{} (component {}): {problem}", origin.display(), component.display())]
+    Effects {
+        /// Where the subscription was configured.
+        origin: PathBuf,
+        /// The component.
+        component: PathBuf,
+        /// What does not agree.
+        problem: &'static str,
+    },
 }
 
 /// A key two subscriptions of one plan would both use as their own.
@@ -407,6 +418,7 @@ fn subscription_plan(
     redis_override: Option<&str>,
 ) -> Result<SubscriptionPlan, PlanError> {
     let retry_lane = checked(sub, &stream)?;
+    let limits = effects_limits(sub, &stream)?;
     let warnings = warnings(sub, &mut stream, retry_lane);
     let mut values: Vec<(String, String)> = sub
         .values
@@ -449,11 +461,45 @@ fn subscription_plan(
             .map(str::to_owned)
             .or_else(|| sub.redis.clone()),
         redis_access: sub.redis_access.clone(),
-        limits: sub.limits.clone(),
+        limits,
         values,
         overrides: sub.overrides.clone(),
         warnings,
     })
+}
+
+/// The subscription's limits with the journal the resolved stream asks for: the config's
+/// `effects` wins over the component's (the overlay did that), its `journal_*` bounds apply
+/// to either, and they may not be set for a subscription nobody journals.
+fn effects_limits(
+    sub: &SubscriptionConfig,
+    stream: &ResolvedStream,
+) -> Result<crate::config::Limits, PlanError> {
+    let mut limits = sub.limits.clone();
+    let http = &mut limits.outbound_http;
+    let problem = match stream.effects {
+        sluice_descriptor::Effects::Journal => {
+            http.journal.get_or_insert_with(Default::default);
+            None
+        }
+        sluice_descriptor::Effects::Live if http.journal.is_some() => Some(
+            "journal_* keys are set, but neither the config (effects = \"journal\") nor the component (.effects(Effects::Journal)) journals this subscription's calls",
+        ),
+        sluice_descriptor::Effects::Live => None,
+    };
+    let problem = problem.or_else(|| {
+        (limits.poison_check && !http.allowed.is_empty() && http.journal.is_none()).then_some(
+            "poison_check needs effects = \"journal\" (in the config or the component) on a subscription that may call out: the second run makes no call over the network, it answers from the journal",
+        )
+    });
+    match problem {
+        Some(problem) => Err(PlanError::Effects {
+            origin: sub.origin.clone(),
+            component: sub.component.clone(),
+            problem,
+        }),
+        None => Ok(limits),
+    }
 }
 
 /// What the configuration and the resolved stream may not say together; whether the

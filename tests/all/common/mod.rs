@@ -51,6 +51,8 @@ pub struct Guests {
     pub fixture_hang: PathBuf,
     /// The fixture whose descriptor orders by the payload's `account`, two per key.
     pub fixture_ordered: PathBuf,
+    /// The fixture whose descriptor asks for the journal of outbound calls.
+    pub fixture_journaled: PathBuf,
     pub bank: PathBuf,
     pub bank_manual: PathBuf,
     pub other_world: PathBuf,
@@ -66,7 +68,12 @@ pub fn guests() -> &'static Guests {
                 .args(["-p", "sluice-fixture", "-p", "bank-payments"])
                 .args(["-p", "bank-payments-manual", "-p", "sluice-other-world"])
                 .args(["-p", "sluice-fixture-v2", "-p", "sluice-fixture-hang"])
-                .args(["-p", "sluice-fixture-ordered"])
+                .args([
+                    "-p",
+                    "sluice-fixture-ordered",
+                    "-p",
+                    "sluice-fixture-journaled",
+                ])
                 .status()
                 .expect("cargo runs");
             assert!(status.success(), "building the guest components failed");
@@ -78,6 +85,7 @@ pub fn guests() -> &'static Guests {
             fixture_v2: dir.join("sluice_fixture_v2.wasm"),
             fixture_hang: dir.join("sluice_fixture_hang.wasm"),
             fixture_ordered: dir.join("sluice_fixture_ordered.wasm"),
+            fixture_journaled: dir.join("sluice_fixture_journaled.wasm"),
             bank: dir.join("bank_payments.wasm"),
             bank_manual: dir.join("bank_payments_manual.wasm"),
             other_world: dir.join("sluice_other_world.wasm"),
@@ -285,6 +293,10 @@ pub fn write_config(dir: &Path, name: &str, toml: &str) -> PathBuf {
         .replace(
             "{fixture_ordered}",
             &g.fixture_ordered.display().to_string(),
+        )
+        .replace(
+            "{fixture_journaled}",
+            &g.fixture_journaled.display().to_string(),
         )
         .replace("{fixture}", &g.fixture.display().to_string())
         .replace("{bank_manual}", &g.bank_manual.display().to_string())
