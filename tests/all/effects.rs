@@ -61,6 +61,7 @@ impl Gateway {
                         }
                         "big" => (StatusCode::OK, "b".repeat(4096)),
                         "big64k" => (StatusCode::OK, "b".repeat(64 * 1024)),
+                        "mb" => (StatusCode::OK, "m".repeat(1_000_000)),
                         _ => (StatusCode::OK, format!("{{\"charge\":\"ch_{charged}\"}}")),
                     }
                 }
@@ -99,6 +100,7 @@ pub(crate) fn calls(urls: Vec<String>, headers: Vec<(String, String)>) -> Contro
         headers,
         retry_ms: 20,
         trap: false,
+        times: 0,
     }
 }
 
@@ -361,6 +363,70 @@ async fn replay_ends_at_the_first_call_that_differs_and_a_journal_is_bounded() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_making_ten_thousand_calls_of_a_megabyte_grows_redis_by_its_bounds_only() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let gateway = Gateway::start("idempotency-key", 0).await;
+    // Responses of 1 MB may be recorded, 4 MiB an entry (the default).
+    let sub = journaled("hungry", &gateway)
+        .set("journal_max_response_bytes", "2MiB")
+        .set("max_retries", 0)
+        .set("handler_timeout", "5m");
+    let mut host = start_fixture(&redis, sub).await;
+    let used = |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("memory")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            info.lines()
+                .find_map(|l| l.strip_prefix("used_memory:"))
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .expect("used_memory in INFO")
+        }
+    };
+    let before = used(&mut conn).await;
+    let control = Control::Calls {
+        urls: vec![gateway.url("mb"), gateway.url("down")],
+        body: String::new(),
+        headers: Vec::new(),
+        retry_ms: 20,
+        trap: false,
+        times: 10_000,
+    };
+    let id = add(&mut conn, "hungry", &control).await;
+    host.event(
+        Duration::from_secs(300),
+        "the hungry entry dead-lettered",
+        |e| matches!(e.kind, EventKind::DeadLettered { .. }) && e.origin_id == id,
+    )
+    .await;
+    assert_eq!(gateway.keys("mb").len(), 10_000, "every call went out");
+    let fields: Vec<(String, Vec<u8>)> = redis::cmd("HGETALL")
+        .arg(journal_key("hungry", &id))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let bytes: usize = fields.iter().map(|(_, v)| v.len()).sum();
+    assert!(
+        (1..=4).contains(&fields.len()) && bytes <= 4 * 1024 * 1024,
+        "{} calls, {bytes} bytes recorded",
+        fields.len()
+    );
+    let grown = used(&mut conn).await.saturating_sub(before);
+    assert!(grown < 6 * 1024 * 1024, "Redis grew by {grown} bytes");
+    let (_, metrics) = http_get(host.admin().await, "/metrics").await;
+    let full = r#"sluice_journal_calls_total{stream="hungry",group="g",reason="journal_full"}"#;
+    let counted = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(full))
+        .and_then(|n| n.trim().parse::<u64>().ok());
+    assert_eq!(counted, Some(10_000 - fields.len() as u64), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_killed_after_the_charge_and_before_the_ack_charges_once() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
@@ -495,6 +561,7 @@ async fn a_failure_that_repeats_on_the_same_input_dead_letters_at_once_and_one_t
         headers: Vec::new(),
         retry_ms: 20,
         trap: true,
+        times: 0,
     };
     let transient = add(&mut conn, "poison", &control).await;
     acked(&mut host, &transient).await;
@@ -533,6 +600,7 @@ async fn after_a_hot_swap_the_new_version_replays_only_the_calls_it_makes_again(
         headers: Vec::new(),
         retry_ms: 600_000,
         trap: false,
+        times: 0,
     };
     let control = Control::Attempts {
         each: vec![attempt("charge-b", "down"), attempt("charge-c", "receipt")],
@@ -582,6 +650,74 @@ async fn after_a_hot_swap_the_new_version_replays_only_the_calls_it_makes_again(
     assert_eq!(gateway.keys("charge-b").len(), 1, "not called again");
     assert_eq!(gateway.keys("charge-c").len(), 1, "another call: live");
     assert_eq!(gateway.keys("receipt").len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn during_a_canary_each_entrys_journal_stays_with_the_version_that_runs_it() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let gateway = Gateway::start("idempotency-key", 0).await;
+    let mut host = start_fixture(&redis, journaled("canaried", &gateway)).await;
+    let admin = host.admin().await;
+    let mut new = std::fs::read(&guests().fixture).unwrap();
+    new.extend_from_slice(&[0, 4, 3, b'n', b'e', b'w']);
+    let path = "/v1/subscriptions/canaried/g/canary?percent=50&for=5m";
+    let (status, body) = http_request(admin, "PUT", path, &[], &new).await;
+    assert!(status == 200 || status == 201, "{status}: {body}");
+    let record: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let from = record["eligible_from_ms"].as_u64().unwrap();
+    // Entries added from then on are split by their origin ids (the ones before run the
+    // incumbent): wait for it by Redis's clock, which gives the ids.
+    wait_for(T, "the canary's split to start", || {
+        let mut conn = conn.clone();
+        async move {
+            let (secs, micros): (u64, u64) =
+                redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+            (secs * 1000 + micros / 1000 > from).then_some(())
+        }
+    })
+    .await;
+
+    // Each entry charges, then finds the receipt service down and retries: the retry replays
+    // its charge, on the version that made it (the origin id picks one for every attempt).
+    let mut ids = Vec::new();
+    for i in 0..16 {
+        let charge = gateway.url(&format!("charge-{i}"));
+        let attempt = |last: &str| calls(vec![charge.clone(), gateway.url(last)], Vec::new());
+        let control = Control::Attempts {
+            each: vec![attempt("down"), attempt("receipt")],
+        };
+        ids.push(add(&mut conn, "canaried", &control).await);
+    }
+    let mut parked_on = std::collections::HashMap::new();
+    let mut acked_on = std::collections::HashMap::new();
+    while acked_on.len() < ids.len() {
+        let e = host
+            .event(T, "every entry parked, then acked", |e| {
+                ids.contains(&e.origin_id)
+                    && matches!(e.kind, EventKind::Parked { .. } | EventKind::Acked)
+            })
+            .await;
+        let seen = match e.kind {
+            EventKind::Acked => &mut acked_on,
+            _ => &mut parked_on,
+        };
+        seen.insert(e.origin_id, e.digest);
+    }
+    assert_eq!(
+        parked_on, acked_on,
+        "every entry's two attempts ran one version"
+    );
+    let versions: std::collections::HashSet<_> = acked_on.values().collect();
+    assert_eq!(
+        versions.len(),
+        2,
+        "both versions took entries: {versions:?}"
+    );
+    for i in 0..16 {
+        assert_eq!(gateway.keys(&format!("charge-{i}")).len(), 1, "entry {i}");
+    }
+    assert_eq!(gateway.keys("receipt").len(), 16);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

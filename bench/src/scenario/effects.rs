@@ -21,6 +21,7 @@ impl Bench {
             headers: Vec::new(),
             retry_ms: 1000,
             trap: false,
+            times: 0,
         })?;
         let calls = (n / 10).max(1);
         let mut off = self

@@ -97,6 +97,9 @@ pub enum Control {
         /// A failed call traps instead (the panic names the status or the error).
         #[serde(default)]
         trap: bool,
+        /// Send each URL this many times in a row (0 is once): a guest that calls on and on.
+        #[serde(default)]
+        times: u32,
     },
     /// Allocate 1 MiB blocks until allocation fails.
     Alloc,
