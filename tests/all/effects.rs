@@ -133,6 +133,33 @@ async fn a_retry_repeats_each_calls_key_and_a_key_the_handler_set_is_kept() {
         charge_key.starts_with("sluice-") && charge_key.len() == 39,
         "{charge_key}"
     );
+    // The key is keyed with the stream's secret: the digest of what a guest knows (stream,
+    // group, origin id, position) is not it.
+    let secret = sluice_host::store::keys::Secret::load(&mut conn, "pay", &[])
+        .await
+        .unwrap()
+        .expect("a stream with a delayed set has a secret");
+    let derive = |key: Option<&str>| {
+        use hmac::Mac as _;
+        use sha2::Digest as _;
+        let mut bytes = Vec::new();
+        for part in ["pay", "g", first.as_str(), ""] {
+            bytes.extend_from_slice(&(part.len() as u64).to_be_bytes());
+            bytes.extend_from_slice(part.as_bytes());
+        }
+        bytes.extend_from_slice(&0u64.to_be_bytes());
+        let hash = match key {
+            Some(key) => hmac::Hmac::<sha2::Sha256>::new_from_slice(key.as_bytes())
+                .unwrap()
+                .chain_update(&bytes)
+                .finalize()
+                .into_bytes(),
+            None => sha2::Sha256::digest(&bytes),
+        };
+        format!("sluice-{}", hex::encode(&hash[..16]))
+    };
+    assert_ne!(charge_key, derive(None), "not the digest of public parts");
+    assert_eq!(charge_key, derive(Some(secret.value())));
     assert!(
         charges.iter().all(|k| k.as_deref() == Some(&charge_key)),
         "every retry repeats the charge's key: {charges:?}"

@@ -297,6 +297,9 @@ pub struct Delivery {
     pub trace: Option<crate::observe::telemetry::AttemptTrace>,
     /// The journal of its outbound calls, with `effects = "journal"` (set by the dispatcher).
     pub journal: Option<std::sync::Arc<crate::store::effects::DeliveryJournal>>,
+    /// The stream's secret, which keys its calls' idempotency keys so that no guest can work
+    /// out another entry's (set by the dispatcher when calls carry keys).
+    pub call_secret: Option<std::sync::Arc<Secret>>,
     /// What of its fields the read did not keep (see [`crate::store::redis_conn::lean::Cut`]): such
     /// an entry is dead-lettered from Redis, never handled.
     pub cut: crate::store::redis_conn::lean::Cut,
@@ -358,6 +361,7 @@ impl Delivery {
             delivery_count: delivery_count.max(1),
             trace: None,
             journal: None,
+            call_secret: None,
             cut: Default::default(),
             started: None,
         }

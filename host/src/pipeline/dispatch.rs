@@ -49,6 +49,8 @@ pub struct Dispatcher {
     log_each: bool,
     /// The journals of the deliveries' outbound calls, with `effects = "journal"`.
     journal: Option<Arc<crate::store::effects::JournalStore>>,
+    /// The stream's secret, when the deliveries' calls carry idempotency keys.
+    call_secret: Option<Arc<crate::store::keys::Secret>>,
 }
 
 impl Dispatcher {
@@ -69,7 +71,14 @@ impl Dispatcher {
             breaker: None,
             log_each: false,
             journal: None,
+            call_secret: None,
         }
+    }
+
+    /// Key every delivery's idempotency keys with `secret` (when its calls carry keys).
+    pub fn with_call_secret(mut self, secret: Option<Arc<crate::store::keys::Secret>>) -> Self {
+        self.call_secret = secret;
+        self
     }
 
     /// Journal every delivery's outbound calls in `journal` (`effects = "journal"`).
@@ -106,6 +115,7 @@ impl Dispatcher {
         if self.settler.events_listened() {
             delivery.started = Some(crate::support::clock::now());
         }
+        delivery.call_secret.clone_from(&self.call_secret);
         if let Some(store) = &self.journal {
             delivery.journal = Some(Arc::new(crate::store::effects::DeliveryJournal::new(
                 store.clone(),

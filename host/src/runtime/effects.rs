@@ -8,13 +8,18 @@
 //! sent): the same call of the same entry gets the same key on every retry, redelivery,
 //! take-over by another host, and requeue of a dead letter; a requeue that asks for new keys
 //! sets a new epoch. The value is a digest (`sluice-` and 32 hex digits), so it has one length
-//! whatever the names, and names nothing a service should not see.
+//! whatever the names, and names nothing a service should not see. Where the stream has a
+//! secret (every stream with a delayed-retry set), the digest is an HMAC keyed with it: a
+//! guest that shares a gateway account with another subscription cannot work out the keys
+//! that subscription's calls will carry and send them first.
 
 use std::sync::Arc;
 
+use hmac::{Hmac, Mac as _};
 use sha2::{Digest as _, Sha256};
 
 use crate::entry::delivery::Delivery;
+use crate::store::keys::Secret;
 
 /// What names one attempt's calls: the entry behind it, the same on every attempt.
 #[derive(Debug, Clone)]
@@ -23,6 +28,7 @@ pub struct CallIdentity {
     group: Arc<str>,
     origin: String,
     epoch: Option<Vec<u8>>,
+    secret: Option<Arc<Secret>>,
 }
 
 impl CallIdentity {
@@ -34,25 +40,39 @@ impl CallIdentity {
             group: delivery.group.clone(),
             origin: delivery.origin_id.clone(),
             epoch,
+            secret: delivery.call_secret.clone(),
         }
     }
 
     /// The idempotency key of the attempt's request number `call` (0-based, in the order the
     /// guest sent them).
     pub fn key(&self, call: u32) -> String {
-        let mut digest = Sha256::new();
         // Each part length-prefixed: no two different identities hash the same bytes.
-        for part in [
+        let parts = [
             self.stream.as_bytes(),
             self.group.as_bytes(),
             self.origin.as_bytes(),
             self.epoch.as_deref().unwrap_or_default(),
-        ] {
-            digest.update((part.len() as u64).to_be_bytes());
-            digest.update(part);
-        }
-        digest.update(u64::from(call).to_be_bytes());
-        let hash = digest.finalize();
+        ];
+        let call = u64::from(call).to_be_bytes();
+        let keyed = self.secret.as_ref().and_then(|secret| {
+            let mut mac = Hmac::<Sha256>::new_from_slice(secret.value().as_bytes()).ok()?;
+            for part in parts {
+                mac.update(&(part.len() as u64).to_be_bytes());
+                mac.update(part);
+            }
+            mac.update(&call);
+            Some(mac.finalize().into_bytes())
+        });
+        let hash = keyed.unwrap_or_else(|| {
+            let mut digest = Sha256::new();
+            for part in parts {
+                digest.update((part.len() as u64).to_be_bytes());
+                digest.update(part);
+            }
+            digest.update(call);
+            digest.finalize()
+        });
         format!("sluice-{}", hex::encode(&hash[..16]))
     }
 }
@@ -67,6 +87,7 @@ mod tests {
             group: "billing".into(),
             origin: origin.to_owned(),
             epoch: epoch.map(|e| e.as_bytes().to_vec()),
+            secret: None,
         }
     }
 
@@ -95,5 +116,18 @@ mod tests {
         for other in &others {
             assert_ne!(&a.key(0), other);
         }
+    }
+
+    #[test]
+    fn with_a_secret_the_key_is_the_secrets_and_stays_the_same() {
+        let plain = identity("1-0", None);
+        let keyed = |value: &str| CallIdentity {
+            secret: Some(Arc::new(Secret::from_value(value))),
+            ..plain.clone()
+        };
+        assert_eq!(keyed("s1").key(3), keyed("s1").key(3));
+        assert_ne!(keyed("s1").key(3), keyed("s2").key(3));
+        assert_ne!(keyed("s1").key(3), plain.key(3));
+        assert_eq!(keyed("s1").key(3).len(), "sluice-".len() + 32);
     }
 }

@@ -89,6 +89,10 @@ impl Service {
             )
             .with_breaker(c.breaker.clone())
             .with_journal(journal(c, s, &self.metrics))
+            .with_call_secret(secret.clone().filter(|_| {
+                let http = &c.sub.limits.outbound_http;
+                !http.allowed.is_empty() && http.idempotency_header.is_some()
+            }))
             .logging_each(self.plan.log_each_delivery),
         );
         let read_plan = read_plan(c.sub, s, &keys);
