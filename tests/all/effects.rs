@@ -148,12 +148,21 @@ async fn a_retry_repeats_each_calls_key_and_a_key_the_handler_set_is_kept() {
             bytes.extend_from_slice(part.as_bytes());
         }
         bytes.extend_from_slice(&0u64.to_be_bytes());
-        let hash = match key {
-            Some(key) => hmac::Hmac::<sha2::Sha256>::new_from_slice(key.as_bytes())
+        let mac = |key: &[u8], data: &[u8]| {
+            hmac::Hmac::<sha2::Sha256>::new_from_slice(key)
                 .unwrap()
-                .chain_update(&bytes)
+                .chain_update(data)
                 .finalize()
-                .into_bytes(),
+                .into_bytes()
+        };
+        let hash = match key {
+            Some(key) => {
+                let derived = mac(
+                    key.as_bytes(),
+                    sluice_host::runtime::effects::IDEMPOTENCY_KEY_USE,
+                );
+                mac(&derived, &bytes)
+            }
             None => sha2::Sha256::digest(&bytes),
         };
         format!("sluice-{}", hex::encode(&hash[..16]))
@@ -201,9 +210,29 @@ async fn a_requeue_keeps_the_keys_unless_asked_and_the_header_is_the_configs() {
     let bare = Sub::fixture("bare")
         .set("idempotency_header", "none")
         .set("allowed_outbound_hosts", Raw(&gateway.grant()));
-    let config = TestConfig::of(sub.clone()).and(bare);
+    // Keys without a delayed set: the stream gets a secret to key them with all the same.
+    let keyed = Sub::fixture("keyed").set("allowed_outbound_hosts", Raw(&gateway.grant()));
+    let config = TestConfig::of(sub.clone()).and(bare).and(keyed);
     let _host = start_fixture(&redis, config.clone()).await;
     let (_dir, path) = config_file(&config);
+    wait_for(T, "the keyed stream's secret", || {
+        let mut conn = conn.clone();
+        async move {
+            let n: u32 = cmd(
+                &mut conn,
+                &["EXISTS", &sluice_host::store::keys::secret_key("keyed")],
+            )
+            .await;
+            (n == 1).then_some(())
+        }
+    })
+    .await;
+    let bare: u32 = cmd(
+        &mut conn,
+        &["EXISTS", &sluice_host::store::keys::secret_key("bare")],
+    )
+    .await;
+    assert_eq!(bare, 0, "no keys, no set: no secret");
 
     // Charged, then the service is down: dead-lettered (no retries allowed).
     let urls = vec![gateway.url("charge"), gateway.url("down")];
@@ -519,6 +548,19 @@ async fn replay_of_one_entry_runs_with_its_journal_and_no_network() {
         seen,
         "nothing went over the network"
     );
+    // A dry run of the dead letters allowed to call out sends the keys the real attempt sent
+    // (a gateway that honours them does not charge again).
+    let fixture = guests().fixture.display().to_string();
+    let allow = format!("http://{}", gateway.addr);
+    sluice(
+        &["replay", "--candidate", &fixture, "--allow-http", &allow],
+        &path,
+        &redis,
+    )
+    .await;
+    let charges = gateway.keys("charge");
+    assert_eq!(charges.len(), 2, "the dry run called out");
+    assert_eq!(charges[0], charges[1], "with the real attempt's key");
     // Neither a dead letter nor a parked origin: a clear error.
     let (ok, _, err) = tokio::task::spawn_blocking({
         let args = [
@@ -885,6 +927,19 @@ async fn a_component_that_asks_for_the_journal_gets_it_unless_the_config_says_ot
     .await;
     assert_eq!(status, 200, "{body}");
     drop(host);
+
+    // `sluice check` says who asked for the journal, and where the config said none.
+    let (_dir, path) = config_file(&config);
+    let (ok, out, err) = run_sluice(
+        &["check", path.to_str().unwrap()],
+        std::path::Path::new("."),
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("journaled (asked by the component): up to 64 calls")
+            && out.contains("`idempotency-key`; not journaled"),
+        "{out}"
+    );
 
     // Journal bounds with nobody journaling are refused, naming the keys; the poison check
     // of a live subscription that may call out too.

@@ -331,6 +331,9 @@ fn write_handler(out: &mut String, sub: &SubscriptionPlan) {
             )
         },
     );
+    if !http.allowed.is_empty() {
+        row(out, "effects", effects(sub));
+    }
     let config: Vec<String> = sub
         .values
         .iter()
@@ -340,4 +343,34 @@ fn write_handler(out: &mut String, sub: &SubscriptionPlan) {
     if !config.is_empty() {
         row(out, "config", config.join(", "));
     }
+}
+
+/// The `effects` row: the idempotency header, the journal (and who asked for it: the config
+/// or the component) with its bounds, and the poison check.
+fn effects(sub: &SubscriptionPlan) -> String {
+    let http = &sub.limits.outbound_http;
+    let keys = match &http.idempotency_header {
+        Some(h) => format!("each call carries `{h}`"),
+        None => "calls carry no idempotency key".to_owned(),
+    };
+    let asked = if sub.overrides.effects.is_some() {
+        "the config"
+    } else {
+        "the component"
+    };
+    let journal = match &http.journal {
+        Some(j) => format!(
+            "; journaled (asked by {asked}): up to {} calls and {} an entry, {} a response",
+            j.max_calls,
+            bytesize::ByteSize(j.max_entry_bytes),
+            bytesize::ByteSize(j.max_response_bytes)
+        ),
+        None => "; not journaled".to_owned(),
+    };
+    let poison = if sub.limits.poison_check {
+        "; a failure is run again offline and dead-lettered if it repeats"
+    } else {
+        ""
+    };
+    format!("{keys}{journal}{poison}")
 }

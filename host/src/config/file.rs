@@ -288,6 +288,11 @@ mod tests {
                 "idempotency_header",
                 "for something else",
             ),
+            (
+                "idempotency_header = \"If-Match\"\n",
+                "idempotency_header",
+                "for something else",
+            ),
         ] {
             let err = sub(extra);
             assert!(

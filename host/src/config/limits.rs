@@ -194,8 +194,9 @@ fn outbound_http(
     Ok(())
 }
 
-/// Headers that say how a request travels, whom it is from or which trace it is in: a key
-/// put there would break the request or overwrite what the host or the handler means by it.
+/// Headers that say how a request travels, whom it is from, which trace it is in, or on what
+/// condition and in which form it asks: a key put there would break the request or change
+/// what it means.
 const NOT_AN_IDEMPOTENCY_HEADER: &[&str] = &[
     "host",
     "content-length",
@@ -214,6 +215,23 @@ const NOT_AN_IDEMPOTENCY_HEADER: &[&str] = &[
     "cookie",
     "traceparent",
     "tracestate",
+    "baggage",
+    "if-match",
+    "if-none-match",
+    "if-modified-since",
+    "if-unmodified-since",
+    "if-range",
+    "range",
+    "accept",
+    "accept-encoding",
+    "accept-language",
+    "origin",
+    "date",
+    "via",
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
 ];
 
 /// `idempotency_header`: a header name that is not one of the above, or `"none"`.

@@ -119,6 +119,8 @@ pub struct SwapControl {
     partitions: u32,
     /// How the running subscription orders its entries (a new component must ask the same).
     ordered_by: Option<sluice_descriptor::OrderedBy>,
+    /// How the running subscription keeps its calls (a new component must ask the same).
+    effects: sluice_descriptor::Effects,
 }
 
 impl SwapControl {
@@ -139,12 +141,20 @@ impl SwapControl {
             values,
             partitions: 1,
             ordered_by: None,
+            effects: sluice_descriptor::Effects::Live,
         }
     }
 
     /// The running subscription orders its entries so (a new component must ask the same).
     pub fn with_ordered_by(mut self, ordered_by: Option<sluice_descriptor::OrderedBy>) -> Self {
         self.ordered_by = ordered_by;
+        self
+    }
+
+    /// The running subscription's effects mode, as resolved (a new component must ask the
+    /// same, unless the config decides it).
+    pub fn with_effects(mut self, effects: sluice_descriptor::Effects) -> Self {
+        self.effects = effects;
         self
     }
 
@@ -286,14 +296,9 @@ impl SwapControl {
                 new: say(&descriptor.ordered_by),
             });
         }
-        let running_effects = if self.limits.outbound_http.journal.is_some() {
-            sluice_descriptor::Effects::Journal
-        } else {
-            sluice_descriptor::Effects::Live
-        };
-        if !force && descriptor.effects != running_effects {
+        if !force && descriptor.effects != self.effects {
             return Err(SwapError::Effects {
-                running: running_effects,
+                running: self.effects,
                 new: descriptor.effects,
             });
         }

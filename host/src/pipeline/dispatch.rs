@@ -75,18 +75,14 @@ impl Dispatcher {
         }
     }
 
-    /// Key every delivery's idempotency keys with `secret` (when its calls carry keys).
-    pub fn with_call_secret(mut self, secret: Option<Arc<crate::store::keys::Secret>>) -> Self {
-        self.call_secret = secret;
-        self
-    }
-
-    /// Journal every delivery's outbound calls in `journal` (`effects = "journal"`).
-    pub fn with_journal(
+    /// What every delivery's outbound calls get: their `journal` (`effects = "journal"`) and
+    /// the stream's secret to key their idempotency keys with (when they carry keys).
+    pub fn with_effects(
         mut self,
         journal: Option<Arc<crate::store::effects::JournalStore>>,
+        call_secret: Option<Arc<crate::store::keys::Secret>>,
     ) -> Self {
-        self.journal = journal;
+        (self.journal, self.call_secret) = (journal, call_secret);
         self
     }
 

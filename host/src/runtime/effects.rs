@@ -21,6 +21,9 @@ use sha2::{Digest as _, Sha256};
 use crate::entry::delivery::Delivery;
 use crate::store::keys::Secret;
 
+/// What the key derived from a stream's secret for idempotency keys is for.
+pub const IDEMPOTENCY_KEY_USE: &[u8] = b"sluice idempotency keys";
+
 /// What names one attempt's calls: the entry behind it, the same on every attempt.
 #[derive(Debug, Clone)]
 pub struct CallIdentity {
@@ -56,7 +59,14 @@ impl CallIdentity {
         ];
         let call = u64::from(call).to_be_bytes();
         let keyed = self.secret.as_ref().and_then(|secret| {
-            let mut mac = Hmac::<Sha256>::new_from_slice(secret.value().as_bytes()).ok()?;
+            // A key of its own, derived from the secret: what goes to third parties is never
+            // made with the key that seals the host's bookkeeping.
+            let derived = Hmac::<Sha256>::new_from_slice(secret.value().as_bytes())
+                .ok()?
+                .chain_update(IDEMPOTENCY_KEY_USE)
+                .finalize()
+                .into_bytes();
+            let mut mac = Hmac::<Sha256>::new_from_slice(&derived).ok()?;
             for part in parts {
                 mac.update(&(part.len() as u64).to_be_bytes());
                 mac.update(part);

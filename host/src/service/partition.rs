@@ -88,11 +88,10 @@ impl Service {
                 &labels,
             )
             .with_breaker(c.breaker.clone())
-            .with_journal(journal(c, s, &self.metrics))
-            .with_call_secret(secret.clone().filter(|_| {
-                let http = &c.sub.limits.outbound_http;
-                !http.allowed.is_empty() && http.idempotency_header.is_some()
-            }))
+            .with_effects(
+                journal(c, s, &self.metrics),
+                secret.clone().filter(|_| sends_keys(c.sub)),
+            )
             .logging_each(self.plan.log_each_delivery),
         );
         let read_plan = read_plan(c.sub, s, &keys);
@@ -176,11 +175,12 @@ impl Service {
         ));
         let own_keys = keys.own_streams();
         let own_keys: Vec<&str> = own_keys.iter().map(String::as_str).collect();
+        // Made with a set, and where calls carry idempotency keys (which it keys).
         let secret = Secret::load_with(
             &mut conn.clone(),
             &s.stream,
             &own_keys,
-            s.delayed_retry.is_some(),
+            s.delayed_retry.is_some() || sends_keys(sub),
         )
         .await?
         .map(Arc::new);
@@ -411,6 +411,12 @@ fn order(
         c.conn.clone(),
         metrics,
     )))
+}
+
+/// Whether the subscription's outbound calls carry idempotency keys (a grant and a header).
+fn sends_keys(sub: &SubscriptionPlan) -> bool {
+    let http = &sub.limits.outbound_http;
+    !http.allowed.is_empty() && http.idempotency_header.is_some()
 }
 
 /// Where the partition's journals of outbound calls go, with `effects = "journal"`: living as

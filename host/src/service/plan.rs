@@ -478,6 +478,11 @@ fn effects_limits(
     let mut limits = sub.limits.clone();
     let http = &mut limits.outbound_http;
     let problem = match stream.effects {
+        // Without a grant no call is made: nothing to journal, nothing to pay for it.
+        sluice_descriptor::Effects::Journal if http.allowed.is_empty() => {
+            http.journal = None;
+            None
+        }
         sluice_descriptor::Effects::Journal => {
             http.journal.get_or_insert_with(Default::default);
             None

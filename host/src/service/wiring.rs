@@ -193,7 +193,8 @@ impl Service {
                 sub.values.clone(),
             )
             .with_partitions(sub.stream.partitions)
-            .with_ordered_by(sub.stream.ordered_by.clone()),
+            .with_ordered_by(sub.stream.ordered_by.clone())
+            .with_effects(sub.stream.effects),
         );
         if self.plan.watch_interval.is_some() {
             let path = sub.component.path().to_owned();

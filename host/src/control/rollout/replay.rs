@@ -260,13 +260,17 @@ pub async fn replay<C: ConnectionLike + Clone + Send>(
         more = !next.items.is_empty() || next.next.is_some();
     }
     letters.truncate(limit);
+    // A dry run allowed to call out sends the keys the real attempts sent.
+    let call_secret = secret.map(std::sync::Arc::new);
+    let call_secret = &call_secret;
     let items = futures::stream::iter(letters)
         .map(|letter| async move {
             let started = Instant::now();
             let would = match &letter.not_requeueable {
                 Some(why) => Would::Skip(why.clone()),
                 None => {
-                    let delivery = delivery_of(keys, &letter);
+                    let mut delivery = delivery_of(keys, &letter);
+                    delivery.call_secret.clone_from(call_secret);
                     let bytes = delivery.entry_bytes();
                     if bytes > max_entry_bytes {
                         Would::Skip(format!(
