@@ -262,7 +262,6 @@ fn idempotency_header(
 
 /// A `journal_*` key set, if any, with its value as written.
 fn stray_journal_key(sub: &RawSubscription) -> Option<(&'static str, String)> {
-    let text = |v: &Option<String>| v.clone();
     [
         (
             "journal_statuses",
@@ -270,11 +269,11 @@ fn stray_journal_key(sub: &RawSubscription) -> Option<(&'static str, String)> {
         ),
         (
             "journal_max_response_bytes",
-            text(&sub.journal_max_response_bytes),
+            sub.journal_max_response_bytes.clone(),
         ),
         (
             "journal_max_entry_bytes",
-            text(&sub.journal_max_entry_bytes),
+            sub.journal_max_entry_bytes.clone(),
         ),
         (
             "journal_max_calls",

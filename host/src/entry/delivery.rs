@@ -297,9 +297,10 @@ pub struct Delivery {
     pub trace: Option<crate::observe::telemetry::AttemptTrace>,
     /// The journal of its outbound calls, with `effects = "journal"` (set by the dispatcher).
     pub journal: Option<std::sync::Arc<crate::store::effects::DeliveryJournal>>,
-    /// The stream's secret, which keys its calls' idempotency keys so that no guest can work
-    /// out another entry's (set by the dispatcher when calls carry keys).
-    pub call_secret: Option<std::sync::Arc<Secret>>,
+    /// The key its calls' idempotency keys are made with, derived from the stream's secret so
+    /// that no guest can work out another entry's (set by the dispatcher when calls carry
+    /// keys; see [`crate::runtime::effects::call_key`]).
+    pub call_key: Option<[u8; 32]>,
     /// What of its fields the read did not keep (see [`crate::store::redis_conn::lean::Cut`]): such
     /// an entry is dead-lettered from Redis, never handled.
     pub cut: crate::store::redis_conn::lean::Cut,
@@ -361,7 +362,7 @@ impl Delivery {
             delivery_count: delivery_count.max(1),
             trace: None,
             journal: None,
-            call_secret: None,
+            call_key: None,
             cut: Default::default(),
             started: None,
         }

@@ -49,8 +49,8 @@ pub struct Dispatcher {
     log_each: bool,
     /// The journals of the deliveries' outbound calls, with `effects = "journal"`.
     journal: Option<Arc<crate::store::effects::JournalStore>>,
-    /// The stream's secret, when the deliveries' calls carry idempotency keys.
-    call_secret: Option<Arc<crate::store::keys::Secret>>,
+    /// The key of the deliveries' idempotency keys, when their calls carry keys.
+    call_key: Option<[u8; 32]>,
 }
 
 impl Dispatcher {
@@ -71,18 +71,18 @@ impl Dispatcher {
             breaker: None,
             log_each: false,
             journal: None,
-            call_secret: None,
+            call_key: None,
         }
     }
 
     /// What every delivery's outbound calls get: their `journal` (`effects = "journal"`) and
-    /// the stream's secret to key their idempotency keys with (when they carry keys).
+    /// the key to make their idempotency keys with (when they carry keys).
     pub fn with_effects(
         mut self,
         journal: Option<Arc<crate::store::effects::JournalStore>>,
-        call_secret: Option<Arc<crate::store::keys::Secret>>,
+        call_key: Option<[u8; 32]>,
     ) -> Self {
-        (self.journal, self.call_secret) = (journal, call_secret);
+        (self.journal, self.call_key) = (journal, call_key);
         self
     }
 
@@ -111,7 +111,7 @@ impl Dispatcher {
         if self.settler.events_listened() {
             delivery.started = Some(crate::support::clock::now());
         }
-        delivery.call_secret.clone_from(&self.call_secret);
+        delivery.call_key = self.call_key;
         if let Some(store) = &self.journal {
             delivery.journal = Some(Arc::new(crate::store::effects::DeliveryJournal::new(
                 store.clone(),

@@ -9,9 +9,10 @@
 //! take-over by another host, and requeue of a dead letter; a requeue that asks for new keys
 //! sets a new epoch. The value is a digest (`sluice-` and 32 hex digits), so it has one length
 //! whatever the names, and names nothing a service should not see. Where the stream has a
-//! secret (every stream with a delayed-retry set), the digest is an HMAC keyed with it: a
-//! guest that shares a gateway account with another subscription cannot work out the keys
-//! that subscription's calls will carry and send them first.
+//! secret (every stream with a delayed-retry set or whose calls carry keys), the digest is an
+//! HMAC with a key derived from it once ([`call_key`]): a guest that shares a gateway account
+//! with another subscription cannot work out the keys that subscription's calls will carry
+//! and send them first.
 
 use std::sync::Arc;
 
@@ -24,6 +25,29 @@ use crate::store::keys::Secret;
 /// What the key derived from a stream's secret for idempotency keys is for.
 pub const IDEMPOTENCY_KEY_USE: &[u8] = b"sluice idempotency keys";
 
+/// The key a stream's idempotency keys are made with: derived from its secret (once, where a
+/// partition or a replay starts), so what goes to third parties is never made with the key
+/// that seals the host's bookkeeping.
+pub fn call_key(secret: &Secret) -> Option<[u8; 32]> {
+    let mac = Hmac::<Sha256>::new_from_slice(secret.value().as_bytes()).ok()?;
+    Some(
+        mac.chain_update(IDEMPOTENCY_KEY_USE)
+            .finalize()
+            .into_bytes()
+            .into(),
+    )
+}
+
+/// Each part length-prefixed, then the call's position: no two different identities feed the
+/// same bytes.
+fn feed(hash: &mut impl sha2::digest::Update, parts: [&[u8]; 4], call: u32) {
+    for part in parts {
+        hash.update(&(part.len() as u64).to_be_bytes());
+        hash.update(part);
+    }
+    hash.update(&u64::from(call).to_be_bytes());
+}
+
 /// What names one attempt's calls: the entry behind it, the same on every attempt.
 #[derive(Debug, Clone)]
 pub struct CallIdentity {
@@ -31,7 +55,7 @@ pub struct CallIdentity {
     group: Arc<str>,
     origin: String,
     epoch: Option<Vec<u8>>,
-    secret: Option<Arc<Secret>>,
+    key: Option<[u8; 32]>,
 }
 
 impl CallIdentity {
@@ -43,44 +67,27 @@ impl CallIdentity {
             group: delivery.group.clone(),
             origin: delivery.origin_id.clone(),
             epoch,
-            secret: delivery.call_secret.clone(),
+            key: delivery.call_key,
         }
     }
 
     /// The idempotency key of the attempt's request number `call` (0-based, in the order the
     /// guest sent them).
     pub fn key(&self, call: u32) -> String {
-        // Each part length-prefixed: no two different identities hash the same bytes.
         let parts = [
             self.stream.as_bytes(),
             self.group.as_bytes(),
             self.origin.as_bytes(),
             self.epoch.as_deref().unwrap_or_default(),
         ];
-        let call = u64::from(call).to_be_bytes();
-        let keyed = self.secret.as_ref().and_then(|secret| {
-            // A key of its own, derived from the secret: what goes to third parties is never
-            // made with the key that seals the host's bookkeeping.
-            let derived = Hmac::<Sha256>::new_from_slice(secret.value().as_bytes())
-                .ok()?
-                .chain_update(IDEMPOTENCY_KEY_USE)
-                .finalize()
-                .into_bytes();
-            let mut mac = Hmac::<Sha256>::new_from_slice(&derived).ok()?;
-            for part in parts {
-                mac.update(&(part.len() as u64).to_be_bytes());
-                mac.update(part);
-            }
-            mac.update(&call);
+        let keyed = self.key.and_then(|key| {
+            let mut mac = Hmac::<Sha256>::new_from_slice(&key).ok()?;
+            feed(&mut mac, parts, call);
             Some(mac.finalize().into_bytes())
         });
         let hash = keyed.unwrap_or_else(|| {
             let mut digest = Sha256::new();
-            for part in parts {
-                digest.update((part.len() as u64).to_be_bytes());
-                digest.update(part);
-            }
-            digest.update(call);
+            feed(&mut digest, parts, call);
             digest.finalize()
         });
         format!("sluice-{}", hex::encode(&hash[..16]))
@@ -97,7 +104,7 @@ mod tests {
             group: "billing".into(),
             origin: origin.to_owned(),
             epoch: epoch.map(|e| e.as_bytes().to_vec()),
-            secret: None,
+            key: None,
         }
     }
 
@@ -132,7 +139,7 @@ mod tests {
     fn with_a_secret_the_key_is_the_secrets_and_stays_the_same() {
         let plain = identity("1-0", None);
         let keyed = |value: &str| CallIdentity {
-            secret: Some(Arc::new(Secret::from_value(value))),
+            key: call_key(&Secret::from_value(value)),
             ..plain.clone()
         };
         assert_eq!(keyed("s1").key(3), keyed("s1").key(3));

@@ -90,7 +90,10 @@ impl Service {
             .with_breaker(c.breaker.clone())
             .with_effects(
                 journal(c, s, &self.metrics),
-                secret.clone().filter(|_| sends_keys(c.sub)),
+                secret
+                    .as_deref()
+                    .filter(|_| sends_keys(c.sub))
+                    .and_then(crate::runtime::effects::call_key),
             )
             .logging_each(self.plan.log_each_delivery),
         );

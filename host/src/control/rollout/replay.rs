@@ -261,8 +261,7 @@ pub async fn replay<C: ConnectionLike + Clone + Send>(
     }
     letters.truncate(limit);
     // A dry run allowed to call out sends the keys the real attempts sent.
-    let call_secret = secret.map(std::sync::Arc::new);
-    let call_secret = &call_secret;
+    let call_key = secret.as_ref().and_then(crate::runtime::effects::call_key);
     let items = futures::stream::iter(letters)
         .map(|letter| async move {
             let started = Instant::now();
@@ -270,7 +269,7 @@ pub async fn replay<C: ConnectionLike + Clone + Send>(
                 Some(why) => Would::Skip(why.clone()),
                 None => {
                     let mut delivery = delivery_of(keys, &letter);
-                    delivery.call_secret.clone_from(call_secret);
+                    delivery.call_key = call_key;
                     let bytes = delivery.entry_bytes();
                     if bytes > max_entry_bytes {
                         Would::Skip(format!(
