@@ -134,6 +134,11 @@ impl Follower<'_> {
         }
     }
 
+    /// Look at the next flow state afresh, even if it equals the last one.
+    pub(super) fn forget_seen(&mut self) {
+        self.seen = None;
+    }
+
     /// Keep `verdict` among the last canaries seen decided.
     pub(super) fn remember(&mut self, verdict: &Verdict) {
         if self.ended.iter().any(|v| v.id == verdict.id) {
@@ -198,20 +203,22 @@ impl Follower<'_> {
             return true;
         };
         let (stream, group) = self.labels();
-        tracing::warn!(
-            stream,
-            group,
-            candidate = %crate::support::digest::short(&record.candidate),
-            "the verdict of a canary this host saw {} is gone from Redis or not sealed: written back, and the canary stays ended",
-            verdict.outcome.name()
-        );
         let sealed = verdict.sealed(key, stream, group);
         let seen = state.canary_verdict.clone().unwrap_or_default();
         let mut conn = self.rollout.conn.clone();
         match canary::write_verdict(&mut conn, record, &sealed, &seen).await {
-            Ok(_) => {
+            Ok(true) => {
+                tracing::warn!(
+                    stream,
+                    group,
+                    candidate = %crate::support::digest::short(&record.candidate),
+                    "the verdict of a canary this host saw {} was gone from Redis or not sealed: written back, and the canary stays ended",
+                    verdict.outcome.name()
+                );
                 let _ = crate::pipeline::admit::bump(&mut conn, stream, group).await;
             }
+            // The field changed since `state` was read: the next look sees it.
+            Ok(false) => {}
             Err(err) => {
                 tracing::warn!(stream, group, %err, "cannot write the canary's verdict back")
             }
@@ -289,7 +296,12 @@ impl Follower<'_> {
                 self.failed = None;
                 self.installed = Some(installed);
             }
-            Err(err) => self.could_not_join(&record, &err).await,
+            Err(err) => {
+                self.could_not_join(&record, &err).await;
+                // Ended by another writer meanwhile (an abort that took the candidate's
+                // bytes): its verdict, kept, is written back if it went before this look.
+                self.restore(&record, state).await;
+            }
         }
     }
 }

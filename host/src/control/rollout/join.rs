@@ -44,6 +44,7 @@ impl Follower<'_> {
             Ok(_) => {
                 self.rollout.control.slot().joined();
                 self.failed = None;
+                self.keep_verdict(record).await;
             }
             Err(e) => {
                 let (stream, group) = self.labels();
@@ -55,6 +56,20 @@ impl Follower<'_> {
                 );
                 self.failed = Some((record.id.clone(), tokio::time::Instant::now()));
             }
+        }
+    }
+
+    /// The verdict that ended `record` (this host's or another writer's, an operator's abort
+    /// say), kept among the canaries seen decided: if it goes from Redis before the flow
+    /// watcher reads it, it is written back instead of the record looking undecided. Unread
+    /// (Redis away), the next look converges again.
+    async fn keep_verdict(&mut self, record: &Record) {
+        let mut conn = self.rollout.conn.clone();
+        let (stream, group) = (record.stream.clone(), record.group.clone());
+        let read = canary::read(&mut conn, self.key(), &stream, &group).await;
+        match read.ok().and_then(|state| state.verdict) {
+            Some(verdict) if verdict.id == record.id => self.remember(&verdict),
+            _ => self.forget_seen(),
         }
     }
 
