@@ -63,15 +63,15 @@ pub use delivery::{DecodeError, Delivery};
 pub use handler::{Context, FromConfig, Handle, State};
 pub use outcome::HandlerOutcome;
 pub use sluice_descriptor::{
-    Backoff, DelayedRetry, Effects, OnDeadLetter, OrderKey, OrderedBy, RedisStream,
+    Backoff, Dedupe, DelayedRetry, Effects, OnDeadLetter, OrderKey, OrderedBy, RedisStream,
 };
 pub use sluice_guest_macros::subscriber;
 
 /// Everything a handler file usually needs, in one `use`.
 pub mod prelude {
     pub use crate::{
-        Backoff, Context, DelayedRetry, Delivery, Effects, FromConfig, Handle, HandlerOutcome,
-        OrderedBy, RedisStream, State, subscriber,
+        Backoff, Context, Dedupe, DelayedRetry, Delivery, Effects, FromConfig, Handle,
+        HandlerOutcome, OrderedBy, RedisStream, State, subscriber,
     };
     pub use std::time::Duration;
 }
@@ -127,6 +127,12 @@ macro_rules! export {
             impl $crate::__bindings::exports::sluice::handler::effects::Guest for __SluiceComponent {
                 fn effects() -> $crate::__bindings::exports::sluice::handler::effects::Mode {
                     $crate::rt::effects($descriptor())
+                }
+            }
+
+            impl $crate::__bindings::exports::sluice::handler::dedupe::Guest for __SluiceComponent {
+                fn dedupe() -> Option<$crate::__bindings::exports::sluice::handler::dedupe::DedupeBy> {
+                    $crate::rt::dedupe($descriptor())
                 }
             }
 

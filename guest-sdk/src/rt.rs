@@ -151,3 +151,20 @@ pub fn subscription(d: RedisStream) -> wit::Subscription {
         partitions: d.partitions,
     }
 }
+
+/// The descriptor's dedupe in its WIT form (none: the component does not deduplicate).
+pub fn dedupe(
+    d: RedisStream,
+) -> Option<crate::__bindings::exports::sluice::handler::dedupe::DedupeBy> {
+    use crate::__bindings::exports::sluice::handler::dedupe as w;
+    let dedupe = d.dedupe?;
+    Some(w::DedupeBy {
+        key: match dedupe.key {
+            sluice_descriptor::OrderKey::Field(name) => w::DedupeKey::Field(name),
+            sluice_descriptor::OrderKey::Payload(pointer) => w::DedupeKey::Payload(pointer),
+        },
+        window_s: dedupe.window.as_secs(),
+        max_key_bytes: u32::try_from(dedupe.max_key_bytes).unwrap_or(u32::MAX),
+        max_keys: dedupe.max_keys,
+    })
+}

@@ -60,6 +60,7 @@ async fn run_form(redis: &Redis, component: &str, stream: &str) -> Vec<(String, 
             EventKind::DeadLettered { reason } => format!("dead: {reason}"),
             EventKind::RetryPending { .. } => "pending".to_owned(),
             EventKind::OtherGroupsRetry { group } => format!("another group's ({group})"),
+            EventKind::Duplicate { of } => format!("duplicate of {of}"),
         };
         seen.push((label.to_owned(), e.retry_count, kind));
     };

@@ -428,7 +428,7 @@ async fn a_hot_keys_burst_moves_aside_and_calm_keys_go_first() {
 }
 
 /// A server that records the body of every POST, in the order they came.
-async fn recorder() -> (
+pub(crate) async fn recorder() -> (
     std::net::SocketAddr,
     std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 ) {

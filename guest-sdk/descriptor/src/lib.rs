@@ -23,8 +23,10 @@
 
 use std::time::Duration;
 
+mod dedupe;
 mod effects;
 mod order;
+pub use dedupe::Dedupe;
 pub use effects::Effects;
 pub use order::{OnDeadLetter, OrderKey, OrderedBy};
 
@@ -237,6 +239,8 @@ pub struct RedisStream {
     pub ordered_by: Option<OrderedBy>,
     /// Keep the answers of outbound calls for later attempts (see [`Effects`]).
     pub effects: Option<Effects>,
+    /// Acknowledge an entry whose key was handled within a window (see [`Dedupe`]).
+    pub dedupe: Option<Dedupe>,
 }
 
 /// The descriptor fields an operator sets in the host's configuration; `None` keeps the
@@ -277,6 +281,8 @@ pub struct Overrides {
     pub max_in_flight_per_key: Option<u32>,
     /// Replaces [`RedisStream::effects`].
     pub effects: Option<Effects>,
+    /// `Some(None)` removes the descriptor's dedupe, `Some(Some(..))` replaces it.
+    pub dedupe: Option<Option<Dedupe>>,
 }
 
 /// Builder methods that set one optional field each: `name(value)` sets `self.name`.
@@ -342,6 +348,9 @@ impl RedisStream {
         /// Record outbound calls' answers and replay them on later attempts of one entry, so
         /// a call that went through is not made twice (see [`Effects`]).
         effects: Effects,
+        /// Acknowledge, without calling the handler, an entry whose key was handled within
+        /// a window (see [`Dedupe`]).
+        dedupe: Dedupe,
     }
 
     /// Lay an operator's overrides over this descriptor: every field the operator set wins.
@@ -371,6 +380,9 @@ impl RedisStream {
         }
         if let Some(ordered) = &o.ordered_by {
             self.ordered_by = ordered.clone();
+        }
+        if let Some(dedupe) = &o.dedupe {
+            self.dedupe = dedupe.clone();
         }
         if let (Some(ordered), Some(n)) = (&mut self.ordered_by, o.max_in_flight_per_key) {
             ordered.max_in_flight_per_key = n;
@@ -500,6 +512,15 @@ impl RedisStream {
                 });
             }
         }
+        if let Some(dedupe) = &self.dedupe {
+            dedupe.check(stream)?;
+            if self.ordered_by.is_some() {
+                return Err(DescriptorError::Dedupe {
+                    stream: stream.to_owned(),
+                    problem: "dedupe and ordered_by together are not supported yet: both settle an entry's place as it is read, in scripts of their own; keep one (a deduplicating producer, or one subscription each)".into(),
+                });
+            }
+        }
         let failure_backoff = self.failure_backoff.unwrap_or(DEFAULT_BACKOFF);
         if failure_backoff.initial > failure_backoff.max {
             return Err(DescriptorError::BackoffInverted(stream.to_owned()));
@@ -541,6 +562,7 @@ impl RedisStream {
             partitions,
             ordered_by: self.ordered_by.clone(),
             effects: self.effects.unwrap_or_default(),
+            dedupe: self.dedupe.clone(),
         })
     }
 }
@@ -581,6 +603,8 @@ pub struct ResolvedStream {
     pub ordered_by: Option<OrderedBy>,
     /// Whether outbound calls' answers are journaled for later attempts.
     pub effects: Effects,
+    /// Entries whose key was handled within a window are acknowledged unhandled.
+    pub dedupe: Option<Dedupe>,
 }
 
 impl ResolvedStream {
@@ -719,6 +743,14 @@ pub enum DescriptorError {
         stream: String,
         /// The count given.
         partitions: u32,
+    },
+    /// The dedupe settings are out of bounds.
+    #[error("subscription to `{stream}`: {problem}")]
+    Dedupe {
+        /// The stream.
+        stream: String,
+        /// What is wrong.
+        problem: String,
     },
     /// The ordering settings are out of bounds, or ordering lacks what it needs.
     #[error("subscription to `{stream}`: {problem}")]

@@ -23,6 +23,65 @@ pub enum OrderKey {
     Payload(String),
 }
 
+impl OrderKey {
+    /// What is wrong with this key's place, for the setting `what` (`ordered_by`, `dedupe`):
+    /// a name over the bounds is an error of its own, another problem a sentence.
+    pub fn problem(&self, what: &str) -> Result<Option<String>, crate::DescriptorError> {
+        match self {
+            OrderKey::Field(name) => {
+                crate::check_name(
+                    if what == "dedupe" {
+                        "dedupe field"
+                    } else {
+                        "ordered_by field"
+                    },
+                    name,
+                )?;
+                if name.trim().is_empty() {
+                    return Ok(Some("the key's field name is empty".into()));
+                }
+                if name.starts_with("sluice-") {
+                    return Ok(Some(format!(
+                        "the key's field `{name}` is named like the host's own bookkeeping (`sluice-*`)"
+                    )));
+                }
+            }
+            OrderKey::Payload(pointer) => {
+                crate::check_name(
+                    if what == "dedupe" {
+                        "dedupe payload pointer"
+                    } else {
+                        "ordered_by payload pointer"
+                    },
+                    pointer,
+                )?;
+                if !pointer.starts_with('/') {
+                    return Ok(Some(format!(
+                        "the payload pointer `{pointer}` must start with `/` (a JSON pointer, e.g. `/account`)"
+                    )));
+                }
+                let bad_escape = pointer
+                    .match_indices('~')
+                    .any(|(i, _)| !matches!(pointer.as_bytes().get(i + 1), Some(b'0' | b'1')));
+                if bad_escape {
+                    return Ok(Some(format!(
+                        "the payload pointer `{pointer}` has a `~` that is not `~0` (a `~`) or `~1` (a `/`)"
+                    )));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// How `sluice check` and the logs say where the key is.
+    pub fn describe(&self) -> String {
+        match self {
+            OrderKey::Field(name) => format!("field `{name}`"),
+            OrderKey::Payload(pointer) => format!("payload `{pointer}`"),
+        }
+    }
+}
+
 /// What happens to the entries behind a key's head when the head is dead-lettered.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum OnDeadLetter {
@@ -93,34 +152,8 @@ impl OrderedBy {
             stream: stream.to_owned(),
             problem,
         };
-        match &self.key {
-            OrderKey::Field(name) => {
-                crate::check_name("ordered_by field", name)?;
-                if name.trim().is_empty() {
-                    return Err(bad("the key's field name is empty".into()));
-                }
-                if name.starts_with("sluice-") {
-                    return Err(bad(format!(
-                        "the key's field `{name}` is named like the host's own bookkeeping (`sluice-*`)"
-                    )));
-                }
-            }
-            OrderKey::Payload(pointer) => {
-                crate::check_name("ordered_by payload pointer", pointer)?;
-                if !pointer.starts_with('/') {
-                    return Err(bad(format!(
-                        "the payload pointer `{pointer}` must start with `/` (a JSON pointer, e.g. `/account`)"
-                    )));
-                }
-                let bad_escape = pointer
-                    .match_indices('~')
-                    .any(|(i, _)| !matches!(pointer.as_bytes().get(i + 1), Some(b'0' | b'1')));
-                if bad_escape {
-                    return Err(bad(format!(
-                        "the payload pointer `{pointer}` has a `~` that is not `~0` (a `~`) or `~1` (a `/`)"
-                    )));
-                }
-            }
+        if let Some(problem) = self.key.problem("ordered_by")? {
+            return Err(bad(problem));
         }
         if !(1..=MAX_IN_FLIGHT_PER_KEY).contains(&self.max_in_flight_per_key) {
             return Err(bad(format!(

@@ -8,8 +8,9 @@
 //!   admin server's address, token and rollout key;
 //! - `subscription` is one `[[subscription]]` table, each part in a step of its own: `limits`
 //!   (and the outbound-HTTP grant), `redis_access` (URL, user, password and TLS files),
-//!   `overrides` (of the component's descriptor), `retention` (what stays in Redis, and how
-//!   long), `admission` (rate limit and circuit breaker) and `canary`;
+//!   `overrides` (of the component's descriptor; `dedupe` reads its dedupe table),
+//!   `retention` (what stays in Redis, and how long), `admission` (rate limit and circuit
+//!   breaker) and `canary`;
 //! - [`allow`] is the outbound-HTTP allow-list grammar, `token` where secrets such as the admin
 //!   token come from, and [`telemetry`] the `[telemetry]` table (and the `OTEL_*` variables);
 //! - this module holds the validated types and merges the files and components of one
@@ -30,6 +31,7 @@ mod admission;
 pub mod allow;
 mod canary;
 mod check;
+mod dedupe;
 mod file;
 mod globals;
 mod limits;

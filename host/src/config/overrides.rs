@@ -42,6 +42,7 @@ pub(super) fn overrides(
         partitions: sub.partitions,
         ordered_by: ordered_by(v, key, sub.ordered_by.as_ref(), sub.max_in_flight_per_key)?,
         max_in_flight_per_key: sub.max_in_flight_per_key,
+        dedupe: super::dedupe::dedupe(v, key, sub.dedupe.as_ref())?,
         // Checked with the journal's bounds (`limits.rs`).
         effects: match sub.effects.as_deref() {
             Some("journal") => Some(Effects::Journal),

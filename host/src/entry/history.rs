@@ -48,6 +48,8 @@ pub enum Action {
     Retry,
     /// Moved to the dead-letter stream.
     DeadLetter,
+    /// Acknowledged unhandled: its dedupe key's first entry (`of`) was read within the window.
+    Duplicate,
 }
 
 /// One settle of an entry, as stored (short names: there is one list per retried entry).
@@ -77,6 +79,9 @@ pub struct Record {
     /// For a dead letter, its id in the dead-letter stream (written by the script).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dl: Option<String>,
+    /// For a duplicate, the id of its dedupe key's first entry (written by the read script).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub of: Option<String>,
 }
 
 impl Record {
@@ -105,6 +110,7 @@ impl Record {
             ms: delay.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             due: None,
             dl: None,
+            of: None,
         };
         let mut json = serde_json::to_string(&record).unwrap_or_default();
         // `at` is the script's to write: the object is left open after the last field.
@@ -126,6 +132,7 @@ impl Record {
             "due_ms": self.due,
             "due": self.due.map(crate::support::when::rfc3339_ms),
             "dead_letter_id": self.dl,
+            "duplicate_of": self.of,
         })
     }
 }
@@ -200,6 +207,7 @@ mod tests {
             ms: Some(500),
             due: None,
             dl: None,
+            of: None,
         };
         let mut head = serde_json::to_string(&record).unwrap();
         assert_eq!(head.pop(), Some('}'));

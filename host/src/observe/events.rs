@@ -57,6 +57,12 @@ pub enum EventKind {
         /// The group that parked it.
         group: String,
     },
+    /// Acknowledged without being handled: its dedupe key's first entry was read within the
+    /// window.
+    Duplicate {
+        /// The id of the key's first entry.
+        of: String,
+    },
     /// Left pending, to be delivered again after the delay.
     RetryPending {
         /// The delay.

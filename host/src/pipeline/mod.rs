@@ -6,7 +6,9 @@
 //!    a restart, takes over those of a consumer that is gone, claims idle entries, and reads
 //!    new entries with XREADGROUP (the partitions of a subscription wait in one blocking read).
 //! 3. [`order`] (on an ordered subscription) lets an entry run only when its key's turn is
-//!    free or already its own, and queues the others in Redis behind it.
+//!    free or already its own, and queues the others in Redis behind it; [`dedupe`] (on a
+//!    deduplicating subscription) acknowledges, as it reads them, entries whose key's first
+//!    entry was read within the window.
 //! 4. [`dispatch`] runs the subscription's current handler on each delivery inside its span and
 //!    decides with [`crate::entry::outcome`]; with `poison_check`, [`poison`] runs a failed
 //!    attempt once more offline first.
@@ -16,6 +18,7 @@
 //!    group's retry lane, where step 2 reads them again.
 
 pub mod admit;
+pub mod dedupe;
 pub mod delayed;
 pub(crate) mod dispatch;
 pub mod order;

@@ -242,9 +242,18 @@ impl LoadedComponent {
                 }
                 Err(_) => None,
             };
-            Ok::<_, RuntimeError>((subscription, ordered, effects))
+            // Nor one built before dedupe: none.
+            use super::dedupe_bindings::exports::sluice::handler::dedupe;
+            let deduped = match dedupe::GuestIndices::new(pre) {
+                Ok(indices) => {
+                    let guest = indices.load(&mut store, &instance).map_err(failed)?;
+                    guest.call_dedupe(&mut store).await.map_err(failed)?
+                }
+                Err(_) => None,
+            };
+            Ok::<_, RuntimeError>((subscription, ordered, (effects, deduped)))
         };
-        let (subscription, ordered, effects) =
+        let (subscription, ordered, (effects, deduped)) =
             tokio::time::timeout(DESCRIPTOR_TIMEOUT + super::EPOCH_TICK, call)
                 .await
                 .map_err(|_| RuntimeError::DescriptorTimeout {
@@ -253,6 +262,7 @@ impl LoadedComponent {
                 })??;
         let mut stream = from_wit(subscription);
         stream.ordered_by = ordered.map(ordered_from_wit);
+        stream.dedupe = deduped.map(dedupe_from_wit);
         stream.effects = effects.map(|mode| {
             use super::effects_bindings::exports::sluice::handler::effects::Mode;
             match mode {
@@ -261,6 +271,22 @@ impl LoadedComponent {
             }
         });
         Ok(stream)
+    }
+}
+
+/// A component's dedupe, as the descriptor says it.
+fn dedupe_from_wit(
+    d: super::dedupe_bindings::exports::sluice::handler::dedupe::DedupeBy,
+) -> sluice_descriptor::Dedupe {
+    use super::dedupe_bindings::exports::sluice::handler::dedupe as wit;
+    sluice_descriptor::Dedupe {
+        key: match d.key {
+            wit::DedupeKey::Field(name) => sluice_descriptor::OrderKey::Field(name),
+            wit::DedupeKey::Payload(pointer) => sluice_descriptor::OrderKey::Payload(pointer),
+        },
+        window: std::time::Duration::from_secs(d.window_s),
+        max_key_bytes: usize::try_from(d.max_key_bytes).unwrap_or(usize::MAX),
+        max_keys: d.max_keys,
     }
 }
 
@@ -312,5 +338,6 @@ fn from_wit(s: wit::Subscription) -> RedisStream {
         partitions: s.partitions,
         ordered_by: None,
         effects: None,
+        dedupe: None,
     }
 }

@@ -79,6 +79,17 @@ pub mod effects_bindings {
     });
 }
 
+/// Bindings of the optional `dedupe` export (`wit/sluice.wit`): looked for in a component,
+/// never required of it.
+#[allow(missing_docs, clippy::all)]
+pub mod dedupe_bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "dedupe-only",
+        exports: { default: async },
+    });
+}
+
 /// What wasmtime said, with its whole chain of causes.
 pub type WasmtimeCause = Box<dyn std::error::Error + Send + Sync + 'static>;
 

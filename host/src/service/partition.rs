@@ -120,6 +120,7 @@ impl Service {
             rate: c.rate.clone(),
             breaker: c.breaker.clone(),
             order,
+            dedupe: self.deduper(s, &keys),
         };
         let subscription = Subscription::new(
             read_plan,
@@ -414,6 +415,24 @@ fn order(
         c.conn.clone(),
         metrics,
     )))
+}
+
+impl Service {
+    /// The partition's dedupe record, when the subscription deduplicates.
+    fn deduper(
+        &self,
+        s: &ResolvedStream,
+        keys: &SubscriptionKeys,
+    ) -> Option<Arc<crate::pipeline::dedupe::Deduper>> {
+        let spec = s.dedupe.clone()?;
+        Some(Arc::new(crate::pipeline::dedupe::Deduper::new(
+            spec,
+            &s.payload_field,
+            keys,
+            self.events.clone(),
+            &self.metrics,
+        )))
+    }
 }
 
 /// Whether the subscription's outbound calls carry idempotency keys (a grant and a header).

@@ -156,6 +156,12 @@ pub struct Metrics {
     pub ordered_held: Family<SubLabels, Counter>,
     /// Queued entries this host let in.
     pub ordered_let_in: Family<SubLabels, Counter>,
+    /// Entries acknowledged as duplicates of their dedupe key's first entry.
+    pub dedupe_duplicates: Family<SubLabels, Counter>,
+    /// Entries of a deduplicating subscription handled without a key, by why.
+    pub dedupe_unkeyed: Family<ReasonLabels, Counter>,
+    /// Dedupe keys forgotten before their window ended (past `max_keys`).
+    pub dedupe_forgotten_early: Family<SubLabels, Counter>,
     /// Outbound calls through the journal (`effects = "journal"`), by what became of them.
     pub journal_calls: Family<ReasonLabels, Counter>,
     /// The registered families' names, in order.
@@ -294,6 +300,9 @@ impl Metrics {
             ordered_held: reg!("ordered_held", Family::default()),
             ordered_let_in: reg!("ordered_let_in", Family::default()),
             journal_calls: reg!("journal_calls", Family::default()),
+            dedupe_duplicates: reg!("dedupe_duplicates", Family::default()),
+            dedupe_unkeyed: reg!("dedupe_unkeyed", Family::default()),
+            dedupe_forgotten_early: reg!("dedupe_forgotten_early", Family::default()),
             registry,
             results_counted: Arc::default(),
             families,

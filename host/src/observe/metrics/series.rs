@@ -273,6 +273,24 @@ pub const SERIES: &[Series] = &[
         help: "Entries of an ordered subscription handled unordered: no key (`missing`) or a key over `max_key_bytes` (`too_long`)",
     },
     Series {
+        name: "dedupe_duplicates",
+        kind: Kind::Counter,
+        labels: "",
+        help: "Entries acknowledged without a call: their dedupe key's first entry was read within the window",
+    },
+    Series {
+        name: "dedupe_unkeyed",
+        kind: Kind::Counter,
+        labels: "reason",
+        help: "Entries of a deduplicating subscription handled without dedupe: no key (`missing`) or a key over `max_key_bytes` (`too_long`)",
+    },
+    Series {
+        name: "dedupe_forgotten_early",
+        kind: Kind::Counter,
+        labels: "",
+        help: "Dedupe keys forgotten before their window ended, because the group remembered `max_keys` already",
+    },
+    Series {
         name: "ordered_held",
         kind: Kind::Counter,
         labels: "",

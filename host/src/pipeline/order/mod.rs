@@ -27,7 +27,7 @@
 pub mod inspect;
 mod read;
 
-pub use read::{NewEntries, OrderedEntry};
+pub use read::{NewEntries, OrderedEntry, parse_rows};
 
 use std::sync::{Arc, LazyLock};
 

@@ -82,10 +82,18 @@ pub struct NewEntries {
 }
 
 impl NewEntries {
+    /// What another step's read script read: `entries`, or the ids a wait starts from.
+    pub fn read(entries: Vec<OrderedEntry>, idle: Option<(String, String)>) -> Self {
+        Self {
+            entries,
+            idle,
+            ..Self::default()
+        }
+    }
+
     /// The script's reply (see the header of `lua/read.lua`).
     fn parse(reply: redis::Value) -> RedisResult<Self> {
         use redis::FromRedisValue;
-        type Row = (String, Vec<Vec<u8>>, String, u64, u64);
         let bad = || {
             redis::RedisError::from((
                 redis::ErrorKind::UnexpectedReturnType,
@@ -112,26 +120,36 @@ impl NewEntries {
             queued: FromRedisValue::from_redis_value(queued)?,
             entries: Vec::new(),
         };
-        for row in parts {
-            // The key's digest (third) is the script's to keep: settling finds the turn by
-            // the entry's origin id.
-            let (id, flat, _digest, over, fields): Row = FromRedisValue::from_redis_value(row)?;
-            let cut = crate::store::redis_conn::lean::Cut {
-                fields: if over > 0 { fields as usize } else { 0 },
-                bytes: over,
-                over: over > 0,
-            };
-            let mut pairs = Vec::with_capacity(flat.len() / 2);
-            let mut flat = flat.into_iter();
-            while let (Some(name), Some(value)) = (flat.next(), flat.next()) {
-                pairs.push((name, value));
-            }
-            read.entries.push(OrderedEntry {
-                id,
-                fields: pairs,
-                cut,
-            });
-        }
+        read.entries = parse_rows(parts)?;
         Ok(read)
     }
+}
+
+/// The entry rows of a read script's reply (this one's, or dedupe's): each
+/// `{id, {name, value, ...}, key digest, bytes over, field count}`.
+pub fn parse_rows(parts: impl Iterator<Item = redis::Value>) -> RedisResult<Vec<OrderedEntry>> {
+    use redis::FromRedisValue;
+    type Row = (String, Vec<Vec<u8>>, String, u64, u64);
+    let mut entries = Vec::new();
+    for row in parts {
+        // The key's digest (third) is the script's to keep: settling finds the turn by the
+        // entry's origin id.
+        let (id, flat, _digest, over, fields): Row = FromRedisValue::from_redis_value(row)?;
+        let cut = crate::store::redis_conn::lean::Cut {
+            fields: if over > 0 { fields as usize } else { 0 },
+            bytes: over,
+            over: over > 0,
+        };
+        let mut pairs = Vec::with_capacity(flat.len() / 2);
+        let mut flat = flat.into_iter();
+        while let (Some(name), Some(value)) = (flat.next(), flat.next()) {
+            pairs.push((name, value));
+        }
+        entries.push(OrderedEntry {
+            id,
+            fields: pairs,
+            cut,
+        });
+    }
+    Ok(entries)
 }

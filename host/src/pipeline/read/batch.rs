@@ -265,7 +265,16 @@ impl Subscription {
             return Ok(entries);
         }
         if let Some(order) = &self.order {
-            return self.new_ordered(conn, order, left, entries).await;
+            let read = order
+                .read_new(conn, (&plan.consumer, left, plan.max_entry_bytes as u64))
+                .await?;
+            return self.new_scripted(conn, read, entries).await;
+        }
+        if let Some(dedupe) = &self.dedupe {
+            let read = dedupe
+                .read_new(conn, (&plan.consumer, left, plan.max_entry_bytes as u64))
+                .await?;
+            return self.new_scripted(conn, read, entries).await;
         }
         let more = if !entries.is_empty() || (self.bell.is_some() && self.shared.is_none()) {
             commands::read_group(conn, plan, left, None, &newest).await?
@@ -287,21 +296,18 @@ impl Subscription {
         Ok(entries)
     }
 
-    /// New stream entries of an ordered subscription, after the lane's `entries`: read by the
-    /// order's script, which settles each one's place in its key's order as it delivers it.
-    /// Nothing in either: without a bell, a blocking XREAD (which delivers nothing) waits for
-    /// the next entry of either, and the next read takes it.
-    async fn new_ordered(
+    /// New stream entries of an ordered or deduplicating subscription, after the lane's
+    /// `entries`: `read` by that step's script, which settles each one's place (its key's
+    /// order, or its duplicate's ack) as it delivers it. Nothing in either: without a bell, a
+    /// blocking XREAD (which delivers nothing) waits for the next entry of either, and the
+    /// next read takes it.
+    async fn new_scripted(
         &self,
         conn: &mut Reader,
-        order: &crate::pipeline::order::Order,
-        left: usize,
+        read: crate::pipeline::order::NewEntries,
         mut entries: Vec<ReadEntry>,
     ) -> RedisResult<Vec<ReadEntry>> {
         let plan = &self.plan;
-        let read = order
-            .read_new(conn, (&plan.consumer, left, plan.max_entry_bytes as u64))
-            .await?;
         entries.extend(read.entries.into_iter().map(|e| ReadEntry {
             id: e.id,
             source: Source::Stream,

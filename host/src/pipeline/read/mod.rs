@@ -175,6 +175,8 @@ pub struct Subscription {
     breaker: Option<Arc<crate::pipeline::admit::breaker::Breaker>>,
     /// Its keys' turns, on an ordered subscription.
     order: Option<Arc<crate::pipeline::order::Order>>,
+    /// Its dedupe record, on a deduplicating subscription.
+    dedupe: Option<Arc<crate::pipeline::dedupe::Deduper>>,
 }
 
 /// What a subscription shares with the rest of the host.
@@ -200,6 +202,8 @@ pub struct SubscriptionParts {
     pub breaker: Option<Arc<crate::pipeline::admit::breaker::Breaker>>,
     /// The partition's keys' turns, on an ordered subscription.
     pub order: Option<Arc<crate::pipeline::order::Order>>,
+    /// The partition's dedupe record, on a deduplicating subscription.
+    pub dedupe: Option<Arc<crate::pipeline::dedupe::Deduper>>,
 }
 
 impl Subscription {
@@ -240,6 +244,7 @@ impl Subscription {
             rate: parts.rate,
             breaker: parts.breaker,
             order: parts.order,
+            dedupe: parts.dedupe,
         })
     }
 

@@ -136,6 +136,10 @@ fn history(view: &EntryView) -> Markup {
                                 "dead letter"
                                 @if let Some(dl) = &r.dl { br; span.muted { code { (dl) } } }
                             }
+                            Action::Duplicate => {
+                                "duplicate, not handled"
+                                @if let Some(of) = &r.of { br; span.muted { "of " code { (of) } } }
+                            }
                         }
                         br; span.muted { "as " code { (r.id) } }
                     }

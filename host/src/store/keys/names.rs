@@ -176,6 +176,17 @@ pub fn effects_key(stream: &str, group: &str, origin_id: &str) -> String {
     )
 }
 
+/// The prefix of the keys a group's dedupe record keeps (see `pipeline::dedupe`):
+/// `<prefix>:first` (key digest -> its first entry), `<prefix>:until` (key digest -> when it is
+/// forgotten) and `<prefix>:counts`; in the stream's hash slot, each group its own.
+pub fn dedupe_prefix(stream: &str, group: &str) -> String {
+    format!(
+        "sluice-dedupe:{{{}}}:{}:{stream}:{group}",
+        hash_tag(stream),
+        stream.len()
+    )
+}
+
 /// The prefix of every key a subscription's ordered keys keep (see `pipeline::order`): in the
 /// stream's hash slot, named like [`flow_key`]. `<prefix>:names`, `<prefix>:waiting`,
 /// `<prefix>:turns` and `<prefix>:load` are the subscription's; `<prefix>:wait:<digest>` is one

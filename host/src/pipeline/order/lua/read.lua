@@ -36,6 +36,7 @@
 -- holds its turn (pending: read again by its consumer, or claimed), waits in its key's list
 -- (acknowledged), or runs unordered (pending).
 -- @include lib/order
+-- @include lib/entry_key
 local ok, o = pcall(cmsgpack.unpack, ARGV[1])
 if not ok or type(o) ~= 'table' then
   return redis.error_reply('order read: ARGV[1] is not the options map')
@@ -68,62 +69,7 @@ if not read then
   return {{delivered(KEYS[3]), delivered(KEYS[4])}, 0, 0, 0}
 end
 
--- The pointer's tokens, unescaped, each after a `/` (Lua 5.1's gmatch would add empty
--- matches); nil when the field itself is the key.
-local tokens
-if o.pointer ~= '' then
-  tokens = {}
-  local from = 2
-  while from <= #o.pointer + 1 do
-    local slash = string.find(o.pointer, '/', from, true) or (#o.pointer + 1)
-    local token = string.sub(o.pointer, from, slash - 1)
-    tokens[#tokens + 1] = string.gsub(string.gsub(token, '~1', '/'), '~0', '~')
-    from = slash + 1
-  end
-end
-
--- The entry's key, or nil and why not.
-local function key_of(fields)
-  local value
-  for i = 1, #fields, 2 do
-    if fields[i] == o.field then
-      value = fields[i + 1]
-      break
-    end
-  end
-  if value == nil then
-    return nil, 'missing'
-  end
-  if tokens then
-    local decoded, json = pcall(cjson.decode, value)
-    if not decoded then
-      return nil, 'missing'
-    end
-    for _, token in ipairs(tokens) do
-      if type(json) ~= 'table' then
-        return nil, 'missing'
-      end
-      local at = json[token]
-      if at == nil and string.match(token, '^%d+$') then
-        at = json[tonumber(token) + 1]
-      end
-      json = at
-    end
-    if type(json) == 'string' then
-      value = json
-    elseif type(json) == 'number' and json == math.floor(json) and math.abs(json) < 2 ^ 53 then
-      value = string.format('%d', json)
-    elseif type(json) == 'boolean' then
-      value = tostring(json)
-    else
-      return nil, 'missing'
-    end
-  end
-  if #value > o.max_key_bytes then
-    return nil, 'too_long'
-  end
-  return value
-end
+local tokens = entry_key_tokens(o.pointer)
 
 local k = order_state(o.prefix, KEYS[1], KEYS[2], KEYS[6], KEYS[5], o.max_in_flight, 0)
 local missing, too_long = 0, 0
@@ -138,7 +84,7 @@ for _, entry in ipairs(read[1][2]) do
   if size > o.max_entry_bytes then
     rows[#rows + 1] = {id, {}, '', size, #fields / 2}
   else
-    local key, why = key_of(fields)
+    local key, why = entry_key(fields, o.field, tokens, o.max_key_bytes)
     if not key then
       if why == 'missing' then
         missing = missing + 1
