@@ -73,6 +73,7 @@ const ALL: &[&str] = &[
     "canary",
     "ordered",
     "effects",
+    "dedupe",
     "footprint",
     "density",
 ];
@@ -204,6 +205,7 @@ async fn main() -> Result<()> {
             "canary",
             "ordered",
             "effects",
+            "dedupe",
             "footprint",
             "density",
         ]
@@ -215,6 +217,7 @@ async fn main() -> Result<()> {
                 "canary" => bench.canary(args.messages).await?,
                 "ordered" => bench.ordered(args.messages, args.messages).await?,
                 "effects" => bench.effects(args.messages).await?,
+                "dedupe" => bench.dedupe(args.messages).await?,
                 "footprint" => bench.footprint(&args.subscriptions).await?,
                 "density" => {
                     bench

@@ -178,6 +178,25 @@ async fn each_group_has_its_own_record_and_the_components_dedupe_yields_to_the_c
     }
     assert_eq!(got, want);
     host.stop().await.unwrap();
+    // `sluice check` says what each deduplicates on, the component's or the config's.
+    let dir = tempfile::tempdir().unwrap();
+    let check = |sub: Sub| {
+        let config = write_config(dir.path(), "sluice.toml", &TestConfig::of(sub).to_string());
+        let (ok, out, err) = run_sluice(&["check", &config.display().to_string()], dir.path());
+        assert!(ok, "{err}");
+        out
+    };
+    let own = check(Sub::new("{fixture_journaled}", "dd-asked").delayed("dd-asked.delayed"));
+    assert!(
+        own.contains("field `dedupe-id`, window 3600s, keys up to 256 bytes, at most 1000000 keys"),
+        "{own}"
+    );
+    let none = check(
+        Sub::new("{fixture_journaled}", "dd-none")
+            .delayed("dd-none.delayed")
+            .set("dedupe", "none"),
+    );
+    assert!(none.contains("none: every entry is handled"), "{none}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,6 +5,7 @@
 
 mod canary;
 mod cluster;
+mod dedupe;
 mod effects;
 mod flow;
 mod footprint;

@@ -20,8 +20,9 @@ const CALM_EVERY: Duration = Duration::from_millis(5);
 impl Bench {
     /// The throughput runs and the hot-key runs, unordered first.
     pub async fn ordered(&self, n: usize, hot: usize) -> Result<Vec<Report>> {
-        let mut plain = self.keyed_throughput("ordered-off", n, false).await?;
-        let mut ordered = self.keyed_throughput("ordered-on", n, true).await?;
+        let mut plain = self.keyed_throughput("ordered-off", (n, KEYS), "").await?;
+        let on = "ordered_by = { payload = \"/account\" }\n";
+        let mut ordered = self.keyed_throughput("ordered-on", (n, KEYS), on).await?;
         let ratio = ordered.msgs_per_s / plain.msgs_per_s;
         ordered.extra.push(("x_of_unordered", ratio));
         plain.extra.push(("x_of_unordered", 1.0));
@@ -36,20 +37,31 @@ impl Bench {
         } else {
             ""
         };
+        self.keyed_toml(stream, order)
+    }
+
+    /// The wasm fixture on `stream` with its delayed set, and `extra` (TOML lines).
+    pub(super) fn keyed_toml(&self, stream: &str, order: &str) -> String {
         format!(
             "[[subscription]]\ncomponent = {:?}\nstream = {stream:?}\ngroup = \"g\"\ncount = 128\nmax_in_flight = 256\nblock = \"100ms\"\ndelayed_retry = {{ key = \"{stream}.delayed\" }}\n{order}",
             self.fixture.display().to_string()
         )
     }
 
-    /// `n` acks over [`KEYS`] keys on the wasm path, ordered or not.
-    async fn keyed_throughput(&self, scenario: &str, n: usize, ordered: bool) -> Result<Report> {
+    /// `n` acks over `keys` accounts on the wasm path, with `extra` (TOML lines: ordering,
+    /// dedupe, or nothing).
+    pub(super) async fn keyed_throughput(
+        &self,
+        scenario: &str,
+        (n, keys): (usize, usize),
+        extra: &str,
+    ) -> Result<Report> {
         let stream = format!("bench-{scenario}");
         self.fill(&stream, n, |i| {
-            account_payload(&format!("acct-{}", i % KEYS))
+            account_payload(&format!("acct-{}", i % keys))
         })
         .await?;
-        let service = self.service(&self.ordered_toml(&stream, ordered)).await?;
+        let service = self.service(&self.keyed_toml(&stream, extra)).await?;
         let mut conn = self.conn().await?;
         let _: () = redis::cmd("CONFIG")
             .arg("RESETSTAT")

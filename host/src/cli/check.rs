@@ -297,6 +297,18 @@ fn write_keys(out: &mut String, sub: &SubscriptionPlan) {
             None => "nothing: entries are handled concurrently whatever their key".to_owned(),
         },
     );
+    row(
+        out,
+        "dedupe",
+        match &s.dedupe {
+            Some(d) => format!(
+                "{}; an entry whose key's first entry was read within the window is acknowledged unhandled (every host of group `{}`)",
+                d.describe(),
+                s.group
+            ),
+            None => "none: every entry is handled".to_owned(),
+        },
+    );
 }
 
 /// How the handler runs: instances and limits, the network it may reach, its config values.

@@ -273,24 +273,6 @@ pub const SERIES: &[Series] = &[
         help: "Entries of an ordered subscription handled unordered: no key (`missing`) or a key over `max_key_bytes` (`too_long`)",
     },
     Series {
-        name: "dedupe_duplicates",
-        kind: Kind::Counter,
-        labels: "",
-        help: "Entries acknowledged without a call: their dedupe key's first entry was read within the window",
-    },
-    Series {
-        name: "dedupe_unkeyed",
-        kind: Kind::Counter,
-        labels: "reason",
-        help: "Entries of a deduplicating subscription handled without dedupe: no key (`missing`) or a key over `max_key_bytes` (`too_long`)",
-    },
-    Series {
-        name: "dedupe_forgotten_early",
-        kind: Kind::Counter,
-        labels: "",
-        help: "Dedupe keys forgotten before their window ended, because the group remembered `max_keys` already",
-    },
-    Series {
         name: "ordered_held",
         kind: Kind::Counter,
         labels: "",
@@ -307,6 +289,24 @@ pub const SERIES: &[Series] = &[
         kind: Kind::Counter,
         labels: "reason",
         help: "Outbound calls through the journal (`effects = \"journal\"`): `replayed` (the recorded response, no network), `recorded`, `diverged` (replay ended: the call differs from the recorded one), `too_big` (response or request over its bound), `journal_full` (the entry's journal at its bound), `unreadable` or `write_failed` (Redis refused; the call was live)",
+    },
+    Series {
+        name: "dedupe_duplicates",
+        kind: Kind::Counter,
+        labels: "",
+        help: "Entries acknowledged without a call: their dedupe key's first entry was read within the window",
+    },
+    Series {
+        name: "dedupe_unkeyed",
+        kind: Kind::Counter,
+        labels: "reason",
+        help: "Entries of a deduplicating subscription handled without dedupe: no key (`missing`) or a key over `max_key_bytes` (`too_long`)",
+    },
+    Series {
+        name: "dedupe_forgotten_early",
+        kind: Kind::Counter,
+        labels: "",
+        help: "Dedupe keys forgotten before their window ended, because the group remembered `max_keys` already",
     },
 ];
 
