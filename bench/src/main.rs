@@ -74,6 +74,7 @@ const ALL: &[&str] = &[
     "ordered",
     "effects",
     "dedupe",
+    "scheduled",
     "footprint",
     "density",
 ];
@@ -206,6 +207,7 @@ async fn main() -> Result<()> {
             "ordered",
             "effects",
             "dedupe",
+            "scheduled",
             "footprint",
             "density",
         ]
@@ -218,6 +220,7 @@ async fn main() -> Result<()> {
                 "ordered" => bench.ordered(args.messages, args.messages).await?,
                 "effects" => bench.effects(args.messages).await?,
                 "dedupe" => bench.dedupe(args.messages).await?,
+                "scheduled" => bench.scheduled(10_000).await?,
                 "footprint" => bench.footprint(&args.subscriptions).await?,
                 "density" => {
                     bench

@@ -11,7 +11,7 @@
 //! in sweep and dead_letter_now, `pending`, `history` and `dead_letter_write` in park,
 //! dead_letter and dead_letter_in_place, `journal` in the three breaker scripts, `order` in
 //! the ordered keys' read, take, hold, ack, forget, release and unorder scripts (and
-//! dead_letter), `entry_key` in the ordered keys' read and the dedupe read.
+//! dead_letter), `entry_key` in the ordered keys' read.
 //!
 //! What a script does wrong on a hostile input is asserted as it is today, where that is safe
 //! (nothing lost, nothing doubled), and marked "Finding:".
@@ -53,7 +53,8 @@ static CANARY_REPORT: LazyLock<Script> = lua!("control/rollout/lua/canary_report
 static CANARY_VERDICT: LazyLock<Script> = lua!("control/rollout/lua/canary_verdict.lua");
 static VIEW_RANGE: LazyLock<Script> = lua!("control/operate/lua/view_range.lua");
 static RETRY_NOW: LazyLock<Script> = lua!("control/operate/lua/retry_now.lua");
-static DEDUPE_READ: LazyLock<Script> = lua!("pipeline/dedupe/lua/read.lua");
+static DEDUPE_DUPLICATES: LazyLock<Script> = lua!("pipeline/dedupe/lua/duplicates.lua");
+static SCHEDULE: LazyLock<Script> = lua!("control/operate/lua/schedule.lua");
 static MOVE_DEAD_LETTER: LazyLock<Script> = lua!("control/operate/lua/move_dead_letter.lua");
 static REQUEUE: LazyLock<Script> = lua!("control/operate/lua/requeue.lua");
 static DEAD_LETTER_NOW: LazyLock<Script> = lua!("control/operate/lua/dead_letter_now.lua");
@@ -2982,144 +2983,169 @@ mod order {
     }
 }
 
-/// The dedupe read's options for group `g`, consumer `c` (as `read_new` in
-/// pipeline/dedupe/mod.rs writes them): the key at `pointer` in field `field`.
-fn dedupe_options(field: &str, pointer: &str, window_ms: u64, max_keys: u64) -> Vec<u8> {
+/// The dedupe duplicates script's options for group `g`, consumer `c` (as `acknowledge` in
+/// pipeline/dedupe/mod.rs writes them).
+fn dedupe_options() -> Vec<u8> {
     options(vec![
         ("group", Mp::from("g")),
         ("consumer", Mp::from("c")),
-        ("count", Mp::from(100)),
-        ("field", Mp::from(field)),
-        ("pointer", Mp::from(pointer)),
-        ("max_key_bytes", Mp::from(8)),
-        ("max_entry_bytes", Mp::from(10_000)),
-        ("field_overhead", Mp::from(8)),
-        ("window_ms", Mp::from(window_ms)),
-        ("max_keys", Mp::from(max_keys)),
         ("history_cap", Mp::from(10)),
         ("history_keep_ms", Mp::from(60_000)),
     ])
 }
 
-const DEDUPE_KEYS: [&str; 7] = [
-    "first",
-    "until",
-    "s",
-    "lane",
-    "counts",
-    "histories",
-    "index",
-];
+const DEDUPE_KEYS: [&str; 4] = ["s", "counts", "histories", "index"];
 
-/// One dedupe read: the ids that run, and the (duplicate, first) pairs.
-async fn dedupe_read(conn: &mut MultiplexedConnection, opts: &[u8]) -> (Vec<String>, Vec<String>) {
-    let reply: Vec<Value> = eval(conn, &DEDUPE_READ, &DEDUPE_KEYS, &[&opts.to_vec()])
+#[tokio::test]
+async fn duplicates_acks_each_pending_duplicate_once_and_names_its_first_entry() {
+    let (_redis, mut conn) = redis().await;
+    let _: () = cmd(&mut conn, &["XGROUP", "CREATE", "s", "g", "0", "MKSTREAM"]).await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let id: String = cmd(&mut conn, &["XADD", "s", "*", "f", "v"]).await;
+        ids.push(id);
+    }
+    let _: Value = cmd(
+        &mut conn,
+        &["XREADGROUP", "GROUP", "g", "c", "STREAMS", "s", ">"],
+    )
+    .await;
+    let opts = dedupe_options();
+    let args: [&dyn Arg; 5] = [&opts, &ids[1], &ids[0], &ids[2], &ids[0]];
+    let acked: i64 = eval(&mut conn, &DEDUPE_DUPLICATES, &DEDUPE_KEYS, &args)
         .await
         .unwrap();
-    let dups: Vec<String> = FromRedisValue::from_redis_value(reply[3].clone()).unwrap();
-    let run = reply[5..]
-        .iter()
-        .map(|row| {
-            let row: Vec<Value> = FromRedisValue::from_redis_value(row.clone()).unwrap();
-            text(&row[0])
-        })
-        .collect();
-    (run, dups)
+    assert_eq!(acked, 2);
+    // Run again (a host that lost the reply): nothing is pending, nothing counted twice.
+    let again: i64 = eval(&mut conn, &DEDUPE_DUPLICATES, &DEDUPE_KEYS, &args)
+        .await
+        .unwrap();
+    assert_eq!(again, 0);
+    let pending: Value = cmd(&mut conn, &["XPENDING", "s", "g"]).await;
+    let pending: Vec<Value> = FromRedisValue::from_redis_value(pending).unwrap();
+    assert_eq!(text(&pending[0]), "1", "the first entry stays pending");
+    let counted: String = cmd(&mut conn, &["HGET", "counts", "duplicates"]).await;
+    assert_eq!(counted, "2");
+    let history: String = cmd(&mut conn, &["HGET", "histories", &ids[1]]).await;
+    let record: serde_json::Value = serde_json::from_str(&history).unwrap();
+    assert_eq!(
+        (record["do"].as_str(), record["of"].as_str()),
+        (Some("duplicate"), Some(ids[0].as_str()))
+    );
+    assert!(record["at"].as_i64().unwrap() > 0);
+    // A key of another type at the counts: refused before anything is acknowledged.
+    let id: String = cmd(&mut conn, &["XADD", "s", "*", "f", "v"]).await;
+    let _: Value = cmd(
+        &mut conn,
+        &["XREADGROUP", "GROUP", "g", "c", "STREAMS", "s", ">"],
+    )
+    .await;
+    let _: () = cmd(&mut conn, &["DEL", "counts"]).await;
+    let _: () = cmd(&mut conn, &["SET", "counts", "x"]).await;
+    let refused = eval::<Value>(
+        &mut conn,
+        &DEDUPE_DUPLICATES,
+        &DEDUPE_KEYS,
+        &[&opts, &id, &ids[0]],
+    )
+    .await;
+    let refused = error_of(refused);
+    assert!(refused.contains("counts is a string"), "{refused}");
+    let pending: Value = cmd(&mut conn, &["XPENDING", "s", "g"]).await;
+    let pending: Vec<Value> = FromRedisValue::from_redis_value(pending).unwrap();
+    assert_eq!(text(&pending[0]), "2");
+    // Odd arguments: refused.
+    let odd = eval::<Value>(&mut conn, &DEDUPE_DUPLICATES, &DEDUPE_KEYS, &[&opts, &id]).await;
+    assert!(error_of(odd).contains("pairs"));
+}
+
+/// The schedule script's options for stream `s`, group `g` (as `schedule` in
+/// control/operate/schedule.rs writes them).
+fn schedule_options(at_ms: i64, in_ms: u64, ttl_ms: u64) -> Vec<u8> {
+    options(vec![
+        ("stream", Mp::from("s")),
+        ("group", Mp::from("g")),
+        ("seq", Mp::from("1234567890123456789")),
+        ("at_ms", Mp::from(at_ms)),
+        ("in_ms", Mp::from(in_ms)),
+        ("max_ahead_ms", Mp::from(3_600_000)),
+        ("max_past_ms", Mp::from(60_000)),
+        ("ttl_ms", Mp::from(ttl_ms)),
+    ])
 }
 
 #[tokio::test]
-async fn dedupe_read_acks_duplicates_of_a_keys_first_entry_and_forgets_keys_in_bounds() {
+async fn schedule_adds_a_first_attempt_member_due_by_the_servers_clock_within_bounds() {
     let (_redis, mut conn) = redis().await;
-    let _: () = cmd(&mut conn, &["XGROUP", "CREATE", "s", "g", "0", "MKSTREAM"]).await;
-    let add = |payload: &'static str| ["XADD", "s", "*", "payload", payload];
-    let mut ids = Vec::new();
-    for payload in [
-        r#"{"id":"a"}"#,
-        r#"{"id":"a"}"#,
-        r#"{"id":7}"#,
-        r#"{"other":1}"#,
-        r#"{"id":"far too long"}"#,
-        r#"not json"#,
-        r#"{"id":"7"}"#,
-    ] {
-        let id: String = cmd(&mut conn, &add(payload)).await;
-        ids.push(id);
-    }
-    let opts = dedupe_options("payload", "/id", 60_000, 100);
-    let (run, dups) = dedupe_read(&mut conn, &opts).await;
-    // The second "a" and the string "7" (the integer 7's key is its digits) are duplicates;
-    // no key, a key over 8 bytes and no JSON run.
-    assert_eq!(run, [&*ids[0], &ids[2], &ids[3], &ids[4], &ids[5]]);
-    assert_eq!(dups, [&*ids[1], &ids[0], &ids[6], &ids[2]]);
-    let pending: Value = cmd(&mut conn, &["XPENDING", "s", "g"]).await;
-    let pending: Vec<Value> = FromRedisValue::from_redis_value(pending).unwrap();
-    assert_eq!(
-        text(&pending[0]),
-        "5",
-        "duplicates are acknowledged, the rest pending"
+    let now = server_ms(&mut conn).await;
+    let (id, due, at): (String, i64, i64) = eval(
+        &mut conn,
+        &SCHEDULE,
+        &["set"],
+        &[&schedule_options(0, 5_000, 0), &"payload", &"{}"],
+    )
+    .await
+    .unwrap();
+    assert!(
+        (due - at - 5_000).abs() <= 1 && at >= now,
+        "{due} {at} {now}"
     );
-    let counted: String = cmd(&mut conn, &["HGET", "counts", "duplicates"]).await;
-    assert_eq!(counted, "2");
-    // The duplicate's history names the key's first entry.
-    let history: String = cmd(&mut conn, &["HGET", "histories", &ids[1]]).await;
-    let record: serde_json::Value = serde_json::from_str(&history).unwrap();
-    assert_eq!(record["do"], "duplicate");
-    assert_eq!(record["of"], ids[0].as_str());
-    assert!(record["at"].as_i64().unwrap() > 0);
-
-    // A later read: still a duplicate of the first entry; a new key runs.
-    let later: String = cmd(&mut conn, &add(r#"{"id":"a"}"#)).await;
-    let fresh: String = cmd(&mut conn, &add(r#"{"id":"b"}"#)).await;
-    let (run, dups) = dedupe_read(&mut conn, &opts).await;
-    assert_eq!(run, [fresh.as_str()]);
-    assert_eq!(dups, [later.as_str(), &ids[0]]);
-
-    // The first entry read again (its group set back) is not its own duplicate.
-    let _: () = cmd(&mut conn, &["XGROUP", "SETID", "s", "g", "0"]).await;
-    let (run, _) = dedupe_read(&mut conn, &opts).await;
-    assert!(run.contains(&ids[0]) && run.contains(&fresh), "{run:?}");
-
-    // Past max_keys the oldest keys go early, counted; keys in the index and record agree.
-    let tight = dedupe_options("payload", "/id", 60_000, 2);
-    let _: String = cmd(&mut conn, &add(r#"{"id":"c"}"#)).await;
-    let _ = dedupe_read(&mut conn, &tight).await;
-    let kept: i64 = cmd(&mut conn, &["ZCARD", "until"]).await;
-    let record: i64 = cmd(&mut conn, &["HLEN", "first"]).await;
-    assert_eq!((kept, record), (2, 2));
-    let early: String = cmd(&mut conn, &["HGET", "counts", "forgotten_early"]).await;
-    assert!(early.parse::<u64>().unwrap() >= 1);
-    // Both keys expire with the last key's window.
-    let ttl: i64 = cmd(&mut conn, &["PTTL", "first"]).await;
-    assert!(ttl > 0 && ttl <= 60_000, "{ttl}");
-
-    // Past its window a key is forgotten: its next entry is a first entry.
-    let short = dedupe_options("payload", "/id", 1, 100);
-    let one: String = cmd(&mut conn, &add(r#"{"id":"z"}"#)).await;
-    let _ = dedupe_read(&mut conn, &short).await;
-    let start = std::time::Instant::now();
-    loop {
-        let left: i64 = cmd(&mut conn, &["ZCOUNT", "until", "-inf", "+inf"]).await;
-        let now = server_ms(&mut conn).await;
-        let due: Vec<String> = cmd(
-            &mut conn,
-            &["ZRANGEBYSCORE", "until", "-inf", &now.to_string()],
-        )
-        .await;
-        if left > 0 && !due.is_empty() {
-            break;
-        }
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(5),
-            "the 1 ms window never passed"
-        );
-    }
-    let two: String = cmd(&mut conn, &add(r#"{"id":"z"}"#)).await;
-    let (run, dups) = dedupe_read(&mut conn, &short).await;
-    assert_eq!((run, dups), (vec![two], vec![]), "after {one}");
-
-    // A key of another type at the record: refused before anything is read.
-    let _: () = cmd(&mut conn, &["SET", "counts", "x"]).await;
-    let refused = eval::<Value>(&mut conn, &DEDUPE_READ, &DEDUPE_KEYS, &[&opts]).await;
-    let refused = error_of(refused);
-    assert!(refused.contains("counts is a string"), "{refused}");
+    assert_eq!(id, format!("{at}-1234567890123456789"));
+    let members: Vec<(Vec<u8>, f64)> =
+        cmd(&mut conn, &["ZRANGE", "set", "0", "-1", "WITHSCORES"]).await;
+    let parked = member::decode(&members[0].0, members[0].1 as i64).unwrap();
+    assert!(parked.is_scheduled());
+    assert_eq!(
+        (parked.origin_id.as_str(), parked.entry_id.as_str()),
+        (id.as_str(), id.as_str())
+    );
+    assert_eq!(parked.owner, Some(("s".into(), "g".into())));
+    assert_eq!(parked.fields, fields(&[("payload", "{}")]));
+    // A time a little in the past is due now; too far back or ahead is refused by name.
+    let (_, due, at): (String, i64, i64) = eval(
+        &mut conn,
+        &SCHEDULE,
+        &["set"],
+        &[&schedule_options(now - 10_000, 0, 0), &"f", &"v"],
+    )
+    .await
+    .unwrap();
+    assert_eq!(due, at);
+    let past = eval::<Value>(
+        &mut conn,
+        &SCHEDULE,
+        &["set"],
+        &[&schedule_options(now - 120_000, 0, 0), &"f", &"v"],
+    )
+    .await;
+    assert!(error_of(past).contains("in the past"));
+    let ahead = eval::<Value>(
+        &mut conn,
+        &SCHEDULE,
+        &["set"],
+        &[&schedule_options(0, 7_200_000, 0), &"f", &"v"],
+    )
+    .await;
+    assert!(error_of(ahead).contains("ahead"));
+    // With a ttl the set outlives its latest due time by the ttl.
+    let _: (String, i64, i64) = eval(
+        &mut conn,
+        &SCHEDULE,
+        &["set"],
+        &[&schedule_options(0, 3_000_000, 10_000), &"f", &"v"],
+    )
+    .await
+    .unwrap();
+    let ttl: i64 = cmd(&mut conn, &["PTTL", "set"]).await;
+    assert!(ttl > 3_000_000 && ttl <= 3_010_000, "{ttl}");
+    // Another program's key at the set: refused, nothing written.
+    let _: () = cmd(&mut conn, &["SET", "other", "x"]).await;
+    let wrong = eval::<Value>(
+        &mut conn,
+        &SCHEDULE,
+        &["other"],
+        &[&schedule_options(0, 1_000, 0), &"f", &"v"],
+    )
+    .await;
+    assert!(error_of(wrong).contains("not the delayed-retry set"));
 }

@@ -35,6 +35,7 @@ mod redis_access;
 mod retention;
 mod rollout;
 mod sandbox;
+mod scheduled;
 mod structure;
 mod swap;
 mod traces;

@@ -13,6 +13,7 @@ mod languages;
 mod ordered;
 mod retry;
 mod sandbox;
+mod scheduled;
 mod swap;
 mod throughput;
 mod traces;

@@ -4,7 +4,8 @@
 //! The key is where an ordering key would be (a stream field, or a JSON pointer into the
 //! payload). The host records each key's first entry in Redis, shared by every host of the
 //! group (each group has its own record), and forgets it `window` after that first entry was
-//! read; at most `max_keys` keys are remembered (the oldest go first).
+//! judged; at most `max_keys` keyed entries are judged per window-long period (past it new
+//! keys are not remembered, so about twice that many records live at most).
 
 use std::time::Duration;
 
@@ -18,7 +19,8 @@ pub const MIN_WINDOW: Duration = Duration::from_secs(1);
 pub const MAX_WINDOW: Duration = Duration::from_secs(30 * 24 * 3600);
 /// How many keys a group remembers when the descriptor does not say.
 pub const DEFAULT_MAX_KEYS: u64 = 1_000_000;
-/// The most keys a group may be told to remember (about 100 bytes of Redis memory each).
+/// The most keys a group may be told to remember per window (about 180 bytes of Redis memory
+/// each).
 pub const MAX_KEYS: u64 = 100_000_000;
 
 /// Where an entry's dedupe key is, and how long and how many keys are remembered.
@@ -30,7 +32,9 @@ pub struct Dedupe {
     pub window: Duration,
     /// A longer key is no key: the entry is handled and counted (`sluice_dedupe_unkeyed`).
     pub max_key_bytes: usize,
-    /// The most keys remembered at once; past it the oldest are forgotten early (counted).
+    /// The most keyed entries judged per window-long period; past it new keys are not
+    /// remembered (their entries run, counted `over_max_keys`), known keys still skip their
+    /// duplicates.
     pub max_keys: u64,
 }
 
@@ -66,7 +70,7 @@ impl Dedupe {
         self
     }
 
-    /// Remember at most this many keys.
+    /// Judge at most this many keyed entries per window-long period (see [`Dedupe::max_keys`]).
     pub fn max_keys(mut self, keys: u64) -> Self {
         self.max_keys = keys;
         self

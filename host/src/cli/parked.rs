@@ -140,6 +140,7 @@ fn json_line(s: &ResolvedStream, key: &str, set: &SetPage) -> serde_json::Value 
                 "trace_id": trace_id,
                 "trace_link": trace_id.as_deref().and_then(crate::observe::telemetry::trace_link),
                 "entry_id": e.entry_id,
+                "kind": if e.is_scheduled() { "scheduled" } else { "retry" },
                 "retry_count": e.retry_count,
                 "due_ms": e.due_ms,
                 "due": format_ms(e.due_ms),
@@ -158,7 +159,8 @@ fn json_line(s: &ResolvedStream, key: &str, set: &SetPage) -> serde_json::Value 
     })
 }
 
-/// One set as a table: origin id, retry count, due time and time left; then the total.
+/// One set as a table: origin id, retry count (`sched` for an entry sent for later), due time
+/// and time left; then the total.
 fn write_text(out: &mut String, s: &ResolvedStream, key: &str, set: &SetPage, limit: usize) {
     use std::fmt::Write as _;
     let entries = &set.entries;
@@ -181,7 +183,11 @@ fn write_text(out: &mut String, s: &ResolvedStream, key: &str, set: &SetPage, li
             out,
             "  {:<24} {:>5}  {:<26} {:>10}",
             e.origin_id,
-            e.retry_count,
+            if e.is_scheduled() {
+                "sched".to_owned()
+            } else {
+                e.retry_count.to_string()
+            },
             format_ms(e.due_ms),
             due_in
         );

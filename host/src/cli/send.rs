@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result};
 
 use super::{plan_after_redis, redis_url_for};
+use crate::control::operate::schedule::{self, When};
 
 /// The largest entry `sluice send` writes: a test entry, not a bulk load.
 const MAX_SEND_BYTES: usize = 1024 * 1024;
@@ -24,6 +25,13 @@ pub struct Args {
     /// Redis URL (default: the subscription's, else the dev server of a running `sluice dev`).
     #[arg(long, env = "SLUICE_REDIS_URL")]
     redis: Option<String>,
+    /// Deliver it at this time (RFC 3339, e.g. `2026-12-24T18:00:00Z`) instead of now: it
+    /// waits in the subscription's delayed set and comes as a first attempt.
+    #[arg(long, value_name = "RFC3339", conflicts_with = "in_")]
+    at: Option<String>,
+    /// Deliver it this long from now (by the Redis server's clock), e.g. `90s` or `2h`.
+    #[arg(long = "in", id = "in_", value_name = "DURATION")]
+    in_: Option<String>,
 }
 
 /// `sluice send`: what was added where goes to stdout.
@@ -33,9 +41,31 @@ pub(crate) async fn execute(args: Args) -> Result<()> {
         [stream, json] => (Some(stream.as_str()), json.as_str()),
         _ => anyhow::bail!("give [STREAM] JSON"),
     };
-    let added = send(&args.config, args.redis.as_deref(), stream, json).await?;
+    let when = when(args.at.as_deref(), args.in_.as_deref())?;
+    let added = send(&args.config, args.redis.as_deref(), (stream, when), json).await?;
     println!("{added}");
     Ok(())
+}
+
+/// `--at` or `--in`, read (neither: now).
+fn when(at: Option<&str>, after: Option<&str>) -> Result<Option<When>> {
+    Ok(match (at, after) {
+        (Some(at), _) => {
+            let time = humantime::parse_rfc3339_weak(at).with_context(|| {
+                format!("--at {at}: not an RFC 3339 time (like 2026-12-24T18:00:00Z)")
+            })?;
+            let ms = time
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_err(|_| anyhow::anyhow!("--at {at}: before 1970"))?
+                .as_millis();
+            Some(When::At(i64::try_from(ms).context("--at: too far ahead")?))
+        }
+        (None, Some(after)) => Some(When::In(
+            humantime::parse_duration(after)
+                .with_context(|| format!("--in {after}: not a duration (like 90s, 15m or 2h)"))?,
+        )),
+        (None, None) => None,
+    })
 }
 
 /// The longest `sluice send` waits for a `sluice dev` to serve (a first Rust build takes
@@ -86,12 +116,12 @@ async fn wait_for_dev(config: &Path, redis: Option<&str>) -> Result<()> {
     Ok(())
 }
 
-/// Add `json` (an object) to `stream` (or the config's only subscription's); returns what was
-/// added where.
+/// Add `json` (an object) to `stream` (or the config's only subscription's), now or `when`;
+/// returns what was added where.
 pub async fn send(
     config: &Path,
     redis: Option<&str>,
-    stream: Option<&str>,
+    (stream, when): (Option<&str>, Option<When>),
     json: &str,
 ) -> Result<String> {
     if json.len() > MAX_SEND_BYTES {
@@ -152,6 +182,9 @@ pub async fn send(
     let url = redis_url_for(sub.redis.as_deref().or(redis))
         .context("start `sluice dev` (or `sluice run`) in this directory first, or give --redis")?;
     let mut conn = crate::store::redis_conn::RedisHandle::connect(&url, &sub.redis_access).await?;
+    if let Some(when) = when {
+        return send_later(&mut conn, sub, &target, when, json).await;
+    }
     let id: String = redis::cmd("XADD")
         .arg(&target)
         .arg("*")
@@ -162,6 +195,52 @@ pub async fn send(
         .with_context(|| format!("cannot add the entry to `{target}`"))?;
     Ok(format!(
         "added {id} to {target} ({} = {json})",
+        sub.stream.payload_field
+    ))
+}
+
+/// Schedule `json` for the partition `target` of `sub` at `when`: into its delayed set.
+async fn send_later(
+    conn: &mut crate::store::redis_conn::RedisHandle,
+    sub: &crate::SubscriptionPlan,
+    target: &str,
+    when: When,
+    json: &str,
+) -> Result<String> {
+    let part = sub
+        .stream
+        .partitioned()
+        .into_iter()
+        .find(|p| p.stream == target)
+        .context("the partition of the entry's id is not one of the subscription's")?;
+    let Some(sluice_descriptor::DelayedRetry::DurableZset { key, ttl }) = &part.delayed_retry
+    else {
+        anyhow::bail!(
+            "stream `{}` has no delayed-retry set: entries sent for later wait there (add `delayed_retry = {{ key = \"...\" }}`)",
+            sub.stream.stream
+        );
+    };
+    let fields = [(
+        sub.stream.payload_field.as_bytes().to_vec(),
+        json.as_bytes().to_vec(),
+    )];
+    let target = schedule::Target {
+        stream: &part.stream,
+        group: &part.group,
+        set: key,
+        ttl: *ttl,
+    };
+    let done = schedule::schedule(conn, target, when, &fields)
+        .await
+        .with_context(|| format!("cannot schedule the entry in `{key}`"))?;
+    Ok(format!(
+        "scheduled {} for {} ({} from now by Redis's clock) in {key} for group {} ({} = {json})",
+        done.id,
+        crate::support::when::rfc3339_ms(done.due_ms),
+        humantime::format_duration(std::time::Duration::from_millis(
+            u64::try_from(done.due_ms - done.now_ms).unwrap_or(0)
+        )),
+        part.group,
         sub.stream.payload_field
     ))
 }

@@ -285,7 +285,7 @@ pub const KEYS: &[KeyDoc] = &[
     KeyDoc {
         scope: Scope::Subscription,
         keys: &["dedupe"],
-        meaning: "acknowledge without calling the handler an entry whose key's first entry was read within the window: `{ field = \"<stream field>\" }` or `{ payload = \"<JSON pointer>\" }`, with `window` (1s to 30 days, whole seconds), `max_key_bytes` (longer keys are no key: handled, counted) and `max_keys` (past it the oldest keys are forgotten early, counted); shared by every host of the group, each group its own; `\"none\"` removes the component's. Not with `ordered_by`. See [Deduplication](../concepts/dedupe.md)",
+        meaning: "acknowledge without calling the handler an entry whose key's first entry was read within the window: `{ field = \"<stream field>\" }` or `{ payload = \"<JSON pointer>\" }`, with `window` (1s to 30 days, whole seconds), `max_key_bytes` (longer keys are no key: handled, counted) and `max_keys` (keyed entries judged per window; past it new keys are not remembered, their entries run, counted `over_max_keys`, while known keys still skip their duplicates); shared by every host of the group, each group its own; `\"none\"` removes the component's. Not with `ordered_by`. See [Deduplication](../concepts/dedupe.md)",
         default: "the component's (`.dedupe(..)`), else none; `window = \"24h\"`, `max_key_bytes = 256`, `max_keys = 1000000`",
     },
     KeyDoc {

@@ -30,6 +30,14 @@ pub struct ParkedEntry {
     pub owner: Option<(String, String)>,
 }
 
+impl ParkedEntry {
+    /// Whether it was sent for later rather than parked by a retry: it comes back as a first
+    /// attempt (see `control::operate::schedule`).
+    pub fn is_scheduled(&self) -> bool {
+        self.retry_count == 0
+    }
+}
+
 /// Why a member could not be decoded.
 #[derive(Debug, thiserror::Error)]
 #[error("delayed-set member is not a Sluice parked entry: {0}")]

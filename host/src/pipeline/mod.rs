@@ -7,8 +7,8 @@
 //!    new entries with XREADGROUP (the partitions of a subscription wait in one blocking read).
 //! 3. [`order`] (on an ordered subscription) lets an entry run only when its key's turn is
 //!    free or already its own, and queues the others in Redis behind it; [`dedupe`] (on a
-//!    deduplicating subscription) acknowledges, as it reads them, entries whose key's first
-//!    entry was read within the window.
+//!    deduplicating subscription) judges each read's stream entries in one script and
+//!    acknowledges unhandled those whose key's first entry was read within the window.
 //! 4. [`dispatch`] runs the subscription's current handler on each delivery inside its span and
 //!    decides with [`crate::entry::outcome`]; with `poison_check`, [`poison`] runs a failed
 //!    attempt once more offline first.

@@ -10,7 +10,7 @@
 //!   accepts a descriptor naming another stream or group): check and swap in a new handler;
 //! - `POST /v1/subscriptions/{stream}/{group}/rollback`: put the previous handler back;
 //! - `.../dead-letters` and `.../parked`: list and act on what waits (see [`waiting`]; pages
-//!   of them through [`listing`]);
+//!   of them through [`listing`]); `.../scheduled`: send an entry for later ([`scheduled`]);
 //! - `.../keys` and `.../keys/release`: an ordered subscription's keys that wait, and
 //!   releasing one (see [`keys`]);
 //! - `POST .../pause` and `.../resume`: hold or release the subscription on every host of its
@@ -65,6 +65,7 @@ pub(crate) mod listing;
 mod middleware;
 mod probes;
 mod rollout;
+mod scheduled;
 mod ui;
 mod versions;
 mod waiting;
@@ -108,6 +109,12 @@ pub struct AdminSubscription {
     pub consumer: String,
     /// Its ordering and its delayed set's ttl (ms, 0 for none), when it is ordered.
     pub ordered: Option<(sluice_descriptor::OrderedBy, u64)>,
+    /// Its delayed set, to have this host's timer learn a scheduled entry's due time.
+    pub delayed: Option<Arc<crate::pipeline::delayed::DelayedSet>>,
+    /// The delayed set's ttl, if any (a scheduled entry keeps the set alive past its time).
+    pub delayed_ttl: Option<std::time::Duration>,
+    /// The field that carries the JSON payload.
+    pub payload_field: String,
 }
 
 impl AdminSubscription {
@@ -290,6 +297,7 @@ fn api(state: &AdminState) -> Router<AdminState> {
             axum::routing::post(versions::rollback_handler),
         )
         .merge(waiting::routes())
+        .merge(scheduled::routes())
         .merge(keys::routes())
         .merge(flow::routes())
         .merge(rollout::routes(state.max_upload))

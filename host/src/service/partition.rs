@@ -78,7 +78,7 @@ impl Service {
             abandon.clone(),
         );
         let labels = Metrics::labels(&s.stream, &s.group);
-        let admin = admin_subscription(c, s, &keys, &labels, &health);
+        let admin = admin_subscription(c, s, (&keys, delayed.as_ref()), &labels, &health);
         let dispatcher = Arc::new(
             Dispatcher::new(
                 c.slot.clone(),
@@ -322,7 +322,7 @@ fn read_plan(sub: &SubscriptionPlan, s: &ResolvedStream, keys: &SubscriptionKeys
 fn admin_subscription(
     c: &Common<'_>,
     s: &ResolvedStream,
-    keys: &SubscriptionKeys,
+    (keys, delayed): (&SubscriptionKeys, Option<&Arc<DelayedSet>>),
     labels: &SubLabels,
     health: &Arc<ReadHealth>,
 ) -> crate::serve::AdminSubscription {
@@ -350,6 +350,12 @@ fn admin_subscription(
             };
             (o, ttl)
         }),
+        delayed: delayed.cloned(),
+        delayed_ttl: match &s.delayed_retry {
+            Some(DelayedRetry::DurableZset { ttl, .. }) => *ttl,
+            None => None,
+        },
+        payload_field: s.payload_field.clone(),
     }
 }
 

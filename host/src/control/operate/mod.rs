@@ -17,10 +17,12 @@
 //! - [`parked`]: list (due order), retry now (due immediately; the next sweep moves it),
 //!   delete, dead-letter now (with the operator's reason).
 //! - [`entry`]: one entry, whole: its fields, where it is now and its history.
+//! - [`schedule`]: an entry sent for later waits in the delayed set as a first attempt.
 
 pub mod dead_letters;
 pub mod entry;
 pub mod parked;
+pub mod schedule;
 
 /// The most entries one listing page or one script call handles.
 pub const BATCH: usize = 128;

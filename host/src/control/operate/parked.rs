@@ -55,6 +55,7 @@ impl Parked {
         serde_json::json!({
             "origin_id": e.origin_id,
             "entry_id": e.entry_id,
+            "kind": if e.is_scheduled() { "scheduled" } else { "retry" },
             "retry_count": e.retry_count,
             "due_ms": e.due_ms,
             "due": super::format_ms(e.due_ms),

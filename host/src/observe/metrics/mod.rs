@@ -160,8 +160,6 @@ pub struct Metrics {
     pub dedupe_duplicates: Family<SubLabels, Counter>,
     /// Entries of a deduplicating subscription handled without a key, by why.
     pub dedupe_unkeyed: Family<ReasonLabels, Counter>,
-    /// Dedupe keys forgotten before their window ended (past `max_keys`).
-    pub dedupe_forgotten_early: Family<SubLabels, Counter>,
     /// Outbound calls through the journal (`effects = "journal"`), by what became of them.
     pub journal_calls: Family<ReasonLabels, Counter>,
     /// The registered families' names, in order.
@@ -302,7 +300,6 @@ impl Metrics {
             journal_calls: reg!("journal_calls", Family::default()),
             dedupe_duplicates: reg!("dedupe_duplicates", Family::default()),
             dedupe_unkeyed: reg!("dedupe_unkeyed", Family::default()),
-            dedupe_forgotten_early: reg!("dedupe_forgotten_early", Family::default()),
             registry,
             results_counted: Arc::default(),
             families,

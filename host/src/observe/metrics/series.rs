@@ -300,13 +300,7 @@ pub const SERIES: &[Series] = &[
         name: "dedupe_unkeyed",
         kind: Kind::Counter,
         labels: "reason",
-        help: "Entries of a deduplicating subscription handled without dedupe: no key (`missing`) or a key over `max_key_bytes` (`too_long`)",
-    },
-    Series {
-        name: "dedupe_forgotten_early",
-        kind: Kind::Counter,
-        labels: "",
-        help: "Dedupe keys forgotten before their window ended, because the group remembered `max_keys` already",
+        help: "Entries of a deduplicating subscription handled without being judged: no key (`missing`), a key over `max_key_bytes` (`too_long`), or a new key past `max_keys` judged this window (`over_max_keys`: known keys still skip their duplicates)",
     },
 ];
 

@@ -27,7 +27,7 @@
 pub mod inspect;
 mod read;
 
-pub use read::{NewEntries, OrderedEntry, parse_rows};
+pub use read::{NewEntries, OrderedEntry};
 
 use std::sync::{Arc, LazyLock};
 
@@ -106,6 +106,43 @@ pub fn digest(key: &[u8]) -> String {
     hex::encode(Sha1::digest(key))
 }
 
+/// Where `delivery`'s key is (`key` in its fields, or in the JSON of `payload_field`), as the
+/// read script finds it (`lib/entry_key.lua`), and whether it is within `max_key_bytes`.
+pub fn key_in(
+    delivery: &Delivery,
+    key: &OrderKey,
+    payload_field: &str,
+    max_key_bytes: usize,
+) -> KeyOf {
+    let key = match key {
+        OrderKey::Field(name) => delivery
+            .user_fields()
+            .iter()
+            .find(|(n, _)| n == name.as_bytes())
+            .map(|(_, v)| v.clone()),
+        OrderKey::Payload(pointer) => delivery
+            .user_fields()
+            .iter()
+            .find(|(n, _)| n == payload_field.as_bytes())
+            .and_then(|(_, v)| serde_json::from_slice::<serde_json::Value>(v).ok())
+            .and_then(|json| match json.pointer(pointer)? {
+                serde_json::Value::String(s) => Some(s.clone().into_bytes()),
+                serde_json::Value::Bool(b) => Some(b.to_string().into_bytes()),
+                serde_json::Value::Number(n) => n
+                    .as_i64()
+                    .filter(|i| i.unsigned_abs() < 1 << 53)
+                    .map(|i| i.to_string().into_bytes()),
+                // null, objects, arrays: no key (as the read script says).
+                _ => None,
+            }),
+    };
+    match key {
+        None => KeyOf::Missing,
+        Some(key) if key.len() > max_key_bytes => KeyOf::TooLong,
+        Some(key) => KeyOf::Keyed(key),
+    }
+}
+
 /// One ordered subscription's turns.
 pub struct Order {
     spec: OrderedBy,
@@ -176,33 +213,12 @@ impl Order {
 
     /// Where `delivery`'s key is, and whether it is one the ordering takes.
     pub fn key_of(&self, delivery: &Delivery) -> KeyOf {
-        let key = match &self.spec.key {
-            OrderKey::Field(name) => delivery
-                .user_fields()
-                .iter()
-                .find(|(n, _)| n == name.as_bytes())
-                .map(|(_, v)| v.clone()),
-            OrderKey::Payload(pointer) => delivery
-                .user_fields()
-                .iter()
-                .find(|(n, _)| n == self.payload_field.as_bytes())
-                .and_then(|(_, v)| serde_json::from_slice::<serde_json::Value>(v).ok())
-                .and_then(|json| match json.pointer(pointer)? {
-                    serde_json::Value::String(s) => Some(s.clone().into_bytes()),
-                    serde_json::Value::Bool(b) => Some(b.to_string().into_bytes()),
-                    serde_json::Value::Number(n) => n
-                        .as_i64()
-                        .filter(|i| i.unsigned_abs() < 1 << 53)
-                        .map(|i| i.to_string().into_bytes()),
-                    // null, objects, arrays: no key (as the read script says).
-                    _ => None,
-                }),
-        };
-        match key {
-            None => KeyOf::Missing,
-            Some(key) if key.len() > self.spec.max_key_bytes => KeyOf::TooLong,
-            Some(key) => KeyOf::Keyed(key),
-        }
+        key_in(
+            delivery,
+            &self.spec.key,
+            &self.payload_field,
+            self.spec.max_key_bytes,
+        )
     }
 
     /// The six keys every order script but the operator's takes first.

@@ -82,15 +82,6 @@ pub struct NewEntries {
 }
 
 impl NewEntries {
-    /// What another step's read script read: `entries`, or the ids a wait starts from.
-    pub fn read(entries: Vec<OrderedEntry>, idle: Option<(String, String)>) -> Self {
-        Self {
-            entries,
-            idle,
-            ..Self::default()
-        }
-    }
-
     /// The script's reply (see the header of `lua/read.lua`).
     fn parse(reply: redis::Value) -> RedisResult<Self> {
         use redis::FromRedisValue;
@@ -125,9 +116,9 @@ impl NewEntries {
     }
 }
 
-/// The entry rows of a read script's reply (this one's, or dedupe's): each
+/// The entry rows of the read script's reply: each
 /// `{id, {name, value, ...}, key digest, bytes over, field count}`.
-pub fn parse_rows(parts: impl Iterator<Item = redis::Value>) -> RedisResult<Vec<OrderedEntry>> {
+fn parse_rows(parts: impl Iterator<Item = redis::Value>) -> RedisResult<Vec<OrderedEntry>> {
     use redis::FromRedisValue;
     type Row = (String, Vec<Vec<u8>>, String, u64, u64);
     let mut entries = Vec::new();

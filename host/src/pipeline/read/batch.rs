@@ -270,12 +270,7 @@ impl Subscription {
                 .await?;
             return self.new_scripted(conn, read, entries).await;
         }
-        if let Some(dedupe) = &self.dedupe {
-            let read = dedupe
-                .read_new(conn, (&plan.consumer, left, plan.max_entry_bytes as u64))
-                .await?;
-            return self.new_scripted(conn, read, entries).await;
-        }
+
         let more = if !entries.is_empty() || (self.bell.is_some() && self.shared.is_none()) {
             commands::read_group(conn, plan, left, None, &newest).await?
         } else if let Some(shared) = &self.shared {
@@ -296,11 +291,10 @@ impl Subscription {
         Ok(entries)
     }
 
-    /// New stream entries of an ordered or deduplicating subscription, after the lane's
-    /// `entries`: `read` by that step's script, which settles each one's place (its key's
-    /// order, or its duplicate's ack) as it delivers it. Nothing in either: without a bell, a
-    /// blocking XREAD (which delivers nothing) waits for the next entry of either, and the
-    /// next read takes it.
+    /// New stream entries of an ordered subscription, after the lane's `entries`: `read` by
+    /// the order's script, which settles each one's place in its key's order as it delivers
+    /// it. Nothing in either: without a bell, a blocking XREAD (which delivers nothing) waits
+    /// for the next entry of either, and the next read takes it.
     async fn new_scripted(
         &self,
         conn: &mut Reader,

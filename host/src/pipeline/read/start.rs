@@ -39,6 +39,15 @@ impl Subscription {
         if let Some(order) = self.order.clone() {
             return self.start_ordered(&order, batch, slots).await;
         }
+        if let Some(dedupe) = self.dedupe.clone() {
+            // Judged on a task of its own: the next read goes out while Redis judges this one
+            // (its slots are this batch's; the tracker waits for it on stop).
+            let this = self.clone();
+            self.tracker.spawn(async move {
+                this.start_deduped(&dedupe, batch, slots).await;
+            });
+            return;
+        }
         // A read's deliveries run together on as few tasks as their handler's time allows
         // (`spawn_group`): a task per delivery would hand most of them to another worker
         // thread (and their acks back), wake-ups that cost more than a light handler.
@@ -242,6 +251,57 @@ impl Subscription {
         }
         let mut group = Vec::with_capacity(ready.len());
         for delivery in ready {
+            let Some(permit) = self.permit(&mut slots, delivery.source, &mut group).await else {
+                return;
+            };
+            if let Some(task) = self.delivery_task(delivery, permit) {
+                group.push(task);
+            }
+        }
+        self.spawn_group(group);
+    }
+
+    /// A deduplicating subscription's read: its stream entries judged first (duplicates are
+    /// acknowledged unhandled), the rest run.
+    async fn start_deduped(
+        self: &Arc<Self>,
+        dedupe: &crate::pipeline::dedupe::Deduper,
+        batch: Vec<(ReadEntry, u64)>,
+        mut slots: Taken,
+    ) {
+        let mut deliveries = Vec::with_capacity(batch.len());
+        for (read, delivery_count) in batch {
+            if let Some((entry, source, cut)) = self.kept(read, delivery_count).await {
+                deliveries.push(self.new_delivery((entry, cut), source, delivery_count));
+            }
+        }
+        let mut backoff = crate::store::redis_conn::ReconnectBackoff::default();
+        let mut conn = self.conn.clone();
+        let run = loop {
+            match dedupe
+                .judge(&mut conn, &self.plan.consumer, deliveries)
+                .await
+            {
+                Ok(run) => break run,
+                Err((err, back)) => {
+                    deliveries = back;
+                    let pause = backoff.next_delay();
+                    tracing::warn!(
+                        stream = %self.plan.stream,
+                        entries = deliveries.len(),
+                        %err,
+                        retry_in_ms = pause.as_millis() as u64,
+                        "could not judge a read's entries against the dedupe record; they stay pending, trying again"
+                    );
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        () = self.stop.cancelled() => return,
+                    }
+                }
+            }
+        };
+        let mut group = Vec::with_capacity(run.len());
+        for delivery in run {
             let Some(permit) = self.permit(&mut slots, delivery.source, &mut group).await else {
                 return;
             };

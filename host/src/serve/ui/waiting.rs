@@ -102,9 +102,16 @@ fn render_parked(viewer: &Viewer, shown: &ParkedPage) -> Markup {
                 @if viewer.can_act && *total > 0 {
                     (bulk(viewer, keys, *total))
                 }
-                table {
-                    tr { @if viewer.can_act { th { } } th { "origin id" } th { "due" } th { "retry" } th { "fields" } @if viewer.can_act { th { "actions" } } }
-                    @for p in &page.items { (parked_row(viewer, keys, p, shown.now_ms)) }
+                @let (scheduled, retries): (Vec<&Parked>, Vec<&Parked>) =
+                    page.items.iter().partition(|p| p.entry.is_scheduled());
+                @if !scheduled.is_empty() {
+                    h2 { "Scheduled entries" }
+                    p.muted { "Sent for later (" code { "sluice send --at" } ", the API, a producer): each comes as a first attempt at its time." }
+                    (parked_table(viewer, keys, &scheduled, shown.now_ms))
+                }
+                @if !retries.is_empty() {
+                    @if !scheduled.is_empty() { h2 { "Retries" } }
+                    (parked_table(viewer, keys, &retries, shown.now_ms))
                 }
                 @if page.items.is_empty() { p.muted { "Nothing parked." } }
                 @if let Some(next) = &page.next {
@@ -113,6 +120,21 @@ fn render_parked(viewer: &Viewer, shown: &ParkedPage) -> Markup {
             }
         },
     )
+}
+
+/// A table of parked retries or scheduled entries, due order.
+fn parked_table(
+    viewer: &Viewer,
+    keys: &SubscriptionKeys,
+    items: &[&Parked],
+    now_ms: i64,
+) -> Markup {
+    html! {
+        table {
+            tr { @if viewer.can_act { th { } } th { "origin id" } th { "due" } th { "retry" } th { "fields" } @if viewer.can_act { th { "actions" } } }
+            @for p in items { (parked_row(viewer, keys, p, now_ms)) }
+        }
+    }
 }
 
 /// The forms over many parked retries: the ticked ones, or all of them.

@@ -177,8 +177,9 @@ pub fn effects_key(stream: &str, group: &str, origin_id: &str) -> String {
 }
 
 /// The prefix of the keys a group's dedupe record keeps (see `pipeline::dedupe`):
-/// `<prefix>:first` (key digest -> its first entry), `<prefix>:until` (key digest -> when it is
-/// forgotten) and `<prefix>:counts`; in the stream's hash slot, each group its own.
+/// `<prefix>:key:<digest>` (a key's first entry, expiring with the window),
+/// `<prefix>:taken:<period>` and `<prefix>:counts`; in the stream's hash slot, each group its
+/// own.
 pub fn dedupe_prefix(stream: &str, group: &str) -> String {
     format!(
         "sluice-dedupe:{{{}}}:{}:{stream}:{group}",
