@@ -55,6 +55,7 @@ static VIEW_RANGE: LazyLock<Script> = lua!("control/operate/lua/view_range.lua")
 static RETRY_NOW: LazyLock<Script> = lua!("control/operate/lua/retry_now.lua");
 static DEDUPE_DUPLICATES: LazyLock<Script> = lua!("pipeline/dedupe/lua/duplicates.lua");
 static SCHEDULE: LazyLock<Script> = lua!("control/operate/lua/schedule.lua");
+static FIRE: LazyLock<Script> = lua!("control/schedules/lua/fire.lua");
 static MOVE_DEAD_LETTER: LazyLock<Script> = lua!("control/operate/lua/move_dead_letter.lua");
 static REQUEUE: LazyLock<Script> = lua!("control/operate/lua/requeue.lua");
 static DEAD_LETTER_NOW: LazyLock<Script> = lua!("control/operate/lua/dead_letter_now.lua");
@@ -3148,4 +3149,70 @@ async fn schedule_adds_a_first_attempt_member_due_by_the_servers_clock_within_bo
     )
     .await;
     assert!(error_of(wrong).contains("not the delayed-retry set"));
+}
+
+/// The fire script's options for tick `tick_ms` of stream `s`, group `g` (as `fire` in
+/// control/schedules/mod.rs writes them).
+fn fire_options(tick_ms: i64, ttl_ms: u64) -> Vec<u8> {
+    options(vec![
+        ("tick_ms", Mp::from(tick_ms)),
+        ("stream", Mp::from("s")),
+        ("group", Mp::from("g")),
+        ("id", Mp::from(format!("{tick_ms}-1000000000000000007"))),
+        ("lead_ms", Mp::from(2_000)),
+        ("ttl_ms", Mp::from(ttl_ms)),
+        ("keep_ms", Mp::from(60_000)),
+    ])
+}
+
+#[tokio::test]
+async fn fire_writes_each_tick_once_forward_only_and_not_far_ahead() {
+    let (_redis, mut conn) = redis().await;
+    let now = server_ms(&mut conn).await;
+    let tick = now - now % 1000 + 1000;
+    let shared = conn.clone();
+    let fire = |tick: i64, ttl: u64| {
+        let mut conn = shared.clone();
+        async move {
+            let (fired, _now, last): (i64, i64, i64) = eval(
+                &mut conn,
+                &FIRE,
+                &["record", "set"],
+                &[&fire_options(tick, ttl), &"payload", &"{}"],
+            )
+            .await
+            .unwrap();
+            (fired, last)
+        }
+    };
+    assert_eq!(fire(tick, 0).await, (1, 0));
+    // Every other host's try of the same tick, or of an earlier one, writes nothing.
+    assert_eq!(fire(tick, 0).await, (0, tick));
+    assert_eq!(fire(tick - 1000, 0).await, (0, tick));
+    let members: Vec<(Vec<u8>, f64)> =
+        cmd(&mut conn, &["ZRANGE", "set", "0", "-1", "WITHSCORES"]).await;
+    assert_eq!(members.len(), 1);
+    assert_eq!(members[0].1 as i64, tick, "due at the tick");
+    let parked = member::decode(&members[0].0, tick).unwrap();
+    assert!(parked.is_scheduled());
+    assert_eq!(parked.origin_id, format!("{tick}-1000000000000000007"));
+    // A tick far ahead of Redis's clock (a host whose clock is off) is refused.
+    assert_eq!(fire(now + 60_000, 0).await, (0, tick));
+    // A tick already past (a missed one, fired once) is due now; with a ttl the set lives on.
+    let (s, _): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let _: () = cmd(&mut conn, &["SET", "record", "1000"]).await;
+    assert_eq!(fire(tick - 5000, 10_000).await, (1, 1000));
+    let ttl: i64 = cmd(&mut conn, &["PTTL", "set"]).await;
+    assert!(ttl > 9_000, "{ttl} (now {s})");
+    // Another program's key at the record: refused.
+    let _: () = cmd(&mut conn, &["DEL", "record"]).await;
+    let _: () = cmd(&mut conn, &["HSET", "record", "a", "b"]).await;
+    let wrong = eval::<Value>(
+        &mut conn,
+        &FIRE,
+        &["record", "set"],
+        &[&fire_options(tick + 1000, 0), &"f", &"v"],
+    )
+    .await;
+    assert!(error_of(wrong).contains("not the string"));
 }

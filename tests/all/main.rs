@@ -13,6 +13,7 @@ mod cluster;
 mod common;
 mod consuming;
 mod crash;
+mod cron;
 mod dedupe;
 mod delayed;
 mod density;

@@ -10,7 +10,7 @@
 //!   (and the outbound-HTTP grant), `redis_access` (URL, user, password and TLS files),
 //!   `overrides` (of the component's descriptor; `dedupe` reads its dedupe table),
 //!   `retention` (what stays in Redis, and how long), `admission` (rate limit and circuit
-//!   breaker) and `canary`;
+//!   breaker), `canary` and [`schedule`] (cron schedules);
 //! - [`allow`] is the outbound-HTTP allow-list grammar, `token` where secrets such as the admin
 //!   token come from, and [`telemetry`] the `[telemetry]` table (and the `OTEL_*` variables);
 //! - this module holds the validated types and merges the files and components of one
@@ -40,6 +40,7 @@ mod raw;
 mod redis_access;
 pub mod reference;
 mod retention;
+pub mod schedule;
 mod subscription;
 pub mod telemetry;
 mod token;
@@ -400,6 +401,8 @@ pub struct SubscriptionConfig {
     /// `dead_letter_retention.keep`: trim dead letters older than this (kept for ever when
     /// `None`).
     pub dead_letter_keep: Option<Duration>,
+    /// `[[subscription.schedule]]`: entries it gives itself on a cron schedule.
+    pub schedules: Vec<schedule::Schedule>,
     /// Where this subscription was defined, for error messages.
     pub origin: PathBuf,
 }
@@ -426,6 +429,7 @@ impl SubscriptionConfig {
             min_delay: DEFAULT_MIN_DELAY,
             retention: None,
             dead_letter_keep: None,
+            schedules: Vec::new(),
             origin: path.to_owned(),
         }
     }

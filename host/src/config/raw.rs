@@ -83,6 +83,7 @@ pub(super) struct RawSubscription {
     pub(super) delayed_retry: Option<RawDelayedRetry>,
     pub(super) ordered_by: Option<RawOrderedBy>,
     pub(super) dedupe: Option<RawOrderedBy>,
+    pub(super) schedule: Option<Vec<super::schedule::RawSchedule>>,
     pub(super) max_in_flight_per_key: Option<u32>,
     pub(super) retry_lane: Option<bool>,
     pub(super) retry_lane_slots: Option<usize>,

@@ -290,6 +290,12 @@ pub const KEYS: &[KeyDoc] = &[
     },
     KeyDoc {
         scope: Scope::Subscription,
+        keys: &["schedule"],
+        meaning: "`[[subscription.schedule]]` tables: entries the subscription gives itself on a cron schedule, each tick exactly one entry for the group however many hosts run (claimed in Redis): `cron` (five fields, or six with seconds first), `payload` (a table, written as the payload's JSON) or `fields` (names to text), `time_zone` (IANA), `missed = \"skip\"` (a tick no host fired is dropped) or `\"once\"` (one entry for the latest when a host starts), `name` (what its state is kept under: keep it when editing the expression). Needs a delayed-retry set; at most 100, each entry at most 64 KiB. See [Schedules](../concepts/schedules.md)",
+        default: "none; `time_zone = \"UTC\"`, `missed = \"skip\"`, `name` its position (\"1\", \"2\", ...)",
+    },
+    KeyDoc {
+        scope: Scope::Subscription,
         keys: &["max_in_flight_per_key"],
         meaning: "entries of one key handled at once across every host of the group (1: strict order); only with `ordered_by`",
         default: "the component's, else 1",

@@ -89,6 +89,7 @@ pub(super) fn subscription(
         min_delay,
         dead_letter_maxlen: dead_letter_maxlen(v, &key, sub.dead_letter_maxlen)?,
         history_entries: history_entries(v, &key, sub.history_entries)?,
+        schedules: super::schedule::schedules(v, &key, sub.schedule.as_deref())?,
         origin: v.path.to_owned(),
     })
 }

@@ -7,8 +7,10 @@
 //! - [`operate`] acts on what waits: lists dead letters and parked retries, and requeues,
 //!   retries now, deletes or dead-letters them (CLI, admin API and web page).
 //! - [`retention`] trims what every consumer group of a stream has acknowledged.
+//! - [`schedules`] fires cron schedules' ticks, each once for the whole group.
 
 pub mod operate;
 pub mod retention;
 pub mod rollout;
+pub mod schedules;
 pub(crate) mod swap;

@@ -115,6 +115,10 @@ pub struct AdminSubscription {
     pub delayed_ttl: Option<std::time::Duration>,
     /// The field that carries the JSON payload.
     pub payload_field: String,
+    /// Its cron schedules and where they fire (on a subscription's first partition only).
+    pub schedules: Vec<crate::config::schedule::Schedule>,
+    /// Where its schedules fire.
+    pub schedule_target: Option<crate::control::schedules::Target>,
 }
 
 impl AdminSubscription {

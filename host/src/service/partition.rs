@@ -48,6 +48,8 @@ pub(super) struct StartedPartition {
     pub(super) acker: std::pin::Pin<Box<dyn std::future::Future<Output = usize> + Send>>,
     pub(super) delayed: Option<Arc<DelayedSet>>,
     pub(super) admin: crate::serve::AdminSubscription,
+    /// Its cron schedules' tickers (on a subscription's first partition only).
+    pub(super) tickers: Vec<crate::control::schedules::Ticker>,
 }
 
 impl Service {
@@ -137,6 +139,7 @@ impl Service {
             acker: Box::pin(acker),
             delayed,
             admin,
+            tickers: tickers(c, s),
         })
     }
 
@@ -356,6 +359,9 @@ fn admin_subscription(
             None => None,
         },
         payload_field: s.payload_field.clone(),
+        schedule_target: crate::control::schedules::target_of(&c.sub.stream, s)
+            .filter(|_| !c.sub.schedules.is_empty()),
+        schedules: c.sub.schedules.clone(),
     }
 }
 
@@ -439,6 +445,21 @@ impl Service {
             &self.metrics,
         )))
     }
+}
+
+/// The tickers of the subscription's cron schedules, on its first partition (the plan refuses
+/// schedules without a delayed set); none on the others.
+fn tickers(c: &Common<'_>, s: &ResolvedStream) -> Vec<crate::control::schedules::Ticker> {
+    let Some(target) = crate::control::schedules::target_of(&c.sub.stream, s) else {
+        return Vec::new();
+    };
+    c.sub
+        .schedules
+        .iter()
+        .map(|schedule| {
+            crate::control::schedules::Ticker::new(schedule.clone(), target.clone(), c.conn.clone())
+        })
+        .collect()
 }
 
 /// Whether the subscription's outbound calls carry idempotency keys (a grant and a header).

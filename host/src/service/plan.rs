@@ -101,6 +101,16 @@ pub enum PlanError {
         /// The ceiling.
         max_delay: Duration,
     },
+    /// The subscription's schedules lack what they need.
+    #[error("{} (component {}): {problem}", origin.display(), component.display())]
+    Schedule {
+        /// Where the subscription was configured.
+        origin: PathBuf,
+        /// The component.
+        component: PathBuf,
+        /// What is missing.
+        problem: &'static str,
+    },
     /// The journal's keys and what the configuration and the component say of effects do not
     /// agree.
     #[error("{} (component {}): {problem}", origin.display(), component.display())]
@@ -164,6 +174,8 @@ pub struct SubscriptionPlan {
     pub dead_letter_maxlen: Option<u64>,
     /// How many entries' histories the subscription keeps in Redis (0: none).
     pub history_entries: u32,
+    /// Entries it gives itself on cron schedules (into its delayed set).
+    pub schedules: Vec<crate::config::schedule::Schedule>,
     /// Due retries go to the group's retry lane, which the reader serves first (true whenever
     /// there is a delayed set, unless the operator asked for the stream's tail).
     pub retry_lane: bool,
@@ -434,7 +446,15 @@ fn subscription_plan(
         None => Some(default_gone_after(sub.limits.handler_timeout, stream.block)),
     }
     .filter(|_| stream.claim_min_idle.is_none());
+    if !sub.schedules.is_empty() && stream.delayed_retry.is_none() {
+        return Err(PlanError::Schedule {
+            origin: sub.origin.clone(),
+            component: sub.component.clone(),
+            problem: "[[subscription.schedule]] needs a delayed-retry set: each tick's entry waits there until its time; add `delayed_retry = { key = \"...\" }`",
+        });
+    }
     Ok(SubscriptionPlan {
+        schedules: sub.schedules.clone(),
         consumer_gone_after,
         dead_letter_maxlen: sub.dead_letter_maxlen,
         history_entries: sub

@@ -231,6 +231,9 @@ impl Service {
     ) {
         w.admin_subscriptions.push(started.admin);
         w.ackers.spawn(started.acker);
+        for ticker in started.tickers {
+            w.readers.spawn(ticker.run(stop.clone()));
+        }
         if let Some(set) = started.delayed {
             w.readers.spawn(set.run_waker(stop.clone()));
         }

@@ -287,6 +287,18 @@ fn write_keys(out: &mut String, r: &SubscriptionStatus) {
             let _ = writeln!(out, "  no delayed-retry set");
         }
     }
+    for s in &r.schedules {
+        let _ = writeln!(
+            out,
+            "  schedule `{}` ({}, {}, missed {}): next tick {}, last fired {}",
+            s.name,
+            s.cron,
+            s.time_zone,
+            s.missed,
+            s.next_ms.map_or("never".to_owned(), format_ms),
+            s.last_fired_ms.map_or("never".to_owned(), format_ms)
+        );
+    }
     let _ = writeln!(
         out,
         "  dead letters {} in `{}`",

@@ -42,6 +42,8 @@ pub(super) struct SubscriptionStatus {
     pub(super) paused: Option<crate::pipeline::admit::Paused>,
     /// The circuit breaker, when open or half-open: one line.
     pub(super) breaker: Option<String>,
+    /// Its cron schedules (on a subscription's first partition).
+    pub(super) schedules: Vec<crate::control::schedules::ScheduleView>,
 }
 
 /// A group's retry lane.
@@ -266,6 +268,16 @@ async fn partition_status(
         .with_context(|| format!("cannot read whether stream `{}` is paused", s.stream))?;
     let paused = flow.paused;
     let breaker = flow.breaker.map(|b| b.describe());
+    let mut schedules = Vec::new();
+    if let Some(target) = crate::control::schedules::target_of(&sub.stream, s) {
+        for schedule in &sub.schedules {
+            schedules.push(
+                crate::control::schedules::view(conn, &target, schedule, now_ms)
+                    .await
+                    .with_context(|| format!("cannot read schedule `{}`", schedule.name))?,
+            );
+        }
+    }
     let next_due_ms = snapshot.delayed.and_then(|d| d.next_due_ms);
     let lane = lane_key.map(|key| LaneStatus {
         pending: snapshot.lane.as_ref().map_or(0, |g| g.pending as u64),
@@ -302,5 +314,6 @@ async fn partition_status(
         retention,
         paused,
         breaker,
+        schedules,
     })
 }

@@ -92,6 +92,9 @@ pub(super) struct OverviewCard {
     /// Pauses, resumes and the breaker's transitions, newest first.
     journal: Vec<JournalEntry>,
     rows: Vec<PartRow>,
+    /// Its cron schedules, with their next tick and the last fired (`None`: Redis did not
+    /// answer in time).
+    schedules: Option<Vec<crate::control::schedules::ScheduleView>>,
 }
 
 /// One partition's row.
@@ -148,6 +151,10 @@ impl OverviewCard {
             .unwrap_or_default();
         let journal = journal(first, labels).await;
         let canary = canary(state, first, labels).await;
+        let schedules = match first {
+            Some(first) => schedules(first).await,
+            None => Some(Vec::new()),
+        };
         Self {
             labels: labels.clone(),
             keys: first.map(|p| p.keys()),
@@ -168,8 +175,28 @@ impl OverviewCard {
             facts,
             journal,
             rows,
+            schedules,
         }
     }
+}
+
+/// The subscription's schedules as seen now (Redis's clock), within the card's time.
+async fn schedules(
+    first: &AdminSubscription,
+) -> Option<Vec<crate::control::schedules::ScheduleView>> {
+    let Some(target) = &first.schedule_target else {
+        return Some(Vec::new());
+    };
+    let mut conn = first.conn.clone();
+    let read = async {
+        let now = crate::store::inspect::server_now_ms(&mut conn).await?;
+        let mut views = Vec::with_capacity(first.schedules.len());
+        for schedule in &first.schedules {
+            views.push(crate::control::schedules::view(&mut conn, target, schedule, now).await?);
+        }
+        Ok::<_, redis::RedisError>(views)
+    };
+    within(read).await
 }
 
 /// The deliveries this host counted for the partitions, per outcome.
@@ -273,7 +300,35 @@ pub(super) fn render(viewer: &Viewer, card: &OverviewCard, now_ms: i64) -> Marku
                 (journal_table(&card.journal))
             }
             (parts_table(card, now_ms))
+            (schedules_table(card.schedules.as_deref()))
             (versions(&card.history))
+        }
+    }
+}
+
+/// The subscription's cron schedules: each one's expression, next tick and last fired.
+fn schedules_table(views: Option<&[crate::control::schedules::ScheduleView]>) -> Markup {
+    let fmt = |ms: Option<i64>| ms.map_or("never".to_owned(), crate::support::when::rfc3339_ms);
+    html! {
+        @match views {
+            None => p.muted { "Schedules: Redis did not answer in time." },
+            Some([]) => {},
+            Some(views) => {
+                h3 { "Schedules" }
+                table {
+                    tr { th { "name" } th { "cron" } th { "time zone" } th { "next tick" } th { "last fired" } th { "missed" } }
+                    @for s in views {
+                        tr {
+                            td { code { (s.name) } }
+                            td { code { (s.cron) } }
+                            td { (s.time_zone) }
+                            td.nowrap { (fmt(s.next_ms)) }
+                            td.nowrap { (fmt(s.last_fired_ms)) }
+                            td { (s.missed) }
+                        }
+                    }
+                }
+            }
         }
     }
 }
