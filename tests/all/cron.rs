@@ -197,3 +197,62 @@ async fn ticks_missed_while_every_host_was_down_are_skipped_or_fired_once() {
         "{skip:?} {once:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editing_a_schedules_expression_during_a_rolling_restart_fires_no_tick_twice() {
+    let redis = Redis::start();
+    let conn = redis.conn().await;
+    let stream = "cron-edit";
+    // The same schedule (its name) every second on the old config, every other second on the
+    // new: while both run, each even second is proposed by both.
+    let old = RunDir::new(
+        &redis,
+        TestConfig::of(scheduled(stream, "* * * * * *", "skip").set("consumer", "old")),
+    );
+    let new = RunDir::new(
+        &redis,
+        TestConfig::of(scheduled(stream, "*/2 * * * * *", "skip").set("consumer", "new")),
+    );
+    let server_ms = || {
+        let mut conn = conn.clone();
+        async move {
+            let (s, us): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+            s * 1000 + us / 1000
+        }
+    };
+    let wait_until = |at: i64| async move {
+        wait_for(Duration::from_secs(30), "a moment", || async move {
+            (server_ms().await >= at).then_some(())
+        })
+        .await;
+    };
+    let mut old_host = old.spawn();
+    wait_for(
+        Duration::from_secs(30),
+        "the old config's first tick",
+        || {
+            let mut conn = conn.clone();
+            async move { (!ticks(&mut conn, stream).await.is_empty()).then_some(()) }
+        },
+    )
+    .await;
+    let mut new_host = new.spawn();
+    wait_until(server_ms().await + 6_000).await;
+    old_host.terminate();
+    old_host.wait_exit().await;
+    let switched = server_ms().await + 1_500;
+    wait_until(switched + 6_000).await;
+    new_host.terminate();
+    new_host.wait_exit().await;
+    let mut conn = conn.clone();
+    let ticks = ticks(&mut conn, stream).await;
+    assert!(
+        ticks.values().all(|n| *n == 1),
+        "a tick fired twice: {ticks:?}"
+    );
+    let after: Vec<i64> = ticks.keys().copied().filter(|t| *t > switched).collect();
+    assert!(
+        after.len() >= 2 && after.iter().all(|t| t % 2_000 == 0),
+        "the new expression: {after:?}"
+    );
+}

@@ -142,6 +142,13 @@ async fn a_duplicate_of_a_parked_or_dead_lettered_first_entry_is_skipped_and_a_r
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["history"][0]["action"], "duplicate", "{v}");
     assert_eq!(v["history"][0]["duplicate_of"], p1.as_str(), "{v}");
+    // The page counts the group's duplicates.
+    let session = log_in(admin).await;
+    let (_, _, page) = http_exchange(admin, "GET", "/ui/", &session.headers(), b"").await;
+    assert!(
+        page.contains("<b>3</b> duplicates skipped by the group"),
+        "{page}"
+    );
     assert!(
         !seen.contains_key(&p2) && !seen.contains_key(&d2),
         "{seen:?}"

@@ -181,7 +181,7 @@ impl Bench {
 }
 
 /// A payment-like payload of the fixture (it acks) with its `account`.
-fn account_payload(account: &str) -> String {
+pub(super) fn account_payload(account: &str) -> String {
     serde_json::json!({
         "mode": "ack",
         "account": account,

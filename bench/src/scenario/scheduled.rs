@@ -31,7 +31,10 @@ impl Bench {
             set: &set,
             ttl: None,
         };
-        let fields = [(b"payload".to_vec(), br#"{"account":"a"}"#.to_vec())];
+        let fields = [(
+            b"payload".to_vec(),
+            super::ordered::account_payload("a").into_bytes(),
+        )];
         let mut due = HashMap::with_capacity(n);
         for _ in 0..n {
             let done = schedule::schedule(&mut conn, target, When::At(at), &fields).await?;

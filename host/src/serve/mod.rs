@@ -119,6 +119,8 @@ pub struct AdminSubscription {
     pub schedules: Vec<crate::config::schedule::Schedule>,
     /// Where its schedules fire.
     pub schedule_target: Option<crate::control::schedules::Target>,
+    /// What it deduplicates on, if it does.
+    pub dedupe: Option<sluice_descriptor::Dedupe>,
 }
 
 impl AdminSubscription {

@@ -362,6 +362,7 @@ fn admin_subscription(
         schedule_target: crate::control::schedules::target_of(&c.sub.stream, s)
             .filter(|_| !c.sub.schedules.is_empty()),
         schedules: c.sub.schedules.clone(),
+        dedupe: s.dedupe.clone(),
     }
 }
 

@@ -75,6 +75,21 @@ impl DedupeKeys {
     }
 }
 
+/// How many duplicates every host of `stream`'s `group` skipped (within the last week of
+/// them: the count goes a week after the last).
+pub async fn duplicates_skipped<C: redis::aio::ConnectionLike>(
+    conn: &mut C,
+    stream: &str,
+    group: &str,
+) -> RedisResult<u64> {
+    let n: Option<u64> = redis::cmd("HGET")
+        .arg(DedupeKeys::new(stream, group).counts)
+        .arg("duplicates")
+        .query_async(conn)
+        .await?;
+    Ok(n.unwrap_or(0))
+}
+
 /// One deduplicating subscription's record and counters.
 pub struct Deduper {
     spec: Dedupe,

@@ -95,6 +95,9 @@ pub(super) struct OverviewCard {
     /// Its cron schedules, with their next tick and the last fired (`None`: Redis did not
     /// answer in time).
     schedules: Option<Vec<crate::control::schedules::ScheduleView>>,
+    /// What it deduplicates on, and how many duplicates the group skipped (`None`: Redis did
+    /// not answer in time).
+    dedupe: Option<(sluice_descriptor::Dedupe, Option<u64>)>,
 }
 
 /// One partition's row.
@@ -155,6 +158,10 @@ impl OverviewCard {
             Some(first) => schedules(first).await,
             None => Some(Vec::new()),
         };
+        let dedupe = match first {
+            Some(first) if first.dedupe.is_some() => dedupe(&parts).await,
+            _ => None,
+        };
         Self {
             labels: labels.clone(),
             keys: first.map(|p| p.keys()),
@@ -176,8 +183,29 @@ impl OverviewCard {
             journal,
             rows,
             schedules,
+            dedupe,
         }
     }
+}
+
+/// What the subscription deduplicates on, and the duplicates its group skipped over every
+/// partition (`None` in the count when Redis did not answer in time).
+async fn dedupe(parts: &[&AdminSubscription]) -> Option<(sluice_descriptor::Dedupe, Option<u64>)> {
+    let spec = parts.first()?.dedupe.clone()?;
+    let read = async {
+        let mut total = 0;
+        for part in parts {
+            let mut conn = part.conn.clone();
+            total += crate::pipeline::dedupe::duplicates_skipped(
+                &mut conn,
+                &part.labels.stream,
+                &part.labels.group,
+            )
+            .await?;
+        }
+        Ok::<_, redis::RedisError>(total)
+    };
+    Some((spec, within(read).await))
 }
 
 /// The subscription's schedules as seen now (Redis's clock), within the card's time.
@@ -300,6 +328,11 @@ pub(super) fn render(viewer: &Viewer, card: &OverviewCard, now_ms: i64) -> Marku
                 (journal_table(&card.journal))
             }
             (parts_table(card, now_ms))
+            @if let Some((spec, skipped)) = &card.dedupe {
+                p { "Dedupe on " (spec.describe()) ": "
+                    @match skipped { Some(n) => { b { (n) } " duplicates skipped by the group" }, None => { "Redis did not answer in time" } }
+                    "." }
+            }
             (schedules_table(card.schedules.as_deref()))
             (versions(&card.history))
         }
