@@ -349,11 +349,19 @@ async fn past_max_keys_new_keys_run_unremembered_and_known_keys_still_skip_their
             Raw(r#"{ field = "dedupe-id", window = "1h", max_keys = 2 }"#),
         );
     let mut host = start_fixture(&redis, TestConfig::of(sub)).await;
+    // Duplicates do not use up max_keys (found by the attack review): only new keys count.
+    let a = add_keyed(&mut conn, stream, &Control::Ack, "a").await;
+    assert_eq!(handled_as(&mut host, a.clone()).await, EventKind::Acked);
+    for _ in 0..3 {
+        let dup = add_keyed(&mut conn, stream, &Control::Ack, "a").await;
+        assert_eq!(
+            handled_as(&mut host, dup).await,
+            EventKind::Duplicate { of: a.clone() }
+        );
+    }
     let k1 = add_keyed(&mut conn, stream, &Control::Ack, "k1").await;
     assert_eq!(handled_as(&mut host, k1.clone()).await, EventKind::Acked);
-    let k2 = add_keyed(&mut conn, stream, &Control::Ack, "k2").await;
-    assert_eq!(handled_as(&mut host, k2).await, EventKind::Acked);
-    // Two keyed entries judged this window: a new key runs without being remembered...
+    // Two new keys taken this window: a new key runs without being remembered...
     for _ in 0..2 {
         let k3 = add_keyed(&mut conn, stream, &Control::Ack, "k3").await;
         assert_eq!(handled_as(&mut host, k3).await, EventKind::Acked);
@@ -372,5 +380,50 @@ async fn past_max_keys_new_keys_run_unremembered_and_known_keys_still_skip_their
         .unwrap_or_default()
         .to_owned();
     assert!(over.ends_with(" 2"), "{over}");
+    host.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn entries_read_again_alone_past_a_reads_byte_budget_are_judged_too() {
+    // 14 entries of 6 MB: past the read's 64 MB budget the rest are read again one by one
+    // (found by the attack review: those ran unjudged).
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let stream = "dd-big";
+    let pad = "x".repeat(6 << 20);
+    let ack = serde_json::to_string(&Control::Ack).unwrap();
+    let mut ids = HashSet::new();
+    for _ in 0..14 {
+        let id: String = cmd(
+            &mut conn,
+            &[
+                "XADD",
+                stream,
+                "*",
+                "dedupe-id",
+                "same",
+                "payload",
+                &ack,
+                "pad",
+                &pad,
+            ],
+        )
+        .await;
+        ids.insert(id);
+    }
+    let mut host = start_fixture(&redis, TestConfig::of(deduped(stream))).await;
+    let (mut acked, mut skipped) = (0, 0);
+    while acked + skipped < ids.len() {
+        let e = host
+            .event(T, "every big entry settled", |e| ids.contains(&e.id))
+            .await;
+        match e.kind {
+            EventKind::Acked => acked += 1,
+            EventKind::Duplicate { .. } => skipped += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((acked, skipped), (1, 13));
+    assert_eq!(duplicates(&mut conn, stream, "g").await, 13);
     host.stop().await.unwrap();
 }

@@ -4,7 +4,7 @@
 //! The key is where an ordering key would be (a stream field, or a JSON pointer into the
 //! payload). The host records each key's first entry in Redis, shared by every host of the
 //! group (each group has its own record), and forgets it `window` after that first entry was
-//! judged; at most `max_keys` keyed entries are judged per window-long period (past it new
+//! judged; at most `max_keys` new keys are taken per window-long period (past it new
 //! keys are not remembered, so about twice that many records live at most).
 
 use std::time::Duration;
@@ -32,7 +32,7 @@ pub struct Dedupe {
     pub window: Duration,
     /// A longer key is no key: the entry is handled and counted (`sluice_dedupe_unkeyed`).
     pub max_key_bytes: usize,
-    /// The most keyed entries judged per window-long period; past it new keys are not
+    /// The most new keys taken per window-long period; past it new keys are not
     /// remembered (their entries run, counted `over_max_keys`), known keys still skip their
     /// duplicates.
     pub max_keys: u64,

@@ -50,16 +50,13 @@ pub(crate) async fn execute(args: Args) -> Result<()> {
 /// `--at` or `--in`, read (neither: now).
 fn when(at: Option<&str>, after: Option<&str>) -> Result<Option<When>> {
     Ok(match (at, after) {
-        (Some(at), _) => {
-            let time = humantime::parse_rfc3339_weak(at).with_context(|| {
-                format!("--at {at}: not an RFC 3339 time (like 2026-12-24T18:00:00Z)")
-            })?;
-            let ms = time
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_err(|_| anyhow::anyhow!("--at {at}: before 1970"))?
-                .as_millis();
-            Some(When::At(i64::try_from(ms).context("--at: too far ahead")?))
-        }
+        (Some(at), _) => Some(When::At(
+            chrono::DateTime::parse_from_rfc3339(at)
+                .with_context(|| {
+                    format!("--at {at}: not an RFC 3339 time with its zone (like 2026-12-24T18:00:00Z or 2026-12-24T18:00:00+01:00)")
+                })?
+                .timestamp_millis(),
+        )),
         (None, Some(after)) => Some(When::In(
             humantime::parse_duration(after)
                 .with_context(|| format!("--in {after}: not a duration (like 90s, 15m or 2h)"))?,

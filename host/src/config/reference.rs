@@ -285,14 +285,14 @@ pub const KEYS: &[KeyDoc] = &[
     KeyDoc {
         scope: Scope::Subscription,
         keys: &["dedupe"],
-        meaning: "acknowledge without calling the handler an entry whose key's first entry was read within the window: `{ field = \"<stream field>\" }` or `{ payload = \"<JSON pointer>\" }`, with `window` (1s to 30 days, whole seconds), `max_key_bytes` (longer keys are no key: handled, counted) and `max_keys` (keyed entries judged per window; past it new keys are not remembered, their entries run, counted `over_max_keys`, while known keys still skip their duplicates); shared by every host of the group, each group its own; `\"none\"` removes the component's. Not with `ordered_by`. See [Deduplication](../concepts/dedupe.md)",
+        meaning: "acknowledge without calling the handler an entry whose key's first entry was read within the window: `{ field = \"<stream field>\" }` or `{ payload = \"<JSON pointer>\" }`, with `window` (1s to 30 days, whole seconds), `max_key_bytes` (longer keys are no key: handled, counted) and `max_keys` (new keys taken per window; past it new keys are not remembered, their entries run, counted `over_max_keys`, while known keys still skip their duplicates); shared by every host of the group, each group its own; `\"none\"` removes the component's. Not with `ordered_by`. See [Deduplication](../concepts/dedupe.md)",
         default: "the component's (`.dedupe(..)`), else none; `window = \"24h\"`, `max_key_bytes = 256`, `max_keys = 1000000`",
     },
     KeyDoc {
         scope: Scope::Subscription,
         keys: &["schedule"],
-        meaning: "`[[subscription.schedule]]` tables: entries the subscription gives itself on a cron schedule, each tick exactly one entry for the group however many hosts run (claimed in Redis): `cron` (five fields, or six with seconds first), `payload` (a table, written as the payload's JSON) or `fields` (names to text), `time_zone` (IANA), `missed = \"skip\"` (a tick no host fired is dropped) or `\"once\"` (one entry for the latest when a host starts), `name` (what its state is kept under: keep it when editing the expression). Needs a delayed-retry set; at most 100, each entry at most 64 KiB. See [Schedules](../concepts/schedules.md)",
-        default: "none; `time_zone = \"UTC\"`, `missed = \"skip\"`, `name` its position (\"1\", \"2\", ...)",
+        meaning: "`[[subscription.schedule]]` tables: entries the subscription gives itself on a cron schedule, each tick exactly one entry for the group however many hosts run (claimed in Redis): `cron` (five fields, or six with seconds first), `payload` (a table, written as the payload's JSON) or `fields` (names to text), `time_zone` (IANA), `missed = \"skip\"` (a tick no host fired is dropped) or `\"once\"` (one entry for the latest when a host starts), `name` (what its state is kept under: keep it when editing the expression; required with several). Needs a delayed-retry set; at most 100, each entry at most 64 KiB. See [Schedules](../concepts/schedules.md)",
+        default: "none; `time_zone = \"UTC\"`, `missed = \"skip\"`, a lone schedule's `name` \"1\"",
     },
     KeyDoc {
         scope: Scope::Subscription,

@@ -132,6 +132,13 @@ pub(super) fn schedules(
     let mut out: Vec<Schedule> = Vec::with_capacity(raw.len());
     for (n, s) in raw.iter().enumerate() {
         let at = |k: &str| key(&format!("schedule[{n}].{k}"));
+        if raw.len() > 1 && s.name.is_none() {
+            return Err(v.invalid(
+                &at("name"),
+                "(none)",
+                "give each schedule a `name` when there are several: its ticks are kept under it, and a position would move when one is added or removed",
+            ));
+        }
         let schedule = one(v, &at, s, n)?;
         if out.iter().any(|o| o.name == schedule.name) {
             return Err(v.invalid(
@@ -271,7 +278,7 @@ mod tests {
     #[test]
     fn schedules_are_read_and_their_mistakes_named() {
         let got = load(
-            "[[subscription.schedule]]\nname = \"nightly\"\ncron = \"30 2 * * *\"\ntime_zone = \"Europe/Berlin\"\nmissed = \"once\"\npayload = { job = \"report\", n = 3 }\n[[subscription.schedule]]\ncron = \"*/10 * * * * *\"\nfields = { kind = \"ping\" }\n",
+            "[[subscription.schedule]]\nname = \"nightly\"\ncron = \"30 2 * * *\"\ntime_zone = \"Europe/Berlin\"\nmissed = \"once\"\npayload = { job = \"report\", n = 3 }\n[[subscription.schedule]]\nname = \"ping\"\ncron = \"*/10 * * * * *\"\nfields = { kind = \"ping\" }\n",
         )
         .unwrap();
         assert_eq!(got[0].name, "nightly");
@@ -280,7 +287,7 @@ mod tests {
             got[0].entry,
             ScheduledEntry::Payload(r#"{"job":"report","n":3}"#.into())
         );
-        assert_eq!(got[1].name, "2");
+        assert_eq!(got[1].name, "ping");
         assert_eq!(
             got[1].entry.fields("payload"),
             vec![(b"kind".to_vec(), b"ping".to_vec())]

@@ -31,10 +31,15 @@ pub struct ParkedEntry {
 }
 
 impl ParkedEntry {
-    /// Whether it was sent for later rather than parked by a retry: it comes back as a first
-    /// attempt (see `control::operate::schedule`).
+    /// Whether it was sent for later (or by a schedule) rather than parked by a retry or let
+    /// in by its key's turn: its retry count is 0 and its id's sequence number is one no
+    /// stream reaches (at least 10^18, see `control::operate::schedule`).
     pub fn is_scheduled(&self) -> bool {
         self.retry_count == 0
+            && self
+                .entry_id
+                .split_once('-')
+                .is_some_and(|(_, seq)| seq.len() >= 19 && seq.bytes().all(|b| b.is_ascii_digit()))
     }
 }
 

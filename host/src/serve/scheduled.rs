@@ -51,20 +51,13 @@ impl Body {
     /// When, as exactly one of `at`, `at_ms` and `in` says.
     fn when(&self) -> Result<When, Refused> {
         match (&self.at, self.at_ms, &self.after) {
-            (Some(at), None, None) => {
-                let time = humantime::parse_rfc3339_weak(at).map_err(|e| {
+            (Some(at), None, None) => chrono::DateTime::parse_from_rfc3339(at)
+                .map(|t| When::At(t.timestamp_millis()))
+                .map_err(|e| {
                     bad(format!(
-                        "`at` {at:?}: {e} (write RFC 3339, like 2026-12-24T18:00:00Z)"
+                        "`at` {at:?}: {e} (write RFC 3339 with its zone, like 2026-12-24T18:00:00Z)"
                     ))
-                })?;
-                let ms = time
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_err(|_| bad("`at` is before 1970"))?
-                    .as_millis();
-                Ok(When::At(
-                    i64::try_from(ms).map_err(|_| bad("`at` is too far ahead"))?,
-                ))
-            }
+                }),
             (None, Some(ms), None) if ms > 0 => Ok(When::At(ms)),
             (None, Some(ms), None) => Err(bad(format!("`at_ms` must be positive, not {ms}"))),
             (None, None, Some(after)) => {

@@ -12,8 +12,8 @@
 //! Times are Redis's: each host plans by its clock corrected by the offset Redis's `TIME`
 //! showed it, so a host whose clock is off by an hour fires the same ticks at the same moments.
 //!
-//! A tick no host fired (every host was down: a host starting finds the ticks since the last
-//! one fired; or Redis was away for more than [`GRACE`] past it) is missed: `missed = "skip"`
+//! A tick no host fired within [`GRACE`] of its time (every host was down: a host starting
+//! finds the ticks since the last one fired; or Redis was away) is missed: `missed = "skip"`
 //! drops it, `"once"` fires one entry (due at once) for the latest missed tick when a host
 //! can. The record is keyed by the schedule's name, so a config that
 //! edits a schedule's expression (hosts restarted one by one) fires no tick twice.
@@ -36,7 +36,7 @@ static FIRE: LazyLock<Script> =
 pub const LEAD: Duration = Duration::from_secs(1);
 /// How late a tick may still be fired; later, it is missed.
 pub const GRACE: Duration = Duration::from_secs(5);
-/// How long a schedule's record outlives its last tick.
+/// How long a schedule's record outlives its last tick, at least (longer for a longer gap).
 const KEEP: Duration = Duration::from_secs(400 * 24 * 3600);
 
 /// Where a schedule's entries go.
@@ -101,6 +101,11 @@ pub async fn fire(
     tick_ms: i64,
 ) -> RedisResult<Fired> {
     let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    // The record outlives the gap to the next tick (a schedule of the 29th of February
+    // waits years), so a missed tick is still known as one.
+    let gap = schedule
+        .next_after(tick_ms)
+        .map_or(0, |next| u64::try_from(next - tick_ms).unwrap_or(0));
     let options = crate::store::options::ScriptOptions::default()
         .with("tick_ms", tick_ms)
         .with("stream", target.stream.as_str())
@@ -108,7 +113,7 @@ pub async fn fire(
         .with("id", tick_id(target, &schedule.name, tick_ms))
         .with("lead_ms", ms(LEAD) + 1_000)
         .with("ttl_ms", target.ttl.map_or(0, ms))
-        .with("keep_ms", ms(KEEP))
+        .with("keep_ms", ms(KEEP).max(gap.saturating_mul(2)))
         .encode();
     let mut invocation = FIRE.key(record_key(target, &schedule.name));
     invocation.key(&target.set).arg(options);
@@ -216,9 +221,9 @@ impl Ticker {
         crate::support::clock::now_ms() as i64 + self.offset_ms
     }
 
-    /// Fire ticks until `stop`: the missed ones as the schedule says (at start, those since
-    /// the last tick any host fired; later, those more than [`GRACE`] late), the others a
-    /// [`LEAD`] before their time.
+    /// Fire ticks until `stop`: those more than [`GRACE`] late as the schedule says for missed
+    /// ones (at start, those since the last tick any host fired), the others a [`LEAD`] before
+    /// their time (or late, within [`GRACE`]).
     pub async fn run(mut self, stop: CancellationToken) {
         let mut backoff = crate::store::redis_conn::ReconnectBackoff::default();
         // Where this host starts: after the last tick any host fired (its missed ones then
@@ -235,8 +240,9 @@ impl Ticker {
                 }
             }
         };
-        // The ticks between the last one fired and now passed while no host fired them.
-        let mut live_from = self.server_now();
+        // The ticks between the last one fired and GRACE ago passed while no host fired them;
+        // the later ones are fired now, late.
+        let mut live_from = self.server_now() - GRACE.as_millis() as i64;
         loop {
             if cursor < live_from {
                 match self.missed(cursor, live_from).await {

@@ -300,7 +300,7 @@ pub const SERIES: &[Series] = &[
         name: "dedupe_unkeyed",
         kind: Kind::Counter,
         labels: "reason",
-        help: "Entries of a deduplicating subscription handled without being judged: no key (`missing`), a key over `max_key_bytes` (`too_long`), or a new key past `max_keys` judged this window (`over_max_keys`: known keys still skip their duplicates)",
+        help: "Entries of a deduplicating subscription handled without being judged: no key (`missing`), a key over `max_key_bytes` (`too_long`), or a new key past the `max_keys` taken this window (`over_max_keys`: known keys still skip their duplicates)",
     },
 ];
 

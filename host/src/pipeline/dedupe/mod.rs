@@ -20,7 +20,7 @@
 //!
 //! Bounds: a key's record is one Redis string named by 32 hex digits of the key's SHA-1 (never
 //! its bytes), holding the first entry's origin id, expiring `window` after it was taken
-//! (about 180 bytes). At most `max_keys` keyed entries are judged per window-long period
+//! (about 180 bytes). At most `max_keys` new keys are taken per window-long period
 //! ([`DedupeKeys::taken`]); past it, new keys are not remembered (their entries run, counted
 //! `over_max_keys`) while known keys still skip their duplicates: at most about twice
 //! `max_keys` records live at once. A key over `max_key_bytes`, or none, makes the entry run
@@ -30,7 +30,7 @@
 //! a script (Lua's copy of every entry: 0.3 x the plain throughput), and a hash with a sorted
 //! set of expiry times judged by a script (5 us of Redis per entry against 2 for the SET).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 
 use prometheus_client::metrics::counter::Counter;
@@ -69,7 +69,7 @@ impl DedupeKeys {
         format!("{}:key:{kd}", self.prefix)
     }
 
-    /// How many keyed entries were judged in the window-long period `n` (epoch ms / window).
+    /// How many new keys were taken in the window-long period `n` (epoch ms / window).
     pub fn taken(&self, n: u64) -> String {
         format!("{}:taken:{n}", self.prefix)
     }
@@ -100,8 +100,9 @@ pub struct Deduper {
     histories: (String, String),
     history_cap: u32,
     events: Events,
-    /// Whether the last judgement found `max_keys` keyed entries judged this period.
-    full: AtomicBool,
+    /// The window-long period in which `max_keys` new keys were taken, as far as this host
+    /// knows (`u64::MAX`: none).
+    full: AtomicU64,
     duplicates: Counter,
     missing: Counter,
     too_long: Counter,
@@ -110,7 +111,9 @@ pub struct Deduper {
 
 /// What one judgement found of each keyed entry.
 enum Verdict {
-    /// It runs (the key's first entry, or a new key it took).
+    /// It took a new key, and runs.
+    Took,
+    /// It is its key's first entry already (judged again), and runs.
     Runs,
     /// A new key, not remembered: `max_keys` were judged this period.
     Unremembered,
@@ -157,7 +160,7 @@ impl Deduper {
             ),
             history_cap: keys.history_entries,
             events,
-            full: AtomicBool::new(false),
+            full: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -181,7 +184,7 @@ impl Deduper {
         let mut dups = Vec::new();
         for ((i, _), verdict) in keyed.iter().zip(verdicts) {
             match verdict {
-                Verdict::Runs => {}
+                Verdict::Took | Verdict::Runs => {}
                 Verdict::Unremembered => {
                     self.over_max_keys.inc();
                 }
@@ -227,10 +230,10 @@ impl Deduper {
         keyed
     }
 
-    /// One pipeline: the period's count of judged entries (by this host's clock: a skewed
-    /// host counts in another period, which moves the bound, never a verdict), and each keyed
-    /// entry's SET (a GET once `max_keys` were judged this period: known keys still find
-    /// their first entry).
+    /// One pipeline: the period's count of new keys taken (by this host's clock: a skewed host
+    /// counts in another period, which moves the bound, never a verdict), and each keyed
+    /// entry's SET (a GET once the period took `max_keys` new keys: known keys still find
+    /// their first entry). The keys taken are then counted, without waiting for the answer.
     async fn verdicts(
         &self,
         conn: &mut RedisHandle,
@@ -239,15 +242,9 @@ impl Deduper {
     ) -> RedisResult<Vec<Verdict>> {
         let window_ms = u64::try_from(self.spec.window.as_millis()).unwrap_or(u64::MAX);
         let period = crate::support::clock::now_ms() / window_ms.max(1);
-        let full = self.full.load(Ordering::Relaxed);
+        let full = self.full.load(Ordering::Relaxed) == period;
         let mut pipe = redis::pipe();
-        pipe.cmd("INCRBY")
-            .arg(self.keys.taken(period))
-            .arg(keyed.len());
-        pipe.cmd("PEXPIRE")
-            .arg(self.keys.taken(period))
-            .arg(window_ms.saturating_mul(2))
-            .ignore();
+        pipe.cmd("GET").arg(self.keys.taken(period));
         for (i, kd) in keyed {
             if full {
                 pipe.cmd("GET").arg(self.keys.key(kd));
@@ -266,12 +263,11 @@ impl Deduper {
         let replies: Vec<RedisResult<redis::Value>> =
             pipe.ignore_errors().query_async(conn).await?;
         let mut replies = replies.into_iter();
-        let judged: u64 = match replies.next() {
-            Some(reply) => redis::from_redis_value(reply?)?,
+        let taken_before: u64 = match replies.next() {
+            Some(Ok(value)) => redis::from_redis_value::<Option<u64>>(value)?.unwrap_or(0),
+            Some(Err(err)) => return Err(err),
             None => 0,
         };
-        self.full
-            .store(judged >= self.spec.max_keys, Ordering::Relaxed);
         let mut verdicts = Vec::with_capacity(keyed.len());
         for (i, kd) in keyed {
             let holder: Option<String> = match replies.next() {
@@ -292,12 +288,40 @@ impl Deduper {
             };
             verdicts.push(match holder {
                 None if full => Verdict::Unremembered,
-                None => Verdict::Runs,
+                None => Verdict::Took,
                 Some(first) if first == read[*i].origin_id => Verdict::Runs,
                 Some(first) => Verdict::Duplicate(first),
             });
         }
+        let took = verdicts
+            .iter()
+            .filter(|v| matches!(v, Verdict::Took))
+            .count() as u64;
+        if taken_before.saturating_add(took) >= self.spec.max_keys {
+            self.full.store(period, Ordering::Relaxed);
+        }
+        if took > 0 {
+            self.count_taken(conn, period, took, window_ms);
+        }
         Ok(verdicts)
+    }
+
+    /// Add `took` new keys to `period`'s count, on a task of its own (the count bounds the
+    /// record; a lost INCRBY lets a few more keys in, never a duplicate).
+    fn count_taken(&self, conn: &RedisHandle, period: u64, took: u64, window_ms: u64) {
+        let mut conn = conn.clone();
+        let key = self.keys.taken(period);
+        tokio::spawn(async move {
+            let mut pipe = redis::pipe();
+            pipe.cmd("INCRBY").arg(&key).arg(took).ignore();
+            pipe.cmd("PEXPIRE")
+                .arg(&key)
+                .arg(window_ms.saturating_mul(2))
+                .ignore();
+            if let Err(err) = pipe.query_async::<()>(&mut conn).await {
+                tracing::debug!(%err, "could not count the dedupe keys taken");
+            }
+        });
     }
 
     /// Acknowledge `dups` (id, first id) with their history records, counted.

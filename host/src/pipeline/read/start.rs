@@ -202,6 +202,24 @@ impl Subscription {
         permit: OwnedSemaphorePermit,
     ) {
         let delivery = self.new_delivery((entry, Default::default()), source, delivery_count);
+        if let Some(dedupe) = self.dedupe.clone() {
+            // An entry read again alone (past a read's byte budget) is judged like any.
+            let this = self.clone();
+            tokio::spawn(async move {
+                let run = this
+                    .judged(&dedupe, vec![delivery])
+                    .await
+                    .unwrap_or_default();
+                if let Some(task) = run
+                    .into_iter()
+                    .next()
+                    .and_then(|d| this.delivery_task(d, permit))
+                {
+                    this.spawn_alone(task);
+                }
+            });
+            return;
+        }
         let Some(order) = self.order.clone() else {
             if let Some(task) = self.delivery_task(delivery, permit) {
                 self.spawn_alone(task);
@@ -275,14 +293,38 @@ impl Subscription {
                 deliveries.push(self.new_delivery((entry, cut), source, delivery_count));
             }
         }
+        let Some(run) = self.judged(dedupe, deliveries).await else {
+            return;
+        };
+        let mut group = Vec::with_capacity(run.len());
+        for delivery in run {
+            let Some(permit) = self.permit(&mut slots, delivery.source, &mut group).await else {
+                return;
+            };
+            if let Some(task) = self.delivery_task(delivery, permit) {
+                group.push(task);
+            }
+        }
+        self.spawn_group(group);
+    }
+
+    /// The deliveries of a deduplicating subscription that run (see
+    /// [`crate::pipeline::dedupe::Deduper::judge`]), judging again with capped backoff while
+    /// Redis fails; `None` once the subscription stops (the entries stay pending, and are
+    /// judged when read again).
+    async fn judged(
+        &self,
+        dedupe: &crate::pipeline::dedupe::Deduper,
+        mut deliveries: Vec<Delivery>,
+    ) -> Option<Vec<Delivery>> {
         let mut backoff = crate::store::redis_conn::ReconnectBackoff::default();
         let mut conn = self.conn.clone();
-        let run = loop {
+        loop {
             match dedupe
                 .judge(&mut conn, &self.plan.consumer, deliveries)
                 .await
             {
-                Ok(run) => break run,
+                Ok(run) => return Some(run),
                 Err((err, back)) => {
                     deliveries = back;
                     let pause = backoff.next_delay();
@@ -295,21 +337,11 @@ impl Subscription {
                     );
                     tokio::select! {
                         () = tokio::time::sleep(pause) => {}
-                        () = self.stop.cancelled() => return,
+                        () = self.stop.cancelled() => return None,
                     }
                 }
             }
-        };
-        let mut group = Vec::with_capacity(run.len());
-        for delivery in run {
-            let Some(permit) = self.permit(&mut slots, delivery.source, &mut group).await else {
-                return;
-            };
-            if let Some(task) = self.delivery_task(delivery, permit) {
-                group.push(task);
-            }
         }
-        self.spawn_group(group);
     }
 
     /// The deliveries that run now (see [`crate::pipeline::order::Order::admit`]), asking
