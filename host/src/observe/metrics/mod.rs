@@ -337,6 +337,21 @@ impl Metrics {
         self.per_subscription
     }
 
+    /// The counter of `family` for `labels` (a subscription's series) and `reason`.
+    pub fn reason_counter(
+        family: &Family<ReasonLabels, Counter>,
+        labels: &SubLabels,
+        reason: &'static str,
+    ) -> Counter {
+        family
+            .get_or_create(&ReasonLabels {
+                stream: labels.stream.clone(),
+                group: labels.group.clone(),
+                reason,
+            })
+            .clone()
+    }
+
     /// The labels a subscription's series carry: its own, or the host's (empty) when
     /// per-subscription metrics are off.
     pub fn series(&self, labels: &SubLabels) -> SubLabels {

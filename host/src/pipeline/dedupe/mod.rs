@@ -135,14 +135,11 @@ impl Deduper {
             &keys.group,
         ));
         let reason = |reason| {
-            metrics
-                .dedupe_unkeyed
-                .get_or_create(&crate::observe::metrics::ReasonLabels {
-                    stream: labels.stream.clone(),
-                    group: labels.group.clone(),
-                    reason,
-                })
-                .clone()
+            crate::observe::metrics::Metrics::reason_counter(
+                &metrics.dedupe_unkeyed,
+                &labels,
+                reason,
+            )
         };
         Self {
             missing: reason("missing"),

@@ -185,14 +185,11 @@ impl Order {
             &keys.group,
         ));
         let reason = |reason| {
-            metrics
-                .ordered_unkeyed
-                .get_or_create(&crate::observe::metrics::ReasonLabels {
-                    stream: labels.stream.clone(),
-                    group: labels.group.clone(),
-                    reason,
-                })
-                .clone()
+            crate::observe::metrics::Metrics::reason_counter(
+                &metrics.ordered_unkeyed,
+                &labels,
+                reason,
+            )
         };
         Self {
             missing: reason("missing"),

@@ -246,7 +246,7 @@ impl Subscription {
         self: &Arc<Self>,
         order: &crate::pipeline::order::Order,
         batch: Vec<(ReadEntry, u64)>,
-        mut slots: Taken,
+        slots: Taken,
     ) {
         // Entries the order's read script delivered have their place already; the others (the
         // lane's: retries and entries let in hold their turn, a requeued dead letter takes one
@@ -267,6 +267,12 @@ impl Subscription {
         if !deliveries.is_empty() {
             ready.extend(self.in_turn(order, deliveries).await);
         }
+        self.start_ready(ready, slots).await;
+    }
+
+    /// Start `ready` (deliveries whose place is settled), each with a slot of the read's (or
+    /// the next that frees), on as few tasks as their handler's time allows.
+    async fn start_ready(self: &Arc<Self>, ready: Vec<Delivery>, mut slots: Taken) {
         let mut group = Vec::with_capacity(ready.len());
         for delivery in ready {
             let Some(permit) = self.permit(&mut slots, delivery.source, &mut group).await else {
@@ -285,7 +291,7 @@ impl Subscription {
         self: &Arc<Self>,
         dedupe: &crate::pipeline::dedupe::Deduper,
         batch: Vec<(ReadEntry, u64)>,
-        mut slots: Taken,
+        slots: Taken,
     ) {
         let mut deliveries = Vec::with_capacity(batch.len());
         for (read, delivery_count) in batch {
@@ -293,19 +299,9 @@ impl Subscription {
                 deliveries.push(self.new_delivery((entry, cut), source, delivery_count));
             }
         }
-        let Some(run) = self.judged(dedupe, deliveries).await else {
-            return;
-        };
-        let mut group = Vec::with_capacity(run.len());
-        for delivery in run {
-            let Some(permit) = self.permit(&mut slots, delivery.source, &mut group).await else {
-                return;
-            };
-            if let Some(task) = self.delivery_task(delivery, permit) {
-                group.push(task);
-            }
+        if let Some(run) = self.judged(dedupe, deliveries).await {
+            self.start_ready(run, slots).await;
         }
-        self.spawn_group(group);
     }
 
     /// The deliveries of a deduplicating subscription that run (see
