@@ -9,7 +9,7 @@
 //! - Running: [`run`], [`check`] (the plan, without starting it), [`send`] (one entry),
 //!   [`test`] (the handler on made-up deliveries, without Redis).
 //! - Looking: [`status`], [`parked`], [`dead_letters`], [`keys`] (ordered keys that wait; and
-//!   releasing one).
+//!   releasing one), [`scaler`] (the scaling signal, served from Redis alone).
 //! - Acting: [`pause`] (and resume), [`swap`] (and rollback, canary), [`requeue`],
 //!   [`retry_now`], [`delete`], [`replay`] (dead letters against a candidate, dry run).
 //! - The edge: [`args`] (what several commands' arguments share), [`logs`] (`--log-format` and
@@ -31,6 +31,7 @@ mod replay;
 mod requeue;
 mod retry_now;
 mod run;
+mod scaler;
 mod send;
 mod status;
 mod swap;
@@ -59,6 +60,7 @@ pub use replay::{ReplayRequest, replay};
 pub use requeue::{RequeueRequest, requeue};
 pub use retry_now::retry_now;
 pub use run::run;
+pub use scaler::start as start_scaler;
 pub use send::send;
 pub use status::{SHOW_ALL_UP_TO, StatusOptions, StatusReport, status};
 pub use swap::{SwapRequest, swap};
@@ -101,6 +103,10 @@ pub enum Command {
     /// unread counts, parked entries and the next due time, dead letters and the handler digest.
     /// With more than 20, a summary first and only those with something to see.
     Status(status::Args),
+    /// Serve the scaling signal for an autoscaler (KEDA's metrics-api): per subscription the
+    /// entries that need a host now (unread, pending, parked and due) and the seconds until the
+    /// next parked retry is due, at GET /v1/scaling, read from Redis alone (no host needed).
+    Scaler(scaler::Args),
     /// Pause subscriptions: every host of the group stops taking new entries and due retries
     /// within a second (deliveries in flight finish), until `sluice resume`. Kept in Redis, so
     /// it holds across restarts.
@@ -149,6 +155,7 @@ pub async fn execute(command: Command) -> Result<()> {
         Command::Run(args) => run::execute(args).await,
         Command::Parked(args) => parked::execute(args).await,
         Command::Status(args) => status::execute(args).await,
+        Command::Scaler(args) => scaler::execute(args).await,
         Command::Pause(args) => pause::execute(args).await,
         Command::Resume(args) => pause::execute_resume(args).await,
         Command::Swap(args) => swap::execute(args).await,

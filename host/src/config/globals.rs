@@ -18,6 +18,7 @@ pub(super) struct Globals {
     pub(super) shutdown_timeout: Option<Duration>,
     pub(super) admin: Option<Option<SocketAddr>>,
     pub(super) admin_token: Option<TokenSource>,
+    pub(super) admin_read_token: Option<TokenSource>,
     pub(super) rollout_key: Option<TokenSource>,
     pub(super) admin_max_upload: Option<u64>,
     pub(super) cache_max_size: Option<u64>,
@@ -44,6 +45,11 @@ impl Globals {
             &mut self.admin_token,
             other.admin_token,
             "admin_token_file/admin_token_env",
+        )?;
+        merge(
+            &mut self.admin_read_token,
+            other.admin_read_token,
+            "admin_read_token_file/admin_read_token_env",
         )?;
         merge(
             &mut self.rollout_key,
@@ -125,6 +131,12 @@ pub(super) fn globals(
         "admin_token",
         (&raw.admin_token_file, &raw.admin_token_env),
     )?;
+    let admin_read_token = admin::secret_source(
+        v,
+        base,
+        "admin_read_token",
+        (&raw.admin_read_token_file, &raw.admin_read_token_env),
+    )?;
     let rollout_key = admin::secret_source(
         v,
         base,
@@ -142,6 +154,7 @@ pub(super) fn globals(
         shutdown_timeout: v.opt_duration("shutdown_timeout", &raw.shutdown_timeout)?,
         admin,
         admin_token,
+        admin_read_token,
         rollout_key,
         admin_max_upload: raw
             .admin_max_upload

@@ -476,6 +476,9 @@ pub struct Config {
     pub admin: Option<std::net::SocketAddr>,
     /// Where the admin API's bearer token comes from.
     pub admin_token: Option<TokenSource>,
+    /// Where the read-only token comes from: it may look (the API's listings, the page, the
+    /// scaling signal) and is refused every action, for dashboards, KEDA and on-call readers.
+    pub admin_read_token: Option<TokenSource>,
     /// Where the key that seals canaries comes from; the admin token's when `None`.
     pub rollout_key: Option<TokenSource>,
     /// The largest upload the admin API accepts, in bytes.
@@ -533,6 +536,7 @@ impl Config {
             shutdown_timeout: globals.shutdown_timeout.unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT),
             admin: globals.admin.unwrap_or(DEFAULT_ADMIN.parse().ok()),
             admin_token: globals.admin_token,
+            admin_read_token: globals.admin_read_token,
             rollout_key: globals.rollout_key,
             admin_max_upload: globals.admin_max_upload.unwrap_or(DEFAULT_ADMIN_MAX_UPLOAD),
             admin_open_on_loopback: globals.admin_open_on_loopback.unwrap_or(false),

@@ -29,6 +29,8 @@ pub(super) struct RawConfig {
     pub(super) admin: Option<String>,
     pub(super) admin_token_file: Option<PathBuf>,
     pub(super) admin_token_env: Option<String>,
+    pub(super) admin_read_token_file: Option<PathBuf>,
+    pub(super) admin_read_token_env: Option<String>,
     pub(super) rollout_key_file: Option<PathBuf>,
     pub(super) rollout_key_env: Option<String>,
     pub(super) admin_max_upload: Option<String>,

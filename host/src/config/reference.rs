@@ -84,6 +84,12 @@ pub const KEYS: &[KeyDoc] = &[
     },
     KeyDoc {
         scope: Scope::Top,
+        keys: &["admin_read_token_file", "admin_read_token_env"],
+        meaning: "where a read-only token is: it may see what the operator token sees (the API's listings, the page, `/v1/scaling`, `sluice scaler`) and is answered 403 on every action; for dashboards, KEDA and on-call readers. It must differ from the operator token",
+        default: "none",
+    },
+    KeyDoc {
+        scope: Scope::Top,
         keys: &["rollout_key_file", "rollout_key_env"],
         meaning: "where the key that seals canaries is (at least 128 random bits, the same on every host of a group, never in Redis): only a host holding it starts a canary, and hosts run a candidate or take a verdict only under its seal, so a Redis user cannot make them run its code",
         default: "derived from the admin token; without either, canaries are refused",

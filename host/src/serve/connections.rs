@@ -142,7 +142,7 @@ impl Drop for InFlight {
 }
 
 /// Serve `app` on `listener` until `stop`, `probes` on connections beyond the limit.
-pub(super) async fn serve(
+pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
     probes: Router,

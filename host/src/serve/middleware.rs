@@ -85,6 +85,23 @@ fn authorized(
             "the admin server is read-only (admin_read_only = true)\n".to_owned(),
         ));
     }
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // The read-only token may look wherever the operator's may, and never act.
+    if let (Some(read), Some(given)) = (&state.read_token, given)
+        && guard::same_secret(given, read)
+    {
+        if mutating {
+            tracing::warn!(call = what, "admin call refused: a read-only token");
+            return Err((
+                StatusCode::FORBIDDEN,
+                "this token is read-only (admin_read_token): it may look, not act\n".to_owned(),
+            ));
+        }
+        return Ok(());
+    }
     // With only a session key, the list of subscriptions (names, versions, counts: no entry's
     // data) stays open, as without a token.
     if state.session_key && !mutating && what == "GET /v1/subscriptions" {
@@ -103,10 +120,6 @@ fn authorized(
             "this call changes the host and needs a bearer token: set admin_token_file or admin_token_env (or admin_open_on_loopback = true to allow it without one on loopback)\n".to_owned(),
         ));
     };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
     if given.is_some_and(|given| guard::same_secret(given, token)) {
         return Ok(());
     }

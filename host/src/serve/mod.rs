@@ -57,14 +57,17 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
-mod connections;
+mod audit;
+pub(crate) mod connections;
 mod flow;
-mod guard;
+pub(crate) mod guard;
+mod jobs;
 mod keys;
 pub(crate) mod listing;
 mod middleware;
 mod probes;
 mod rollout;
+pub(crate) mod scaling;
 mod scheduled;
 mod ui;
 mod versions;
@@ -158,6 +161,8 @@ struct AdminState {
     swaps: Arc<Vec<Arc<SwapControl>>>,
     rollouts: Arc<Vec<Arc<crate::control::rollout::Rollout>>>,
     token: Option<Arc<str>>,
+    /// See [`AdminOptions::read_token`].
+    read_token: Option<Arc<str>>,
     /// See [`AdminOptions::session_key`].
     session_key: bool,
     open_on_loopback: bool,
@@ -171,12 +176,19 @@ struct AdminState {
     index: Arc<listing::Index>,
     /// Each subscription's Redis state when last sampled for `/metrics`, by index.
     redis_samples: Arc<tokio::sync::Mutex<probes::Samples>>,
+    /// The scaling signal, read on demand (`/v1/scaling`, `/metrics`).
+    scaling: Arc<crate::observe::scaling::Board>,
+    /// Filter counts running at once (each scans up to `jobs::MAX_SCAN` entries).
+    scans: Arc<tokio::sync::Semaphore>,
 }
 
 /// The handler API's settings.
 pub struct AdminOptions {
     /// The bearer token mutating calls must carry, if any.
     pub token: Option<String>,
+    /// A token that may look wherever `token` may and is refused every action (403): for
+    /// dashboards, autoscalers and on-call readers.
+    pub read_token: Option<String>,
     /// The token is this process's session key (no admin token is configured): the listing of
     /// subscriptions stays open, everything with entries' data and every action needs it.
     pub session_key: bool,
@@ -199,8 +211,8 @@ pub struct AdminOptions {
     "cannot start the admin server on {addr} (set `admin` in the config to another address, or \"off\")"
 )]
 pub struct AdminError {
-    addr: SocketAddr,
-    source: std::io::Error,
+    pub(crate) addr: SocketAddr,
+    pub(crate) source: std::io::Error,
 }
 
 /// Bind `addr` and serve until `stop`; returns the bound address (useful with port 0).
@@ -238,10 +250,13 @@ impl AdminState {
             samples: Arc::default(),
             metrics,
             index: Arc::new(listing::Index::new(&subscriptions)),
+            scaling: scaling::board_of(&subscriptions),
+            scans: Arc::new(tokio::sync::Semaphore::new(2)),
             subscriptions: Arc::new(subscriptions),
             swaps: Arc::new(options.swaps),
             rollouts: Arc::new(options.rollouts),
             token: options.token.map(Into::into),
+            read_token: options.read_token.map(Into::into),
             session_key: options.session_key,
             open_on_loopback: options.open_on_loopback && bound.ip().is_loopback(),
             read_only: options.read_only,
@@ -293,6 +308,7 @@ fn routers(state: AdminState) -> (Router, Router) {
 fn api(state: &AdminState) -> Router<AdminState> {
     Router::new()
         .route("/v1/subscriptions", get(versions::list_handler))
+        .route("/v1/scaling", get(scaling::scaling_handler))
         .route(
             "/v1/subscriptions/{stream}/{group}/handler",
             axum::routing::put(versions::swap_handler)
@@ -307,6 +323,13 @@ fn api(state: &AdminState) -> Router<AdminState> {
         .merge(keys::routes())
         .merge(flow::routes())
         .merge(rollout::routes(state.max_upload))
+        .merge(audit::routes())
+        .merge(jobs::routes())
+        // Inside the guard: only calls that passed the token check are recorded.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            audit::audit_api,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             middleware::guard_api,

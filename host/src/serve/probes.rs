@@ -65,6 +65,13 @@ pub(super) async fn metrics_handler(State(state): State<AdminState>) -> impl Int
         let taken: Vec<RedisSample> = samples.iter().map(|(s, _)| s.clone()).collect();
         publish_samples(&state.metrics, &state.subscriptions, &taken);
     }
+    let readings = state.scaling.readings().await;
+    let labels: Vec<SubLabels> = state
+        .subscriptions
+        .iter()
+        .map(|s| s.labels.clone())
+        .collect();
+    super::scaling::publish(&state.metrics, &labels, &readings);
     (
         [(
             header::CONTENT_TYPE,

@@ -23,6 +23,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 
+use super::audit::Moved;
 use super::{AdminState, AdminSubscription};
 use crate::control::operate::{BATCH, OperateError, dead_letters, parked};
 use crate::store::keys::SubscriptionKeys;
@@ -31,6 +32,13 @@ use crate::store::keys::SubscriptionKeys;
 pub const ALL_PER_CALL: usize = 1_000;
 
 type Answer = Result<axum::Json<serde_json::Value>, (StatusCode, String)>;
+/// An answer that says how many entries the call moved (for the audit record).
+type Counted =
+    Result<(axum::Extension<Moved>, axum::Json<serde_json::Value>), (StatusCode, String)>;
+
+fn counted(n: usize, body: serde_json::Value) -> Counted {
+    Ok((axum::Extension(Moved(n as u64)), axum::Json(body)))
+}
 
 /// The calls over dead letters, parked retries and entries.
 pub(super) fn routes() -> Router<AdminState> {
@@ -166,7 +174,7 @@ async fn requeue(
     State(state): State<AdminState>,
     Path((stream, group)): Path<(String, String)>,
     axum::Json(body): axum::Json<RequeueBody>,
-) -> Answer {
+) -> Counted {
     if body.all != body.ids.is_empty() {
         return Err((
             StatusCode::BAD_REQUEST,
@@ -214,12 +222,15 @@ async fn requeue(
         requeued = requeued.len(),
         "dead letters requeued through the admin API"
     );
-    Ok(axum::Json(serde_json::json!({
-        "requeued": requeued,
-        "skipped": skipped,
-        "missing": missing,
-        "more": more,
-    })))
+    counted(
+        requeued.len(),
+        serde_json::json!({
+            "requeued": requeued,
+            "skipped": skipped,
+            "missing": missing,
+            "more": more,
+        }),
+    )
 }
 
 async fn delete_dead(
@@ -310,7 +321,7 @@ async fn retry_now(
     State(state): State<AdminState>,
     Path((stream, group)): Path<(String, String)>,
     axum::Json(body): axum::Json<ParkedBody>,
-) -> Answer {
+) -> Counted {
     let (sub, keys) = subscription(&state, &stream, &group)?;
     let set = set_of(&keys)?;
     let mut conn = sub.conn.clone();
@@ -339,14 +350,14 @@ async fn retry_now(
         moved,
         "parked retries made due through the admin API"
     );
-    Ok(axum::Json(serde_json::json!({ "due_now": moved })))
+    counted(moved, serde_json::json!({ "due_now": moved }))
 }
 
 async fn dead_letter_now(
     State(state): State<AdminState>,
     Path((stream, group)): Path<(String, String)>,
     axum::Json(body): axum::Json<ParkedBody>,
-) -> Answer {
+) -> Counted {
     let reason = body
         .reason
         .as_deref()
@@ -371,7 +382,7 @@ async fn dead_letter_now(
         reason,
         "parked retries dead-lettered through the admin API"
     );
-    Ok(axum::Json(serde_json::json!({ "dead_lettered": moved })))
+    counted(moved, serde_json::json!({ "dead_lettered": moved }))
 }
 
 #[derive(serde::Deserialize)]

@@ -33,8 +33,18 @@ impl Service {
         } else {
             token
         };
+        let read_token = match &self.plan.admin_read_token {
+            Some(source) => Some(source.read().map_err(RunError::Token)?),
+            None => None,
+        };
+        if let (Some(read), Some(token)) = (&read_token, &token)
+            && read == token
+        {
+            return Err(RunError::SameTokens);
+        }
         let options = crate::serve::AdminOptions {
             token,
+            read_token,
             session_key,
             max_upload: usize::try_from(self.plan.admin_max_upload).unwrap_or(usize::MAX),
             open_on_loopback: self.plan.admin_open_on_loopback,

@@ -77,6 +77,11 @@ pub enum RunError {
     /// The admin token could not be read.
     #[error("cannot use the admin token")]
     Token(#[from] crate::config::TokenError),
+    /// The read-only token is the operator's: whoever holds it could act.
+    #[error(
+        "admin_read_token and admin_token hold the same secret: the read-only token would act; give it its own (`openssl rand -hex 32`)"
+    )]
+    SameTokens,
     /// The rollout key could not be read.
     #[error(transparent)]
     RolloutKey(Box<crate::control::rollout::key::KeyError>),

@@ -209,6 +209,8 @@ pub struct Plan {
     pub admin: Option<std::net::SocketAddr>,
     /// Where the admin API's token comes from.
     pub admin_token: Option<crate::config::TokenSource>,
+    /// Where the admin API's read-only token comes from.
+    pub admin_read_token: Option<crate::config::TokenSource>,
     /// Where the key that seals canaries comes from (else the admin token's).
     pub rollout_key: Option<crate::config::TokenSource>,
     /// With no admin token (and no `admin_open_on_loopback`), the key the admin API and page
@@ -286,6 +288,7 @@ impl Plan {
             shutdown_timeout: config.shutdown_timeout,
             admin: config.admin,
             admin_token: config.admin_token.clone(),
+            admin_read_token: config.admin_read_token.clone(),
             rollout_key: config.rollout_key.clone(),
             admin_session_key: None,
             rollout_key_ephemeral: false,

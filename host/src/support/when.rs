@@ -45,3 +45,10 @@ mod tests {
         assert_eq!(super::rfc3339_ms(-5), "1970-01-01T00:00:00.000Z");
     }
 }
+
+/// This host's clock now, epoch ms (the faked clock in tests of time).
+pub fn now_ms() -> i64 {
+    crate::support::clock::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

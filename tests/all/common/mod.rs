@@ -944,12 +944,17 @@ impl PageSession {
 
 /// Log in with the test token, as the login form does.
 pub async fn log_in(admin: std::net::SocketAddr) -> PageSession {
+    log_in_with(admin, TEST_TOKEN).await
+}
+
+/// Log in with `token` (the operator's or the read-only one), as the login form does.
+pub async fn log_in_with(admin: std::net::SocketAddr, token: &str) -> PageSession {
     let (code, head, body) = http_exchange(
         admin,
         "POST",
         "/ui/login",
         &[("Content-Type", "application/x-www-form-urlencoded")],
-        format!("token={TEST_TOKEN}").as_bytes(),
+        format!("token={token}").as_bytes(),
     )
     .await;
     assert_eq!(code, 200, "{head}");
@@ -959,7 +964,7 @@ pub async fn log_in(admin: std::net::SocketAddr) -> PageSession {
         "{cookie}"
     );
     assert!(
-        !cookie.contains(TEST_TOKEN) && !body.contains(TEST_TOKEN),
+        !cookie.contains(token) && !body.contains(token),
         "the token is never the cookie or the key"
     );
     let at = body.find("data-key=\"").expect("the session's key") + 10;

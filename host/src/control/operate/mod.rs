@@ -17,10 +17,14 @@
 //! - [`parked`]: list (due order), retry now (due immediately; the next sweep moves it),
 //!   delete, dead-letter now (with the operator's reason).
 //! - [`entry`]: one entry, whole: its fields, where it is now and its history.
+//! - [`filter`]: which entries an operator means (a payload field, retries, times);
+//!   [`jobs`]: acting on every match as one server-side job, with progress.
 //! - [`schedule`]: an entry sent for later waits in the delayed set as a first attempt.
 
 pub mod dead_letters;
 pub mod entry;
+pub mod filter;
+pub mod jobs;
 pub mod parked;
 pub mod schedule;
 

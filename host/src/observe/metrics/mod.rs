@@ -86,6 +86,10 @@ pub struct Metrics {
     pub parked_oldest_due: Family<SubLabels, Gauge>,
     /// Dead-letter stream length, sampled at scrape.
     pub dead_letters: Family<SubLabels, Gauge>,
+    /// Entries that need a host now (unread, pending, parked and due), sampled at scrape.
+    pub scaling_needs_host_now: Family<SubLabels, Gauge>,
+    /// Seconds until the next parked entry is due; absent when none is parked.
+    pub scaling_next_due: Family<SubLabels, Gauge<f64, AtomicU64>>,
     /// Stream entries trimmed by retention.
     pub retention_trimmed: Family<SubLabels, Counter>,
     /// Retention runs blocked by what groups need.
@@ -254,6 +258,8 @@ impl Metrics {
             parked: reg!("parked_entries", Family::default()),
             parked_oldest_due: reg!("parked_oldest_due_seconds", Family::default()),
             dead_letters: reg!("dead_letter_entries", Family::default()),
+            scaling_needs_host_now: reg!("scaling_needs_host_now", Family::default()),
+            scaling_next_due: reg!("scaling_next_due_seconds", Family::default()),
             retention_trimmed: reg!("retention_trimmed", Family::default()),
             retention_blocked: reg!("retention_blocked", Family::default()),
             stream_length: reg!("stream_length", Family::default()),

@@ -75,6 +75,18 @@ pub const SERIES: &[Series] = &[
         help: "Due time of the earliest parked entry, Unix seconds",
     },
     Series {
+        name: "scaling_needs_host_now",
+        kind: Kind::Gauge,
+        labels: "",
+        help: "Entries that need a host now: unread, pending, and parked entries already due (scrape time, Redis's clock; what `GET /v1/scaling` and `sluice scaler` serve)",
+    },
+    Series {
+        name: "scaling_next_due_seconds",
+        kind: Kind::Gauge,
+        labels: "",
+        help: "Seconds until the next parked retry or scheduled entry is due, 0 when one is; absent when none is parked",
+    },
+    Series {
         name: "dead_letter_entries",
         kind: Kind::Gauge,
         labels: "",

@@ -291,6 +291,7 @@ pub(super) async fn act(
     match doing.run(action).await {
         Ok(done) => {
             tracing::info!(stream, group, action = action.name(), "{done} (admin page)");
+            crate::serve::audit::page_action(sub, &viewer.who, action.name(), None, &done).await;
             back(&state, &viewer, (&stream, &group), action.page(), done)
         }
         Err(err) => unavailable(err),

@@ -35,8 +35,11 @@ pub(super) fn layout(title: &str, viewer: Option<&Viewer>, body: Markup) -> Mark
                 header {
                     a.brand href="/ui/" { "Sluice" }
                     a href="/ui/" { "Overview" }
+                    a href="/ui/audit" { "Audit" }
                     @if let Some(viewer) = viewer {
-                        @if !viewer.can_act {
+                        @if viewer.role == super::Role::Reader {
+                            span.muted.role title="Logged in with the read-only token (admin_read_token): every action is refused" { "read-only token" }
+                        } @else if !viewer.can_act {
                             span.muted title="Actions need an admin token (admin_token_file or admin_token_env, then log in) or admin_open_on_loopback = true; `sluice dev` allows them on loopback" { "read-only ⓘ" }
                         }
                         @if viewer.logged_in {

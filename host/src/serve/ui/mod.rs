@@ -11,6 +11,8 @@
 //! - [`overview`]: the overview, with a [`card`] per subscription;
 //! - [`waiting`]: a subscription's parked retries and dead letters; [`pending`]: its entries in
 //!   flight; [`entry`]: one entry, whole; [`keys`]: an ordered subscription's keys that wait;
+//! - [`jobs`]: filters with their counts, bulk jobs (confirmed by count, with progress), and
+//!   the audit trail;
 //! - [`act`]: the actions the pages' forms post (one [`act::Action`] each);
 //! - [`rollout`]: the canary panel, its forms and the replay's result;
 //! - [`chrome`]: the frame every page shares (layout, login, messages, links); [`fields`]: how
@@ -40,6 +42,7 @@ mod card;
 mod chrome;
 mod entry;
 mod fields;
+mod jobs;
 mod keys;
 mod overview;
 mod pending;
@@ -76,8 +79,37 @@ pub(super) struct Sessions {
     inner: Mutex<HashMap<String, Session>>,
 }
 
+/// How a session was opened: what its actions are recorded as in the audit stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Role {
+    /// Logged in with the operator token.
+    Operator,
+    /// Logged in with the read-only token: sees, never acts.
+    Reader,
+    /// No token is configured (`admin_open_on_loopback`): whoever reaches loopback.
+    Visitor,
+}
+
+impl Role {
+    fn of(reader: bool) -> Self {
+        if reader { Self::Reader } else { Self::Operator }
+    }
+
+    /// Its name in the audit stream and the page's header.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Self::Operator => "operator",
+            Self::Reader => "reader",
+            Self::Visitor => "loopback",
+        }
+    }
+}
+
 #[derive(Clone)]
 struct Session {
+    /// A random name for the audit stream: which session acted, without its secret.
+    label: String,
+    role: Role,
     /// What the page sends besides the cookie (see the module doc).
     key: String,
     csrf: String,
@@ -100,6 +132,17 @@ pub(super) struct Viewer {
     logged_in: bool,
     /// The session's id, where the result of an action is kept for the next page.
     id: String,
+    /// Who acts, as the audit stream records it: role and session label.
+    who: String,
+    /// How the session was opened.
+    role: Role,
+}
+
+impl Session {
+    /// Who this session is in the audit stream: `page <role> <label>`.
+    fn who(&self) -> String {
+        format!("page {} {}", self.role.name(), self.label)
+    }
 }
 
 fn random_hex() -> String {
@@ -113,10 +156,12 @@ fn random_hex() -> String {
 }
 
 impl Sessions {
-    fn create(&self, can_act: bool) -> (String, Session) {
+    fn create(&self, can_act: bool, role: Role) -> (String, Session) {
         let id = random_hex();
         let now = Instant::now();
         let session = Session {
+            label: random_hex().chars().take(8).collect(),
+            role,
             key: random_hex(),
             csrf: random_hex(),
             created: now,
@@ -228,6 +273,10 @@ pub(super) fn routes(max_upload: usize) -> Router<AdminState> {
         .route(&format!("{sub}/pending"), get(pending::pending_page))
         .route(&format!("{sub}/entry"), get(entry::entry_page))
         .route(&format!("{sub}/act"), post(act::act))
+        .route(&format!("{sub}/find"), get(jobs::find_page))
+        .route(&format!("{sub}/jobs"), post(jobs::jobs_post))
+        .route(&format!("{sub}/job"), get(jobs::job_page))
+        .route("/ui/audit", get(jobs::audit_page))
         .route(
             &format!("{sub}/rollout"),
             post(rollout::act).layer(axum::extract::DefaultBodyLimit::max(max_upload)),
@@ -271,15 +320,18 @@ async fn guard_ui(
         None => {
             let (id, session) = state
                 .sessions
-                .create(state.open_on_loopback && !state.read_only);
+                .create(state.open_on_loopback && !state.read_only, Role::Visitor);
             (id, session, true, false)
         }
     };
+    let who = session.who();
     request.extensions_mut().insert(Viewer {
         csrf: session.csrf,
         can_act: session.can_act && !state.read_only,
         logged_in,
         id: id.clone(),
+        who,
+        role: session.role,
     });
     let mut response = next.run(request).await;
     if new_cookie && let Ok(value) = set_cookie(&id).parse() {
@@ -387,7 +439,12 @@ async fn log_in(
     let Some(token) = &state.token else {
         return Redirect::to("/ui/").into_response();
     };
-    if !guard::same_secret(form.token.trim(), token) {
+    let given = form.token.trim();
+    let reader = state
+        .read_token
+        .as_deref()
+        .is_some_and(|read| guard::same_secret(given, read));
+    if !reader && !guard::same_secret(given, token) {
         state.throttle.refused("admin page login").await;
         return (
             StatusCode::UNAUTHORIZED,
@@ -395,8 +452,10 @@ async fn log_in(
         )
             .into_response();
     }
-    let (id, session) = state.sessions.create(!state.read_only);
-    tracing::info!("admin page login");
+    let (id, session) = state
+        .sessions
+        .create(!state.read_only && !reader, Role::of(reader));
+    tracing::info!(role = %session.who(), "admin page login");
     // The key goes to this page once; its script keeps it in this origin's storage.
     let mut response = Html(chrome::welcome(&session.key).into_string()).into_response();
     if let Ok(value) = set_cookie(&id).parse() {

@@ -197,8 +197,15 @@ pub(super) async fn act(
     };
     let name = params.get("action").map(String::as_str).unwrap_or_default();
     let action = RolloutAction::parse(name);
+    let sub = super::super::waiting::subscription(&state, &stream, &group)
+        .ok()
+        .map(|(sub, _)| sub);
     if action == Some(RolloutAction::AbortCanary) {
-        return back(abort_canary(rollout).await);
+        let done = abort_canary(rollout).await;
+        if let Some(sub) = sub {
+            crate::serve::audit::page_action(sub, &viewer.who, "abort-canary", None, &done).await;
+        }
+        return back(done);
     }
     if form_body || body.is_empty() {
         return back("choose a component (.wasm) to send".to_owned());
@@ -211,7 +218,13 @@ pub(super) async fn act(
             .into_response();
     };
     match action {
-        Some(RolloutAction::Canary) => back(start_canary(rollout, &params, body.to_vec()).await),
+        Some(RolloutAction::Canary) => {
+            let done = start_canary(rollout, &params, body.to_vec()).await;
+            if let Some(sub) = sub {
+                crate::serve::audit::page_action(sub, &viewer.who, "canary", None, &done).await;
+            }
+            back(done)
+        }
         Some(RolloutAction::Replay) => replay(&state, rollout, &viewer, &params, &body).await,
         _ => back(format!("unknown action `{name}`")),
     }

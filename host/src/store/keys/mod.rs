@@ -33,8 +33,8 @@ pub use fields::{
 pub use ids::{cmp_ids, is_stream_id};
 pub use names::{
     FLOW_CHANGES, FLOW_EPOCH, breaker_key, canary_key, claim_key, component_key, dedupe_prefix,
-    effects_key, flow_key, hash_tag, history_index_key, history_key, journal_key, lane_key,
-    legacy_history_key, legacy_marks_key, order_prefix, rate_key, retention_lease_key,
+    effects_key, flow_key, hash_tag, history_index_key, history_key, jobs_prefix, journal_key,
+    lane_key, legacy_history_key, legacy_marks_key, order_prefix, rate_key, retention_lease_key,
     retention_record_key, secret_key, stats_key,
 };
 pub use seal::{Seal, Secret, SecretError, fields_digest};

@@ -200,3 +200,14 @@ pub fn order_prefix(stream: &str, group: &str) -> String {
         stream.len()
     )
 }
+
+/// The prefix of a subscription's bulk jobs' keys (see `control::operate::jobs`):
+/// `<prefix>:last` (the last job's record, a hash) and `<prefix>:lease` (held by the host
+/// running one); in the stream's hash slot, named like [`flow_key`].
+pub fn jobs_prefix(stream: &str, group: &str) -> String {
+    format!(
+        "sluice-jobs:{{{}}}:{}:{stream}:{group}",
+        hash_tag(stream),
+        stream.len()
+    )
+}

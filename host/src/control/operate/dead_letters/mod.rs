@@ -63,7 +63,7 @@ type RawEntry = (String, Vec<(Vec<u8>, Vec<u8>)>);
 
 /// The stream's secret, with the legacy cutoffs of the subscription's streams (what verifies
 /// the host's bookkeeping on copies and dead letters).
-pub(super) async fn secret_of<C: ConnectionLike>(
+pub(crate) async fn secret_of<C: ConnectionLike>(
     conn: &mut C,
     keys: &SubscriptionKeys,
 ) -> Result<Option<Secret>, OperateError> {

@@ -1,0 +1,349 @@
+//! The API over filters and bulk jobs ([`crate::control::operate::jobs`]):
+//!
+//! - `GET .../matches?of=dead-letters|parked&field=&value=&prefix=&retries_min=&retries_max=
+//!   &from=&to=&reason=`: how many entries the filter matches (`matches`, `scanned`, `complete`,
+//!   the `first` ids), bounded per request; two counts at a time per host (429 beyond).
+//! - `POST .../jobs` with `{"of", "action", "filter": {...}, "expect": n}`: start a job on every
+//!   match (202 with its `id`; 409 while another job of the subscription runs, on any host).
+//! - `GET .../jobs`: the last job's record (its progress while it runs), and whether it runs.
+//!
+//! The job runs on this host, apart from the request; it records its start and its end in the
+//! audit stream, and its progress in Redis after each batch.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::routing::get;
+
+use super::audit::{Moved, Said};
+use super::{AdminState, AdminSubscription};
+use crate::control::audit::{self, Record};
+use crate::control::operate::OperateError;
+use crate::control::operate::filter::{Filter, FilterQuery};
+use crate::control::operate::jobs::{self, JobAction, Of, Scope, Walk};
+use crate::store::keys::jobs_prefix;
+
+type Refusal = (StatusCode, String);
+
+/// The routes.
+pub(super) fn routes() -> Router<AdminState> {
+    let base = "/v1/subscriptions/{stream}/{group}";
+    Router::new()
+        .route(&format!("{base}/matches"), get(matches))
+        .route(&format!("{base}/jobs"), get(last).post(start_call))
+}
+
+#[derive(serde::Deserialize)]
+struct MatchQuery {
+    of: Of,
+    #[serde(flatten)]
+    filter: FilterQuery,
+}
+
+fn invalid(err: OperateError) -> Refusal {
+    match err {
+        OperateError::Invalid(_) | OperateError::Cursor(_) => {
+            (StatusCode::BAD_REQUEST, format!("{err}\n"))
+        }
+        err => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{}\n", crate::support::chain::chain(&err)),
+        ),
+    }
+}
+
+/// Count what a filter matches, two counts at a time per host.
+pub(super) async fn count(
+    state: &AdminState,
+    sub: &AdminSubscription,
+    of: Of,
+    filter: &Filter,
+) -> Result<jobs::Count, Refusal> {
+    let Ok(_turn) = state.scans.clone().try_acquire_owned() else {
+        return Err((
+            StatusCode::TOO_MANY_REQUESTS,
+            "two counts are running on this host; try again when they are done\n".into(),
+        ));
+    };
+    let keys = sub.keys();
+    let mut conn = sub.conn.clone();
+    let scope = Scope::load(&mut conn, &keys, &sub.payload_field)
+        .await
+        .map_err(invalid)?;
+    jobs::count(&mut conn, &scope, of, filter)
+        .await
+        .map_err(invalid)
+}
+
+async fn matches(
+    State(state): State<AdminState>,
+    Path((stream, group)): Path<(String, String)>,
+    Query(q): Query<MatchQuery>,
+) -> Result<axum::Json<jobs::Count>, Refusal> {
+    let (sub, _) = super::waiting::subscription(&state, &stream, &group)?;
+    let filter = q.filter.parse().map_err(invalid)?;
+    Ok(axum::Json(count(&state, sub, q.of, &filter).await?))
+}
+
+/// What a job is asked to do.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub(super) struct JobSpec {
+    pub(super) of: Of,
+    pub(super) action: JobAction,
+    #[serde(default)]
+    pub(super) filter: FilterQuery,
+    /// The count the operator confirmed, recorded with the job.
+    pub(super) expect: Option<u64>,
+}
+
+async fn start_call(
+    State(state): State<AdminState>,
+    Path((stream, group)): Path<(String, String)>,
+    axum::Json(spec): axum::Json<JobSpec>,
+) -> Result<
+    (
+        StatusCode,
+        axum::Extension<Said>,
+        axum::Json<serde_json::Value>,
+    ),
+    Refusal,
+> {
+    let (sub, _) = super::waiting::subscription(&state, &stream, &group)?;
+    let (id, said) = start(sub, &spec, "api operator").await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        axum::Extension(Said(said)),
+        axum::Json(serde_json::json!({ "id": id })),
+    ))
+}
+
+/// Start `spec` on `sub` for `who`: its id and what it is, in words.
+pub(super) async fn start(
+    sub: &AdminSubscription,
+    spec: &JobSpec,
+    who: &str,
+) -> Result<(String, String), Refusal> {
+    if !spec.action.applies_to(spec.of) {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{} does not apply to {}: dead letters are requeued or deleted, parked entries retried now or deleted\n",
+                spec.action.name(),
+                of_name(spec.of)
+            ),
+        ));
+    }
+    if spec.of == Of::Parked && sub.delayed_key.is_none() {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            "this subscription has no delayed set\n".into(),
+        ));
+    }
+    let filter = spec.filter.parse().map_err(invalid)?;
+    let prefix = jobs_prefix(&sub.labels.stream, &sub.labels.group);
+    let id = super::new_session_key()[..16].to_owned();
+    let mut conn = sub.conn.clone();
+    let redis = |e: redis::RedisError| (StatusCode::SERVICE_UNAVAILABLE, format!("Redis: {e}\n"));
+    if !jobs::take_lease(&mut conn, &prefix, &id)
+        .await
+        .map_err(redis)?
+    {
+        let holder = jobs::holder(&mut conn, &prefix).await.map_err(redis)?;
+        return Err((
+            StatusCode::CONFLICT,
+            format!(
+                "job {} of this subscription is running; wait for it to end (GET .../jobs)\n",
+                holder.unwrap_or_default()
+            ),
+        ));
+    }
+    let what = format!(
+        "{} {} matching {}",
+        spec.action.name(),
+        of_name(spec.of),
+        filter.describe()
+    );
+    let now = crate::support::when::now_ms();
+    jobs::write_record(
+        &mut conn,
+        &prefix,
+        &[
+            ("id", id.clone()),
+            ("state", "running".into()),
+            ("what", what.clone()),
+            ("who", who.to_owned()),
+            (
+                "expect",
+                spec.expect.map_or(String::new(), |n| n.to_string()),
+            ),
+            ("started_ms", now.to_string()),
+            ("updated_ms", now.to_string()),
+            ("scanned", "0".into()),
+            ("moved", "0".into()),
+            ("skipped", "0".into()),
+            ("gone", "0".into()),
+            ("error", String::new()),
+            ("finished_ms", String::new()),
+        ],
+    )
+    .await
+    .map_err(redis)?;
+    let job = Job {
+        sub: sub.clone(),
+        prefix,
+        id: id.clone(),
+        of: spec.of,
+        action: spec.action,
+        filter,
+        who: who.to_owned(),
+        what: what.clone(),
+    };
+    tokio::spawn(Arc::new(job).run());
+    tracing::info!(stream = %sub.labels.stream, group = %sub.labels.group, job = %id, %what, who, "bulk job started");
+    Ok((id, format!("job started: {what}")))
+}
+
+fn of_name(of: Of) -> &'static str {
+    match of {
+        Of::DeadLetters => "dead letters",
+        Of::Parked => "parked entries",
+    }
+}
+
+/// A job under way on this host.
+struct Job {
+    sub: AdminSubscription,
+    prefix: String,
+    id: String,
+    of: Of,
+    action: JobAction,
+    filter: Filter,
+    who: String,
+    what: String,
+}
+
+impl Job {
+    async fn run(self: Arc<Self>) {
+        let mut conn = self.sub.conn.clone();
+        let (state, error, tally) = match self.walk(&mut conn).await {
+            Ok(tally) => ("done", String::new(), tally),
+            Err((tally, why)) => ("failed", why, tally),
+        };
+        let now = crate::support::when::now_ms();
+        let _ = jobs::write_record(
+            &mut conn,
+            &self.prefix,
+            &[
+                ("state", state.into()),
+                ("error", error.clone()),
+                ("finished_ms", now.to_string()),
+                ("updated_ms", now.to_string()),
+            ],
+        )
+        .await;
+        let _ = jobs::release_lease(&mut conn, &self.prefix, &self.id).await;
+        let result = format!(
+            "job {} {state}: {} moved, {} skipped, {} already gone{}",
+            self.id,
+            tally.moved,
+            tally.skipped,
+            tally.gone,
+            if error.is_empty() {
+                String::new()
+            } else {
+                format!(" ({error})")
+            }
+        );
+        tracing::info!(job = %self.id, "{result}");
+        let _ = audit::record(
+            &mut conn,
+            &Record {
+                who: self.who.clone(),
+                what: format!("job: {}", self.what),
+                stream: self.sub.labels.stream.clone(),
+                group: self.sub.labels.group.clone(),
+                count: Some(tally.moved),
+                result,
+            },
+        )
+        .await;
+    }
+
+    /// Walk the whole key, acting batch by batch and recording progress; what it moved, and
+    /// why it stopped early.
+    async fn walk(
+        &self,
+        conn: &mut crate::store::redis_conn::RedisHandle,
+    ) -> Result<jobs::Tally, (jobs::Tally, String)> {
+        let keys = self.sub.keys();
+        let mut total = jobs::Tally::default();
+        let scope = Scope::load(conn, &keys, &self.sub.payload_field)
+            .await
+            .map_err(|e| (total, e.to_string()))?;
+        let mut walk = Walk::default();
+        while !walk.done {
+            match jobs::renew_lease(conn, &self.prefix, &self.id).await {
+                Ok(true) => {}
+                Ok(false) => return Err((total, "its lease was lost".into())),
+                Err(e) => return Err((total, format!("Redis: {e}"))),
+            }
+            let batch = async {
+                let items =
+                    jobs::next_batch(conn, &scope, self.of, &self.filter, &mut walk).await?;
+                jobs::act(conn, &scope, self.action, items).await
+            };
+            let tally = batch.await.map_err(|e| (total, e.to_string()))?;
+            total.moved += tally.moved;
+            total.skipped += tally.skipped;
+            total.gone += tally.gone;
+            let _ = jobs::write_record(
+                conn,
+                &self.prefix,
+                &[
+                    ("scanned", walk.scanned.to_string()),
+                    ("moved", total.moved.to_string()),
+                    ("skipped", total.skipped.to_string()),
+                    ("gone", total.gone.to_string()),
+                    ("updated_ms", crate::support::when::now_ms().to_string()),
+                ],
+            )
+            .await;
+        }
+        Ok(total)
+    }
+}
+
+/// The last job's record, with `running` (its lease is held) and, for one that says it runs
+/// but whose lease lapsed, `state: interrupted`.
+pub(super) async fn last_record(sub: &AdminSubscription) -> Result<serde_json::Value, Refusal> {
+    let prefix = jobs_prefix(&sub.labels.stream, &sub.labels.group);
+    let mut conn = sub.conn.clone();
+    let redis = |e: redis::RedisError| (StatusCode::SERVICE_UNAVAILABLE, format!("Redis: {e}\n"));
+    let mut record = jobs::read_record(&mut conn, &prefix).await.map_err(redis)?;
+    let holder = jobs::holder(&mut conn, &prefix).await.map_err(redis)?;
+    let running = holder.is_some() && holder.as_ref() == record.get("id");
+    if !running && record.get("state").is_some_and(|s| s == "running") {
+        record.insert("state".into(), "interrupted".into());
+    }
+    let mut json = serde_json::to_value(&record).unwrap_or_default();
+    json["running"] = serde_json::Value::Bool(running);
+    for n in ["scanned", "moved", "skipped", "gone", "expect"] {
+        if let Some(v) = record.get(n).and_then(|v| v.parse::<u64>().ok()) {
+            json[n] = v.into();
+        }
+    }
+    Ok(json)
+}
+
+async fn last(
+    State(state): State<AdminState>,
+    Path((stream, group)): Path<(String, String)>,
+) -> Result<(axum::Extension<Moved>, axum::Json<serde_json::Value>), Refusal> {
+    let (sub, _) = super::waiting::subscription(&state, &stream, &group)?;
+    Ok((
+        axum::Extension(Moved(0)),
+        axum::Json(last_record(sub).await?),
+    ))
+}
