@@ -720,3 +720,104 @@ async fn an_operator_runs_a_canary_and_a_replay_from_the_page() {
     );
     host.stop().await.unwrap();
 }
+
+/// Filters and a bulk job in a browser: the operator filters dead letters by a payload field,
+/// sees the count, is asked to confirm with that count, starts the job, watches it end with
+/// what it moved, and finds it in the audit trail. Screenshots of each step go to
+/// `target/ui-screenshots/` (and the docs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_filters_dead_letters_and_requeues_every_match_after_confirming() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let mut host = start_fixture(&redis, Sub::fixture("cards").delayed("cards.delayed")).await;
+    let admin = host.admin().await;
+    for n in 0..30 {
+        let reason = if n % 3 == 0 {
+            format!("gateway {n}")
+        } else {
+            format!("card {n}")
+        };
+        add(&mut conn, "cards", &Control::DeadUntilRequeued { reason }).await;
+    }
+    wait_dead_letters(&conn, "cards", 30).await;
+    let base = format!("http://{admin}");
+    let mut browser = Browser::logged_in(&base, false).await;
+    browser
+        .open(&format!(
+            "{base}/ui/s/cards/g/find?of=dead-letters&field=%2Freason&prefix=gateway"
+        ))
+        .await;
+    browser
+        .wait_until(
+            "document.querySelector('[data-matches]') !== null",
+            "the count",
+        )
+        .await;
+    assert_eq!(
+        browser
+            .eval("document.querySelector('[data-matches]').dataset.matches")
+            .await,
+        json!("10")
+    );
+    browser.screenshot("find").await;
+    browser
+        .eval("document.querySelector('form[data-bulk] button').click(); true")
+        .await;
+    browser
+        .wait_until(
+            "document.querySelector('[data-confirm]') !== null",
+            "the confirmation",
+        )
+        .await;
+    let text = browser
+        .eval("document.querySelector('[data-confirm]').innerText")
+        .await;
+    assert!(
+        text.as_str().unwrap().contains("requeue 10 dead letters"),
+        "{text}"
+    );
+    browser.screenshot("confirm").await;
+    browser
+        .eval("document.querySelector('[data-confirm] button').click(); true")
+        .await;
+    browser
+        .wait_until_reloading(
+            &format!("{base}/ui/s/cards/g/job"),
+            "document.querySelector('[data-job-state]')?.dataset.jobState === 'done'",
+            "the job done",
+        )
+        .await;
+    assert_eq!(
+        browser
+            .eval("document.querySelector('[data-job-state]').dataset.jobMoved")
+            .await,
+        json!("10")
+    );
+    browser.screenshot("job").await;
+    wait_for(T, "20 dead letters left", || {
+        let mut conn = conn.clone();
+        async move { (dead_lettered(&mut conn, "cards").await.len() == 20).then_some(()) }
+    })
+    .await;
+    browser.open(&format!("{base}/ui/audit")).await;
+    browser
+        .wait_until(
+            "document.querySelector('[data-audit]') !== null",
+            "the audit trail",
+        )
+        .await;
+    let audit = browser
+        .eval("document.querySelector('[data-audit]').innerText")
+        .await;
+    let audit = audit.as_str().unwrap();
+    assert!(
+        audit.contains("job: requeue dead letters matching /reason starts with"),
+        "{audit}"
+    );
+    assert!(audit.contains("page operator"), "{audit}");
+    browser.screenshot("audit").await;
+    let _ = host
+        .event(T, "a requeued entry acked", |e| e.kind == EventKind::Acked)
+        .await;
+    host.stop().await.unwrap();
+}
