@@ -92,12 +92,15 @@ pub async fn record<C: ConnectionLike>(conn: &mut C, record: &Record) -> redis::
     }
 }
 
+/// One stream entry as read back: its id and fields.
+type Row = (String, Vec<(String, Vec<u8>)>);
+
 /// The newest `count` records (at most [`KEEP`]), newest first.
 pub async fn recent<C: ConnectionLike>(
     conn: &mut C,
     count: usize,
 ) -> redis::RedisResult<Vec<Recorded>> {
-    let rows: Vec<(String, Vec<(String, Vec<u8>)>)> = redis::cmd("XREVRANGE")
+    let rows: Vec<Row> = redis::cmd("XREVRANGE")
         .arg(AUDIT_STREAM)
         .arg("+")
         .arg("-")

@@ -37,6 +37,13 @@ pub fn rfc3339_ms(ms: i64) -> String {
     rfc3339(UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64))
 }
 
+/// This host's clock now, epoch ms (the faked clock in tests of time).
+pub fn now_ms() -> i64 {
+    crate::support::clock::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -44,11 +51,4 @@ mod tests {
         assert!(super::rfc3339_ms(i64::MAX).starts_with("9999-12-31"));
         assert_eq!(super::rfc3339_ms(-5), "1970-01-01T00:00:00.000Z");
     }
-}
-
-/// This host's clock now, epoch ms (the faked clock in tests of time).
-pub fn now_ms() -> i64 {
-    crate::support::clock::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }

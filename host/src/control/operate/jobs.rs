@@ -118,6 +118,9 @@ impl<'a> Scope<'a> {
     }
 }
 
+/// A stream entry as read: its id and fields.
+type RawEntry = (String, Vec<(Vec<u8>, Vec<u8>)>);
+
 fn digest(bytes: &[u8]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -140,7 +143,7 @@ pub async fn next_batch<C: ConnectionLike>(
                 .cursor
                 .as_ref()
                 .map_or("-".to_owned(), |c| format!("({c}"));
-            let page: Vec<(String, Vec<(Vec<u8>, Vec<u8>)>)> = redis::cmd("XRANGE")
+            let page: Vec<RawEntry> = redis::cmd("XRANGE")
                 .arg(&*scope.keys.dead_letter)
                 .arg(from)
                 .arg("+")
