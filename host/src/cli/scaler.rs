@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use anyhow::{Context as _, Result};
 use tokio_util::sync::CancellationToken;
 
-use crate::observe::scaling::{Board, Target};
 use crate::serve::scaling::scaler::{self, ScalerTokens};
+use crate::store::scaling::{Board, Target};
 
 /// `sluice scaler`'s arguments.
 #[derive(clap::Args)]

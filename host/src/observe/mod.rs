@@ -6,15 +6,12 @@
 //!   whether its sweep holds due retries back.
 //! - [`events`] reports each settled delivery to whoever listens (tests, the bench), and costs
 //!   nothing while nobody does.
-//! - [`scaling`] is the scaling signal: entries that need a host now, and when the next
-//!   parked one is due (`/v1/scaling`, `sluice scaler`).
 //! - [`telemetry`] exports the spans (each attempt's) over OTLP to a collector, bounded, when
 //!   `[telemetry]` or the `OTEL_*` variables name one.
 
 pub(crate) mod events;
 pub(crate) mod health;
 pub(crate) mod metrics;
-pub mod scaling;
 pub mod telemetry;
 
 /// The table of every metric family (public: the book's metrics reference is written from it).

@@ -16,6 +16,9 @@
 //! - `POST .../pause` and `.../resume`: hold or release the subscription on every host of its
 //!   group (see [`flow`]);
 //! - `.../canary` and the replay calls: a rollout (see [`rollout`]);
+//! - `GET /v1/scaling`: the scaling signal (see [`scaling`], which also serves `sluice
+//!   scaler`); `GET /v1/audit`: the audit trail (see [`audit`]); `.../matches` and `.../jobs`:
+//!   filters and bulk jobs (see [`jobs`]);
 //! - `/` and `/ui/...`: the web page (see [`ui`]).
 //!
 //! The files: this one holds the server's state and its router; [`probes`] the probes and the
@@ -177,7 +180,7 @@ struct AdminState {
     /// Each subscription's Redis state when last sampled for `/metrics`, by index.
     redis_samples: Arc<tokio::sync::Mutex<probes::Samples>>,
     /// The scaling signal, read on demand (`/v1/scaling`, `/metrics`).
-    scaling: Arc<crate::observe::scaling::Board>,
+    scaling: Arc<crate::store::scaling::Board>,
     /// Filter counts running at once (each scans up to `jobs::MAX_SCAN` entries).
     scans: Arc<tokio::sync::Semaphore>,
 }

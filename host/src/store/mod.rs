@@ -7,6 +7,8 @@
 //!   records which subscription owns a key.
 //! - [`inspect`] reads a subscription's state (group, consumers, delayed set, dead letters) for
 //!   the admin API, `sluice status` and the benchmark.
+//! - [`scaling`] reads the scaling signal: entries that need a host now and when the next
+//!   parked one is due (`/v1/scaling`, `sluice scaler`), shared by every caller.
 //! - [`options`] sends a Lua script's many options as one map of named fields.
 //! - [`effects`] keeps the journal of an entry's outbound calls (`effects = "journal"`).
 //! - [`doorbell`] tells idle subscriptions and delayed sets when their keys are written
@@ -26,6 +28,7 @@ pub mod inspect;
 pub mod keys;
 pub(crate) mod options;
 pub mod redis_conn;
+pub mod scaling;
 
 /// The text of a Lua script under `host/src`, its `-- @include lib/NAME` lines expanded by the
 /// build script: `lua!("pipeline/delayed/lua/sweep")` is `pipeline/delayed/lua/sweep.lua` with

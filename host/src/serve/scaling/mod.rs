@@ -1,5 +1,5 @@
 //! `GET /v1/scaling?lead=&list=&stream=&group=`: the scaling signal of
-//! [`crate::observe::scaling`], for KEDA's `metrics-api` scaler (`valueLocation: wake`), on a
+//! [`crate::store::scaling`], for KEDA's `metrics-api` scaler (`valueLocation: wake`), on a
 //! host's admin server and on `sluice scaler`'s (see [`scaler`]); and its two Prometheus
 //! series, set at scrape time.
 
@@ -12,7 +12,7 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 
 use crate::observe::metrics::{Metrics, SubLabels};
-use crate::observe::scaling::{Board, Reading, Target, reply};
+use crate::store::scaling::{Board, Reading, Target, reply};
 
 /// The longest lead a caller may ask for: a deployment woken a day early is a mistake.
 const MAX_LEAD: Duration = Duration::from_secs(86_400);

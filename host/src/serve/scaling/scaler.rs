@@ -20,8 +20,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{ScalingQuery, answer, publish};
 use crate::observe::metrics::Metrics;
-use crate::observe::scaling::Board;
 use crate::serve::{AdminError, REQUEST_TIMEOUT, guard};
+use crate::store::scaling::Board;
 
 /// Who may read the signal: any of these tokens (none: anyone who reaches the address, which
 /// must then be loopback).
