@@ -1102,7 +1102,7 @@ async fn a_pause_rereads_only_its_own_flow_hash() {
             .await
             .unwrap();
     let metrics = sluice_host::Metrics::new(false);
-    let mut watcher = FlowWatcher::new(handle.clone());
+    let mut watcher = FlowWatcher::new(handle.clone(), None);
     let watches: Vec<_> = (0..100)
         .map(|i| watcher.watch(&format!("s{i}"), "g", &metrics))
         .collect();
@@ -1147,6 +1147,100 @@ async fn a_pause_rereads_only_its_own_flow_hash() {
     let _: () = cmd(&mut conn, &["HSET", &key, "paused", "{}"]).await;
     let _: i64 = cmd(&mut conn, &["INCR", sluice_host::store::keys::FLOW_EPOCH]).await;
     paused(7, true).await;
+    stop.cancel();
+    running.await.unwrap();
+}
+
+/// Every command Redis has served so far, from `INFO commandstats`: `(command, calls)`.
+async fn all_calls(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(String, u64)> {
+    let info: String = cmd(conn, &["INFO", "commandstats"]).await;
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            Some((name.to_owned(), rest.split(',').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// With a doorbell that hears the change log, the flow watcher is quiet: an idle stretch costs
+/// Redis no command at all (where it polled the epoch 4 times a second and re-read hashes), a
+/// pause still reaches it at once (its note rings), and a pause written without its note (a
+/// writer that died between the two) is seen at the next quiet look, which reads every hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_watcher_sends_nothing_while_idle_and_still_sees_every_pause() {
+    use sluice_host::pipeline::admit::{FlowWatcher, Paused};
+    let redis = Redis::start_with(false, &[("notify-keyspace-events", "Ktz")]);
+    let mut conn = redis.conn().await;
+    let handle =
+        sluice_host::store::redis_conn::RedisHandle::connect(&redis.url(), &Default::default())
+            .await
+            .unwrap();
+    let doorbell = sluice_host::store::doorbell::Doorbell::open(
+        handle.clone(),
+        sluice_host::config::DoorbellMode::Auto,
+        1,
+    )
+    .await
+    .expect("a doorbell on keyspace events");
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(doorbell.clone().run(stop.clone()));
+    let metrics = sluice_host::Metrics::new(false);
+    let look_every = Duration::from_secs(4);
+    let mut watcher = FlowWatcher::new(handle.clone(), Some(doorbell)).with_quiet_poll(look_every);
+    let watches: Vec<_> = (0..50)
+        .map(|i| watcher.watch(&format!("q{i}"), "g", &metrics))
+        .collect();
+    let running = tokio::spawn(std::sync::Arc::new(watcher).run(stop.clone()));
+    let paused = |i: usize, want: bool, within: Duration| {
+        let state = watches[i].state.clone();
+        async move {
+            wait_for(within, "the watcher sees the change", || {
+                let state = state.clone();
+                async move { (state.borrow().paused.is_some() == want).then_some(()) }
+            })
+            .await;
+        }
+    };
+    // A pause with its note: seen within a second (the note rang), not at the next look.
+    let mut writer = handle.clone();
+    sluice_host::pipeline::admit::pause(&mut writer, "q3", "g", Paused::now("test", None))
+        .await
+        .unwrap();
+    paused(3, true, Duration::from_secs(2)).await;
+    // Idle for under one look: no command from the watcher (the doorbell's PINGs aside).
+    let settle = tokio::time::Instant::now() + Duration::from_millis(300);
+    tokio::time::sleep_until(settle).await;
+    let before = all_calls(&mut conn).await;
+    let window = tokio::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let after = all_calls(&mut conn).await;
+    let sent: Vec<(String, u64)> = after
+        .iter()
+        .filter_map(|(name, n)| {
+            let was = before
+                .iter()
+                .find(|(b, _)| b == name)
+                .map_or(0, |(_, b)| *b);
+            (*n > was).then(|| (name.clone(), n - was))
+        })
+        .collect();
+    let of = |name: &str| sent.iter().find(|(n, _)| n == name).map_or(0, |(_, n)| *n);
+    assert!(
+        window.elapsed() < look_every,
+        "the window must end before the next look (a loaded machine: run again)"
+    );
+    // The watcher's polls are GETRANGE (the epoch) and XREAD (the log), its reads scripts;
+    // the doorbell's own PINGs, CONFIG GETs and one look (a script) every 10 s may fall here.
+    assert_eq!(
+        of("getrange") + of("xread"),
+        0,
+        "the watcher polled: {sent:?}"
+    );
+    assert!(of("evalsha") <= 1, "the watcher read while idle: {sent:?}");
+    // Written without its note: seen at the next look, which reads every hash.
+    let key = sluice_host::store::keys::flow_key("q9", "g");
+    let _: () = cmd(&mut conn, &["HSET", &key, "paused", "{}"]).await;
+    paused(9, true, look_every * 3).await;
     stop.cancel();
     running.await.unwrap();
 }

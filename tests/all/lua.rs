@@ -41,6 +41,7 @@ static UNSEEN: LazyLock<Script> = lua!("store/doorbell/lua/unseen.lua");
 static CLAIM: LazyLock<Script> = lua!("store/keys/lua/claim.lua");
 static SECRET: LazyLock<Script> = lua!("store/keys/lua/secret.lua");
 static READ_FIELDS: LazyLock<Script> = lua!("pipeline/admit/lua/read_fields.lua");
+static READ_MANY: LazyLock<Script> = lua!("pipeline/admit/lua/read_many.lua");
 static READ_JOURNAL: LazyLock<Script> = lua!("pipeline/admit/lua/read_journal.lua");
 static READ_HISTORY: LazyLock<Script> = lua!("entry/lua/read_history.lua");
 static BUMP: LazyLock<Script> = lua!("pipeline/admit/lua/bump.lua");
@@ -413,6 +414,31 @@ async fn read_fields_cuts_each_value() {
         eval::<Vec<Option<String>>>(&mut conn, &READ_FIELDS, &["text"], &[&4, &"a"]).await,
     );
     assert!(wrong.contains("WRONGTYPE"), "{wrong}");
+}
+
+#[tokio::test]
+async fn read_many_reads_every_hash_cut_and_marks_one_of_another_type() {
+    let (_redis, mut conn) = redis().await;
+    let _: i64 = cmd(&mut conn, &["HSET", "f1", "a", "0123456789"]).await;
+    let _: i64 = cmd(&mut conn, &["HSET", "f2", "b", "xy"]).await;
+    let _: () = cmd(&mut conn, &["SET", "text", "x"]).await;
+    let values: Vec<Option<Vec<Option<String>>>> = eval(
+        &mut conn,
+        &READ_MANY,
+        &["f1", "text", "none", "f2"],
+        &[&4, &"a", &"b"],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        values,
+        [
+            Some(vec![Some("0123".to_owned()), None]),
+            None,
+            Some(vec![None, None]),
+            Some(vec![None, Some("xy".to_owned())]),
+        ]
+    );
 }
 
 #[tokio::test]

@@ -221,9 +221,9 @@ impl Dispatcher {
                 .and_then(|ms| i64::try_from(ms).ok())
                 .unwrap_or(due)
         });
-        self.metrics
-            .lateness
-            .observe(((now - due) as f64 / 1000.0).max(0.0));
+        let late = ((now - due) as f64 / 1000.0).max(0.0);
+        self.metrics.lateness.observe(late);
+        self.metrics.lateness_counts.observe(late);
     }
 
     /// One attempt: the entry refused before the handler when it must be, else the handler

@@ -26,7 +26,8 @@
 //! [`flow`] and [`rollout`] the API over what waits, ordered keys, the flow controls and
 //! rollouts; [`listing`] which
 //! subscriptions a listing shows; [`middleware`] the layers every request passes, with the
-//! checks of [`guard`]; [`connections`] how many connections, and for how long; [`ui`] the page.
+//! checks of [`guard`]; [`connections`] how many connections, and for how long; [`samples`]
+//! what the page's charts are drawn from; [`ui`] the page.
 //!
 //! Who may call it:
 //! - It binds to loopback unless configured otherwise; beyond loopback a bearer token is
@@ -70,6 +71,7 @@ pub(crate) mod listing;
 mod middleware;
 mod probes;
 mod rollout;
+mod samples;
 pub(crate) mod scaling;
 mod scheduled;
 mod ui;
@@ -143,22 +145,10 @@ impl AdminSubscription {
     }
 }
 
-/// Deliveries counted so far at one moment, for the page's chart: acked, retried, failed
-/// (dead-lettered by the handler, trapped or over a limit).
-#[derive(Debug, Clone)]
-pub(crate) struct Sample {
-    at_ms: i64,
-    counts: [u64; 3],
-}
-
-/// How often the chart's counts are sampled, and how many samples are kept (10 minutes).
-const SAMPLE_EVERY: Duration = Duration::from_secs(5);
-const SAMPLES: usize = 121;
-
 #[derive(Clone)]
 struct AdminState {
     sessions: Arc<ui::Sessions>,
-    samples: Arc<std::sync::Mutex<std::collections::VecDeque<Sample>>>,
+    samples: Arc<samples::Samples>,
     metrics: Arc<Metrics>,
     subscriptions: Arc<Vec<AdminSubscription>>,
     swaps: Arc<Vec<Arc<SwapControl>>>,
@@ -233,7 +223,7 @@ pub async fn serve(
         .local_addr()
         .map_err(|source| AdminError { addr, source })?;
     let state = AdminState::new(metrics, subscriptions, options, bound);
-    tokio::spawn(sample_outcomes(state.clone(), stop.clone()));
+    tokio::spawn(samples::run(state.clone(), stop.clone()));
     let (app, busy) = routers(state);
     tokio::spawn(connections::serve(listener, app, busy, stop));
     tracing::info!(addr = %bound, "admin server listening (/ui/, /metrics, /healthz, /readyz)");
@@ -346,37 +336,6 @@ pub fn new_session_key() -> String {
     // strings is never asked: the login form refuses an empty token).
     let _ = getrandom::fill(&mut bytes);
     hex::encode(bytes)
-}
-
-/// Every [`SAMPLE_EVERY`], the host's delivery counts, for the page's chart.
-async fn sample_outcomes(state: AdminState, stop: CancellationToken) {
-    let mut every = tokio::time::interval(SAMPLE_EVERY);
-    loop {
-        tokio::select! {
-            _ = every.tick() => {}
-            () = stop.cancelled() => return,
-        }
-        let mut counts = [0u64; 3];
-        for sub in state.subscriptions.iter() {
-            for (label, n) in state.metrics.outcomes(&sub.labels) {
-                let i = match label {
-                    "ack" => 0,
-                    "retry" => 1,
-                    _ => 2,
-                };
-                counts[i] += n;
-            }
-        }
-        let at_ms = crate::support::clock::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-        if let Ok(mut samples) = state.samples.lock() {
-            if samples.len() == SAMPLES {
-                samples.pop_front();
-            }
-            samples.push_back(Sample { at_ms, counts });
-        }
-    }
 }
 
 /// A time as the API and the page show it (RFC 3339, UTC).

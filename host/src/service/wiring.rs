@@ -96,7 +96,7 @@ impl Service {
         (url, (conn, doorbell)): (&str, (RedisHandle, Option<Arc<Doorbell>>)),
         stop: &CancellationToken,
     ) -> Result<(), RunError> {
-        let flow = w.flow_watch(url, &conn, sub, &self.metrics);
+        let flow = w.flow_watch(url, (&conn, doorbell.as_ref()), sub, &self.metrics);
         let (rate, breaker) = self.admission_controls(w, sub, &conn, stop);
         for warning in &sub.warnings {
             tracing::warn!(stream = %sub.stream.stream, "{warning}");
@@ -287,15 +287,17 @@ impl Wiring {
     fn flow_watch(
         &mut self,
         url: &str,
-        conn: &RedisHandle,
+        (conn, doorbell): (&RedisHandle, Option<&Arc<Doorbell>>),
         sub: &SubscriptionPlan,
         metrics: &Metrics,
     ) -> FlowWatch {
         let index = match self.flow_watchers.iter().position(|(u, _)| u == url) {
             Some(index) => index,
             None => {
-                self.flow_watchers
-                    .push((url.to_owned(), FlowWatcher::new(conn.clone())));
+                self.flow_watchers.push((
+                    url.to_owned(),
+                    FlowWatcher::new(conn.clone(), doorbell.cloned()),
+                ));
                 self.flow_watchers.len() - 1
             }
         };

@@ -17,6 +17,7 @@
 //! Every family, its type, labels and meaning are in one table, [`series::SERIES`], which
 //! registers them here and writes the book's metrics reference.
 
+pub mod lateness;
 pub mod series;
 
 use std::collections::HashMap;
@@ -70,6 +71,8 @@ pub struct Metrics {
     /// Handler results counted by this host, of every subscription: what moved since a look
     /// (see [`Metrics::results_counted`]).
     results_counted: Arc<AtomicU64>,
+    /// Retry lateness counted per bucket, for the page's per-minute p99.
+    pub lateness_counts: Arc<lateness::LatenessCounts>,
     /// Handler results.
     pub deliveries: Family<OutcomeLabels, Counter>,
     /// Time in the handler.
@@ -308,6 +311,7 @@ impl Metrics {
             dedupe_unkeyed: reg!("dedupe_unkeyed", Family::default()),
             registry,
             results_counted: Arc::default(),
+            lateness_counts: Arc::default(),
             families,
         }
     }
@@ -466,6 +470,7 @@ impl Metrics {
             in_flight: self.in_flight.get_or_create(&series).clone(),
             duration: self.handler_duration.get_or_create(&series).clone(),
             lateness: self.retry_lateness.get_or_create(&series).clone(),
+            lateness_counts: self.lateness_counts.clone(),
             clamped: self.retry_delay_clamped.get_or_create(&series).clone(),
             settle_errors: self.settle_errors.get_or_create(&series).clone(),
             other_groups_retries: self.other_groups_retries.get_or_create(&series).clone(),
@@ -506,6 +511,8 @@ pub struct DeliveryMetrics {
     pub duration: Histogram,
     /// Lateness of parked retries.
     pub lateness: Histogram,
+    /// The host's lateness counts (see [`lateness`]).
+    pub lateness_counts: Arc<lateness::LatenessCounts>,
     /// Retry delays clamped to `max_delay`.
     pub clamped: Counter,
     /// Settles refused for good.

@@ -361,6 +361,48 @@ pub async fn state<C: ConnectionLike>(
     Ok(read(conn, stream, group).await?.paused)
 }
 
+/// The flow states of many subscriptions in one call per [`READ_MANY_AT_ONCE`] (`None` for a
+/// hash of another type): a quiet host's periodic re-read. Only where keys need not share a
+/// slot (a doorbell's Redis: no cluster).
+pub(crate) async fn read_many<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &[Vec<u8>],
+) -> RedisResult<Vec<Option<FlowState>>> {
+    static READ_MANY: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
+        Script::new(crate::store::lua!("pipeline/admit/lua/read_many"))
+    });
+    type Fields = Option<Vec<Option<Vec<u8>>>>;
+    let mut states = Vec::with_capacity(keys.len());
+    for chunk in keys.chunks(READ_MANY_AT_ONCE) {
+        let mut call = READ_MANY.prepare_invoke();
+        for key in chunk {
+            call.key(key.as_slice());
+        }
+        call.arg(MAX_RECORD)
+            .arg(PAUSED)
+            .arg(breaker::FIELD)
+            .arg(CANARY)
+            .arg(CANARY_VERDICT);
+        let replies: Vec<Fields> = call.invoke_async(conn).await?;
+        states.extend(replies.into_iter().map(|fields| {
+            let mut fields = fields?.into_iter();
+            let mut next = || fields.next().flatten();
+            let (paused, breaker, canary, canary_verdict) = (next(), next(), next(), next());
+            Some(FlowState {
+                known: true,
+                paused: paused.map(|r| Paused::from_record(&r)),
+                breaker: breaker.map(|r| breaker::BreakerState::from_record(&r)),
+                canary,
+                canary_verdict,
+            })
+        }));
+    }
+    Ok(states)
+}
+
+/// Flow hashes one [`read_many`] call reads.
+pub const READ_MANY_AT_ONCE: usize = 200;
+
 /// Everything the flow hash of the subscription to `stream` with `group` holds, known.
 pub async fn read<C: ConnectionLike>(
     conn: &mut C,

@@ -1,8 +1,17 @@
 //! The flow watcher: one task per Redis that keeps every subscription's [`FlowState`] current
 //! (pauses, breakers, canaries), polling one epoch key and reading only what the change log
 //! names, with a rolling re-read that catches a writer that died before its bump.
+//!
+//! Quiet: on a Redis with a doorbell whose rings can be trusted, the watcher does not poll. It
+//! waits for the change log's bell (every note is an XADD to it), polls when it rings, and
+//! confirms the states current for readiness without asking Redis while nothing rang; it
+//! looks at the epoch (a writer of an earlier release bumps it with no note) every
+//! [`QUIET_POLL`], and re-reads every flow hash then too, [`super::READ_MANY_AT_ONCE`] per call
+//! (the rolling re-read's work: a writer that died between its write and its note). An idle
+//! host thus sends the flow controls a handful of commands every few minutes, not 40 a second.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use redis::RedisResult;
 use tokio::sync::watch;
@@ -14,7 +23,8 @@ use super::{
 };
 use crate::observe::health::FlowFreshness;
 use crate::observe::metrics::Metrics;
-use crate::store::keys::{FLOW_EPOCH, flow_key};
+use crate::store::doorbell::{Bell, Doorbell, Mark};
+use crate::store::keys::{FLOW_CHANGES, FLOW_EPOCH, flow_key};
 use crate::store::redis_conn::RedisHandle;
 
 /// One subscription a [`FlowWatcher`] keeps up to date.
@@ -42,15 +52,34 @@ pub struct FlowWatch {
 pub struct FlowWatcher {
     conn: RedisHandle,
     watched: Vec<Watched>,
+    /// The Redis's doorbell, if it has one: the watcher is quiet while it vouches.
+    doorbell: Option<Arc<Doorbell>>,
+    /// See [`QUIET_POLL`].
+    quiet_poll: Duration,
 }
 
+/// A quiet watcher (see the module doc) looks at the epoch and re-reads every flow hash this
+/// often.
+pub const QUIET_POLL: Duration = Duration::from_secs(300);
+/// A quiet watcher confirms the states current (without a command) this often.
+const QUIET_CONFIRM: Duration = Duration::from_secs(3);
+
 impl FlowWatcher {
-    /// A watcher reading through `conn`.
-    pub fn new(conn: RedisHandle) -> Self {
+    /// A watcher reading through `conn`, quiet while `doorbell` (its Redis's) vouches.
+    pub fn new(conn: RedisHandle, doorbell: Option<Arc<Doorbell>>) -> Self {
         Self {
             conn,
             watched: Vec::new(),
+            doorbell,
+            quiet_poll: QUIET_POLL,
         }
+    }
+
+    /// Look at the epoch and re-read every state this often while quiet (tests: seconds).
+    #[must_use]
+    pub fn with_quiet_poll(mut self, every: Duration) -> Self {
+        self.quiet_poll = every;
+        self
     }
 
     /// Watch the subscription to `stream` with `group`: its state, what the read loops (and the
@@ -86,7 +115,18 @@ impl FlowWatcher {
     /// Poll until `stop`.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
         let mut poll = Poll::default();
+        // Always wanted: the change log's bell never lets go of its key.
+        let bell = self.doorbell.as_ref().map(|d| {
+            let bell = d.bell(&[FLOW_CHANGES]);
+            bell.set_idle(true);
+            bell
+        });
         loop {
+            let mark = bell.as_ref().and_then(Bell::mark);
+            if let Some(bell) = &bell {
+                bell.seen();
+            }
+            poll.quiet = mark.is_some();
             let mut conn = self.conn.clone();
             // Compared as bytes (at most 64 of them): whatever another writer left there, any
             // change makes the hosts look.
@@ -113,9 +153,45 @@ impl FlowWatcher {
                 }
                 Err(err) => self.epoch_failed(&mut conn, &mut poll, &err).await,
             }
-            tokio::select! {
-                () = tokio::time::sleep(POLL) => {}
-                () = stop.cancelled() => return,
+            let go_on = match (&bell, &mark) {
+                (Some(bell), Some(mark)) if !poll.failing => {
+                    self.quiet_wait(bell, mark, &poll, &stop).await
+                }
+                _ => tokio::select! {
+                    () = tokio::time::sleep(POLL) => true,
+                    () = stop.cancelled() => false,
+                },
+            };
+            if !go_on {
+                return;
+            }
+        }
+    }
+
+    /// Wait, quiet, until the change log's bell rings, it can no longer vouch, or
+    /// [`QUIET_POLL`] passed; meanwhile confirm the states current every [`QUIET_CONFIRM`]
+    /// without asking Redis. `false` at `stop`.
+    async fn quiet_wait(
+        &self,
+        bell: &Bell,
+        mark: &Mark,
+        poll: &Poll,
+        stop: &CancellationToken,
+    ) -> bool {
+        let since = tokio::time::Instant::now();
+        loop {
+            let until = tokio::time::Instant::now() + QUIET_CONFIRM;
+            let rang = tokio::select! {
+                rang = bell.wait(POLL, Some(until)) => rang,
+                () = stop.cancelled() => return false,
+            };
+            if rang || !bell.unrung_since(mark) || since.elapsed() >= self.quiet_poll {
+                return true;
+            }
+            for (i, watched) in self.watched.iter().enumerate() {
+                if !poll.unread.contains(&i) {
+                    watched.fresh.confirmed();
+                }
             }
         }
     }
@@ -168,6 +244,21 @@ impl FlowWatcher {
                 }
             }
             poll.confirmed_at = Some(tokio::time::Instant::now());
+        }
+        if poll.quiet {
+            // Every flow hash read again every QUIET_POLL, a few calls in all; those whose
+            // read failed at every wake.
+            if poll
+                .quiet_refresh_at
+                .is_none_or(|at| at.elapsed() >= self.quiet_poll)
+            {
+                poll.unread = self.refresh_all(conn).await;
+                poll.quiet_refresh_at = Some(tokio::time::Instant::now());
+            } else if !poll.unread.is_empty() {
+                let again = std::mem::take(&mut poll.unread);
+                poll.unread = self.refresh(conn, again.into_iter()).await;
+            }
+            return;
         }
         let n = self.watched.len();
         let share = rolling_share(n);
@@ -229,6 +320,82 @@ impl FlowWatcher {
         (which, moved, more)
     }
 
+    /// Take `next` as the state of the watched subscription at `i`.
+    fn apply(&self, i: usize, next: FlowState) {
+        let Some(watched) = self.watched.get(i) else {
+            return;
+        };
+        watched.fresh.confirmed();
+        watched.paused_gauge.set(i64::from(next.paused.is_some()));
+        let breaker = next.breaker.as_ref();
+        watched
+            .breaker_gauge
+            .set(if watched.breaker_gauge.summed() {
+                i64::from(breaker.is_some())
+            } else {
+                breaker.map_or(0, breaker::BreakerState::gauge)
+            });
+        watched.state.send_if_modified(|now| {
+            if *now == next {
+                return false;
+            }
+            match (&now.paused, &next.paused) {
+                (_, Some(p)) if now.paused.as_ref() != Some(p) => tracing::warn!(
+                    stream = %watched.stream,
+                    group = %watched.group,
+                    by = %p.by,
+                    "subscription {}: no new entries are read until it is resumed",
+                    p.describe()
+                ),
+                (Some(_), None) => tracing::info!(
+                    stream = %watched.stream,
+                    group = %watched.group,
+                    "subscription resumed: reading again"
+                ),
+                _ => {}
+            }
+            let was = now.breaker.as_ref().map(|b| b.state);
+            let is = next.breaker.as_ref().map(|b| b.state);
+            if was != is {
+                match &next.breaker {
+                    Some(b) => tracing::warn!(
+                        stream = %watched.stream,
+                        group = %watched.group,
+                        "circuit breaker {}",
+                        b.describe()
+                    ),
+                    None => tracing::info!(
+                        stream = %watched.stream,
+                        group = %watched.group,
+                        "circuit breaker closed: reading again"
+                    ),
+                }
+            }
+            *now = next;
+            true
+        });
+    }
+
+    /// Read every watched state, [`super::READ_MANY_AT_ONCE`] per call; those that could not
+    /// be read (kept as they were) are returned.
+    async fn refresh_all(&self, conn: &mut RedisHandle) -> Vec<usize> {
+        let keys: Vec<Vec<u8>> = self.watched.iter().map(|w| w.key.clone()).collect();
+        match super::read_many(conn, &keys).await {
+            Ok(states) => {
+                let mut unread = Vec::new();
+                for (i, state) in states.into_iter().enumerate() {
+                    match state {
+                        Some(state) => self.apply(i, state),
+                        None => unread.push(i),
+                    }
+                }
+                // Those of another type: read alone, to say why.
+                self.refresh(conn, unread.into_iter()).await
+            }
+            Err(_) => self.refresh(conn, 0..self.watched.len()).await,
+        }
+    }
+
     /// Read the states of the watched subscriptions at `which`; those that could not be read
     /// (kept as they were) are returned.
     async fn refresh(
@@ -242,57 +409,7 @@ impl FlowWatcher {
                 continue;
             };
             match read(conn, &watched.stream, &watched.group).await {
-                Ok(next) => {
-                    watched.fresh.confirmed();
-                    watched.paused_gauge.set(i64::from(next.paused.is_some()));
-                    let breaker = next.breaker.as_ref();
-                    watched
-                        .breaker_gauge
-                        .set(if watched.breaker_gauge.summed() {
-                            i64::from(breaker.is_some())
-                        } else {
-                            breaker.map_or(0, breaker::BreakerState::gauge)
-                        });
-                    watched.state.send_if_modified(|now| {
-                        if *now == next {
-                            return false;
-                        }
-                        match (&now.paused, &next.paused) {
-                            (_, Some(p)) if now.paused.as_ref() != Some(p) => tracing::warn!(
-                                stream = %watched.stream,
-                                group = %watched.group,
-                                by = %p.by,
-                                "subscription {}: no new entries are read until it is resumed",
-                                p.describe()
-                            ),
-                            (Some(_), None) => tracing::info!(
-                                stream = %watched.stream,
-                                group = %watched.group,
-                                "subscription resumed: reading again"
-                            ),
-                            _ => {}
-                        }
-                        let was = now.breaker.as_ref().map(|b| b.state);
-                        let is = next.breaker.as_ref().map(|b| b.state);
-                        if was != is {
-                            match &next.breaker {
-                                Some(b) => tracing::warn!(
-                                    stream = %watched.stream,
-                                    group = %watched.group,
-                                    "circuit breaker {}",
-                                    b.describe()
-                                ),
-                                None => tracing::info!(
-                                    stream = %watched.stream,
-                                    group = %watched.group,
-                                    "circuit breaker closed: reading again"
-                                ),
-                            }
-                        }
-                        *now = next;
-                        true
-                    });
-                }
+                Ok(next) => self.apply(i, next),
                 Err(err) => {
                     unread.push(i);
                     watched.fresh.failed(&format!(
@@ -343,4 +460,8 @@ struct Poll {
     logged_to: String,
     /// When it last read everything because the epoch moved with nothing logged.
     full_at: Option<tokio::time::Instant>,
+    /// Whether the doorbell vouched for the change log's rings at this poll.
+    quiet: bool,
+    /// When a quiet watcher last read every state.
+    quiet_refresh_at: Option<tokio::time::Instant>,
 }

@@ -8,7 +8,7 @@
 //!
 //! This file routes `/ui` and keeps the sessions; each page is a file whose handler gathers
 //! what it shows into a plain struct and renders it:
-//! - [`overview`]: the overview, with a [`card`] per subscription;
+//! - [`overview`]: the overview, with a [`card`] per subscription and the [`charts`];
 //! - [`waiting`]: a subscription's parked retries and dead letters; [`pending`]: its entries in
 //!   flight; [`entry`]: one entry, whole; [`keys`]: an ordered subscription's keys that wait;
 //! - [`jobs`]: filters with their counts, bulk jobs (confirmed by count, with progress), and
@@ -39,6 +39,7 @@
 
 mod act;
 mod card;
+mod charts;
 mod chrome;
 mod entry;
 mod fields;

@@ -10,8 +10,8 @@ use super::card::{self, OverviewCard, within};
 use super::chrome::{flash, layout, message};
 use super::{AdminState, Viewer};
 use crate::observe::metrics::SubLabels;
-use crate::serve::Sample;
 use crate::serve::listing::{self, ListQuery};
+use crate::serve::samples::{MinuteSample, Sample};
 
 /// How many subscriptions the overview shows at once.
 const OVERVIEW_CARDS: usize = 20;
@@ -22,6 +22,8 @@ struct Overview {
     done: Option<String>,
     /// The chart's delivery counts.
     samples: Vec<Sample>,
+    /// The last hour's minutes.
+    minutes: Vec<MinuteSample>,
     nav: Nav,
     /// The Redis server's clock when the page was made, for the cards' countdowns.
     now_ms: i64,
@@ -96,8 +98,16 @@ impl Overview {
                 .map(|control| OverviewCard::gather(state, control)),
         )
         .await;
+        state.samples.viewed();
         let samples = state
             .samples
+            .seconds
+            .lock()
+            .map(|s| s.iter().cloned().collect::<Vec<_>>())
+            .unwrap_or_default();
+        let minutes = state
+            .samples
+            .minutes
             .lock()
             .map(|s| s.iter().cloned().collect::<Vec<_>>())
             .unwrap_or_default();
@@ -112,6 +122,7 @@ impl Overview {
         Self {
             done,
             samples,
+            minutes,
             nav,
             now_ms,
             cards,
@@ -129,8 +140,9 @@ fn render(viewer: &Viewer, page: &Overview) -> Markup {
             (flash(page.done.as_deref()))
             div.card {
                 h2 { "Deliveries per second, last 10 minutes" }
-                (chart(&page.samples))
+                (super::charts::per_second(&page.samples))
             }
+            (super::charts::last_hour(&page.minutes))
             (nav(&page.nav))
             @for c in &page.cards { (card::render(viewer, c, page.now_ms)) }
         },
@@ -172,65 +184,6 @@ fn nav(nav: &Nav) -> Markup {
                     }
                 }
             }
-        }
-    }
-}
-
-/// Rates between consecutive samples as an inline SVG line chart: acked, retried, failed.
-fn chart(samples: &[Sample]) -> Markup {
-    const W: f64 = 1100.0;
-    const H: f64 = 140.0;
-    if samples.len() < 2 {
-        return html! { p.muted { "Collecting: the chart fills in after a few seconds." } };
-    }
-    let rates: Vec<[f64; 3]> = samples
-        .windows(2)
-        .map(|w| {
-            let secs = ((w[1].at_ms - w[0].at_ms) as f64 / 1000.0).max(0.001);
-            let rate = |i: usize| w[1].counts[i].saturating_sub(w[0].counts[i]) as f64 / secs;
-            [rate(0), rate(1), rate(2)]
-        })
-        .collect();
-    let top = rates
-        .iter()
-        .flat_map(|r| r.iter().copied())
-        .fold(1.0f64, f64::max);
-    let span_ms = (samples[samples.len() - 1].at_ms - samples[0].at_ms).max(1) as f64;
-    let points = |series: usize| -> Vec<(f64, f64)> {
-        rates
-            .iter()
-            .zip(samples.iter().skip(1))
-            .map(|(r, s)| {
-                let x = 40.0 + (s.at_ms - samples[0].at_ms) as f64 / span_ms * (W - 50.0);
-                let y = 10.0 + (1.0 - r[series] / top) * (H - 30.0);
-                (x, y)
-            })
-            .collect()
-    };
-    let line = |series: usize| -> String {
-        points(series)
-            .iter()
-            .map(|(x, y)| format!("{x:.1},{y:.1}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    let colors = ["#12805c", "#b54708", "#c01048"];
-    html! {
-        svg viewBox=(format!("0 0 {W} {H}")) width="100%" height=(H) role="img" aria-label="deliveries per second" {
-            line x1="40" y1=(H - 20.0) x2=(W - 10.0) y2=(H - 20.0) stroke="#e4e7ec" {}
-            text x="0" y="16" { (format!("{top:.0}/s")) }
-            text x="0" y=(H - 20.0) { "0" }
-            @for (i, color) in colors.iter().enumerate() {
-                polyline points=(line(i)) fill="none" stroke=(color) stroke-width="2" {}
-                @if let Some((x, y)) = points(i).last() {
-                    circle cx=(format!("{x:.1}")) cy=(format!("{y:.1}")) r="3" fill=(color) {}
-                }
-            }
-        }
-        div.legend {
-            span { i style="background:#12805c" {} "acked" }
-            span { i style="background:#b54708" {} "retried" }
-            span { i style="background:#c01048" {} "dead-lettered or failed" }
         }
     }
 }
