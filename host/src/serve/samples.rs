@@ -93,7 +93,7 @@ pub(super) async fn run(state: AdminState, stop: CancellationToken) {
         }
         let at_ms = crate::support::when::now_ms();
         push(&state.samples.seconds, SAMPLES, Sample { at_ms, counts });
-        if tick % per_minute == 0 {
+        if tick.is_multiple_of(per_minute) {
             let lag = if state.samples.watched(at_ms) {
                 let readings = state.scaling.readings().await;
                 Some(readings.iter().flatten().map(|r| r.unread).sum())
