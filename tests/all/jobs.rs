@@ -171,3 +171,41 @@ async fn a_bulk_requeue_of_fifty_thousand_survives_a_sigkill_half_way() {
     again.terminate();
     let _ = again.wait_exit().await;
 }
+
+/// Pending entries are filtered and counted by their payload too (a consumer that died holds
+/// them); no job acts on them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_entries_are_counted_by_payload_and_not_acted_on() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    create_group(&mut conn, "pend", "g", "$").await;
+    for n in 0..6 {
+        let payload = format!(r#"{{"mode":"ack","customer":"c{}"}}"#, n % 2);
+        let _: String = cmd(&mut conn, &["XADD", "pend", "*", "payload", &payload]).await;
+    }
+    read_as(&mut conn, "gone-pod", "pend", ">").await;
+    let mut host = start_fixture(&redis, Sub::fixture("pend")).await;
+    let admin = host.admin().await;
+    let (code, body) = http_request(
+        admin,
+        "GET",
+        "/v1/subscriptions/pend/g/matches?of=pending&field=/customer&value=c1",
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let count: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(count["matches"], 3, "{count}");
+    assert_eq!(count["complete"], true);
+    let (code, body) = http_request(
+        admin,
+        "POST",
+        "/v1/subscriptions/pend/g/jobs",
+        &[("Content-Type", "application/json")],
+        br#"{"of":"pending","action":"delete"}"#,
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
+    host.stop().await.unwrap();
+}

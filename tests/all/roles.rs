@@ -233,3 +233,57 @@ async fn every_operator_action_is_recorded_once_with_who_what_and_how_many() {
     let _ = T;
     host.stop().await.unwrap();
 }
+
+/// The CLI's actions are recorded too: who (the user and machine), what, how many.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clis_actions_are_recorded_with_the_user_and_how_many() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let sub = Sub::fixture("clis").delayed("clis.delayed");
+    let mut host = start_fixture(&redis, sub.clone()).await;
+    for _ in 0..2 {
+        add(
+            &mut conn,
+            "clis",
+            &Control::Dead {
+                reason: "bad".into(),
+            },
+        )
+        .await;
+    }
+    wait_dead_letters(&conn, "clis", 2).await;
+    host.stop().await.unwrap();
+    let dir = RunDir::new(&redis, TestConfig::of(sub));
+    let url = redis.url();
+    let run = |args: Vec<&'static str>| {
+        let cwd = dir.path().to_owned();
+        let url = url.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let mut all: Vec<&str> = args;
+                all.extend(["sluice.toml", "--redis", &url]);
+                run_sluice(&all, &cwd)
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let (ok, _, err) = run(vec!["pause", "--reason", "maintenance"]).await;
+    assert!(ok, "{err}");
+    let (ok, _, err) = run(vec!["requeue", "--all"]).await;
+    assert!(ok, "{err}");
+    let rows: Vec<(String, Vec<(String, String)>)> =
+        cmd(&mut conn, &["XRANGE", "sluice-audit", "-", "+"]).await;
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let (_, pause) = &rows[0];
+    let (_, requeue) = &rows[1];
+    assert!(
+        field(pause, "who").unwrap().starts_with("cli "),
+        "{pause:?}"
+    );
+    assert!(field(pause, "who").unwrap().contains("(sluice pause)"));
+    assert_eq!(field(pause, "stream"), Some("clis"));
+    assert_eq!(field(requeue, "what"), Some("requeue"));
+    assert_eq!(field(requeue, "count"), Some("2"));
+    let _ = T;
+}

@@ -1,5 +1,6 @@
 //! `sluice delete`: dead letters or parked retries removed for good (poison).
 
+use crate::control::audit;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
@@ -78,6 +79,9 @@ pub async fn delete(
                     .with_context(|| format!("cannot delete from `{}`", keys.dead_letter))?;
                 if n > 0 {
                     let _ = writeln!(out, "deleted {n} from `{}`", keys.dead_letter);
+                    let said = format!("deleted {n} dead letters");
+                    let who = (&*keys.stream, &*keys.group);
+                    audit::cli_action(&mut target.conn, "delete", who, Some(n as u64), &said).await;
                 }
                 total += n;
             }
@@ -90,6 +94,11 @@ pub async fn delete(
                 let n = parked::delete(&mut target.conn, key, &members).await?;
                 for p in &found {
                     let _ = writeln!(out, "deleted parked {} from `{key}`", p.entry.origin_id);
+                }
+                if n > 0 {
+                    let said = format!("deleted {n} parked entries");
+                    let who = (&*keys.stream, &*keys.group);
+                    audit::cli_action(&mut target.conn, "delete", who, Some(n as u64), &said).await;
                 }
                 total += n;
             }

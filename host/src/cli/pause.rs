@@ -1,6 +1,7 @@
 //! `sluice pause` and `sluice resume`: hold a subscription on every host of its group, and
 //! let it go again (see [`crate::pipeline::admit`]).
 
+use crate::control::audit;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
@@ -119,6 +120,10 @@ pub async fn pause(
         let done = admit::pause(&mut conn, &stream, &group, asked)
             .await
             .with_context(|| format!("cannot pause stream `{stream}` group `{group}`"))?;
+        if let PauseResult::Paused(p) = &done {
+            let said = p.describe();
+            audit::cli_action(&mut conn, "pause", (&stream, &group), None, &said).await;
+        }
         let _ = match done {
             PauseResult::Paused(p) => writeln!(
                 out,
@@ -146,6 +151,10 @@ pub async fn resume(
         let was = admit::resume(&mut conn, &stream, &group, &operator())
             .await
             .with_context(|| format!("cannot resume stream `{stream}` group `{group}`"))?;
+        if let Some(was) = &was {
+            let said = format!("resumed (it was {})", was.describe());
+            audit::cli_action(&mut conn, "resume", (&stream, &group), None, &said).await;
+        }
         let _ = match was {
             Some(was) => writeln!(
                 out,

@@ -1,5 +1,6 @@
 //! `sluice requeue`: dead letters back onto their stream, one atomic script each.
 
+use crate::control::audit;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -93,6 +94,7 @@ pub async fn requeue(request: RequeueRequest) -> Result<String> {
     let mut tally = Tally::default();
     'targets: for mut target in targets(&plan, request.stream.as_deref()).await? {
         let mut cursor: Option<String> = None;
+        let before = tally.done;
         loop {
             for letter in next_letters(&mut target, &request, &mut cursor).await? {
                 if stop.load(Ordering::Acquire) {
@@ -110,6 +112,12 @@ pub async fn requeue(request: RequeueRequest) -> Result<String> {
             if !request.all || cursor.is_none() {
                 break;
             }
+        }
+        let n = tally.done - before;
+        if n > 0 && !request.dry_run {
+            let said = format!("requeued {n} dead letters");
+            let who = (&*target.keys.stream, &*target.keys.group);
+            audit::cli_action(&mut target.conn, "requeue", who, Some(n as u64), &said).await;
         }
     }
     bar.finish_and_clear();

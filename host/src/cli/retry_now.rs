@@ -66,6 +66,7 @@ pub async fn retry_now(
         let Some(key) = target.keys.delayed.clone() else {
             continue;
         };
+        let before = total;
         if all {
             loop {
                 if stop.load(Ordering::Acquire) {
@@ -81,6 +82,7 @@ pub async fn retry_now(
                 total += n;
                 bar.inc(n as u64);
             }
+            record(&mut target, total - before).await;
             continue;
         }
         let matches = parked::find(&mut target.conn, &key, origins, None)
@@ -93,6 +95,7 @@ pub async fn retry_now(
             let _ = writeln!(out, "{} in `{key}` is due now", p.entry.origin_id);
         }
         total += n;
+        record(&mut target, n).await;
     }
     bar.finish_and_clear();
     for origin in origins {
@@ -105,4 +108,20 @@ pub async fn retry_now(
         "{total} retries due now; a running host moves them back onto the stream within its block time"
     );
     Ok(out)
+}
+
+/// The audit record of what `retry-now` did to one target, when it moved any.
+async fn record(target: &mut super::Target, n: usize) {
+    if n > 0 {
+        let said = format!("{n} parked entries due now");
+        let who = (&*target.keys.stream, &*target.keys.group);
+        crate::control::audit::cli_action(
+            &mut target.conn,
+            "retry-now",
+            who,
+            Some(n as u64),
+            &said,
+        )
+        .await;
+    }
 }

@@ -1,5 +1,6 @@
 //! The audit stream: who did what to which subscription, how many entries it moved, and when,
-//! for every action taken through the admin API and the page. One stream per Redis,
+//! for every action taken through the admin API, the page and the CLI (`pause`, `resume`,
+//! `requeue`, `retry-now`, `delete`; `swap` goes through the API). One stream per Redis,
 //! [`AUDIT_STREAM`], read back newest first by the page.
 //!
 //! Attacks it is built against (docs/design/operator-page.md):
@@ -90,6 +91,35 @@ pub async fn record<C: ConnectionLike>(conn: &mut C, record: &Record) -> redis::
             Err(err)
         }
     }
+}
+
+/// Who a command-line user is, for the record: `cli <user>@<host> (sluice <command>)`.
+pub fn cli_who(command: &str) -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| "someone".to_owned());
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    format!("cli {user}@{host} (sluice {command})")
+}
+
+/// Record what `sluice <command>` did to one subscription: how many it moved, in words.
+pub async fn cli_action<C: ConnectionLike>(
+    conn: &mut C,
+    command: &str,
+    (stream, group): (&str, &str),
+    count: Option<u64>,
+    result: &str,
+) {
+    let record = Record {
+        who: cli_who(command),
+        what: command.to_owned(),
+        stream: stream.to_owned(),
+        group: group.to_owned(),
+        count,
+        result: result.to_owned(),
+    };
+    // Logged inside; the action has happened either way.
+    let _ = self::record(conn, &record).await;
 }
 
 /// One stream entry as read back: its id and fields.

@@ -6,7 +6,7 @@
 //!   group runs and judges through Redis) and replays dead letters against a candidate.
 //! - [`operate`] acts on what waits: lists dead letters and parked retries, and requeues,
 //!   retries now, deletes or dead-letters them (CLI, admin API and web page).
-//! - [`audit`] records who did what through the admin API and the page.
+//! - [`audit`] records who did what through the admin API, the page and the CLI.
 //! - [`retention`] trims what every consumer group of a stream has acknowledged.
 //! - [`schedules`] fires cron schedules' ticks, each once for the whole group.
 

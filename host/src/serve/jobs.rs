@@ -1,6 +1,6 @@
 //! The API over filters and bulk jobs ([`crate::control::operate::jobs`]):
 //!
-//! - `GET .../matches?of=dead-letters|parked&field=&value=&prefix=&retries_min=&retries_max=
+//! - `GET .../matches?of=dead-letters|parked|pending&field=&value=&prefix=&retries_min=&retries_max=
 //!   &from=&to=&reason=`: how many entries the filter matches (`matches`, `scanned`, `complete`,
 //!   the `first` ids), bounded per request; two counts at a time per host (429 beyond).
 //! - `POST .../jobs` with `{"of", "action", "filter": {...}, "expect": n}`: start a job on every
@@ -129,7 +129,7 @@ pub(super) async fn start(
         return Err((
             StatusCode::BAD_REQUEST,
             format!(
-                "{} does not apply to {}: dead letters are requeued or deleted, parked entries retried now or deleted\n",
+                "{} does not apply to {}: dead letters are requeued or deleted, parked entries retried now or deleted, pending entries only counted\n",
                 spec.action.name(),
                 of_name(spec.of)
             ),
@@ -209,6 +209,7 @@ fn of_name(of: Of) -> &'static str {
     match of {
         Of::DeadLetters => "dead letters",
         Of::Parked => "parked entries",
+        Of::Pending => "pending entries",
     }
 }
 

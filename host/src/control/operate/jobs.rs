@@ -37,6 +37,9 @@ pub enum Of {
     DeadLetters,
     /// The delayed set (parked retries and scheduled entries).
     Parked,
+    /// The group's entries in flight (pending to a consumer): counted and listed, not acted on
+    /// (a host is handling them, or takes them over from a consumer that is gone).
+    Pending,
 }
 
 /// What a job does to each match.
@@ -90,6 +93,8 @@ pub enum Item {
     Dead(Box<DeadLetter>),
     /// A parked entry.
     Parked(Parked),
+    /// A pending entry: its id.
+    Pending(String),
 }
 
 /// What a job or a count is about: a subscription's keys, its payload field and its secret.
@@ -169,6 +174,7 @@ pub async fn next_batch<C: ConnectionLike>(
                 }
             }
         }
+        Of::Pending => pending_batch(conn, scope, filter, walk, &mut items).await?,
         Of::Parked => {
             let Some(set) = scope.keys.delayed.as_deref() else {
                 walk.done = true;
@@ -194,6 +200,54 @@ pub async fn next_batch<C: ConnectionLike>(
         }
     }
     Ok(items)
+}
+
+/// The next page of the group's pending entries (XPENDING from the cursor), each read to be
+/// matched (its delivery count as its retries, its id's time as its time).
+async fn pending_batch<C: ConnectionLike>(
+    conn: &mut C,
+    scope: &Scope<'_>,
+    filter: &Filter,
+    walk: &mut Walk,
+    items: &mut Vec<Item>,
+) -> Result<(), OperateError> {
+    let from = walk
+        .cursor
+        .as_ref()
+        .map_or("-".to_owned(), |c| format!("({c}"));
+    let page: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+        .arg(&*scope.keys.stream)
+        .arg(&*scope.keys.group)
+        .arg(from)
+        .arg("+")
+        .arg(BATCH)
+        .query_async(conn)
+        .await?;
+    walk.done = page.len() < BATCH;
+    for (id, _, _, deliveries) in page {
+        walk.cursor = Some(id.clone());
+        walk.scanned += 1;
+        let entry: Vec<RawEntry> = redis::cmd("XRANGE")
+            .arg(&*scope.keys.stream)
+            .arg(&id)
+            .arg(&id)
+            .query_async(conn)
+            .await?;
+        let Some((_, fields)) = entry.first() else {
+            continue;
+        };
+        let candidate = Candidate {
+            fields,
+            payload_field: scope.payload_field,
+            retries: Some(u32::try_from(deliveries.saturating_sub(1)).unwrap_or(u32::MAX)),
+            at_ms: crate::support::when::entry_ms(&id).and_then(|ms| i64::try_from(ms).ok()),
+            reason: None,
+        };
+        if filter.matches(&candidate) {
+            items.push(Item::Pending(id));
+        }
+    }
+    Ok(())
 }
 
 /// How many entries a filter matches, as far as a count looked.
@@ -227,6 +281,7 @@ pub async fn count<C: ConnectionLike>(
                 count.first.push(match item {
                     Item::Dead(l) => l.id,
                     Item::Parked(p) => p.entry.origin_id,
+                    Item::Pending(id) => id,
                 });
             }
         }
@@ -269,6 +324,8 @@ pub async fn act<C: ConnectionLike>(
             }
             (Item::Dead(letter), _) => dead_ids.push(letter.id),
             (Item::Parked(p), _) => members.push(p.member),
+            // No job acts on pending entries (`applies_to`).
+            (Item::Pending(_), _) => tally.skipped += 1,
         }
     }
     if !dead_ids.is_empty() {

@@ -65,6 +65,7 @@ fn of_value(of: Of) -> &'static str {
     match of {
         Of::DeadLetters => "dead-letters",
         Of::Parked => "parked",
+        Of::Pending => "pending",
     }
 }
 
@@ -97,6 +98,7 @@ pub(super) async fn find_page(
                 @if sub.delayed_key.is_some() {
                     option value="parked" selected[of == Of::Parked] { "parked entries" }
                 }
+                option value="pending" selected[of == Of::Pending] { "pending entries" }
             }
             " " (filter_inputs(&q.filter)) " "
             button.primary type="submit" { "Count matches" }
@@ -118,7 +120,7 @@ pub(super) async fn find_page(
                             @for id in &c.first { a href=(entry_link(&keys, id)) { (id) } " " }
                         }
                     }
-                    @if viewer.can_act && c.matches > 0 {
+                    @if viewer.can_act && c.matches > 0 && of != Of::Pending {
                         form method="post" action=(sub_link(&keys, "jobs")) data-bulk {
                             input type="hidden" name="csrf" value=(viewer.csrf);
                             input type="hidden" name="of" value=(of_value(of));
@@ -228,6 +230,7 @@ async fn confirm(
     let what = match spec.of {
         Of::DeadLetters => "dead letters",
         Of::Parked => "parked entries",
+        Of::Pending => "pending entries",
     };
     let body = html! {
         div.card data-confirm=(c.matches) {
