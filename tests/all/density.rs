@@ -339,7 +339,7 @@ async fn entries_the_doorbell_did_not_hear_of_are_read_within_seconds() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    host.event(Duration::from_secs(30), "the entry added unheard", |e| {
+    host.event(Duration::from_secs(75), "the entry added unheard", |e| {
         e.id == id && e.kind == EventKind::Acked
     })
     .await;
@@ -347,7 +347,7 @@ async fn entries_the_doorbell_did_not_hear_of_are_read_within_seconds() {
     let _: () = cmd(&mut conn, &["XGROUP", "CREATE", "many-2-next", "g2", "0"]).await;
     let _: () = cmd(&mut conn, &["RENAME", "many-2-next", "many-2"]).await;
     host.event(
-        Duration::from_secs(30),
+        Duration::from_secs(75),
         "the entry renamed into the stream",
         |e| e.id == id && e.kind == EventKind::Acked,
     )

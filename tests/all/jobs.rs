@@ -56,6 +56,19 @@ async fn job(admin: std::net::SocketAddr) -> serde_json::Value {
     serde_json::from_str(&body).unwrap()
 }
 
+/// POST the requeue job of [`SPEC`]: (status, body).
+async fn start_job(admin: std::net::SocketAddr) -> (u16, String) {
+    let json = [("Content-Type", "application/json")];
+    http_request(
+        admin,
+        "POST",
+        "/v1/subscriptions/bulk/g/jobs",
+        &json,
+        SPEC.as_bytes(),
+    )
+    .await
+}
+
 const SPEC: &str = r#"{"of":"dead-letters","action":"requeue","filter":{"field":"/reason","value":"r-even"},"expect":50000}"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -92,25 +105,10 @@ async fn a_bulk_requeue_of_fifty_thousand_survives_a_sigkill_half_way() {
     if count["complete"] == true {
         assert_eq!(count["matches"], 50_000, "{count}");
     }
-    let json = [("Content-Type", "application/json")];
-    let (code, body) = http_request(
-        admin,
-        "POST",
-        "/v1/subscriptions/bulk/g/jobs",
-        &json,
-        SPEC.as_bytes(),
-    )
-    .await;
+    let (code, body) = start_job(admin).await;
     assert_eq!(code, 202, "{body}");
     // Started twice: refused while the first runs.
-    let (code, body) = http_request(
-        admin,
-        "POST",
-        "/v1/subscriptions/bulk/g/jobs",
-        &json,
-        SPEC.as_bytes(),
-    )
-    .await;
+    let (code, body) = start_job(admin).await;
     assert_eq!(code, 409, "{body}");
     // Half-way (progress moves), the host dies.
     wait_for(T, "the job's progress past 10,000", || async {
@@ -143,14 +141,7 @@ async fn a_bulk_requeue_of_fifty_thousand_survives_a_sigkill_half_way() {
         (job(admin).await["state"] == "interrupted").then_some(())
     })
     .await;
-    let (code, body) = http_request(
-        admin,
-        "POST",
-        "/v1/subscriptions/bulk/g/jobs",
-        &json,
-        SPEC.as_bytes(),
-    )
-    .await;
+    let (code, body) = start_job(admin).await;
     assert_eq!(code, 202, "{body}");
     let done = wait_for(T, "the second job done", || async {
         let j = job(admin).await;

@@ -216,18 +216,26 @@ pub async fn serve(
     options: AdminOptions,
     stop: CancellationToken,
 ) -> Result<SocketAddr, AdminError> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| AdminError { addr, source })?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| AdminError { addr, source })?;
+    let (listener, bound) = bind(addr).await?;
     let state = AdminState::new(metrics, subscriptions, options, bound);
     tokio::spawn(samples::run(state.clone(), stop.clone()));
     let (app, busy) = routers(state);
     tokio::spawn(connections::serve(listener, app, busy, stop));
     tracing::info!(addr = %bound, "admin server listening (/ui/, /metrics, /healthz, /readyz)");
     Ok(bound)
+}
+
+/// Bind `addr`: the listener and the address it got (useful with port 0).
+pub(crate) async fn bind(
+    addr: SocketAddr,
+) -> Result<(tokio::net::TcpListener, SocketAddr), AdminError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| AdminError { addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| AdminError { addr, source })?;
+    Ok((listener, bound))
 }
 
 impl AdminState {

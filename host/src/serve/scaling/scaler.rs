@@ -60,12 +60,7 @@ pub async fn serve(
     if tokens.0.is_empty() && !addr.ip().is_loopback() {
         return Err(ScalerError::NoToken(addr));
     }
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| AdminError { addr, source })?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| AdminError { addr, source })?;
+    let (listener, bound) = crate::serve::bind(addr).await?;
     let state = ScalerState {
         board,
         metrics: Arc::new(Metrics::new(true)),
