@@ -1223,3 +1223,74 @@ async fn status_names_a_redis_that_does_not_answer_and_shows_the_others() {
         started.elapsed()
     );
 }
+
+/// Every command Redis served so far, by name (`INFO commandstats`).
+async fn every_call(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(String, u64)> {
+    let info: String = cmd(conn, &["INFO", "commandstats"]).await;
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            Some((name.to_owned(), rest.split(',').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Issue 57: a host whose subscriptions are all idle, on keyspace events, sends Redis nothing
+/// but its doorbell's: over 8 s, no read, no flow-state poll or re-read (the flow watcher
+/// waits for the change log's ring), at most the doorbell's PINGs, one CONFIG GET and one
+/// look for unheard entries. Before, the flow watcher alone sent 4 `GETRANGE` and up to 40
+/// scripts a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_host_on_keyspace_events_sends_only_its_doorbells_commands() {
+    let redis = Redis::start_with(true, &[("notify-keyspace-events", "Ktz")]);
+    let mut conn = redis.conn().await;
+    let mut config = TestConfig::of(
+        Sub::fixture("idle-0")
+            .set("consumer_gone_after", "2s")
+            .delayed("idle-0:delayed"),
+    );
+    for i in 1..20 {
+        config = config.and(
+            Sub::fixture(&format!("idle-{i}"))
+                .set("group", format!("g{i}"))
+                .set("consumer_gone_after", "2s")
+                .delayed(&format!("idle-{i}:delayed")),
+        );
+    }
+    let mut host = start_fixture(&redis, config).await;
+    host.admin().await;
+    wait_looks_stop(&mut conn).await;
+    let before = every_call(&mut conn).await;
+    let window = Duration::from_secs(8);
+    let started = tokio::time::Instant::now();
+    // The measurement's window: nothing is waited for, the host is watched.
+    tokio::time::sleep(window).await;
+    let after = every_call(&mut conn).await;
+    let seconds = started.elapsed().as_secs_f64();
+    let sent: Vec<(String, u64)> = after
+        .into_iter()
+        .filter_map(|(name, n)| {
+            let was = before
+                .iter()
+                .find(|(b, _)| *b == name)
+                .map_or(0, |(_, b)| *b);
+            (n > was && name != "info").then_some((name, n - was))
+        })
+        .collect();
+    let of = |name: &str| sent.iter().find(|(n, _)| n == name).map_or(0, |(_, n)| *n);
+    println!("idle host, 20 subscriptions, {seconds:.1} s: {sent:?}");
+    for polled in [
+        "xreadgroup",
+        "getrange",
+        "hmget",
+        "xinfo|consumers",
+        "xautoclaim",
+        "zrange",
+    ] {
+        assert_eq!(of(polled), 0, "{polled} while idle: {sent:?}");
+    }
+    // The doorbell's: a PING every 2 s, a CONFIG GET every 10 s, a look every 30 s.
+    assert!(of("ping") <= 6, "{sent:?}");
+    assert!(of("evalsha") <= 2, "{sent:?}");
+    host.stop().await.unwrap();
+}
