@@ -200,3 +200,130 @@ async fn pending_entries_are_counted_by_payload_and_not_acted_on() {
     assert_eq!(code, 400, "{body}");
     host.stop().await.unwrap();
 }
+
+/// Schedule `n` entries for later on `stream`'s delayed set `set`: all due at one time when
+/// `same`, else each at its own.
+async fn park_many(
+    conn: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+    set: &str,
+    n: u64,
+    same: bool,
+) {
+    use sluice_host::control::operate::schedule::{self, Target, When};
+    let target = Target {
+        stream,
+        group: "g",
+        set,
+        ttl: None,
+    };
+    let fields = [(b"payload".to_vec(), br#"{"mode":"ack","k":"x"}"#.to_vec())];
+    for i in 0..n {
+        let ahead = if same { 3_600_000 } else { 3_600_000 + i * 7 };
+        schedule::schedule(
+            conn,
+            target,
+            When::In(Duration::from_millis(ahead)),
+            &fields,
+        )
+        .await
+        .unwrap();
+    }
+}
+
+async fn job_of(admin: std::net::SocketAddr, stream: &str) -> serde_json::Value {
+    let path = format!("/v1/subscriptions/{stream}/g/jobs");
+    let (code, body) = http_request(admin, "GET", &path, &[], b"").await;
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+async fn run_job(admin: std::net::SocketAddr, stream: &str, spec: &str) -> serde_json::Value {
+    let path = format!("/v1/subscriptions/{stream}/g/jobs");
+    let json = [("Content-Type", "application/json")];
+    let (code, body) = http_request(admin, "POST", &path, &json, spec.as_bytes()).await;
+    assert_eq!(code, 202, "{body}");
+    wait_for(T, "the job ended", || async {
+        let j = job_of(admin, stream).await;
+        (j["running"] == false && j["state"] != "running").then_some(j)
+    })
+    .await
+}
+
+/// A job on parked entries leaves none behind, whether they share one due time or each has
+/// its own (the listing's cursor counts positions, and the job removes what it passed: before
+/// the fix, 128 of 300 alike and 7 of 1,000 were left, the job saying "done"); a requeue job
+/// ends even when every requeued entry fails again (it walks the dead letters there were when
+/// it began); and a job can be stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_leave_no_match_behind_end_on_their_own_and_can_be_stopped() {
+    let redis = Redis::start();
+    let mut conn = redis.conn().await;
+    let config = TestConfig::of(Sub::fixture("alike").delayed("alike.delayed"))
+        .and(
+            Sub::fixture("apart")
+                .set("group", "g")
+                .delayed("apart.delayed"),
+        )
+        .and(Sub::fixture("again").set("group", "g"));
+    let mut host = start_fixture(&redis, config).await;
+    let admin = host.admin().await;
+    park_many(&mut conn, "alike", "alike.delayed", 300, true).await;
+    park_many(&mut conn, "apart", "apart.delayed", 1_000, false).await;
+    let delete = r#"{"of":"parked","action":"delete"}"#;
+    let done = run_job(admin, "alike", delete).await;
+    assert_eq!(done["state"], "done", "{done}");
+    assert_eq!(done["moved"], 300, "{done}");
+    assert_eq!(parked(&mut conn, "alike.delayed").await, 0);
+    let done = run_job(admin, "apart", delete).await;
+    assert_eq!(done["moved"], 1_000, "{done}");
+    assert_eq!(parked(&mut conn, "apart.delayed").await, 0);
+    // Dead letters that fail again when requeued: the job requeues each once and ends.
+    for _ in 0..300 {
+        add(
+            &mut conn,
+            "again",
+            &Control::Dead {
+                reason: "still broken".into(),
+            },
+        )
+        .await;
+    }
+    wait_dead_letters(&conn, "again", 300).await;
+    let done = run_job(
+        admin,
+        "again",
+        r#"{"of":"dead-letters","action":"requeue"}"#,
+    )
+    .await;
+    assert_eq!(done["state"], "done", "{done}");
+    assert_eq!(done["moved"], 300, "{done}");
+    // Stopped: a delete of 20,000 parked entries asked to stop at once.
+    park_many(&mut conn, "apart", "apart.delayed", 20_000, false).await;
+    let json = [("Content-Type", "application/json")];
+    let (code, body) = http_request(
+        admin,
+        "POST",
+        "/v1/subscriptions/apart/g/jobs",
+        &json,
+        delete.as_bytes(),
+    )
+    .await;
+    assert_eq!(code, 202, "{body}");
+    let (code, body) =
+        http_request(admin, "DELETE", "/v1/subscriptions/apart/g/jobs", &[], b"").await;
+    assert!(code == 200 || code == 404, "{code} {body}");
+    let ended = wait_for(T, "the job ended", || async {
+        let j = job_of(admin, "apart").await;
+        (j["running"] == false).then_some(j)
+    })
+    .await;
+    if code == 200 {
+        assert_eq!(ended["state"], "cancelled", "{ended}");
+        assert!(
+            parked(&mut conn, "apart.delayed").await > 0,
+            "stopped before the end"
+        );
+    }
+    host.stop().await.unwrap();
+}

@@ -42,6 +42,7 @@ static CLAIM: LazyLock<Script> = lua!("store/keys/lua/claim.lua");
 static SECRET: LazyLock<Script> = lua!("store/keys/lua/secret.lua");
 static READ_FIELDS: LazyLock<Script> = lua!("pipeline/admit/lua/read_fields.lua");
 static READ_MANY: LazyLock<Script> = lua!("pipeline/admit/lua/read_many.lua");
+static LEASE: LazyLock<Script> = lua!("control/operate/lua/lease.lua");
 static READ_JOURNAL: LazyLock<Script> = lua!("pipeline/admit/lua/read_journal.lua");
 static READ_HISTORY: LazyLock<Script> = lua!("entry/lua/read_history.lua");
 static BUMP: LazyLock<Script> = lua!("pipeline/admit/lua/bump.lua");
@@ -414,6 +415,38 @@ async fn read_fields_cuts_each_value() {
         eval::<Vec<Option<String>>>(&mut conn, &READ_FIELDS, &["text"], &[&4, &"a"]).await,
     );
     assert!(wrong.contains("WRONGTYPE"), "{wrong}");
+}
+
+#[tokio::test]
+async fn a_jobs_lease_is_renewed_or_let_go_only_by_its_holder() {
+    let (_redis, mut conn) = redis().await;
+    let _: () = cmd(&mut conn, &["SET", "lease", "job-b", "PX", "60000"]).await;
+    let renew = |who: &'static str| (who, "renew", 120_000);
+    for (who, mode, ms) in [renew("job-a"), ("job-a", "release", 0)] {
+        let held: i64 = eval(&mut conn, &LEASE, &["lease"], &[&who, &mode, &ms])
+            .await
+            .unwrap();
+        assert_eq!(held, 0, "{who} does not hold it ({mode})");
+    }
+    let ttl: i64 = cmd(&mut conn, &["PTTL", "lease"]).await;
+    assert!(ttl <= 60_000, "not extended by another: {ttl}");
+    let held: i64 = eval(
+        &mut conn,
+        &LEASE,
+        &["lease"],
+        &[&"job-b", &"renew", &120_000],
+    )
+    .await
+    .unwrap();
+    assert_eq!(held, 1);
+    let ttl: i64 = cmd(&mut conn, &["PTTL", "lease"]).await;
+    assert!(ttl > 60_000, "{ttl}");
+    let held: i64 = eval(&mut conn, &LEASE, &["lease"], &[&"job-b", &"release", &0])
+        .await
+        .unwrap();
+    assert_eq!(held, 1);
+    let gone: i64 = cmd(&mut conn, &["EXISTS", "lease"]).await;
+    assert_eq!(gone, 0);
 }
 
 #[tokio::test]

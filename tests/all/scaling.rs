@@ -130,7 +130,11 @@ async fn the_signal_sees_a_parked_retry_coming_and_then_due_with_no_host_running
     assert_eq!(due["subscriptions"][0]["due"], 1, "{due}");
     assert_eq!(due["next_due_seconds"], 0.0, "{due}");
     // The Prometheus series say the same.
-    let (code, metrics) = http_get(addr, "/metrics").await;
+    let (code, _) = http_request_bare(addr, "GET", "/metrics", &[], b"").await;
+    assert_eq!(code, 401, "the series name every stream: behind the token");
+    let auth = format!("Bearer {READ_TOKEN}");
+    let (code, metrics) =
+        http_request(addr, "GET", "/metrics", &[("Authorization", &auth)], b"").await;
     assert_eq!(code, 200);
     assert!(
         metrics
@@ -192,4 +196,31 @@ async fn the_scaler_refuses_to_listen_beyond_loopback_without_a_token() {
         err.contains("beyond loopback") && err.contains("admin_read_token_file"),
         "{err}"
     );
+}
+
+/// A Redis that stops answering makes its subscriptions count as unanswered within seconds
+/// (each one wakes the deployment), not as the last reading: an autoscaler must not take a
+/// deployment to zero on what Redis said before it went away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_stops_answering_wakes_rather_than_reads_as_idle() {
+    let redis = Redis::start();
+    let mut host = start_fixture(&redis, Sub::fixture("frozen").delayed("frozen.delayed")).await;
+    let admin = host.admin().await;
+    let quiet = signal(admin, "list=false", TEST_TOKEN).await;
+    assert_eq!(quiet["wake"], 0, "{quiet}");
+    let pid = redis.server.pid().expect("the test's redis-server") as i32;
+    // SIGSTOP the redis-server this test started (by its PID), and SIGCONT it after.
+    let _ = std::process::Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .status();
+    let woke = wait_for(T, "the frozen Redis counted", || async {
+        let now = signal(admin, "list=false", TEST_TOKEN).await;
+        (now["unanswered"] == 1 && now["wake"] == 1).then_some(now)
+    })
+    .await;
+    let _ = std::process::Command::new("kill")
+        .args(["-CONT", &pid.to_string()])
+        .status();
+    assert_eq!(woke["needs_host_now"], 0, "{woke}");
+    host.stop().await.unwrap();
 }

@@ -7,7 +7,7 @@ use axum::Router;
 use axum::extract::{Query, Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 use super::{AdminState, AdminSubscription, guard};
@@ -32,20 +32,37 @@ struct ListQuery {
     limit: Option<usize>,
 }
 
-/// `GET /v1/audit?limit=`: the newest records (50 by default, at most 500) of the first
-/// subscription's Redis, newest first.
+/// `GET /v1/audit?limit=`: the newest records (50 by default, at most 500) of every Redis
+/// the host uses, newest first.
 async fn list(
     State(state): State<AdminState>,
     Query(q): Query<ListQuery>,
 ) -> Result<axum::Json<serde_json::Value>, (StatusCode, String)> {
-    let Some(sub) = state.subscriptions.first() else {
-        return Ok(axum::Json(serde_json::json!({ "items": [] })));
-    };
-    let mut conn = sub.conn.clone();
-    let items = audit::recent(&mut conn, q.limit.unwrap_or(50).clamp(1, 500))
+    let items = recent(&state, q.limit.unwrap_or(50).clamp(1, 500))
         .await
         .map_err(|err| (StatusCode::SERVICE_UNAVAILABLE, format!("Redis: {err}\n")))?;
     Ok(axum::Json(serde_json::json!({ "items": items })))
+}
+
+/// The newest `count` records of every Redis this host's subscriptions use (each keeps its
+/// own audit stream), merged newest first.
+pub(super) async fn recent(
+    state: &AdminState,
+    count: usize,
+) -> redis::RedisResult<Vec<audit::Recorded>> {
+    let mut asked: Vec<&crate::store::redis_conn::RedisHandle> = Vec::new();
+    let mut all = Vec::new();
+    for sub in state.subscriptions.iter() {
+        if asked.iter().any(|c| c.same_as(&sub.conn)) {
+            continue;
+        }
+        asked.push(&sub.conn);
+        let mut conn = sub.conn.clone();
+        all.extend(audit::recent(&mut conn, count).await?);
+    }
+    all.sort_by(|a, b| b.at_ms.cmp(&a.at_ms).then_with(|| b.id.cmp(&a.id)));
+    all.truncate(count);
+    Ok(all)
 }
 
 /// The subscription a `/v1/subscriptions/{stream}/{group}/...` path names, if this host has it.
@@ -90,10 +107,38 @@ pub(super) async fn audit_api(
     let what = format!("{} {}", request.method(), request.uri().path());
     let who = caller(&state, &request);
     let sub = named(&state, request.uri().path()).cloned();
-    let response = next.run(request).await;
-    if !response.status().is_success() {
-        return response;
+    // Run apart from the request: a caller that goes away mid-call (or the request's deadline)
+    // must not stop a call half-way, nor leave what it did unrecorded.
+    let handled = tokio::spawn(async move {
+        let response = next.run(request).await;
+        if response.status().is_success() {
+            let count = response.extensions().get::<Moved>().map(|m| m.0);
+            let said = response
+                .extensions()
+                .get::<Said>()
+                .map_or_else(|| response.status().to_string(), |s| s.0.clone());
+            record_call(&state, sub, (who, what), count, said).await;
+        }
+        response
+    });
+    match handled.await {
+        Ok(response) => response,
+        Err(_) => (
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "the call failed\n",
+        )
+            .into_response(),
     }
+}
+
+/// Record a call that succeeded, on its subscription's Redis (else the first one's).
+async fn record_call(
+    state: &AdminState,
+    sub: Option<AdminSubscription>,
+    (who, what): (&str, String),
+    count: Option<u64>,
+    said: String,
+) {
     let conn = sub
         .as_ref()
         .map(|s| s.conn.clone())
@@ -110,17 +155,12 @@ pub(super) async fn audit_api(
                 .as_ref()
                 .map(|s| s.labels.group.clone())
                 .unwrap_or_default(),
-            count: response.extensions().get::<Moved>().map(|m| m.0),
-            result: response
-                .extensions()
-                .get::<Said>()
-                .map(|s| s.0.clone())
-                .unwrap_or_else(|| response.status().to_string()),
+            count,
+            result: said,
         };
         // Logged inside: the call has happened either way.
         let _ = audit::record(&mut conn, &record).await;
     }
-    response
 }
 
 /// Record one of the page's actions on `sub`: `who` is the session's, `done` what it came to.

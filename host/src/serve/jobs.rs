@@ -5,7 +5,8 @@
 //!   the `first` ids), bounded per request; two counts at a time per host (429 beyond).
 //! - `POST .../jobs` with `{"of", "action", "filter": {...}, "expect": n}`: start a job on every
 //!   match (202 with its `id`; 409 while another job of the subscription runs, on any host).
-//! - `GET .../jobs`: the last job's record (its progress while it runs), and whether it runs.
+//! - `GET .../jobs`: the last job's record (its progress while it runs), and whether it runs;
+//!   `DELETE .../jobs`: ask the running job to stop after its batch.
 //!
 //! The job runs on this host, apart from the request; it records its start and its end in the
 //! audit stream, and its progress in Redis after each batch.
@@ -32,7 +33,10 @@ pub(super) fn routes() -> Router<AdminState> {
     let base = "/v1/subscriptions/{stream}/{group}";
     Router::new()
         .route(&format!("{base}/matches"), get(matches))
-        .route(&format!("{base}/jobs"), get(last).post(start_call))
+        .route(
+            &format!("{base}/jobs"),
+            get(last).post(start_call).delete(cancel_call),
+        )
 }
 
 #[derive(serde::Deserialize)]
@@ -169,6 +173,7 @@ pub(super) async fn start(
     jobs::write_record(
         &mut conn,
         &prefix,
+        &id,
         &[
             ("id", id.clone()),
             ("state", "running".into()),
@@ -187,6 +192,7 @@ pub(super) async fn start(
             ("error", String::new()),
             ("finished_ms", String::new()),
         ],
+        true,
     )
     .await
     .map_err(redis)?;
@@ -229,19 +235,22 @@ impl Job {
     async fn run(self: Arc<Self>) {
         let mut conn = self.sub.conn.clone();
         let (state, error, tally) = match self.walk(&mut conn).await {
-            Ok(tally) => ("done", String::new(), tally),
+            Ok((tally, false)) => ("done", String::new(), tally),
+            Ok((tally, true)) => ("cancelled", String::new(), tally),
             Err((tally, why)) => ("failed", why, tally),
         };
         let now = crate::support::when::now_ms();
         let _ = jobs::write_record(
             &mut conn,
             &self.prefix,
+            &self.id,
             &[
                 ("state", state.into()),
                 ("error", error.clone()),
                 ("finished_ms", now.to_string()),
                 ("updated_ms", now.to_string()),
             ],
+            false,
         )
         .await;
         let _ = jobs::release_lease(&mut conn, &self.prefix, &self.id).await;
@@ -272,49 +281,90 @@ impl Job {
         .await;
     }
 
-    /// Walk the whole key, acting batch by batch and recording progress; what it moved, and
-    /// why it stopped early.
+    /// Walk the whole key, acting batch by batch and recording progress: what it moved and
+    /// whether it was cancelled, or why it stopped early. A parked job walks the set again
+    /// while a pass acted on something (a sweep or a made-due entry moves the others'
+    /// positions), at most [`PASSES`] times; each entry is acted on once.
     async fn walk(
         &self,
         conn: &mut crate::store::redis_conn::RedisHandle,
-    ) -> Result<jobs::Tally, (jobs::Tally, String)> {
+    ) -> Result<(jobs::Tally, bool), (jobs::Tally, String)> {
         let keys = self.sub.keys();
         let mut total = jobs::Tally::default();
+        let failed = |total: jobs::Tally| move |e: OperateError| (total, e.to_string());
         let scope = Scope::load(conn, &keys, &self.sub.payload_field)
             .await
-            .map_err(|e| (total, e.to_string()))?;
-        let mut walk = Walk::default();
-        while !walk.done {
-            match jobs::renew_lease(conn, &self.prefix, &self.id).await {
-                Ok(true) => {}
-                Ok(false) => return Err((total, "its lease was lost".into())),
-                Err(e) => return Err((total, format!("Redis: {e}"))),
+            .map_err(failed(total))?;
+        let mut walk = Walk::begin(conn, &scope, self.of)
+            .await
+            .map_err(failed(total))?;
+        for pass in 1..=PASSES {
+            let before = total;
+            while !walk.done {
+                if self.stopped(conn).await.map_err(|why| (total, why))? {
+                    return Ok((total, true));
+                }
+                let items = jobs::next_batch(conn, &scope, self.of, &self.filter, &mut walk)
+                    .await
+                    .map_err(failed(total))?;
+                let tally = jobs::act(conn, &scope, self.action, items, &mut walk)
+                    .await
+                    .map_err(failed(total))?;
+                total.moved += tally.moved;
+                total.skipped += tally.skipped;
+                total.gone += tally.gone;
+                self.progress(conn, &walk, &total).await;
             }
-            let batch = async {
-                let items =
-                    jobs::next_batch(conn, &scope, self.of, &self.filter, &mut walk).await?;
-                jobs::act(conn, &scope, self.action, items).await
-            };
-            let tally = batch.await.map_err(|e| (total, e.to_string()))?;
-            total.moved += tally.moved;
-            total.skipped += tally.skipped;
-            total.gone += tally.gone;
-            let _ = jobs::write_record(
-                conn,
-                &self.prefix,
-                &[
-                    ("scanned", walk.scanned.to_string()),
-                    ("moved", total.moved.to_string()),
-                    ("skipped", total.skipped.to_string()),
-                    ("gone", total.gone.to_string()),
-                    ("updated_ms", crate::support::when::now_ms().to_string()),
-                ],
-            )
-            .await;
+            if self.of != Of::Parked || total == before || pass == PASSES {
+                break;
+            }
+            walk.again();
         }
-        Ok(total)
+        Ok((total, false))
+    }
+
+    /// Whether to stop now: `Ok(true)` when an operator cancelled it, `Err` when its lease
+    /// was lost (another job may run).
+    async fn stopped(
+        &self,
+        conn: &mut crate::store::redis_conn::RedisHandle,
+    ) -> Result<bool, String> {
+        match jobs::renew_lease(conn, &self.prefix, &self.id).await {
+            Ok(true) => {}
+            Ok(false) => return Err("its lease was lost".into()),
+            Err(e) => return Err(format!("Redis: {e}")),
+        }
+        jobs::cancelled(conn, &self.prefix, &self.id)
+            .await
+            .map_err(|e| format!("Redis: {e}"))
+    }
+
+    /// Write where the walk stands to the job's record.
+    async fn progress(
+        &self,
+        conn: &mut crate::store::redis_conn::RedisHandle,
+        walk: &Walk,
+        total: &jobs::Tally,
+    ) {
+        let _ = jobs::write_record(
+            conn,
+            &self.prefix,
+            &self.id,
+            &[
+                ("scanned", walk.scanned.to_string()),
+                ("moved", total.moved.to_string()),
+                ("skipped", total.skipped.to_string()),
+                ("gone", total.gone.to_string()),
+                ("updated_ms", crate::support::when::now_ms().to_string()),
+            ],
+            false,
+        )
+        .await;
     }
 }
+
+/// The most passes of a parked job over its set.
+const PASSES: usize = 3;
 
 /// The last job's record, with `running` (its lease is held) and, for one that says it runs
 /// but whose lease lapsed, `state: interrupted`.
@@ -347,4 +397,35 @@ async fn last(
         axum::Extension(Moved(0)),
         axum::Json(last_record(sub).await?),
     ))
+}
+
+/// Ask the subscription's running job to stop after its current batch: whether one ran.
+pub(super) async fn cancel(sub: &AdminSubscription) -> Result<Option<String>, Refusal> {
+    let prefix = jobs_prefix(&sub.labels.stream, &sub.labels.group);
+    let mut conn = sub.conn.clone();
+    let redis = |e: redis::RedisError| (StatusCode::SERVICE_UNAVAILABLE, format!("Redis: {e}\n"));
+    let Some(id) = jobs::holder(&mut conn, &prefix).await.map_err(redis)? else {
+        return Ok(None);
+    };
+    jobs::write_record(&mut conn, &prefix, &id, &[("cancel", "1".into())], false)
+        .await
+        .map_err(redis)?;
+    Ok(Some(id))
+}
+
+async fn cancel_call(
+    State(state): State<AdminState>,
+    Path((stream, group)): Path<(String, String)>,
+) -> Result<(axum::Extension<Said>, axum::Json<serde_json::Value>), Refusal> {
+    let (sub, _) = super::waiting::subscription(&state, &stream, &group)?;
+    match cancel(sub).await? {
+        Some(id) => Ok((
+            axum::Extension(Said(format!("job {id} asked to stop"))),
+            axum::Json(serde_json::json!({ "cancelled": id })),
+        )),
+        None => Err((
+            StatusCode::NOT_FOUND,
+            "no job of this subscription runs\n".into(),
+        )),
+    }
 }

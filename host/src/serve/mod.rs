@@ -61,7 +61,7 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
-mod audit;
+pub(crate) mod audit;
 pub(crate) mod connections;
 mod flow;
 pub(crate) mod guard;

@@ -25,7 +25,13 @@ const BUDGET: Duration = Duration::from_secs(3);
 const ONE: Duration = Duration::from_secs(1);
 /// When a group's lag is unknown (entries deleted below it), unread entries are counted up to
 /// this many with one XRANGE.
-const COUNT_UP_TO: usize = 1000;
+const COUNT_UP_TO: usize = 100;
+
+/// The furthest ahead a next due time is said to be.
+const TEN_YEARS_MS: i64 = 10 * 365 * 86_400_000;
+/// A reading not renewed for this long (Redis stopped answering) counts as unanswered: an
+/// autoscaler must not scale to zero on what Redis said before it went away.
+pub const STALE_AFTER: Duration = Duration::from_secs(10);
 
 /// One subscription (one partition of a partitioned one) the signal covers.
 #[derive(Clone)]
@@ -71,8 +77,11 @@ impl Reading {
 
     /// Seconds until the next parked entry is due (0 when one is), `None` when none is parked.
     pub fn next_due_seconds(&self) -> Option<f64> {
-        self.next_due_ms
-            .map(|due| (due - self.now_ms).max(0) as f64 / 1000.0)
+        self.next_due_ms.map(|due| {
+            // Another writer's score may be anything (-inf, +inf): at most ten years ahead.
+            let ahead = due.saturating_sub(self.now_ms).clamp(0, TEN_YEARS_MS);
+            ahead as f64 / 1000.0
+        })
     }
 }
 
@@ -141,13 +150,21 @@ pub async fn read(target: &Target) -> RedisResult<Reading> {
 /// The signal of a set of subscriptions, read on demand and shared by every caller.
 pub struct Board {
     targets: Vec<Target>,
-    readings: tokio::sync::Mutex<Vec<(Option<Reading>, Option<tokio::time::Instant>)>>,
+    /// Each target's last reading, when it was taken, and when it was last tried.
+    readings: tokio::sync::Mutex<Vec<Slot>>,
+}
+
+/// One target's last reading (and when Redis gave it), and when it was last tried.
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    reading: Option<(Reading, tokio::time::Instant)>,
+    tried: Option<tokio::time::Instant>,
 }
 
 impl Board {
     /// The board of `targets`.
     pub fn new(targets: Vec<Target>) -> Self {
-        let readings = vec![(None, None); targets.len()];
+        let readings = vec![Slot::default(); targets.len()];
         Self {
             targets,
             readings: tokio::sync::Mutex::new(readings),
@@ -159,8 +176,8 @@ impl Board {
         &self.targets
     }
 
-    /// Every subscription's reading (`None` for one Redis has not answered yet), each at most
-    /// [`FRESH`] old where Redis answered within the budget.
+    /// Every subscription's reading (`None` for one Redis has not answered, or not for
+    /// [`STALE_AFTER`]), each at most [`FRESH`] old where Redis answered within the budget.
     pub async fn readings(&self) -> Vec<Option<Reading>> {
         use futures::StreamExt;
         // Held while reading: a second caller waits and then finds the readings fresh.
@@ -169,29 +186,36 @@ impl Board {
         let mut stale: Vec<usize> = (0..self.targets.len())
             .filter(|&i| {
                 readings[i]
-                    .1
+                    .tried
                     .is_none_or(|at| now.duration_since(at) >= FRESH)
             })
             .collect();
         // Those tried longest ago first: a Redis that does not answer goes to the back.
-        stale.sort_by_key(|&i| readings[i].1);
+        stale.sort_by_key(|&i| readings[i].tried);
         let targets = &self.targets;
         let mut taken = futures::stream::iter(stale)
             .map(|i| async move { (i, tokio::time::timeout(ONE, read(&targets[i])).await) })
             .buffer_unordered(AT_ONCE);
         let deadline = now + BUDGET;
         while let Ok(Some((i, answer))) = tokio::time::timeout_at(deadline, taken.next()).await {
-            let at = Some(tokio::time::Instant::now());
+            let at = tokio::time::Instant::now();
+            readings[i].tried = Some(at);
             match answer {
-                Ok(Ok(reading)) => readings[i] = (Some(reading), at),
+                Ok(Ok(reading)) => readings[i].reading = Some((reading, at)),
                 Ok(Err(err)) => {
-                    readings[i].1 = at;
                     tracing::debug!(stream = %targets[i].stream, error = %err, "scaling signal not read");
                 }
-                Err(_) => readings[i].1 = at,
+                Err(_) => {}
             }
         }
-        readings.iter().map(|(r, _)| *r).collect()
+        readings
+            .iter()
+            .map(|slot| {
+                slot.reading
+                    .filter(|(_, at)| at.elapsed() < STALE_AFTER)
+                    .map(|(r, _)| r)
+            })
+            .collect()
     }
 }
 
@@ -219,7 +243,7 @@ pub fn reply(
                 rows.push(serde_json::json!({
                     "stream": target.stream, "group": target.group,
                     "needs_host_now": null, "next_due_seconds": null,
-                    "error": "Redis has not answered",
+                    "error": "Redis has not answered (or not for 10 s)",
                 }));
             }
             continue;
@@ -274,6 +298,11 @@ mod tests {
         assert_eq!(r.next_due_seconds(), Some(0.0));
         r.next_due_ms = None;
         assert_eq!(r.next_due_seconds(), None);
+        // Another writer's -inf or +inf score: due now, or at most ten years ahead.
+        r.next_due_ms = Some(i64::MIN);
+        assert_eq!(r.next_due_seconds(), Some(0.0));
+        r.next_due_ms = Some(i64::MAX);
+        assert_eq!(r.next_due_seconds(), Some(TEN_YEARS_MS as f64 / 1000.0));
         r.unread = 2;
         r.pending = 3;
         r.due = 4;

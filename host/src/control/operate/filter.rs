@@ -38,6 +38,9 @@ pub struct Filter {
     pub reason: Option<String>,
 }
 
+/// The largest payload a payload filter parses; a larger one never matches.
+pub const MAX_PAYLOAD: usize = 1 << 20;
+
 /// The most bytes of a pointer or a value: a filter is a short thing an operator types.
 const MAX_TEXT: usize = 1024;
 
@@ -195,6 +198,10 @@ impl Filter {
         else {
             return false;
         };
+        // A payload over MAX_PAYLOAD is not parsed (a filter's cost per entry is bounded).
+        if payload.len() > MAX_PAYLOAD {
+            return false;
+        }
         let Ok(json) = serde_json::from_slice::<serde_json::Value>(payload) else {
             return false;
         };

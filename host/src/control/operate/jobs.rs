@@ -77,14 +77,66 @@ impl JobAction {
 /// Where a walk over a key stands.
 #[derive(Debug, Clone, Default)]
 pub struct Walk {
-    /// Dead letters: the last id seen; parked: the listing's cursor.
+    /// Dead letters: the last id seen; parked: the listing's cursor (`<score>:<skip>`).
     cursor: Option<String>,
-    /// Parked members already acted on (a retry made due moves to the front of its set).
-    seen: HashSet<u64>,
+    /// Dead letters: the newest id when the walk began; letters written after it (requeued
+    /// ones that failed again) are not this job's.
+    until: Option<String>,
+    /// Parked entries matched so far, by origin id: each is acted on once per job, whether
+    /// it moved meanwhile (made due) or came back as a new retry of the same entry.
+    seen: HashSet<String>,
     /// Entries looked at.
     pub scanned: u64,
     /// Whether the whole key was walked.
     pub done: bool,
+}
+
+impl Walk {
+    /// A walk over `of` from its start: for dead letters, up to the newest now.
+    pub async fn begin<C: ConnectionLike>(
+        conn: &mut C,
+        scope: &Scope<'_>,
+        of: Of,
+    ) -> Result<Self, OperateError> {
+        let mut walk = Self::default();
+        if of == Of::DeadLetters {
+            let newest: Vec<RawEntry> = redis::cmd("XREVRANGE")
+                .arg(&*scope.keys.dead_letter)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(1)
+                .query_async(conn)
+                .await?;
+            match newest.into_iter().next() {
+                Some((id, _)) => walk.until = Some(id),
+                None => walk.done = true,
+            }
+        }
+        Ok(walk)
+    }
+
+    /// Walk the key again from its start (a parked job's next pass), keeping what was seen.
+    pub fn again(&mut self) {
+        self.cursor = None;
+        self.done = false;
+    }
+
+    /// Parked: `gone` of the entries the last page showed at the cursor's due time were
+    /// removed or moved since (by this job): the cursor counts positions, so it counts them
+    /// no more (else as many unhandled entries would be skipped).
+    fn moved_at_cursor(&mut self, gone: usize) {
+        let Some((score, skip)) = self.cursor.as_deref().and_then(|c| c.split_once(':')) else {
+            return;
+        };
+        let skip = skip.parse::<usize>().unwrap_or(0).saturating_sub(gone);
+        self.cursor = Some(format!("{score}:{skip}"));
+    }
+
+    /// The cursor's due time (parked).
+    fn cursor_score(&self) -> Option<i64> {
+        self.cursor.as_deref()?.split_once(':')?.0.parse().ok()
+    }
 }
 
 /// One matching entry.
@@ -126,13 +178,6 @@ impl<'a> Scope<'a> {
 /// A stream entry as read: its id and fields.
 type RawEntry = (String, Vec<(Vec<u8>, Vec<u8>)>);
 
-fn digest(bytes: &[u8]) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    bytes.hash(&mut h);
-    h.finish()
-}
-
 /// The next batch of `of` that `filter` matches, walking on from `walk`.
 pub async fn next_batch<C: ConnectionLike>(
     conn: &mut C,
@@ -144,6 +189,10 @@ pub async fn next_batch<C: ConnectionLike>(
     let mut items = Vec::new();
     match of {
         Of::DeadLetters => {
+            let Some(until) = walk.until.clone() else {
+                walk.done = true;
+                return Ok(items);
+            };
             let from = walk
                 .cursor
                 .as_ref()
@@ -151,7 +200,7 @@ pub async fn next_batch<C: ConnectionLike>(
             let page: Vec<RawEntry> = redis::cmd("XRANGE")
                 .arg(&*scope.keys.dead_letter)
                 .arg(from)
-                .arg("+")
+                .arg(until)
                 .arg("COUNT")
                 .arg(BATCH)
                 .query_async(conn)
@@ -193,7 +242,12 @@ pub async fn next_batch<C: ConnectionLike>(
                     at_ms: Some(e.due_ms),
                     reason: None,
                 };
-                if filter.matches(&candidate) && walk.seen.insert(digest(&p.member)) {
+                let origin = if e.origin_id.is_empty() {
+                    &e.entry_id
+                } else {
+                    &e.origin_id
+                };
+                if filter.matches(&candidate) && walk.seen.insert(origin.clone()) {
                     items.push(Item::Parked(p));
                 }
             }
@@ -224,15 +278,19 @@ async fn pending_batch<C: ConnectionLike>(
         .query_async(conn)
         .await?;
     walk.done = page.len() < BATCH;
-    for (id, _, _, deliveries) in page {
+    // The entries, one pipeline for the page.
+    let mut pipe = redis::pipe();
+    for (id, ..) in &page {
+        pipe.cmd("XRANGE").arg(&*scope.keys.stream).arg(id).arg(id);
+    }
+    let entries: Vec<Vec<RawEntry>> = if page.is_empty() {
+        Vec::new()
+    } else {
+        pipe.query_async(conn).await?
+    };
+    for ((id, _, _, deliveries), entry) in page.into_iter().zip(entries) {
         walk.cursor = Some(id.clone());
         walk.scanned += 1;
-        let entry: Vec<RawEntry> = redis::cmd("XRANGE")
-            .arg(&*scope.keys.stream)
-            .arg(&id)
-            .arg(&id)
-            .query_async(conn)
-            .await?;
         let Some((_, fields)) = entry.first() else {
             continue;
         };
@@ -271,7 +329,7 @@ pub async fn count<C: ConnectionLike>(
     filter: &Filter,
 ) -> Result<Count, OperateError> {
     let deadline = tokio::time::Instant::now() + SCAN_TIME;
-    let mut walk = Walk::default();
+    let mut walk = Walk::begin(conn, scope, of).await?;
     let mut count = Count::default();
     while !walk.done && (walk.scanned as usize) < MAX_SCAN && tokio::time::Instant::now() < deadline
     {
@@ -308,8 +366,14 @@ pub async fn act<C: ConnectionLike>(
     scope: &Scope<'_>,
     action: JobAction,
     items: Vec<Item>,
+    walk: &mut Walk,
 ) -> Result<Tally, OperateError> {
     let mut tally = Tally::default();
+    let at_cursor = walk.cursor_score();
+    let gone_at_cursor = items
+        .iter()
+        .filter(|i| matches!(i, Item::Parked(p) if Some(p.entry.due_ms) == at_cursor))
+        .count();
     let mut members = Vec::new();
     let mut dead_ids = Vec::new();
     for item in items {
@@ -342,6 +406,7 @@ pub async fn act<C: ConnectionLike>(
         } as u64;
         tally.moved += n;
         tally.gone += members.len() as u64 - n.min(members.len() as u64);
+        walk.moved_at_cursor(gone_at_cursor);
     }
     Ok(tally)
 }
@@ -363,23 +428,25 @@ pub async fn take_lease<C: ConnectionLike>(
     Ok(taken.is_some())
 }
 
+/// `lua/lease.lua`: the lease kept or let go only by its holder.
+static LEASE_SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(crate::store::lua!("control/operate/lua/lease"))
+});
+
 /// Renew the lease while `id` holds it; `false` when it was lost.
 pub async fn renew_lease<C: ConnectionLike>(
     conn: &mut C,
     prefix: &str,
     id: &str,
 ) -> redis::RedisResult<bool> {
-    let key = format!("{prefix}:lease");
-    let holder: Option<String> = redis::cmd("GET").arg(&key).query_async(conn).await?;
-    if holder.as_deref() != Some(id) {
-        return Ok(false);
-    }
-    let _: () = redis::cmd("PEXPIRE")
-        .arg(&key)
+    let held: i64 = LEASE_SCRIPT
+        .key(format!("{prefix}:lease"))
+        .arg(id)
+        .arg("renew")
         .arg(LEASE.as_millis() as u64)
-        .query_async(conn)
+        .invoke_async(conn)
         .await?;
-    Ok(true)
+    Ok(held == 1)
 }
 
 /// Let the lease go, if `id` holds it.
@@ -388,11 +455,13 @@ pub async fn release_lease<C: ConnectionLike>(
     prefix: &str,
     id: &str,
 ) -> redis::RedisResult<()> {
-    let key = format!("{prefix}:lease");
-    let holder: Option<String> = redis::cmd("GET").arg(&key).query_async(conn).await?;
-    if holder.as_deref() == Some(id) {
-        let _: () = redis::cmd("DEL").arg(&key).query_async(conn).await?;
-    }
+    let _: i64 = LEASE_SCRIPT
+        .key(format!("{prefix}:lease"))
+        .arg(id)
+        .arg("release")
+        .arg(0)
+        .invoke_async(conn)
+        .await?;
     Ok(())
 }
 
@@ -407,27 +476,67 @@ pub async fn holder<C: ConnectionLike>(
         .await
 }
 
-/// Write the last job's record (`fields` replace those named).
+/// How long a job's record is kept after its last write.
+pub const RECORD_TTL: Duration = Duration::from_secs(7 * 86_400);
+
+/// Write job `id`'s record (`fields` replace those named), and, with `last`, make it the
+/// subscription's last job. Each job writes only its own record: one that lost its lease
+/// cannot overwrite the next job's.
 pub async fn write_record<C: ConnectionLike>(
     conn: &mut C,
     prefix: &str,
+    id: &str,
     fields: &[(&str, String)],
+    last: bool,
 ) -> redis::RedisResult<()> {
-    let mut cmd = redis::cmd("HSET");
-    cmd.arg(format!("{prefix}:last"));
+    let key = format!("{prefix}:job:{id}");
+    let ttl = RECORD_TTL.as_millis() as u64;
+    let mut pipe = redis::pipe();
+    let hset = pipe.cmd("HSET").arg(&key);
     for (name, value) in fields {
-        cmd.arg(*name).arg(value);
+        hset.arg(*name).arg(value);
     }
-    cmd.query_async(conn).await
+    pipe.ignore();
+    pipe.cmd("PEXPIRE").arg(&key).arg(ttl).ignore();
+    if last {
+        pipe.cmd("SET")
+            .arg(format!("{prefix}:last"))
+            .arg(id)
+            .arg("PX")
+            .arg(ttl)
+            .ignore();
+    }
+    pipe.query_async(conn).await
 }
 
-/// The last job's record, empty when none ran.
+/// The subscription's last job's record, empty when none ran (or it was forgotten).
 pub async fn read_record<C: ConnectionLike>(
     conn: &mut C,
     prefix: &str,
 ) -> redis::RedisResult<std::collections::BTreeMap<String, String>> {
-    redis::cmd("HGETALL")
+    let last: Option<String> = redis::cmd("GET")
         .arg(format!("{prefix}:last"))
         .query_async(conn)
+        .await?;
+    let Some(id) = last else {
+        return Ok(Default::default());
+    };
+    redis::cmd("HGETALL")
+        .arg(format!("{prefix}:job:{id}"))
+        .query_async(conn)
         .await
+}
+
+/// Whether job `id` was asked to stop.
+pub async fn cancelled<C: ConnectionLike>(
+    conn: &mut C,
+    prefix: &str,
+    id: &str,
+) -> redis::RedisResult<bool> {
+    let flag: Option<String> = redis::cmd("HGET")
+        .arg(format!("{prefix}:job:{id}"))
+        .arg("cancel")
+        .query_async(conn)
+        .await?;
+    Ok(flag.is_some())
 }

@@ -1,7 +1,8 @@
 //! `sluice scaler`'s server: the scaling signal from Redis alone, for an autoscaler that must
-//! wake a deployment at zero (no host runs to ask). It serves `GET /v1/scaling` (behind the
-//! token, when one is configured: the read-only one or the operator's), `GET /metrics` (the
-//! two scaling series) and `GET /healthz`, and nothing that changes anything.
+//! wake a deployment at zero (no host runs to ask). It serves `GET /v1/scaling` and `GET
+//! /metrics` (the two scaling series), both behind the token when one is configured (the
+//! read-only one if there is one, else the operator's), and `GET /healthz`; nothing that
+//! changes anything.
 //!
 //! The same defences as the host's admin server: a `Host` it answers to (DNS rebinding), no
 //! cross-site browser requests, tokens compared in constant time with wrong ones answered
@@ -74,11 +75,12 @@ pub async fn serve(
         .fallback(|| async { (StatusCode::SERVICE_UNAVAILABLE, "busy\n") })
         .layer(axum::middleware::from_fn_with_state(state.clone(), guarded))
         .with_state(state.clone());
+    // The series name every stream and group: behind the token too.
     let signal = Router::new()
         .route("/v1/scaling", get(scaling))
+        .route("/metrics", get(metrics))
         .layer(axum::middleware::from_fn_with_state(state.clone(), tokened));
     let app = probes
-        .route("/metrics", get(metrics))
         .merge(signal)
         .layer(axum::middleware::from_fn_with_state(state.clone(), guarded))
         .with_state(state);

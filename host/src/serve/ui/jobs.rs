@@ -4,7 +4,8 @@
 //!   count) and the first of them, and the form that acts on every match;
 //! - `POST .../jobs`: first a confirmation that states the count and the filter, then (with
 //!   `confirm=yes`) the job, run on the server ([`crate::serve::jobs`]);
-//! - `GET .../job`: the last job's progress (the page refreshes itself while it runs) and result;
+//! - `GET .../job`: the last job's progress (the page refreshes itself while it runs), a button
+//!   that stops it, and its result;
 //! - `GET /ui/audit`: the newest records of the audit stream.
 
 use std::collections::HashMap;
@@ -163,6 +164,18 @@ pub(super) async fn jobs_post(
         Ok(found) => found,
         Err(page) => return *page,
     };
+    if field("stop").as_deref() == Some("yes") {
+        let said = match crate::serve::jobs::cancel(sub).await {
+            Ok(Some(id)) => format!("job {id} asked to stop after its batch"),
+            Ok(None) => "no job was running".to_owned(),
+            Err((code, why)) => {
+                return (code, Html(super::chrome::message(&why).into_string())).into_response();
+            }
+        };
+        crate::serve::audit::page_action(sub, &viewer.who, "cancel job", None, &said).await;
+        state.sessions.set_flash(&viewer.id, said);
+        return Redirect::to(&sub_link(&keys, "job")).into_response();
+    }
     let filter = FilterQuery {
         field: field("field"),
         value: field("value"),
@@ -287,7 +300,16 @@ pub(super) async fn job_page(
                     @if !text("expect").is_empty() { " (confirmed for " (text("expect")) ")" } }
                 p.muted { "by " (text("who")) ", job " (text("id")) }
                 @if !text("error").is_empty() { p.bad { (text("error")) } }
-                @if running { p.muted data-refresh="1" { "Running: this page refreshes every few seconds." } }
+                @if running {
+                    p.muted data-refresh="1" { "Running: this page refreshes every few seconds." }
+                    @if viewer.can_act {
+                        form method="post" action=(sub_link(&keys, "jobs")) {
+                            input type="hidden" name="csrf" value=(viewer.csrf);
+                            input type="hidden" name="stop" value="yes";
+                            button type="submit" { "Stop the job" }
+                        }
+                    }
+                }
             }
         }
         p { a href=(sub_link(&keys, "find")) { "Find more" } " · " a href="/ui/audit" { "Audit trail" } }
@@ -300,13 +322,7 @@ pub(super) async fn audit_page(
     State(state): State<AdminState>,
     axum::Extension(viewer): axum::Extension<Viewer>,
 ) -> Response {
-    let records = match state.subscriptions.first() {
-        Some(sub) => {
-            let mut conn = sub.conn.clone();
-            crate::control::audit::recent(&mut conn, 200).await
-        }
-        None => Ok(Vec::new()),
-    };
+    let records = crate::serve::audit::recent(&state, 200).await;
     let body = html! {
         h1 { "Audit trail" }
         @match &records {
