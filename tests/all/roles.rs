@@ -240,7 +240,7 @@ async fn the_clis_actions_are_recorded_with_the_user_and_how_many() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
     let sub = Sub::fixture("clis").delayed("clis.delayed");
-    let mut host = start_fixture(&redis, sub.clone()).await;
+    let host = start_fixture(&redis, sub.clone()).await;
     for _ in 0..2 {
         add(
             &mut conn,
