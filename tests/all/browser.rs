@@ -186,6 +186,11 @@ impl Browser {
     /// A browser logged in to the page at `base`, on the overview (a screenshot of the login
     /// form with `shoot`).
     async fn logged_in(base: &str, shoot: bool) -> Self {
+        Self::logged_in_with(base, shoot, TEST_TOKEN).await
+    }
+
+    /// [`Browser::logged_in`] with `token` (the operator's or the read-only one).
+    async fn logged_in_with(base: &str, shoot: bool, token: &str) -> Self {
         let mut browser = Browser::start().await;
         browser.call("Page.enable", json!({})).await;
         browser.open(&format!("{base}/ui/")).await;
@@ -197,7 +202,7 @@ impl Browser {
         }
         browser
             .eval(&format!(
-                "document.querySelector('input[name=token]').value = {TEST_TOKEN:?}; \
+                "document.querySelector('input[name=token]').value = {token:?}; \
                  document.querySelector('form button').click(); true"
             ))
             .await;
@@ -729,7 +734,12 @@ async fn an_operator_runs_a_canary_and_a_replay_from_the_page() {
 async fn an_operator_filters_dead_letters_and_requeues_every_match_after_confirming() {
     let redis = Redis::start();
     let mut conn = redis.conn().await;
-    let mut host = start_fixture(&redis, Sub::fixture("cards").delayed("cards.delayed")).await;
+    let secrets = tempfile::tempdir().unwrap();
+    let read_token = "read-only-token-4e1d7c9b2a6f8e3d5c0b";
+    let read = crate::scaling::secret_file(secrets.path(), "read-token", read_token);
+    let config = TestConfig::of(Sub::fixture("cards").delayed("cards.delayed"))
+        .set("admin_read_token_file", read.as_str());
+    let mut host = start_fixture(&redis, config).await;
     let admin = host.admin().await;
     for n in 0..30 {
         let reason = if n % 3 == 0 {
@@ -816,6 +826,38 @@ async fn an_operator_filters_dead_letters_and_requeues_every_match_after_confirm
     );
     assert!(audit.contains("page operator"), "{audit}");
     browser.screenshot("audit").await;
+    // The overview draws the last hour from the host's own samples.
+    browser.open(&format!("{base}/ui/")).await;
+    browser
+        .wait_until(
+            "document.querySelector('[data-last-hour]') !== null",
+            "the last hour's card",
+        )
+        .await;
+    // The read-only token: the same find page, its count, and no form that acts.
+    let mut reader = Browser::logged_in_with(&base, false, read_token).await;
+    reader
+        .open(&format!(
+            "{base}/ui/s/cards/g/find?of=dead-letters&field=%2Freason&prefix=card"
+        ))
+        .await;
+    reader
+        .wait_until(
+            "document.querySelector('[data-matches]') !== null",
+            "the reader's count",
+        )
+        .await;
+    assert_eq!(
+        reader
+            .eval("document.querySelector('[data-matches]').dataset.matches")
+            .await,
+        json!("20")
+    );
+    assert_eq!(
+        reader.eval("document.querySelector('form[data-bulk]') === null && document.body.innerText.includes('read-only token')").await,
+        json!(true),
+        "a reader sees no bulk form and is told why"
+    );
     let _ = host
         .event(T, "a requeued entry acked", |e| e.kind == EventKind::Acked)
         .await;

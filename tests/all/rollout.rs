@@ -211,10 +211,13 @@ async fn a_candidate_that_traps_is_rolled_back_and_nothing_is_lost_or_doubled() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_good_candidate_is_promoted_by_every_host_and_a_restarted_host_resumes_it() {
     let redis = Redis::start();
+    // What is tested is the promotion on every host, not the candidate's speed: a loaded
+    // machine (both cores building) once made the freshly compiled candidate's first
+    // deliveries 11.6 ms at p99 against the warm incumbent's 0.7, past the default slack.
     let sub = |consumer: &str| {
         Sub::fixture("cg")
             .set("consumer", consumer)
-            .set("canary", Raw("{ min_deliveries = 20 }"))
+            .set("canary", Raw("{ min_deliveries = 20, p99_slack = \"1s\" }"))
     };
     let mut a = start_fixture(&redis, sub("a")).await;
     let mut b = start_fixture(&redis, sub("b")).await;

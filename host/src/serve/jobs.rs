@@ -123,12 +123,8 @@ async fn start_call(
     ))
 }
 
-/// Start `spec` on `sub` for `who`: its id and what it is, in words.
-pub(super) async fn start(
-    sub: &AdminSubscription,
-    spec: &JobSpec,
-    who: &str,
-) -> Result<(String, String), Refusal> {
+/// Whether `spec` may run on `sub`: its filter, parsed.
+fn checked(sub: &AdminSubscription, spec: &JobSpec) -> Result<Filter, Refusal> {
     if !spec.action.applies_to(spec.of) {
         return Err((
             StatusCode::BAD_REQUEST,
@@ -145,7 +141,41 @@ pub(super) async fn start(
             "this subscription has no delayed set\n".into(),
         ));
     }
-    let filter = spec.filter.parse().map_err(invalid)?;
+    spec.filter.parse().map_err(invalid)
+}
+
+/// A new job's record: running, nothing done yet.
+fn first_record(
+    id: &str,
+    what: &str,
+    who: &str,
+    expect: Option<u64>,
+) -> Vec<(&'static str, String)> {
+    let now = crate::support::when::now_ms().to_string();
+    let mut fields: Vec<(&'static str, String)> = vec![
+        ("id", id.to_owned()),
+        ("state", "running".into()),
+        ("what", what.to_owned()),
+        ("who", who.to_owned()),
+        ("expect", expect.map_or(String::new(), |n| n.to_string())),
+        ("started_ms", now.clone()),
+        ("updated_ms", now),
+    ];
+    for zero in ["scanned", "moved", "skipped", "gone"] {
+        fields.push((zero, "0".into()));
+    }
+    fields.push(("error", String::new()));
+    fields.push(("finished_ms", String::new()));
+    fields
+}
+
+/// Start `spec` on `sub` for `who`: its id and what it is, in words.
+pub(super) async fn start(
+    sub: &AdminSubscription,
+    spec: &JobSpec,
+    who: &str,
+) -> Result<(String, String), Refusal> {
+    let filter = checked(sub, spec)?;
     let prefix = jobs_prefix(&sub.labels.stream, &sub.labels.group);
     let id = super::new_session_key()[..16].to_owned();
     let mut conn = sub.conn.clone();
@@ -169,33 +199,10 @@ pub(super) async fn start(
         of_name(spec.of),
         filter.describe()
     );
-    let now = crate::support::when::now_ms();
-    jobs::write_record(
-        &mut conn,
-        &prefix,
-        &id,
-        &[
-            ("id", id.clone()),
-            ("state", "running".into()),
-            ("what", what.clone()),
-            ("who", who.to_owned()),
-            (
-                "expect",
-                spec.expect.map_or(String::new(), |n| n.to_string()),
-            ),
-            ("started_ms", now.to_string()),
-            ("updated_ms", now.to_string()),
-            ("scanned", "0".into()),
-            ("moved", "0".into()),
-            ("skipped", "0".into()),
-            ("gone", "0".into()),
-            ("error", String::new()),
-            ("finished_ms", String::new()),
-        ],
-        true,
-    )
-    .await
-    .map_err(redis)?;
+    let record = first_record(&id, &what, who, spec.expect);
+    jobs::write_record(&mut conn, &prefix, &id, &record, true)
+        .await
+        .map_err(redis)?;
     let job = Job {
         sub: sub.clone(),
         prefix,

@@ -75,6 +75,12 @@ pub const SERIES: &[Series] = &[
         help: "Due time of the earliest parked entry, Unix seconds",
     },
     Series {
+        name: "dead_letter_entries",
+        kind: Kind::Gauge,
+        labels: "",
+        help: "Length of the dead-letter stream (scrape time)",
+    },
+    Series {
         name: "scaling_needs_host_now",
         kind: Kind::Gauge,
         labels: "",
@@ -85,12 +91,6 @@ pub const SERIES: &[Series] = &[
         kind: Kind::Gauge,
         labels: "",
         help: "Seconds until the next parked retry or scheduled entry is due, 0 when one is; absent when none is parked",
-    },
-    Series {
-        name: "dead_letter_entries",
-        kind: Kind::Gauge,
-        labels: "",
-        help: "Length of the dead-letter stream (scrape time)",
     },
     Series {
         name: "retention_trimmed",
