@@ -1224,17 +1224,6 @@ async fn status_names_a_redis_that_does_not_answer_and_shows_the_others() {
     );
 }
 
-/// Every command Redis served so far, by name (`INFO commandstats`).
-async fn every_call(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(String, u64)> {
-    let info: String = cmd(conn, &["INFO", "commandstats"]).await;
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(":calls=")?;
-            Some((name.to_owned(), rest.split(',').next()?.parse().ok()?))
-        })
-        .collect()
-}
-
 /// Issue 57: a host whose subscriptions are all idle, on keyspace events, sends Redis nothing
 /// but its doorbell's: over 8 s, no read, no flow-state poll or re-read (the flow watcher
 /// waits for the change log's ring), at most the doorbell's PINGs, one CONFIG GET and one
@@ -1260,12 +1249,12 @@ async fn an_idle_host_on_keyspace_events_sends_only_its_doorbells_commands() {
     let mut host = start_fixture(&redis, config).await;
     host.admin().await;
     wait_looks_stop(&mut conn).await;
-    let before = every_call(&mut conn).await;
+    let before = all_calls(&mut conn).await;
     let window = Duration::from_secs(8);
     let started = tokio::time::Instant::now();
     // The measurement's window: nothing is waited for, the host is watched.
     tokio::time::sleep(window).await;
-    let after = every_call(&mut conn).await;
+    let after = all_calls(&mut conn).await;
     let seconds = started.elapsed().as_secs_f64();
     let sent: Vec<(String, u64)> = after
         .into_iter()

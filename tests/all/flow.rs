@@ -1151,17 +1151,6 @@ async fn a_pause_rereads_only_its_own_flow_hash() {
     running.await.unwrap();
 }
 
-/// Every command Redis has served so far, from `INFO commandstats`: `(command, calls)`.
-async fn all_calls(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(String, u64)> {
-    let info: String = cmd(conn, &["INFO", "commandstats"]).await;
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(":calls=")?;
-            Some((name.to_owned(), rest.split(',').next()?.parse().ok()?))
-        })
-        .collect()
-}
-
 /// With a doorbell that hears the change log, the flow watcher is quiet: an idle stretch costs
 /// Redis no command at all (where it polled the epoch 4 times a second and re-read hashes), a
 /// pause still reaches it at once (its note rings), and a pause written without its note (a

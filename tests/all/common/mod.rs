@@ -1260,6 +1260,18 @@ pub async fn wait_all_dead_lettered(
     }
 }
 
+/// Every command Redis has served so far, by name as `INFO commandstats` names it (lower
+/// case): `(command, calls)`.
+pub async fn all_calls(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(String, u64)> {
+    let info: String = cmd(conn, &["INFO", "commandstats"]).await;
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            Some((name.to_owned(), rest.split(',').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
 /// Calls of `command` (lower case, as INFO commandstats names it) Redis has served so far.
 pub async fn calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
     let info: String = redis::cmd("INFO")
