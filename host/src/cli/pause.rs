@@ -68,11 +68,7 @@ pub(crate) async fn execute_resume(args: ResumeArgs) -> Result<()> {
 /// Who a pause from the command line is recorded as, unless `--by` says: the user and the
 /// machine.
 fn operator() -> String {
-    let user = std::env::var("USER")
-        .or_else(|_| std::env::var("LOGNAME"))
-        .unwrap_or_else(|_| "someone".to_owned());
-    let host = gethostname::gethostname().to_string_lossy().into_owned();
-    format!("{user}@{host} (sluice pause)")
+    format!("{} (sluice pause)", audit::user_at_host())
 }
 
 /// The subscriptions of the config at `paths` (only the one to `stream`, if given), each with

@@ -95,11 +95,16 @@ pub async fn record<C: ConnectionLike>(conn: &mut C, record: &Record) -> redis::
 
 /// Who a command-line user is, for the record: `cli <user>@<host> (sluice <command>)`.
 pub fn cli_who(command: &str) -> String {
+    format!("cli {} (sluice {command})", user_at_host())
+}
+
+/// The command-line user, as `user@host`.
+pub fn user_at_host() -> String {
     let user = std::env::var("USER")
         .or_else(|_| std::env::var("LOGNAME"))
         .unwrap_or_else(|_| "someone".to_owned());
     let host = gethostname::gethostname().to_string_lossy().into_owned();
-    format!("cli {user}@{host} (sluice {command})")
+    format!("{user}@{host}")
 }
 
 /// Record what `sluice <command>` did to one subscription: how many it moved, in words.

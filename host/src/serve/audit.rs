@@ -5,7 +5,7 @@
 
 use axum::Router;
 use axum::extract::{Query, Request, State};
-use axum::http::{Method, StatusCode, header};
+use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -84,11 +84,7 @@ fn named<'a>(state: &'a AdminState, path: &str) -> Option<&'a AdminSubscription>
 
 /// Who a request that passed the token check is: the operator's token, or loopback without one.
 fn caller(state: &AdminState, request: &Request) -> &'static str {
-    let bearer = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+    let bearer = guard::bearer(request.headers());
     match (&state.token, bearer) {
         (Some(token), Some(given)) if guard::same_secret(given, token) => "api operator",
         _ => "api loopback",

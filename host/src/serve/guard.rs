@@ -167,6 +167,14 @@ pub(super) fn same_secret(given: &str, token: &str) -> bool {
     given.as_bytes().ct_eq(token.as_bytes()).into()
 }
 
+/// The bearer token a request carries, if any.
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -131,7 +131,7 @@ fn checked(sub: &AdminSubscription, spec: &JobSpec) -> Result<Filter, Refusal> {
             format!(
                 "{} does not apply to {}: dead letters are requeued or deleted, parked entries retried now or deleted, pending entries only counted\n",
                 spec.action.name(),
-                of_name(spec.of)
+                spec.of.name()
             ),
         ));
     }
@@ -196,7 +196,7 @@ pub(super) async fn start(
     let what = format!(
         "{} {} matching {}",
         spec.action.name(),
-        of_name(spec.of),
+        spec.of.name(),
         filter.describe()
     );
     let record = first_record(&id, &what, who, spec.expect);
@@ -216,14 +216,6 @@ pub(super) async fn start(
     tokio::spawn(Arc::new(job).run());
     tracing::info!(stream = %sub.labels.stream, group = %sub.labels.group, job = %id, %what, who, "bulk job started");
     Ok((id, format!("job started: {what}")))
-}
-
-fn of_name(of: Of) -> &'static str {
-    match of {
-        Of::DeadLetters => "dead letters",
-        Of::Parked => "parked entries",
-        Of::Pending => "pending entries",
-    }
 }
 
 /// A job under way on this host.

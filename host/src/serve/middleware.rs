@@ -5,7 +5,7 @@
 //! [`super::ui`]'s.
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -85,10 +85,7 @@ fn authorized(
             "the admin server is read-only (admin_read_only = true)\n".to_owned(),
         ));
     }
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+    let given = guard::bearer(headers);
     // The read-only token may look wherever the operator's may, and never act.
     if let (Some(read), Some(given)) = (&state.read_token, given)
         && guard::same_secret(given, read)

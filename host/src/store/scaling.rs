@@ -219,6 +219,19 @@ impl Board {
     }
 }
 
+/// The sums of `readings`: entries that need a host now, and the soonest next due time.
+pub fn totals<'a>(readings: impl IntoIterator<Item = &'a Reading>) -> (u64, Option<f64>) {
+    let mut needs = 0u64;
+    let mut next: Option<f64> = None;
+    for r in readings {
+        needs = needs.saturating_add(r.needs_host_now());
+        if let Some(due) = r.next_due_seconds() {
+            next = Some(next.map_or(due, |n| n.min(due)));
+        }
+    }
+    (needs, next)
+}
+
 /// What `GET /v1/scaling` answers: the sums, `wake` (the sum, plus one when the next parked
 /// entry is due within `lead`: what an autoscaler scales on), and, with `list`, each
 /// subscription (`stream` and `group` narrow it).
@@ -229,9 +242,8 @@ pub fn reply(
     list: bool,
     only: (Option<&str>, Option<&str>),
 ) -> serde_json::Value {
-    let mut needs = 0u64;
-    let mut next: Option<f64> = None;
     let mut unknown = 0usize;
+    let mut answered = Vec::new();
     let mut rows = Vec::new();
     for (target, reading) in targets.iter().zip(readings) {
         if only.0.is_some_and(|s| s != target.stream) || only.1.is_some_and(|g| g != target.group) {
@@ -248,21 +260,18 @@ pub fn reply(
             }
             continue;
         };
-        needs = needs.saturating_add(reading.needs_host_now());
-        let due = reading.next_due_seconds();
-        if let Some(due) = due {
-            next = Some(next.map_or(due, |n| n.min(due)));
-        }
+        answered.push(reading);
         if list {
             rows.push(serde_json::json!({
                 "stream": target.stream, "group": target.group,
                 "needs_host_now": reading.needs_host_now(),
-                "next_due_seconds": due,
+                "next_due_seconds": reading.next_due_seconds(),
                 "unread": reading.unread, "pending": reading.pending,
                 "due": reading.due, "parked": reading.parked,
             }));
         }
     }
+    let (needs, next) = totals(answered);
     let soon = next.is_some_and(|n| n <= lead.as_secs_f64());
     // A subscription Redis has not answered for counts as one entry waiting: an autoscaler
     // must not take a deployment to zero on a signal it could not read.

@@ -42,6 +42,26 @@ pub enum Of {
     Pending,
 }
 
+impl Of {
+    /// Its name in words ("dead letters").
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::DeadLetters => "dead letters",
+            Self::Parked => "parked entries",
+            Self::Pending => "pending entries",
+        }
+    }
+
+    /// Its name in a query or a form (`of=dead-letters`).
+    pub fn param(self) -> &'static str {
+        match self {
+            Self::DeadLetters => "dead-letters",
+            Self::Parked => "parked",
+            Self::Pending => "pending",
+        }
+    }
+}
+
 /// What a job does to each match.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]

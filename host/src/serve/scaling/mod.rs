@@ -106,13 +106,6 @@ pub(crate) fn publish(metrics: &Metrics, labels: &[SubLabels], readings: &[Optio
         }
         return;
     }
-    let mut needs = 0u64;
-    let mut next: Option<f64> = None;
-    for r in readings.iter().flatten() {
-        needs = needs.saturating_add(r.needs_host_now());
-        if let Some(due) = r.next_due_seconds() {
-            next = Some(next.map_or(due, |n| n.min(due)));
-        }
-    }
+    let (needs, next) = crate::store::scaling::totals(readings.iter().flatten());
     one(&metrics.series(&Metrics::labels("", "")), needs, next);
 }

@@ -107,11 +107,7 @@ async fn tokened(State(state): State<ScalerState>, request: Request, next: Next)
     if state.tokens.is_empty() {
         return next.run(request).await;
     }
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+    let given = guard::bearer(request.headers());
     if given.is_some_and(|given| state.tokens.iter().any(|t| guard::same_secret(given, t))) {
         return next.run(request).await;
     }

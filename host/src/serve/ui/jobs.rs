@@ -62,14 +62,6 @@ fn hidden_filter(q: &FilterQuery) -> Markup {
     }
 }
 
-fn of_value(of: Of) -> &'static str {
-    match of {
-        Of::DeadLetters => "dead-letters",
-        Of::Parked => "parked",
-        Of::Pending => "pending",
-    }
-}
-
 /// `GET .../find`: the filter, its count and first matches, and the bulk form.
 pub(super) async fn find_page(
     State(state): State<AdminState>,
@@ -124,7 +116,7 @@ pub(super) async fn find_page(
                     @if viewer.can_act && c.matches > 0 && of != Of::Pending {
                         form method="post" action=(sub_link(&keys, "jobs")) data-bulk {
                             input type="hidden" name="csrf" value=(viewer.csrf);
-                            input type="hidden" name="of" value=(of_value(of));
+                            input type="hidden" name="of" value=(of.param());
                             (hidden_filter(&q.filter))
                             select name="action" {
                                 @if of == Of::DeadLetters { option value="requeue" { "requeue" } }
@@ -240,11 +232,7 @@ async fn confirm(
         JobAction::RetryNow => "retry now",
         JobAction::Delete => "delete for good",
     };
-    let what = match spec.of {
-        Of::DeadLetters => "dead letters",
-        Of::Parked => "parked entries",
-        Of::Pending => "pending entries",
-    };
+    let what = spec.of.name();
     let body = html! {
         div.card data-confirm=(c.matches) {
             h1 { "Confirm" }
@@ -252,7 +240,7 @@ async fn confirm(
                 " of " (keys.stream) " · " (keys.group) " matching " (described) "." }
             form method="post" action=(sub_link(keys, "jobs")) {
                 input type="hidden" name="csrf" value=(viewer.csrf);
-                input type="hidden" name="of" value=(of_value(spec.of));
+                input type="hidden" name="of" value=(spec.of.param());
                 input type="hidden" name="action" value=(spec.action.name());
                 input type="hidden" name="expect" value=(c.matches);
                 input type="hidden" name="confirm" value="yes";
